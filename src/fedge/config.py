@@ -26,6 +26,7 @@ from fedge.errors import ConfigError
 
 Fraction = Annotated[float, Field(gt=0.0, le=1.0)]
 DATASETS = ("digits", "synthetic", "mnist", "fashion-mnist", "cifar10", "cifar100", "femnist")
+DEFAULT_ALGORITHM = "fedavg"
 PARTITIONERS = ("iid", "dirichlet", "pathological", "shards", "natural")
 
 
@@ -53,7 +54,7 @@ class DataConfig(StrictModel):
 class PartitionConfig(StrictModel):
     """How training samples are divided among clients, and the size of each client's test set."""
 
-    kind: Literal[PARTITIONERS] = "iid"  # type: ignore[valid-type]
+    kind: Literal[PARTITIONERS] = "dirichlet"  # type: ignore[valid-type]
     num_clients: PositiveInt = 10
     alpha: Annotated[float, Field(gt=0.0)] = 0.5
     min_size: Annotated[int, Field(ge=1)] = 10
@@ -137,7 +138,8 @@ class RunConfig(StrictModel):
     data: DataConfig = Field(default_factory=DataConfig)
     partition: PartitionConfig = Field(default_factory=PartitionConfig)
     model: ModelConfig = Field(default_factory=ModelConfig)
-    algorithm: SerializeAsAny[AlgorithmConfig] = Field(default_factory=lambda: {"name": "fedavg"})
+    algorithm: SerializeAsAny[AlgorithmConfig] = Field(default_factory=lambda: {"name": DEFAULT_ALGORITHM}, validate_default=True
+    )
     engine: EngineConfig = Field(default_factory=EngineConfig)
     eval: EvalConfig = Field(default_factory=EvalConfig)
     output: OutputConfig = Field(default_factory=OutputConfig)
@@ -147,8 +149,9 @@ class RunConfig(StrictModel):
     def _algorithm_by_name(cls, value: Any) -> Any:
         if isinstance(value, AlgorithmConfig):
             return value
-        if not isinstance(value, dict) or "name" not in value:
-            raise ValueError("needs a 'name' (see `fedge list`)")
+        if not isinstance(value, dict):
+            raise ValueError("must be a block with a 'name' (see `fedge list`)")
+        value = {"name": DEFAULT_ALGORITHM, **value}
         known = AlgorithmConfig.registry
         if value["name"] not in known:
             raise ValueError(f"unknown algorithm {value['name']!r}; known: {', '.join(sorted(known))}")

@@ -1,0 +1,65 @@
+"""Centralized training: one learner on the pooled training data, the reference for every FL run."""
+
+from __future__ import annotations
+
+from typing import Literal
+
+import torch
+from pydantic import Field, PositiveInt
+
+from fedge.algorithms.base import Algorithm, Context, register
+from fedge.algorithms.fedavg import state_bits
+from fedge.config import AlgorithmConfig, SGDConfig
+from fedge.engine import SGD, ClientBank, buffers_of, classification_loss, evaluate_model, make_step, parameters_of
+from fedge.rng import derive_seed
+
+
+class CentralizedConfig(AlgorithmConfig):
+    """Epochs per round, batch size and optimizer of the single learner."""
+
+    name: Literal["centralized"] = "centralized"
+    epochs_per_round: PositiveInt = 1
+    batch_size: PositiveInt = 32
+    drop_last: bool = False
+    optimizer: SGDConfig = Field(default_factory=SGDConfig)
+
+
+@register("centralized", CentralizedConfig, "Centralized SGD on the pooled training data (the reference)")
+class Centralized(Algorithm):
+    """SGD on the union of the clients' training samples; a round is ``epochs_per_round`` epochs.
+
+    It runs through the same engine as the federated algorithms (a bank of one client), so its numbers
+    are directly comparable; it sends nothing, so its ledger stays empty apart from storage.
+    """
+
+    def __init__(self, ctx: Context, cfg: CentralizedConfig):
+        super().__init__(ctx, cfg)
+        self.data = ctx.data.pooled()
+        self.model = ctx.build_model().to(ctx.device)
+        self.sgd = SGD(momentum=cfg.optimizer.momentum, weight_decay=cfg.optimizer.weight_decay)
+        params = parameters_of(self.model)
+        self.bank = ClientBank.broadcast([0], params, buffers_of(self.model), self.sgd.init(params))
+        self.step = make_step(classification_loss(self.model), self.sgd)
+        ctx.ledger.set_storage("server", "model", state_bits(params, buffers_of(self.model)))
+
+    def run_round(self, t: int) -> dict[str, float]:
+        cfg = self.cfg
+        plan = self.data.batch_plan([0], t, cfg.epochs_per_round, cfg.batch_size, cfg.drop_last)
+        torch.manual_seed(derive_seed(self.ctx.seed, "train-noise", t))
+        self.model.train()
+        losses = self.ctx.executor.train(self.step, self.bank, plan, self.data, cfg.optimizer.lr)
+        return {"train_loss": float(losses[0])}
+
+    def evaluate(self) -> dict[str, float]:
+        params, buffers = self.bank.client(0)
+        data = self.ctx.data
+        return evaluate_model(self.model, params, buffers, data.x_test, data.y_test, self.ctx.config.eval.batch_size)
+
+    def state_dict(self) -> dict:
+        return {"params": self.bank.params, "buffers": self.bank.buffers, "opt_state": self.bank.opt_state}
+
+    def load_state_dict(self, state: dict) -> None:
+        device = self.ctx.device
+        self.bank.params = {k: v.to(device) for k, v in state["params"].items()}
+        self.bank.buffers = {k: v.to(device) for k, v in state["buffers"].items()}
+        self.bank.opt_state = {k: v.to(device) for k, v in state["opt_state"].items()}

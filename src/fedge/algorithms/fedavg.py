@@ -1,0 +1,105 @@
+"""FedAvg (McMahan et al., 2017): sampled clients train locally from the global model, the server
+takes their sample-weighted average.
+"""
+
+from __future__ import annotations
+
+from typing import Literal
+
+import numpy as np
+import torch
+from pydantic import Field, PositiveInt
+
+from fedge.algorithms.base import Algorithm, Context, register
+from fedge.comm import client_node, get_codec
+from fedge.config import AlgorithmConfig, Fraction, SGDConfig
+from fedge.engine import SGD, ClientBank, buffers_of, classification_loss, evaluate_model, make_step, parameters_of
+from fedge.rng import derive_seed, numpy_rng
+
+
+class FedAvgConfig(AlgorithmConfig):
+    """FedAvg knobs: participation, local work, optimizer, and the codecs of each direction."""
+
+    name: Literal["fedavg"] = "fedavg"
+    fraction: Fraction = 1.0
+    local_epochs: PositiveInt = 1
+    batch_size: PositiveInt = 32
+    drop_last: bool = False
+    optimizer: SGDConfig = Field(default_factory=SGDConfig)
+    codec_up: Literal["fp32", "fp16"] = "fp32"
+    codec_down: Literal["fp32", "fp16"] = "fp32"
+
+
+def sample_clients(seed: int, round_: int, num_clients: int, fraction: float) -> np.ndarray:
+    """A sorted random subset of ``max(1, round(fraction * n))`` clients, fixed by ``(seed, round)``."""
+    count = max(1, round(fraction * num_clients))
+    if count >= num_clients:
+        return np.arange(num_clients)
+    return np.sort(numpy_rng(seed, "participants", round_).choice(num_clients, size=count, replace=False))
+
+
+def state_bits(params: dict[str, torch.Tensor], buffers: dict[str, torch.Tensor]) -> int:
+    """Bits of a model's floating state at 32 bits per value (what a node stores)."""
+    tensors = [*params.values(), *(b for b in buffers.values() if b.is_floating_point())]
+    return 32 * sum(t.numel() for t in tensors)
+
+
+@register("fedavg", FedAvgConfig, "FedAvg: sampled clients train locally, the server averages by sample count")
+class FedAvg(Algorithm):
+    """Global model on the server; each round ``fraction`` of clients train ``local_epochs`` epochs.
+
+    Transfers per participant and round: the model down (``model_down``) and the trained model up
+    (``model_up``), each encoded by its direction's codec. Floating buffers (BatchNorm statistics)
+    travel and are averaged with the parameters; integer counters are not sent.
+    """
+
+    def __init__(self, ctx: Context, cfg: FedAvgConfig):
+        super().__init__(ctx, cfg)
+        self.model = ctx.build_model().to(ctx.device)
+        self.params = parameters_of(self.model)
+        self.buffers = buffers_of(self.model)
+        opt = cfg.optimizer
+        self.sgd = SGD(momentum=opt.momentum, weight_decay=opt.weight_decay)
+        self.step = make_step(classification_loss(self.model), self.sgd)
+        self.up, self.down = get_codec(cfg.codec_up), get_codec(cfg.codec_down)
+        ctx.ledger.set_storage("server", "model", state_bits(self.params, self.buffers))
+
+    def _sent(self, tensors: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+        return {k: v for k, v in tensors.items() if v.is_floating_point()}
+
+    def run_round(self, t: int) -> dict[str, float]:
+        ctx, cfg = self.ctx, self.cfg
+        clients = sample_clients(ctx.seed, t, ctx.data.num_clients, cfg.fraction)
+        nodes = [client_node(c) for c in clients]
+        down = self.down.transmit({**self.params, **self._sent(self.buffers)})
+        ctx.ledger.record(t, "server", nodes, "model_down", np.repeat(down.bits, len(clients)))
+        params = {k: down.payload[k] for k in self.params}
+        buffers = {k: down.payload.get(k, v) for k, v in self.buffers.items()}
+        bank = ClientBank.broadcast(clients, params, buffers, self.sgd.init(params))
+        plan = ctx.data.batch_plan(clients, t, cfg.local_epochs, cfg.batch_size, cfg.drop_last)
+        torch.manual_seed(derive_seed(ctx.seed, "train-noise", t))
+        self.model.train()
+        losses = ctx.executor.train(self.step, bank, plan, ctx.data, cfg.optimizer.lr)
+        up = self.up.transmit({**bank.params, **self._sent(bank.buffers)}, stacked=True)
+        ctx.ledger.record(t, nodes, "server", "model_up", up.bits)
+        bank.params = {k: up.payload[k] for k in bank.params}
+        bank.buffers = {k: up.payload.get(k, v) for k, v in bank.buffers.items()}
+        sizes = torch.as_tensor(ctx.data.client_sizes(clients), dtype=torch.float64)
+        weights = (sizes / sizes.sum()).to(ctx.device)
+        self.params, self.buffers = bank.average(weights)
+        for c in clients:
+            ctx.ledger.set_storage(client_node(int(c)), "model", state_bits(self.params, self.buffers))
+        return {"train_loss": float((losses.double().cpu() * weights.cpu()).sum()), "participants": len(clients)}
+
+    def evaluate(self) -> dict[str, float]:
+        data = self.ctx.data
+        return evaluate_model(
+            self.model, self.params, self.buffers, data.x_test, data.y_test, self.ctx.config.eval.batch_size
+        )
+
+    def state_dict(self) -> dict:
+        return {"params": self.params, "buffers": self.buffers}
+
+    def load_state_dict(self, state: dict) -> None:
+        self.params = {k: v.to(self.ctx.device) for k, v in state["params"].items()}
+        self.buffers = {k: v.to(self.ctx.device) for k, v in state["buffers"].items()}

@@ -1,0 +1,143 @@
+"""The ``fedge`` command line: run, resume, list, plot.
+
+Bad input (an unknown key, an impossible value, a missing file) prints one line naming the key or file
+and exits with code 2; no results directory is created for it.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Annotated, Any
+
+import typer
+from rich.console import Console
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+from rich.table import Table
+
+import fedge
+from fedge import results
+from fedge.algorithms import ALGORITHMS
+from fedge.data.partition import PARTITIONERS
+from fedge.data.sources import source_descriptions
+from fedge.errors import FedgeError
+from fedge.models import model_cut_points, model_descriptions
+from fedge.plots import plot_runs
+from fedge.runner import Result, Runner, open_run, start_run
+
+app = typer.Typer(add_completion=False, no_args_is_help=False, help=fedge.__doc__)
+console = Console()
+errors = Console(stderr=True)
+
+
+def _fail(message: str) -> typer.Exit:
+    errors.print(f"[bold red]error:[/] {message}", highlight=False, soft_wrap=True)
+    return typer.Exit(code=2)
+
+
+def _run_with_progress(runner: Runner, quiet: bool) -> Result:
+    """Run the remaining rounds under a progress bar that shows the latest accuracy."""
+    with Progress(
+        TextColumn("[bold]round"),
+        MofNCompleteColumn(),
+        BarColumn(),
+        TextColumn("{task.fields[status]}"),
+        TimeElapsedColumn(),
+        console=console,
+        disable=quiet,
+    ) as progress:
+        task = progress.add_task("rounds", total=runner.config.rounds, completed=runner.start, status="")
+
+        def on_round(t: int, row: dict[str, Any] | None) -> None:
+            status = f"acc {100 * row['accuracy']:.2f}%  {row['mb_total']:.2f} MB" if row else None
+            progress.update(task, completed=t, **({"status": status} if status else {}))
+
+        runner.on_round = on_round
+        return runner.run()
+
+
+def _print_summary(result: Result) -> None:
+    s = result.summary
+    table = Table(title=f"fedge · {s['algorithm']} on {s['dataset']}", show_header=False)
+    table.add_row("final accuracy", f"{100 * s['final_accuracy']:.2f} % (round {s['rounds']})")
+    table.add_row("best accuracy", f"{100 * s['best_accuracy']:.2f} % (round {s['best_round']})")
+    table.add_row("communication up", f"{s['mb_up']:.3f} MB")
+    table.add_row("communication down", f"{s['mb_down']:.3f} MB")
+    table.add_row("wall time", f"{s['wall_seconds']:.1f} s")
+    table.add_row("results", str(result.run_dir))
+    console.print(table)
+
+
+@app.command()
+def run(
+    config: Annotated[str | None, typer.Argument(help="YAML config (omit for the digits quickstart)")] = None,
+    overrides: Annotated[list[str] | None, typer.Argument(help="dotted overrides, e.g. rounds=50")] = None,
+    quiet: Annotated[bool, typer.Option("--quiet", "-q", help="no progress bar")] = False,
+) -> None:
+    """Run a config (or the built-in quickstart) and write its results directory."""
+    overrides = list(overrides or [])
+    if config is not None and "=" in config and not Path(config).exists():
+        overrides.insert(0, config)
+        config = None
+    try:
+        result = _run_with_progress(start_run(fedge.resolve_config(config, overrides)), quiet)
+    except FedgeError as error:
+        raise _fail(str(error)) from None
+    _print_summary(result)
+
+
+@app.command()
+def resume(
+    run_dir: Annotated[Path, typer.Argument(help="a run directory with config.yaml and checkpoint.pt")],
+    quiet: Annotated[bool, typer.Option("--quiet", "-q")] = False,
+) -> None:
+    """Continue an interrupted run from its last checkpoint to the identical result."""
+    try:
+        result = _run_with_progress(open_run(run_dir), quiet)
+    except FedgeError as error:
+        raise _fail(str(error)) from None
+    _print_summary(result)
+
+
+@app.command("list")
+def list_components() -> None:
+    """Algorithms, datasets, partitioners and models (with their cut points)."""
+    sections: list[tuple[str, dict[str, str]]] = [
+        ("algorithms", {name: cls.description for name, cls in sorted(ALGORITHMS.items())}),
+        ("datasets", source_descriptions()),
+        ("partitioners", dict(PARTITIONERS)),
+    ]
+    for title, entries in sections:
+        table = Table(title=title, show_header=False, title_justify="left")
+        for name, description in entries.items():
+            table.add_row(f"[bold]{name}", description)
+        console.print(table)
+    table = Table(title="models (cut = blocks on the client; examples on 1x28x28, 10 classes)", title_justify="left")
+    table.add_column("model", style="bold")
+    table.add_column("description")
+    table.add_column("cut points")
+    for name, description in model_descriptions().items():
+        shape = (3, 24, 24) if name == "cse_cifar" else (3, 32, 32) if name in ("vgg", "resnet18") else (1, 28, 28)
+        try:
+            cuts = ", ".join(f"{i}:{block}" for i, block in model_cut_points(name, shape, 10))
+        except FedgeError:
+            cuts = "-"
+        table.add_row(name, description, cuts)
+    console.print(table)
+
+
+@app.command()
+def plot(
+    run_dirs: Annotated[list[Path], typer.Argument(help="one or more run directories")],
+    out: Annotated[Path | None, typer.Option(help="folder for the PNGs (default: the run's plots/)")] = None,
+) -> None:
+    """Plot accuracy vs round and vs communicated MB for one or more runs."""
+    runs = []
+    for run_dir in run_dirs:
+        metrics = run_dir / results.METRICS
+        if not metrics.is_file():
+            raise _fail(f"{metrics}: no metrics in this run directory")
+        runs.append((run_dir.name, results.read_jsonl(metrics)))
+    target = out or (run_dirs[0] / results.PLOTS if len(run_dirs) == 1 else Path("plots"))
+    for path in plot_runs(runs, target):
+        console.print(str(path))
+

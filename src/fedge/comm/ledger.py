@@ -1,0 +1,127 @@
+"""The ledger: one entry per transfer ``(round, src, dst, kind, bits)`` and storage per node.
+
+Nodes are named ``client:<i>``, ``edge:<j>``, ``server`` or ``cloud``. A transfer's direction follows
+from the levels of its ends: towards a higher level is *up*, towards a lower level is *down*, between
+equals (client to client) is *peer*. Entries are kept as columns so a ledger of millions of transfers
+stays small, checkpoints cheaply and exports as CSV.
+"""
+
+from __future__ import annotations
+
+import csv
+import io
+from collections import defaultdict
+from collections.abc import Sequence
+
+import numpy as np
+
+LEVELS = {"client": 0, "edge": 1, "server": 2, "cloud": 3}
+
+
+def client_node(index: int) -> str:
+    """The ledger name of client ``index``."""
+    return f"client:{index}"
+
+
+def direction(src: str, dst: str) -> str:
+    """``up``, ``down`` or ``peer`` for a transfer from ``src`` to ``dst``."""
+    a, b = LEVELS[src.split(":")[0]], LEVELS[dst.split(":")[0]]
+    return "up" if b > a else "down" if b < a else "peer"
+
+
+class Ledger:
+    """Transfers and storage of one run."""
+
+    def __init__(self) -> None:
+        self._nodes: list[str] = []
+        self._node_ids: dict[str, int] = {}
+        self._kinds: list[str] = []
+        self._kind_ids: dict[str, int] = {}
+        self._columns: dict[str, list[np.ndarray]] = {"round": [], "src": [], "dst": [], "kind": [], "bits": []}
+        self._totals: dict[tuple[str, str], int] = defaultdict(int)
+        self.storage: dict[str, dict[str, int]] = defaultdict(dict)
+
+    def _intern(self, names: Sequence[str], table: list[str], ids: dict[str, int]) -> np.ndarray:
+        out = np.empty(len(names), dtype=np.int32)
+        for i, name in enumerate(names):
+            if name not in ids:
+                ids[name] = len(table)
+                table.append(name)
+            out[i] = ids[name]
+        return out
+
+    def record(self, round_: int, src: str | Sequence[str], dst: str | Sequence[str], kind: str, bits) -> None:
+        """Record transfers of one kind: ``src``/``dst`` are names or equal-length lists, ``bits`` per entry."""
+        bits = np.atleast_1d(np.asarray(bits, dtype=np.int64))
+        count = max(len(bits), 1 if isinstance(src, str) else len(src), 1 if isinstance(dst, str) else len(dst))
+        srcs = [src] * count if isinstance(src, str) else list(src)
+        dsts = [dst] * count if isinstance(dst, str) else list(dst)
+        bits = np.broadcast_to(bits, (count,))
+        if len(srcs) != count or len(dsts) != count:
+            raise ValueError("src, dst and bits must have equal lengths")
+        self._columns["round"].append(np.full(count, round_, dtype=np.int32))
+        self._columns["src"].append(self._intern(srcs, self._nodes, self._node_ids))
+        self._columns["dst"].append(self._intern(dsts, self._nodes, self._node_ids))
+        self._columns["kind"].append(self._intern([kind], self._kinds, self._kind_ids).repeat(count))
+        self._columns["bits"].append(bits.copy())
+        for s, d, b in zip(srcs, dsts, bits, strict=True):
+            self._totals[(kind, direction(s, d))] += int(b)
+
+    def set_storage(self, node: str, kind: str, bits: int) -> None:
+        """Set what ``node`` holds of ``kind`` (a model copy, an auxiliary head...) in bits."""
+        self.storage[node][kind] = int(bits)
+
+    def totals(self) -> dict[tuple[str, str], int]:
+        """Cumulative bits by ``(kind, direction)``."""
+        return dict(self._totals)
+
+    def total_bits(self, direction_: str | None = None, kinds: Sequence[str] | None = None) -> int:
+        """Cumulative bits, optionally restricted to one direction and to some kinds."""
+        return sum(
+            bits
+            for (kind, way), bits in self._totals.items()
+            if (direction_ is None or way == direction_) and (kinds is None or kind in kinds)
+        )
+
+    def storage_bits(self) -> dict[str, int]:
+        """Storage summary: total on non-client nodes and the largest per-client footprint."""
+        server = sum(sum(v.values()) for node, v in self.storage.items() if not node.startswith("client"))
+        clients = [sum(v.values()) for node, v in self.storage.items() if node.startswith("client")]
+        return {"server": server, "client_max": max(clients, default=0)}
+
+    def entries(self) -> dict[str, np.ndarray]:
+        """All transfers as columns (node and kind ids resolved by :meth:`to_csv`)."""
+        return {
+            key: np.concatenate(parts) if parts else np.zeros(0, dtype=np.int64)
+            for key, parts in self._columns.items()
+        }
+
+    def to_csv(self) -> str:
+        """Every transfer as CSV text ``round,src,dst,kind,direction,bits``."""
+        columns = self.entries()
+        out = io.StringIO()
+        writer = csv.writer(out)
+        writer.writerow(["round", "src", "dst", "kind", "direction", "bits"])
+        for r, s, d, k, b in zip(*(columns[c] for c in ("round", "src", "dst", "kind", "bits")), strict=True):
+            src, dst = self._nodes[s], self._nodes[d]
+            writer.writerow([int(r), src, dst, self._kinds[k], direction(src, dst), int(b)])
+        return out.getvalue()
+
+    def state_dict(self) -> dict:
+        """Everything needed to restore the ledger exactly."""
+        return {
+            "nodes": list(self._nodes),
+            "kinds": list(self._kinds),
+            "columns": self.entries(),
+            "totals": dict(self._totals),
+            "storage": {node: dict(v) for node, v in self.storage.items()},
+        }
+
+    def load_state_dict(self, state: dict) -> None:
+        self._nodes = list(state["nodes"])
+        self._node_ids = {n: i for i, n in enumerate(self._nodes)}
+        self._kinds = list(state["kinds"])
+        self._kind_ids = {k: i for i, k in enumerate(self._kinds)}
+        self._columns = {key: [np.asarray(col)] for key, col in state["columns"].items()}
+        self._totals = defaultdict(int, state["totals"])
+        self.storage = defaultdict(dict, {node: dict(v) for node, v in state["storage"].items()})

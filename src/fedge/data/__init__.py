@@ -1,0 +1,1 @@
+"""Data: offline-first dataset sources, partitioners and the federated view clients train on."""

@@ -1,0 +1,23 @@
+"""Client engine: stacked client state and the executors that train it."""
+
+from fedge.engine.bank import ClientBank, stack_copies, weighted_sum
+from fedge.engine.evaluate import evaluate_model
+from fedge.engine.executors import EXECUTORS, BatchedExecutor, Executor, SequentialExecutor, make_executor
+from fedge.engine.step import SGD, buffers_of, classification_loss, make_step, parameters_of
+
+__all__ = [
+    "EXECUTORS",
+    "SGD",
+    "BatchedExecutor",
+    "ClientBank",
+    "Executor",
+    "SequentialExecutor",
+    "buffers_of",
+    "classification_loss",
+    "evaluate_model",
+    "make_executor",
+    "make_step",
+    "parameters_of",
+    "stack_copies",
+    "weighted_sum",
+]

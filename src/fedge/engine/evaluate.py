@@ -1,0 +1,31 @@
+"""Evaluation of a model at explicit parameters: accuracy and mean loss over a set of samples."""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+from torch.func import functional_call
+
+Tensors = dict[str, torch.Tensor]
+
+
+@torch.no_grad()
+def evaluate_model(
+    model: nn.Module, params: Tensors, buffers: Tensors, x: torch.Tensor, y: torch.Tensor, batch_size: int
+) -> dict[str, float]:
+    """Top-1 accuracy and mean cross-entropy of ``model`` (in eval mode) on ``(x, y)``."""
+    was_training = model.training
+    model.eval()
+    correct = 0
+    loss_sum = 0.0
+    try:
+        for start in range(0, len(y), batch_size):
+            xb, yb = x[start : start + batch_size], y[start : start + batch_size]
+            logits = functional_call(model, {**params, **buffers}, (xb,))
+            loss_sum += float(F.cross_entropy(logits, yb, reduction="sum"))
+            correct += int((logits.argmax(dim=1) == yb).sum())
+    finally:
+        model.train(was_training)
+    count = max(len(y), 1)
+    return {"accuracy": correct / count, "loss": loss_sum / count}

@@ -1,0 +1,62 @@
+"""Small plain CNNs: LeNet-5 (HIST) and AFIND+'s two-layer and four-layer CNNs.
+
+All convs are unpadded and followed by ReLU and a 2x2 max-pool; flatten sizes follow from the input shape.
+"""
+
+from __future__ import annotations
+
+from collections import OrderedDict
+
+from torch import nn
+
+from fedge.models.base import SplitModel
+from fedge.models.layers import FeatureMap, Probability, block, maybe_dropout
+
+
+def _conv_pool(fm: FeatureMap, channels: int, kernel: int) -> nn.Sequential:
+    """Conv (valid), ReLU, 2x2 max-pool."""
+    return block(conv=fm.conv(channels, kernel), relu=nn.ReLU(), pool=fm.max_pool(2))
+
+
+def build_lenet5(input_shape: tuple[int, ...], num_classes: int, *, dropout: Probability = 0.0) -> SplitModel:
+    """LeNet-5 of HIST: conv5 6, conv5 16, FC 120, 84 (44,426 parameters on 1x28x28, 10 classes).
+
+    The spec's count holds for the unpadded 28x28 input (256-value flatten). HIST's code uses Dropout(0.3)
+    after fc1 and fc2; ``dropout`` turns it on (off by default).
+    """
+    fm = FeatureMap("lenet5", input_shape)
+    blocks: OrderedDict[str, nn.Module] = OrderedDict()
+    blocks["conv1"] = _conv_pool(fm, 6, 5)
+    blocks["conv2"] = _conv_pool(fm, 16, 5)
+    linear = nn.Linear(fm.numel, 120)
+    blocks["fc1"] = block(flatten=nn.Flatten(), linear=linear, relu=nn.ReLU(), dropout=maybe_dropout(dropout))
+    blocks["fc2"] = block(linear=nn.Linear(120, 84), relu=nn.ReLU(), dropout=maybe_dropout(dropout))
+    blocks["out"] = block(linear=nn.Linear(84, num_classes))
+    return SplitModel(blocks, name="lenet5")
+
+
+def build_cnn2(input_shape: tuple[int, ...], num_classes: int) -> SplitModel:
+    """AFIND+'s FashionMNIST two-layer CNN: conv5 32, conv5 64, Linear (1024 inputs on 1x28x28).
+
+    The spec lists conv-pool only; we add the usual ReLU after each conv.
+    """
+    fm = FeatureMap("cnn2", input_shape)
+    blocks: OrderedDict[str, nn.Module] = OrderedDict()
+    blocks["conv1"] = _conv_pool(fm, 32, 5)
+    blocks["conv2"] = _conv_pool(fm, 64, 5)
+    blocks["out"] = block(flatten=nn.Flatten(), linear=nn.Linear(fm.numel, num_classes))
+    return SplitModel(blocks, name="cnn2")
+
+
+def build_cnn4(input_shape: tuple[int, ...], num_classes: int) -> SplitModel:
+    """AFIND+'s CIFAR-10 / FEMNIST four-layer CNN: conv5 32, conv5 64, FC 512, Linear.
+
+    ``fc1`` (1600 inputs on 3x32x32, 1024 on 1x28x28) is AFIND+'s feature-proxy layer, ``out`` its head.
+    """
+    fm = FeatureMap("cnn4", input_shape)
+    blocks: OrderedDict[str, nn.Module] = OrderedDict()
+    blocks["conv1"] = _conv_pool(fm, 32, 5)
+    blocks["conv2"] = _conv_pool(fm, 64, 5)
+    blocks["fc1"] = block(flatten=nn.Flatten(), linear=nn.Linear(fm.numel, 512), relu=nn.ReLU())
+    blocks["out"] = block(linear=nn.Linear(512, num_classes))
+    return SplitModel(blocks, name="cnn4")

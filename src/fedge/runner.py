@@ -1,0 +1,233 @@
+"""The round loop, written once for every algorithm: evaluation, checkpoints, resume and results.
+
+``build_run`` turns a config into a ready algorithm (loading data, partitioning, building the model)
+and raises :class:`~fedge.errors.FedgeError` on bad input *before* any directory exists. ``Runner``
+then drives the rounds, evaluates every ``eval.every`` rounds and after the last, checkpoints atomically,
+and writes the results directory. ``resume`` continues an interrupted run from its last checkpoint to
+the identical result: every random draw is derived from ``(seed, purpose, round, client)``, so nothing
+but the algorithm state and the ledger needs to be carried over.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from fedge import results
+from fedge.algorithms import ALGORITHMS, Algorithm, Context
+from fedge.comm import Ledger
+from fedge.config import RunConfig, load_config
+from fedge.data.federated import FederatedData
+from fedge.data.partition import partition_test, partition_train
+from fedge.data.sources import load_dataset
+from fedge.engine import make_executor
+from fedge.errors import ConfigError, FedgeError
+from fedge.models import SplitModel, build_model, split
+from fedge.plots import plot_run
+from fedge.rng import derive_seed, numpy_rng
+
+MIB = 8 * 2**20  # bits in one MB as the papers' tables count it (2^20 bytes)
+WALL_FIELDS = ("wall_seconds",)
+
+
+@dataclass
+class Result:
+    """A finished (or resumed-to-the-end) run: its directory, config, metric rows and summary."""
+
+    run_dir: Path
+    config: RunConfig
+    metrics: list[dict[str, Any]]
+    summary: dict[str, Any]
+
+
+@dataclass
+class Built:
+    """Everything a run needs, built and validated."""
+
+    config: RunConfig
+    context: Context
+    algorithm: Algorithm
+
+
+def _device(name: str) -> torch.device:
+    try:
+        device = torch.device(name)
+    except RuntimeError:
+        raise ConfigError("engine.device", f"unknown device {name!r}") from None
+    if device.type == "cuda" and not torch.cuda.is_available():
+        raise ConfigError("engine.device", "CUDA was asked for but no CUDA device is available")
+    return device
+
+
+def model_factory(config: RunConfig, input_shape: tuple[int, ...], num_classes: int) -> Callable[[], SplitModel]:
+    """A builder of the configured model whose initial weights depend only on the run seed."""
+    spec = config.model
+
+    def build() -> SplitModel:
+        with torch.random.fork_rng(devices=[]):
+            torch.manual_seed(derive_seed(config.seed, "model-init"))
+            return build_model(spec.name, input_shape, num_classes, **spec.options)
+
+    return build
+
+
+def build_run(config: RunConfig) -> Built:
+    """Load data, partition it, check the model and build the algorithm; no file is written."""
+    if config.engine.threads:
+        torch.set_num_threads(config.engine.threads)
+    device = _device(config.engine.device)
+    dataset = load_dataset(config.data, config.seed)
+    labels = dataset.y_train.numpy()
+    client_train = partition_train(labels, config.partition, numpy_rng(config.seed, "partition"), dataset.train_groups)
+    client_test = partition_test(
+        dataset.y_test.numpy(),
+        [labels[ix] for ix in client_train],
+        dataset.num_classes,
+        config.partition.test_size,
+        numpy_rng(config.seed, "partition-test"),
+    )
+    data = FederatedData(dataset, client_train, client_test, config.seed, device)
+    factory = model_factory(config, dataset.input_shape, dataset.num_classes)
+    template = factory()
+    if config.model.cut is not None:
+        split(template, config.model.cut)
+    algorithm_cls = ALGORITHMS[config.algorithm.name]
+    ctx = Context(
+        config=config,
+        data=data,
+        build_model=factory,
+        executor=make_executor(config.engine.executor),
+        ledger=Ledger(),
+        device=device,
+        seed=config.seed,
+    )
+    return Built(config, ctx, algorithm_cls(ctx, config.algorithm))
+
+
+def default_run_name(config: RunConfig) -> str:
+    return config.output.name or f"{config.algorithm.name}-{config.data.name}"
+
+
+def _communication(ledger: Ledger) -> dict[str, Any]:
+    """Cumulative communication and storage figures of the ledger, for a metrics row."""
+    by_kind: dict[str, int] = {}
+    for (kind, _), bits in ledger.totals().items():
+        by_kind[kind] = by_kind.get(kind, 0) + bits
+    up, down, peer = (ledger.total_bits(way) for way in ("up", "down", "peer"))
+    storage = ledger.storage_bits()
+    return {
+        "bits_up": up,
+        "bits_down": down,
+        "bits_peer": peer,
+        "mb_up": up / MIB,
+        "mb_down": down / MIB,
+        "mb_total": (up + down + peer) / MIB,
+        "bits_by_kind": dict(sorted(by_kind.items())),
+        "storage_server_bits": storage["server"],
+        "storage_client_bits": storage["client_max"],
+    }
+
+
+@dataclass
+class Runner:
+    """Drives one run in ``run_dir`` from round ``start + 1`` to ``config.rounds``."""
+
+    built: Built
+    run_dir: Path
+    rows: list[dict[str, Any]] = field(default_factory=list)
+    start: int = 0
+    wall_offset: float = 0.0
+    on_round: Callable[[int, dict[str, Any] | None], None] | None = None
+
+    @property
+    def config(self) -> RunConfig:
+        return self.built.config
+
+    def _checkpoint(self, t: int, wall: float) -> None:
+        state = {
+            "round": t,
+            "algorithm": self.built.algorithm.state_dict(),
+            "ledger": self.built.context.ledger.state_dict(),
+            "rows": self.rows,
+            "wall_seconds": wall,
+        }
+        results.save_checkpoint(self.run_dir / results.CHECKPOINT, state)
+
+    def restore(self) -> None:
+        """Continue from the run directory's checkpoint."""
+        state = results.load_checkpoint(self.run_dir / results.CHECKPOINT)
+        self.built.algorithm.load_state_dict(state["algorithm"])
+        self.built.context.ledger.load_state_dict(state["ledger"])
+        self.rows = list(state["rows"])
+        self.start = int(state["round"])
+        self.wall_offset = float(state["wall_seconds"])
+
+    def run(self) -> Result:
+        cfg, algorithm, ledger = self.config, self.built.algorithm, self.built.context.ledger
+        began = time.perf_counter() - self.wall_offset
+        for t in range(self.start + 1, cfg.rounds + 1):
+            round_metrics = algorithm.run_round(t)
+            row = None
+            if t % cfg.eval.every == 0 or t == cfg.rounds:
+                row = {"round": t, **algorithm.evaluate(), **round_metrics, **_communication(ledger)}
+                row["wall_seconds"] = time.perf_counter() - began
+                self.rows.append(row)
+                results.write_jsonl(self.run_dir / results.METRICS, self.rows)
+            if t % cfg.output.checkpoint_every == 0 or t == cfg.rounds:
+                self._checkpoint(t, time.perf_counter() - began)
+            if self.on_round is not None:
+                self.on_round(t, row)
+        return self.finish()
+
+    def finish(self) -> Result:
+        """Write summary, ledger and plots of a run that reached its last round."""
+        summary = summarize(self.config, self.rows)
+        results.write_jsonl(self.run_dir / results.METRICS, self.rows)
+        results.write_text(self.run_dir / results.LEDGER, self.built.context.ledger.to_csv())
+        results.write_json(self.run_dir / results.SUMMARY, summary)
+        if self.config.output.plots:
+            plot_run(self.run_dir, self.rows, self.run_dir.name)
+        return Result(self.run_dir, self.config, self.rows, summary)
+
+
+def summarize(config: RunConfig, rows: list[dict[str, Any]]) -> dict[str, Any]:
+    """The headline figures of a run."""
+    last = rows[-1]
+    best = max(rows, key=lambda r: r["accuracy"])
+    return {
+        "algorithm": config.algorithm.name,
+        "dataset": config.data.name,
+        "rounds": last["round"],
+        "final_accuracy": last["accuracy"],
+        "best_accuracy": best["accuracy"],
+        "best_round": best["round"],
+        "final_loss": last["loss"],
+        **{k: last[k] for k in ("bits_up", "bits_down", "bits_peer", "mb_up", "mb_down", "mb_total")},
+        "storage_server_bits": last["storage_server_bits"],
+        "storage_client_bits": last["storage_client_bits"],
+        "wall_seconds": last["wall_seconds"],
+    }
+
+
+def start_run(config: RunConfig, on_round=None) -> Runner:
+    """Validate and build ``config``, then create its run directory (only once the build succeeded)."""
+    built = build_run(config)
+    run_dir = results.create_run_dir(config.output.dir, default_run_name(config), config.to_yaml())
+    return Runner(built, run_dir, on_round=on_round)
+
+
+def open_run(run_dir: Path, on_round=None) -> Runner:
+    """A runner that continues the run in ``run_dir`` from its last checkpoint."""
+    run_dir = Path(run_dir)
+    config_path = run_dir / results.CONFIG
+    if not config_path.is_file():
+        raise FedgeError(f"{run_dir}: not a run directory (no {results.CONFIG})")
+    runner = Runner(build_run(load_config(config_path)), run_dir, on_round=on_round)
+    if (run_dir / results.CHECKPOINT).is_file():
+        runner.restore()
+    return runner

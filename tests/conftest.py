@@ -1,0 +1,22 @@
+"""Shared test fixtures: one thread (small models run fastest so) and small, fast configs."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+torch.set_num_threads(1)
+
+
+@pytest.fixture
+def tiny_config(tmp_path) -> dict:
+    """A FedAvg run on a small synthetic set that finishes in about a second."""
+    return {
+        "seed": 3,
+        "rounds": 4,
+        "data": {"name": "synthetic", "num_train": 400, "num_test": 200, "shape": [1, 6, 6], "num_classes": 4},
+        "partition": {"kind": "dirichlet", "num_clients": 5, "alpha": 0.5, "min_size": 5},
+        "model": {"name": "mlp", "options": {"hidden": [16]}},
+        "algorithm": {"name": "fedavg", "batch_size": 16, "optimizer": {"lr": 0.1}},
+        "output": {"dir": str(tmp_path / "runs"), "plots": False},
+    }

@@ -1,0 +1,55 @@
+"""The command line: the quickstart, list, plot, and one-line exit-2 errors that leave no directory."""
+
+from __future__ import annotations
+
+import pytest
+from typer.testing import CliRunner
+
+from fedge.cli import app
+
+runner = CliRunner()
+
+
+def test_quickstart_prints_summary_and_writes_results(tmp_path):
+    out = tmp_path / "runs"
+    result = runner.invoke(app, ["run", f"output.dir={out}", "rounds=3"])
+    assert result.exit_code == 0, result.output
+    assert "final accuracy" in result.output and "communication up" in result.output
+    run_dir = out / "fedavg-digits"
+    assert (run_dir / "summary.json").is_file() and (run_dir / "plots" / "accuracy_vs_round.png").is_file()
+    plotted = runner.invoke(app, ["plot", str(run_dir), str(run_dir), "--out", str(tmp_path / "cmp")])
+    assert plotted.exit_code == 0 and (tmp_path / "cmp" / "accuracy_vs_mb.png").is_file()
+
+
+def test_list_names_every_component():
+    result = runner.invoke(app, ["list"])
+    assert result.exit_code == 0
+    for name in ("fedavg", "centralized", "digits", "femnist", "dirichlet", "cse_cifar", "vgg"):
+        assert name in result.output
+
+
+@pytest.mark.parametrize(
+    ("args", "needle"),
+    [
+        (["partition.alpha=0"], "partition.alpha"),
+        (["partition.alpha=-1"], "partition.alpha"),
+        (["algorithm.fraction=1.5"], "algorithm.fraction"),
+        (["partition.num_clients=5000"], "partition.num_clients"),
+        (["model.cut=9"], "model.cut"),
+        (["colour=blue"], "colour"),
+        (["data.name=mnist", "data.root=/nonexistent/mnist"], "/nonexistent/mnist"),
+        (["missing.yaml"], "missing.yaml"),
+    ],
+)
+def test_bad_input_exits_2_with_one_line_and_no_directory(tmp_path, args, needle):
+    out = tmp_path / "runs"
+    result = runner.invoke(app, ["run", *args, f"output.dir={out}"])
+    assert result.exit_code == 2, result.output
+    lines = [line for line in result.output.splitlines() if line.strip()]
+    assert len(lines) == 1 and needle in lines[0], result.output
+    assert not out.exists() or not any(out.iterdir())
+
+
+def test_resume_of_a_non_run_directory_fails_cleanly(tmp_path):
+    result = runner.invoke(app, ["resume", str(tmp_path)])
+    assert result.exit_code == 2 and "not a run directory" in result.output

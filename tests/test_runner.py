@@ -1,0 +1,99 @@
+"""End-to-end runs: determinism, exact ledger totals, results directory, kill-and-resume."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import yaml
+
+import fedge
+from fedge import results
+from fedge.models import build_model, count_parameters
+
+WALL = ("wall_seconds",)
+
+
+def strip_wall(rows: list[dict]) -> list[dict]:
+    return [{k: v for k, v in row.items() if k not in WALL} for row in rows]
+
+
+def test_results_directory_is_complete(tiny_config):
+    tiny_config["output"]["plots"] = True
+    result = fedge.run(tiny_config)
+    names = {p.name for p in result.run_dir.iterdir()}
+    assert {"config.yaml", "metrics.jsonl", "summary.json", "checkpoint.pt", "ledger.csv", "plots"} <= names
+    assert {p.name for p in (result.run_dir / "plots").iterdir()} == {"accuracy_vs_round.png", "accuracy_vs_mb.png"}
+    assert not [n for n in names if n.startswith(".")]
+    rows = results.read_jsonl(result.run_dir / "metrics.jsonl")
+    assert [r["round"] for r in rows] == [1, 2, 3, 4]
+    summary = json.loads((result.run_dir / "summary.json").read_text())
+    assert summary["final_accuracy"] == rows[-1]["accuracy"]
+    assert fedge.load_config(result.run_dir / "config.yaml") == fedge.resolve_config(tiny_config)
+
+
+def test_same_seed_same_metrics_and_new_directory(tiny_config):
+    first = fedge.run(tiny_config)
+    second = fedge.run(tiny_config)
+    assert second.run_dir != first.run_dir and second.run_dir.name == first.run_dir.name + "-2"
+    assert strip_wall(first.metrics) == strip_wall(second.metrics)
+    other = fedge.run(tiny_config, ["seed=4"])
+    assert strip_wall(other.metrics) != strip_wall(first.metrics)
+
+
+def test_executors_agree_end_to_end(tiny_config):
+    batched = fedge.run(tiny_config, ["engine.executor=batched"])
+    sequential = fedge.run(tiny_config, ["engine.executor=sequential"])
+    for a, b in zip(batched.metrics, sequential.metrics, strict=True):
+        assert abs(a["accuracy"] - b["accuracy"]) < 1e-9 and abs(a["loss"] - b["loss"]) < 1e-4
+
+
+def test_fedavg_ledger_equals_formula(tiny_config):
+    rounds, clients = 5, 6
+    result = fedge.run(
+        tiny_config, [f"rounds={rounds}", f"partition.num_clients={clients}", "algorithm.fraction=0.5"]
+    )
+    model = build_model("mlp", (1, 6, 6), 4, hidden=[16])
+    participants = round(0.5 * clients)
+    expected = 2 * rounds * participants * count_parameters(model) * 32
+    summary = result.summary
+    assert summary["bits_up"] + summary["bits_down"] == expected
+    assert summary["bits_up"] == summary["bits_down"]
+    ledger = (result.run_dir / "ledger.csv").read_text().splitlines()
+    assert len(ledger) == 1 + 2 * rounds * participants
+
+
+def test_centralized_reference_runs(tiny_config):
+    tiny_config["algorithm"] = {"name": "centralized", "batch_size": 16, "optimizer": {"lr": 0.1}}
+    result = fedge.run(tiny_config)
+    assert result.summary["bits_up"] == 0 and result.summary["final_accuracy"] > 0.5
+
+
+def test_killed_run_resumes_to_identical_metrics(tiny_config, tmp_path):
+    tiny_config.update(rounds=120)
+    tiny_config["output"].update(checkpoint_every=2, name="killed")
+    path = tmp_path / "run.yaml"
+    path.write_text(yaml.safe_dump(tiny_config))
+    env = {**os.environ, "PYTHONPATH": str(Path(fedge.__file__).parents[1])}
+    proc = subprocess.Popen([sys.executable, "-m", "fedge", "run", str(path), "-q"], env=env)
+    run_dir = tmp_path / "runs" / "killed"
+    metrics = run_dir / "metrics.jsonl"
+    deadline = time.monotonic() + 120
+    while time.monotonic() < deadline and proc.poll() is None:
+        if metrics.is_file() and len(metrics.read_text().splitlines()) >= 5:
+            break
+        time.sleep(0.01)
+    proc.send_signal(signal.SIGKILL)
+    proc.wait()
+    assert not (run_dir / "summary.json").exists(), "the run finished before it could be killed"
+    resumed = fedge.resume(run_dir)
+    tiny_config["output"]["name"] = "uninterrupted"
+    reference = fedge.run(tiny_config)
+    assert len(resumed.metrics) == 120
+    assert strip_wall(resumed.metrics) == strip_wall(reference.metrics)
+    assert strip_wall(results.read_jsonl(metrics)) == strip_wall(reference.metrics)
