@@ -14,7 +14,13 @@ def tiny_config(tmp_path) -> dict:
     return {
         "seed": 3,
         "rounds": 4,
-        "data": {"name": "synthetic", "num_train": 400, "num_test": 200, "shape": [1, 6, 6], "num_classes": 4},
+        "data": {
+            "name": "synthetic",
+            "num_train": 400,
+            "num_test": 200,
+            "shape": [1, 6, 6],
+            "num_classes": 4,
+        },
         "partition": {"kind": "dirichlet", "num_clients": 5, "alpha": 0.5, "min_size": 5},
         "model": {"name": "mlp", "options": {"hidden": [16]}},
         "algorithm": {"name": "fedavg", "batch_size": 16, "optimizer": {"lr": 0.1}},

@@ -40,7 +40,9 @@ def test_ledger_totals_state_and_csv():
     ledger.set_storage("server", "model", 320)
     ledger.set_storage("client:0", "model", 320)
     ledger.set_storage("client:0", "aux", 32)
-    assert ledger.total_bits("down") == 200 and ledger.total_bits("up") == 100 and ledger.total_bits("peer") == 7
+    assert (
+        ledger.total_bits("down") == 200 and ledger.total_bits("up") == 100 and ledger.total_bits("peer") == 7
+    )
     assert ledger.total_bits(kinds=["model_up"]) == 100
     assert ledger.storage_bits() == {"server": 320, "client_max": 352}
     restored = Ledger()

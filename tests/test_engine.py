@@ -39,9 +39,7 @@ def mlp() -> nn.Module:
 
 def bn_cnn() -> nn.Module:
     torch.manual_seed(0)
-    return nn.Sequential(
-        nn.Conv2d(1, 4, 3), nn.BatchNorm2d(4), nn.ReLU(), nn.Flatten(), nn.Linear(64, 3)
-    )
+    return nn.Sequential(nn.Conv2d(1, 4, 3), nn.BatchNorm2d(4), nn.ReLU(), nn.Flatten(), nn.Linear(64, 3))
 
 
 def train_both(model, data, sgd, epochs=2, batch=8, drop_last=False, lr=0.1):

@@ -28,7 +28,10 @@ def test_results_directory_is_complete(tiny_config):
     result = fedge.run(tiny_config)
     names = {p.name for p in result.run_dir.iterdir()}
     assert {"config.yaml", "metrics.jsonl", "summary.json", "checkpoint.pt", "ledger.csv", "plots"} <= names
-    assert {p.name for p in (result.run_dir / "plots").iterdir()} == {"accuracy_vs_round.png", "accuracy_vs_mb.png"}
+    assert {p.name for p in (result.run_dir / "plots").iterdir()} == {
+        "accuracy_vs_round.png",
+        "accuracy_vs_mb.png",
+    }
     assert not [n for n in names if n.startswith(".")]
     rows = results.read_jsonl(result.run_dir / "metrics.jsonl")
     assert [r["round"] for r in rows] == [1, 2, 3, 4]
@@ -47,10 +50,30 @@ def test_same_seed_same_metrics_and_new_directory(tiny_config):
 
 
 def test_executors_agree_end_to_end(tiny_config):
+    """Unequal client sizes (Dirichlet), momentum and weight decay: final FedAvg parameters within 1e-5."""
+    tiny_config["algorithm"]["optimizer"].update(momentum=0.9, weight_decay=1e-3)
     batched = fedge.run(tiny_config, ["engine.executor=batched"])
     sequential = fedge.run(tiny_config, ["engine.executor=sequential"])
+    final = [
+        results.load_checkpoint(r.run_dir / "checkpoint.pt")["algorithm"]["params"]
+        for r in (batched, sequential)
+    ]
+    assert max(float((final[0][k] - final[1][k]).abs().max()) for k in final[0]) < 1e-5
     for a, b in zip(batched.metrics, sequential.metrics, strict=True):
         assert abs(a["accuracy"] - b["accuracy"]) < 1e-9 and abs(a["loss"] - b["loss"]) < 1e-4
+
+
+def test_quickstart_reaches_90_percent(tmp_path):
+    """FedAvg on digits, 10 clients, Dirichlet(0.5), default rounds: the issue's accuracy bar."""
+    result = fedge.run(None, [f"output.dir={tmp_path}", "output.plots=false"])
+    cfg = result.config
+    assert (cfg.data.name, cfg.partition.kind, cfg.partition.alpha, cfg.partition.num_clients) == (
+        "digits",
+        "dirichlet",
+        0.5,
+        10,
+    )
+    assert result.summary["final_accuracy"] >= 0.90
 
 
 def test_fedavg_ledger_equals_formula(tiny_config):

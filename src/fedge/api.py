@@ -12,7 +12,9 @@ from fedge.runner import Result, open_run, start_run
 RoundCallback = Callable[[int, dict[str, Any] | None], None]
 
 
-def resolve_config(config: RunConfig | dict | str | Path | None = None, overrides: list[str] | None = None) -> RunConfig:
+def resolve_config(
+    config: RunConfig | dict | str | Path | None = None, overrides: list[str] | None = None
+) -> RunConfig:
     """A validated config from a :class:`RunConfig`, a dict, a YAML path or nothing (the quickstart)."""
     if isinstance(config, RunConfig):
         raw = config.model_dump(mode="json")

@@ -24,6 +24,8 @@ from fedge.models import model_cut_points, model_descriptions
 from fedge.plots import plot_runs
 from fedge.runner import Result, Runner, open_run, start_run
 
+EXAMPLE_INPUTS = {"cse_cifar": (3, 24, 24), "vgg": (3, 32, 32), "resnet18": (3, 32, 32), "cnn4": (3, 32, 32)}
+
 app = typer.Typer(add_completion=False, no_args_is_help=False, help=fedge.__doc__)
 console = Console()
 errors = Console(stderr=True)
@@ -111,17 +113,13 @@ def list_components() -> None:
         for name, description in entries.items():
             table.add_row(f"[bold]{name}", description)
         console.print(table)
-    table = Table(title="models (cut = blocks on the client; examples on 1x28x28, 10 classes)", title_justify="left")
-    table.add_column("model", style="bold")
-    table.add_column("description")
-    table.add_column("cut points")
+    table = Table(title="models (cut k = the first k blocks run on the client)", title_justify="left")
+    for column in ("model", "description", "example input", "cut points (k:last client block)"):
+        table.add_column(column)
     for name, description in model_descriptions().items():
-        shape = (3, 24, 24) if name == "cse_cifar" else (3, 32, 32) if name in ("vgg", "resnet18") else (1, 28, 28)
-        try:
-            cuts = ", ".join(f"{i}:{block}" for i, block in model_cut_points(name, shape, 10))
-        except FedgeError:
-            cuts = "-"
-        table.add_row(name, description, cuts)
+        shape = EXAMPLE_INPUTS.get(name, (1, 28, 28))
+        cuts = ", ".join(f"{k}:{block}" for k, block in model_cut_points(name, shape, 10))
+        table.add_row(f"[bold]{name}", description, "x".join(map(str, shape)), cuts or "-")
     console.print(table)
 
 
@@ -140,4 +138,3 @@ def plot(
     target = out or (run_dirs[0] / results.PLOTS if len(run_dirs) == 1 else Path("plots"))
     for path in plot_runs(runs, target):
         console.print(str(path))
-

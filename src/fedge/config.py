@@ -138,7 +138,8 @@ class RunConfig(StrictModel):
     data: DataConfig = Field(default_factory=DataConfig)
     partition: PartitionConfig = Field(default_factory=PartitionConfig)
     model: ModelConfig = Field(default_factory=ModelConfig)
-    algorithm: SerializeAsAny[AlgorithmConfig] = Field(default_factory=lambda: {"name": DEFAULT_ALGORITHM}, validate_default=True
+    algorithm: SerializeAsAny[AlgorithmConfig] = Field(
+        default_factory=lambda: {"name": DEFAULT_ALGORITHM}, validate_default=True
     )
     engine: EngineConfig = Field(default_factory=EngineConfig)
     eval: EvalConfig = Field(default_factory=EvalConfig)

@@ -24,7 +24,9 @@ def numpy_rng(seed: int, purpose: str, *keys: int | str) -> np.random.Generator:
     return np.random.default_rng(derive_seed(seed, purpose, *keys))
 
 
-def torch_rng(seed: int, purpose: str, *keys: int | str, device: str | torch.device = "cpu") -> torch.Generator:
+def torch_rng(
+    seed: int, purpose: str, *keys: int | str, device: str | torch.device = "cpu"
+) -> torch.Generator:
     """A torch generator for the named stream (on ``device``)."""
     gen = torch.Generator(device=device)
     gen.manual_seed(derive_seed(seed, purpose, *keys))

@@ -64,7 +64,9 @@ def _device(name: str) -> torch.device:
     return device
 
 
-def model_factory(config: RunConfig, input_shape: tuple[int, ...], num_classes: int) -> Callable[[], SplitModel]:
+def model_factory(
+    config: RunConfig, input_shape: tuple[int, ...], num_classes: int
+) -> Callable[[], SplitModel]:
     """A builder of the configured model whose initial weights depend only on the run seed."""
     spec = config.model
 
@@ -83,7 +85,9 @@ def build_run(config: RunConfig) -> Built:
     device = _device(config.engine.device)
     dataset = load_dataset(config.data, config.seed)
     labels = dataset.y_train.numpy()
-    client_train = partition_train(labels, config.partition, numpy_rng(config.seed, "partition"), dataset.train_groups)
+    client_train = partition_train(
+        labels, config.partition, numpy_rng(config.seed, "partition"), dataset.train_groups
+    )
     client_test = partition_test(
         dataset.y_test.numpy(),
         [labels[ix] for ix in client_train],

@@ -10,7 +10,15 @@ from pydantic import Field, PositiveInt
 from fedge.algorithms.base import Algorithm, Context, register
 from fedge.algorithms.fedavg import state_bits
 from fedge.config import AlgorithmConfig, SGDConfig
-from fedge.engine import SGD, ClientBank, buffers_of, classification_loss, evaluate_model, make_step, parameters_of
+from fedge.engine import (
+    SGD,
+    ClientBank,
+    buffers_of,
+    classification_loss,
+    evaluate_model,
+    make_step,
+    parameters_of,
+)
 from fedge.rng import derive_seed
 
 
@@ -53,7 +61,9 @@ class Centralized(Algorithm):
     def evaluate(self) -> dict[str, float]:
         params, buffers = self.bank.client(0)
         data = self.ctx.data
-        return evaluate_model(self.model, params, buffers, data.x_test, data.y_test, self.ctx.config.eval.batch_size)
+        return evaluate_model(
+            self.model, params, buffers, data.x_test, data.y_test, self.ctx.config.eval.batch_size
+        )
 
     def state_dict(self) -> dict:
         return {"params": self.bank.params, "buffers": self.bank.buffers, "opt_state": self.bank.opt_state}

@@ -13,7 +13,15 @@ from pydantic import Field, PositiveInt
 from fedge.algorithms.base import Algorithm, Context, register
 from fedge.comm import client_node, get_codec
 from fedge.config import AlgorithmConfig, Fraction, SGDConfig
-from fedge.engine import SGD, ClientBank, buffers_of, classification_loss, evaluate_model, make_step, parameters_of
+from fedge.engine import (
+    SGD,
+    ClientBank,
+    buffers_of,
+    classification_loss,
+    evaluate_model,
+    make_step,
+    parameters_of,
+)
 from fedge.rng import derive_seed, numpy_rng
 
 
@@ -44,7 +52,9 @@ def state_bits(params: dict[str, torch.Tensor], buffers: dict[str, torch.Tensor]
     return 32 * sum(t.numel() for t in tensors)
 
 
-@register("fedavg", FedAvgConfig, "FedAvg: sampled clients train locally, the server averages by sample count")
+@register(
+    "fedavg", FedAvgConfig, "FedAvg: sampled clients train locally, the server averages by sample count"
+)
 class FedAvg(Algorithm):
     """Global model on the server; each round ``fraction`` of clients train ``local_epochs`` epochs.
 
@@ -89,7 +99,10 @@ class FedAvg(Algorithm):
         self.params, self.buffers = bank.average(weights)
         for c in clients:
             ctx.ledger.set_storage(client_node(int(c)), "model", state_bits(self.params, self.buffers))
-        return {"train_loss": float((losses.double().cpu() * weights.cpu()).sum()), "participants": len(clients)}
+        return {
+            "train_loss": float((losses.double().cpu() * weights.cpu()).sum()),
+            "participants": len(clients),
+        }
 
     def evaluate(self) -> dict[str, float]:
         data = self.ctx.data

@@ -37,7 +37,13 @@ class Ledger:
         self._node_ids: dict[str, int] = {}
         self._kinds: list[str] = []
         self._kind_ids: dict[str, int] = {}
-        self._columns: dict[str, list[np.ndarray]] = {"round": [], "src": [], "dst": [], "kind": [], "bits": []}
+        self._columns: dict[str, list[np.ndarray]] = {
+            "round": [],
+            "src": [],
+            "dst": [],
+            "kind": [],
+            "bits": [],
+        }
         self._totals: dict[tuple[str, str], int] = defaultdict(int)
         self.storage: dict[str, dict[str, int]] = defaultdict(dict)
 
@@ -50,10 +56,14 @@ class Ledger:
             out[i] = ids[name]
         return out
 
-    def record(self, round_: int, src: str | Sequence[str], dst: str | Sequence[str], kind: str, bits) -> None:
-        """Record transfers of one kind: ``src``/``dst`` are names or equal-length lists, ``bits`` per entry."""
+    def record(
+        self, round_: int, src: str | Sequence[str], dst: str | Sequence[str], kind: str, bits
+    ) -> None:
+        """Record transfers of one kind; ``src``/``dst`` are names or lists, ``bits`` per entry."""
         bits = np.atleast_1d(np.asarray(bits, dtype=np.int64))
-        count = max(len(bits), 1 if isinstance(src, str) else len(src), 1 if isinstance(dst, str) else len(dst))
+        count = max(
+            len(bits), 1 if isinstance(src, str) else len(src), 1 if isinstance(dst, str) else len(dst)
+        )
         srcs = [src] * count if isinstance(src, str) else list(src)
         dsts = [dst] * count if isinstance(dst, str) else list(dst)
         bits = np.broadcast_to(bits, (count,))

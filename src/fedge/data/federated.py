@@ -99,7 +99,9 @@ class FederatedData:
             indices = self.client_train[client]
             batches = []
             for epoch in range(epochs):
-                order = indices[numpy_rng(self.seed, purpose, round_, client, epoch).permutation(len(indices))]
+                order = indices[
+                    numpy_rng(self.seed, purpose, round_, client, epoch).permutation(len(indices))
+                ]
                 full = len(order) // batch_size
                 usable = full * batch_size if drop_last or len(order) % batch_size == 0 else len(order)
                 padded = np.full(-(-usable // batch_size) * batch_size, -1, dtype=np.int64)

