@@ -1,4 +1,4 @@
-"""The ``fedge`` command line: run, resume, list, plot.
+"""The ``fedge`` command line: run, resume, compare, list, plot.
 
 Bad input (an unknown key, an impossible value, a missing file) prints one line naming the key or file
 and exits with code 2; no results directory is created for it.
@@ -17,6 +17,7 @@ from rich.table import Table
 import fedge
 from fedge import results
 from fedge.algorithms import ALGORITHMS
+from fedge.compare import compare as run_comparison
 from fedge.data.partition import PARTITIONERS
 from fedge.data.sources import source_descriptions
 from fedge.errors import FedgeError
@@ -69,6 +70,14 @@ def _print_summary(result: Result) -> None:
     console.print(table)
 
 
+def _split_config_argument(config: str | None, overrides: list[str] | None) -> tuple[str | None, list[str]]:
+    """A first argument that looks like ``key=value`` (and is no file) is an override, not a config."""
+    overrides = list(overrides or [])
+    if config is not None and "=" in config and not Path(config).exists():
+        return None, [config, *overrides]
+    return config, overrides
+
+
 @app.command()
 def run(
     config: Annotated[str | None, typer.Argument(help="YAML config (omit for the digits quickstart)")] = None,
@@ -76,10 +85,7 @@ def run(
     quiet: Annotated[bool, typer.Option("--quiet", "-q", help="no progress bar")] = False,
 ) -> None:
     """Run a config (or the built-in quickstart) and write its results directory."""
-    overrides = list(overrides or [])
-    if config is not None and "=" in config and not Path(config).exists():
-        overrides.insert(0, config)
-        config = None
+    config, overrides = _split_config_argument(config, overrides)
     try:
         result = _run_with_progress(start_run(fedge.resolve_config(config, overrides)), quiet)
     except FedgeError as error:
@@ -98,6 +104,44 @@ def resume(
     except FedgeError as error:
         raise _fail(str(error)) from None
     _print_summary(result)
+
+
+@app.command()
+def compare(
+    config: Annotated[str | None, typer.Argument(help="YAML config shared by every algorithm")] = None,
+    overrides: Annotated[list[str] | None, typer.Argument(help="dotted overrides, e.g. rounds=50")] = None,
+    algorithms: Annotated[str, typer.Option("--algorithms", "-a", help="comma-separated names")] = "fedavg",
+    seeds: Annotated[int, typer.Option("--seeds", "-s", help="seeds per algorithm")] = 1,
+    quiet: Annotated[bool, typer.Option("--quiet", "-q")] = False,
+) -> None:
+    """Run several algorithms on one config (over seeds) and print a comparison table."""
+    config, overrides = _split_config_argument(config, overrides)
+    names = [name.strip() for name in algorithms.split(",") if name.strip()]
+
+    def announce(name: str, offset: int, runner: Runner) -> None:
+        if not quiet:
+            console.print(f"[bold]{name}[/] seed {runner.config.seed} -> {runner.run_dir}")
+
+    try:
+        outcome = run_comparison(fedge.resolve_config(config, overrides), names, seeds, on_run=announce)
+    except FedgeError as error:
+        raise _fail(str(error)) from None
+    table = Table(title=f"fedge compare · {seeds} seed(s) · {outcome.out_dir}")
+    columns = ("algorithm", "accuracy % (final)", "accuracy % (best)", "comm. GiB", "server M", "client M")
+    for column in columns:
+        table.add_column(column, justify="right")
+    for row in outcome.rows:
+        table.add_row(
+            row["algorithm"],
+            f"{100 * row['final_accuracy_mean']:.2f} ± {100 * row['final_accuracy_std']:.2f}",
+            f"{100 * row['best_accuracy_mean']:.2f} ± {100 * row['best_accuracy_std']:.2f}",
+            f"{row['communication_gib']:.4f}",
+            f"{row['server_storage_mparams']:.4f}",
+            f"{row['client_storage_mparams']:.4f}",
+        )
+    console.print(table)
+    for name, keys in outcome.dropped.items():
+        console.print(f"note: {name} ignores algorithm keys {', '.join(keys)}")
 
 
 @app.command("list")
