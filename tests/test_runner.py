@@ -31,6 +31,7 @@ def test_results_directory_is_complete(tiny_config):
     assert {p.name for p in (result.run_dir / "plots").iterdir()} == {
         "accuracy_vs_round.png",
         "accuracy_vs_mb.png",
+        "accuracy_vs_time.png",
     }
     assert not [n for n in names if n.startswith(".")]
     rows = results.read_jsonl(result.run_dir / "metrics.jsonl")

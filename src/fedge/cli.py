@@ -65,6 +65,7 @@ def _print_summary(result: Result) -> None:
     table.add_row("best accuracy", f"{100 * s['best_accuracy']:.2f} % (round {s['best_round']})")
     table.add_row("communication up", f"{s['mb_up']:.3f} MB")
     table.add_row("communication down", f"{s['mb_down']:.3f} MB")
+    table.add_row("simulated time", f"{s['sim_seconds']:.2f} s, {s['sim_joules']:.3g} J (wireless model)")
     table.add_row("wall time", f"{s['wall_seconds']:.1f} s")
     table.add_row("results", str(result.run_dir))
     console.print(table)
@@ -127,7 +128,16 @@ def compare(
     except FedgeError as error:
         raise _fail(str(error)) from None
     table = Table(title=f"fedge compare · {seeds} seed(s) · {outcome.out_dir}")
-    columns = ("algorithm", "accuracy % (final)", "accuracy % (best)", "comm. GiB", "server M", "client M")
+    columns = (
+        "algorithm",
+        "accuracy % (final)",
+        "accuracy % (best)",
+        "comm. GiB",
+        "server M",
+        "client M",
+        "sim. s",
+        "sim. J",
+    )
     for column in columns:
         table.add_column(column, justify="right")
     for row in outcome.rows:
@@ -138,6 +148,8 @@ def compare(
             f"{row['communication_gib']:.4f}",
             f"{row['server_storage_mparams']:.4f}",
             f"{row['client_storage_mparams']:.4f}",
+            f"{row['sim_seconds_mean']:.2f}",
+            f"{row['sim_joules_mean']:.3g}",
         )
     console.print(table)
     for name, keys in outcome.dropped.items():

@@ -66,6 +66,8 @@ def _row(name: str, runs: list[Result]) -> dict[str, Any]:
         "communication_gib": statistics.fmean(bits) / BITS_PER_GIB,
         "server_storage_mparams": summaries[0]["storage_server_bits"] / BITS_PER_MPARAM,
         "client_storage_mparams": summaries[0]["storage_client_bits"] / BITS_PER_MPARAM,
+        "sim_seconds_mean": statistics.fmean(s["sim_seconds"] for s in summaries),
+        "sim_joules_mean": statistics.fmean(s["sim_joules"] for s in summaries),
         "wall_seconds_mean": statistics.fmean(s["wall_seconds"] for s in summaries),
     }
 
@@ -74,7 +76,10 @@ def _mean_curve(runs: list[Result]) -> list[dict[str, float]]:
     """Seed-averaged accuracy and communication per evaluated round (rounds common to all seeds)."""
     length = min(len(r.metrics) for r in runs)
     return [
-        {key: statistics.fmean(r.metrics[i][key] for r in runs) for key in ("round", "accuracy", "mb_total")}
+        {
+            key: statistics.fmean(r.metrics[i][key] for r in runs)
+            for key in ("round", "accuracy", "mb_total", "sim_seconds")
+        }
         for i in range(length)
     ]
 

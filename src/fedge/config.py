@@ -19,6 +19,7 @@ from pydantic import (
     PositiveInt,
     SerializeAsAny,
     ValidationError,
+    ValidationInfo,
     field_validator,
 )
 
@@ -114,6 +115,32 @@ class EngineConfig(StrictModel):
     threads: PositiveInt | None = None
 
 
+class SystemConfig(StrictModel):
+    """Wireless system model (light-fedsl.md §4 defaults). Fading and the compute/energy model are our
+    completion of the papers (they give none): placeholder device and server speeds, kappa = 1e-28.
+    """
+
+    bandwidth_hz: Annotated[float, Field(gt=0.0)] = 5e6
+    client_power_dbm: float = 23.0
+    server_power_dbm: float = 37.0
+    noise_dbm_per_hz: float = -174.0
+    distance_min_m: Annotated[float, Field(gt=0.0)] = 100.0
+    distance_max_m: Annotated[float, Field(gt=0.0)] = 300.0
+    distances: Literal["uniform", "linspace"] = "uniform"
+    fading: Literal["none", "rayleigh"] = "none"
+    client_cpu_hz: Annotated[float, Field(gt=0.0)] = 1e9
+    server_cpu_hz: Annotated[float, Field(gt=0.0)] = 1e11
+    cycles_per_flop: Annotated[float, Field(gt=0.0)] = 1.0
+    kappa: Annotated[float, Field(ge=0.0)] = 1e-28
+
+    @field_validator("distance_max_m")
+    @classmethod
+    def _distance_range(cls, value: float, info: ValidationInfo) -> float:
+        if value < info.data.get("distance_min_m", 0.0):
+            raise ValueError("must be >= system.distance_min_m")
+        return value
+
+
 class EvalConfig(StrictModel):
     """Evaluation schedule: every ``every`` rounds and always after the last round."""
 
@@ -141,6 +168,7 @@ class RunConfig(StrictModel):
     algorithm: SerializeAsAny[AlgorithmConfig] = Field(
         default_factory=lambda: {"name": DEFAULT_ALGORITHM}, validate_default=True
     )
+    system: SystemConfig = Field(default_factory=SystemConfig)
     engine: EngineConfig = Field(default_factory=EngineConfig)
     eval: EvalConfig = Field(default_factory=EvalConfig)
     output: OutputConfig = Field(default_factory=OutputConfig)

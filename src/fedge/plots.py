@@ -1,4 +1,4 @@
-"""Plots of runs: accuracy against rounds and against communicated MB (matplotlib, no display)."""
+"""Plots of runs: accuracy against rounds, communicated MB and simulated time (matplotlib, no display)."""
 
 from __future__ import annotations
 
@@ -16,6 +16,7 @@ from fedge.results import PLOTS, atomic_write  # noqa: E402
 AXES = {
     "accuracy_vs_round": ("round", "global round"),
     "accuracy_vs_mb": ("mb_total", "communicated MB (2^20 bytes, all links)"),
+    "accuracy_vs_time": ("sim_seconds", "simulated time (s, wireless system model)"),
 }
 
 

@@ -30,6 +30,7 @@ from fedge.errors import ConfigError, FedgeError
 from fedge.models import SplitModel, build_model, split
 from fedge.plots import plot_run
 from fedge.rng import derive_seed, numpy_rng
+from fedge.system import SystemModel
 
 MIB = 8 * 2**20  # bits in one MB as the papers' tables count it (2^20 bytes)
 WALL_FIELDS = ("wall_seconds",)
@@ -107,6 +108,7 @@ def build_run(config: RunConfig) -> Built:
         build_model=factory,
         executor=make_executor(config.engine.executor),
         ledger=Ledger(),
+        system=SystemModel(config.system, data.num_clients, config.seed),
         device=device,
         seed=config.seed,
     )
@@ -157,6 +159,7 @@ class Runner:
             "round": t,
             "algorithm": self.built.algorithm.state_dict(),
             "ledger": self.built.context.ledger.state_dict(),
+            "clock": self.built.context.system.clock.state_dict(),
             "rows": self.rows,
             "wall_seconds": wall,
         }
@@ -167,6 +170,7 @@ class Runner:
         state = results.load_checkpoint(self.run_dir / results.CHECKPOINT)
         self.built.algorithm.load_state_dict(state["algorithm"])
         self.built.context.ledger.load_state_dict(state["ledger"])
+        self.built.context.system.clock.load_state_dict(state["clock"])
         self.rows = list(state["rows"])
         self.start = int(state["round"])
         self.wall_offset = float(state["wall_seconds"])
@@ -178,7 +182,9 @@ class Runner:
             round_metrics = algorithm.run_round(t)
             row = None
             if t % cfg.eval.every == 0 or t == cfg.rounds:
+                clock = self.built.context.system.clock
                 row = {"round": t, **algorithm.evaluate(), **round_metrics, **_communication(ledger)}
+                row.update(sim_seconds=clock.seconds, sim_joules=clock.joules)
                 row["wall_seconds"] = time.perf_counter() - began
                 self.rows.append(row)
                 results.write_jsonl(self.run_dir / results.METRICS, self.rows)
@@ -214,6 +220,8 @@ def summarize(config: RunConfig, rows: list[dict[str, Any]]) -> dict[str, Any]:
         **{k: last[k] for k in ("bits_up", "bits_down", "bits_peer", "mb_up", "mb_down", "mb_total")},
         "storage_server_bits": last["storage_server_bits"],
         "storage_client_bits": last["storage_client_bits"],
+        "sim_seconds": last["sim_seconds"],
+        "sim_joules": last["sim_joules"],
         "wall_seconds": last["wall_seconds"],
     }
 

@@ -14,17 +14,20 @@ from fedge.config import AlgorithmConfig, RunConfig, register_algorithm_config
 from fedge.data.federated import FederatedData
 from fedge.engine import Executor
 from fedge.models import SplitModel
+from fedge.system import SystemModel
 
 
 @dataclass
 class Context:
-    """What an algorithm is built from: data, a model factory, the engine, the ledger, the seed."""
+    """What an algorithm is built from: data, a model factory, the engine, the ledger, the wireless
+    system (with its simulated clock), the device and the seed."""
 
     config: RunConfig
     data: FederatedData
     build_model: Callable[[], SplitModel]
     executor: Executor
     ledger: Ledger
+    system: SystemModel
     device: torch.device
     seed: int
 
@@ -32,7 +35,8 @@ class Context:
 class Algorithm(ABC):
     """A federated algorithm: one global round at a time, evaluation, and resumable state.
 
-    ``run_round(t)`` runs global round ``t`` (1-based) and reports every transfer to the ledger;
+    ``run_round(t)`` runs global round ``t`` (1-based), reports every transfer to the ledger and
+    advances ``ctx.system.clock`` by the round's simulated latency and energy, composed as its paper says;
     ``evaluate()`` returns metrics of the current model(s); ``state_dict()`` / ``load_state_dict()``
     capture everything a resumed run needs to continue to the identical result.
     """

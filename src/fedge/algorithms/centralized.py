@@ -20,6 +20,7 @@ from fedge.engine import (
     parameters_of,
 )
 from fedge.rng import derive_seed
+from fedge.system import forward_flops, training_flops
 
 
 class CentralizedConfig(AlgorithmConfig):
@@ -37,7 +38,8 @@ class Centralized(Algorithm):
     """SGD on the union of the clients' training samples; a round is ``epochs_per_round`` epochs.
 
     It runs through the same engine as the federated algorithms (a bank of one client), so its numbers
-    are directly comparable; it sends nothing, so its ledger stays empty apart from storage.
+    are directly comparable; it sends nothing, so its ledger stays empty apart from storage, and its
+    simulated time is the server's compute time.
     """
 
     def __init__(self, ctx: Context, cfg: CentralizedConfig):
@@ -49,6 +51,7 @@ class Centralized(Algorithm):
         self.bank = ClientBank.broadcast([0], params, buffers_of(self.model), self.sgd.init(params))
         self.step = make_step(classification_loss(self.model), self.sgd)
         ctx.ledger.set_storage("server", "model", state_bits(params, buffers_of(self.model)))
+        self.flops_per_sample = forward_flops(self.model, ctx.data.input_shape)
 
     def run_round(self, t: int) -> dict[str, float]:
         cfg = self.cfg
@@ -56,6 +59,8 @@ class Centralized(Algorithm):
         torch.manual_seed(derive_seed(self.ctx.seed, "train-noise", t))
         self.model.train()
         losses = self.ctx.executor.train(self.step, self.bank, plan, self.data, cfg.optimizer.lr)
+        work = self.ctx.system.server_compute(training_flops(self.flops_per_sample, float(plan.weight.sum())))
+        self.ctx.system.clock.advance(float(work.seconds.sum()), float(work.joules.sum()))
         return {"train_loss": float(losses[0])}
 
     def evaluate(self) -> dict[str, float]:

@@ -23,6 +23,7 @@ from fedge.engine import (
     parameters_of,
 )
 from fedge.rng import derive_seed, numpy_rng
+from fedge.system import forward_flops, parallel_clients, training_flops
 
 
 class FedAvgConfig(AlgorithmConfig):
@@ -60,7 +61,9 @@ class FedAvg(Algorithm):
 
     Transfers per participant and round: the model down (``model_down``) and the trained model up
     (``model_up``), each encoded by its direction's codec. Floating buffers (BatchNorm statistics)
-    travel and are averaged with the parameters; integer counters are not sent.
+    travel and are averaged with the parameters; integer counters are not sent. Simulated latency of
+    a round: download, local training and upload one after another per client, clients in parallel on
+    their own sub-channels (the slowest client sets the pace).
     """
 
     def __init__(self, ctx: Context, cfg: FedAvgConfig):
@@ -73,6 +76,7 @@ class FedAvg(Algorithm):
         self.step = make_step(classification_loss(self.model), self.sgd)
         self.up, self.down = get_codec(cfg.codec_up), get_codec(cfg.codec_down)
         ctx.ledger.set_storage("server", "model", state_bits(self.params, self.buffers))
+        self.flops_per_sample = forward_flops(self.model, ctx.data.input_shape)
 
     def _sent(self, tensors: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
         return {k: v for k, v in tensors.items() if v.is_floating_point()}
@@ -92,6 +96,14 @@ class FedAvg(Algorithm):
         losses = ctx.executor.train(self.step, bank, plan, ctx.data, cfg.optimizer.lr)
         up = self.up.transmit({**bank.params, **self._sent(bank.buffers)}, stacked=True)
         ctx.ledger.record(t, nodes, "server", "model_up", up.bits)
+        samples = plan.weight.sum(dim=(1, 2)).cpu().numpy()
+        ctx.system.clock.advance(
+            *parallel_clients(
+                ctx.system.download(clients, np.repeat(down.bits, len(clients)), t),
+                ctx.system.client_compute(training_flops(self.flops_per_sample, samples)),
+                ctx.system.upload(clients, up.bits, t),
+            )
+        )
         bank.params = {k: up.payload[k] for k in bank.params}
         bank.buffers = {k: up.payload.get(k, v) for k, v in bank.buffers.items()}
         sizes = torch.as_tensor(ctx.data.client_sizes(clients), dtype=torch.float64)
