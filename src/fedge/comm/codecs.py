@@ -30,8 +30,12 @@ class Codec(ABC):
     name: str
 
     @abstractmethod
-    def transmit(self, tensors: Tensors, stacked: bool = False) -> Encoded:
-        """Encode and decode ``tensors``: what the receiver gets and the bits it cost."""
+    def transmit(self, tensors: Tensors, stacked: bool = False, seeds: list[int] | None = None) -> Encoded:
+        """Encode and decode ``tensors``: what the receiver gets and the bits it cost.
+
+        ``stacked`` payloads have a leading sender dimension; stochastic codecs draw each sender's
+        randomness from its entry of ``seeds`` (derived from the run seed by the caller).
+        """
 
 
 class FloatCodec(Codec):
@@ -42,7 +46,7 @@ class FloatCodec(Codec):
         self.dtype = dtype
         self.bits_per_value = torch.finfo(dtype).bits
 
-    def transmit(self, tensors: Tensors, stacked: bool = False) -> Encoded:
+    def transmit(self, tensors: Tensors, stacked: bool = False, seeds: list[int] | None = None) -> Encoded:
         payload = {}
         values = 0
         senders = 1
@@ -52,14 +56,3 @@ class FloatCodec(Codec):
             senders = tensor.shape[0] if stacked else 1
         bits = np.full(senders, values * self.bits_per_value, dtype=np.int64)
         return Encoded(payload, bits)
-
-
-CODECS: dict[str, Codec] = {
-    "fp32": FloatCodec("fp32", torch.float32),
-    "fp16": FloatCodec("fp16", torch.float16),
-}
-
-
-def get_codec(name: str) -> Codec:
-    """The codec registered as ``name``."""
-    return CODECS[name]
