@@ -1,0 +1,1 @@
+"""Hierarchical family: HIST submodel training and HFedAvg over cloud, edge servers and clients."""
