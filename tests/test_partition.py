@@ -287,3 +287,25 @@ def test_test_sets_deterministic_and_independent_across_clients():
     again = partition_test(test_labels, train, 2, 20, np.random.default_rng(5))
     assert all(np.array_equal(a, b) for a, b in zip(first, again, strict=True))
     assert not np.array_equal(first[0], first[1])
+
+
+def test_grouped_groups_share_labels_and_no_class_crosses_groups():
+    labels = balanced_labels()
+    parts = split(labels, num_clients=10, kind="grouped", num_groups=4)
+    joined = np.concatenate(parts)
+    assert len(joined) == len(labels) and len(np.unique(joined)) == len(labels)
+    label_sets = [frozenset(np.unique(labels[p]).tolist()) for p in parts]
+    groups = set(label_sets)
+    assert len(groups) == 4
+    assert sorted(len(g) for g in groups) == [2, 2, 3, 3]
+    assert sorted(label_sets.count(g) for g in groups) == [2, 2, 3, 3]
+    assert len(frozenset().union(*groups)) == NUM_CLASSES  # disjoint blocks cover every class
+    first_seen = [label_sets.index(s) for s in label_sets]
+    assert first_seen != sorted(first_seen)  # membership is shuffled, not contiguous blocks of client ids
+
+
+def test_grouped_needs_enough_classes_and_clients():
+    with pytest.raises(ConfigError, match="partition.num_groups"):
+        split(balanced_labels(), num_clients=20, kind="grouped", num_groups=11)
+    with pytest.raises(ConfigError, match="partition.num_groups"):
+        split(balanced_labels(), num_clients=3, kind="grouped", num_groups=4)

@@ -28,7 +28,7 @@ from fedge.errors import ConfigError
 Fraction = Annotated[float, Field(gt=0.0, le=1.0)]
 DATASETS = ("digits", "synthetic", "mnist", "fashion-mnist", "cifar10", "cifar100", "femnist")
 DEFAULT_ALGORITHM = "fedavg"
-PARTITIONERS = ("iid", "dirichlet", "pathological", "shards", "natural")
+PARTITIONERS = ("iid", "dirichlet", "pathological", "shards", "natural", "grouped")
 
 
 class StrictModel(BaseModel):
@@ -62,6 +62,7 @@ class PartitionConfig(StrictModel):
     max_retries: PositiveInt = 100
     classes_per_client: PositiveInt = 2
     shards_per_client: PositiveInt = 2
+    num_groups: PositiveInt = 4
     test_size: PositiveInt | None = None
 
 

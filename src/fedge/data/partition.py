@@ -20,6 +20,7 @@ PARTITIONERS: dict[str, str] = {
     "pathological": "each client holds exactly classes_per_client classes, classes used evenly",
     "shards": "label-sorted shards, shards_per_client random shards per client (McMahan et al.)",
     "natural": "one client per natural group, e.g. FEMNIST writer (random subset if fewer clients)",
+    "grouped": "num_groups client groups owning disjoint class sets (ground truth of who is alike)",
 }
 
 
@@ -49,6 +50,8 @@ def partition_train(
         parts = _pathological(labels, cfg, rng)
     elif cfg.kind == "shards":
         parts = _shards(labels, cfg, rng)
+    elif cfg.kind == "grouped":
+        parts = _grouped(labels, cfg, rng)
     else:
         parts = _natural(labels, cfg, rng, groups)
     return [np.sort(part).astype(np.int64) for part in parts]
@@ -168,6 +171,42 @@ def _natural(
     by_group = _group_by_owner(np.arange(len(labels)), inverse, len(ids))
     chosen = np.sort(rng.choice(len(ids), size=n, replace=False)) if n < len(ids) else np.arange(n)
     return [by_group[g] for g in chosen]
+
+
+def _grouped(labels: np.ndarray, cfg: PartitionConfig, rng: np.random.Generator) -> list[np.ndarray]:
+    """Clients fall into ``num_groups`` groups; group g owns a disjoint block of the classes.
+
+    The present classes are shuffled and cut into ``num_groups`` nearly equal blocks; every class is split
+    evenly among the clients of the group that owns it. Clients of one group thus share one label
+    distribution and no class with any other group: the ground truth of who is a "friendly" neighbour
+    (AFIND+ spec, R2). Groups differ in size by at most one and membership is a seeded shuffle, so it
+    does not follow client ids; clients with the same set of labels are in the same group.
+    """
+    n, g = cfg.num_clients, cfg.num_groups
+    order, sizes = _shuffled_by_class(labels, rng)
+    if g > len(sizes):
+        raise ConfigError(
+            "partition.num_groups", f"{g} groups but the training data has only {len(sizes)} classes"
+        )
+    if g > n:
+        raise ConfigError("partition.num_groups", f"{g} groups but only {n} clients")
+    owner_of_class = np.empty(len(sizes), dtype=np.int64)
+    for group, block in enumerate(np.array_split(rng.permutation(len(sizes)), g)):
+        owner_of_class[block] = group
+    group_of = rng.permutation(n) % g
+    blocks = np.split(order, np.cumsum(sizes)[:-1])
+    parts: list[list[np.ndarray]] = [[] for _ in range(n)]
+    for k, samples in enumerate(blocks):
+        members = np.flatnonzero(group_of == owner_of_class[k])
+        if len(samples) < len(members):
+            raise ConfigError(
+                "partition.num_clients",
+                f"a class has {len(samples)} samples for {len(members)} clients of its group; "
+                "lower partition.num_clients",
+            )
+        for client, chunk in zip(members, np.array_split(samples, len(members)), strict=True):
+            parts[client].append(chunk)
+    return [np.concatenate(chunks) for chunks in parts]
 
 
 def _group_by_owner(items: np.ndarray, owner: np.ndarray, n: int) -> list[np.ndarray]:

@@ -1,0 +1,116 @@
+"""AFIND+ (Wang et al., "Smart Sampling", 2024): helpful neighbours found by proxy-gradient similarity.
+
+Each round every client i (spec §2.8): probes its neighbours (the gradient of the proxy layer at i's
+own model on each neighbour's probe batch), updates its helpfulness scores (Eq. 8, or Eq. 9 with
+``p_update="partial"``), selects the coreset ``C_i`` of neighbours whose score passes its adaptive
+threshold (top-``k0`` in the first round, top-``k_min`` when nobody passes), collects trained models
+and smoothed losses from them (Eq. 15) and mixes with Boltzmann weights (Eq. 16), itself included (D6).
+The threshold for the next round then follows from the coreset's similarities (Eqs. 10-13).
+
+``neighbor_mode="literal"`` (default, D7) is Algorithm 1: each selected neighbour j trains a *copy of
+i's model* on its own data and sends it back, so a round trains ``n + sum_i |C_i|`` models (all in one
+executor call). ``"standard"`` is the usual DFL reading: every client trains its own model once and
+sends that; the proxies and pre-training losses are still measured at the requester's model.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Literal
+
+import torch
+
+from fedge.algorithms.base import Context, register
+from fedge.algorithms.decentralized.common import PeerAlgorithm, PeerConfig
+from fedge.algorithms.decentralized.probes import ProbeBatches
+from fedge.algorithms.decentralized.selector import AfindSelector, Plan, SelectorConfig
+from fedge.engine.mixing import mix
+
+Tensors = dict[str, torch.Tensor]
+
+
+class AfindConfig(PeerConfig, SelectorConfig):
+    """AFIND+ = the FedAvg-FT backbone plus the selector's knobs, and who trains what (D7)."""
+
+    name: Literal["afind"] = "afind"
+    neighbor_mode: Literal["literal", "standard"] = "literal"
+
+
+@register(
+    "afind",
+    AfindConfig,
+    "AFIND+: proxy-gradient neighbour scores, adaptive threshold, Boltzmann (loss) aggregation",
+)
+class Afind(PeerAlgorithm):
+    """AFIND+ and its ablations (``selection``, ``aggregation``) on the configured topology."""
+
+    cfg: AfindConfig
+
+    def __init__(self, ctx: Context, cfg: AfindConfig):
+        super().__init__(ctx, cfg)
+        self.selector = AfindSelector(self, cfg, cfg.peers)
+
+    def run_round(self, t: int) -> dict[str, float]:
+        self.round = t
+        batches = self.probes(t)
+        plan = self.selector.begin(t, batches)
+        if self.cfg.neighbor_mode == "literal":
+            losses, trainings = self._literal(t, plan, batches)
+        else:
+            losses, trainings = self._standard(t, plan, batches)
+        metrics = self.selector.end(t, plan)
+        return {"train_loss": float(losses.double().mean()), **metrics, "trainings": trainings}
+
+    def _literal(self, t: int, plan: Plan, batches: ProbeBatches) -> tuple[torch.Tensor, int]:
+        """Own rows plus one row per (requester i, selected j): i's shared model, j's head, j's data."""
+        n = self.num_clients
+        own = torch.arange(n, device=plan.chosen.device)
+        i, j = plan.chosen.nonzero(as_tuple=True)
+        requester, holder = torch.cat([own, i]), torch.cat([own, j])
+        start_p, start_b = self.compose(requester, holder)
+        params, buffers, losses = self.train_rows(start_p, start_b, holder.tolist(), t)
+        smoothed = torch.full_like(plan.pre, float("nan"))
+        if self.cfg.aggregation == "boltzmann":
+            rows = torch.arange(len(holder), device=own.device)
+            post = self.losses_on(params, buffers, (rows, rows, holder), batches).double()
+            smoothed[requester, holder] = self.selector.smoothed(plan.pre[requester, holder], post)
+        dp = self.cfg.dp  # the holder reports its loss, then sends a noisy update
+        if dp is not None and dp.target == "update" and len(i):
+            start_sent = {k: v[n:] for k, v in start_p.items()}
+            sent = self.selector.noisy_updates(
+                start_sent, {k: v[n:] for k, v in params.items()}, t, self.cfg.batch_size
+            )
+            params = {k: torch.cat([v[:n], sent[k]]) for k, v in params.items()}
+        weights = self.selector.weights(plan.chosen, smoothed)
+        per_row = torch.zeros(n, len(holder), dtype=weights.dtype, device=weights.device)
+        per_row[requester, torch.arange(len(holder), device=weights.device)] = weights[requester, holder]
+        self.bank.params, self.bank.buffers = self.mixed(per_row, params, buffers)
+        return losses[:n], len(holder)
+
+    def _standard(self, t: int, plan: Plan, batches: ProbeBatches) -> tuple[torch.Tensor, int]:
+        """Every client trains its own model once; i mixes the trained models of ``C_i`` (and its own)."""
+        own = torch.arange(self.num_clients, device=plan.chosen.device)
+        start_p, start_b = self.rows(own)
+        params, buffers, losses = self.train_rows(start_p, start_b, own.tolist(), t)
+        weights = self.selector.standard_weights(plan, params, buffers, batches)
+        self.bank.params, self.bank.buffers = self.mix_received(t, weights, start_p, params, buffers)
+        return losses, self.num_clients
+
+    def mix_received(
+        self, t: int, weights: torch.Tensor, start: Tensors, params: Tensors, buffers: Tensors
+    ) -> tuple[Tensors, Tensors]:
+        """Mix trained own rows; with ``dp.target="update"`` peers receive noisy updates, selves do not."""
+        dp = self.cfg.dp
+        if dp is None or dp.target != "update":
+            return self.mixed(weights, params, buffers)
+        eye = torch.eye(self.num_clients, dtype=torch.bool, device=weights.device)
+        sent = self.selector.noisy_updates(start, params, t, self.cfg.batch_size)
+        plain, new_b = self.mixed(weights, params, buffers)
+        from_self, _ = self.mixed(weights * eye, params, buffers)
+        from_peers = mix(self.shared(sent), weights * ~eye)
+        return {k: from_self[k] + from_peers[k] if k in from_peers else v for k, v in plain.items()}, new_b
+
+    def extra_state(self) -> dict[str, Any]:
+        return {"selector": self.selector.state_dict()}
+
+    def load_extra_state(self, state: dict[str, Any]) -> None:
+        self.selector.load_state_dict(state["selector"])

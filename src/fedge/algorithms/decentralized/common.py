@@ -1,0 +1,288 @@
+"""What every decentralized algorithm shares: the FedAvg-FT backbone on a peer-to-peer graph.
+
+All n clients hold persistent state in one :class:`~fedge.engine.ClientBank` (row i = client i). A
+round trains rows through the run's executor (one call per phase), exchanges models with peers chosen
+on the topology, and mixes them with one matrix product (:mod:`fedge.engine.mixing`). Evaluation
+fine-tunes a copy of every client's model for ``ft_epochs`` epochs on its own data and tests it on its
+own test set (``accuracy`` = unweighted mean over clients; AFIND+ spec §1.3, §4.4).
+
+Parameters are split into shared and private (spec §1.1, D13): by default every layer is shared (the
+FedAvg-FT backbone, the spec's recommended reading); ``personal="head"`` keeps the last block (the
+classifier head, found with :func:`fedge.models.split`) private: it is never sent or mixed.
+Local optimizer state is fresh every round (as in FedAvg); every transfer is a ledger entry with
+direction "peer" (kinds ``peer_model``, ``model_request``, ``proxy``, ``loss``).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Annotated, Any, Literal
+
+import numpy as np
+import torch
+from pydantic import Field, NonNegativeInt, PositiveInt
+
+from fedge.algorithms.base import Algorithm, Context
+from fedge.algorithms.decentralized.probes import ProbeBatches, gather, pair_losses, probe_batches
+from fedge.algorithms.decentralized.topology import TopologyConfig, build_topology
+from fedge.comm import client_node
+from fedge.config import AlgorithmConfig, SGDConfig
+from fedge.engine import SGD, ClientBank, buffers_of, classification_loss, make_step, parameters_of
+from fedge.engine.mixing import mix
+from fedge.engine.personal import evaluate_clients, fine_tuned
+from fedge.engine.step import StepFn
+from fedge.errors import ConfigError
+from fedge.models import split
+from fedge.rng import derive_seed, numpy_rng
+
+Tensors = dict[str, torch.Tensor]
+FLOAT_BITS = 32  # models, proxies and losses travel as fp32
+
+
+def paper_optimizer() -> SGDConfig:
+    """SGD with lr 0.01 and momentum 0.9, the AFIND+ paper's optimiser (spec §4.3)."""
+    return SGDConfig(lr=0.01, momentum=0.9)
+
+
+class PeerConfig(AlgorithmConfig):
+    """Knobs of the FedAvg-FT backbone shared by the whole decentralized family.
+
+    Defaults follow the AFIND+ paper (5 local epochs, SGD lr 0.01 momentum 0.9, 10 peers per round,
+    1 fine-tune epoch before evaluation); ``batch_size`` 32 is ours (the paper uses 128 on CIFAR).
+    ``local_update="alternating"`` trains the head alone for ``head_epochs`` epochs, then the body for
+    the remaining ``local_epochs - head_epochs`` (spec §2.6 / D12; default: joint).
+    """
+
+    local_epochs: PositiveInt = 5
+    batch_size: PositiveInt = 32
+    drop_last: bool = False
+    optimizer: SGDConfig = Field(default_factory=paper_optimizer)
+    ft_epochs: NonNegativeInt = 1
+    peers: PositiveInt = 10
+    topology: TopologyConfig = Field(default_factory=TopologyConfig)
+    personal: Literal["none", "head"] = "none"
+    local_update: Literal["joint", "alternating"] = "joint"
+    head_epochs: PositiveInt = 1
+    probe_size: Annotated[int, Field(ge=1)] | None = None
+
+
+def sample_peers(seed: int, purpose: str, round_: int, allowed: np.ndarray, k: int) -> np.ndarray:
+    """Boolean ``[n, n]``: ``min(k, |allowed_i|)`` uniform peers per client, stream ``(purpose, t, i)``."""
+    chosen = np.zeros_like(allowed, dtype=bool)
+    for i, row in enumerate(allowed):
+        options = np.flatnonzero(row)
+        if len(options):
+            take = numpy_rng(seed, purpose, round_, i).choice(
+                options, size=min(k, len(options)), replace=False
+            )
+            chosen[i, take] = True
+    return chosen
+
+
+class PeerAlgorithm(Algorithm):
+    """Base of the decentralized family: the client bank, local training, mixing, ledger, evaluation."""
+
+    cfg: PeerConfig
+
+    def __init__(self, ctx: Context, cfg: PeerConfig):
+        super().__init__(ctx, cfg)
+        if cfg.local_update == "alternating" and cfg.head_epochs >= cfg.local_epochs:
+            raise ConfigError("algorithm.head_epochs", "must be below local_epochs in alternating mode")
+        self.model = ctx.build_model().to(ctx.device)
+        n = ctx.data.num_clients
+        self.num_clients = n
+        self.adjacency = build_topology(cfg.topology, n, ctx.seed)
+        self.neighbours = torch.as_tensor(self.adjacency, device=ctx.device)
+        self.head = self._head_names()
+        self.private = self.head if cfg.personal == "head" else set()
+        self.sgd = SGD(momentum=cfg.optimizer.momentum, weight_decay=cfg.optimizer.weight_decay)
+        self.step = make_step(classification_loss(self.model), self.sgd)
+        params, buffers = parameters_of(self.model), buffers_of(self.model)
+        self.bank = ClientBank.broadcast(range(n), params, buffers)
+        self.model_bits = self.payload_bits(params, buffers)
+        self.round = 0
+        for c in range(n):
+            ctx.ledger.set_storage(client_node(c), "model", self.state_bits(params, buffers))
+
+    # ----- parameters -------------------------------------------------------------------------------
+    def _head_names(self) -> set[str]:
+        """Names of the head block's parameters and buffers (the last block of the split model)."""
+        if len(self.model) < 2:
+            if self.cfg.personal == "head" or self.cfg.local_update == "alternating":
+                raise ConfigError(
+                    "algorithm.personal", f"{self.model.name} has one block: no head to split off"
+                )
+            return set()
+        _, head = split(self.model, len(self.model) - 1)
+        return set(head.state_dict())
+
+    def shared(self, tensors: Tensors) -> Tensors:
+        """The floating tensors that travel (not private, not integer counters)."""
+        return {k: v for k, v in tensors.items() if k not in self.private and v.is_floating_point()}
+
+    def payload_bits(self, params: Tensors, buffers: Tensors) -> int:
+        """Bits of one client's shared model at fp32."""
+        return FLOAT_BITS * sum(v.numel() for v in self.shared({**params, **buffers}).values())
+
+    @staticmethod
+    def state_bits(params: Tensors, buffers: Tensors) -> int:
+        """Bits a client stores for its model."""
+        return FLOAT_BITS * sum(v.numel() for v in {**params, **buffers}.values() if v.is_floating_point())
+
+    def rows(self, index: torch.Tensor | Sequence[int]) -> tuple[Tensors, Tensors]:
+        """Copies of the params and buffers of the clients ``index``."""
+        index = torch.as_tensor(index, device=self.ctx.device, dtype=torch.long)
+        params, buffers = self.bank.params, self.bank.buffers
+        return {k: v[index] for k, v in params.items()}, {k: v[index] for k, v in buffers.items()}
+
+    def compose(self, shared_from: torch.Tensor, private_from: torch.Tensor) -> tuple[Tensors, Tensors]:
+        """Rows made of ``shared_from``'s shared part and ``private_from``'s private part (copies)."""
+        return (
+            gather(self.bank.params, self.private, shared_from, private_from),
+            gather(self.bank.buffers, self.private, shared_from, private_from),
+        )
+
+    def losses_on(
+        self,
+        params: Tensors,
+        buffers: Tensors,
+        pairs: tuple[torch.Tensor, torch.Tensor, torch.Tensor],
+        batches: ProbeBatches,
+    ) -> torch.Tensor:
+        """Probe-batch losses of rows ``(shared_from, private_from, data_from)`` (see ``pair_losses``)."""
+        return pair_losses(self.model, params, buffers, self.private, pairs, self.ctx.data, batches)
+
+    # ----- training --------------------------------------------------------------------------------
+    def train_rows(
+        self,
+        params: Tensors,
+        buffers: Tensors,
+        owners: Sequence[int],
+        t: int,
+        step: StepFn | None = None,
+        extra: Tensors | None = None,
+        purpose: str = "batches",
+    ) -> tuple[Tensors, Tensors, torch.Tensor]:
+        """Train rows (row r on client ``owners[r]``'s data) for the round's local epochs, one executor call
+        per phase (two in alternating mode). ``extra`` tensors ride along as constants (anchors, masks)."""
+        cfg = self.cfg
+        torch.manual_seed(derive_seed(self.ctx.seed, "train-noise", t))
+        self.model.train()
+        if cfg.local_update == "joint":
+            return self._train(
+                params, buffers, owners, t, cfg.local_epochs, set(params), step, extra, purpose
+            )
+        params, buffers, _ = self._train(
+            params, buffers, owners, t, cfg.head_epochs, self.head, step, extra, f"{purpose}-head"
+        )
+        body = set(params) - self.head
+        epochs = cfg.local_epochs - cfg.head_epochs
+        return self._train(params, buffers, owners, t, epochs, body, step, extra, purpose)
+
+    def _train(
+        self,
+        params: Tensors,
+        buffers: Tensors,
+        owners: Sequence[int],
+        t: int,
+        epochs: int,
+        trainable: set[str],
+        step: StepFn | None,
+        extra: Tensors | None,
+        purpose: str,
+    ) -> tuple[Tensors, Tensors, torch.Tensor]:
+        """One executor call; parameters outside ``trainable`` ride along with the buffers, frozen."""
+        cfg = self.cfg
+        train = {k: v for k, v in params.items() if k in trainable}
+        frozen = {k: v for k, v in params.items() if k not in trainable}
+        bank = ClientBank(tuple(int(o) for o in owners), train, {**buffers, **frozen, **(extra or {})})
+        bank.opt_state = self.sgd.init(train)
+        plan = self.ctx.data.batch_plan(bank.clients, t, epochs, cfg.batch_size, cfg.drop_last, purpose)
+        losses = self.ctx.executor.train(step or self.step, bank, plan, self.ctx.data, cfg.optimizer.lr)
+        new_params = {k: bank.params[k] if k in train else bank.buffers[k] for k in params}
+        new_buffers = {k: bank.buffers[k] for k in buffers}
+        return new_params, new_buffers, losses
+
+    # ----- peers and mixing ------------------------------------------------------------------------
+    def probes(self, t: int) -> ProbeBatches:
+        """The round's probe batch of every client (``probe_size`` samples, default ``batch_size``)."""
+        return probe_batches(self.ctx.data, self.ctx.seed, t, self.cfg.probe_size or self.cfg.batch_size)
+
+    def random_peers(self, t: int, k: int | None = None, allowed: np.ndarray | None = None) -> np.ndarray:
+        """``k`` (default ``peers``) uniform random neighbours of every client for round ``t``."""
+        allowed = self.adjacency if allowed is None else allowed
+        return sample_peers(self.ctx.seed, "peers", t, allowed, k or self.cfg.peers)
+
+    def mixed(self, weights: torch.Tensor, params: Tensors, buffers: Tensors) -> tuple[Tensors, Tensors]:
+        """New client state: shared tensors ``weights @ rows``; private ones and counters from own rows.
+
+        ``weights`` is ``[n, R]`` over the ``R`` rows of ``params``/``buffers``, whose first ``n`` rows
+        must be the clients' own rows (in client order): they supply the private head and counters.
+        """
+        n = self.num_clients
+        mixed = mix(self.shared({**params, **buffers}), weights)
+        new_p = {k: mixed[k] if k in mixed else v[:n] for k, v in params.items()}
+        new_b = {k: mixed[k] if k in mixed else v[:n] for k, v in buffers.items()}
+        return new_p, new_b
+
+    def record(
+        self, t: int, pairs: np.ndarray | torch.Tensor, kind: str, bits: int, to_requester: bool = True
+    ) -> int:
+        """Ledger entries for boolean ``pairs[i, j]`` (j → i when ``to_requester``, else i → j)."""
+        i, j = np.nonzero(np.asarray(torch.as_tensor(pairs).cpu()))
+        if len(i):
+            src, dst = (j, i) if to_requester else (i, j)
+            self.ctx.ledger.record(
+                t, [client_node(int(c)) for c in src], [client_node(int(c)) for c in dst], kind, bits
+            )
+        return len(i)
+
+    # ----- evaluation and state --------------------------------------------------------------------
+    def evaluate(self) -> dict[str, float]:
+        return self.evaluate_bank(self.bank)
+
+    def evaluate_bank(
+        self, bank: ClientBank, step: StepFn | None = None, extra: Tensors | None = None
+    ) -> dict[str, float]:
+        """Fine-tune a copy of every client's model ``ft_epochs`` epochs, then test it on its own test set."""
+        cfg = self.cfg
+        if cfg.ft_epochs:
+            torch.manual_seed(derive_seed(self.ctx.seed, "finetune-noise", self.round))
+            self.model.train()
+            rows = ClientBank(bank.clients, dict(bank.params), {**bank.buffers, **(extra or {})})
+            bank = fine_tuned(
+                self.ctx.executor,
+                step or self.step,
+                rows,
+                self.sgd.init(bank.params),
+                self.ctx.data,
+                self.round,
+                cfg.ft_epochs,
+                cfg.batch_size,
+                cfg.optimizer.lr,
+                cfg.drop_last,
+            )
+            bank.buffers = {k: v for k, v in bank.buffers.items() if k not in (extra or {})}
+        return evaluate_clients(self.model, bank, self.ctx.data, self.ctx.config.eval.batch_size)
+
+    def extra_state(self) -> dict[str, Any]:
+        """Algorithm-specific state beyond the bank (override)."""
+        return {}
+
+    def load_extra_state(self, state: dict[str, Any]) -> None:
+        """Restore :meth:`extra_state` (override)."""
+
+    def state_dict(self) -> dict[str, Any]:
+        return {
+            "round": self.round,
+            "params": self.bank.params,
+            "buffers": self.bank.buffers,
+            "extra": self.extra_state(),
+        }
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        device = self.ctx.device
+        self.round = int(state["round"])
+        self.bank.params = {k: v.to(device) for k, v in state["params"].items()}
+        self.bank.buffers = {k: v.to(device) for k, v in state["buffers"].items()}
+        self.load_extra_state(state["extra"])

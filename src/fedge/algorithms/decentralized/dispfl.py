@@ -1,0 +1,175 @@
+"""Dis-PFL (Dai et al. 2022): decentralized sparse training with personal masks (AFIND+ Fig. 5, spec §3.9).
+
+Every client holds a personal binary mask over the weight matrices / kernels (ERK initialisation at
+``density``; biases and other 1-d tensors stay dense) and trains only its masked model. Each round:
+local training of the masked model; mask evolution (prune the fraction ``alpha_t`` of the smallest
+active weights, ``alpha_t`` cosine-annealed from ``anneal`` to 0 over the run, and regrow as many
+inactive ones, excluding those just pruned, where the dense gradient on the probe batch is largest;
+regrown weights start at 0); then each client averages every coordinate over the peers (and itself)
+whose mask holds it, and re-applies its own mask. Peers are random or chosen by AFIND+. A sent model is
+its active values (fp32) plus the mask as a bitmap.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Annotated, Any, Literal
+
+import torch
+import torch.nn.functional as F
+from pydantic import Field
+from torch.func import functional_call, grad, vmap
+
+from fedge.algorithms.base import Context, register
+from fedge.algorithms.decentralized.common import FLOAT_BITS, PeerAlgorithm, PeerConfig
+from fedge.algorithms.decentralized.hosted import HostedConfig, PeerChoice
+from fedge.algorithms.decentralized.probes import ProbeBatches
+from fedge.engine import make_step
+from fedge.engine.mixing import masked_mix
+from fedge.rng import torch_rng
+
+Tensors = dict[str, torch.Tensor]
+MASK = "mask::"
+
+
+class DisPFLConfig(PeerConfig, HostedConfig):
+    """Mask density (ERK), the initial prune fraction, plus the host fields (peer choice, AFIND+ knobs)."""
+
+    name: Literal["dispfl"] = "dispfl"
+    density: Annotated[float, Field(gt=0.0, le=1.0)] = 0.5
+    anneal: Annotated[float, Field(ge=0.0, lt=1.0)] = 0.5
+
+
+def erk_densities(shapes: dict[str, tuple[int, ...]], density: float) -> dict[str, float]:
+    """Erdős–Rényi-kernel densities: layer l gets ``eps * sum(shape) / prod(shape)`` (at most 1), with
+    ``eps`` chosen so the masked layers hold ``density`` of their weights overall."""
+    sizes = {k: math.prod(s) for k, s in shapes.items()}
+    raw = {k: sum(s) / sizes[k] for k, s in shapes.items()}
+    dense: set[str] = set()
+    while True:
+        budget = density * sum(sizes.values()) - sum(sizes[k] for k in dense)
+        rest = sum(raw[k] * sizes[k] for k in shapes if k not in dense)
+        eps = budget / rest if rest > 0 else 0.0
+        over = {k for k in shapes if k not in dense and eps * raw[k] > 1.0}
+        if not over:
+            return {k: 1.0 if k in dense else eps * raw[k] for k in shapes}
+        dense |= over
+
+
+@register(
+    "dispfl", DisPFLConfig, "Dis-PFL: personal sparse masks, masked averaging with peers (random/AFIND+)"
+)
+class DisPFL(PeerAlgorithm):
+    """Sparse personal models: the bank holds masked weights, ``self.masks`` the 0/1 masks per client."""
+
+    cfg: DisPFLConfig
+
+    def __init__(self, ctx: Context, cfg: DisPFLConfig):
+        super().__init__(ctx, cfg)
+        self.choice = PeerChoice(self, cfg.peer_selection, cfg.afind)
+        self.step = make_step(self._masked_loss, self.sgd)
+        shapes = {k: tuple(v.shape[1:]) for k, v in self.bank.params.items() if v.dim() > 2}
+        self.densities = erk_densities(shapes, cfg.density)
+        self.masks = {k: self._initial_mask(k, shapes[k]) for k in shapes}
+        self.bank.params = self._apply(self.bank.params)
+        sent = [k for k in shapes if k not in self.private]
+        masked = sum(math.prod(shapes[k]) for k in sent)
+        active = sum(round(self.densities[k] * math.prod(shapes[k])) for k in sent)
+        self.sparse_bits = self.model_bits - FLOAT_BITS * (masked - active) + masked  # values + bitmap
+
+    def _initial_mask(self, name: str, shape: tuple[int, ...]) -> torch.Tensor:
+        size = math.prod(shape)
+        active = round(self.densities[name] * size)
+        rows = []
+        for c in range(self.num_clients):
+            order = torch.randperm(size, generator=torch_rng(self.ctx.seed, "dispfl-mask", name, c))
+            row = torch.zeros(size, dtype=torch.bool)
+            row[order[:active]] = True
+            rows.append(row.reshape(shape))
+        return torch.stack(rows).to(self.ctx.device)
+
+    def _apply(self, params: Tensors) -> Tensors:
+        return {k: v * self.masks[k] if k in self.masks else v for k, v in params.items()}
+
+    def _extra(self) -> Tensors:
+        return {MASK + k: m.float() for k, m in self.masks.items()}
+
+    def _masked_loss(
+        self, params: Tensors, buffers: Tensors, x: torch.Tensor, y: torch.Tensor, w: torch.Tensor
+    ):
+        """Cross-entropy of the masked model (masks ride in the buffers, so gradients are masked)."""
+        state = {k: v.clone() for k, v in buffers.items() if not k.startswith(MASK)}
+        masks = {k: v for k, v in buffers.items() if k.startswith(MASK)}
+        effective = {k: p * masks[MASK + k] if MASK + k in masks else p for k, p in params.items()}
+        logits = functional_call(self.model, {**effective, **state}, (x,))
+        loss = (F.cross_entropy(logits, y, reduction="none") * w).sum() / w.sum().clamp_min(1.0)
+        return loss, {**state, **masks}
+
+    def _dense_grads(self, params: Tensors, buffers: Tensors, batches: ProbeBatches) -> Tensors:
+        """Gradient of each client's loss on its probe batch w.r.t. its (masked) weights, dense."""
+
+        def one(p: Tensors, b: Tensors, ix: torch.Tensor, w: torch.Tensor) -> Tensors:
+            def loss(q: Tensors) -> torch.Tensor:
+                logits = functional_call(self.model, {**p, **q, **b}, (self.ctx.data.x_train[ix],))
+                per = F.cross_entropy(logits, self.ctx.data.y_train[ix], reduction="none")
+                return (per * w).sum() / w.sum().clamp_min(1.0)
+
+            return grad(loss)({k: p[k] for k in self.masks})
+
+        self.model.eval()
+        try:
+            return vmap(one)(params, buffers, batches.index, batches.weight)
+        finally:
+            self.model.train()
+
+    def _evolve(self, t: int, params: Tensors, buffers: Tensors, batches: ProbeBatches) -> float:
+        """Prune the ``alpha_t`` smallest active weights per layer and regrow as many by gradient;
+        returns ``alpha_t``."""
+        alpha = 0.5 * self.cfg.anneal * (1.0 + math.cos(math.pi * t / self.ctx.config.rounds))
+        grads = self._dense_grads(params, buffers, batches)
+        for name, mask in self.masks.items():
+            flat = mask.reshape(len(mask), -1)
+            active = int(flat[0].sum())
+            count = min(int(alpha * active), flat.shape[1] - active)
+            if count <= 0:
+                continue
+            weight = params[name].reshape(len(mask), -1).abs()
+            pruned = torch.topk(
+                torch.where(flat, weight, torch.full_like(weight, math.inf)), count, largest=False
+            )
+            new = flat.clone()
+            new.scatter_(1, pruned.indices, False)
+            score = grads[name].reshape(len(mask), -1).abs()
+            grown = torch.topk(torch.where(flat, torch.full_like(score, -math.inf), score), count)
+            new.scatter_(1, grown.indices, True)
+            self.masks[name] = new.reshape(mask.shape)
+        return alpha
+
+    def run_round(self, t: int) -> dict[str, float]:
+        self.round = t
+        own = torch.arange(self.num_clients, device=self.ctx.device)
+        batches = self.probes(t)
+        plan = self.choice.begin(t, batches)
+        start_p, start_b = self.rows(own)
+        params, buffers, losses = self.train_rows(start_p, start_b, own.tolist(), t, extra=self._extra())
+        params = self._apply(params)
+        alpha = self._evolve(t, params, buffers, batches)
+        params = self._apply(params)
+        weights = self.choice.weights(plan, params, buffers, batches)
+        shared = self.shared({**params, **buffers})
+        masks = {k: m for k, m in self.masks.items() if k in shared}
+        mixed = masked_mix(shared, masks, weights, params)
+        self.bank.params = self._apply({k: mixed.get(k, v) for k, v in params.items()})
+        self.bank.buffers = {k: mixed.get(k, v) for k, v in buffers.items()}
+        metrics = self.choice.end(t, plan, self.sparse_bits)
+        return {"train_loss": float(losses.double().mean()), "alpha": alpha, **metrics}
+
+    def evaluate(self) -> dict[str, float]:
+        return self.evaluate_bank(self.bank, extra=self._extra())
+
+    def extra_state(self) -> dict[str, Any]:
+        return {"masks": self.masks, "choice": self.choice.state_dict()}
+
+    def load_extra_state(self, state: dict[str, Any]) -> None:
+        self.masks = {k: v.to(self.ctx.device) for k, v in state["masks"].items()}
+        self.choice.load_state_dict(state["choice"])

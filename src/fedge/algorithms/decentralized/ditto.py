@@ -1,0 +1,114 @@
+"""Ditto (Li et al. 2021) on a peer-to-peer graph, with random peers or AFIND+ (AFIND+ Fig. 5, spec §3.7).
+
+Each client keeps a collaborative model w_i, trained and mixed exactly like the backbone (peers chosen at
+random or by AFIND+), and a personal model v_i trained ``personal_epochs`` epochs per round on
+``F_i(v) + lam/2 ||v - w_i^t||^2`` (w_i^t: the collaborative model at the start of the round, what Ditto
+regularises towards). Evaluation tests v_i (after the common ``ft_epochs`` fine-tune).
+"""
+
+from __future__ import annotations
+
+from typing import Annotated, Any, Literal
+
+import torch
+import torch.nn.functional as F
+from pydantic import Field, PositiveInt
+from torch.func import functional_call
+
+from fedge.algorithms.base import Context, register
+from fedge.algorithms.decentralized.common import PeerAlgorithm, PeerConfig
+from fedge.algorithms.decentralized.hosted import HostedConfig, PeerChoice
+from fedge.comm import client_node
+from fedge.engine import ClientBank, make_step
+
+Tensors = dict[str, torch.Tensor]
+ANCHOR = "anchor::"
+
+
+class DittoConfig(PeerConfig, HostedConfig):
+    """Ditto's proximal strength and personal epochs, plus the host fields (peer choice, AFIND+ knobs)."""
+
+    name: Literal["ditto"] = "ditto"
+    lam: Annotated[float, Field(ge=0.0)] = 0.75
+    personal_epochs: PositiveInt = 1
+
+
+@register(
+    "ditto", DittoConfig, "Ditto on a graph: personal models pulled to collaborative ones (random/AFIND+)"
+)
+class Ditto(PeerAlgorithm):
+    """Collaborative bank (mixed with peers) and personal bank (proximal local training)."""
+
+    cfg: DittoConfig
+
+    def __init__(self, ctx: Context, cfg: DittoConfig):
+        super().__init__(ctx, cfg)
+        self.choice = PeerChoice(self, cfg.peer_selection, cfg.afind)
+        self.personal_bank = ClientBank(
+            self.bank.clients,
+            {k: v.clone() for k, v in self.bank.params.items()},
+            {k: v.clone() for k, v in self.bank.buffers.items()},
+        )
+        self.prox_step = make_step(self._prox_loss, self.sgd)
+        bits = self.state_bits(self.personal_bank.params, self.personal_bank.buffers) // self.num_clients
+        for c in range(self.num_clients):
+            ctx.ledger.set_storage(client_node(c), "personal_model", bits)
+
+    def _prox_loss(
+        self, params: Tensors, buffers: Tensors, x: torch.Tensor, y: torch.Tensor, w: torch.Tensor
+    ):
+        """Weighted cross-entropy plus ``lam/2 ||params - anchor||^2`` (anchors ride in the buffers)."""
+        state = {k: v.clone() for k, v in buffers.items() if not k.startswith(ANCHOR)}
+        logits = functional_call(self.model, {**params, **state}, (x,))
+        ce = (F.cross_entropy(logits, y, reduction="none") * w).sum() / w.sum().clamp_min(1.0)
+        prox = sum(((params[k] - buffers[ANCHOR + k]) ** 2).sum() for k in params)
+        return ce + 0.5 * self.cfg.lam * prox, {
+            **state,
+            **{k: v for k, v in buffers.items() if k.startswith(ANCHOR)},
+        }
+
+    def run_round(self, t: int) -> dict[str, float]:
+        self.round = t
+        own = torch.arange(self.num_clients, device=self.ctx.device)
+        batches = self.probes(t)
+        plan = self.choice.begin(t, batches)
+        start_p, start_b = self.rows(own)
+        params, buffers, losses = self.train_rows(start_p, start_b, own.tolist(), t)
+        weights = self.choice.weights(plan, params, buffers, batches)
+        self.bank.params, self.bank.buffers = self.mixed(weights, params, buffers)
+        metrics = self.choice.end(t, plan, self.model_bits)
+        anchors = {ANCHOR + k: v for k, v in start_p.items()}
+        personal = self.personal_bank
+        personal.params, personal.buffers, personal_losses = self._train(
+            personal.params,
+            personal.buffers,
+            own.tolist(),
+            t,
+            self.cfg.personal_epochs,
+            set(personal.params),
+            self.prox_step,
+            anchors,
+            "personal",
+        )
+        return {
+            "train_loss": float(losses.double().mean()),
+            "personal_loss": float(personal_losses.double().mean()),
+            **metrics,
+        }
+
+    def evaluate(self) -> dict[str, float]:
+        return self.evaluate_bank(self.personal_bank)
+
+    def extra_state(self) -> dict[str, Any]:
+        bank = self.personal_bank
+        return {
+            "personal_params": bank.params,
+            "personal_buffers": bank.buffers,
+            "choice": self.choice.state_dict(),
+        }
+
+    def load_extra_state(self, state: dict[str, Any]) -> None:
+        device = self.ctx.device
+        self.personal_bank.params = {k: v.to(device) for k, v in state["personal_params"].items()}
+        self.personal_bank.buffers = {k: v.to(device) for k, v in state["personal_buffers"].items()}
+        self.choice.load_state_dict(state["choice"])

@@ -1,0 +1,73 @@
+"""Peer choice for host optimisers (Ditto, Dis-PFL): random peers, or AFIND+ in its place (spec §3.11).
+
+A host trains its clients' own models; :class:`PeerChoice` then decides whom each client mixes with and
+the weights: ``peer_selection="random"`` draws ``peers`` uniform neighbours and averages uniformly (the
+host as published, run on a graph); ``"afind"`` substitutes AFIND+'s identification, threshold and
+Boltzmann weights (the standard neighbour mode: everyone trains once, proxies and pre-training losses
+are measured at the requester's model). Host-specific parts stay the host's.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any, Literal
+
+import torch
+from pydantic import Field
+
+from fedge.algorithms.decentralized.probes import ProbeBatches
+from fedge.algorithms.decentralized.scores import selection_metrics
+from fedge.algorithms.decentralized.selector import AfindSelector, Plan, SelectorConfig
+from fedge.config import StrictModel
+from fedge.engine.mixing import uniform_rows
+
+if TYPE_CHECKING:
+    from fedge.algorithms.decentralized.common import PeerAlgorithm
+
+Tensors = dict[str, torch.Tensor]
+
+
+class HostedConfig(StrictModel):
+    """Fields a host algorithm adds: how it picks peers, and AFIND+'s knobs when it uses AFIND+."""
+
+    peer_selection: Literal["random", "afind"] = "random"
+    afind: SelectorConfig = Field(default_factory=SelectorConfig)
+
+
+class PeerChoice:
+    """Random peers with uniform weights, or an :class:`AfindSelector`, behind one begin/weights/end API."""
+
+    def __init__(self, host: PeerAlgorithm, selection: str, cfg: SelectorConfig):
+        self.host = host
+        self.selector = AfindSelector(host, cfg, host.cfg.peers) if selection == "afind" else None
+        self.chosen: torch.Tensor | None = None
+
+    def begin(self, t: int, batches: ProbeBatches) -> Plan | None:
+        """Probe and select at the host bank's current models (AFIND+), or draw random peers."""
+        if self.selector is not None:
+            plan = self.selector.begin(t, batches)
+            self.chosen = plan.chosen
+            return plan
+        self.chosen = torch.as_tensor(self.host.random_peers(t), device=self.host.ctx.device)
+        return None
+
+    def weights(
+        self, plan: Plan | None, params: Tensors, buffers: Tensors, batches: ProbeBatches
+    ) -> torch.Tensor:
+        """``[n, n]`` mixing weights over the trained rows ``params``/``buffers``."""
+        if self.selector is None or plan is None:
+            return uniform_rows(self.chosen)
+        return self.selector.standard_weights(plan, params, buffers, batches)
+
+    def end(self, t: int, plan: Plan | None, bits: int) -> dict[str, float]:
+        """Ledger entries of the exchange (``bits`` per model sent) and the round's selection metrics."""
+        if self.selector is not None and plan is not None:
+            return self.selector.end(t, plan, bits)
+        self.host.record(t, self.chosen, "peer_model", bits)
+        return selection_metrics(self.chosen)
+
+    def state_dict(self) -> dict[str, Any]:
+        return self.selector.state_dict() if self.selector is not None else {}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        if self.selector is not None:
+            self.selector.load_state_dict(state)

@@ -1,0 +1,28 @@
+"""Local training only: every client trains its own model and talks to nobody (AFIND+ spec §3.1)."""
+
+from __future__ import annotations
+
+from typing import Literal
+
+import torch
+
+from fedge.algorithms.base import register
+from fedge.algorithms.decentralized.common import PeerAlgorithm, PeerConfig
+
+
+class LocalConfig(PeerConfig):
+    """The backbone's knobs; ``peers`` and ``topology`` are accepted (for comparisons) and unused."""
+
+    name: Literal["local"] = "local"
+
+
+@register("local", LocalConfig, "Local: each client trains alone, no communication (fine-tuned evaluation)")
+class Local(PeerAlgorithm):
+    """The no-collaboration reference of the decentralized family."""
+
+    def run_round(self, t: int) -> dict[str, float]:
+        self.round = t
+        own = torch.arange(self.num_clients, device=self.ctx.device)
+        params, buffers = self.rows(own)
+        self.bank.params, self.bank.buffers, losses = self.train_rows(params, buffers, own.tolist(), t)
+        return {"train_loss": float(losses.double().mean())}

@@ -1,0 +1,271 @@
+"""Probes: cheap measurements of one client's model on another client's data, for many pairs at once.
+
+A *pair* ``(requester i, holder k)`` evaluates the model made of i's shared parameters and k's private
+parameters on one probe batch of k's training data (AFIND+ spec §2.2, D1/D2: the requester's point).
+Two probes exist: the feature proxy (the gradient of that loss restricted to the proxy layer, or the
+mean featurizer activation) and the loss itself. Pairs are gathered chunk by chunk and evaluated under
+``torch.func.vmap`` in eval mode (no dropout, BatchNorm running statistics untouched).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+from torch import nn
+from torch.func import functional_call, grad, grad_and_value, vmap
+
+from fedge.algorithms.decentralized.scores import clip_rows, cosine
+from fedge.data.federated import FederatedData
+from fedge.engine.personal import evaluate_rows, padded
+from fedge.errors import ConfigError
+from fedge.models import SplitModel, output_shape, split
+from fedge.rng import numpy_rng
+
+Tensors = dict[str, torch.Tensor]
+CHUNK_FLOATS = 2**24  # floats a chunk of pairs may gather (64 MiB at fp32)
+
+
+@dataclass(frozen=True)
+class ProbeBatches:
+    """One probe batch per client: ``index[k]`` (padded) and ``weight[k]`` (1 real, 0 padding)."""
+
+    index: torch.Tensor
+    weight: torch.Tensor
+
+
+def probe_batches(data: FederatedData, seed: int, round_: int, size: int) -> ProbeBatches:
+    """``min(size, N_k)`` training samples of every client k, from the stream ``("probe", round_, k)``."""
+    sets = []
+    for k, ix in enumerate(data.client_train):
+        take = numpy_rng(seed, "probe", round_, k).choice(len(ix), size=min(size, len(ix)), replace=False)
+        sets.append(ix[np.sort(take)])
+    return ProbeBatches(*padded(sets, data.device))
+
+
+def proxy_layer(model: SplitModel, override: str | None) -> list[str]:
+    """Parameter names of the feature-proxy layer (spec §2.2, D1).
+
+    Default: the last ``Linear``/``Conv2d`` before the head block (the featurizer's output layer: ``fc1``
+    of the MLP and ``cnn4``, ``conv2`` of ``cnn2``, ``layer4.1.conv2`` of ResNet-18), or the head's own
+    layer for a one-block model. ``override`` names any submodule; all its parameters form the proxy.
+    """
+    if override is not None:
+        try:
+            module = model.get_submodule(override)
+        except AttributeError:
+            raise ConfigError(
+                "algorithm.proxy_layer", f"{model.name} has no submodule {override!r}"
+            ) from None
+        names = [f"{override}.{n}" for n, _ in module.named_parameters()]
+        if not names:
+            raise ConfigError("algorithm.proxy_layer", f"{override!r} has no parameters")
+        return names
+    featurizer = split(model, len(model) - 1)[0] if len(model) > 1 else model
+    layers = [n for n, m in featurizer.named_modules() if isinstance(m, nn.Linear | nn.Conv2d)]
+    return [f"{layers[-1]}.{n}" for n, _ in model.get_submodule(layers[-1]).named_parameters()]
+
+
+class Prober:
+    """Evaluates pairs ``(shared_from, private_from, data_from)`` of rows of a stacked bank.
+
+    ``private`` names the parameters and buffers taken from ``private_from`` (the holder's private
+    head); everything else comes from ``shared_from``. ``data_from`` picks the probe batch.
+    """
+
+    def __init__(
+        self,
+        model: SplitModel,
+        input_shape: tuple[int, ...],
+        proxy_names: Sequence[str],
+        private: set[str],
+        kind: str,
+    ):
+        self.model = model
+        self.proxy_names = list(proxy_names)
+        self.private = private
+        self.kind = kind
+        self.featurizer = split(model, len(model) - 1)[0] if len(model) > 1 else None
+        self.featurizer_keys = set(self.featurizer.state_dict()) if self.featurizer is not None else set()
+        if kind == "activation":
+            if self.featurizer is None:
+                raise ConfigError("algorithm.proxy", "activation proxies need a model with a head block")
+            self.dim = math.prod(output_shape(self.featurizer, input_shape))
+        else:
+            sizes = dict(model.named_parameters())
+            self.dim = sum(sizes[k].numel() for k in self.proxy_names)
+
+    def _gather(self, stacked: Tensors, shared_from: torch.Tensor, private_from: torch.Tensor) -> Tensors:
+        return gather(stacked, self.private, shared_from, private_from)
+
+    def _loss(self, params: Tensors, buffers: Tensors, x: torch.Tensor, y: torch.Tensor, w: torch.Tensor):
+        logits = functional_call(self.model, {**params, **buffers}, (x,))
+        return (F.cross_entropy(logits, y, reduction="none") * w).sum() / w.sum().clamp_min(1.0)
+
+    def _features(self, params: Tensors, buffers: Tensors, x: torch.Tensor) -> torch.Tensor:
+        state = {k: v for k, v in {**params, **buffers}.items() if k in self.featurizer_keys}
+        return functional_call(self.featurizer, state, (x,)).flatten(1)
+
+    def _one(self, params: Tensors, buffers: Tensors, x, y, w, clip: float | None):
+        """The proxy of one pair (clipped per example and summed when ``clip`` is set) and its loss."""
+        proxy_p = {k: params[k] for k in self.proxy_names}
+        rest = {k: v for k, v in params.items() if k not in proxy_p}
+        if self.kind == "activation":
+            feats = self._features(params, buffers, x)
+            loss = self._loss(params, buffers, x, y, w)
+            if clip is None:
+                return (feats * w[:, None]).sum(0) / w.sum().clamp_min(1.0), loss
+            return (clip_rows(feats, clip) * w[:, None]).sum(0), loss
+        if clip is None:
+            grads, loss = grad_and_value(lambda p: self._loss({**p, **rest}, buffers, x, y, w))(proxy_p)
+            return torch.cat([grads[k].reshape(-1) for k in self.proxy_names]), loss
+
+        def single(p, xi, yi):
+            return self._loss({**p, **rest}, buffers, xi[None], yi[None], torch.ones(1, device=xi.device))
+
+        per = vmap(grad(single), in_dims=(None, 0, 0))(proxy_p, x, y)
+        flat = torch.cat([per[k].reshape(len(y), -1) for k in self.proxy_names], dim=1)
+        return (clip_rows(flat, clip) * w[:, None]).sum(0), self._loss(params, buffers, x, y, w)
+
+    def proxies(
+        self,
+        params: Tensors,
+        buffers: Tensors,
+        shared_from: torch.Tensor,
+        private_from: torch.Tensor,
+        data_from: torch.Tensor,
+        data: FederatedData,
+        batches: ProbeBatches,
+        clip: float | None = None,
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """``[R, D]`` proxies (per-example clipped sums when ``clip`` is set) and ``[R]`` probe losses."""
+        per_pair = sum(v[0].numel() for v in params.values()) * 3
+        per_pair += batches.index.shape[1] * (self.dim if clip is not None else 0)
+        chunk = max(1, CHUNK_FLOATS // max(per_pair, 1))
+        run = vmap(lambda p, b, x, y, w: self._one(p, b, x, y, w, clip))
+        out, losses = [], []
+        was_training = self.model.training
+        self.model.eval()
+        try:
+            for start in range(0, len(shared_from), chunk):
+                part = slice(start, start + chunk)
+                s, p, d = shared_from[part], private_from[part], data_from[part]
+                ix, w = batches.index[d], batches.weight[d]
+                proxy, loss = run(
+                    self._gather(params, s, p),
+                    self._gather(buffers, s, p),
+                    data.x_train[ix],
+                    data.y_train[ix],
+                    w,
+                )
+                out.append(proxy.detach())
+                losses.append(loss.detach())
+        finally:
+            self.model.train(was_training)
+        if not out:
+            return torch.zeros(0, self.dim, device=data.device), torch.zeros(0, device=data.device)
+        return torch.cat(out), torch.cat(losses)
+
+    def similarities(
+        self,
+        params: Tensors,
+        buffers: Tensors,
+        reference: torch.Tensor,
+        data: FederatedData,
+        batches: ProbeBatches,
+        clip: float | None = None,
+        noise: tuple[float, torch.Generator] | None = None,
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """Every requester i against every holder k: ``cos(reference[i], proxy(i, k))`` and the probe loss.
+
+        Returns two ``[n, n]`` float64 matrices. A nested vmap (requesters outside, holders inside) shares
+        each requester's parameters and every holder's batch instead of copying them per pair: the fast
+        path when most pairs are probed. With ``clip`` the holders' proxies are clipped per example and
+        summed; ``noise = (std, generator)`` then adds Gaussian noise of that std per coordinate before
+        dividing by the batch size (the DP mechanism of ``scores.gaussian_mechanism``).
+        """
+        n = len(reference)
+        private_p = {k: v for k, v in params.items() if k in self.private}
+        private_b = {k: v for k, v in buffers.items() if k in self.private}
+        x, y, w = data.x_train[batches.index], data.y_train[batches.index], batches.weight
+        count = w.sum(dim=1).clamp_min(1.0)[:, None]
+
+        def holder(sp: Tensors, sb: Tensors, pp: Tensors, pb: Tensors, xk, yk, wk):
+            return self._one({**sp, **pp}, {**sb, **pb}, xk, yk, wk, clip)
+
+        inner = vmap(holder, in_dims=(None, None, 0, 0, 0, 0, 0))
+
+        def requester(sp: Tensors, sb: Tensors, ref: torch.Tensor, eps: torch.Tensor):
+            proxies, losses = inner(sp, sb, private_p, private_b, x, y, w)
+            if clip is not None:
+                proxies = (proxies + eps) / count
+            return cosine(ref.expand_as(proxies), proxies), losses
+
+        outer = vmap(requester)
+        per_requester = n * (self.dim * (2 + (batches.index.shape[1] if clip is not None else 0)))
+        chunk = max(1, CHUNK_FLOATS // max(per_requester, 1))
+        sims, losses = [], []
+        was_training = self.model.training
+        self.model.eval()
+        try:
+            for start in range(0, n, chunk):
+                rows = slice(start, min(start + chunk, n))
+                size = rows.stop - rows.start
+                if noise is not None:
+                    std, generator = noise
+                    eps = torch.randn((size, n, self.dim), generator=generator).to(x.device) * std
+                else:
+                    eps = torch.zeros(size, device=x.device)
+                sp = {k: v[rows] for k, v in params.items() if k not in self.private}
+                sb = {k: v[rows] for k, v in buffers.items() if k not in self.private}
+                sim, loss = outer(sp, sb, reference[rows], eps)
+                sims.append(sim.detach())
+                losses.append(loss.detach())
+        finally:
+            self.model.train(was_training)
+        return torch.cat(sims).double(), torch.cat(losses).double()
+
+
+def gather(
+    stacked: Tensors, private: set[str], shared_from: torch.Tensor, private_from: torch.Tensor
+) -> Tensors:
+    """Rows made of ``shared_from``'s shared tensors and ``private_from``'s private ones (copies)."""
+    return {k: v[private_from if k in private else shared_from] for k, v in stacked.items()}
+
+
+def pair_losses(
+    model: nn.Module,
+    params: Tensors,
+    buffers: Tensors,
+    private: set[str],
+    pairs: tuple[torch.Tensor, torch.Tensor, torch.Tensor],
+    data: FederatedData,
+    batches: ProbeBatches,
+) -> torch.Tensor:
+    """Mean cross-entropy (eval mode) of each pair's model on its data holder's probe batch.
+
+    ``pairs = (shared_from, private_from, data_from)`` index the rows of ``params``/``buffers`` and the
+    clients whose probe batch is used. Pairs are gathered in chunks (forward only).
+    """
+    shared_from, private_from, data_from = pairs
+    per_pair = sum(v[0].numel() for v in params.values())
+    chunk = max(1, CHUNK_FLOATS // max(per_pair, 1))
+    out = []
+    for start in range(0, len(shared_from), chunk):
+        part = slice(start, start + chunk)
+        s, p, d = shared_from[part], private_from[part], data_from[part]
+        _, loss = evaluate_rows(
+            model,
+            gather(params, private, s, p),
+            gather(buffers, private, s, p),
+            data.x_train,
+            data.y_train,
+            batches.index[d],
+            batches.weight[d],
+        )
+        out.append(loss)
+    return torch.cat(out) if out else torch.zeros(0, device=data.device)

@@ -1,0 +1,301 @@
+"""AFIND+ neighbour identification as a component: whom each client talks to, and with what weights.
+
+:class:`AfindSelector` keeps, per client i, the helpfulness scores ``p[i, :]`` (Eqs. 8-9), the last
+proxy similarities and the adaptive threshold ``theta_i`` (Eqs. 10-13); it probes neighbours, selects
+a coreset per round (cold start and fallback per spec D4/D5) and turns reported smoothed losses into
+Boltzmann mixing weights (Eqs. 15-16). The ``afind`` algorithm drives it; Ditto and Dis-PFL use it in
+place of random peers ("AFIND+ composes with other DFL optimisers", spec §3.11, Fig. 5).
+
+Ablation switches (Table 2): ``selection`` random (the FedAvg-FT row) / topk (+i) / threshold (+ii)
+and ``aggregation`` uniform / boltzmann (+iii). DP (Table 4, spec §7): Gaussian mechanism on the shared
+proxies (recommended reading) or on the transmitted model updates (``dp.target="update"``).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Annotated, Any, Literal
+
+import numpy as np
+import torch
+from pydantic import Field, NonNegativeInt, PositiveInt
+
+from fedge.algorithms.decentralized.probes import ProbeBatches, Prober, proxy_layer
+from fedge.algorithms.decentralized.scores import (
+    adaptive_threshold,
+    boltzmann_weights,
+    clip_rows,
+    cosine,
+    full_scores,
+    gaussian_mechanism,
+    partial_scores,
+    selection_metrics,
+    smoothed_loss,
+    top_k,
+)
+from fedge.config import StrictModel
+from fedge.rng import numpy_rng, torch_rng
+
+if TYPE_CHECKING:
+    from fedge.algorithms.decentralized.common import PeerAlgorithm
+
+Tensors = dict[str, torch.Tensor]
+Positive = Annotated[float, Field(gt=0.0)]
+
+
+class DPConfig(StrictModel):
+    """Gaussian mechanism of Table 4: clip each example's contribution to ``clip``, add
+    ``N(0, sigma^2 clip^2)``, divide by the batch size. ``target``: the proxies (spec §7 recommendation)
+    or the model update a neighbour sends (the alternative reading)."""
+
+    sigma: Annotated[float, Field(ge=0.0)] = 1.0
+    clip: Positive = 1.0
+    target: Literal["proxy", "update"] = "proxy"
+
+
+class SelectorConfig(StrictModel):
+    """AFIND+ knobs with the spec's recommended values (§2.8-2.10, §8)."""
+
+    selection: Literal["threshold", "topk", "random"] = "threshold"
+    aggregation: Literal["boltzmann", "uniform"] = "boltzmann"
+    tau: Positive = 0.5
+    upsilon: Positive = 0.1
+    gamma: Annotated[float, Field(ge=0.0, le=1.0)] = 0.9
+    t_agg: Positive = 1.0
+    k0: PositiveInt = 10
+    k_min: PositiveInt = 1
+    include_self: bool = True
+    p_update: Literal["full", "partial"] = "full"
+    explore: NonNegativeInt = 10
+    entropy_set: Literal["coreset", "all"] = "coreset"
+    entropy_reduce: Literal["sum", "mean"] = "sum"
+    normalize: Literal["sigmoid", "zscore"] = "sigmoid"
+    confidence_direction: Literal["literal", "inverted"] = "literal"
+    proxy: Literal["gradient", "activation"] = "gradient"
+    proxy_layer: str | None = None
+    dp: DPConfig | None = None
+
+
+@dataclass(frozen=True)
+class Plan:
+    """One round's decisions: probed pairs, pre-training losses ``[n, n]``, the coreset, fallbacks, and
+    the mean threshold the selection used."""
+
+    probed: torch.Tensor
+    pre: torch.Tensor
+    chosen: torch.Tensor
+    fallbacks: int
+    theta: float
+
+
+class AfindSelector:
+    """Scores, threshold and selection state of every client; probes through its host's bank.
+
+    ``topk_count`` is the fixed count of the ``topk`` and ``random`` selections (the host's ``peers``).
+    """
+
+    def __init__(self, host: PeerAlgorithm, cfg: SelectorConfig, topk_count: int):
+        self.host = host
+        self.cfg = cfg
+        self.topk_count = topk_count
+        n = host.num_clients
+        device = host.ctx.device
+        self.available = host.neighbours
+        self.eye = torch.eye(n, dtype=torch.bool, device=device)
+        names = proxy_layer(host.model, cfg.proxy_layer)
+        self.prober = Prober(host.model, host.ctx.data.input_shape, names, host.private, cfg.proxy)
+        degree = self.available.sum(dim=1, keepdim=True).clamp_min(1).double()
+        self.p = self.available.double() / degree  # p_ij^0 = 1 / n_i
+        self.sim = torch.zeros(n, n, dtype=torch.float64, device=device)
+        self.theta = torch.full((n,), cfg.tau / 2, dtype=torch.float64, device=device)
+        self.previous = torch.zeros(n, n, dtype=torch.bool, device=device)
+        self.started = False
+
+    # ----- probing ----------------------------------------------------------------------------------
+    def probe_set(self, t: int) -> torch.Tensor:
+        """Pairs probed this round: all neighbours (Eq. 8 / cold start) or last coreset + exploration."""
+        if self.cfg.selection == "random":
+            return torch.zeros_like(self.available)
+        if self.cfg.p_update == "full" or not self.started:
+            return self.available.clone()
+        others = (self.available & ~self.previous).cpu().numpy()
+        explore = np.zeros_like(others)
+        for i, row in enumerate(others):
+            options = np.flatnonzero(row)
+            if len(options) and self.cfg.explore:
+                size = min(self.cfg.explore, len(options))
+                explore[
+                    i, numpy_rng(self.host.ctx.seed, "explore", t, i).choice(options, size, replace=False)
+                ] = True
+        return self.previous | torch.as_tensor(explore, device=self.available.device)
+
+    def observe(self, t: int, batches: ProbeBatches) -> tuple[torch.Tensor, torch.Tensor]:
+        """Probe the round's pairs at the requesters' current models and update the scores.
+
+        Returns the probed pairs and the pre-training losses ``F_k(w_i, beta_k)`` on k's probe batch
+        (``[n, n]``, NaN where not probed; the diagonal holds each client's own loss).
+        """
+        host, n = self.host, self.host.num_clients
+        device = self.available.device
+        probed = self.probe_set(t)
+        pre = torch.full((n, n), float("nan"), dtype=torch.float64, device=device)
+        if not probed.any():
+            return probed, pre
+        params, buffers, data = host.bank.params, host.bank.buffers, host.ctx.data
+        own = torch.arange(n, device=device)
+        dp = self.cfg.dp if self.cfg.dp is not None and self.cfg.dp.target == "proxy" else None
+        clip = None if dp is None else dp.clip  # own proxy clipped alike; only the shared ones get noise
+        mine, own_loss = self.prober.proxies(params, buffers, own, own, own, data, batches, clip)
+        generator = torch_rng(host.ctx.seed, "dp-noise", t)
+        i, k = probed.nonzero(as_tuple=True)
+        if 2 * len(i) >= n * (n - 1):  # most pairs: one nested vmap over requesters x holders
+            noise = None if dp is None else (dp.sigma * dp.clip, generator)
+            sim, loss = self.prober.similarities(params, buffers, mine, data, batches, clip, noise)
+            self.sim[i, k], pre[i, k] = sim[i, k], loss[i, k]
+        else:
+            theirs, loss = self.prober.proxies(params, buffers, i, k, k, data, batches, clip)
+            if dp is not None:
+                count = batches.weight[k].sum(dim=1)
+                theirs = gaussian_mechanism(theirs, count, dp.clip, dp.sigma, generator)
+            self.sim[i, k] = cosine(mine[i], theirs)
+            pre[i, k] = loss.double()
+        pre[own, own] = own_loss.double()
+        if self.cfg.p_update == "full" or not self.started:
+            self.p = full_scores(self.sim, self.available, self.cfg.upsilon)
+        else:
+            self.p = partial_scores(self.p, self.sim, probed, self.cfg.upsilon)
+        host.record(t, probed, "model_request", host.model_bits, to_requester=False)
+        host.record(t, probed, "proxy", 32 * self.prober.dim)
+        return probed, pre
+
+    # ----- selection and weights ------------------------------------------------------------------
+    def select(self, t: int) -> tuple[torch.Tensor, int]:
+        """The coreset ``C[i, j]`` of round ``t`` and how many clients fell back to top-``k_min`` (D5)."""
+        cfg, available = self.cfg, self.available
+        if cfg.selection == "random":
+            chosen = self.host.random_peers(t, self.topk_count)
+            return torch.as_tensor(chosen, device=available.device), 0
+        if cfg.selection == "topk":
+            return top_k(self.p, available, self.topk_count), 0
+        if not self.started:
+            return top_k(self.p, available, cfg.k0), 0  # D4 cold start
+        chosen = available & (self.p >= self.theta[:, None])
+        empty = ~chosen.any(dim=1) & available.any(dim=1)
+        if empty.any():
+            fallback = top_k(self.p, available, cfg.k_min)
+            chosen = torch.where(empty[:, None], fallback, chosen)
+        return chosen, int(empty.sum())
+
+    def members(self, chosen: torch.Tensor) -> torch.Tensor:
+        """Who enters client i's average: its coreset, plus itself (D6, or when the coreset is empty)."""
+        empty = ~chosen.any(dim=1, keepdim=True)
+        return chosen | (self.eye & (empty | self.cfg.include_self))
+
+    def weights(self, chosen: torch.Tensor, losses: torch.Tensor) -> torch.Tensor:
+        """Row-stochastic ``[n, n]`` mixing weights: Boltzmann over smoothed losses, or uniform."""
+        members = self.members(chosen)
+        if self.cfg.aggregation == "boltzmann":
+            return boltzmann_weights(torch.nan_to_num(losses, nan=0.0), members, self.cfg.t_agg)
+        w = members.double()
+        return w / w.sum(dim=1, keepdim=True)
+
+    def finish(self, chosen: torch.Tensor) -> None:
+        """Threshold for the next round from this round's coreset similarities (Eqs. 10-13, D9/D10)."""
+        cfg = self.cfg
+        members = chosen if cfg.entropy_set == "coreset" else self.available
+        self.theta = adaptive_threshold(
+            self.sim, members, cfg.tau, cfg.entropy_reduce, cfg.normalize, cfg.confidence_direction
+        )
+        self.previous = chosen.clone()
+        self.started = True
+
+    def smoothed(self, pre: torch.Tensor, post: torch.Tensor) -> torch.Tensor:
+        """Eq. 15 with this selector's gamma."""
+        return smoothed_loss(pre, post, self.cfg.gamma)
+
+    def missing_pre_losses(
+        self, pre: torch.Tensor, chosen: torch.Tensor, batches: ProbeBatches
+    ) -> torch.Tensor:
+        """Fill ``pre[i, j] = F_j(w_i, beta_j)`` for chosen pairs (and selves) that were not probed."""
+        need = (self.members(chosen) | self.eye) & torch.isnan(pre)
+        if need.any():
+            i, j = need.nonzero(as_tuple=True)
+            pre = pre.clone()
+            pre[i, j] = self.host.losses_on(
+                self.host.bank.params, self.host.bank.buffers, (i, j, j), batches
+            ).double()
+        return pre
+
+    def noisy_updates(self, start: Tensors, trained: Tensors, t: int, batch_size: int) -> Tensors:
+        """``start + clip(trained - start) + N(0, sigma^2 C^2) / L`` per row over the shared tensors
+        (``dp.target="update"``); other tensors are returned as trained."""
+        dp = self.cfg.dp
+        names = list(self.host.shared(trained))
+        delta = torch.cat([(trained[k] - start[k]).reshape(len(trained[k]), -1) for k in names], dim=1)
+        gen = torch_rng(self.host.ctx.seed, "dp-update", t)
+        noise = torch.randn(delta.shape, generator=gen, dtype=delta.dtype).to(delta.device)
+        noisy = clip_rows(delta, dp.clip) + noise * (dp.sigma * dp.clip / batch_size)
+        out, offset = dict(trained), 0
+        for k in names:
+            size = trained[k][0].numel()
+            out[k] = start[k] + noisy[:, offset : offset + size].reshape(trained[k].shape)
+            offset += size
+        return out
+
+    # ----- one round, as hosts use it -------------------------------------------------------------
+    def begin(self, t: int, batches: ProbeBatches) -> Plan:
+        """Probe, score and select for round ``t`` (at the host bank's current models)."""
+        probed, pre = self.observe(t, batches)
+        theta = float(self.theta.mean())
+        chosen, fallbacks = self.select(t)
+        if self.cfg.aggregation == "boltzmann":
+            pre = self.missing_pre_losses(pre, chosen, batches)
+        return Plan(probed, pre, chosen, fallbacks, theta)
+
+    def standard_weights(
+        self, plan: Plan, params: Tensors, buffers: Tensors, batches: ProbeBatches
+    ) -> torch.Tensor:
+        """Mixing weights when every client trained its own model (``params``: trained rows in client order).
+
+        ``F~[i, j] = (1 - gamma) F_j(w_j^{t+1}) + gamma F_j(w_i^t)`` on j's probe batch (spec D7, standard).
+        """
+        smoothed = torch.full_like(plan.pre, float("nan"))
+        if self.cfg.aggregation == "boltzmann":
+            own = torch.arange(self.host.num_clients, device=plan.pre.device)
+            post = self.host.losses_on(params, buffers, (own, own, own), batches).double()
+            smoothed = self.smoothed(plan.pre, post[None, :])  # column j: j's data
+        return self.weights(plan.chosen, smoothed)
+
+    def end(self, t: int, plan: Plan, bits: int | None = None) -> dict[str, float]:
+        """Update the threshold, record the exchange in the ledger and return the round's metrics.
+
+        ``bits`` is the size of a returned model (default: the host's dense shared model).
+        """
+        host, chosen = self.host, plan.chosen
+        self.finish(chosen)
+        host.record(t, chosen & ~plan.probed, "model_request", host.model_bits, to_requester=False)
+        host.record(t, chosen, "peer_model", host.model_bits if bits is None else bits)
+        if self.cfg.aggregation == "boltzmann":
+            host.record(t, chosen, "loss", 32)
+        return {
+            **selection_metrics(chosen),
+            "fallbacks": plan.fallbacks,
+            "theta_mean": plan.theta,
+            "probed": int(plan.probed.sum()),
+        }
+
+    # ----- state --------------------------------------------------------------------------------------
+    def state_dict(self) -> dict[str, Any]:
+        return {
+            "p": self.p,
+            "sim": self.sim,
+            "theta": self.theta,
+            "previous": self.previous,
+            "started": self.started,
+        }
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        device = self.available.device
+        self.p, self.sim = state["p"].to(device), state["sim"].to(device)
+        self.theta, self.previous = state["theta"].to(device), state["previous"].to(device)
+        self.started = bool(state["started"])
