@@ -1,6 +1,9 @@
 """fedge: resource-efficient federated learning at the wireless edge, with exact cost accounting."""
 
-from fedge import algorithms  # noqa: F401  (registers the algorithms and their configs)
+from fedge import (
+    algorithms,  # noqa: F401  (registers the algorithms and their configs)
+    costs,
+)
 from fedge.api import resolve_config, resume, run
 from fedge.config import RunConfig, load_config
 from fedge.errors import ConfigError, DataError, FedgeError
@@ -13,6 +16,7 @@ __all__ = [
     "FedgeError",
     "Result",
     "RunConfig",
+    "costs",
     "load_config",
     "resolve_config",
     "resume",

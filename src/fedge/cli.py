@@ -17,6 +17,7 @@ from rich.table import Table
 import fedge
 from fedge import results
 from fedge.algorithms import ALGORITHMS
+from fedge.cli_bounds import bounds
 from fedge.compare import compare as run_comparison
 from fedge.data.partition import PARTITIONERS
 from fedge.data.sources import source_descriptions
@@ -30,6 +31,7 @@ EXAMPLE_INPUTS = {"cse_cifar": (3, 24, 24), "vgg": (3, 32, 32), "resnet18": (3, 
 app = typer.Typer(add_completion=False, no_args_is_help=False, help=fedge.__doc__)
 console = Console()
 errors = Console(stderr=True)
+app.command("bounds")(bounds)
 
 
 def _fail(message: str) -> typer.Exit:

@@ -16,7 +16,7 @@ from typing import Any
 from fedge import results
 from fedge.config import AlgorithmConfig, RunConfig, parse_config
 from fedge.errors import ConfigError
-from fedge.plots import plot_runs
+from fedge.plots import AXES, GIB_AXIS, plot_runs
 from fedge.runner import Result, start_run
 
 BITS_PER_GIB = 8 * 2**30
@@ -56,6 +56,7 @@ def _row(name: str, runs: list[Result]) -> dict[str, Any]:
     final = _mean_std([s["final_accuracy"] for s in summaries])
     best = _mean_std([s["best_accuracy"] for s in summaries])
     bits = [s["bits_up"] + s["bits_down"] + s["bits_peer"] for s in summaries]
+    labels = [r.metrics[-1]["bits_by_kind"].get("labels_up", 0) for r in runs]
     return {
         "algorithm": name,
         "seeds": len(runs),
@@ -64,6 +65,7 @@ def _row(name: str, runs: list[Result]) -> dict[str, Any]:
         "best_accuracy_mean": best[0],
         "best_accuracy_std": best[1],
         "communication_gib": statistics.fmean(bits) / BITS_PER_GIB,
+        "labels_gib": statistics.fmean(labels) / BITS_PER_GIB,  # of communication_gib (split learning)
         "server_storage_mparams": summaries[0]["storage_server_bits"] / BITS_PER_MPARAM,
         "client_storage_mparams": summaries[0]["storage_client_bits"] / BITS_PER_MPARAM,
         "sim_seconds_mean": statistics.fmean(s["sim_seconds"] for s in summaries),
@@ -110,5 +112,6 @@ def compare(config: RunConfig, algorithms: list[str], seeds: int = 1, on_run=Non
     rows = [_row(name, group) for name, group in runs.items()]
     dropped = {name: keys for name, (_, keys) in targets.items() if keys}
     results.write_json(out_dir / "comparison.json", {"rows": rows, "dropped_keys": dropped})
-    plot_runs([(name, _mean_curve(group)) for name, group in runs.items()], out_dir / results.PLOTS)
+    curves = [(name, _mean_curve(group)) for name, group in runs.items()]
+    plot_runs(curves, out_dir / results.PLOTS, axes={**AXES, **GIB_AXIS})
     return Comparison(out_dir, runs, rows, dropped)

@@ -50,6 +50,7 @@ class DataConfig(StrictModel):
     num_test: PositiveInt = 500
     num_classes: Annotated[int, Field(ge=2)] = 10
     shape: list[PositiveInt] = Field(default_factory=lambda: [1, 8, 8], min_length=1, max_length=3)
+    crop: PositiveInt | None = None  # centre crop of images to crop x crop (CSE-FSL's 24x24 CIFAR input)
 
 
 class PartitionConfig(StrictModel):

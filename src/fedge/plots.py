@@ -18,6 +18,9 @@ AXES = {
     "accuracy_vs_mb": ("mb_total", "communicated MB (2^20 bytes, all links)"),
     "accuracy_vs_time": ("sim_seconds", "simulated time (s, wireless system model)"),
 }
+# Comparisons also plot against GiB (2^30 bytes), the unit of the split papers' cost tables.
+GIB_AXIS = {"accuracy_vs_gib": ("mb_total", "communicated GiB (2^30 bytes, all links)")}
+SCALE = {"accuracy_vs_gib": 1 / 1024}  # per-axis factor from the row key's unit (MB -> GiB)
 
 
 def _save(figure, path: Path) -> None:
@@ -25,15 +28,18 @@ def _save(figure, path: Path) -> None:
     plt.close(figure)
 
 
-def plot_runs(runs: Sequence[tuple[str, list[dict[str, Any]]]], out_dir: Path) -> list[Path]:
-    """One PNG per x-axis in ``out_dir``, with one curve per ``(label, metric rows)`` run."""
+def plot_runs(
+    runs: Sequence[tuple[str, list[dict[str, Any]]]], out_dir: Path, axes: dict[str, tuple[str, str]] = AXES
+) -> list[Path]:
+    """One PNG per x-axis of ``axes`` in ``out_dir``, with one curve per ``(label, metric rows)`` run."""
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
     written = []
-    for stem, (key, label) in AXES.items():
+    for stem, (key, label) in axes.items():
         figure, axis = plt.subplots(figsize=(5.5, 3.8))
         for name, rows in runs:
-            axis.plot([r[key] for r in rows], [100 * r["accuracy"] for r in rows], marker=".", label=name)
+            x = [r[key] * SCALE.get(stem, 1) for r in rows]
+            axis.plot(x, [100 * r["accuracy"] for r in rows], marker=".", label=name)
         axis.set_xlabel(label)
         axis.set_ylabel("test accuracy (%)")
         axis.grid(alpha=0.3)

@@ -19,6 +19,7 @@ from fedge.data.sources.digits import load_digits_dataset
 from fedge.data.sources.femnist import load_femnist
 from fedge.data.sources.idx import load_fashion_mnist, load_mnist
 from fedge.data.sources.synthetic import load_synthetic
+from fedge.errors import ConfigError
 from fedge.rng import numpy_rng
 
 Rows = torch.Tensor | np.ndarray | None
@@ -76,6 +77,22 @@ def _limited(data: Dataset, cfg: DataConfig, seed: int) -> Dataset:
     )
 
 
+def _cropped(data: Dataset, size: int | None) -> Dataset:
+    """Images cut to their central ``size x size`` (train and test alike; no random-crop augmentation)."""
+    if size is None:
+        return data
+    if len(data.input_shape) != 3 or size > min(data.input_shape[1:]):
+        raise ConfigError(
+            "data.crop", f"needs images of at least {size}x{size}; got shape {list(data.input_shape)}"
+        )
+    top, left = (data.input_shape[1] - size) // 2, (data.input_shape[2] - size) // 2
+    window = (..., slice(top, top + size), slice(left, left + size))
+    return dataclasses.replace(
+        data, x_train=data.x_train[window].contiguous(), x_test=data.x_test[window].contiguous()
+    )
+
+
 def load_dataset(cfg: DataConfig, seed: int) -> Dataset:
-    """The dataset ``cfg.name`` from its source, subset by ``cfg.train_limit`` / ``cfg.test_limit``."""
-    return _limited(SOURCES[cfg.name](cfg, seed), cfg, seed)
+    """The dataset ``cfg.name`` from its source, subset by ``cfg.train_limit`` / ``cfg.test_limit``
+    and centre-cropped to ``cfg.crop``."""
+    return _cropped(_limited(SOURCES[cfg.name](cfg, seed), cfg, seed), cfg.crop)

@@ -1,0 +1,127 @@
+"""CSE-FSL (Mu & Shen): aux-head clients, sparse smashed-data uploads, one shared server model.
+
+Clients train trunk + aux head on the local loss (cse-fsl §2.2-2.3) and, by default, send the smashed
+data and labels of every h-th local batch (the last batch of each block of h, §8 A1; one batch per block,
+§8 A3); nothing comes back. The single server model takes one SGD step per arrival, in the queue order
+of §2.5 (round-robin per block, or a fresh random permutation per block with ``server_order: random``).
+Leftover batches after the last complete block train locally without an upload (§8 A17), or are
+skipped with ``drop_incomplete_block`` (the paper code's choice, §2.5).
+
+The theory paper's variant (sfl-theory §1.3) is ``server_trigger: every_l_rounds``: the server learns only
+in rounds t - 1 = l, 2l, ... (the theory's t counts from 0; ``server_every`` is l), at the round's start,
+one step per participant on a fresh batch passed through the just-broadcast client model. With
+``zb_step: server_backprop`` (the seed algorithm box) the server returns that batch's cut-layer gradient
+and the client's first step back-propagates it through the trunk, the aux head untouched; with
+``local_steps`` K the client then makes K - 1 aux steps, otherwise its local epochs. The spec's presets:
+``cse_fsl_original`` is the default; ``analysis_pure`` is ``server_trigger=every_l_rounds``;
+``seed_algorithm1`` adds ``zb_step=server_backprop``.
+"""
+
+from __future__ import annotations
+
+from typing import Literal
+
+import numpy as np
+import torch
+from pydantic import PositiveInt
+
+from fedge.algorithms.base import Context, register
+from fedge.algorithms.split.config import AuxHeadConfig
+from fedge.algorithms.split.parts import trunk_only
+from fedge.algorithms.split.plans import limit_steps
+from fedge.algorithms.split.protocol import RoundState, SplitLearning
+from fedge.data.federated import BatchPlan
+from fedge.errors import ConfigError
+from fedge.rng import numpy_rng
+
+
+class CseFslConfig(AuxHeadConfig):
+    """CSE-FSL: upload interval ``h``, incomplete blocks, and the theory variant's trigger, l and z_b step."""
+
+    name: Literal["cse_fsl"] = "cse_fsl"
+    h: PositiveInt = 1
+    drop_incomplete_block: bool = False
+    server_trigger: Literal["every_h_batches", "every_l_rounds"] = "every_h_batches"
+    server_every: PositiveInt = 1
+    zb_step: Literal["aux", "server_backprop"] = "aux"
+
+
+@register(
+    "cse_fsl",
+    CseFslConfig,
+    "CSE-FSL: client aux head, smashed data every h batches, one server model fed by a FIFO queue",
+)
+class CseFsl(SplitLearning):
+    """CSE-FSL: aux head on every client, one shared server model, uploads every h local batches."""
+
+    uses_aux = True
+    server_copies = False
+    cfg: CseFslConfig
+
+    def __init__(self, ctx: Context, cfg: CseFslConfig):
+        if cfg.server_trigger == "every_h_batches":
+            for key, value in (("server_every", cfg.server_every != 1), ("zb_step", cfg.zb_step != "aux")):
+                if value:
+                    raise ConfigError(f"algorithm.{key}", "only used with server_trigger=every_l_rounds")
+        else:
+            for key, value in (("h", cfg.h != 1), ("drop_incomplete_block", cfg.drop_incomplete_block)):
+                if value:
+                    raise ConfigError(f"algorithm.{key}", "only used with server_trigger=every_h_batches")
+        super().__init__(ctx, cfg)
+
+    def uploads_at(self, step: int) -> bool:
+        return self.cfg.server_trigger == "every_h_batches" and (step + 1) % self.cfg.h == 0
+
+    def server_round(self, t: int) -> bool:
+        """Whether round t (1-based) is a server round of the every-l-rounds trigger (theory t = t - 1)."""
+        cfg = self.cfg
+        return cfg.server_trigger == "every_l_rounds" and t > 1 and (t - 1) % cfg.server_every == 0
+
+    def step_limits(self, rnd: RoundState, plan: BatchPlan) -> BatchPlan:
+        cfg = self.cfg
+        limits = plan.steps.numpy().copy()
+        if cfg.drop_incomplete_block:
+            limits = limits // cfg.h * cfg.h
+        if self.server_round(rnd.t) and cfg.zb_step == "server_backprop" and cfg.local_steps is not None:
+            limits = np.minimum(limits, cfg.local_steps - 1)
+        return limit_steps(plan, limits)
+
+    def _server_batches(self, rnd: RoundState) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """One fresh batch per row for the server pass: inputs, labels, real-row counts."""
+        data, width = self.ctx.data, self.cfg.batch_size
+        index = np.zeros((len(rnd.draws), width), dtype=np.int64)
+        counts = np.zeros(len(rnd.draws), dtype=np.int64)
+        for r, (client, k) in enumerate(zip(rnd.draws.clients, rnd.draws.occurrence, strict=True)):
+            own = data.client_train[int(client)]
+            rng = numpy_rng(self.ctx.seed, "server-batch", rnd.t, int(client), int(k))
+            chosen = rng.choice(own, size=min(width, len(own)), replace=False)
+            index[r] = own[0]  # padding repeats a valid index; counts[r] marks the real rows
+            index[r, : len(chosen)] = chosen
+            counts[r] = len(chosen)
+        index_t = torch.from_numpy(index).to(data.device)
+        return data.x_train[index_t], data.y_train[index_t], torch.from_numpy(counts).to(data.device)
+
+    def before_local_steps(self, rnd: RoundState) -> None:
+        """The every-l-rounds server pass (sfl-theory §1.3), with or without the z_b step."""
+        if not self.server_round(rnd.t):
+            return
+        x, y, counts = self._server_batches(rnd)
+        rows = torch.arange(len(rnd.draws), device=x.device)
+        rnd.client_samples += counts.cpu().numpy()
+        trunk = trunk_only(rnd.params)
+        if self.cfg.zb_step == "aux":
+            with torch.no_grad():
+                (rnd.buffers,), _, (z,) = self.cmap(
+                    self.forward, (rnd.buffers,), (x,), (), counts, inputs=(trunk,)
+                )
+            rnd.server, _, _ = self._serve(rnd, rows, rnd.server, z, y, counts, -1, grad_z=False)
+            return
+        z, rnd.buffers, pullback = self.cmap.forward_with_vjp(self.forward, trunk, rnd.buffers, x, counts)
+        rnd.server, _, grad_z = self._serve(rnd, rows, rnd.server, z, y, counts, -1, grad_z=True)
+        state = trunk_only(rnd.opt_state)
+        grads = pullback(grad_z)
+        (trunk, state), _, _ = self.cmap(
+            self.apply, (trunk, state), (), (rnd.lr_client,), counts, inputs=(grads,)
+        )
+        rnd.params.update(trunk)
+        rnd.opt_state.update(state)

@@ -1,0 +1,32 @@
+"""FSL_AN (Han et al., 2021): split learning with a client-side auxiliary network (cse-fsl §3.3).
+
+Clients train trunk + aux head on the local loss and send the smashed data of every batch; nothing
+comes back. The server keeps one copy per participant, each taking one SGD step per batch of its client;
+the copies are averaged at each aggregation, like the client models (cse-fsl §8 A9).
+"""
+
+from __future__ import annotations
+
+from typing import Literal
+
+from fedge.algorithms.base import register
+from fedge.algorithms.split.config import AuxHeadConfig, ServerCopiesConfig
+from fedge.algorithms.split.protocol import SplitLearning
+
+
+class FslAnConfig(AuxHeadConfig, ServerCopiesConfig):
+    """FSL_AN: the shared split knobs, ``smashed_from`` and ``copies_eval``."""
+
+    name: Literal["fsl_an"] = "fsl_an"
+
+
+@register(
+    "fsl_an",
+    FslAnConfig,
+    "FSL_AN: client aux head (local loss), a server copy per client, smashed data every batch",
+)
+class FslAn(SplitLearning):
+    """FSL_AN: aux head on every client, one server copy per participant."""
+
+    uses_aux = True
+    server_copies = True

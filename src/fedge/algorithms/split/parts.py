@@ -1,0 +1,105 @@
+"""The pieces of a split model: client trunk, server part, optional aux head, and their initial state.
+
+State names: the client's tensors carry the prefixes ``trunk.`` and ``aux.`` (the children of
+``local``, the trunk followed by its aux head); the server's tensors keep the full model's names. So
+the composed model's state is ``{**prefixed(client, "trunk."), **server}``.
+"""
+
+from __future__ import annotations
+
+from collections import OrderedDict
+from dataclasses import dataclass
+
+import torch
+from torch import nn
+
+from fedge.algorithms.base import Context
+from fedge.config import AuxConfig
+from fedge.engine import buffers_of, parameters_of
+from fedge.errors import ConfigError
+from fedge.models import SplitModel, aux_head, output_shape, split
+from fedge.rng import derive_seed, torch_rng
+
+Tensors = dict[str, torch.Tensor]
+
+
+@dataclass
+class SplitParts:
+    """The full model, its two parts, the trunk(+aux) local model, and the input and smashed shapes."""
+
+    model: SplitModel
+    trunk: nn.Sequential
+    server: nn.Sequential
+    local: nn.Sequential
+    input_shape: tuple[int, ...]
+    smashed_shape: tuple[int, ...]
+    cut: int
+
+    @property
+    def has_aux(self) -> bool:
+        return "aux" in dict(self.local.named_children())
+
+
+def resolve_cut(ctx: Context, model: SplitModel) -> int:
+    """``model.cut``, else the model's paper cut; an error naming ``model.cut`` when there is neither."""
+    cut = ctx.config.model.cut if ctx.config.model.cut is not None else model.default_cut
+    if cut is None:
+        raise ConfigError(
+            "model.cut",
+            f"split learning needs a cut and {model.name} has no default; valid: 1..{len(model) - 1}",
+        )
+    return cut
+
+
+def build_parts(ctx: Context, with_aux: bool) -> SplitParts:
+    """Build the model once, cut it, and (for local-loss algorithms) attach the aux head.
+
+    The aux head is ``model.aux`` or, when that is unset, the paper's default linear head (cse-fsl §4.1:
+    Table V uses it). Its initial weights come from the stream ``(seed, "aux-init")``. Algorithms
+    without an aux head ignore ``model.aux``, so one config can serve a whole ``fedge compare``.
+    """
+    model = ctx.build_model().to(ctx.device)
+    cut = resolve_cut(ctx, model)
+    trunk, server = split(model, cut)
+    shape = output_shape(trunk, ctx.data.input_shape)
+    children: OrderedDict[str, nn.Module] = OrderedDict(trunk=trunk)
+    if with_aux:
+        spec = ctx.config.model.aux or AuxConfig()
+        with torch.random.fork_rng(devices=[]):
+            torch.manual_seed(derive_seed(ctx.seed, "aux-init"))
+            head = aux_head(spec.kind, shape, ctx.data.num_classes, spec.channels, spec.hidden)
+        children["aux"] = head.to(ctx.device)
+    return SplitParts(model, trunk, server, nn.Sequential(children), tuple(ctx.data.input_shape), shape, cut)
+
+
+def initial_state(parts: SplitParts, init: str, seed: int) -> tuple[Tensors, Tensors, Tensors, Tensors]:
+    """Client params, client buffers, server params, server buffers at t = 0.
+
+    ``normal0.05`` redraws every parameter (biases included) from N(0, 0.05^2) with the stream
+    ``(seed, "split-init")`` in name order (cse-fsl §8 A8); ``torch_default`` keeps the modules' own init.
+    """
+    client, server = parameters_of(parts.local), parameters_of(parts.server)
+    if init == "normal0.05":
+        gen = torch_rng(seed, "split-init")
+        for tensors in (client, server):
+            for name in sorted(tensors):
+                t = tensors[name]
+                draw = torch.randn(t.shape, generator=gen, dtype=t.dtype) * 0.05
+                tensors[name] = draw.to(t.device)
+    return client, buffers_of(parts.local), server, buffers_of(parts.server)
+
+
+def composed(client: Tensors, server: Tensors) -> Tensors:
+    """The full model's state from the client state (its ``trunk.`` entries) and the server state."""
+    trunk = {name[len("trunk.") :]: t for name, t in client.items() if name.startswith("trunk.")}
+    return {**trunk, **server}
+
+
+def trunk_only(client: Tensors) -> Tensors:
+    """The client state's trunk entries (prefix kept)."""
+    return {name: t for name, t in client.items() if name.startswith("trunk.")}
+
+
+def aux_only(client: Tensors) -> Tensors:
+    """The client state's aux-head entries (prefix kept)."""
+    return {name: t for name, t in client.items() if name.startswith("aux.")}

@@ -1,0 +1,33 @@
+"""SplitFed v1 (Thapa et al.), the CSE-FSL paper's FSL_MC baseline (cse-fsl §3.1).
+
+Every participant has its own server-side copy. Per batch the client sends its smashed data and labels,
+its copy takes one SGD step and returns the cut-layer gradient, and the client back-propagates it.
+Copies are independent, so all clients (and copies) run in parallel on either executor; at each
+aggregation the client models are averaged and so are the server copies (cse-fsl §8 A9).
+"""
+
+from __future__ import annotations
+
+from typing import Literal
+
+from fedge.algorithms.base import register
+from fedge.algorithms.split.config import GradientReturnConfig, ServerCopiesConfig
+from fedge.algorithms.split.protocol import SplitLearning
+
+
+class SplitFedV1Config(GradientReturnConfig, ServerCopiesConfig):
+    """FSL_MC: the shared split knobs, optional gradient clipping (off) and ``copies_eval``."""
+
+    name: Literal["splitfed_v1"] = "splitfed_v1"
+
+
+@register(
+    "splitfed_v1",
+    SplitFedV1Config,
+    "SplitFed v1 (FSL_MC): a server copy per client, cut-layer gradients returned every batch",
+)
+class SplitFedV1(SplitLearning):
+    """FSL_MC: no aux head, one server copy per participant."""
+
+    uses_aux = False
+    server_copies = True

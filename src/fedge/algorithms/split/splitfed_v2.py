@@ -1,0 +1,35 @@
+"""SplitFed v2 (Thapa et al.), the CSE-FSL paper's FSL_OC baseline with gradient clipping (cse-fsl §3.2).
+
+One server model is updated sequentially by every client's batches, in ``server_order`` (default
+round-robin per batch, the schedule of cse-fsl §2.5 with h = 1; ``client_after_client`` is the SplitFed
+paper's own order), and returns the cut-layer gradient of each batch. The paper found this baseline
+unstable and clipped gradients; the threshold is unstated, so we clip the global L2 norm of the server
+gradient and of each client's gradient at ``clip_norm`` = 1.0 (cse-fsl §8 A10; ``null`` turns it off).
+"""
+
+from __future__ import annotations
+
+from typing import Literal
+
+from fedge.algorithms.base import register
+from fedge.algorithms.split.config import GradientReturnConfig, Positive
+from fedge.algorithms.split.protocol import SplitLearning
+
+
+class SplitFedV2Config(GradientReturnConfig):
+    """FSL_OC: the shared split knobs and gradient clipping at 1.0 by default."""
+
+    name: Literal["splitfed_v2"] = "splitfed_v2"
+    clip_norm: Positive | None = 1.0
+
+
+@register(
+    "splitfed_v2",
+    SplitFedV2Config,
+    "SplitFed v2 (FSL_OC): one server model updated client after client, gradients returned, clipping",
+)
+class SplitFedV2(SplitLearning):
+    """FSL_OC: no aux head, one shared server model."""
+
+    uses_aux = False
+    server_copies = False
