@@ -1,7 +1,8 @@
 """Side-by-side comparison: several algorithms on one config, over several seeds, as one table.
 
-Each algorithm gets the base config with its ``algorithm`` block re-targeted: the keys its own
-config class knows are kept, the rest are dropped (and reported), and ``name`` is set. Seeds are
+Each algorithm gets the base config with its ``algorithm`` block re-targeted: of the keys the user set,
+those its own config class knows are kept and the rest dropped (and reported); every other key takes
+that algorithm's own default, and ``name`` is set. Seeds are
 ``seed, seed + 1, ...``. Results land in ``output.dir/compare-<name>/<algorithm>-s<seed>/`` next to
 ``comparison.json`` and plots of the seed-averaged curves.
 """
@@ -39,7 +40,7 @@ def retarget(config: RunConfig, name: str) -> tuple[RunConfig, list[str]]:
     if name not in known:
         raise ConfigError("--algorithms", f"unknown algorithm {name!r}; known: {', '.join(sorted(known))}")
     fields = known[name].model_fields
-    block = config.algorithm.model_dump(mode="json", exclude={"name"})
+    block = config.algorithm.model_dump(mode="json", exclude={"name"}, exclude_unset=True)
     kept = {k: v for k, v in block.items() if k in fields}
     raw = config.model_dump(mode="json")
     raw["algorithm"] = {**kept, "name": name}
