@@ -252,5 +252,5 @@ def test_compare_runs_the_family_from_one_afind_config(tmp_path):
     comparison = compare(cfg, ["gossip", "afind"], seeds=2)
     rows = {r["algorithm"]: r for r in comparison.rows}
     assert rows["afind"]["seeds"] == 2 and rows["gossip"]["final_accuracy_std"] >= 0.0
-    assert "tau" in comparison.dropped["gossip"] and "gossip" not in rows["afind"]
+    assert comparison.dropped["gossip"] == ["k0"] and "gossip" not in rows["afind"]
     assert np.isfinite(rows["afind"]["best_accuracy_mean"])
