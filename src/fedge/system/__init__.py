@@ -1,9 +1,19 @@
 """Wireless system model: channels, rates, compute, energy and the simulated clock (NumPy only)."""
 
+from fedge.system.aircomp import (
+    aircomp_cost_per_value,
+    aircomp_edge_latency,
+    aircomp_mse,
+    aircomp_receive,
+    aircomp_uplink_seconds,
+    receive_beamformer,
+)
 from fedge.system.channel import draw_distances, path_loss_db, rayleigh_power
 from fedge.system.clock import Clock
 from fedge.system.compute import compute_energy, compute_seconds, forward_flops, training_flops
 from fedge.system.model import PhaseCost, SystemModel, WirelessLink, parallel_clients
+from fedge.system.oma import complex_gaussian, db_to_linear, oma_cost_per_value, oma_edge_latency, oma_rates
+from fedge.system.partition_opt import greedy_sizes, milp_sizes, size_cap, uniform_sizes
 from fedge.system.rates import dbm_to_watt, shannon_rate
 
 __all__ = [
@@ -21,4 +31,19 @@ __all__ = [
     "parallel_clients",
     "shannon_rate",
     "training_flops",
+    "aircomp_cost_per_value",
+    "aircomp_edge_latency",
+    "aircomp_mse",
+    "aircomp_receive",
+    "aircomp_uplink_seconds",
+    "complex_gaussian",
+    "db_to_linear",
+    "greedy_sizes",
+    "milp_sizes",
+    "oma_cost_per_value",
+    "oma_edge_latency",
+    "oma_rates",
+    "receive_beamformer",
+    "size_cap",
+    "uniform_sizes",
 ]

@@ -1,0 +1,91 @@
+"""Cells of the cloud-edge-client hierarchy, and the paper's two data splits (hist.md §6.2).
+
+Clients are split evenly over ``N`` cells with contiguous ids: cell ``j`` serves clients
+``j n .. (j + 1) n - 1`` with ``n = floor(K / N)``; when ``N`` does not divide ``K`` the last
+``K mod N`` clients stay idle (the paper's code does this for 60 clients in 8 cells, §9 item 6).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from fedge.errors import ConfigError
+
+
+@dataclass(frozen=True)
+class Cells:
+    """``num_cells`` cells of ``per_cell`` clients each; the active clients are ``0 .. size - 1``."""
+
+    num_cells: int
+    per_cell: int
+
+    @classmethod
+    def even(cls, num_clients: int, num_cells: int) -> Cells:
+        """Cells over ``num_clients`` clients; raises :class:`ConfigError` with more cells than clients."""
+        if num_cells > num_clients:
+            raise ConfigError(
+                "algorithm.cells", f"{num_cells} cells but only {num_clients} clients (partition.num_clients)"
+            )
+        return cls(num_cells, num_clients // num_cells)
+
+    @property
+    def size(self) -> int:
+        """Number of active clients."""
+        return self.num_cells * self.per_cell
+
+    @property
+    def cell_of(self) -> np.ndarray:
+        """The cell of every active client."""
+        return np.repeat(np.arange(self.num_cells), self.per_cell)
+
+    def members(self, cell: int) -> np.ndarray:
+        """The clients of ``cell``."""
+        return np.arange(cell * self.per_cell, (cell + 1) * self.per_cell)
+
+    def groups(self, count: int) -> np.ndarray:
+        """The group of every cell when cells are cut in order into ``count`` equal groups."""
+        return np.arange(self.num_cells) * count // self.num_cells
+
+
+def _label_shards(
+    indices: np.ndarray, labels: np.ndarray, clients: int, per_client: int, rng
+) -> list[np.ndarray]:
+    """Sort ``indices`` by label, cut ``clients * per_client`` shards of ``floor(len / shards)`` samples and
+    give every client ``per_client`` shards drawn without replacement (leftover samples are unused)."""
+    shards = clients * per_client
+    size = len(indices) // shards
+    if size == 0:
+        raise ConfigError(
+            "algorithm.shards_per_client",
+            f"{shards} shards but only {len(indices)} samples; lower algorithm.shards_per_client",
+        )
+    shuffled = indices[rng.permutation(len(indices))]
+    ordered = shuffled[np.argsort(labels[shuffled], kind="stable")]
+    owner = rng.permutation(shards)
+    parts = []
+    for client in range(clients):
+        mine = owner[client * per_client : (client + 1) * per_client]
+        parts.append(np.sort(np.concatenate([ordered[s * size : (s + 1) * size] for s in mine])))
+    return parts
+
+
+def fully_noniid(
+    labels: np.ndarray, clients: int, per_client: int, rng: np.random.Generator
+) -> list[np.ndarray]:
+    """ "Fully non-i.i.d." (McMahan et al.'s label shards): sort all samples by label, cut ``2 K`` shards,
+    give each client 2 random shards, so a client holds one or two classes and cells see fewer classes as
+    ``N`` grows (inter-cell heterogeneity)."""
+    labels = np.asarray(labels)
+    return _label_shards(np.arange(len(labels)), labels, clients, per_client, rng)
+
+
+def cell_iid(labels: np.ndarray, cells: Cells, per_client: int, rng: np.random.Generator) -> list[np.ndarray]:
+    """ "Cell i.i.d., client non-i.i.d." (the paper code's ``mix``): a random equal split of the samples
+    over the cells, then label shards among each cell's clients; cells look alike, clients do not."""
+    labels = np.asarray(labels)
+    parts: list[np.ndarray] = []
+    for share in np.array_split(rng.permutation(len(labels)), cells.num_cells):
+        parts.extend(_label_shards(share, labels, cells.per_cell, per_client, rng))
+    return parts

@@ -1,0 +1,88 @@
+"""Config blocks of the hierarchical family: the cell hierarchy, its training schedule and its radio.
+
+Defaults follow hist.md: 2 cells, ``E = 5`` edge rounds of ``H = 20`` local SGD steps, batch 50, plain
+SGD with ``lr = 0.01`` (§9 item 8), the fully non-i.i.d. split, and the wireless values of §4.5 / §5.7.
+"""
+
+from __future__ import annotations
+
+from typing import Annotated, Literal
+
+from pydantic import Field, PositiveFloat, PositiveInt, field_validator
+
+from fedge.config import AlgorithmConfig, SGDConfig, StrictModel
+
+Split = Literal["fully_noniid", "cell_iid", "partition"]
+
+
+class RadioConfig(StrictModel):
+    """HIST's wireless system (hist.md §4.5, §5.7-5.9); only client-side delays count.
+
+    Cells are cut into ``len(snr_db)`` equal groups in order (cell j is in group ``floor(j G / N)``): the
+    paper's two groups are the first and second half of the cells. ``cpu_ghz`` holds one ``[low, high]``
+    range per group, from which every client draws its CPU frequency each global round.
+    """
+
+    bandwidth_hz: PositiveFloat = 9e6
+    snr_db: list[float] = Field(default_factory=lambda: [30.0, 40.0], min_length=1)
+    cpu_ghz: list[tuple[PositiveFloat, PositiveFloat]] = Field(
+        default_factory=lambda: [(1.0, 2.0), (2.0, 4.0)], min_length=1
+    )
+    antennas: PositiveInt = 10
+    cycles_per_step: PositiveFloat = 1e6
+    subcarrier_hz: PositiveFloat = 15e3
+    symbol_s: PositiveFloat = 1.0 / 14e3
+    noise_model: Literal["paper", "real_part"] = "paper"
+    power_normalisation: Literal["paper", "tight"] = "paper"
+    beamformer_restarts: Annotated[int, Field(ge=0)] = 4
+
+    @field_validator("cpu_ghz")
+    @classmethod
+    def _ranges(cls, value: list[tuple[float, float]]) -> list[tuple[float, float]]:
+        if any(low > high for low, high in value):
+            raise ValueError("every range must be [low, high] with low <= high")
+        return value
+
+
+class HierarchicalConfig(AlgorithmConfig):
+    """Knobs shared by HIST and HFedAvg: cells, schedule, optimizer, data split, edge aggregation, radio.
+
+    ``partition.num_clients`` is the number of clients ``K``; ``cells`` edge servers serve
+    ``floor(K / cells)`` clients each (contiguous ids), any remainder stays idle (§9 item 6). ``split``
+    picks the paper's fully non-i.i.d. shards, its cell-i.i.d. split with shards inside each cell, or
+    ``partition`` (the run's own ``partition`` block).
+    """
+
+    cells: PositiveInt = 2
+    edge_rounds: PositiveInt = 5
+    local_steps: PositiveInt = 20
+    batch_size: PositiveInt = 50
+    optimizer: SGDConfig = Field(default_factory=lambda: SGDConfig(lr=0.01))
+    split: Split = "fully_noniid"
+    shards_per_client: PositiveInt = 2
+    aggregation: Literal["oma", "aircomp"] = "oma"
+    radio: RadioConfig = Field(default_factory=RadioConfig)
+
+
+class HFedAvgConfig(HierarchicalConfig):
+    """Hierarchical FedAvg: every client trains the full model (hist.md §3.1)."""
+
+    name: Literal["hfedavg"] = "hfedavg"
+
+
+class HISTConfig(HierarchicalConfig):
+    """HIST: disjoint neuron partitions of the fully connected layers, one per cell, redrawn every round.
+
+    ``mask_sizes`` is ``uniform`` (equal neuron counts, "w/o") or ``optimised`` (latency-minimal sizes of
+    §4.3 / §5.8, "w") with at most ``size_cap`` times the uniform share per cell (19c with
+    ``eps_th = 9 delta_1^2``), found by ``solver``. ``form`` is how cells train: ``compact`` gathers each
+    cell's neurons into narrow tensors (padded to the widest cell), ``masked`` keeps full-size tensors
+    with the other cells' neurons masked to zero; both compute the same update (a test proves it), compact
+    with about ``1/N`` of the work.
+    """
+
+    name: Literal["hist"] = "hist"
+    mask_sizes: Literal["uniform", "optimised"] = "uniform"
+    size_cap: Annotated[float, Field(ge=1.0)] = 1.5
+    solver: Literal["greedy", "milp"] = "greedy"
+    form: Literal["compact", "masked"] = "compact"

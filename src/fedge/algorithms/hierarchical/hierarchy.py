@@ -1,0 +1,270 @@
+"""One global round of cloud-edge-client training, shared by HIST and HFedAvg (hist.md §2, Algorithm 1).
+
+The cloud cuts a submodel per cell (HFedAvg: the whole model), every cell runs ``E`` edge rounds -- its
+clients train ``H`` local SGD steps from the edge model, the edge server averages them (OMA) or receives
+their noisy over-the-air mean (AirComp) -- and the cloud merges the cells' submodels. All clients of all
+cells train together in one executor call per edge round.
+
+Ledger per global round: ``submodel_down`` (cloud to each edge), per edge round ``model_down`` (edge to
+each client) and ``model_up`` (OMA) or ``update_up_analog`` (AirComp: analog symbols, counted as fp32
+values so that the per-client uplink is comparable), and ``submodel_up`` (edge to cloud). Simulated
+latency per global round follows §4.2 (OMA) or §5.7 (AirComp); the paper models no energy.
+"""
+
+from __future__ import annotations
+
+import copy
+from typing import Any, ClassVar
+
+import numpy as np
+import torch
+
+from fedge.algorithms.base import Algorithm, Context
+from fedge.algorithms.hierarchical.cells import Cells, cell_iid, fully_noniid
+from fedge.algorithms.hierarchical.config import HierarchicalConfig
+from fedge.algorithms.hierarchical.cost import BITS_PER_MB
+from fedge.algorithms.hierarchical.masks import check_cells, partition_layout
+from fedge.algorithms.hierarchical.radio import CellRadio
+from fedge.algorithms.hierarchical.submodel import CellViews, Tensors
+from fedge.algorithms.hierarchical.training import local_steps_plan, masked_step
+from fedge.comm import client_node, get_codec
+from fedge.data.federated import FederatedData
+from fedge.engine import (
+    SGD,
+    ClientBank,
+    buffers_of,
+    classification_loss,
+    evaluate_model,
+    make_step,
+    parameters_of,
+)
+from fedge.rng import derive_seed, numpy_rng, torch_rng
+from fedge.system.aircomp import aircomp_edge_latency
+from fedge.system.oma import global_round_latency, oma_edge_latency
+
+
+def _cell_mean(stacked: Tensors, cells: Cells) -> Tensors:
+    """Per-cell mean over the (contiguous, equally many) clients of each cell; integers take the max."""
+    out = {}
+    for name, t in stacked.items():
+        grouped = t.reshape(cells.num_cells, cells.per_cell, *t.shape[1:])
+        out[name] = grouped.mean(dim=1) if t.is_floating_point() else grouped.max(dim=1).values
+    return out
+
+
+def _payload(views: CellViews, cell: int, rows: slice, params: Tensors, buffers: Tensors) -> Tensors:
+    """What the holders in ``rows`` (stacked) of cell ``cell``'s submodel send: the values the submodel
+    really holds and the floating buffers (BatchNorm statistics); integer counters are not sent."""
+    sent = {
+        **{k: v[rows] for k, v in params.items()},
+        **{k: v[rows] for k, v in buffers.items() if v.is_floating_point()},
+    }
+    return views.real(cell, sent)
+
+
+def split_data(ctx: Context, cfg: HierarchicalConfig, cells: Cells) -> FederatedData:
+    """The run's data with the training samples of the active clients split as ``cfg.split`` says."""
+    labels = ctx.data.y_train.cpu().numpy()
+    rng = numpy_rng(ctx.seed, "hist-split")
+    if cfg.split == "fully_noniid":
+        parts = fully_noniid(labels, cells.size, cfg.shards_per_client, rng)
+    elif cfg.split == "cell_iid":
+        parts = cell_iid(labels, cells, cfg.shards_per_client, rng)
+    else:
+        parts = ctx.data.client_train[: cells.size]
+    view = copy.copy(ctx.data)  # shares the dataset tensors
+    view.client_train = [np.asarray(p, dtype=np.int64) for p in parts]
+    view.client_test = ctx.data.client_test[: cells.size]
+    return view
+
+
+class HierarchicalFL(Algorithm):
+    """Cloud, ``N`` edge servers and their clients; subclasses say whether the FC layers are partitioned."""
+
+    partitioned: ClassVar[bool] = False
+
+    def __init__(self, ctx: Context, cfg: HierarchicalConfig):
+        super().__init__(ctx, cfg)
+        self.model = ctx.build_model().to(ctx.device)
+        self.params = parameters_of(self.model)
+        self.buffers = buffers_of(self.model)
+        self.layout = partition_layout(self.model) if self.partitioned else ()
+        self.cells = Cells.even(ctx.data.num_clients, cfg.cells)
+        check_cells(self.layout, cfg.cells)
+        self.data = split_data(ctx, cfg, self.cells)
+        self.radio = CellRadio(cfg.radio, self.cells, ctx.seed)
+        opt = cfg.optimizer
+        self.sgd = SGD(momentum=opt.momentum, weight_decay=opt.weight_decay)
+        self.step = masked_step(make_step(classification_loss(self.model), self.sgd), self.layout)
+        self.codec = get_codec("fp32")
+        self.model_values = sum(p.numel() for p in self.params.values())
+        self.cell_of = torch.as_tensor(self.cells.cell_of, device=ctx.device)
+        self.nodes = [client_node(c) for c in range(self.cells.size)]
+        self.client_up_bits = np.zeros(self.cells.size, dtype=np.int64)
+
+    def mask_sizes(self, round_: int, cpu_hz: np.ndarray, rates_bps: np.ndarray | None) -> np.ndarray:
+        """Neurons per cell of the first partitioned layer in ``round_`` (nothing to size here)."""
+        return np.zeros(0, dtype=np.int64)
+
+    def views(self, round_: int, sizes: np.ndarray) -> CellViews:
+        """The cells' submodels in ``round_``: here the whole model for every cell."""
+        return CellViews.build((), [], self.cells.num_cells, "compact", self.ctx.device)
+
+    def _cell_bits(self, views: CellViews, cell_params: Tensors, cell_buffers: Tensors) -> np.ndarray:
+        """Bits of each cell's submodel as the codec sends it (real values only)."""
+        bits = np.zeros(self.cells.num_cells, dtype=np.int64)
+        for j in range(self.cells.num_cells):
+            payload = _payload(views, j, slice(j, j + 1), cell_params, cell_buffers)
+            bits[j] = self.codec.transmit(payload, stacked=True).bits[0]
+        return bits
+
+    def run_round(self, t: int) -> dict[str, Any]:
+        ctx, cfg, cells = self.ctx, self.cfg, self.cells
+        cpu = self.radio.cpu_hz(t)
+        rates = self.radio.oma_rates(t) if cfg.aggregation == "oma" else None
+        sizes = self.mask_sizes(t, cpu, rates)
+        views = self.views(t, sizes)
+        cell_params, cell_buffers = views.gather(self.params), views.gather(self.buffers)
+        cell_bits = self._cell_bits(views, cell_params, cell_buffers)
+        edges = [f"edge:{j}" for j in range(cells.num_cells)]
+        ctx.ledger.record(t, "cloud", edges, "submodel_down", cell_bits)
+        losses, mses = [], []
+        for e in range(cfg.edge_rounds):
+            cell_params, cell_buffers, loss, mse = self._edge_round(
+                t, e, views, cell_params, cell_buffers, cell_bits
+            )
+            losses.append(loss)
+            mses.extend(mse)
+        ctx.ledger.record(t, edges, "cloud", "submodel_up", self._cell_bits(views, cell_params, cell_buffers))
+        self.params, self.buffers = views.merge(cell_params), views.merge(cell_buffers)
+        latency = self._latency(views.values(self.params), cpu, rates, cell_bits)
+        ctx.system.clock.advance(latency)
+        self._storage(cell_bits)
+        up_mb = self.client_up_bits / BITS_PER_MB
+        metrics: dict[str, Any] = {
+            "train_loss": float(torch.stack(losses).double().mean()),
+            "latency_s": latency,
+            "client_up_mb": float(up_mb.mean()),
+            "client_up_mb_max": float(up_mb.max()),
+        }
+        if self.layout:
+            metrics["mask_sizes"] = [int(s) for s in sizes]
+        if mses:
+            metrics["aircomp_mse"] = float(np.mean(mses))
+        return metrics
+
+    def _edge_round(
+        self,
+        t: int,
+        e: int,
+        views: CellViews,
+        cell_params: Tensors,
+        cell_buffers: Tensors,
+        cell_bits: np.ndarray,
+    ) -> tuple[Tensors, Tensors, torch.Tensor, list[float]]:
+        """Edge round ``e`` of global round ``t`` in every cell: broadcast, local steps, edge aggregation."""
+        ctx, cfg, cells = self.ctx, self.cfg, self.cells
+        params = {k: v[self.cell_of] for k, v in cell_params.items()}
+        buffers = {k: v[self.cell_of] for k, v in cell_buffers.items()}
+        opt_state = {**self.sgd.init(params), **views.client_valid(self.cell_of)}
+        bank = ClientBank(tuple(range(cells.size)), params, buffers, opt_state)
+        ctx.ledger.record(
+            t, [f"edge:{j}" for j in cells.cell_of], self.nodes, "model_down", cell_bits[cells.cell_of]
+        )
+        plan = local_steps_plan(self.data, bank.clients, t, e, cfg.local_steps, cfg.batch_size)
+        torch.manual_seed(derive_seed(ctx.seed, "train-noise", t, e))
+        self.model.train()
+        loss = ctx.executor.train(self.step, bank, plan, self.data, cfg.optimizer.lr)
+        kind = "model_up" if cfg.aggregation == "oma" else "update_up_analog"
+        for j in range(cells.num_cells):
+            rows = slice(j * cells.per_cell, (j + 1) * cells.per_cell)
+            up = self.codec.transmit(_payload(views, j, rows, bank.params, bank.buffers), stacked=True)
+            ctx.ledger.record(t, self.nodes[rows], f"edge:{j}", kind, up.bits)
+            self.client_up_bits[rows] += up.bits
+        new_params, new_buffers = _cell_mean(bank.params, cells), _cell_mean(bank.buffers, cells)
+        mses = self._over_the_air(t, e, views, new_params) if cfg.aggregation == "aircomp" else []
+        return new_params, new_buffers, loss.mean(), mses
+
+    def _over_the_air(self, t: int, e: int, views: CellViews, cell_params: Tensors) -> list[float]:
+        """Turn each cell's exact client mean into its AirComp estimate (Eq. 26-27), in place.
+
+        The edge model is ``x_j - gamma (mean_i delta_i + Z_j)`` = client mean ``- gamma Z_j``, ``Z_j`` i.i.d.
+        real Gaussian on the values the cell holds with the Eq. 25 MSE as variance (``noise_model="paper"``,
+        §9 item 15) or half of it (``"real_part"``). Noise is drawn per coordinate of the full model and cut
+        like the submodel, so both forms see the same noise. Returns each cell's per-element MSE.
+        """
+        radio, lr = self.cfg.radio, self.cfg.optimizer.lr
+        mses = []
+        for j in range(self.cells.num_cells):
+            mse = self.radio.aircomp_mse(t, e, j)
+            std = float(np.sqrt(mse / 2 if radio.noise_model == "real_part" else mse))
+            gen = torch_rng(self.ctx.seed, "hist-aircomp-noise", t, e, j, device=self.ctx.device)
+            for name, value in cell_params.items():
+                full = self.params[name]
+                noise = torch.randn(full.shape, generator=gen, device=full.device, dtype=full.dtype)
+                value[j] -= lr * std * views.cut(name, noise, j)
+            mses.append(mse)
+        return mses
+
+    def _latency(
+        self, values: np.ndarray, cpu: np.ndarray, rates: np.ndarray | None, cell_bits: np.ndarray
+    ) -> float:
+        """Simulated seconds of the global round: ``E`` edge rounds of the slowest cell (Eq. 17-18, 35)."""
+        cfg, radio = self.cfg, self.cfg.radio
+        per_cell = []
+        for j in range(self.cells.num_cells):
+            members = self.cells.members(j)
+            fraction = values[j] / self.model_values
+            if rates is not None:
+                per_cell.append(
+                    oma_edge_latency(
+                        cfg.local_steps,
+                        fraction,
+                        radio.cycles_per_step,
+                        cpu[members],
+                        cell_bits[j],
+                        rates[members],
+                    )
+                )
+            else:
+                per_cell.append(
+                    aircomp_edge_latency(
+                        cfg.local_steps,
+                        fraction,
+                        radio.cycles_per_step,
+                        cpu[members],
+                        values[j],
+                        radio.bandwidth_hz,
+                        radio.subcarrier_hz,
+                        radio.symbol_s,
+                    )
+                )
+        return global_round_latency(np.array(per_cell), cfg.edge_rounds)
+
+    def _storage(self, cell_bits: np.ndarray) -> None:
+        """What each node holds: the cloud the full model, each edge server and client its submodel."""
+        ledger = self.ctx.ledger
+        floating = [*self.params.values(), *(b for b in self.buffers.values() if b.is_floating_point())]
+        ledger.set_storage("cloud", "model", 32 * sum(t.numel() for t in floating))
+        for j, bits in enumerate(cell_bits):
+            ledger.set_storage(f"edge:{j}", "submodel", int(bits))
+            for c in self.cells.members(j):
+                ledger.set_storage(self.nodes[c], "model", int(bits))
+
+    def evaluate(self) -> dict[str, float]:
+        return evaluate_model(
+            self.model,
+            self.params,
+            self.buffers,
+            self.data.x_test,
+            self.data.y_test,
+            self.ctx.config.eval.batch_size,
+        )
+
+    def state_dict(self) -> dict[str, Any]:
+        return {"params": self.params, "buffers": self.buffers, "client_up_bits": self.client_up_bits.copy()}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        self.params = {k: v.to(self.ctx.device) for k, v in state["params"].items()}
+        self.buffers = {k: v.to(self.ctx.device) for k, v in state["buffers"].items()}
+        self.client_up_bits = np.asarray(state["client_up_bits"], dtype=np.int64).copy()

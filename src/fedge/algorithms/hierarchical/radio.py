@@ -1,0 +1,53 @@
+"""The random state of HIST's wireless system in a run: CPU frequencies, channels and beamformers.
+
+Redraws follow hist.md §9 item 10: CPU frequencies and OMA channels per client per global round, AirComp
+channels (and so beamformers) per cell per edge round. Every draw has its own named stream of the run
+seed, so a round's radio does not depend on what was drawn before it.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from fedge.algorithms.hierarchical.cells import Cells
+from fedge.algorithms.hierarchical.config import RadioConfig
+from fedge.rng import numpy_rng
+from fedge.system.aircomp import aircomp_mse, min_gain, receive_beamformer
+from fedge.system.oma import complex_gaussian, db_to_linear, oma_rates
+
+
+class CellRadio:
+    """Per-cell SNRs and CPU ranges, and the per-round draws of a run's clients."""
+
+    def __init__(self, cfg: RadioConfig, cells: Cells, seed: int):
+        self.cfg = cfg
+        self.cells = cells
+        self.seed = seed
+        self.snr = db_to_linear(cfg.snr_db)[cells.groups(len(cfg.snr_db))]  # per cell, linear
+        ranges = np.asarray(cfg.cpu_ghz, dtype=np.float64)[cells.groups(len(cfg.cpu_ghz))]
+        self.cpu_range_hz = 1e9 * ranges[cells.cell_of]  # per active client, [low, high]
+
+    def cpu_hz(self, round_: int) -> np.ndarray:
+        """Every active client's CPU frequency in global round ``round_``: uniform on its cell's range."""
+        rng = numpy_rng(self.seed, "hist-cpu", round_)
+        low, high = self.cpu_range_hz[:, 0], self.cpu_range_hz[:, 1]
+        return low + (high - low) * rng.random(len(low))
+
+    def oma_rates(self, round_: int) -> np.ndarray:
+        """Every active client's OMA uplink rate (bit/s) in ``round_``, from ``h ~ CN(0, I_M)``."""
+        channels = complex_gaussian(
+            numpy_rng(self.seed, "hist-oma-channel", round_), (self.cells.size, self.cfg.antennas)
+        )
+        return oma_rates(self.cfg.bandwidth_hz, self.snr[self.cells.cell_of], channels)
+
+    def aircomp_mse(self, round_: int, edge_round: int, cell: int) -> float:
+        """Per-element MSE of cell ``cell``'s AirComp aggregation in edge round ``(round_, edge_round)``:
+        fresh channels of its clients, the optimised receive beamformer, then Eq. 25."""
+        channels = complex_gaussian(
+            numpy_rng(self.seed, "hist-aircomp-channel", round_, edge_round, cell),
+            (self.cells.per_cell, self.cfg.antennas),
+        )
+        rng = numpy_rng(self.seed, "hist-beamformer", round_, edge_round, cell)
+        beamformer = receive_beamformer(channels, rng, restarts=self.cfg.beamformer_restarts)
+        gain = float(min_gain(beamformer, channels))
+        return aircomp_mse(float(self.snr[cell]), gain, self.cells.per_cell, self.cfg.power_normalisation)
