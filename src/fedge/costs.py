@@ -170,6 +170,24 @@ PAPER_SETUPS: dict[str, dict[str, Any]] = {
 }
 
 
+PRINTED_TABLE_V: dict[tuple[str, str, int], tuple[float, float]] = {
+    # (dataset, method, h): (load GiB, server storage M params) as printed in cse-fsl Table V
+    ("cifar10", "splitfed_v1", 1): (172.46, 5.34),
+    ("cifar10", "splitfed_v2", 1): (172.46, 1.50),
+    ("cifar10", "fsl_an", 1): (86.80, 5.46),
+    ("cifar10", "cse_fsl", 5): (18.14, 1.61),
+    ("cifar10", "cse_fsl", 10): (9.55, 1.61),
+    ("cifar10", "cse_fsl", 25): (4.40, 1.61),
+    ("cifar10", "cse_fsl", 50): (2.69, 1.61),
+    ("femnist", "splitfed_v1", 1): (36.23, 6.03),
+    ("femnist", "splitfed_v2", 1): (36.23, 1.28),
+    ("femnist", "fsl_an", 1): (28.16, 8.89),
+    ("femnist", "cse_fsl", 2): (19.58, 4.14),
+    ("femnist", "cse_fsl", 4): (15.29, 4.14),
+    ("femnist", "cse_fsl", 5): (14.43, 4.14),
+}
+
+
 def table_v() -> list[dict[str, Any]]:
     """Load (GiB) and server storage (M params) of every Table V row, computed from :data:`PAPER_SETUPS`."""
     rows = []
