@@ -1,10 +1,18 @@
 """Split-learning family: SplitFed v1/v2 (FSL_MC/FSL_OC), FSL_AN and CSE-FSL (one module per algorithm).
 
 The round itself lives once in :mod:`~fedge.algorithms.split.protocol`; each algorithm module declares
-its config and whether it has an aux head and server copies.
+its config and whether it has an aux head and server copies. Lightweight FedSL (``light_fedsl``) and
+its baseline ``fedsl`` step every client one batch per round (:mod:`~fedge.algorithms.split.light_fedsl`).
 """
 
-from fedge.algorithms.split import cse_fsl, fsl_an, splitfed_v1, splitfed_v2  # noqa: F401  (registration)
+from fedge.algorithms.split import (  # noqa: F401  (registration)
+    cse_fsl,
+    fedsl,
+    fsl_an,
+    light_fedsl,
+    splitfed_v1,
+    splitfed_v2,
+)
 from fedge.algorithms.split.protocol import SplitLearning
 
 __all__ = ["SplitLearning"]

@@ -1,0 +1,284 @@
+"""Small-scale versions of lightweight FedSL's figures (light-fedsl.md §10 R2-R6, R8) on digits.
+
+Every run is ``light-fedsl-digits.yaml`` (mini-VGG-13-BN at width 1/4, 5 iid clients, b = 32, eta = 0.05,
+T = 300 one-step rounds) with the overrides of its group, over several seeds:
+
+- ``fig2b`` quantization (rho_f = 0, p = 0, I = 1, cut 4): q = 4, 8 and full precision (the baseline);
+- ``fig2a`` pruning (q full, p = 0, I = 1, cut 4): rho_f = 0 (the baseline), 0.35, 0.7;
+- ``fig3a`` aggregation interval (rho_f = 0.35, q = 8, p = 0.3, cut 4): I = 1, 5, 10, and the same on a
+  Dirichlet(0.3) label-skewed split (``fig3a_dirichlet``, the spec's R5 fallback: iid hides the effect);
+- ``fig3bd`` dropout at three cuts (rho_f = 0.35, q = 8, I = 5): p = 0, 0.3, 0.7 at cuts 2, 4, 6 (standing
+  in for VGG-19's 4, 8, 12), with the per-round cut latency (the spec's Fig. 4 metric).
+
+The traditional-FedSL baseline (``fedsl``, cut 4) is drawn in every figure. Writes, under ``--out``:
+``runs/`` (one run directory per configuration and seed; existing finished runs are reused, so an
+interrupted sweep continues), ``results.json``, ``table.md`` and ``plots/<group>_accuracy_vs_time.png``,
+``plots/<group>_accuracy_vs_round.png`` and ``plots/fig4_latency_vs_dropout.png`` (measured mini-VGG
+latency next to the analytic VGG-19 curve of §4.3).
+
+``--compare-check`` instead runs ``fedge compare`` for every algorithm family on the same config (a few
+rounds) and checks that simulated seconds and joules appear in each run's ``metrics.jsonl``, its summary
+and ``comparison.json``.
+
+Usage: ``python examples/light_fedsl_experiments.py [--seeds 3] [--rounds 300] [--out DIR]``
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+from pathlib import Path
+from typing import Any
+
+import matplotlib
+
+matplotlib.use("Agg")
+import matplotlib.pyplot as plt  # noqa: E402
+import numpy as np  # noqa: E402
+import torch  # noqa: E402
+
+import fedge  # noqa: E402
+from fedge.algorithms.split.light_fedsl import cut_latency  # noqa: E402
+from fedge.compare import compare  # noqa: E402
+from fedge.config import SystemConfig, load_raw  # noqa: E402
+from fedge.models import build_model, output_shape, split  # noqa: E402
+from fedge.system import SystemModel  # noqa: E402
+
+BASE = Path(__file__).with_name("light-fedsl-digits.yaml")
+OFF = {"final_sparsity": 0.0, "quant_bits": None, "cut_dropout": 0.0, "agg_interval": 1}
+PROPOSED = {"final_sparsity": 0.35, "quant_bits": 8, "cut_dropout": 0.3, "agg_interval": 5}
+BASELINE = ("FedSL (baseline)", {"name": "fedsl"}, 4)
+GROUPS: dict[str, list[tuple[str, dict[str, Any], int]]] = {
+    "fig2b": [
+        BASELINE,
+        ("q=8", {**OFF, "quant_bits": 8}, 4),
+        ("q=4", {**OFF, "quant_bits": 4}, 4),
+    ],
+    "fig2a": [
+        BASELINE,
+        ("rho_f=0.35", {**OFF, "final_sparsity": 0.35}, 4),
+        ("rho_f=0.7", {**OFF, "final_sparsity": 0.7}, 4),
+    ],
+    "fig3a": [BASELINE] + [(f"I={i}", {**PROPOSED, "agg_interval": i}, 4) for i in (1, 5, 10)],
+    "fig3bd": [BASELINE]
+    + [(f"cut={c} p={p}", {**PROPOSED, "cut_dropout": p}, c) for c in (2, 4, 6) for p in (0.0, 0.3, 0.7)],
+}
+# Groups on other data than the base config's iid split (R5: the spec's fallback when iid hides the I effect).
+GROUPS["fig3a_dirichlet"] = GROUPS["fig3a"]
+PARTITIONS = {"fig3a_dirichlet": {"kind": "dirichlet", "alpha": 0.3, "min_size": 40}}
+COMPARED = (
+    "fedavg",
+    "centralized",
+    "splitfed_v1",
+    "splitfed_v2",
+    "fsl_an",
+    "cse_fsl",
+    "fedsl",
+    "light_fedsl",
+)
+
+
+def slug(label: str, algorithm: dict[str, Any], cut: int) -> str:
+    """A run-directory name for one configuration."""
+    if algorithm.get("name") == "fedsl":
+        return f"fedsl-cut{cut}"
+    keys = ("final_sparsity", "quant_bits", "cut_dropout", "agg_interval")
+    rho, q, p, interval = (algorithm[k] for k in keys)
+    return f"light-cut{cut}-rho{rho}-q{q or 'full'}-p{p}-I{interval}"
+
+
+def run_config(
+    algorithm: dict[str, Any], cut: int, seed: int, rounds: int, out: Path, name: str, partition: dict | None
+) -> list[dict]:
+    """Metric rows of one configuration and seed (read back when the run already finished)."""
+    run_dir = out / "runs" / f"{name}-s{seed}"
+    if (run_dir / "summary.json").is_file():
+        return [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+    raw = load_raw(BASE)
+    raw["algorithm"] = {k: v for k, v in raw["algorithm"].items() if k not in PROPOSED} | algorithm
+    raw["model"]["cut"] = cut
+    raw["partition"] |= partition or {}
+    raw.update(
+        seed=seed, rounds=rounds, output={"dir": str(out / "runs"), "name": f"{name}-s{seed}", "plots": False}
+    )
+    raw["eval"] = {"every": max(1, rounds // 50)}
+    result = fedge.run(raw)
+    print(f"{name} seed {seed}: {100 * result.summary['final_accuracy']:.2f} %", flush=True)
+    return result.metrics
+
+
+def first_round(rows: list[dict], level: float) -> float:
+    """First evaluated round with accuracy >= ``level`` (NaN if never)."""
+    return next((r["round"] for r in rows if r["accuracy"] >= level), float("nan"))
+
+
+def fluctuation(rows: list[dict]) -> float:
+    """Std of the round-to-round accuracy change over the second half of the run (R4's noisiness)."""
+    acc = np.array([r["accuracy"] for r in rows[len(rows) // 2 :]])
+    return float(np.diff(acc).std())
+
+
+def summarize(runs: list[list[dict]]) -> dict[str, float]:
+    """Seed statistics of one configuration."""
+
+    def stat(values: list[float]) -> tuple[float, float]:
+        return statistics.fmean(values), statistics.stdev(values) if len(values) > 1 else 0.0
+
+    last = [rows[-1] for rows in runs]
+    final_mean, final_std = stat([r["accuracy"] for r in last])
+    tail_mean, tail_std = stat([statistics.fmean(x["accuracy"] for x in rows[-5:]) for rows in runs])
+    rounds = last[0]["round"]
+    return {
+        "final_accuracy": final_mean,
+        "final_accuracy_std": final_std,
+        "tail5_accuracy": tail_mean,
+        "tail5_accuracy_std": tail_std,
+        "best_accuracy": statistics.fmean(max(x["accuracy"] for x in rows) for rows in runs),
+        "round_to_95": statistics.fmean(first_round(rows, 0.95) for rows in runs),
+        "fluctuation": statistics.fmean(fluctuation(rows) for rows in runs),
+        "sim_seconds": statistics.fmean(r["sim_seconds"] for r in last),
+        "sim_joules": statistics.fmean(r["sim_joules"] for r in last),
+        "cut_latency_ms": 1e3 * statistics.fmean(r["comm_seconds_total"] for r in last) / rounds,
+        "agg_seconds": statistics.fmean(r["agg_seconds_total"] for r in last),
+        "mb_total": statistics.fmean(r["mb_total"] for r in last),
+        "client_sparsity": statistics.fmean(r["sparsity"] for r in last),
+    }
+
+
+def mean_curve(runs: list[list[dict]]) -> list[dict[str, float]]:
+    """Seed-averaged accuracy, round and simulated time per evaluation."""
+    keys = ("round", "accuracy", "sim_seconds")
+    return [{k: statistics.fmean(rows[i][k] for rows in runs) for k in keys} for i in range(len(runs[0]))]
+
+
+def plot_group(name: str, curves: list[tuple[str, list[dict]]], out: Path) -> None:
+    for key, xlabel in (("sim_seconds", "simulated time (s)"), ("round", "round")):
+        figure, axis = plt.subplots(figsize=(6.4, 4.2))
+        for label, rows in curves:
+            axis.plot([r[key] for r in rows], [100 * r["accuracy"] for r in rows], label=label, lw=1.2)
+        axis.set_xlabel(xlabel)
+        axis.set_ylabel("test accuracy (%), mean of seeds")
+        axis.set_ylim(80, 100)
+        axis.grid(alpha=0.3)
+        axis.legend(fontsize=7)
+        axis.set_title(f"{name}: lightweight FedSL on digits (mini-VGG)")
+        suffix = "time" if key == "sim_seconds" else "round"
+        figure.savefig(out / f"{name}_accuracy_vs_{suffix}.png", dpi=110, bbox_inches="tight")
+        plt.close(figure)
+
+
+def vgg19_smashed(cut: int) -> int:
+    """Smashed values per sample of CIFAR VGG-19-BN cut after ``cut`` convs (meta device: no compute)."""
+    with torch.device("meta"):
+        trunk, _ = split(build_model("vgg", (3, 32, 32), 10), cut)
+    return int(np.prod(output_shape(trunk, (3, 32, 32))))
+
+
+def plot_latency(table: dict[str, dict], out: Path) -> dict[str, list[float]]:
+    """Measured mini-VGG cut latency per round against p, and the analytic VGG-19 curves (R8)."""
+    ps = (0.0, 0.3, 0.7)
+    system = SystemModel(SystemConfig(distances="linspace"), 5, seed=0)
+    analytic = {c: [cut_latency(system, 1, 64, vgg19_smashed(c), p) for p in ps] for c in (4, 8, 12)}
+    figure, (left, right) = plt.subplots(1, 2, figsize=(10, 3.8))
+    for cut in (2, 4, 6):
+        left.plot(
+            ps, [table[f"cut={cut} p={p}"]["cut_latency_ms"] for p in ps], marker="o", label=f"cut {cut}"
+        )
+    for cut, values in analytic.items():
+        right.plot(ps, values, marker="o", label=f"Lc = {cut}")
+    left.set_title("mini-VGG on digits, b = 32 (measured)")
+    right.set_title("VGG-19-BN on CIFAR, b = 64, 300 m (analytic)")
+    left.set_ylabel("cut latency per round (ms)")
+    right.set_ylabel("cut latency per round (s)")
+    for axis in (left, right):
+        axis.set_xlabel("dropout p")
+        axis.grid(alpha=0.3)
+        axis.legend(fontsize=8)
+    figure.savefig(out / "fig4_latency_vs_dropout.png", dpi=110, bbox_inches="tight")
+    plt.close(figure)
+    return {f"Lc={c}": v for c, v in analytic.items()}
+
+
+def markdown(groups: dict[str, dict[str, dict]]) -> str:
+    header = (
+        "| group | configuration | final acc. % | mean of last 5 evals % | best % | round to 95 % | "
+        "fluctuation (pp) | sim. s | cut latency ms/round | T_agg total s | MB | client sparsity |\n"
+        "|---|---|---|---|---|---|---|---|---|---|---|---|\n"
+    )
+    lines = []
+    for group, table in groups.items():
+        for label, s in table.items():
+            lines.append(
+                f"| {group} | {label} | "
+                f"{100 * s['final_accuracy']:.2f} ± {100 * s['final_accuracy_std']:.2f} | "
+                f"{100 * s['tail5_accuracy']:.2f} ± {100 * s['tail5_accuracy_std']:.2f} | "
+                f"{100 * s['best_accuracy']:.2f} | {s['round_to_95']:.0f} | {100 * s['fluctuation']:.2f} | "
+                f"{s['sim_seconds']:.2f} | {s['cut_latency_ms']:.3f} | {s['agg_seconds']:.3f} | "
+                f"{s['mb_total']:.1f} | {s['client_sparsity']:.3f} |"
+            )
+    return header + "\n".join(lines) + "\n"
+
+
+def sweep(seeds: int, rounds: int, out: Path) -> None:
+    (out / "plots").mkdir(parents=True, exist_ok=True)
+    cache: dict[str, list[list[dict]]] = {}
+    groups: dict[str, dict[str, dict]] = {}
+    for group, configs in GROUPS.items():
+        curves, table = [], {}
+        partition = PARTITIONS.get(group)
+        for label, algorithm, cut in configs:
+            name = slug(label, algorithm, cut) + (f"-dirichlet{partition['alpha']}" if partition else "")
+            if name not in cache:
+                cache[name] = [
+                    run_config(algorithm, cut, s, rounds, out, name, partition) for s in range(seeds)
+                ]
+            table[label] = summarize(cache[name])
+            curves.append((label, mean_curve(cache[name])))
+        groups[group] = table
+        plot_group(group, curves, out / "plots")
+    analytic = plot_latency(groups["fig3bd"], out / "plots")
+    results = {"seeds": seeds, "rounds": rounds, "groups": groups, "fig4_vgg19_analytic_s": analytic}
+    (out / "results.json").write_text(json.dumps(results, indent=1))
+    (out / "table.md").write_text(markdown(groups))
+    print(markdown(groups))
+
+
+def compare_check(rounds: int, out: Path) -> None:
+    """Every algorithm family under ``fedge compare``: simulated time and energy in all three places."""
+    raw = load_raw(BASE)
+    raw.update(rounds=rounds, output={"dir": str(out), "name": "check", "plots": False}, eval={"every": 1})
+    outcome = compare(fedge.resolve_config(raw), list(COMPARED), seeds=1)
+    saved = json.loads((outcome.out_dir / "comparison.json").read_text())
+    report = {}
+    for row in saved["rows"]:
+        result = outcome.runs[row["algorithm"]][0]
+        last = json.loads((result.run_dir / "metrics.jsonl").read_text().splitlines()[-1])
+        summary = json.loads((result.run_dir / "summary.json").read_text())
+        figures = (last["sim_seconds"], summary["sim_seconds"], row["sim_seconds_mean"])
+        energy = (last["sim_joules"], summary["sim_joules"], row["sim_joules_mean"])
+        assert len(set(figures)) == 1 and figures[0] > 0 and len(set(energy)) == 1 and energy[0] > 0
+        report[row["algorithm"]] = {"sim_seconds": figures[0], "sim_joules": energy[0]}
+        print(
+            f"{row['algorithm']:12s} sim {figures[0]:10.4f} s  {energy[0]:.4g} J"
+            "  (metrics.jsonl = summary.json = comparison.json)"
+        )
+    (outcome.out_dir / "sim-check.json").write_text(json.dumps(report, indent=1))
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--seeds", type=int, default=3)
+    parser.add_argument("--rounds", type=int, default=300)
+    parser.add_argument("--out", type=Path, default=Path("runs/light-fedsl-experiments"))
+    parser.add_argument("--compare-check", action="store_true", help="only the simulated-time check")
+    args = parser.parse_args()
+    torch.set_num_threads(1)
+    if args.compare_check:
+        compare_check(3, args.out)
+    else:
+        sweep(args.seeds, args.rounds, args.out)
+
+
+if __name__ == "__main__":
+    main()

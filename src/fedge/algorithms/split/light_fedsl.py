@@ -1,0 +1,457 @@
+"""Lightweight FedSL (Zhang, Ni, Wang; light-fedsl.md §3 with the §9 decisions): federated split learning
+with client-side pruning, quantized client gradients and activation dropout at the cut.
+
+A round is one mini-batch step of every client (Algorithm 1, §9 item 3):
+
+1. each client runs its trunk on its next mini-batch, drops cut-layer entries with probability ``p``
+   (inverted dropout, mask from the seed-shared stream ``(seed, "cut-dropout", t, k)``) and sends the
+   kept entries and its labels (``smashed_up``, ``labels_up``; labels at 32 bits, §9 item 19);
+2. the server runs its part on every client's batch at the same ``w_s``, returns the cut-layer gradient
+   of the kept entries (``grad_down``) and takes one step with the mean of the K server gradients
+   (Eq. 7, computed as Eq. 6: K server copies stepped in parallel and averaged, BatchNorm statistics
+   too, so server BatchNorm never mixes clients, §3.4);
+3. each client back-propagates, prunes when its sparsity is below the cubic target ``rho_t`` (Eq. 10):
+   the ``round(rho_t N)`` weights of least ``|w * g|``, ranked over all conv/linear weights of the
+   trunk; the mask persists and masks every later gradient; the masked gradient is stochastically
+   quantized to ``q`` bits over the whole flattened client gradient (stream
+   ``(seed, "client-quantizer", t, k)``) and applied with plain SGD (Eq. 13);
+4. every ``I`` rounds the clients upload their trunks (``model_up``), the server averages them
+   uniformly with their BatchNorm buffers (Eq. 14) and broadcasts the mean (``model_down``); masks reset.
+
+Evaluation uses the virtual average of the client trunks with the server model (§3.9). Clients start
+from the same initial trunk and no transfer is counted for it (the paper's initialisation).
+
+Simulated time (§4.3): per client, forward + backward on its CPU (FLOPs scaled by ``1 - sparsity``, the
+spec's §4.4 completion), smashed data and labels up, its server copy's compute, the gradient down;
+clients in parallel (the slowest sets the pace). Aggregation rounds add ``max_k`` model upload + ``max_k``
+broadcast (``T_agg``). Round metrics report the spec's Fig. 4 metric (smashed data up + gradient down of
+the slowest client, ``latency_comm_s``) apart from the aggregation latency (``latency_agg_s``).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Annotated, Any, Literal
+
+import numpy as np
+import torch
+from pydantic import Field, PositiveInt
+
+from fedge.algorithms.base import Algorithm, Context, register
+from fedge.algorithms.fedavg import state_bits
+from fedge.algorithms.split.latency import count_flops
+from fedge.algorithms.split.parts import build_parts, composed, initial_state
+from fedge.algorithms.split.pruning import importance_mask, prunable_names, sparsity, sparsity_target
+from fedge.comm import apply_dropout, client_node, dropout_mask, get_codec
+from fedge.comm.quantize import quantize_dict
+from fedge.config import AlgorithmConfig, SGDConfig
+from fedge.data.federated import BatchPlan, FederatedData
+from fedge.engine import SGD, evaluate_model, stack_copies, weighted_sum
+from fedge.engine.split import client_map, make_forward, make_server_step
+from fedge.errors import ConfigError
+from fedge.rng import derive_seed, torch_rng
+from fedge.system import PhaseCost, SystemModel, parallel_clients, training_flops
+
+Tensors = dict[str, torch.Tensor]
+LABEL_CODEC = "fp32"  # labels travel at 32 bits each (light-fedsl §9 item 19)
+
+
+class FedSLConfig(AlgorithmConfig):
+    """Knobs shared by lightweight FedSL and its baseline, traditional FedSL (light-fedsl §5, §9).
+
+    - ``batch_size`` per client and round (§9 item 2: 32 for CPU-sized runs); a round is one step.
+    - ``drop_last``: an epoch's short last batch is skipped (needed for exact executor agreement with
+      BatchNorm, as elsewhere in the engine).
+    - ``optimizer``: one constant step size for client and server, plain SGD (Eqs. 7, 13): momentum and
+      weight decay are rejected.
+    - ``init``: ``torch_default`` or ``normal0.05`` (as the split family); all clients start identical.
+    - ``codec_up`` encodes the kept smashed values, ``codec_down`` the returned gradient values;
+      ``model_codec`` the client-model uploads and broadcasts: dense ``fp32`` (the spec's default) or
+      ``sparse`` (cheapest of bitmap / coordinate list, which pays off on pruned trunks).
+    """
+
+    name: str
+    batch_size: PositiveInt = 32
+    drop_last: bool = False
+    optimizer: SGDConfig = Field(default_factory=SGDConfig)
+    init: Literal["torch_default", "normal0.05"] = "torch_default"
+    codec_up: Literal["fp32", "fp16"] = "fp32"
+    codec_down: Literal["fp32", "fp16"] = "fp32"
+    model_codec: Literal["fp32", "fp16", "sparse"] = "fp32"
+
+
+class LightFedSLConfig(FedSLConfig):
+    """The compression knobs of lightweight FedSL; defaults are the paper's Figs. 3-4 setting.
+
+    - ``final_sparsity`` (rho_f, Eq. 10) reached at round ``schedule_rounds`` (T; default: the run's
+      rounds); 0 turns pruning off.
+    - ``quant_bits`` (q, Eqs. 11-12), ``null`` or 32 for full precision; ``quant_granularity``: one
+      (g_min, g_max) pair for the whole client gradient (``vector``, the paper's) or per tensor.
+    - ``cut_dropout`` (p, Eq. 3): element-wise inverted dropout of the cut-layer output (§9 item 12).
+    - ``agg_interval`` (I, Eq. 14): client models are averaged at rounds ``t`` with ``t mod I == 0``.
+    """
+
+    name: Literal["light_fedsl"] = "light_fedsl"
+    final_sparsity: Annotated[float, Field(ge=0.0, lt=1.0)] = 0.35
+    schedule_rounds: PositiveInt | None = None
+    quant_bits: Annotated[int, Field(ge=1, le=32)] | None = 8
+    quant_granularity: Literal["vector", "tensor"] = "vector"
+    cut_dropout: Annotated[float, Field(ge=0.0, lt=1.0)] = 0.3
+    agg_interval: PositiveInt = 5
+
+
+@dataclass(frozen=True)
+class Compression:
+    """What lightweight FedSL changes against traditional FedSL, resolved for one run."""
+
+    final_sparsity: float
+    schedule_rounds: int
+    quant_bits: int | None
+    quant_granularity: Literal["vector", "tensor"]
+    cut_dropout: float
+    agg_interval: int
+
+
+class StepBatches:
+    """Each client's next mini-batch, one per round: its samples in epochs, a fresh shuffle per epoch.
+
+    Client k's epoch e is the shuffle of the stream ``(seed, "batches", e + 1, k, 0)`` (FedAvg's round
+    e + 1 batches), cut into ``batch_size`` batches; round t takes batch ``(t - 1) mod steps_k`` of epoch
+    ``(t - 1) div steps_k``. Derived from the seed alone, so resumed runs see the same batches.
+    """
+
+    def __init__(self, data: FederatedData, batch_size: int, drop_last: bool):
+        sizes = data.client_sizes()
+        self.steps = sizes // batch_size if drop_last else -(-sizes // batch_size)
+        if not self.steps.all():
+            smallest = int(sizes.min())
+            raise ConfigError(
+                "algorithm.batch_size",
+                f"{batch_size} exceeds the smallest client ({smallest} samples) with drop_last",
+            )
+        self.data, self.batch_size, self.drop_last = data, batch_size, drop_last
+        self._epochs: dict[int, tuple[int, BatchPlan]] = {}
+
+    def __call__(self, t: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """Sample indices ``[K, batch]`` and 0/1 weights (0 pads a short last batch) of round ``t``."""
+        index, weight = [], []
+        for k, steps in enumerate(self.steps.tolist()):
+            epoch, position = divmod(t - 1, steps)
+            cached = self._epochs.get(k)
+            if cached is None or cached[0] != epoch:
+                plan = self.data.batch_plan([k], epoch + 1, 1, self.batch_size, self.drop_last)
+                cached = self._epochs[k] = (epoch, plan)
+            index.append(cached[1].index[0, position])
+            weight.append(cached[1].weight[0, position])
+        return torch.stack(index), torch.stack(weight)
+
+
+def _floating(tensors: Tensors) -> Tensors:
+    """What travels of a state: floating tensors (integer BatchNorm counters stay home)."""
+    return {name: t for name, t in tensors.items() if t.is_floating_point()}
+
+
+def cut_latency(
+    system: SystemModel,
+    round_: int,
+    batch: int,
+    smashed_values: int,
+    p: float,
+    value_bits: int = 32,
+    label_bits: int = 32,
+) -> float:
+    """The spec's Fig. 4 metric in expectation (§4.3): slowest client's smashed data (a ``1 - p`` share of
+    ``smashed_values`` per sample) and labels up, plus the gradient of the kept values down."""
+    kept = batch * smashed_values * (1.0 - p) * value_bits
+    link = system.link(round_)
+    return float(((kept + batch * label_bits) / link.up_bps + kept / link.down_bps).max())
+
+
+def aggregation_latency(system: SystemModel, round_: int, model_bits: float) -> float:
+    """``T_agg`` (§4.3): the slowest client-model upload, then the broadcast to the slowest receiver."""
+    link = system.link(round_)
+    return float(model_bits / link.up_bps.min() + model_bits / link.down_bps.min())
+
+
+@register(
+    "light_fedsl",
+    LightFedSLConfig,
+    "Lightweight FedSL: client pruning, quantized client gradients, cut dropout, aggregation every I rounds",
+)
+class LightFedSL(Algorithm):
+    """Per-client trunks, masks and BatchNorm statistics as stacked state; one server model."""
+
+    cfg: FedSLConfig
+
+    def __init__(self, ctx: Context, cfg: FedSLConfig):
+        super().__init__(ctx, cfg)
+        for key in ("momentum", "weight_decay"):
+            if getattr(cfg.optimizer, key):
+                raise ConfigError(f"algorithm.optimizer.{key}", "lightweight FedSL is plain SGD (Eq. 13)")
+        self.knobs = self.compression()
+        self.parts = build_parts(ctx, with_aux=False)
+        self.prunable = prunable_names(self.parts.trunk, "trunk.")
+        if self.knobs.final_sparsity > 0 and not self.prunable:
+            raise ConfigError("algorithm.final_sparsity", "the client part has no conv or linear weight")
+        client, client_buffers, server, server_buffers = initial_state(self.parts, cfg.init, ctx.seed)
+        n = ctx.data.num_clients
+        self.clients: dict[str, Tensors] = {
+            "params": stack_copies(client, n),
+            "buffers": stack_copies(client_buffers, n),
+            "masks": stack_copies(
+                {name: torch.ones_like(client[name], dtype=torch.bool) for name in self.prunable}, n
+            ),
+        }
+        self.server: dict[str, Tensors] = {"params": server, "buffers": server_buffers}
+        self.cmap = client_map(ctx.executor.name)
+        self.forward = make_forward(self.parts.trunk)
+        self.server_step = make_server_step(self.parts.server, SGD(), None, grad_z=True)
+        self.batches = StepBatches(ctx.data, cfg.batch_size, cfg.drop_last)
+        self.up, self.down = get_codec(cfg.codec_up), get_codec(cfg.codec_down)
+        self.model_codec, self.label_codec = get_codec(cfg.model_codec), get_codec(LABEL_CODEC)
+        self.flops = count_flops(self.parts)
+        self.nodes = [client_node(k) for k in range(n)]
+        self.totals = {"comm_seconds": 0.0, "agg_seconds": 0.0}
+        ctx.ledger.set_storage("server", "server_model", state_bits(server, server_buffers))
+        self._client_storage()
+
+    def compression(self) -> Compression:
+        """The run's compression settings from the config (traditional FedSL overrides this)."""
+        cfg = self.cfg
+        bits = None if cfg.quant_bits in (None, 32) else cfg.quant_bits
+        total = cfg.schedule_rounds or self.ctx.config.rounds
+        return Compression(
+            cfg.final_sparsity, total, bits, cfg.quant_granularity, cfg.cut_dropout, cfg.agg_interval
+        )
+
+    # ----- one round ---------------------------------------------------------------------------------
+
+    def run_round(self, t: int) -> dict[str, float]:
+        ctx, knobs, lr = self.ctx, self.knobs, self.cfg.optimizer.lr
+        rho = sparsity_target(t, knobs.schedule_rounds, knobs.final_sparsity)
+        torch.manual_seed(derive_seed(ctx.seed, "train-noise", t))
+        self.parts.model.train()
+        index, weight = self.batches(t)
+        counts = (weight > 0).sum(dim=1)
+        x, y = ctx.data.x_train[index], ctx.data.y_train[index]
+        before = self._sparsities()
+        params, buffers = self.clients["params"], self.clients["buffers"]
+        z, new_buffers, pullback = self.cmap.forward_with_vjp(self.forward, params, buffers, x, counts)
+        keep = self._cut_masks(t, counts, z)
+        z_sent, up_bits = self._uplink(t, apply_dropout(z.detach(), keep, knobs.cut_dropout), y, keep, counts)
+        grad_sent, loss = self._serve(z_sent, y, weight, counts, lr)
+        grad_received, down_bits = self._downlink(t, grad_sent * keep.to(grad_sent), keep, counts)
+        grads = pullback(apply_dropout(grad_received, keep, knobs.cut_dropout))
+        self.clients["params"] = self._client_update(t, rho, params, grads, lr)
+        self.clients["buffers"] = new_buffers
+        after = self._sparsities()
+        aggregated = t % knobs.agg_interval == 0
+        model_bits = self._aggregate(t) if aggregated else None
+        self._client_storage()
+        comm, agg, seconds = self._advance_clock(t, counts, before, up_bits, down_bits, model_bits)
+        return {
+            "train_loss": float(loss.double().mean()),
+            "rho": rho,
+            "sparsity": float(after.mean()),
+            "aggregated": float(aggregated),
+            "latency_comm_s": comm,
+            "latency_agg_s": agg,
+            "latency_round_s": seconds,
+            "comm_seconds_total": self.totals["comm_seconds"],
+            "agg_seconds_total": self.totals["agg_seconds"],
+            "lr": lr,
+        }
+
+    def _cut_masks(self, t: int, counts: torch.Tensor, z: torch.Tensor) -> torch.Tensor:
+        """0/1 keep masks of the cut-layer entries, ``[K, batch, ...]``, from each client's shared stream.
+
+        Drawn per client on its real rows (padding rows stay 0), so both executors use the same masks.
+        """
+        keep = torch.zeros_like(z)
+        p = self.knobs.cut_dropout
+        for k, count in enumerate(counts.tolist()):
+            if count:
+                gen = torch_rng(self.ctx.seed, "cut-dropout", t, k, device=z.device)
+                keep[k, :count] = dropout_mask((count, *z.shape[2:]), p, gen, device=z.device).to(z)
+        return keep
+
+    def _uplink(
+        self, t: int, z: torch.Tensor, y: torch.Tensor, keep: torch.Tensor, counts: torch.Tensor
+    ) -> tuple[torch.Tensor, np.ndarray]:
+        """Send the kept smashed values and the labels; the payload as received and bits per client."""
+        received = self.up.transmit({"z": z}, stacked=True).payload["z"]
+        rows = list(enumerate(counts.tolist()))
+        bits_z = [int(self.up.transmit({"z": z[k, :c][keep[k, :c] > 0]}).bits[0]) for k, c in rows]
+        bits_y = [int(self.label_codec.transmit({"y": y[k, :c]}).bits[0]) for k, c in rows]
+        self.ctx.ledger.record(t, self.nodes, "server", "smashed_up", bits_z)
+        self.ctx.ledger.record(t, self.nodes, "server", "labels_up", bits_y)
+        return received, np.add(bits_z, bits_y)
+
+    def _serve(
+        self, z: torch.Tensor, y: torch.Tensor, weight: torch.Tensor, counts: torch.Tensor, lr: float
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """Eq. 6 = Eq. 7: every client's server copy steps from the same ``w_s``; the copies are averaged.
+
+        Returns the cut-layer gradients (taken before the update) and each client's loss.
+        """
+        n = len(counts)
+        copies = (stack_copies(self.server["params"], n), stack_copies(self.server["buffers"], n), {})
+        (params, buffers, _), (loss,), (grad_z,) = self.cmap(
+            self.server_step, copies, (z, y, weight), (lr,), counts
+        )
+        uniform = torch.full((n,), 1.0 / n, dtype=torch.float64, device=z.device)
+        self.server = {"params": weighted_sum(params, uniform), "buffers": weighted_sum(buffers, uniform)}
+        return grad_z, loss
+
+    def _downlink(
+        self, t: int, grad: torch.Tensor, keep: torch.Tensor, counts: torch.Tensor
+    ) -> tuple[torch.Tensor, np.ndarray]:
+        """Send the gradients of the kept entries back; the payload as received and bits per client."""
+        received = self.down.transmit({"g": grad}, stacked=True).payload["g"]
+        bits = [
+            int(self.down.transmit({"g": grad[k, :c][keep[k, :c] > 0]}).bits[0])
+            for k, c in enumerate(counts.tolist())
+        ]
+        self.ctx.ledger.record(t, "server", self.nodes, "grad_down", bits)
+        return received, np.asarray(bits)
+
+    def _client_update(self, t: int, rho: float, params: Tensors, grads: Tensors, lr: float) -> Tensors:
+        """Prune where the sparsity is below ``rho``, mask, quantize and take the SGD step (Eqs. 8-13).
+
+        The importance uses this round's gradient at the unpruned weights (pruning follows the backward
+        pass). A client that does not prune keeps its mask, so its pruned weights stay zero.
+        """
+        knobs = self.knobs
+        masks = {name: mask.clone() for name, mask in self.clients["masks"].items()}
+        if rho > 0:
+            count = round(rho * sum(params[name][0].numel() for name in self.prunable))
+            for k in range(len(self.nodes)):
+                weights = {name: params[name][k] for name in self.prunable}
+                if sparsity(weights) < rho:
+                    fresh = importance_mask(weights, {name: grads[name][k] for name in self.prunable}, count)
+                    for name, mask in fresh.items():
+                        masks[name][k] = mask.bool()
+        self.clients["masks"] = masks
+        params, grads = dict(params), dict(grads)
+        for name, mask in masks.items():
+            params[name] = params[name] * mask.to(params[name])
+            grads[name] = grads[name] * mask.to(grads[name])
+        if knobs.quant_bits is not None:
+            rows = [
+                quantize_dict(
+                    {name: g[k] for name, g in grads.items()},
+                    knobs.quant_bits,
+                    torch_rng(self.ctx.seed, "client-quantizer", t, k, device=self.ctx.device),
+                    knobs.quant_granularity,
+                )
+                for k in range(len(self.nodes))
+            ]
+            grads = {name: torch.stack([r[name] for r in rows]) for name in grads}
+        return {name: p - lr * grads[name] for name, p in params.items()}
+
+    def _aggregate(self, t: int) -> tuple[np.ndarray, np.ndarray]:
+        """Upload every trunk, average uniformly (BatchNorm buffers too), broadcast, reset the masks.
+
+        Returns the upload and broadcast bits per client.
+        """
+        ledger, n = self.ctx.ledger, len(self.nodes)
+        params, buffers = self.clients["params"], self.clients["buffers"]
+        up = self.model_codec.transmit({**params, **_floating(buffers)}, stacked=True)
+        ledger.record(t, self.nodes, "server", "model_up", up.bits)
+        ledger.set_storage("server", "client_models", int(up.bits.sum()))
+        uniform = torch.full((n,), 1.0 / n, dtype=torch.float64, device=self.ctx.device)
+        mean_params = weighted_sum({k: up.payload[k] for k in params}, uniform)
+        mean_buffers = weighted_sum({k: up.payload.get(k, v) for k, v in buffers.items()}, uniform)
+        down = self.model_codec.transmit({**mean_params, **_floating(mean_buffers)})
+        down_bits = np.repeat(down.bits, n)
+        ledger.record(t, "server", self.nodes, "model_down", down_bits)
+        self.clients = {
+            "params": stack_copies({k: down.payload[k] for k in mean_params}, n),
+            "buffers": stack_copies({k: down.payload.get(k, v) for k, v in mean_buffers.items()}, n),
+            "masks": {name: torch.ones_like(m) for name, m in self.clients["masks"].items()},
+        }
+        return up.bits, down_bits
+
+    def _advance_clock(
+        self,
+        t: int,
+        counts: torch.Tensor,
+        sparsities: np.ndarray,
+        up_bits: np.ndarray,
+        down_bits: np.ndarray,
+        model_bits: tuple[np.ndarray, np.ndarray] | None,
+    ) -> tuple[float, float, float]:
+        """Advance the clock by the round; return the Fig. 4 latency, ``T_agg`` and the round's seconds."""
+        system, clients = self.ctx.system, np.arange(len(self.nodes))
+        samples = counts.cpu().numpy().astype(np.float64)
+        up, down = system.upload(clients, up_bits, t), system.download(clients, down_bits, t)
+        compute = system.client_compute(training_flops(self.flops.trunk, samples) * (1.0 - sparsities))
+        server = system.server_compute(training_flops(self.flops.server, samples))
+        seconds, joules = parallel_clients(compute, up, server, down)
+        comm = float((up.seconds + down.seconds).max())
+        agg = 0.0
+        if model_bits is not None:
+            phases: list[PhaseCost] = [system.upload(clients, model_bits[0], t)]
+            phases.append(system.download(clients, model_bits[1], t))
+            agg = sum(float(phase.seconds.max()) for phase in phases)
+            joules += sum(float(phase.joules.sum()) for phase in phases)
+        self.totals["comm_seconds"] += comm
+        self.totals["agg_seconds"] += agg
+        system.clock.advance(seconds + agg, joules)
+        return comm, agg, seconds + agg
+
+    def _sparsities(self) -> np.ndarray:
+        """Each client's realised sparsity (exact zeros over its prunable weights)."""
+        params = self.clients["params"]
+        return np.array(
+            [
+                sparsity({name: params[name][k] for name in self.prunable}) if self.prunable else 0.0
+                for k in range(len(self.nodes))
+            ]
+        )
+
+    def _client_storage(self) -> None:
+        """Each client holds its trunk (encoded by ``model_codec``, so a sparse code shows the pruning)
+        and, with pruning, its mask at one bit per prunable weight."""
+        params, buffers = self.clients["params"], self.clients["buffers"]
+        held = self.model_codec.transmit({**params, **_floating(buffers)}, stacked=True).bits
+        mask_bits = sum(m[0].numel() for m in self.clients["masks"].values())
+        for node, bits in zip(self.nodes, held, strict=True):
+            self.ctx.ledger.set_storage(node, "model", int(bits))
+            if self.knobs.final_sparsity > 0:
+                self.ctx.ledger.set_storage(node, "mask", mask_bits)
+
+    # ----- evaluation and state ----------------------------------------------------------------------
+
+    @property
+    def client(self) -> dict[str, Tensors]:
+        """The virtual average of the client trunks (uniform, BatchNorm statistics included, §3.9)."""
+        n = len(self.nodes)
+        uniform = torch.full((n,), 1.0 / n, dtype=torch.float64, device=self.ctx.device)
+        return {key: weighted_sum(self.clients[key], uniform) for key in ("params", "buffers")}
+
+    def evaluate(self) -> dict[str, float]:
+        """The virtual average of the client trunks + the server model on the test set, dropout off; also
+        that model's sparsity (aggregation lowers it when the clients' masks differ)."""
+        data, client = self.ctx.data, self.client
+        params = composed(client["params"], self.server["params"])
+        buffers = composed(client["buffers"], self.server["buffers"])
+        metrics = evaluate_model(
+            self.parts.model, params, buffers, data.x_test, data.y_test, self.ctx.config.eval.batch_size
+        )
+        prunable = {name: client["params"][name] for name in self.prunable}
+        metrics["model_sparsity"] = sparsity(prunable) if prunable else 0.0
+        return metrics
+
+    def state_dict(self) -> dict[str, Any]:
+        return {"clients": self.clients, "server": self.server, "totals": dict(self.totals)}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        device = self.ctx.device
+        self.clients = {
+            key: {k: v.to(device) for k, v in part.items()} for key, part in state["clients"].items()
+        }
+        self.server = {
+            key: {k: v.to(device) for k, v in part.items()} for key, part in state["server"].items()
+        }
+        self.totals = dict(state["totals"])
