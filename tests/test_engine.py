@@ -6,6 +6,7 @@ import numpy as np
 import pytest
 import torch
 from torch import nn
+from torch.func import grad, vmap
 
 from fedge.data.dataset import Dataset
 from fedge.data.federated import FederatedData
@@ -19,6 +20,7 @@ from fedge.engine import (
     make_step,
     parameters_of,
 )
+from fedge.engine.convolution import conv2d_unfolded, conv_as_matmul
 
 
 def make_data(sizes: list[int], shape=(1, 6, 6), classes=3, seed=0) -> FederatedData:
@@ -42,17 +44,31 @@ def bn_cnn() -> nn.Module:
     return nn.Sequential(nn.Conv2d(1, 4, 3), nn.BatchNorm2d(4), nn.ReLU(), nn.Flatten(), nn.Linear(64, 3))
 
 
-def train_both(model, data, sgd, epochs=2, batch=8, drop_last=False, lr=0.1):
+def train_both(model, data, sgd, epochs=2, batch=8, drop_last=False, lr=0.1, batched=None, wrap=False):
     clients = list(range(data.num_clients))
     plan = data.batch_plan(clients, 1, epochs, batch, drop_last)
     step = make_step(classification_loss(model), sgd)
+    if wrap:  # a plain step function, not a Step: the batched executor's generic path
+
+        def plain(*args):
+            return step(*args)
+
     params, buffers = parameters_of(model), buffers_of(model)
     banks = []
-    for executor in (SequentialExecutor(), BatchedExecutor()):
+    for executor in (SequentialExecutor(), batched or BatchedExecutor()):
         bank = ClientBank.broadcast(clients, params, buffers, sgd.init(params))
-        losses = executor.train(step, bank, plan, data, lr)
+        losses = executor.train(plain if wrap else step, bank, plan, data, lr)
         banks.append((bank, losses))
     return banks
+
+
+def assert_agree(seq: ClientBank, bat: ClientBank, seq_loss: torch.Tensor, bat_loss: torch.Tensor) -> None:
+    for field in ("params", "buffers", "opt_state"):
+        a, b = getattr(seq, field), getattr(bat, field)
+        assert a.keys() == b.keys()
+        if a:
+            assert max_diff(a, b) < 1e-5, field
+    assert torch.allclose(seq_loss, bat_loss, atol=1e-5)
 
 
 def max_diff(a: dict, b: dict) -> float:
@@ -124,3 +140,115 @@ def test_bank_average_is_sample_weighted():
     bank.buffers["n"] = torch.tensor([3, 5])
     params, buffers = bank.average(torch.tensor([0.25, 0.75]))
     assert params["w"].tolist() == [2.5, 5.0] and int(buffers["n"]) == 5
+
+
+UNEQUAL = [13, 40, 7, 25, 32, 9]  # step counts out of order: the batched executor reorders rows
+
+
+@pytest.mark.parametrize("chunk", [None, 2, 4])
+@pytest.mark.parametrize("wrap", [False, True])
+def test_batched_chunks_agree_with_momentum_and_weight_decay(chunk, wrap):
+    data = make_data(UNEQUAL)
+    sgd = SGD(momentum=0.9, weight_decay=5e-4)
+    executor = BatchedExecutor(chunk_clients=chunk)
+    (seq, seq_loss), (bat, bat_loss) = train_both(mlp(), data, sgd, batched=executor, wrap=wrap)
+    assert_agree(seq, bat, seq_loss, bat_loss)
+    assert float(seq.opt_state["3.weight"].abs().max()) > 1e-3  # momentum buffers really move
+
+
+@pytest.mark.parametrize("chunk", [None, 2])
+def test_batched_chunks_agree_with_batchnorm_and_momentum(chunk):
+    data = make_data(UNEQUAL[:5])
+    sgd = SGD(momentum=0.5, weight_decay=1e-3)
+    executor = BatchedExecutor(chunk_clients=chunk)
+    (seq, seq_loss), (bat, bat_loss) = train_both(
+        bn_cnn(), data, sgd, batch=4, drop_last=True, batched=executor
+    )
+    assert_agree(seq, bat, seq_loss, bat_loss)
+    assert bat.buffers["1.num_batches_tracked"].tolist() == [6, 20, 2, 12, 16]
+
+
+def test_chunk_size_follows_the_memory_budget():
+    data = make_data([10] * 8)
+    params = parameters_of(mlp())
+    bank = ClientBank.broadcast(range(8), params, {})
+    plan = data.batch_plan(range(8), 1, 1, 4)
+    per_client = 2 * 4 * sum(p.numel() for p in params.values()) + 4 * 4 * 36  # state + grads + batch
+    assert BatchedExecutor(chunk_bytes=3 * per_client).chunk_size(bank, plan, data) == 3
+    assert BatchedExecutor(chunk_bytes=1).chunk_size(bank, plan, data) == 1
+    assert BatchedExecutor(chunk_clients=5).chunk_size(bank, plan, data) == 5
+
+
+@pytest.mark.parametrize("executor", [SequentialExecutor(), BatchedExecutor(chunk_clients=2)])
+def test_owned_banks_train_in_place_and_others_are_left_untouched(executor):
+    data = make_data([9, 14, 5])
+    model = mlp()
+    sgd = SGD(momentum=0.9)
+    step = make_step(classification_loss(model), sgd)
+    params = parameters_of(model)
+    owned = ClientBank.broadcast(range(3), params, {}, sgd.init(params))
+    held = {k: v.clone() for k, v in owned.params.items()}
+    borrowed = ClientBank(owned.clients, dict(held), {}, sgd.init(owned.params))
+    tensors = dict(owned.params)
+    plan = data.batch_plan(range(3), 1, 1, 4)
+    executor.train(step, owned, plan, data, 0.1)
+    executor.train(step, borrowed, plan, data, 0.1)
+    assert all(owned.params[k] is tensors[k] for k in tensors)  # updated in place
+    assert all(torch.equal(borrowed.params[k], owned.params[k]) for k in tensors)
+    assert max_diff(held, borrowed.params) > 1e-3
+    assert all(torch.equal(held[k], ClientBank.broadcast(range(3), params, {}).params[k]) for k in held)
+
+
+def test_assigning_state_makes_a_bank_not_owned():
+    bank = ClientBank.broadcast([0, 1], {"w": torch.zeros(2)}, {})
+    assert bank.owned
+    bank.params = {"w": torch.ones(2, 2)}
+    assert not bank.owned
+    assert not ClientBank((0,), {"w": torch.zeros(1, 2)}).owned
+    assert bank.state_bytes() == 2 * 2 * 4
+
+
+@pytest.mark.parametrize("sgd", [SGD(), SGD(momentum=0.9), SGD(momentum=0.5, weight_decay=0.1)])
+def test_sgd_update_in_place_matches_the_pure_update(sgd):
+    gen = torch.Generator().manual_seed(0)
+    params = {"a": torch.randn(3, 4, generator=gen), "b": torch.randn(3, generator=gen)}
+    grads = {k: torch.randn(v.shape, generator=gen) for k, v in params.items()}
+    state = {k: torch.randn(v.shape, generator=gen) for k, v in params.items()} if sgd.momentum else {}
+    new_params, new_state = sgd.update(params, grads, state, 0.1)
+    sgd.update_(params, {k: g.clone() for k, g in grads.items()}, state, 0.1)
+    assert max_diff(params, new_params) < 1e-6
+    assert state.keys() == new_state.keys() and (not state or max_diff(state, new_state) < 1e-6)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("build", [mlp, bn_cnn])
+def test_compiled_batched_step_agrees(build):
+    data = make_data([16, 32, 24])
+    executor = BatchedExecutor(compile_step=True)
+    (seq, seq_loss), (bat, bat_loss) = train_both(
+        build(), data, SGD(momentum=0.9), drop_last=True, batched=executor
+    )
+    assert_agree(seq, bat, seq_loss, bat_loss)
+
+
+@pytest.mark.parametrize("options", [{}, {"stride": 2, "padding": 1}, {"stride": (1, 2), "padding": (2, 0)}])
+def test_unfolded_convolution_equals_conv2d(options):
+    gen = torch.Generator().manual_seed(0)
+    x, w, b = torch.randn(3, 2, 9, 7, generator=gen), torch.randn(4, 2, 3, 2, generator=gen), torch.randn(4)
+    expected = nn.functional.conv2d(x, w, b, **options)
+    assert torch.allclose(conv2d_unfolded(x, w, b, **options), expected, atol=1e-5)
+
+
+def test_conv_as_matmul_rewrites_first_layers_under_vmap_and_leaves_the_rest():
+    gen = torch.Generator().manual_seed(0)
+    weights, xs = torch.randn(3, 4, 1, 3, 3, generator=gen), torch.randn(3, 5, 1, 8, 8, generator=gen)
+
+    def loss(w, x):
+        return nn.functional.conv2d(x, w, padding=1).square().sum()
+
+    expected = vmap(grad(loss))(weights, xs)
+    with conv_as_matmul():
+        got = vmap(grad(loss))(weights, xs)
+        dilated = nn.functional.conv2d(xs[0], weights[0], dilation=2)  # not covered: runs unchanged
+    assert torch.allclose(got, expected, rtol=1e-4, atol=1e-3)
+    assert torch.equal(dilated, nn.functional.conv2d(xs[0], weights[0], dilation=2))

@@ -26,6 +26,7 @@ from fedge.data.federated import FederatedData
 from fedge.data.partition import partition_test, partition_train
 from fedge.data.sources import load_dataset
 from fedge.engine import make_executor
+from fedge.engine.host import configure_host
 from fedge.errors import ConfigError, FedgeError
 from fedge.models import SplitModel, build_model, split
 from fedge.plots import plot_run
@@ -81,9 +82,10 @@ def model_factory(
 
 def build_run(config: RunConfig) -> Built:
     """Load data, partition it, check the model and build the algorithm; no file is written."""
-    if config.engine.threads:
-        torch.set_num_threads(config.engine.threads)
     device = _device(config.engine.device)
+    if config.engine.compile and config.engine.executor != "batched":
+        raise ConfigError("engine.compile", "only the batched executor compiles its step")
+    configure_host(config.engine.threads, config.engine.retain_memory and device.type == "cpu")
     dataset = load_dataset(config.data, config.seed)
     labels = dataset.y_train.numpy()
     client_train = partition_train(
@@ -106,7 +108,7 @@ def build_run(config: RunConfig) -> Built:
         config=config,
         data=data,
         build_model=factory,
-        executor=make_executor(config.engine.executor),
+        executor=make_executor(config.engine.executor, compile_step=config.engine.compile),
         ledger=Ledger(),
         system=SystemModel(config.system, data.num_clients, config.seed),
         device=device,

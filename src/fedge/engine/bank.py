@@ -13,6 +13,7 @@ from dataclasses import dataclass, field
 import torch
 
 Tensors = dict[str, torch.Tensor]
+STATE_FIELDS = ("params", "buffers", "opt_state")
 
 
 def stack_copies(tensors: Tensors, count: int) -> Tensors:
@@ -26,12 +27,14 @@ def row(tensors: Tensors, index: int) -> Tensors:
 
 
 def weighted_sum(stacked: Tensors, weights: torch.Tensor) -> Tensors:
-    """``sum_c weights[c] * stacked[c]`` for floating tensors; integer tensors (counters) take the max."""
+    """``sum_c weights[c] * stacked[c]`` for floating tensors; integer tensors (counters) take the max.
+
+    A matrix-vector product over the flattened rows, so no temporary as large as the stacked state.
+    """
     out = {}
     for name, t in stacked.items():
         if t.is_floating_point():
-            w = weights.to(t.dtype).reshape(-1, *([1] * (t.dim() - 1)))
-            out[name] = (w * t).sum(dim=0)
+            out[name] = (weights.to(t.dtype) @ t.reshape(t.shape[0], -1)).reshape(t.shape[1:])
         else:
             out[name] = t.max(dim=0).values
     return out
@@ -39,24 +42,40 @@ def weighted_sum(stacked: Tensors, weights: torch.Tensor) -> Tensors:
 
 @dataclass
 class ClientBank:
-    """Stacked parameters, buffers and optimizer state of the clients in ``clients`` (row order)."""
+    """Stacked parameters, buffers and optimizer state of the clients in ``clients`` (row order).
+
+    ``owned`` says the bank's tensors were made for it and nothing else refers to them (as
+    :meth:`broadcast` makes them): executors then train them in place. Otherwise an executor leaves
+    the tensors it was given untouched and gives the bank new ones, so a bank built from tensors that
+    are also held elsewhere (another bank's rows, a model's state) never changes them behind the
+    holder's back. In-place training saves a second copy of the whole stacked state, which is most of
+    the memory of a round with many clients.
+    """
 
     clients: tuple[int, ...]
     params: Tensors
     buffers: Tensors = field(default_factory=dict)
     opt_state: Tensors = field(default_factory=dict)
+    owned: bool = False
+
+    def __setattr__(self, name: str, value: object) -> None:
+        # Assigning new tensors after construction may hand the bank tensors held elsewhere.
+        if name in STATE_FIELDS and "owned" in self.__dict__:
+            object.__setattr__(self, "owned", False)
+        object.__setattr__(self, name, value)
 
     @classmethod
     def broadcast(
         cls, clients: Sequence[int], params: Tensors, buffers: Tensors, opt_state: Tensors | None = None
     ) -> ClientBank:
-        """Every client in ``clients`` starts from the same (global) state."""
+        """Every client in ``clients`` starts from the same (global) state, in fresh tensors it owns."""
         n = len(clients)
         return cls(
             clients=tuple(int(c) for c in clients),
             params=stack_copies(params, n),
             buffers=stack_copies(buffers, n),
             opt_state=stack_copies(opt_state or {}, n),
+            owned=True,
         )
 
     def __len__(self) -> int:
@@ -65,6 +84,11 @@ class ClientBank:
     def client(self, index: int) -> tuple[Tensors, Tensors]:
         """Parameters and buffers of the client in row ``index``."""
         return row(self.params, index), row(self.buffers, index)
+
+    def state_bytes(self) -> int:
+        """Bytes held by the stacked parameters, buffers and optimizer state."""
+        tensors = [*self.params.values(), *self.buffers.values(), *self.opt_state.values()]
+        return sum(t.numel() * t.element_size() for t in tensors)
 
     def average(self, weights: torch.Tensor) -> tuple[Tensors, Tensors]:
         """Weighted average of parameters and buffers over the clients (weights sum to 1)."""

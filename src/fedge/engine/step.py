@@ -1,7 +1,10 @@
 """Pure training steps: a loss over explicit parameters, and SGD on dicts of tensors.
 
 Everything here is a function of its arguments (no module state is mutated), which is what lets the
-batched executor run the same step under ``torch.func.vmap`` over a leading client dimension.
+batched executor run the same step under ``torch.func.vmap`` over a leading client dimension. A
+:class:`Step` is such a function that also keeps its two halves (the loss and the optimizer), so the
+batched executor can take gradients for all clients at once and then apply the update to the stacked
+state in place (:meth:`SGD.update_`) instead of allocating a second copy of every client's parameters.
 """
 
 from __future__ import annotations
@@ -62,6 +65,7 @@ class SGD:
         return {name: torch.zeros_like(p) for name, p in params.items()} if self.momentum else {}
 
     def update(self, params: Tensors, grads: Tensors, state: Tensors, lr: float) -> tuple[Tensors, Tensors]:
+        """The updated parameters and optimizer state, as new tensors (the pure form)."""
         new_params, new_state = {}, {}
         for name, p in params.items():
             d = grads[name] + self.weight_decay * p if self.weight_decay else grads[name]
@@ -71,14 +75,47 @@ class SGD:
             new_params[name] = p - lr * d
         return new_params, new_state
 
+    @torch.no_grad()
+    def update_(self, params: Tensors, grads: Tensors, state: Tensors, lr: float) -> None:
+        """:meth:`update` in place: writes ``params`` and ``state``, and uses ``grads`` as scratch.
 
-def make_step(loss_fn: LossFn, optimizer: SGD) -> StepFn:
+        The same rule on tensors of any leading shape (one client or a stacked group), one pass over
+        memory per term: with hundreds of clients the stacked state no longer fits in cache, so an
+        update that allocates and re-reads new tensors costs more than the gradient itself.
+        """
+        for name, p in params.items():
+            d = grads[name]
+            if self.weight_decay:
+                d.add_(p, alpha=self.weight_decay)
+            if self.momentum:
+                d = state[name].mul_(self.momentum).add_(d)
+            p.add_(d, alpha=-lr)
+
+
+@dataclass(frozen=True)
+class Step:
+    """One local step of ``loss_fn`` followed by ``optimizer``: a pure :data:`StepFn`.
+
+    Calling it maps ``(params, buffers, opt_state, x, y, weight, lr)`` to the new state and the loss.
+    :meth:`gradients` is the first half alone, for executors that apply the update themselves.
+    """
+
+    loss_fn: LossFn
+    optimizer: SGD
+
+    def gradients(
+        self, params: Tensors, buffers: Tensors, x: torch.Tensor, y: torch.Tensor, weight: torch.Tensor
+    ) -> tuple[Tensors, torch.Tensor, Tensors]:
+        """Gradients of the loss with respect to ``params``, the loss, and the updated buffers."""
+        grads, (loss, new_buffers) = grad_and_value(self.loss_fn, has_aux=True)(params, buffers, x, y, weight)
+        return grads, loss.detach(), new_buffers
+
+    def __call__(self, params, buffers, opt_state, x, y, weight, lr):
+        grads, loss, new_buffers = self.gradients(params, buffers, x, y, weight)
+        new_params, new_state = self.optimizer.update(params, grads, opt_state, lr)
+        return new_params, new_buffers, new_state, loss
+
+
+def make_step(loss_fn: LossFn, optimizer: SGD) -> Step:
     """One local step: ``(params, buffers, opt_state, x, y, weight, lr)`` to the same state and the loss."""
-    loss_and_grad = grad_and_value(loss_fn, has_aux=True)
-
-    def step(params, buffers, opt_state, x, y, weight, lr):
-        grads, (loss, new_buffers) = loss_and_grad(params, buffers, x, y, weight)
-        new_params, new_state = optimizer.update(params, grads, opt_state, lr)
-        return new_params, new_buffers, new_state, loss.detach()
-
-    return step
+    return Step(loss_fn, optimizer)

@@ -1,0 +1,55 @@
+"""Smoke tests of the engine benchmark harness on a tiny workload (never a timing assertion)."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+from torch import nn
+
+from benchmarks import engine
+from benchmarks.measure import flops_per_sample
+from benchmarks.workloads import WORKLOADS, get_workload
+
+
+def test_harness_writes_a_report_and_skips_flower_cleanly(tmp_path, monkeypatch, capsys):
+    monkeypatch.setattr(engine, "flower_installed", lambda: False)
+    out = tmp_path / "report.json"
+    assert engine.main(["--workloads", "tiny", "--repeats", "1", "--threads", "1", "--out", str(out)]) == 0
+    report = json.loads(out.read_text())
+    tiny = report["workloads"]["tiny"]
+    assert set(tiny["seconds"]) == {"batched", "sequential", "centralized"}  # no Flower column
+    assert all(s > 0 for s in tiny["seconds"].values())
+    assert tiny["agreement_max_abs_after_round_1"]["batched_vs_sequential"] < 1e-5
+    assert tiny["samples"] == 240 and tiny["flops_per_round"]["executed"] > 0
+    memory = tiny["memory"]
+    assert memory["state_bytes"] == tiny["state_bytes"] > 0
+    assert memory["peak_rss_round"] >= memory["state_bytes"] + memory["data_bytes"]
+    assert report["matmul_peak_gflops"] > 0
+    printed = capsys.readouterr()
+    assert "tiny" in printed.out and "Flower column skipped" in printed.err
+
+
+def test_flops_count_what_training_executes():
+    model = nn.Sequential(nn.Flatten(), nn.Linear(12, 5))
+    x, y = torch.randn(4, 1, 3, 4), torch.tensor([0, 1, 2, 3])
+    flops = flops_per_sample(model, x, y)
+    assert flops["executed"] == 2 * 2 * 12 * 5  # forward + weight gradient; no input gradient
+    assert flops["model"] == 3 * 2 * 12 * 5
+
+
+@pytest.mark.parametrize("name", ["W1", "W2", "W3"])
+def test_workloads_are_the_issue_settings(name):
+    workload = get_workload(name)
+    config = workload.config(device="cpu", executor="sequential", threads=2)
+    assert config.partition.kind == "iid" and config.data.name == "mnist"
+    assert config.partition.num_clients * {"W1": 600, "W2": 600, "W3": 60}[name] == 60_000
+    assert config.algorithm.batch_size == workload.batch_size and config.algorithm.local_epochs == 1
+    assert config.engine.executor == "sequential" and config.engine.threads == 2
+
+
+def test_unknown_workload_names_the_known_ones():
+    with pytest.raises(KeyError, match="W1"):
+        get_workload("W9")
+    assert {"W1", "W2", "W3", "tiny"} <= set(WORKLOADS)
