@@ -13,6 +13,7 @@ import os
 import platform
 import resource
 import statistics
+import threading
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -102,6 +103,39 @@ def reset_peak_rss() -> bool:
         return True
     except OSError:
         return False
+
+
+class RssSampler:
+    """Samples this process's RSS every ``interval`` seconds in a thread; ``peak`` is the largest seen.
+
+    The kernel's own peak counter (VmHWM) is not enough on its own: RSS counters are cached per CPU
+    and the peak is brought up to date lazily, so a large tensor mapped and unmapped within a round
+    can be missing from it (seen here: a 1.9 GB transient that VmHWM never showed).
+    """
+
+    def __init__(self, interval: float = 0.001):
+        self.interval = interval
+        self.peak = 0
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, daemon=True)
+
+    def _run(self) -> None:
+        page = os.sysconf("SC_PAGE_SIZE")
+        with open("/proc/self/statm", "rb", buffering=0) as statm:
+            while not self._stop.is_set():
+                statm.seek(0)
+                self.peak = max(self.peak, int(statm.read().split()[1]) * page)
+                time.sleep(self.interval)
+
+    def __enter__(self) -> RssSampler:
+        if Path("/proc/self/statm").exists():
+            self._thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._stop.set()
+        if self._thread.is_alive():
+            self._thread.join()
 
 
 def peak_rss_bytes() -> int:

@@ -8,7 +8,7 @@ import pytest
 import torch
 from torch import nn
 
-from benchmarks import engine
+from benchmarks import engine, profile
 from benchmarks.measure import flops_per_sample
 from benchmarks.workloads import WORKLOADS, get_workload
 
@@ -53,3 +53,9 @@ def test_unknown_workload_names_the_known_ones():
     with pytest.raises(KeyError, match="W1"):
         get_workload("W9")
     assert {"W1", "W2", "W3", "tiny"} <= set(WORKLOADS)
+
+
+def test_profile_prints_the_operators_of_a_round(capsys):
+    assert profile.main(["tiny", "--threads", "1", "--rows", "3"]) == 0
+    out = capsys.readouterr().out
+    assert out.startswith("tiny: ") and "aten::" in out

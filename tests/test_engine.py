@@ -2,12 +2,16 @@
 
 from __future__ import annotations
 
+import os
+import sys
+
 import numpy as np
 import pytest
 import torch
 from torch import nn
 from torch.func import grad, vmap
 
+from fedge.config import parse_config
 from fedge.data.dataset import Dataset
 from fedge.data.federated import FederatedData
 from fedge.engine import (
@@ -21,6 +25,9 @@ from fedge.engine import (
     parameters_of,
 )
 from fedge.engine.convolution import conv2d_unfolded, conv_as_matmul
+from fedge.engine.host import available_cores, configure_host, retain_freed_memory
+from fedge.errors import ConfigError
+from fedge.runner import build_run
 
 
 def make_data(sizes: list[int], shape=(1, 6, 6), classes=3, seed=0) -> FederatedData:
@@ -209,15 +216,15 @@ def test_assigning_state_makes_a_bank_not_owned():
 
 
 @pytest.mark.parametrize("sgd", [SGD(), SGD(momentum=0.9), SGD(momentum=0.5, weight_decay=0.1)])
-def test_sgd_update_in_place_matches_the_pure_update(sgd):
+def test_sgd_update_in_place_is_bit_identical_to_the_pure_update(sgd):
     gen = torch.Generator().manual_seed(0)
     params = {"a": torch.randn(3, 4, generator=gen), "b": torch.randn(3, generator=gen)}
     grads = {k: torch.randn(v.shape, generator=gen) for k, v in params.items()}
     state = {k: torch.randn(v.shape, generator=gen) for k, v in params.items()} if sgd.momentum else {}
     new_params, new_state = sgd.update(params, grads, state, 0.1)
     sgd.update_(params, {k: g.clone() for k, g in grads.items()}, state, 0.1)
-    assert max_diff(params, new_params) < 1e-6
-    assert state.keys() == new_state.keys() and (not state or max_diff(state, new_state) < 1e-6)
+    assert all(torch.equal(params[k], new_params[k]) for k in params)  # bit-identical
+    assert state.keys() == new_state.keys() and all(torch.equal(state[k], new_state[k]) for k in state)
 
 
 @pytest.mark.slow
@@ -252,3 +259,22 @@ def test_conv_as_matmul_rewrites_first_layers_under_vmap_and_leaves_the_rest():
         dilated = nn.functional.conv2d(xs[0], weights[0], dilation=2)  # not covered: runs unchanged
     assert torch.allclose(got, expected, rtol=1e-4, atol=1e-3)
     assert torch.equal(dilated, nn.functional.conv2d(xs[0], weights[0], dilation=2))
+
+
+def test_compile_is_refused_for_the_sequential_executor(tiny_config):
+    tiny_config["engine"] = {"executor": "sequential", "compile": True}
+    with pytest.raises(ConfigError) as error:
+        build_run(parse_config(tiny_config))
+    assert error.value.key == "engine.compile"
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="mallopt is a glibc call")
+def test_host_settings_apply_threads_and_the_allocator_switch():
+    before = torch.get_num_threads()
+    try:
+        configure_host(threads=1, retain_memory=False)
+        assert torch.get_num_threads() == 1
+    finally:
+        torch.set_num_threads(before)
+    assert retain_freed_memory()
+    assert 1 <= available_cores() <= (os.cpu_count() or 1)

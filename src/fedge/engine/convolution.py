@@ -1,18 +1,20 @@
 """First-layer 2-d convolution as one matrix product per client, for training many clients under vmap.
 
 Under ``torch.func.vmap`` with per-client weights, ``conv2d`` becomes one grouped convolution with a
-group per client. On CPU the weight gradient of that grouped convolution is pathologically slow when
-the input has few channels and a large image, which is exactly a model's first layer: measured on 2
-cores, LeNet-5's first layer for 100 clients x 32 MNIST images took 3.3 s per step as a grouped
-convolution against 0.3 s as below, and a whole FedAvg round of W2 went from about 80 s to a few
-seconds. :func:`conv_as_matmul` rewrites those calls as patches (a strided view of the input, laid out
-once as a ``[C_in * kh * kw, N * positions]`` matrix) times the weight matrix, which vmap turns into
-one batched matrix product over clients, each client's product a single large GEMM.
+group per client. On CPU the weight gradient of that grouped convolution, for a first layer (few input
+channels, a large image), is both a little slower than the same arithmetic as matrix products and far
+more fragile when other processes compete for the cores: measured on 2 cores for LeNet-5's first layer
+(100 clients x 32 MNIST images, forward and weight gradient), 0.071 s grouped against 0.062 s as below
+on an idle machine, but 3.3 s against 0.30 s while other jobs kept the machine loaded; a whole W2
+FedAvg round went from 3.6 s to 3.1 s idle, and from about 80 s to 25 s under that load.
 
-Only convolutions whose input needs no gradient (the data entering the first layer) are rewritten:
-for later layers the grouped convolution was as fast as the alternatives measured (``F.unfold``, whose
-CPU kernel loops over samples; strided patches, whose backward has no batching rule; an index gather).
-Same arithmetic, different summation order.
+:func:`conv_as_matmul` rewrites those calls as patches (a strided view of the input, laid out once as
+a ``[C_in * kh * kw, N * positions]`` matrix) times the weight matrix, which vmap turns into one
+batched matrix product over clients, each client's product a single large GEMM. Only convolutions
+whose input needs no gradient (the data entering the first layer) are rewritten: for later layers the
+grouped convolution was the fastest of those measured (``F.unfold``, whose CPU kernel loops over
+samples; strided patches, whose backward has no batching rule; an index gather). Same arithmetic,
+different summation order.
 """
 
 from __future__ import annotations

@@ -54,7 +54,7 @@ class SGD:
     """SGD with momentum and weight decay, with PyTorch's update rule (dampening 0, no Nesterov).
 
     ``d = g + wd * p``; ``m = mu * m + d`` (the zero-initialised buffer makes the first step ``m = d``,
-    as in ``torch.optim.SGD``); ``p = p - lr * m``.
+    as in ``torch.optim.SGD``); ``p = p - lr * m``, each computed as ``torch.optim.SGD`` computes it.
     """
 
     momentum: float = 0.0
@@ -68,11 +68,11 @@ class SGD:
         """The updated parameters and optimizer state, as new tensors (the pure form)."""
         new_params, new_state = {}, {}
         for name, p in params.items():
-            d = grads[name] + self.weight_decay * p if self.weight_decay else grads[name]
+            d = grads[name].add(p, alpha=self.weight_decay) if self.weight_decay else grads[name]
             if self.momentum:
-                d = self.momentum * state[name] + d
+                d = state[name].mul(self.momentum).add(d)
                 new_state[name] = d
-            new_params[name] = p - lr * d
+            new_params[name] = p.add(d, alpha=-lr)
         return new_params, new_state
 
     @torch.no_grad()
@@ -81,7 +81,10 @@ class SGD:
 
         The same rule on tensors of any leading shape (one client or a stacked group), one pass over
         memory per term: with hundreds of clients the stacked state no longer fits in cache, so an
-        update that allocates and re-reads new tensors costs more than the gradient itself.
+        update that allocates and re-reads new tensors costs more than the gradient itself. It runs
+        the same kernels in the same order as :meth:`update` (``add`` with ``alpha``, as
+        ``torch.optim.SGD`` does), so both give bit-identical results from the same gradients:
+        training amplifies even last-bit differences over a few dozen steps.
         """
         for name, p in params.items():
             d = grads[name]
