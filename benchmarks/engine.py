@@ -43,6 +43,7 @@ from fedge.engine.host import available_cores, configure_host
 from fedge.runner import Built, build_run
 
 ROOT = Path(__file__).resolve().parents[1]
+PROBE_ROUNDS = 3  # rounds watched by the memory probe (fragmentation can show after the first)
 Tensors = dict[str, torch.Tensor]
 
 
@@ -182,7 +183,7 @@ def _flower(workload: Workload, args: argparse.Namespace, initial: Tensors) -> d
 
 
 def memory_probe(workload: Workload, args: argparse.Namespace) -> dict[str, Any]:
-    """Peak RSS of one batched FedAvg round after a warm-up round (run in a fresh process).
+    """Peak RSS of batched FedAvg rounds after a warm-up round (run in a fresh process).
 
     The peak is the larger of the kernel's counter (reset before the round where Linux allows) and
     an RSS sample taken every millisecond during the round.
@@ -196,7 +197,8 @@ def memory_probe(workload: Workload, args: argparse.Namespace) -> dict[str, Any]
     if cuda:
         torch.cuda.reset_peak_memory_stats(built.context.device)
     with RssSampler() as sampler:
-        built.algorithm.run_round(2)
+        for t in range(2, 2 + PROBE_ROUNDS):
+            built.algorithm.run_round(t)
     state, data = state_bytes(built), data_bytes(built)
     out = {
         "state_bytes": state,

@@ -175,13 +175,15 @@ def test_batched_chunks_agree_with_batchnorm_and_momentum(chunk):
     assert bat.buffers["1.num_batches_tracked"].tolist() == [6, 20, 2, 12, 16]
 
 
-def test_chunk_size_follows_the_memory_budget():
+def test_chunk_size_gives_equal_chunks_within_the_gradient_budget():
     data = make_data([10] * 8)
     params = parameters_of(mlp())
     bank = ClientBank.broadcast(range(8), params, {})
     plan = data.batch_plan(range(8), 1, 1, 4)
-    per_client = 2 * 4 * sum(p.numel() for p in params.values()) + 4 * 4 * 36  # state + grads + batch
-    assert BatchedExecutor(chunk_bytes=3 * per_client).chunk_size(bank, plan, data) == 3
+    grads = 4 * sum(p.numel() for p in params.values())
+    assert BatchedExecutor(chunk_bytes=3 * grads).chunk_size(bank, plan, data) == 3  # 3 + 3 + 2
+    assert BatchedExecutor(chunk_bytes=5 * grads).chunk_size(bank, plan, data) == 4  # 4 + 4, not 5 + 3
+    assert BatchedExecutor(chunk_bytes=8 * grads).chunk_size(bank, plan, data) == 8
     assert BatchedExecutor(chunk_bytes=1).chunk_size(bank, plan, data) == 1
     assert BatchedExecutor(chunk_clients=5).chunk_size(bank, plan, data) == 5
 

@@ -15,9 +15,9 @@ How the batched executor stays close to the hardware's speed:
 * For a :class:`~fedge.engine.step.Step`, gradients of all clients come from one vmapped call and
   the optimizer then updates the stacked state in place (:meth:`SGD.update_`), one pass over memory
   instead of allocating a new copy of every client's parameters at every step.
-* Clients are trained in chunks whose working memory (gradients, gathered state, batches) stays under
-  ``chunk_bytes``, so a round's peak memory stays near the stacked state itself however many clients
-  train; clients are independent during local training, so chunking does not change any number.
+* Clients are trained in equal chunks whose gradients stay under ``chunk_bytes``, so a round's peak
+  memory stays near the stacked state itself however many clients train; clients are independent
+  during local training, so chunking does not change any number.
 * Optionally the vmapped gradient is compiled with ``torch.compile`` (``compile_step``).
 
 Random layers (dropout) draw from torch's global generator, which the caller seeds per round from the
@@ -37,6 +37,7 @@ from torch.func import vmap
 from fedge.data.federated import BatchPlan, FederatedData
 from fedge.engine.bank import ClientBank, row
 from fedge.engine.convolution import conv_as_matmul
+from fedge.engine.host import release_free_memory
 from fedge.engine.step import Step, StepFn
 
 Tensors = dict[str, torch.Tensor]
@@ -44,7 +45,7 @@ State = tuple[Tensors, Tensors, Tensors]
 # (params, buffers, opt_state, x, y, weight, lr) -> per-client loss; updates the state in place
 Kernel = Callable[[Tensors, Tensors, Tensors, torch.Tensor, torch.Tensor, torch.Tensor, float], torch.Tensor]
 
-CHUNK_BYTES = 256 * 2**20
+CHUNK_BYTES = 64 * 2**20
 
 
 class Executor(ABC):
@@ -143,9 +144,12 @@ def _generic_kernel(step: StepFn, compile_step: bool) -> Kernel:
 class BatchedExecutor(Executor):
     """All active clients step together under ``vmap``, in chunks of bounded memory.
 
-    ``chunk_clients`` fixes the number of clients per chunk; by default it is derived from
-    ``chunk_bytes`` and the per-client working memory (gradients, a gathered copy of the client's state
-    and its batch; activations are not counted). ``compile_step`` compiles the vmapped step with
+    ``chunk_clients`` fixes the number of clients per chunk; by default the clients are split into the
+    fewest equal chunks whose gradients (one more copy of the chunk's parameters, the largest per-step
+    temporary of a dense model; activations are not counted) fit in ``chunk_bytes``. The default,
+    64 MiB, keeps 100 MLP 784-200-10 clients in one chunk; larger chunks were no faster on a 2-core
+    CPU and raised the peak memory (1,000 such clients: 1.35 GB peak in chunks of 100, 1.89 GB in
+    chunks of 200, at the same speed). ``compile_step`` compiles the vmapped step with
     ``torch.compile`` (one compiled kernel per step object, kept for the executor's lifetime; the first
     rounds pay the compilation).
     """
@@ -171,14 +175,14 @@ class BatchedExecutor(Executor):
         return self._compiled[step]
 
     def chunk_size(self, bank: ClientBank, plan: BatchPlan, data: FederatedData) -> int:
-        """Clients per chunk: ``chunk_clients``, or as many as fit in ``chunk_bytes``."""
+        """Clients per chunk: ``chunk_clients``, or equal chunks whose gradients fit in ``chunk_bytes``."""
         if self.chunk_clients is not None:
             return self.chunk_clients
-        state = (bank.params, bank.buffers, bank.opt_state)
-        per_row = sum(t[0].numel() * t.element_size() for tensors in state for t in tensors.values())
+        count = len(bank)
         grads = sum(t[0].numel() * t.element_size() for t in bank.params.values())
-        batch = plan.index.shape[2] * data.x_train[0].numel() * data.x_train.element_size()
-        return max(1, self.chunk_bytes // max(1, per_row + grads + batch))
+        fits = max(1, self.chunk_bytes // max(1, grads))
+        chunks = -(-count // fits)
+        return max(1, -(-count // max(chunks, 1)))
 
     def train(
         self, step: StepFn, bank: ClientBank, plan: BatchPlan, data: FederatedData, lr: float
@@ -200,6 +204,8 @@ class BatchedExecutor(Executor):
             totals[torch.as_tensor(rows, device=data.device)] = loss_sums
         if not bank.owned:
             bank.params, bank.buffers, bank.opt_state = destination
+        del x_buffer
+        release_free_memory()
         denominators = torch.as_tensor(np.maximum(steps, 1), dtype=totals.dtype, device=data.device)
         return totals / denominators
 
@@ -249,12 +255,11 @@ def _map(state: State, fn: Callable[[torch.Tensor], torch.Tensor]) -> State:
 
 def _block(destination: State, source: State, block: slice) -> State:
     """Views ``destination[block]`` holding ``source[block]`` (copied unless they are the same tensors)."""
-    views = _map(destination, lambda t: t[block])
-    if destination is not source:
-        for targets, tensors in zip(views, source, strict=True):
-            for name, view in targets.items():
-                view.copy_(tensors[name][block])
-    return views
+    for targets, tensors in zip(destination, source, strict=True):
+        for name, target in targets.items():
+            if target is not tensors[name]:
+                target[block].copy_(tensors[name][block])
+    return _map(destination, lambda t: t[block])
 
 
 EXECUTORS: dict[str, type[Executor]] = {"sequential": SequentialExecutor, "batched": BatchedExecutor}

@@ -45,6 +45,20 @@ def retain_freed_memory() -> bool:
     return bool(mallopt(M_MMAP_MAX, 0)) and bool(mallopt(M_TRIM_THRESHOLD, TRIM_THRESHOLD_BYTES))
 
 
+def release_free_memory() -> bool:
+    """Hand the C heap's free pages back to the kernel now (glibc ``malloc_trim``); False if unavailable.
+
+    With freed memory retained, a long run's heap fragments: blocks freed in one round are split by
+    small allocations and the next round's large tensors land in fresh memory while the old blocks
+    stay resident. Trimming once per training call keeps the reuse within a round (where the same
+    tensors are allocated at every step) and drops what a round left behind.
+    """
+    if not sys.platform.startswith("linux"):
+        return False
+    malloc_trim = getattr(ctypes.CDLL(None), "malloc_trim", None)
+    return bool(malloc_trim(0)) if malloc_trim is not None else False
+
+
 def configure_host(threads: int | None = None, retain_memory: bool = False) -> None:
     """Apply ``threads`` (torch intra-op threads; None leaves torch's choice) and the allocator switch."""
     if threads:
