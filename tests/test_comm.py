@@ -52,3 +52,18 @@ def test_ledger_totals_state_and_csv():
     lines = ledger.to_csv().splitlines()
     assert lines[0] == "round,src,dst,kind,direction,bits" and len(lines) == 6
     assert lines[3] == "1,client:0,server,model_up,up,60"
+
+
+def test_ledger_names_kinds_nodes_and_peak_storage():
+    ledger = Ledger()
+    ledger.record(1, "server", ["client:0", "client:1"], "model_down", 10)
+    ledger.record(1, "client:1", "server", "model_up", 10)
+    ledger.set_storage("client:0", "model", 100)
+    ledger.set_storage("client:0", "aux", 50)
+    ledger.set_storage("client:0", "model", 20)
+    assert ledger.kinds() == ["model_down", "model_up"]
+    assert ledger.nodes() == ["server", "client:0", "client:1"]
+    assert ledger.peak_storage() == {"client:0": 150}
+    restored = Ledger()
+    restored.load_state_dict(ledger.state_dict())
+    assert restored.kinds() == ledger.kinds() and restored.peak_storage() == {"client:0": 150}

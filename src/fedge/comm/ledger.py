@@ -46,6 +46,7 @@ class Ledger:
         }
         self._totals: dict[tuple[str, str], int] = defaultdict(int)
         self.storage: dict[str, dict[str, int]] = defaultdict(dict)
+        self._peak: dict[str, int] = {}
 
     def _intern(self, names: Sequence[str], table: list[str], ids: dict[str, int]) -> np.ndarray:
         out = np.empty(len(names), dtype=np.int32)
@@ -80,6 +81,19 @@ class Ledger:
     def set_storage(self, node: str, kind: str, bits: int) -> None:
         """Set what ``node`` holds of ``kind`` (a model copy, an auxiliary head...) in bits."""
         self.storage[node][kind] = int(bits)
+        self._peak[node] = max(self._peak.get(node, 0), sum(self.storage[node].values()))
+
+    def kinds(self) -> list[str]:
+        """Every transfer kind recorded so far, in order of first use."""
+        return list(self._kinds)
+
+    def nodes(self) -> list[str]:
+        """Every node that sent or received something so far, in order of first use."""
+        return list(self._nodes)
+
+    def peak_storage(self) -> dict[str, int]:
+        """The most each node has held at once, in bits, over the run so far."""
+        return dict(self._peak)
 
     def totals(self) -> dict[tuple[str, str], int]:
         """Cumulative bits by ``(kind, direction)``."""
@@ -125,6 +139,7 @@ class Ledger:
             "columns": self.entries(),
             "totals": dict(self._totals),
             "storage": {node: dict(v) for node, v in self.storage.items()},
+            "peak": dict(self._peak),
         }
 
     def load_state_dict(self, state: dict) -> None:
@@ -135,3 +150,4 @@ class Ledger:
         self._columns = {key: [np.asarray(col)] for key, col in state["columns"].items()}
         self._totals = defaultdict(int, state["totals"])
         self.storage = defaultdict(dict, {node: dict(v) for node, v in state["storage"].items()})
+        self._peak = dict(state["peak"])
