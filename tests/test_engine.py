@@ -208,13 +208,17 @@ def test_owned_banks_train_in_place_and_others_are_left_untouched(executor):
     assert all(torch.equal(held[k], ClientBank.broadcast(range(3), params, {}).params[k]) for k in held)
 
 
-def test_assigning_state_makes_a_bank_not_owned():
+def test_a_bank_holds_new_tensors_only_with_a_stated_ownership():
     bank = ClientBank.broadcast([0, 1], {"w": torch.zeros(2)}, {})
     assert bank.owned
-    bank.params = {"w": torch.ones(2, 2)}
-    assert not bank.owned
+    shared = {"w": torch.ones(2, 2)}
+    bank.adopt(shared, owned=False)
+    assert not bank.owned and bank.params is shared and bank.buffers == {}
     assert not ClientBank((0,), {"w": torch.zeros(1, 2)}).owned
     assert bank.state_bytes() == 2 * 2 * 4
+    restored = ClientBank((0, 1), {})
+    restored.load_state_dict(bank.state_dict())
+    assert restored.owned and torch.equal(restored.params["w"], shared["w"])
 
 
 @pytest.mark.parametrize("sgd", [SGD(), SGD(momentum=0.9), SGD(momentum=0.5, weight_decay=0.1)])

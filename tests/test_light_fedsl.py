@@ -54,7 +54,7 @@ def run(algorithm: dict, rounds: int, **overrides):
 
 def full_state(algorithm) -> dict[str, torch.Tensor]:
     client = algorithm.client
-    return composed(client["params"], algorithm.server["params"])
+    return composed(client["params"], algorithm.server.params)
 
 
 def max_diff(a: dict, b: dict) -> float:

@@ -46,7 +46,7 @@ def trained(raw: dict, rounds: int | None = None):
 def model_state(algorithm) -> dict[str, torch.Tensor]:
     """The composed model's parameters (trunk + server) and the aux head's."""
     aux = {k: v for k, v in algorithm.client["params"].items() if k.startswith("aux.")}
-    return {**composed(algorithm.client["params"], algorithm.server["params"]), **aux}
+    return {**composed(algorithm.client["params"], algorithm.server.params), **aux}
 
 
 def max_diff(a: dict, b: dict) -> float:
@@ -66,7 +66,7 @@ def test_one_client_without_aux_equals_centralized_sgd(algorithm, executor):
     split_run, _ = trained(config({**algorithm, **common}, **one))
     central, _ = trained(config({"name": "centralized", **common}, **one))
     params, _ = central.algorithm.bank.client(0)
-    split_params = composed(split_run.algorithm.client["params"], split_run.algorithm.server["params"])
+    split_params = composed(split_run.algorithm.client["params"], split_run.algorithm.server.params)
     assert max_diff(split_params, params) < 1e-6
     assert split_run.algorithm.evaluate()["accuracy"] == central.algorithm.evaluate()["accuracy"]
 
@@ -175,8 +175,8 @@ def test_server_order_random_is_seeded_and_changes_only_the_server():
     again, _ = trained(config({**base, "server_order": "random"}), rounds=1)
     client = ordered.algorithm.client["params"]
     assert max_diff(client, shuffled.algorithm.client["params"]) == 0.0  # clients never wait for the server
-    assert max_diff(ordered.algorithm.server["params"], shuffled.algorithm.server["params"]) > 0
-    assert max_diff(shuffled.algorithm.server["params"], again.algorithm.server["params"]) == 0.0
+    assert max_diff(ordered.algorithm.server.params, shuffled.algorithm.server.params) > 0
+    assert max_diff(shuffled.algorithm.server.params, again.algorithm.server.params) == 0.0
 
 
 def test_client_after_client_order_differs_from_round_robin_for_the_shared_model():
@@ -269,8 +269,8 @@ def test_normal_init_is_seeded_and_identical_for_every_copy():
     raw = config({"name": "fsl_an", "init": "normal0.05"})
     a = build_run(fedge.resolve_config(raw)).algorithm
     b = build_run(fedge.resolve_config(raw)).algorithm
-    params = {**a.client["params"], **a.server["params"]}
-    assert max_diff(params, {**b.client["params"], **b.server["params"]}) == 0.0
+    params = {**a.client["params"], **a.server.params}
+    assert max_diff(params, {**b.client["params"], **b.server.params}) == 0.0
     values = torch.cat([p.flatten() for p in params.values()])
     assert abs(float(values.std()) - 0.05) < 0.005 and abs(float(values.mean())) < 0.005
 
@@ -288,7 +288,7 @@ def test_pre_and_post_step_smashed_data_differ():
     pre, _ = trained(config({"name": "cse_fsl"}), rounds=1)
     post, _ = trained(config({"name": "cse_fsl", "smashed_from": "post_step"}), rounds=1)
     assert max_diff(pre.algorithm.client["params"], post.algorithm.client["params"]) == 0.0
-    assert max_diff(pre.algorithm.server["params"], post.algorithm.server["params"]) > 0
+    assert max_diff(pre.algorithm.server.params, post.algorithm.server.params) > 0
 
 
 def test_state_dict_resumes_to_the_identical_run():
@@ -365,4 +365,4 @@ def test_freeze_client_after_keeps_the_clients_and_trains_the_server():
     one, _ = trained(raw, rounds=1)
     two, _ = trained(raw, rounds=2)
     assert max_diff(one.algorithm.client["params"], two.algorithm.client["params"]) < 1e-6  # averaging only
-    assert max_diff(one.algorithm.server["params"], two.algorithm.server["params"]) > 0
+    assert max_diff(one.algorithm.server.params, two.algorithm.server.params) > 0

@@ -20,14 +20,15 @@ import torch
 
 from fedge import results
 from fedge.algorithms import ALGORITHMS, Algorithm, Context
-from fedge.comm import Ledger
+from fedge.comm import Ledger, Network
 from fedge.config import RunConfig, load_config
 from fedge.data.federated import FederatedData
 from fedge.data.partition import partition_test, partition_train
 from fedge.data.sources import load_dataset
-from fedge.engine import make_executor
+from fedge.engine import NoiseStreams, has_random_layers, make_executor
 from fedge.engine.host import configure_host
 from fedge.errors import ConfigError, FedgeError
+from fedge.metrics import Evaluation, RoundReport
 from fedge.models import SplitModel, build_model, split
 from fedge.plots import plot_run
 from fedge.rng import derive_seed, numpy_rng
@@ -54,6 +55,16 @@ class Built:
     config: RunConfig
     context: Context
     algorithm: Algorithm
+
+    def round(self, t: int) -> RoundReport:
+        """Global round ``t``, its random streams opened first (so any caller gets the runner's numbers)."""
+        self.context.start("train", t)
+        return self.algorithm.run_round(t)
+
+    def evaluate(self, t: int) -> Evaluation:
+        """The evaluation after round ``t``, its random streams opened first."""
+        self.context.start("evaluate", t)
+        return self.algorithm.evaluate()
 
 
 def _device(name: str) -> torch.device:
@@ -104,12 +115,15 @@ def build_run(config: RunConfig) -> Built:
     if config.model.cut is not None:
         split(template, config.model.cut)
     algorithm_cls = ALGORITHMS[config.algorithm.name]
+    executor = make_executor(config.engine.executor, compile_step=config.engine.compile)
+    if has_random_layers(template):
+        executor.noise = NoiseStreams(config.seed, device)
     ctx = Context(
         config=config,
         data=data,
         build_model=factory,
-        executor=make_executor(config.engine.executor, compile_step=config.engine.compile),
-        ledger=Ledger(),
+        executor=executor,
+        network=Network(Ledger()),
         system=SystemModel(config.system, data.num_clients, config.seed),
         device=device,
         seed=config.seed,
@@ -178,14 +192,15 @@ class Runner:
         self.wall_offset = float(state["wall_seconds"])
 
     def run(self) -> Result:
-        cfg, algorithm, ledger = self.config, self.built.algorithm, self.built.context.ledger
+        cfg, ledger = self.config, self.built.context.ledger
         began = time.perf_counter() - self.wall_offset
         for t in range(self.start + 1, cfg.rounds + 1):
-            round_metrics = algorithm.run_round(t)
+            report = self.built.round(t)
             row = None
             if t % cfg.eval.every == 0 or t == cfg.rounds:
                 clock = self.built.context.system.clock
-                row = {"round": t, **algorithm.evaluate(), **round_metrics, **_communication(ledger)}
+                evaluation = self.built.evaluate(t)
+                row = {"round": t, **evaluation.row(), **report.row(), **_communication(ledger)}
                 row.update(sim_seconds=clock.seconds, sim_joules=clock.joules)
                 row["wall_seconds"] = time.perf_counter() - began
                 self.rows.append(row)

@@ -9,61 +9,95 @@ from typing import Any, ClassVar
 
 import torch
 
-from fedge.comm import Ledger
+from fedge.comm import Ledger, Network
 from fedge.config import AlgorithmConfig, RunConfig, register_algorithm_config
 from fedge.data.federated import FederatedData
 from fedge.engine import Executor
+from fedge.metrics import Evaluation, RoundReport
 from fedge.models import SplitModel
+from fedge.rng import derive_seed
 from fedge.system import SystemModel
+from fedge.tensors import on_device
 
 
 @dataclass
 class Context:
-    """What an algorithm is built from: data, a model factory, the engine, the ledger, the wireless
-    system (with its simulated clock), the device and the seed."""
+    """What an algorithm is built from: data, a model factory, the engine, the network (links and the
+    ledger behind them), the wireless system (with its simulated clock), the device and the seed."""
 
     config: RunConfig
     data: FederatedData
     build_model: Callable[[], SplitModel]
     executor: Executor
-    ledger: Ledger
+    network: Network
     system: SystemModel
     device: torch.device
     seed: int
+
+    @property
+    def ledger(self) -> Ledger:
+        """The run's ledger (what the runner reports; algorithms send through ``network`` links)."""
+        return self.network.ledger
+
+    def start(self, purpose: str, round_: int) -> None:
+        """Open the random streams of ``purpose`` (``train`` or ``evaluate``) in round ``round_``.
+
+        Called once by the runner before each round and each evaluation: training noise (dropout) then
+        comes from keys derived from ``(seed, purpose, round, phase, client)`` (:mod:`fedge.engine.noise`),
+        and torch's global generator, left to layers fedge does not key, is seeded from the same names.
+        """
+        torch.manual_seed(derive_seed(self.seed, f"{purpose}-noise", round_))
+        if self.executor.noise is not None:
+            self.executor.noise.open(purpose, round_)
 
 
 class Algorithm(ABC):
     """A federated algorithm: one global round at a time, evaluation, and resumable state.
 
-    ``run_round(t)`` runs global round ``t`` (1-based), reports every transfer to the ledger and
-    advances ``ctx.system.clock`` by the round's simulated latency and energy, composed as its paper says;
-    ``evaluate()`` returns metrics of the current model(s); ``state_dict()`` / ``load_state_dict()``
-    capture everything a resumed run needs to continue to the identical result.
+    ``run_round(t)`` runs global round ``t`` (1-based), sends every transfer through a link of
+    ``ctx.network`` (so the ledger sees it) and advances ``ctx.system.clock`` by the round's simulated
+    latency and energy, composed as its paper says; it returns a :class:`RoundReport`. ``evaluate()``
+    returns an :class:`Evaluation` of the current model(s). The state a resumed run needs is the
+    attributes named in ``state_fields`` (tensors, numbers, arrays and dicts of them); algorithms with
+    state in components extend :meth:`state_dict` / :meth:`load_state_dict`. Seeding is not an
+    algorithm's job: the runner opens the round's random streams (:meth:`Context.start`).
     """
 
     name: ClassVar[str]
     config_class: ClassVar[type[AlgorithmConfig]]
     description: ClassVar[str]
+    state_fields: ClassVar[tuple[str, ...]] = ()
 
     def __init__(self, ctx: Context, cfg: AlgorithmConfig):
         self.ctx = ctx
         self.cfg = cfg
 
     @abstractmethod
-    def run_round(self, t: int) -> dict[str, float]:
-        """Run global round ``t``; return round metrics (e.g. mean training loss)."""
+    def run_round(self, t: int) -> RoundReport:
+        """Run global round ``t``; report its training loss and figures."""
 
     @abstractmethod
-    def evaluate(self) -> dict[str, float]:
-        """Metrics of the current model(s) on held-out data."""
+    def evaluate(self) -> Evaluation:
+        """Accuracy, loss and figures of the current model(s) on held-out data."""
 
-    @abstractmethod
     def state_dict(self) -> dict[str, Any]:
-        """Everything needed to resume."""
+        """Everything needed to resume: the attributes named in ``state_fields``."""
+        return {name: _saved(getattr(self, name)) for name in self.state_fields}
 
-    @abstractmethod
     def load_state_dict(self, state: dict[str, Any]) -> None:
-        """Restore from :meth:`state_dict`."""
+        """Restore :meth:`state_dict`, tensors moved to the run's device."""
+        for name in self.state_fields:
+            value = on_device(state[name], self.ctx.device)
+            current = getattr(self, name, None)
+            if hasattr(current, "load_state_dict"):
+                current.load_state_dict(value)
+            else:
+                setattr(self, name, value)
+
+
+def _saved(value: Any) -> Any:
+    """What a checkpoint keeps of a state attribute: a component's own state dict, or the value."""
+    return value.state_dict() if hasattr(value, "state_dict") else value
 
 
 ALGORITHMS: dict[str, type[Algorithm]] = {}

@@ -4,11 +4,10 @@ from __future__ import annotations
 
 from typing import Literal
 
-import torch
 from pydantic import Field, PositiveInt
 
 from fedge.algorithms.base import Algorithm, Context, register
-from fedge.algorithms.fedavg import state_bits
+from fedge.comm import nodes
 from fedge.config import AlgorithmConfig, SGDConfig
 from fedge.engine import (
     SGD,
@@ -19,7 +18,7 @@ from fedge.engine import (
     make_step,
     parameters_of,
 )
-from fedge.rng import derive_seed
+from fedge.metrics import Evaluation, RoundReport
 from fedge.system import forward_flops, training_flops
 
 
@@ -42,6 +41,8 @@ class Centralized(Algorithm):
     simulated time is the server's compute time.
     """
 
+    state_fields = ("bank",)
+
     def __init__(self, ctx: Context, cfg: CentralizedConfig):
         super().__init__(ctx, cfg)
         self.data = ctx.data.pooled()
@@ -50,31 +51,21 @@ class Centralized(Algorithm):
         params = parameters_of(self.model)
         self.bank = ClientBank.broadcast([0], params, buffers_of(self.model), self.sgd.init(params))
         self.step = make_step(classification_loss(self.model), self.sgd)
-        ctx.ledger.set_storage("server", "model", state_bits(params, buffers_of(self.model)))
+        ctx.network.hold(nodes.SERVER, "model", {**params, **buffers_of(self.model)})
         self.flops_per_sample = forward_flops(self.model, ctx.data.input_shape)
 
-    def run_round(self, t: int) -> dict[str, float]:
+    def run_round(self, t: int) -> RoundReport:
         cfg = self.cfg
         plan = self.data.batch_plan([0], t, cfg.epochs_per_round, cfg.batch_size, cfg.drop_last)
-        torch.manual_seed(derive_seed(self.ctx.seed, "train-noise", t))
         self.model.train()
         losses = self.ctx.executor.train(self.step, self.bank, plan, self.data, cfg.optimizer.lr)
         work = self.ctx.system.server_compute(training_flops(self.flops_per_sample, float(plan.weight.sum())))
         self.ctx.system.clock.advance(float(work.seconds.sum()), float(work.joules.sum()))
-        return {"train_loss": float(losses[0])}
+        return RoundReport(float(losses[0]))
 
-    def evaluate(self) -> dict[str, float]:
+    def evaluate(self) -> Evaluation:
         params, buffers = self.bank.client(0)
         data = self.ctx.data
         return evaluate_model(
             self.model, params, buffers, data.x_test, data.y_test, self.ctx.config.eval.batch_size
         )
-
-    def state_dict(self) -> dict:
-        return {"params": self.bank.params, "buffers": self.bank.buffers, "opt_state": self.bank.opt_state}
-
-    def load_state_dict(self, state: dict) -> None:
-        device = self.ctx.device
-        self.bank.params = {k: v.to(device) for k, v in state["params"].items()}
-        self.bank.buffers = {k: v.to(device) for k, v in state["buffers"].items()}
-        self.bank.opt_state = {k: v.to(device) for k, v in state["opt_state"].items()}

@@ -11,7 +11,7 @@ import torch
 from pydantic import Field, PositiveInt
 
 from fedge.algorithms.base import Algorithm, Context, register
-from fedge.comm import client_node, get_codec
+from fedge.comm import nodes
 from fedge.config import AlgorithmConfig, Fraction, SGDConfig
 from fedge.engine import (
     SGD,
@@ -21,9 +21,12 @@ from fedge.engine import (
     evaluate_model,
     make_step,
     parameters_of,
+    weighted_sum,
 )
-from fedge.rng import derive_seed, numpy_rng
+from fedge.metrics import Evaluation, RoundReport
+from fedge.rng import numpy_rng
 from fedge.system import forward_flops, parallel_clients, training_flops
+from fedge.tensors import floating
 
 
 class FedAvgConfig(AlgorithmConfig):
@@ -47,12 +50,6 @@ def sample_clients(seed: int, round_: int, num_clients: int, fraction: float) ->
     return np.sort(numpy_rng(seed, "participants", round_).choice(num_clients, size=count, replace=False))
 
 
-def state_bits(params: dict[str, torch.Tensor], buffers: dict[str, torch.Tensor]) -> int:
-    """Bits of a model's floating state at 32 bits per value (what a node stores)."""
-    tensors = [*params.values(), *(b for b in buffers.values() if b.is_floating_point())]
-    return 32 * sum(t.numel() for t in tensors)
-
-
 @register(
     "fedavg", FedAvgConfig, "FedAvg: sampled clients train locally, the server averages by sample count"
 )
@@ -66,6 +63,8 @@ class FedAvg(Algorithm):
     their own sub-channels (the slowest client sets the pace).
     """
 
+    state_fields = ("params", "buffers")
+
     def __init__(self, ctx: Context, cfg: FedAvgConfig):
         super().__init__(ctx, cfg)
         self.model = ctx.build_model().to(ctx.device)
@@ -74,28 +73,24 @@ class FedAvg(Algorithm):
         opt = cfg.optimizer
         self.sgd = SGD(momentum=opt.momentum, weight_decay=opt.weight_decay)
         self.step = make_step(classification_loss(self.model), self.sgd)
-        self.up, self.down = get_codec(cfg.codec_up), get_codec(cfg.codec_down)
-        ctx.ledger.set_storage("server", "model", state_bits(self.params, self.buffers))
+        self.up, self.down = ctx.network.link(cfg.codec_up), ctx.network.link(cfg.codec_down)
+        ctx.network.hold(nodes.SERVER, "model", {**self.params, **self.buffers})
         self.flops_per_sample = forward_flops(self.model, ctx.data.input_shape)
 
-    def _sent(self, tensors: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
-        return {k: v for k, v in tensors.items() if v.is_floating_point()}
-
-    def run_round(self, t: int) -> dict[str, float]:
+    def run_round(self, t: int) -> RoundReport:
         ctx, cfg = self.ctx, self.cfg
         clients = sample_clients(ctx.seed, t, ctx.data.num_clients, cfg.fraction)
-        nodes = [client_node(c) for c in clients]
-        down = self.down.transmit({**self.params, **self._sent(self.buffers)})
-        ctx.ledger.record(t, "server", nodes, "model_down", np.repeat(down.bits, len(clients)))
+        receivers = nodes.clients(clients)
+        model = {**self.params, **floating(self.buffers)}
+        down = self.down.send(t, nodes.SERVER, receivers, "model_down", model)
         params = {k: down.payload[k] for k in self.params}
         buffers = {k: down.payload.get(k, v) for k, v in self.buffers.items()}
         bank = ClientBank.broadcast(clients, params, buffers, self.sgd.init(params))
         plan = ctx.data.batch_plan(clients, t, cfg.local_epochs, cfg.batch_size, cfg.drop_last)
-        torch.manual_seed(derive_seed(ctx.seed, "train-noise", t))
         self.model.train()
         losses = ctx.executor.train(self.step, bank, plan, ctx.data, cfg.optimizer.lr)
-        up = self.up.transmit({**bank.params, **self._sent(bank.buffers)}, stacked=True)
-        ctx.ledger.record(t, nodes, "server", "model_up", up.bits)
+        trained = {**bank.params, **floating(bank.buffers)}
+        up = self.up.send(t, receivers, nodes.SERVER, "model_up", trained, stacked=True)
         samples = plan.weight.sum(dim=(1, 2)).cpu().numpy()
         ctx.system.clock.advance(
             *parallel_clients(
@@ -104,27 +99,16 @@ class FedAvg(Algorithm):
                 ctx.system.upload(clients, up.bits, t),
             )
         )
-        bank.params = {k: up.payload[k] for k in bank.params}
-        bank.buffers = {k: up.payload.get(k, v) for k, v in bank.buffers.items()}
         sizes = torch.as_tensor(ctx.data.client_sizes(clients), dtype=torch.float64)
         weights = (sizes / sizes.sum()).to(ctx.device)
-        self.params, self.buffers = bank.average(weights)
-        for c in clients:
-            ctx.ledger.set_storage(client_node(int(c)), "model", state_bits(self.params, self.buffers))
-        return {
-            "train_loss": float((losses.double().cpu() * weights.cpu()).sum()),
-            "participants": len(clients),
-        }
+        self.params = weighted_sum({k: up.payload[k] for k in bank.params}, weights)
+        self.buffers = weighted_sum({k: up.payload.get(k, v) for k, v in bank.buffers.items()}, weights)
+        ctx.network.hold(receivers, "model", {**self.params, **self.buffers})
+        train_loss = float((losses.double().cpu() * weights.cpu()).sum())
+        return RoundReport(train_loss, {"participants": len(clients)})
 
-    def evaluate(self) -> dict[str, float]:
+    def evaluate(self) -> Evaluation:
         data = self.ctx.data
         return evaluate_model(
             self.model, self.params, self.buffers, data.x_test, data.y_test, self.ctx.config.eval.batch_size
         )
-
-    def state_dict(self) -> dict:
-        return {"params": self.params, "buffers": self.buffers}
-
-    def load_state_dict(self, state: dict) -> None:
-        self.params = {k: v.to(self.ctx.device) for k, v in state["params"].items()}
-        self.buffers = {k: v.to(self.ctx.device) for k, v in state["buffers"].items()}

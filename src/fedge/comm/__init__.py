@@ -1,8 +1,11 @@
-"""Communication: codecs that count bits exactly, and the ledger of transfers and storage."""
+"""Communication: codecs that count bits exactly, links that send through them, and the ledger."""
 
+from fedge.comm import nodes
 from fedge.comm.codecs import Codec, Encoded, FloatCodec
 from fedge.comm.dropout import apply_dropout, dropout_mask, kept_bits
-from fedge.comm.ledger import Ledger, client_node, direction
+from fedge.comm.ledger import Ledger
+from fedge.comm.link import Link, Network, Sent, state_bits
+from fedge.comm.nodes import direction
 from fedge.comm.quantize import StochasticQuantizer, stochastic_quantize, variance_bound
 from fedge.comm.registry import CODECS, get_codec
 from fedge.comm.sparse import SparseCodec, sparse_bits
@@ -13,15 +16,19 @@ __all__ = [
     "Encoded",
     "FloatCodec",
     "Ledger",
+    "Link",
+    "Network",
+    "Sent",
     "SparseCodec",
     "StochasticQuantizer",
     "apply_dropout",
-    "client_node",
     "direction",
     "dropout_mask",
     "get_codec",
     "kept_bits",
+    "nodes",
     "sparse_bits",
+    "state_bits",
     "stochastic_quantize",
     "variance_bound",
 ]

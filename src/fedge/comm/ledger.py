@@ -1,8 +1,8 @@
 """The ledger: one entry per transfer ``(round, src, dst, kind, bits)`` and storage per node.
 
-Nodes are named ``client:<i>``, ``edge:<j>``, ``server`` or ``cloud``. A transfer's direction follows
-from the levels of its ends: towards a higher level is *up*, towards a lower level is *down*, between
-equals (client to client) is *peer*. Entries are kept as columns so a ledger of millions of transfers
+Nodes are named as :mod:`fedge.comm.nodes` says. A transfer's direction follows from the levels of its
+ends: towards a higher level is *up*, towards a lower level is *down*, between equals (client to
+client) is *peer*. Entries are kept as columns so a ledger of millions of transfers
 stays small, checkpoints cheaply and exports as CSV.
 """
 
@@ -15,18 +15,7 @@ from collections.abc import Sequence
 
 import numpy as np
 
-LEVELS = {"client": 0, "edge": 1, "server": 2, "cloud": 3}
-
-
-def client_node(index: int) -> str:
-    """The ledger name of client ``index``."""
-    return f"client:{index}"
-
-
-def direction(src: str, dst: str) -> str:
-    """``up``, ``down`` or ``peer`` for a transfer from ``src`` to ``dst``."""
-    a, b = LEVELS[src.split(":")[0]], LEVELS[dst.split(":")[0]]
-    return "up" if b > a else "down" if b < a else "peer"
+from fedge.comm.nodes import direction
 
 
 class Ledger:

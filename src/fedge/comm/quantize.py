@@ -15,8 +15,9 @@ from typing import Literal
 import numpy as np
 import torch
 
-from fedge.comm.codecs import Codec, Encoded, Tensors
+from fedge.comm.codecs import Codec
 from fedge.rng import torch_rng
+from fedge.tensors import Tensors
 
 RANGE_BITS = 64  # g_min and g_max as two float32 values
 
@@ -69,19 +70,22 @@ class StochasticQuantizer(Codec):
         if not 1 <= bits <= 31:
             raise ValueError("quantizer bits must be in 1..31")
         self.name = f"q{bits}"
-        self.bits = bits
+        self.bits_per_value = bits
         self.granularity = granularity
 
-    def transmit(self, tensors: Tensors, stacked: bool = False, seeds: list[int] | None = None) -> Encoded:
+    def encode(self, tensors: Tensors, stacked: bool = False, seeds: list[int] | None = None) -> Tensors:
         senders = next(iter(tensors.values())).shape[0] if stacked else 1
         seeds = seeds if seeds is not None else list(range(senders))
         rows = [{k: v[i] for k, v in tensors.items()} for i in range(senders)] if stacked else [tensors]
         device = next(iter(tensors.values())).device
         decoded = [
-            quantize_dict(row, self.bits, torch_rng(seed, "quantizer", device=device), self.granularity)
+            quantize_dict(
+                row, self.bits_per_value, torch_rng(seed, "quantizer", device=device), self.granularity
+            )
             for row, seed in zip(rows, seeds, strict=True)
         ]
-        numel = sum(v.numel() for v in rows[0].values())
-        ranges = 1 if self.granularity == "vector" else len(rows[0])
-        payload = {k: torch.stack([d[k] for d in decoded]) for k in tensors} if stacked else decoded[0]
-        return Encoded(payload, np.full(senders, quantized_bits(numel, self.bits, ranges), dtype=np.int64))
+        return {k: torch.stack([d[k] for d in decoded]) for k in tensors} if stacked else decoded[0]
+
+    def bits(self, values: np.ndarray, nonzeros: np.ndarray | None = None) -> np.ndarray:
+        ranges = 1 if self.granularity == "vector" else values.shape[1]
+        return values.sum(axis=1) * (1 + self.bits_per_value) + ranges * RANGE_BITS

@@ -1,4 +1,4 @@
-"""Codecs by name: ``fp32``, ``fp16``, ``sparse`` and ``q<bits>`` (the stochastic quantizer)."""
+"""Codecs by name: ``fp32``, ``fp16``, ``sparse``, ``bitmap`` and ``q<bits>`` (the stochastic quantizer)."""
 
 from __future__ import annotations
 
@@ -12,6 +12,7 @@ CODECS: dict[str, Codec] = {
     "fp32": FloatCodec("fp32", torch.float32),
     "fp16": FloatCodec("fp16", torch.float16),
     "sparse": SparseCodec(),
+    "bitmap": SparseCodec("bitmap", ("dense", "bitmap")),
 }
 
 

@@ -12,18 +12,12 @@ from dataclasses import dataclass, field
 
 import torch
 
-Tensors = dict[str, torch.Tensor]
-STATE_FIELDS = ("params", "buffers", "opt_state")
+from fedge.tensors import Tensors, rows
 
 
 def stack_copies(tensors: Tensors, count: int) -> Tensors:
     """``count`` independent copies of every tensor, stacked along a new leading dimension."""
     return {name: t.unsqueeze(0).repeat(count, *([1] * t.dim())) for name, t in tensors.items()}
-
-
-def row(tensors: Tensors, index: int) -> Tensors:
-    """One client's slice of stacked tensors."""
-    return {name: t[index] for name, t in tensors.items()}
 
 
 def weighted_sum(stacked: Tensors, weights: torch.Tensor) -> Tensors:
@@ -49,7 +43,8 @@ class ClientBank:
     the tensors it was given untouched and gives the bank new ones, so a bank built from tensors that
     are also held elsewhere (another bank's rows, a model's state) never changes them behind the
     holder's back. In-place training saves a second copy of the whole stacked state, which is most of
-    the memory of a round with many clients.
+    the memory of a round with many clients. Whoever gives a bank new tensors says whether it owns them
+    (:meth:`adopt`).
     """
 
     clients: tuple[int, ...]
@@ -57,12 +52,6 @@ class ClientBank:
     buffers: Tensors = field(default_factory=dict)
     opt_state: Tensors = field(default_factory=dict)
     owned: bool = False
-
-    def __setattr__(self, name: str, value: object) -> None:
-        # Assigning new tensors after construction may hand the bank tensors held elsewhere.
-        if name in STATE_FIELDS and "owned" in self.__dict__:
-            object.__setattr__(self, "owned", False)
-        object.__setattr__(self, name, value)
 
     @classmethod
     def broadcast(
@@ -78,12 +67,35 @@ class ClientBank:
             owned=True,
         )
 
+    def adopt(
+        self,
+        params: Tensors,
+        buffers: Tensors | None = None,
+        opt_state: Tensors | None = None,
+        *,
+        owned: bool,
+    ) -> None:
+        """Hold new tensors (buffers and optimizer state kept when not given); ``owned`` says whether
+        nothing else refers to them, so that executors may train them in place."""
+        self.params = params
+        self.buffers = self.buffers if buffers is None else buffers
+        self.opt_state = self.opt_state if opt_state is None else opt_state
+        self.owned = owned
+
+    def state_dict(self) -> dict[str, Tensors]:
+        """The stacked state, for checkpoints."""
+        return {"params": self.params, "buffers": self.buffers, "opt_state": self.opt_state}
+
+    def load_state_dict(self, state: dict[str, Tensors]) -> None:
+        """Hold the state of :meth:`state_dict` (fresh tensors from a checkpoint: owned)."""
+        self.adopt(state["params"], state["buffers"], state["opt_state"], owned=True)
+
     def __len__(self) -> int:
         return len(self.clients)
 
     def client(self, index: int) -> tuple[Tensors, Tensors]:
         """Parameters and buffers of the client in row ``index``."""
-        return row(self.params, index), row(self.buffers, index)
+        return rows(self.params, index), rows(self.buffers, index)
 
     def state_bytes(self) -> int:
         """Bytes held by the stacked parameters, buffers and optimizer state."""

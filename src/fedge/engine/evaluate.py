@@ -7,13 +7,14 @@ import torch.nn.functional as F
 from torch import nn
 from torch.func import functional_call
 
-Tensors = dict[str, torch.Tensor]
+from fedge.metrics import Evaluation
+from fedge.tensors import Tensors
 
 
 @torch.no_grad()
 def evaluate_model(
     model: nn.Module, params: Tensors, buffers: Tensors, x: torch.Tensor, y: torch.Tensor, batch_size: int
-) -> dict[str, float]:
+) -> Evaluation:
     """Top-1 accuracy and mean cross-entropy of ``model`` (in eval mode) on ``(x, y)``."""
     was_training = model.training
     model.eval()
@@ -28,4 +29,4 @@ def evaluate_model(
     finally:
         model.train(was_training)
     count = max(len(y), 1)
-    return {"accuracy": correct / count, "loss": loss_sum / count}
+    return Evaluation(correct / count, loss_sum / count)

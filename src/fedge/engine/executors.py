@@ -20,38 +20,66 @@ How the batched executor stays close to the hardware's speed:
   during local training, so chunking does not change any number.
 * Optionally the vmapped gradient is compiled with ``torch.compile`` (``compile_step``).
 
-Random layers (dropout) draw from torch's global generator, which the caller seeds per round from the
-run seed; under vmap the draws are made per client (``randomness="different"``), so runs are
-reproducible per executor but dropout masks differ between the two executors.
+Besides whole local epochs of one step function (:meth:`Executor.train`), an executor maps any pure
+per-client function over stacked state and batches (:meth:`Executor.map`): split learning stops at every
+batch to exchange smashed data and gradients with a server, so it drives its own step loop through
+``map``. Both executors give the same numbers for both; random layers draw from keyed noise streams
+(:mod:`fedge.engine.noise`), so a client's dropout masks are the same on either executor.
 """
 
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
-from collections.abc import Callable
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import contextmanager
+from typing import Any, NamedTuple
 
 import numpy as np
 import torch
-from torch.func import vmap
+from torch.func import vjp, vmap
 
 from fedge.data.federated import BatchPlan, FederatedData
-from fedge.engine.bank import ClientBank, row
+from fedge.engine.bank import ClientBank
 from fedge.engine.convolution import conv_as_matmul
 from fedge.engine.host import release_free_memory
+from fedge.engine.noise import NoiseStreams, RowKeys, keyed_noise
 from fedge.engine.step import Step, StepFn
+from fedge.tensors import Tensors, rows
 
-Tensors = dict[str, torch.Tensor]
 State = tuple[Tensors, Tensors, Tensors]
-# (params, buffers, opt_state, x, y, weight, lr) -> per-client loss; updates the state in place
-Kernel = Callable[[Tensors, Tensors, Tensors, torch.Tensor, torch.Tensor, torch.Tensor, float], torch.Tensor]
+# (params, buffers, opt_state, x, y, weight, lr, keys) -> per-client loss; updates the state in place
+Kernel = Callable[..., torch.Tensor]
+# fn(*state, *inputs, *batch, *shared) -> Mapped(state, per_client, per_sample) of one client
+ClientFn = Callable[..., "Mapped"]
 
 CHUNK_BYTES = 64 * 2**20
 
 
+class Mapped(NamedTuple):
+    """What a per-client function returns, and what :meth:`Executor.map` returns stacked over clients:
+    the new state (one dict per state argument), per-client values (e.g. the loss) and per-sample
+    tensors (e.g. smashed data, zero past each client's real rows)."""
+
+    state: tuple[Tensors, ...] = ()
+    per_client: tuple[torch.Tensor, ...] = ()
+    per_sample: tuple[torch.Tensor, ...] = ()
+
+
+class ClientFailed(RuntimeError):
+    """A client's computation raised: which client (row), at which stage, and the original error."""
+
+    def __init__(self, who: str, stage: str, error: BaseException):
+        super().__init__(f"{who}, {stage}: {type(error).__name__}: {error}")
+        self.who, self.stage = who, stage
+
+
 class Executor(ABC):
-    """Runs the local steps of a plan for every client of a bank; returns the mean loss per client."""
+    """Runs clients' local work on stacked state: whole local epochs (:meth:`train`) or one pure
+    per-client function (:meth:`map`). ``noise`` is the run's keyed noise root (None: the model has no
+    random layers, and no key is drawn)."""
 
     name: str
+    noise: NoiseStreams | None = None
 
     @abstractmethod
     def train(
@@ -60,8 +88,55 @@ class Executor(ABC):
         """Update ``bank`` by the steps of ``plan``; return each client's mean training loss.
 
         A bank that owns its tensors (:attr:`ClientBank.owned`) is trained in place; any other bank is
-        given new tensors, and the tensors it held are left as they were.
+        given new tensors, and the tensors it held are left as they were. The call is one phase of the
+        round's noise stream: step ``s`` of row ``r`` draws from ``keys.at(s)[r]``.
         """
+
+    @abstractmethod
+    def map(
+        self,
+        fn: ClientFn,
+        state: tuple[Tensors, ...],
+        batch: tuple[torch.Tensor, ...],
+        shared: tuple[Any, ...],
+        counts: torch.Tensor,
+        inputs: tuple[Tensors, ...] = (),
+        keys: torch.Tensor | None = None,
+        stage: str = "map",
+    ) -> Mapped:
+        """``fn`` for every client with ``counts > 0``, stacked over clients.
+
+        ``fn(*state, *inputs, *batch, *shared)`` sees one client's rows: ``state`` and read-only
+        ``inputs`` are per-client dicts, ``batch`` tensors ``[clients, B, ...]`` (client c's first
+        ``counts[c]`` rows are real), ``shared`` values the same for all. An inactive client keeps its
+        state and gets zero outputs; per-sample outputs are zero past ``counts``. ``keys[c]`` is client
+        c's noise key for this call (from :meth:`phase_keys`); ``stage`` names the call in errors.
+        """
+
+    def phase_keys(self, clients: Sequence[int]) -> RowKeys | None:
+        """Noise keys of the rows ``clients`` for the next training phase (None without random layers)."""
+        return None if self.noise is None else self.noise.next_phase(clients)
+
+    def forward_with_vjp(
+        self,
+        fn: ClientFn,
+        params: Tensors,
+        buffers: Tensors,
+        x: torch.Tensor,
+        counts: torch.Tensor,
+        keys: torch.Tensor | None = None,
+    ) -> tuple[torch.Tensor, Tensors, Callable[[torch.Tensor], Tensors]]:
+        """Stacked smashed data of ``fn(buffers, params, x) -> Mapped((buffers,), (), (z,))``, the new
+        buffers, and the pullback that turns cut-layer gradients ``dL/dz`` into stacked parameter
+        gradients. One forward pass; the pullback reuses it (so dropout masks stay consistent).
+        """
+
+        def smashed(p: Tensors) -> tuple[torch.Tensor, Tensors]:
+            out = self.map(fn, (buffers,), (x,), (), counts, inputs=(p,), keys=keys, stage="forward")
+            return out.per_sample[0], out.state[0]
+
+        z, pullback, new_buffers = vjp(smashed, params, has_aux=True)
+        return z, new_buffers, lambda grad_z: pullback(grad_z)[0]
 
 
 def _destination(bank: ClientBank) -> State:
@@ -90,34 +165,95 @@ class SequentialExecutor(Executor):
     ) -> torch.Tensor:
         source = (bank.params, bank.buffers, bank.opt_state)
         destination = _destination(bank)
+        keys = self.phase_keys(bank.clients)
+        grid = None if keys is None else keys.grid(plan.num_steps)
         losses = torch.zeros(len(bank), device=data.device)
         for r in range(len(bank)):
-            params, buffers, opt_state = (row(tensors, r) for tensors in source)
+            params, buffers, opt_state = (rows(tensors, r) for tensors in source)
             total = torch.zeros((), device=data.device)
             steps = int(plan.steps[r])
             for s in range(steps):
                 idx = plan.client_batch(r, s)
                 x, y = data.x_train[idx], data.y_train[idx]
                 weight = torch.ones(len(idx), device=data.device)
-                params, buffers, opt_state, loss = step(params, buffers, opt_state, x, y, weight, lr)
+                noise = keyed_noise(None if grid is None else grid[r, s])
+                with _failing(f"client {bank.clients[r]}", f"local step {s}"), noise:
+                    params, buffers, opt_state, loss = step(params, buffers, opt_state, x, y, weight, lr)
                 total = total + loss
             losses[r] = total / max(steps, 1)
             for targets, values in zip(destination, (params, buffers, opt_state), strict=True):
-                _copy_into(row(targets, r), values)
+                _copy_into(rows(targets, r), values)
         if not bank.owned:
-            bank.params, bank.buffers, bank.opt_state = destination
+            bank.adopt(*destination, owned=False)
         return losses
 
+    def map(self, fn, state, batch, shared, counts, inputs=(), keys=None, stage="map") -> Mapped:
+        active = [int(c) for c in counts]
+        if not any(active):
+            raise ValueError("no active client: counts are all zero")
+        width = batch[0].shape[1] if batch else 0
+        outs: list[Mapped | None] = []
+        for r, count in enumerate(active):
+            if count == 0:
+                outs.append(None)
+                continue
+            args = [rows(s, r) for s in (*state, *inputs)] + [b[r, :count] for b in batch]
+            with _failing(f"row {r}", stage), keyed_noise(None if keys is None else keys[r]):
+                outs.append(fn(*args, *shared))
+        template = next(o for o in outs if o is not None)
+        new_state = tuple(
+            {
+                name: torch.stack(
+                    [o.state[i][name] if o is not None else old[name][r] for r, o in enumerate(outs)]
+                )
+                for name in template.state[i]
+            }
+            for i, old in enumerate(state)
+        )
+        per_client = tuple(
+            torch.stack([o.per_client[i] if o is not None else torch.zeros_like(v) for o in outs])
+            for i, v in enumerate(template.per_client)
+        )
+        per_sample = tuple(
+            torch.stack(
+                [
+                    _pad_rows(o.per_sample[i], width) if o is not None else v.new_zeros(width, *v.shape[1:])
+                    for o in outs
+                ]
+            )
+            for i, v in enumerate(template.per_sample)
+        )
+        return Mapped(new_state, per_client, per_sample)
 
-def _step_kernel(step: Step, compile_step: bool) -> Kernel:
+
+def _keyed(fn: Callable[..., Any]) -> Callable[..., Any]:
+    """``fn`` with a leading noise-key argument that its random layers draw from."""
+
+    def call(key: torch.Tensor, *args: Any) -> Any:
+        with keyed_noise(key):
+            return fn(*args)
+
+    return call
+
+
+def _vmapped(fn: Callable[..., Any], in_dims: tuple, keyed: bool, compile_step: bool) -> Callable[..., Any]:
+    """``fn`` under vmap (with a leading per-client key when ``keyed``), compiled on request."""
+    mapped = (
+        vmap(_keyed(fn), in_dims=(0, *in_dims), randomness="different")
+        if keyed
+        else vmap(fn, in_dims=in_dims, randomness="different")
+    )
+    return torch.compile(mapped, dynamic=False) if compile_step else mapped
+
+
+def _step_kernel(step: Step, keyed: bool, compile_step: bool) -> Kernel:
     """Vmapped gradients of all clients, then the optimizer's in-place update of the stacked state."""
-    gradients = vmap(step.gradients, randomness="different")
-    if compile_step:
-        gradients = torch.compile(gradients, dynamic=False)
+    gradients = _vmapped(step.gradients, (0,) * 5, keyed, compile_step)
 
-    def run(params, buffers, opt_state, x, y, weight, lr):
+    def run(params, buffers, opt_state, x, y, weight, lr, keys):
         with conv_as_matmul():
-            grads, loss, new_buffers = gradients(params, buffers, x, y, weight)
+            args = (params, buffers, x, y, weight)
+            grads, loss, new_buffers = gradients(keys, *args) if keyed else gradients(*args)
         step.optimizer.update_(params, grads, opt_state, lr)
         _copy_into(buffers, new_buffers)
         return loss
@@ -125,15 +261,14 @@ def _step_kernel(step: Step, compile_step: bool) -> Kernel:
     return run
 
 
-def _generic_kernel(step: StepFn, compile_step: bool) -> Kernel:
+def _generic_kernel(step: StepFn, keyed: bool, compile_step: bool) -> Kernel:
     """Any pure step function under vmap; its new state is copied into the stacked state."""
-    stepped = vmap(step, in_dims=(0, 0, 0, 0, 0, 0, None), randomness="different")
-    if compile_step:
-        stepped = torch.compile(stepped, dynamic=False)
+    stepped = _vmapped(step, (0, 0, 0, 0, 0, 0, None), keyed, compile_step)
 
-    def run(params, buffers, opt_state, x, y, weight, lr):
+    def run(params, buffers, opt_state, x, y, weight, lr, keys):
         with conv_as_matmul():
-            new_params, new_buffers, new_state, loss = stepped(params, buffers, opt_state, x, y, weight, lr)
+            args = (params, buffers, opt_state, x, y, weight, lr)
+            new_params, new_buffers, new_state, loss = stepped(keys, *args) if keyed else stepped(*args)
         for targets, values in ((params, new_params), (buffers, new_buffers), (opt_state, new_state)):
             _copy_into(targets, values)
         return loss
@@ -164,15 +299,15 @@ class BatchedExecutor(Executor):
         self.compile_step = compile_step
         self.chunk_clients = chunk_clients
         self.chunk_bytes = chunk_bytes
-        self._compiled: dict[StepFn, Kernel] = {}
+        self._compiled: dict[tuple[StepFn, bool], Kernel] = {}
 
-    def _kernel(self, step: StepFn) -> Kernel:
+    def _kernel(self, step: StepFn, keyed: bool) -> Kernel:
         build = _step_kernel if isinstance(step, Step) else _generic_kernel
         if not self.compile_step:
-            return build(step, False)
-        if step not in self._compiled:
-            self._compiled[step] = build(step, True)
-        return self._compiled[step]
+            return build(step, keyed, False)
+        if (step, keyed) not in self._compiled:
+            self._compiled[step, keyed] = build(step, keyed, True)
+        return self._compiled[step, keyed]
 
     def chunk_size(self, bank: ClientBank, plan: BatchPlan, data: FederatedData) -> int:
         """Clients per chunk: ``chunk_clients``, or equal chunks whose gradients fit in ``chunk_bytes``."""
@@ -192,27 +327,48 @@ class BatchedExecutor(Executor):
         order = np.argsort(-steps, kind="stable")
         source = (bank.params, bank.buffers, bank.opt_state)
         destination = _destination(bank)
-        kernel = self._kernel(step)
+        keys = self.phase_keys(bank.clients)
+        grid = None if keys is None else keys.grid(plan.num_steps)
+        kernel = self._kernel(step, keyed=grid is not None)
         size = min(self.chunk_size(bank, plan, data), max(count, 1))
         x_buffer = data.x_train.new_empty((size * plan.index.shape[2], *data.x_train.shape[1:]))
         totals = torch.zeros(count, device=data.device)
         for start in range(0, count, size):
-            rows = order[start : start + size]
+            chunk = order[start : start + size]
+            chunk_keys = None if grid is None else grid[torch.as_tensor(chunk, device=grid.device)]
             loss_sums = self._train_chunk(
-                kernel, rows, steps[rows], source, destination, plan, data, lr, x_buffer
+                kernel, chunk, steps[chunk], source, destination, plan, data, lr, x_buffer, chunk_keys
             )
-            totals[torch.as_tensor(rows, device=data.device)] = loss_sums
+            totals[torch.as_tensor(chunk, device=data.device)] = loss_sums
         if not bank.owned:
-            bank.params, bank.buffers, bank.opt_state = destination
+            bank.adopt(*destination, owned=False)
         del x_buffer
         release_free_memory()
         denominators = torch.as_tensor(np.maximum(steps, 1), dtype=totals.dtype, device=data.device)
         return totals / denominators
 
+    def map(self, fn, state, batch, shared, counts, inputs=(), keys=None, stage="map") -> Mapped:
+        in_dims = (0,) * (len(state) + len(inputs) + len(batch)) + (None,) * len(shared)
+        keyed = keys is not None
+        mapped = _vmapped(fn, in_dims, keyed, False)
+        args = (*state, *inputs, *batch, *shared)
+        out = mapped(keys, *args) if keyed else mapped(*args)
+        active = counts > 0
+        new_state = tuple(_keep(active, new, old) for new, old in zip(out.state, state, strict=True))
+        per_client = tuple(torch.where(active, v, torch.zeros_like(v)) for v in out.per_client)
+        per_sample = out.per_sample
+        if per_sample:
+            width = per_sample[0].shape[1]
+            real = torch.arange(width, device=counts.device)[None, :] < counts[:, None]
+            per_sample = tuple(
+                v * real.to(v).reshape(*real.shape, *([1] * (v.dim() - 2))) for v in per_sample
+            )
+        return Mapped(new_state, per_client, per_sample)
+
     @staticmethod
     def _train_chunk(
         kernel: Kernel,
-        rows: np.ndarray,
+        chunk: np.ndarray,
         steps: np.ndarray,
         source: State,
         destination: State,
@@ -220,17 +376,21 @@ class BatchedExecutor(Executor):
         data: FederatedData,
         lr: float,
         x_buffer: torch.Tensor,
+        keys: torch.Tensor | None,
     ) -> torch.Tensor:
-        """Train the bank rows ``rows`` (ordered by descending ``steps``); their summed losses."""
-        first, count = int(rows[0]), len(rows)
-        contiguous = bool(np.array_equal(rows, np.arange(first, first + count)))
+        """Train the bank rows ``chunk`` (ordered by descending ``steps``); their summed losses.
+
+        ``keys[r, s]`` is the noise key of the chunk's row ``r`` at step ``s`` (None: no random layers).
+        """
+        first, count = int(chunk[0]), len(chunk)
+        contiguous = bool(np.array_equal(chunk, np.arange(first, first + count)))
         if contiguous:
             block = slice(first, first + count)
             work = _block(destination, source, block)
             index, weight = plan.index[block], plan.weight[block]
         else:
-            picked = torch.as_tensor(rows, device=data.device)
-            work = _map(source, lambda t: t.index_select(0, picked))
+            picked = torch.as_tensor(chunk, device=data.device)
+            work = _each(source, lambda t: t.index_select(0, picked))
             index, weight = plan.index[picked], plan.weight[picked]
         batch, shape = plan.index.shape[2], data.x_train.shape[1:]
         loss_sums = torch.zeros(count, device=data.device)
@@ -239,8 +399,9 @@ class BatchedExecutor(Executor):
             idx = index[:active, s].reshape(-1)
             x = torch.index_select(data.x_train, 0, idx, out=x_buffer[: idx.numel()])
             x, y = x.view(active, batch, *shape), data.y_train[idx].view(active, batch)
-            params, buffers, opt_state = _map(work, lambda t, n=active: t[:n])
-            loss_sums[:active] += kernel(params, buffers, opt_state, x, y, weight[:active, s], lr)
+            params, buffers, opt_state = _each(work, lambda t, n=active: t[:n])
+            step_keys = None if keys is None else keys[:active, s]
+            loss_sums[:active] += kernel(params, buffers, opt_state, x, y, weight[:active, s], lr, step_keys)
         if not contiguous:
             for targets, tensors in zip(destination, work, strict=True):
                 for name, t in tensors.items():
@@ -248,7 +409,7 @@ class BatchedExecutor(Executor):
         return loss_sums
 
 
-def _map(state: State, fn: Callable[[torch.Tensor], torch.Tensor]) -> State:
+def _each(state: State, fn: Callable[[torch.Tensor], torch.Tensor]) -> State:
     """``fn`` applied to every tensor of a (params, buffers, opt_state) triple."""
     return tuple({name: fn(t) for name, t in tensors.items()} for tensors in state)
 
@@ -259,7 +420,31 @@ def _block(destination: State, source: State, block: slice) -> State:
         for name, target in targets.items():
             if target is not tensors[name]:
                 target[block].copy_(tensors[name][block])
-    return _map(destination, lambda t: t[block])
+    return _each(destination, lambda t: t[block])
+
+
+def _pad_rows(t: torch.Tensor, count: int) -> torch.Tensor:
+    """``t`` padded with zero rows to ``count`` rows (differentiable)."""
+    missing = count - t.shape[0]
+    return t if missing == 0 else torch.cat([t, t.new_zeros(missing, *t.shape[1:])])
+
+
+def _keep(active: torch.Tensor, new: Tensors, old: Tensors) -> Tensors:
+    """``new`` for active clients, ``old`` for the rest."""
+    return {
+        name: torch.where(active.reshape(-1, *([1] * (v.dim() - 1))), v, old[name]) for name, v in new.items()
+    }
+
+
+@contextmanager
+def _failing(who: str, stage: str) -> Iterator[None]:
+    """Re-raise an error of one client's computation as :class:`ClientFailed` naming it and the stage."""
+    try:
+        yield
+    except ClientFailed:
+        raise
+    except Exception as error:
+        raise ClientFailed(who, stage, error) from error
 
 
 EXECUTORS: dict[str, type[Executor]] = {"sequential": SequentialExecutor, "batched": BatchedExecutor}

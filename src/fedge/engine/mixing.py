@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import torch
 
-Tensors = dict[str, torch.Tensor]
+from fedge.tensors import Tensors
 
 
 def _flat(t: torch.Tensor) -> torch.Tensor:

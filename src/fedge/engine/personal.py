@@ -23,8 +23,8 @@ from fedge.data.federated import FederatedData
 from fedge.engine.bank import ClientBank
 from fedge.engine.executors import Executor
 from fedge.engine.step import StepFn
-
-Tensors = dict[str, torch.Tensor]
+from fedge.metrics import Evaluation
+from fedge.tensors import Tensors
 
 
 def padded(index_sets: Sequence[np.ndarray], device: torch.device | str = "cpu") -> tuple[torch.Tensor, ...]:
@@ -94,7 +94,7 @@ def client_test_sets(data: FederatedData) -> tuple[torch.Tensor, torch.Tensor]:
 
 def evaluate_clients(
     model: nn.Module, bank: ClientBank, data: FederatedData, max_samples: int = 2048
-) -> dict[str, float]:
+) -> Evaluation:
     """Each client's model on its own test set: mean, std, min over clients of accuracy, mean loss.
 
     ``bank`` must hold one row per client, in client order. The mean is unweighted over clients, the
@@ -105,12 +105,11 @@ def evaluate_clients(
         model, bank.params, bank.buffers, data.x_test, data.y_test, index, weight, max_samples
     )
     acc = acc.double()
-    return {
-        "accuracy": float(acc.mean()),
-        "accuracy_std": float(acc.std(unbiased=False)),
-        "accuracy_min": float(acc.min()),
-        "loss": float(loss.double().mean()),
-    }
+    return Evaluation(
+        float(acc.mean()),
+        float(loss.double().mean()),
+        {"accuracy_std": float(acc.std(unbiased=False)), "accuracy_min": float(acc.min())},
+    )
 
 
 def fine_tuned(

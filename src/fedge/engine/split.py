@@ -1,34 +1,24 @@
-"""Split-learning engine: per-client work over stacked state on either executor, and the pure split steps.
+"""The pure steps of split learning, for :meth:`fedge.engine.Executor.map`.
 
 ``Executor.train`` runs whole local epochs of one loss, which is all FedAvg needs. Split learning stops
 at every batch: the client's smashed data goes to a server model, and (SplitFed) the cut-layer gradient
-comes back before the client can step. So the split family drives its own step loop and needs one seam,
-a :class:`ClientMap`: "apply this pure per-client function to every client's row of stacked state and
-its batch". :class:`SequentialMap` loops over clients on their real rows (the reference);
-:class:`BatchedMap` runs the same function under ``torch.func.vmap`` on padded rows. Both return the same
-stacked outputs: state of inactive clients unchanged, per-sample outputs zero on padded rows.
-
-The step builders here are pure functions of explicit tensors (client aux step, client forward, server
-step with optional gradient clipping, applying a returned gradient), so either map can run them.
+comes back before the client can step. So the split family drives its own step loop through
+``Executor.map`` with the functions built here: a client's aux-head step, the client part's forward
+pass, applying a returned gradient, and a server step with optional gradient clipping. Each is a pure
+function of one client's explicit tensors returning a :class:`~fedge.engine.executors.Mapped`, so either
+executor runs it.
 """
 
 from __future__ import annotations
 
-from abc import ABC, abstractmethod
-from collections.abc import Callable
-from typing import Any
-
 import torch
 import torch.nn.functional as F
 from torch import nn
-from torch.func import functional_call, grad_and_value, vjp, vmap
+from torch.func import functional_call, grad_and_value
 
-from fedge.engine.bank import row
+from fedge.engine.executors import ClientFn, Mapped
 from fedge.engine.step import SGD
-
-Tensors = dict[str, torch.Tensor]
-# fn(*state, *batch, *shared) -> (state_out, per_client, per_sample), each a tuple
-ClientFn = Callable[..., tuple[tuple, tuple, tuple]]
+from fedge.tensors import Tensors
 
 
 def prefixed(tensors: Tensors, prefix: str) -> Tensors:
@@ -57,135 +47,6 @@ def _clone(tensors: Tensors) -> Tensors:
     return {name: t.clone() for name, t in tensors.items()}
 
 
-class ClientMap(ABC):
-    """Applies a pure per-client function to stacked state (leading client dimension) and batches.
-
-    ``fn(*state, *inputs, *batch, *shared)`` returns ``(state_out, per_client, per_sample)``: tuples of
-    the new state (one dict per entry of ``state``), of per-client values (e.g. the loss) and of
-    per-sample tensors (e.g. smashed data). ``inputs`` are read-only per-client dicts, ``batch`` tensors
-    are ``[clients, B, ...]``, ``shared`` values are the same for every client, and ``counts[c]`` says how
-    many leading rows of client c's batch are real (0: the client is inactive at this step). Outputs are
-    stacked over clients; an inactive client keeps its state and gets zeros; per-sample outputs are zero
-    past ``counts``.
-    """
-
-    name: str
-
-    @abstractmethod
-    def __call__(
-        self,
-        fn: ClientFn,
-        state: tuple,
-        batch: tuple,
-        shared: tuple,
-        counts: torch.Tensor,
-        inputs: tuple = (),
-    ) -> tuple[tuple, tuple, tuple]:
-        """Run ``fn`` for every client with ``counts > 0``."""
-
-    def forward_with_vjp(
-        self, fn: ClientFn, params: Tensors, buffers: Tensors, x: torch.Tensor, counts: torch.Tensor
-    ) -> tuple[torch.Tensor, Tensors, Callable[[torch.Tensor], Tensors]]:
-        """Stacked smashed data of ``fn(buffers, params, x) -> ((buffers,), (), (z,))``, the new buffers,
-        and the pullback that turns cut-layer gradients ``dL/dz`` into stacked parameter gradients.
-
-        One forward pass; the pullback reuses it (no recomputation, so dropout masks stay consistent).
-        """
-
-        def smashed(p: Tensors) -> tuple[torch.Tensor, Tensors]:
-            (new_buffers,), _, (z,) = self(fn, (buffers,), (x,), (), counts, inputs=(p,))
-            return z, new_buffers
-
-        z, pullback, new_buffers = vjp(smashed, params, has_aux=True)
-        return z, new_buffers, lambda grad_z: pullback(grad_z)[0]
-
-
-def _pad_rows(t: torch.Tensor, rows: int) -> torch.Tensor:
-    """``t`` padded with zero rows to ``rows`` rows (differentiable)."""
-    missing = rows - t.shape[0]
-    return t if missing == 0 else torch.cat([t, t.new_zeros(missing, *t.shape[1:])])
-
-
-class SequentialMap(ClientMap):
-    """Reference: a Python loop over the active clients, each on its real rows only."""
-
-    name = "sequential"
-
-    def __call__(self, fn, state, batch, shared, counts, inputs=()):
-        rows = [int(c) for c in counts]
-        width = batch[0].shape[1] if batch else 0
-        outs: list[Any] = []
-        for r, count in enumerate(rows):
-            if count == 0:
-                outs.append(None)
-                continue
-            args = [row(s, r) for s in (*state, *inputs)] + [b[r, :count] for b in batch]
-            outs.append(fn(*args, *shared))
-        if not any(rows):
-            raise ValueError("no active client: counts are all zero")
-        template = next(o for o in outs if o is not None)
-        new_state = tuple(
-            {
-                name: torch.stack(
-                    [o[0][i][name] if o is not None else old[name][r] for r, o in enumerate(outs)]
-                )
-                for name in template[0][i]
-            }
-            for i, old in enumerate(state)
-        )
-        per_client = tuple(
-            torch.stack([o[1][i] if o is not None else torch.zeros_like(v) for o in outs])
-            for i, v in enumerate(template[1])
-        )
-        per_sample = tuple(
-            torch.stack(
-                [
-                    _pad_rows(o[2][i], width) if o is not None else v.new_zeros(width, *v.shape[1:])
-                    for o in outs
-                ]
-            )
-            for i, v in enumerate(template[2])
-        )
-        return new_state, per_client, per_sample
-
-
-def _keep(active: torch.Tensor, new: Tensors, old: Tensors) -> Tensors:
-    """``new`` for active clients, ``old`` for the rest."""
-    return {
-        name: torch.where(active.reshape(-1, *([1] * (v.dim() - 1))), v, old[name]) for name, v in new.items()
-    }
-
-
-class BatchedMap(ClientMap):
-    """All clients at once under ``vmap`` on padded rows; inactive clients and padded rows masked."""
-
-    name = "batched"
-
-    def __call__(self, fn, state, batch, shared, counts, inputs=()):
-        in_dims = (0,) * (len(state) + len(inputs) + len(batch)) + (None,) * len(shared)
-        new_state, per_client, per_sample = vmap(fn, in_dims=in_dims, randomness="different")(
-            *state, *inputs, *batch, *shared
-        )
-        active = counts > 0
-        new_state = tuple(_keep(active, new, old) for new, old in zip(new_state, state, strict=True))
-        per_client = tuple(torch.where(active, v, torch.zeros_like(v)) for v in per_client)
-        if per_sample:
-            width = per_sample[0].shape[1]
-            real = torch.arange(width, device=counts.device)[None, :] < counts[:, None]
-            per_sample = tuple(
-                v * real.to(v).reshape(*real.shape, *([1] * (v.dim() - 2))) for v in per_sample
-            )
-        return new_state, per_client, per_sample
-
-
-MAPS: dict[str, type[ClientMap]] = {"sequential": SequentialMap, "batched": BatchedMap}
-
-
-def client_map(executor_name: str) -> ClientMap:
-    """The client map matching the run's executor (``engine.executor``)."""
-    return MAPS[executor_name]()
-
-
 def make_aux_step(local: nn.Module, sgd: SGD, post_step: bool) -> ClientFn:
     """One local step of a client with an auxiliary head (FSL_AN, CSE-FSL; cse-fsl §2.2 Eq. 8).
 
@@ -210,7 +71,7 @@ def make_aux_step(local: nn.Module, sgd: SGD, post_step: bool) -> ClientFn:
         if post_step:
             scratch = _clone(prefixed(new_buffers, "trunk."))
             z = functional_call(trunk, {**prefixed(new_params, "trunk."), **scratch}, (x,))
-        return (new_params, new_buffers, new_state), (value.detach(),), (z.detach(),)
+        return Mapped((new_params, new_buffers, new_state), (value.detach(),), (z.detach(),))
 
     return step
 
@@ -221,7 +82,7 @@ def make_forward(trunk: nn.Module) -> ClientFn:
     def forward(buffers: Tensors, params: Tensors, x):
         new_buffers = _clone(buffers)
         z = functional_call(trunk, {**prefixed(params, "trunk."), **prefixed(new_buffers, "trunk.")}, (x,))
-        return (new_buffers,), (), (z,)
+        return Mapped((new_buffers,), (), (z,))
 
     return forward
 
@@ -231,7 +92,7 @@ def make_apply(sgd: SGD, clip_norm: float | None) -> ClientFn:
 
     def apply(params: Tensors, opt_state: Tensors, grads: Tensors, lr):
         new_params, new_state = sgd.update(params, clip_global_norm(grads, clip_norm), opt_state, lr)
-        return (new_params, new_state), (), ()
+        return Mapped((new_params, new_state))
 
     return apply
 
@@ -244,7 +105,7 @@ def make_server_step(
     Returns the new server state, the loss, and with ``grad_z`` the cut-layer gradient ``dL/dz`` of the
     batch's mean loss (what SplitFed sends back), taken at the pre-update server parameters. The server
     gradient's global norm is clipped at ``clip_norm`` when set (FSL_OC, cse-fsl §8 A10). Server copies
-    run under a :class:`ClientMap` and need the ``torch.func`` version (``vmappable``); a shared server
+    run under :meth:`Executor.map` and need the ``torch.func`` version (``vmappable``); a shared server
     model steps one batch at a time, where plain autograd computes the same gradients with half the
     per-call overhead.
     """
@@ -274,6 +135,6 @@ def make_server_step(
         grads, (value, new_buffers) = loss_and_grad(params, z, buffers, y, weight)
         param_grads, z_grad = grads if grad_z else (grads, None)
         new_params, new_state = sgd.update(params, clip_global_norm(param_grads, clip_norm), opt_state, lr)
-        return (new_params, new_buffers, new_state), (value.detach(),), ((z_grad,) if grad_z else ())
+        return Mapped((new_params, new_buffers, new_state), (value.detach(),), (z_grad,) if grad_z else ())
 
     return step

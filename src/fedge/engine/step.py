@@ -17,7 +17,8 @@ import torch.nn.functional as F
 from torch import nn
 from torch.func import functional_call, grad_and_value
 
-Tensors = dict[str, torch.Tensor]
+from fedge.tensors import Tensors
+
 LossFn = Callable[[Tensors, Tensors, torch.Tensor, torch.Tensor, torch.Tensor], tuple[torch.Tensor, Tensors]]
 StepFn = Callable[..., tuple[Tensors, Tensors, Tensors, torch.Tensor]]
 

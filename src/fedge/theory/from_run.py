@@ -64,7 +64,7 @@ def _settings(config: RunConfig, built: Built) -> tuple[dict[str, Any], dict[str
         return derived, source
     if not hasattr(algorithm, "participation"):
         raise ConfigError("algorithm.name", f"cannot read {algorithm.name}'s settings; give them in theory:")
-    if not getattr(built.algorithm, "uses_aux", False):
+    if not built.algorithm.clients.has_aux:
         raise ConfigError(
             "algorithm.name",
             f"{algorithm.name} returns cut-layer gradients; the sfl theorems analyse local-loss clients",

@@ -32,7 +32,7 @@ import torch
 from torch import nn
 
 from fedge.algorithms import ALGORITHMS, Algorithm, Context
-from fedge.comm import Ledger
+from fedge.comm import Ledger, Network
 from fedge.config import RunConfig
 from fedge.data.dataset import Dataset
 from fedge.data.federated import FederatedData
@@ -54,12 +54,12 @@ def measured_run(
     ``measure(algorithm)`` (default: ``grad_sq`` of a full-model algorithm), the round's metrics and,
     with ``evaluate``, the algorithm's evaluation."""
     algorithm, rounds = built.algorithm, built.config.rounds
-    rows = [{"round": 0, **measure(algorithm), **(algorithm.evaluate() if evaluate else {})}]
+    rows = [{"round": 0, **measure(algorithm), **(built.evaluate(0).row() if evaluate else {})}]
     for t in range(1, rounds + 1):
-        metrics = algorithm.run_round(t)
+        metrics = built.round(t).row()
         if t % every == 0 or t == rounds:
             rows.append(
-                {"round": t, **measure(algorithm), **metrics, **(algorithm.evaluate() if evaluate else {})}
+                {"round": t, **measure(algorithm), **metrics, **(built.evaluate(t).row() if evaluate else {})}
             )
     return rows
 
@@ -125,7 +125,7 @@ def p1_built(side: P1Side, start: np.ndarray, config: RunConfig, samples_per_cli
         data=data,
         build_model=build,
         executor=make_executor(config.engine.executor),
-        ledger=Ledger(),
+        network=Network(Ledger()),
         system=SystemModel(config.system, side.m, config.seed),
         device=device,
         seed=config.seed,
@@ -135,7 +135,8 @@ def p1_built(side: P1Side, start: np.ndarray, config: RunConfig, samples_per_cli
 
 def p1_iterate(algorithm: Algorithm) -> np.ndarray:
     """The global P1 iterate w held by ``algorithm`` (its state's ``params['p1.w']``)."""
-    params = algorithm.state_dict().get("params", {})
+    state = algorithm.state_dict()
+    params = state["bank"]["params"] if "bank" in state else state.get("params", {})
     if "p1.w" not in params:
         raise TypeError(f"{type(algorithm).__name__} keeps no global 'params' with the P1 vector")
     w = params["p1.w"].detach().double().cpu().numpy()
@@ -151,6 +152,6 @@ def p1_trace(built: Built, side: P1Side) -> np.ndarray:
     algorithm = built.algorithm
     out = [float(side.grad_sq(p1_iterate(algorithm)))]
     for t in range(1, built.config.rounds + 1):
-        algorithm.run_round(t)
+        built.round(t)
         out.append(float(side.grad_sq(p1_iterate(algorithm))))
     return np.array(out)

@@ -63,11 +63,11 @@ def split_state(algorithm: Any) -> SplitState:
         trunk=parts.trunk,
         server=parts.server,
         trunk_params=_strip(client["params"], "trunk."),
-        server_params=server["params"],
+        server_params=server.params,
         aux=aux,
         aux_params=_strip(client["params"], "aux.") if aux is not None else None,
         trunk_buffers=_strip(client["buffers"], "trunk."),
-        server_buffers=server["buffers"],
+        server_buffers=server.buffers,
         aux_buffers=_strip(client["buffers"], "aux.") if aux is not None else None,
     )
 

@@ -15,7 +15,7 @@ sends that; the proxies and pre-training losses are still measured at the reques
 
 from __future__ import annotations
 
-from typing import Any, Literal
+from typing import Literal
 
 import torch
 
@@ -24,8 +24,8 @@ from fedge.algorithms.decentralized.common import PeerAlgorithm, PeerConfig
 from fedge.algorithms.decentralized.probes import ProbeBatches
 from fedge.algorithms.decentralized.selector import AfindSelector, Plan, SelectorConfig
 from fedge.engine.mixing import mix
-
-Tensors = dict[str, torch.Tensor]
+from fedge.metrics import RoundReport
+from fedge.tensors import Tensors
 
 
 class AfindConfig(PeerConfig, SelectorConfig):
@@ -44,12 +44,13 @@ class Afind(PeerAlgorithm):
     """AFIND+ and its ablations (``selection``, ``aggregation``) on the configured topology."""
 
     cfg: AfindConfig
+    state_fields = (*PeerAlgorithm.state_fields, "selector")
 
     def __init__(self, ctx: Context, cfg: AfindConfig):
         super().__init__(ctx, cfg)
         self.selector = AfindSelector(self, cfg, cfg.peers)
 
-    def run_round(self, t: int) -> dict[str, float]:
+    def run_round(self, t: int) -> RoundReport:
         self.round = t
         batches = self.probes(t)
         plan = self.selector.begin(t, batches)
@@ -58,7 +59,7 @@ class Afind(PeerAlgorithm):
         else:
             losses, trainings = self._standard(t, plan, batches)
         metrics = self.selector.end(t, plan)
-        return {"train_loss": float(losses.double().mean()), **metrics, "trainings": trainings}
+        return RoundReport(float(losses.double().mean()), {**metrics, "trainings": trainings})
 
     def _literal(self, t: int, plan: Plan, batches: ProbeBatches) -> tuple[torch.Tensor, int]:
         """Own rows plus one row per (requester i, selected j): i's shared model, j's head, j's data."""
@@ -83,7 +84,7 @@ class Afind(PeerAlgorithm):
         weights = self.selector.weights(plan.chosen, smoothed)
         per_row = torch.zeros(n, len(holder), dtype=weights.dtype, device=weights.device)
         per_row[requester, torch.arange(len(holder), device=weights.device)] = weights[requester, holder]
-        self.bank.params, self.bank.buffers = self.mixed(per_row, params, buffers)
+        self.bank.adopt(*self.mixed(per_row, params, buffers), owned=False)
         return losses[:n], len(holder)
 
     def _standard(self, t: int, plan: Plan, batches: ProbeBatches) -> tuple[torch.Tensor, int]:
@@ -92,7 +93,7 @@ class Afind(PeerAlgorithm):
         start_p, start_b = self.rows(own)
         params, buffers, losses = self.train_rows(start_p, start_b, own.tolist(), t)
         weights = self.selector.standard_weights(plan, params, buffers, batches)
-        self.bank.params, self.bank.buffers = self.mix_received(t, weights, start_p, params, buffers)
+        self.bank.adopt(*self.mix_received(t, weights, start_p, params, buffers), owned=False)
         return losses, self.num_clients
 
     def mix_received(
@@ -108,9 +109,3 @@ class Afind(PeerAlgorithm):
         from_self, _ = self.mixed(weights * eye, params, buffers)
         from_peers = mix(self.shared(sent), weights * ~eye)
         return {k: from_self[k] + from_peers[k] if k in from_peers else v for k, v in plain.items()}, new_b
-
-    def extra_state(self) -> dict[str, Any]:
-        return {"selector": self.selector.state_dict()}
-
-    def load_extra_state(self, state: dict[str, Any]) -> None:
-        self.selector.load_state_dict(state["selector"])

@@ -9,14 +9,16 @@ own test set (``accuracy`` = unweighted mean over clients; AFIND+ spec §1.3, §
 Parameters are split into shared and private (spec §1.1, D13): by default every layer is shared (the
 FedAvg-FT backbone, the spec's recommended reading); ``personal="head"`` keeps the last block (the
 classifier head, found with :func:`fedge.models.split`) private: it is never sent or mixed.
-Local optimizer state is fresh every round (as in FedAvg); every transfer is a ledger entry with
-direction "peer" (kinds ``peer_model``, ``model_request``, ``proxy``, ``loss``).
+Local optimizer state is fresh every round (as in FedAvg); every transfer goes through a peer link
+(direction "peer"; kinds ``peer_model``, ``model_request``, ``proxy``, ``loss``). Every client's message
+of one kind has the same size (a model's shared part, a proxy vector, a loss), so an exchange is
+counted from one client's encoded message on every pair that carries it.
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import Annotated, Any, Literal
+from typing import Annotated, ClassVar, Literal
 
 import numpy as np
 import torch
@@ -25,18 +27,17 @@ from pydantic import Field, NonNegativeInt, PositiveInt
 from fedge.algorithms.base import Algorithm, Context
 from fedge.algorithms.decentralized.probes import ProbeBatches, gather, pair_losses, probe_batches
 from fedge.algorithms.decentralized.topology import TopologyConfig, build_topology
-from fedge.comm import client_node
+from fedge.comm import Link, nodes
 from fedge.config import AlgorithmConfig, SGDConfig
 from fedge.engine import SGD, ClientBank, buffers_of, classification_loss, make_step, parameters_of
 from fedge.engine.mixing import mix
 from fedge.engine.personal import evaluate_clients, fine_tuned
 from fedge.engine.step import StepFn
 from fedge.errors import ConfigError
+from fedge.metrics import Evaluation
 from fedge.models import split
-from fedge.rng import derive_seed, numpy_rng
-
-Tensors = dict[str, torch.Tensor]
-FLOAT_BITS = 32  # models, proxies and losses travel as fp32
+from fedge.rng import numpy_rng
+from fedge.tensors import Tensors, floating, rows
 
 
 def paper_optimizer() -> SGDConfig:
@@ -80,9 +81,10 @@ def sample_peers(seed: int, purpose: str, round_: int, allowed: np.ndarray, k: i
 
 
 class PeerAlgorithm(Algorithm):
-    """Base of the decentralized family: the client bank, local training, mixing, ledger, evaluation."""
+    """Base of the decentralized family: the client bank, local training, mixing, peer links, evaluation."""
 
     cfg: PeerConfig
+    state_fields: ClassVar[tuple[str, ...]] = ("round", "bank")
 
     def __init__(self, ctx: Context, cfg: PeerConfig):
         super().__init__(ctx, cfg)
@@ -99,10 +101,10 @@ class PeerAlgorithm(Algorithm):
         self.step = make_step(classification_loss(self.model), self.sgd)
         params, buffers = parameters_of(self.model), buffers_of(self.model)
         self.bank = ClientBank.broadcast(range(n), params, buffers)
-        self.model_bits = self.payload_bits(params, buffers)
+        self.dense = ctx.network.link("fp32")  # requests, proxies, losses and dense models
+        self.models: Link = self.dense  # how trained models travel
         self.round = 0
-        for c in range(n):
-            ctx.ledger.set_storage(client_node(c), "model", self.state_bits(params, buffers))
+        ctx.network.hold(nodes.clients(range(n)), "model", {**params, **buffers})
 
     # ----- parameters -------------------------------------------------------------------------------
     def _head_names(self) -> set[str]:
@@ -118,16 +120,15 @@ class PeerAlgorithm(Algorithm):
 
     def shared(self, tensors: Tensors) -> Tensors:
         """The floating tensors that travel (not private, not integer counters)."""
-        return {k: v for k, v in tensors.items() if k not in self.private and v.is_floating_point()}
+        return {k: v for k, v in floating(tensors).items() if k not in self.private}
 
-    def payload_bits(self, params: Tensors, buffers: Tensors) -> int:
-        """Bits of one client's shared model at fp32."""
-        return FLOAT_BITS * sum(v.numel() for v in self.shared({**params, **buffers}).values())
+    def dense_message(self) -> Tensors:
+        """One client's shared model as it is requested or sent dense (client 0's; all are alike)."""
+        return self.shared(rows({**self.bank.params, **self.bank.buffers}, 0))
 
-    @staticmethod
-    def state_bits(params: Tensors, buffers: Tensors) -> int:
-        """Bits a client stores for its model."""
-        return FLOAT_BITS * sum(v.numel() for v in {**params, **buffers}.values() if v.is_floating_point())
+    def model_message(self) -> Tensors:
+        """One client's trained model as :attr:`models` sends it (dense here; sparse hosts override)."""
+        return self.dense_message()
 
     def rows(self, index: torch.Tensor | Sequence[int]) -> tuple[Tensors, Tensors]:
         """Copies of the params and buffers of the clients ``index``."""
@@ -166,7 +167,6 @@ class PeerAlgorithm(Algorithm):
         """Train rows (row r on client ``owners[r]``'s data) for the round's local epochs, one executor call
         per phase (two in alternating mode). ``extra`` tensors ride along as constants (anchors, masks)."""
         cfg = self.cfg
-        torch.manual_seed(derive_seed(self.ctx.seed, "train-noise", t))
         self.model.train()
         if cfg.local_update == "joint":
             return self._train(
@@ -225,35 +225,39 @@ class PeerAlgorithm(Algorithm):
         new_b = {k: mixed[k] if k in mixed else v[:n] for k, v in buffers.items()}
         return new_p, new_b
 
-    def record(
-        self, t: int, pairs: np.ndarray | torch.Tensor, kind: str, bits: int, to_requester: bool = True
+    def exchange(
+        self,
+        t: int,
+        pairs: np.ndarray | torch.Tensor,
+        kind: str,
+        message: Tensors,
+        link: Link | None = None,
+        to_requester: bool = True,
     ) -> int:
-        """Ledger entries for boolean ``pairs[i, j]`` (j → i when ``to_requester``, else i → j)."""
+        """Send ``message`` over ``link`` (default: the dense link) for every boolean ``pairs[i, j]``:
+        j → i when ``to_requester``, else i → j. Returns the number of transfers."""
         i, j = np.nonzero(np.asarray(torch.as_tensor(pairs).cpu()))
         if len(i):
             src, dst = (j, i) if to_requester else (i, j)
-            self.ctx.ledger.record(
-                t, [client_node(int(c)) for c in src], [client_node(int(c)) for c in dst], kind, bits
-            )
+            (link or self.dense).send(t, nodes.clients(src), nodes.clients(dst), kind, message)
         return len(i)
 
     # ----- evaluation and state --------------------------------------------------------------------
-    def evaluate(self) -> dict[str, float]:
+    def evaluate(self) -> Evaluation:
         return self.evaluate_bank(self.bank)
 
     def evaluate_bank(
         self, bank: ClientBank, step: StepFn | None = None, extra: Tensors | None = None
-    ) -> dict[str, float]:
+    ) -> Evaluation:
         """Fine-tune a copy of every client's model ``ft_epochs`` epochs, then test it on its own test set."""
         cfg = self.cfg
         if cfg.ft_epochs:
-            torch.manual_seed(derive_seed(self.ctx.seed, "finetune-noise", self.round))
             self.model.train()
-            rows = ClientBank(bank.clients, dict(bank.params), {**bank.buffers, **(extra or {})})
+            copies = ClientBank(bank.clients, dict(bank.params), {**bank.buffers, **(extra or {})})
             bank = fine_tuned(
                 self.ctx.executor,
                 step or self.step,
-                rows,
+                copies,
                 self.sgd.init(bank.params),
                 self.ctx.data,
                 self.round,
@@ -262,27 +266,6 @@ class PeerAlgorithm(Algorithm):
                 cfg.optimizer.lr,
                 cfg.drop_last,
             )
-            bank.buffers = {k: v for k, v in bank.buffers.items() if k not in (extra or {})}
+            own_buffers = {k: v for k, v in bank.buffers.items() if k not in (extra or {})}
+            bank.adopt(bank.params, own_buffers, owned=False)
         return evaluate_clients(self.model, bank, self.ctx.data, self.ctx.config.eval.batch_size)
-
-    def extra_state(self) -> dict[str, Any]:
-        """Algorithm-specific state beyond the bank (override)."""
-        return {}
-
-    def load_extra_state(self, state: dict[str, Any]) -> None:
-        """Restore :meth:`extra_state` (override)."""
-
-    def state_dict(self) -> dict[str, Any]:
-        return {
-            "round": self.round,
-            "params": self.bank.params,
-            "buffers": self.bank.buffers,
-            "extra": self.extra_state(),
-        }
-
-    def load_state_dict(self, state: dict[str, Any]) -> None:
-        device = self.ctx.device
-        self.round = int(state["round"])
-        self.bank.params = {k: v.to(device) for k, v in state["params"].items()}
-        self.bank.buffers = {k: v.to(device) for k, v in state["buffers"].items()}
-        self.load_extra_state(state["extra"])

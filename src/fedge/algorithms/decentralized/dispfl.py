@@ -13,7 +13,7 @@ its active values (fp32) plus the mask as a bitmap.
 from __future__ import annotations
 
 import math
-from typing import Annotated, Any, Literal
+from typing import Annotated, Literal
 
 import torch
 import torch.nn.functional as F
@@ -21,14 +21,15 @@ from pydantic import Field
 from torch.func import functional_call, grad, vmap
 
 from fedge.algorithms.base import Context, register
-from fedge.algorithms.decentralized.common import FLOAT_BITS, PeerAlgorithm, PeerConfig
+from fedge.algorithms.decentralized.common import PeerAlgorithm, PeerConfig
 from fedge.algorithms.decentralized.hosted import HostedConfig, PeerChoice
 from fedge.algorithms.decentralized.probes import ProbeBatches
 from fedge.engine import make_step
 from fedge.engine.mixing import masked_mix
+from fedge.metrics import Evaluation, RoundReport
 from fedge.rng import torch_rng
+from fedge.tensors import Tensors
 
-Tensors = dict[str, torch.Tensor]
 MASK = "mask::"
 
 
@@ -63,6 +64,7 @@ class DisPFL(PeerAlgorithm):
     """Sparse personal models: the bank holds masked weights, ``self.masks`` the 0/1 masks per client."""
 
     cfg: DisPFLConfig
+    state_fields = (*PeerAlgorithm.state_fields, "masks", "choice")
 
     def __init__(self, ctx: Context, cfg: DisPFLConfig):
         super().__init__(ctx, cfg)
@@ -71,11 +73,8 @@ class DisPFL(PeerAlgorithm):
         shapes = {k: tuple(v.shape[1:]) for k, v in self.bank.params.items() if v.dim() > 2}
         self.densities = erk_densities(shapes, cfg.density)
         self.masks = {k: self._initial_mask(k, shapes[k]) for k in shapes}
-        self.bank.params = self._apply(self.bank.params)
-        sent = [k for k in shapes if k not in self.private]
-        masked = sum(math.prod(shapes[k]) for k in sent)
-        active = sum(round(self.densities[k] * math.prod(shapes[k])) for k in sent)
-        self.sparse_bits = self.model_bits - FLOAT_BITS * (masked - active) + masked  # values + bitmap
+        self.bank.adopt(self._apply(self.bank.params), owned=False)
+        self.models = ctx.network.link("bitmap")
 
     def _initial_mask(self, name: str, shape: tuple[int, ...]) -> torch.Tensor:
         size = math.prod(shape)
@@ -90,6 +89,13 @@ class DisPFL(PeerAlgorithm):
 
     def _apply(self, params: Tensors) -> Tensors:
         return {k: v * self.masks[k] if k in self.masks else v for k, v in params.items()}
+
+    def model_message(self) -> Tensors:
+        """One client's sparse model: masked tensors as a bitmap plus their kept values, the others dense.
+        Every masked tensor holds exactly its mask's entries (the ERK density gives all clients the same
+        count per layer), so client 0's mask costs what any client's model costs."""
+        message = self.dense_message()
+        return {k: self.masks[k][0].to(v.dtype) if k in self.masks else v for k, v in message.items()}
 
     def _extra(self) -> Tensors:
         return {MASK + k: m.float() for k, m in self.masks.items()}
@@ -145,7 +151,7 @@ class DisPFL(PeerAlgorithm):
             self.masks[name] = new.reshape(mask.shape)
         return alpha
 
-    def run_round(self, t: int) -> dict[str, float]:
+    def run_round(self, t: int) -> RoundReport:
         self.round = t
         own = torch.arange(self.num_clients, device=self.ctx.device)
         batches = self.probes(t)
@@ -159,17 +165,10 @@ class DisPFL(PeerAlgorithm):
         shared = self.shared({**params, **buffers})
         masks = {k: m for k, m in self.masks.items() if k in shared}
         mixed = masked_mix(shared, masks, weights, params)
-        self.bank.params = self._apply({k: mixed.get(k, v) for k, v in params.items()})
-        self.bank.buffers = {k: mixed.get(k, v) for k, v in buffers.items()}
-        metrics = self.choice.end(t, plan, self.sparse_bits)
-        return {"train_loss": float(losses.double().mean()), "alpha": alpha, **metrics}
+        new_params = self._apply({k: mixed.get(k, v) for k, v in params.items()})
+        self.bank.adopt(new_params, {k: mixed.get(k, v) for k, v in buffers.items()}, owned=False)
+        metrics = self.choice.end(t, plan)
+        return RoundReport(float(losses.double().mean()), {"alpha": alpha, **metrics})
 
-    def evaluate(self) -> dict[str, float]:
+    def evaluate(self) -> Evaluation:
         return self.evaluate_bank(self.bank, extra=self._extra())
-
-    def extra_state(self) -> dict[str, Any]:
-        return {"masks": self.masks, "choice": self.choice.state_dict()}
-
-    def load_extra_state(self, state: dict[str, Any]) -> None:
-        self.masks = {k: v.to(self.ctx.device) for k, v in state["masks"].items()}
-        self.choice.load_state_dict(state["choice"])

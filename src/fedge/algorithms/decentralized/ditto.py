@@ -8,7 +8,7 @@ regularises towards). Evaluation tests v_i (after the common ``ft_epochs`` fine-
 
 from __future__ import annotations
 
-from typing import Annotated, Any, Literal
+from typing import Annotated, Literal
 
 import torch
 import torch.nn.functional as F
@@ -18,10 +18,11 @@ from torch.func import functional_call
 from fedge.algorithms.base import Context, register
 from fedge.algorithms.decentralized.common import PeerAlgorithm, PeerConfig
 from fedge.algorithms.decentralized.hosted import HostedConfig, PeerChoice
-from fedge.comm import client_node
+from fedge.comm import nodes
 from fedge.engine import ClientBank, make_step
+from fedge.metrics import Evaluation, RoundReport
+from fedge.tensors import Tensors, rows
 
-Tensors = dict[str, torch.Tensor]
 ANCHOR = "anchor::"
 
 
@@ -40,6 +41,7 @@ class Ditto(PeerAlgorithm):
     """Collaborative bank (mixed with peers) and personal bank (proximal local training)."""
 
     cfg: DittoConfig
+    state_fields = (*PeerAlgorithm.state_fields, "personal_bank", "choice")
 
     def __init__(self, ctx: Context, cfg: DittoConfig):
         super().__init__(ctx, cfg)
@@ -50,9 +52,8 @@ class Ditto(PeerAlgorithm):
             {k: v.clone() for k, v in self.bank.buffers.items()},
         )
         self.prox_step = make_step(self._prox_loss, self.sgd)
-        bits = self.state_bits(self.personal_bank.params, self.personal_bank.buffers) // self.num_clients
-        for c in range(self.num_clients):
-            ctx.ledger.set_storage(client_node(c), "personal_model", bits)
+        model = {**self.personal_bank.params, **self.personal_bank.buffers}
+        ctx.network.hold(nodes.clients(range(self.num_clients)), "personal_model", rows(model, 0))
 
     def _prox_loss(
         self, params: Tensors, buffers: Tensors, x: torch.Tensor, y: torch.Tensor, w: torch.Tensor
@@ -67,7 +68,7 @@ class Ditto(PeerAlgorithm):
             **{k: v for k, v in buffers.items() if k.startswith(ANCHOR)},
         }
 
-    def run_round(self, t: int) -> dict[str, float]:
+    def run_round(self, t: int) -> RoundReport:
         self.round = t
         own = torch.arange(self.num_clients, device=self.ctx.device)
         batches = self.probes(t)
@@ -75,11 +76,11 @@ class Ditto(PeerAlgorithm):
         start_p, start_b = self.rows(own)
         params, buffers, losses = self.train_rows(start_p, start_b, own.tolist(), t)
         weights = self.choice.weights(plan, params, buffers, batches)
-        self.bank.params, self.bank.buffers = self.mixed(weights, params, buffers)
-        metrics = self.choice.end(t, plan, self.model_bits)
+        self.bank.adopt(*self.mixed(weights, params, buffers), owned=False)
+        metrics = self.choice.end(t, plan)
         anchors = {ANCHOR + k: v for k, v in start_p.items()}
         personal = self.personal_bank
-        personal.params, personal.buffers, personal_losses = self._train(
+        personal_params, personal_buffers, personal_losses = self._train(
             personal.params,
             personal.buffers,
             own.tolist(),
@@ -90,25 +91,11 @@ class Ditto(PeerAlgorithm):
             anchors,
             "personal",
         )
-        return {
-            "train_loss": float(losses.double().mean()),
-            "personal_loss": float(personal_losses.double().mean()),
-            **metrics,
-        }
+        personal.adopt(personal_params, personal_buffers, owned=False)
+        return RoundReport(
+            float(losses.double().mean()),
+            {"personal_loss": float(personal_losses.double().mean()), **metrics},
+        )
 
-    def evaluate(self) -> dict[str, float]:
+    def evaluate(self) -> Evaluation:
         return self.evaluate_bank(self.personal_bank)
-
-    def extra_state(self) -> dict[str, Any]:
-        bank = self.personal_bank
-        return {
-            "personal_params": bank.params,
-            "personal_buffers": bank.buffers,
-            "choice": self.choice.state_dict(),
-        }
-
-    def load_extra_state(self, state: dict[str, Any]) -> None:
-        device = self.ctx.device
-        self.personal_bank.params = {k: v.to(device) for k, v in state["personal_params"].items()}
-        self.personal_bank.buffers = {k: v.to(device) for k, v in state["personal_buffers"].items()}
-        self.choice.load_state_dict(state["choice"])

@@ -9,9 +9,8 @@ global model without fine-tuning (the "FedAvg" row).
 
 from __future__ import annotations
 
-from typing import Any, Literal
+from typing import Literal
 
-import torch
 from pydantic import Field, NonNegativeInt, PositiveInt
 
 from fedge.algorithms.base import Context, register
@@ -20,7 +19,7 @@ from fedge.algorithms.fedavg import FedAvg, FedAvgConfig
 from fedge.config import Fraction, SGDConfig
 from fedge.engine import ClientBank
 from fedge.engine.personal import evaluate_clients, fine_tuned
-from fedge.rng import derive_seed
+from fedge.metrics import Evaluation, RoundReport
 
 
 class FedAvgFTConfig(FedAvgConfig):
@@ -38,21 +37,21 @@ class FedAvgFT(FedAvg):
     """FedAvg whose evaluation is personalised: per-client fine-tune and per-client test sets."""
 
     cfg: FedAvgFTConfig
+    state_fields = (*FedAvg.state_fields, "round")
 
     def __init__(self, ctx: Context, cfg: FedAvgFTConfig):
         super().__init__(ctx, cfg)
         self.round = 0
 
-    def run_round(self, t: int) -> dict[str, float]:
+    def run_round(self, t: int) -> RoundReport:
         self.round = t
         return super().run_round(t)
 
-    def evaluate(self) -> dict[str, float]:
+    def evaluate(self) -> Evaluation:
         cfg, data = self.cfg, self.ctx.data
         bank = ClientBank.broadcast(range(data.num_clients), self.params, self.buffers)
         max_samples = self.ctx.config.eval.batch_size
         plain = evaluate_clients(self.model, bank, data, max_samples)
-        torch.manual_seed(derive_seed(self.ctx.seed, "finetune-noise", self.round))
         self.model.train()
         tuned = fine_tuned(
             self.ctx.executor,
@@ -66,14 +65,6 @@ class FedAvgFT(FedAvg):
             cfg.optimizer.lr,
             cfg.drop_last,
         )
-        return {
-            **evaluate_clients(self.model, tuned, data, max_samples),
-            "global_accuracy": plain["accuracy"],
-        }
-
-    def state_dict(self) -> dict[str, Any]:
-        return {**super().state_dict(), "round": self.round}
-
-    def load_state_dict(self, state: dict[str, Any]) -> None:
-        super().load_state_dict(state)
-        self.round = int(state["round"])
+        return evaluate_clients(self.model, tuned, data, max_samples).with_extra(
+            global_accuracy=plain.accuracy
+        )

@@ -10,7 +10,7 @@ are not in the AFIND+ paper; epsilon, the EMA and the sample size are the spec's
 
 from __future__ import annotations
 
-from typing import Annotated, Any, Literal
+from typing import Annotated, Literal
 
 import numpy as np
 import torch
@@ -19,6 +19,7 @@ from pydantic import Field
 from fedge.algorithms.base import Context, register
 from fedge.algorithms.decentralized.common import PeerAlgorithm, PeerConfig
 from fedge.algorithms.decentralized.scores import boltzmann_weights, selection_metrics, top_k
+from fedge.metrics import RoundReport
 from fedge.rng import numpy_rng
 
 Unit = Annotated[float, Field(ge=0.0, le=1.0)]
@@ -41,6 +42,7 @@ class Federico(PeerAlgorithm):
     """Loss-driven epsilon-greedy selection and loss-softmax aggregation."""
 
     cfg: FedericoConfig
+    state_fields = (*PeerAlgorithm.state_fields, "loss", "seen")
 
     def __init__(self, ctx: Context, cfg: FedericoConfig):
         super().__init__(ctx, cfg)
@@ -62,7 +64,7 @@ class Federico(PeerAlgorithm):
         random = torch.as_tensor(self.random_peers(t), device=device)
         return torch.where(torch.as_tensor(explore, device=device)[:, None], random, greedy)
 
-    def run_round(self, t: int) -> dict[str, float]:
+    def run_round(self, t: int) -> RoundReport:
         self.round = t
         n = self.num_clients
         own = torch.arange(n, device=self.ctx.device)
@@ -78,12 +80,6 @@ class Federico(PeerAlgorithm):
         self.loss = torch.where(scored, torch.where(self.seen, smoothed, fresh), self.loss)
         self.seen |= scored
         weights = boltzmann_weights(self.loss, scored, 1.0)
-        self.bank.params, self.bank.buffers = self.mixed(weights, params, buffers)
-        self.record(t, chosen, "peer_model", self.model_bits)
-        return {"train_loss": float(losses.double().mean()), **selection_metrics(chosen)}
-
-    def extra_state(self) -> dict[str, Any]:
-        return {"loss": self.loss, "seen": self.seen}
-
-    def load_extra_state(self, state: dict[str, Any]) -> None:
-        self.loss, self.seen = state["loss"].to(self.ctx.device), state["seen"].to(self.ctx.device)
+        self.bank.adopt(*self.mixed(weights, params, buffers), owned=False)
+        self.exchange(t, chosen, "peer_model", self.model_message(), self.models)
+        return RoundReport(float(losses.double().mean()), selection_metrics(chosen))

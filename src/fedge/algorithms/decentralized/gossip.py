@@ -15,6 +15,7 @@ from fedge.algorithms.base import register
 from fedge.algorithms.decentralized.common import PeerAlgorithm, PeerConfig
 from fedge.algorithms.decentralized.scores import selection_metrics
 from fedge.engine.mixing import uniform_rows
+from fedge.metrics import RoundReport
 
 
 class GossipConfig(PeerConfig):
@@ -27,12 +28,12 @@ class GossipConfig(PeerConfig):
 class Gossip(PeerAlgorithm):
     """Random peers, uniform weights (own model included): one ``[n, n]`` mixing product per round."""
 
-    def run_round(self, t: int) -> dict[str, float]:
+    def run_round(self, t: int) -> RoundReport:
         self.round = t
         own = torch.arange(self.num_clients, device=self.ctx.device)
         params, buffers = self.rows(own)
         params, buffers, losses = self.train_rows(params, buffers, own.tolist(), t)
         chosen = torch.as_tensor(self.random_peers(t), device=self.ctx.device)
-        self.bank.params, self.bank.buffers = self.mixed(uniform_rows(chosen), params, buffers)
-        self.record(t, chosen, "peer_model", self.model_bits)
-        return {"train_loss": float(losses.double().mean()), **selection_metrics(chosen)}
+        self.bank.adopt(*self.mixed(uniform_rows(chosen), params, buffers), owned=False)
+        self.exchange(t, chosen, "peer_model", self.model_message(), self.models)
+        return RoundReport(float(losses.double().mean()), selection_metrics(chosen))

@@ -19,11 +19,10 @@ from fedge.algorithms.decentralized.scores import selection_metrics
 from fedge.algorithms.decentralized.selector import AfindSelector, Plan, SelectorConfig
 from fedge.config import StrictModel
 from fedge.engine.mixing import uniform_rows
+from fedge.tensors import Tensors
 
 if TYPE_CHECKING:
     from fedge.algorithms.decentralized.common import PeerAlgorithm
-
-Tensors = dict[str, torch.Tensor]
 
 
 class HostedConfig(StrictModel):
@@ -58,11 +57,12 @@ class PeerChoice:
             return uniform_rows(self.chosen)
         return self.selector.standard_weights(plan, params, buffers, batches)
 
-    def end(self, t: int, plan: Plan | None, bits: int) -> dict[str, float]:
-        """Ledger entries of the exchange (``bits`` per model sent) and the round's selection metrics."""
+    def end(self, t: int, plan: Plan | None) -> dict[str, float]:
+        """Send the exchange's messages and return the round's selection metrics."""
         if self.selector is not None and plan is not None:
-            return self.selector.end(t, plan, bits)
-        self.host.record(t, self.chosen, "peer_model", bits)
+            return self.selector.end(t, plan)
+        host = self.host
+        host.exchange(t, self.chosen, "peer_model", host.model_message(), host.models)
         return selection_metrics(self.chosen)
 
     def state_dict(self) -> dict[str, Any]:

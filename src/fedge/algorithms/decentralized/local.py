@@ -8,6 +8,7 @@ import torch
 
 from fedge.algorithms.base import register
 from fedge.algorithms.decentralized.common import PeerAlgorithm, PeerConfig
+from fedge.metrics import RoundReport
 
 
 class LocalConfig(PeerConfig):
@@ -20,9 +21,10 @@ class LocalConfig(PeerConfig):
 class Local(PeerAlgorithm):
     """The no-collaboration reference of the decentralized family."""
 
-    def run_round(self, t: int) -> dict[str, float]:
+    def run_round(self, t: int) -> RoundReport:
         self.round = t
         own = torch.arange(self.num_clients, device=self.ctx.device)
         params, buffers = self.rows(own)
-        self.bank.params, self.bank.buffers, losses = self.train_rows(params, buffers, own.tolist(), t)
-        return {"train_loss": float(losses.double().mean())}
+        params, buffers, losses = self.train_rows(params, buffers, own.tolist(), t)
+        self.bank.adopt(params, buffers, owned=False)
+        return RoundReport(float(losses.double().mean()))

@@ -10,7 +10,7 @@ expected by chance (``T_s * keep / |B_i|``), or its ``peers`` most counted if no
 
 from __future__ import annotations
 
-from typing import Any, Literal
+from typing import Literal
 
 import torch
 from pydantic import PositiveInt
@@ -19,6 +19,7 @@ from fedge.algorithms.base import Context, register
 from fedge.algorithms.decentralized.common import PeerAlgorithm, PeerConfig
 from fedge.algorithms.decentralized.scores import selection_metrics, top_k
 from fedge.engine.mixing import uniform_rows
+from fedge.metrics import RoundReport
 
 
 class PensConfig(PeerConfig):
@@ -37,6 +38,7 @@ class Pens(PeerAlgorithm):
     """Two-phase performance-based selection with uniform averaging."""
 
     cfg: PensConfig
+    state_fields = (*PeerAlgorithm.state_fields, "counts", "friends")
 
     def __init__(self, ctx: Context, cfg: PensConfig):
         super().__init__(ctx, cfg)
@@ -45,7 +47,7 @@ class Pens(PeerAlgorithm):
         self.counts = torch.zeros(n, n, dtype=torch.int64, device=ctx.device)
         self.friends: torch.Tensor | None = None
 
-    def run_round(self, t: int) -> dict[str, float]:
+    def run_round(self, t: int) -> RoundReport:
         self.round = t
         own = torch.arange(self.num_clients, device=self.ctx.device)
         params, buffers = self.rows(own)
@@ -57,15 +59,15 @@ class Pens(PeerAlgorithm):
             scores[i, j] = self.losses_on(params, buffers, (j, i, i), self.probes(t)).double()
             chosen = top_k(-scores, candidates, self.cfg.keep)
             self.counts += chosen.long()
-            self.record(t, candidates, "peer_model", self.model_bits)
+            self.exchange(t, candidates, "peer_model", self.model_message(), self.models)
         else:
             if self.friends is None:
                 self.friends = self._friends()
             allowed = self.friends.cpu().numpy()
             chosen = torch.as_tensor(self.random_peers(t, allowed=allowed), device=own.device)
-            self.record(t, chosen, "peer_model", self.model_bits)
-        self.bank.params, self.bank.buffers = self.mixed(uniform_rows(chosen), params, buffers)
-        return {"train_loss": float(losses.double().mean()), **selection_metrics(chosen)}
+            self.exchange(t, chosen, "peer_model", self.model_message(), self.models)
+        self.bank.adopt(*self.mixed(uniform_rows(chosen), params, buffers), owned=False)
+        return RoundReport(float(losses.double().mean()), selection_metrics(chosen))
 
     def _friends(self) -> torch.Tensor:
         """Neighbours counted above chance in phase 1; the ``peers`` most counted where none is."""
@@ -74,11 +76,3 @@ class Pens(PeerAlgorithm):
         friends = self.neighbours & (self.counts > expected)
         empty = ~friends.any(dim=1, keepdim=True)
         return torch.where(empty, top_k(self.counts.double(), self.neighbours, self.cfg.peers), friends)
-
-    def extra_state(self) -> dict[str, Any]:
-        return {"counts": self.counts, "friends": self.friends}
-
-    def load_extra_state(self, state: dict[str, Any]) -> None:
-        self.counts = state["counts"].to(self.ctx.device)
-        friends = state["friends"]
-        self.friends = None if friends is None else friends.to(self.ctx.device)

@@ -25,8 +25,8 @@ from fedge.engine.personal import evaluate_rows, padded
 from fedge.errors import ConfigError
 from fedge.models import SplitModel, output_shape, split
 from fedge.rng import numpy_rng
+from fedge.tensors import Tensors
 
-Tensors = dict[str, torch.Tensor]
 CHUNK_FLOATS = 2**24  # floats a chunk of pairs may gather (64 MiB at fp32)
 
 

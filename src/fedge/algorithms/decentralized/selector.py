@@ -35,11 +35,11 @@ from fedge.algorithms.decentralized.scores import (
 )
 from fedge.config import StrictModel
 from fedge.rng import numpy_rng, torch_rng
+from fedge.tensors import Tensors
 
 if TYPE_CHECKING:
     from fedge.algorithms.decentralized.common import PeerAlgorithm
 
-Tensors = dict[str, torch.Tensor]
 Positive = Annotated[float, Field(gt=0.0)]
 
 
@@ -164,8 +164,8 @@ class AfindSelector:
             self.p = full_scores(self.sim, self.available, self.cfg.upsilon)
         else:
             self.p = partial_scores(self.p, self.sim, probed, self.cfg.upsilon)
-        host.record(t, probed, "model_request", host.model_bits, to_requester=False)
-        host.record(t, probed, "proxy", 32 * self.prober.dim)
+        host.exchange(t, probed, "model_request", host.dense_message(), to_requester=False)
+        host.exchange(t, probed, "proxy", {"proxy": torch.zeros(self.prober.dim)})
         return probed, pre
 
     # ----- selection and weights ------------------------------------------------------------------
@@ -266,17 +266,14 @@ class AfindSelector:
             smoothed = self.smoothed(plan.pre, post[None, :])  # column j: j's data
         return self.weights(plan.chosen, smoothed)
 
-    def end(self, t: int, plan: Plan, bits: int | None = None) -> dict[str, float]:
-        """Update the threshold, record the exchange in the ledger and return the round's metrics.
-
-        ``bits`` is the size of a returned model (default: the host's dense shared model).
-        """
+    def end(self, t: int, plan: Plan) -> dict[str, float]:
+        """Update the threshold, send the exchange's messages and return the round's metrics."""
         host, chosen = self.host, plan.chosen
         self.finish(chosen)
-        host.record(t, chosen & ~plan.probed, "model_request", host.model_bits, to_requester=False)
-        host.record(t, chosen, "peer_model", host.model_bits if bits is None else bits)
+        host.exchange(t, chosen & ~plan.probed, "model_request", host.dense_message(), to_requester=False)
+        host.exchange(t, chosen, "peer_model", host.model_message(), host.models)
         if self.cfg.aggregation == "boltzmann":
-            host.record(t, chosen, "loss", 32)
+            host.exchange(t, chosen, "loss", {"loss": torch.zeros(1)})
         return {
             **selection_metrics(chosen),
             "fallbacks": plan.fallbacks,

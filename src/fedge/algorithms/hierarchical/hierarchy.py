@@ -27,7 +27,7 @@ from fedge.algorithms.hierarchical.masks import check_cells, partition_layout
 from fedge.algorithms.hierarchical.radio import CellRadio
 from fedge.algorithms.hierarchical.submodel import CellViews, Tensors
 from fedge.algorithms.hierarchical.training import local_steps_plan, masked_step
-from fedge.comm import client_node, get_codec
+from fedge.comm import nodes
 from fedge.data.federated import FederatedData
 from fedge.engine import (
     SGD,
@@ -38,7 +38,8 @@ from fedge.engine import (
     make_step,
     parameters_of,
 )
-from fedge.rng import derive_seed, numpy_rng, torch_rng
+from fedge.metrics import Evaluation, RoundReport
+from fedge.rng import numpy_rng, torch_rng
 from fedge.system.aircomp import aircomp_edge_latency
 from fedge.system.oma import global_round_latency, oma_edge_latency
 
@@ -82,6 +83,7 @@ class HierarchicalFL(Algorithm):
     """Cloud, ``N`` edge servers and their clients; subclasses say whether the FC layers are partitioned."""
 
     partitioned: ClassVar[bool] = False
+    state_fields = ("params", "buffers", "client_up_bits")
 
     def __init__(self, ctx: Context, cfg: HierarchicalConfig):
         super().__init__(ctx, cfg)
@@ -96,10 +98,10 @@ class HierarchicalFL(Algorithm):
         opt = cfg.optimizer
         self.sgd = SGD(momentum=opt.momentum, weight_decay=opt.weight_decay)
         self.step = masked_step(make_step(classification_loss(self.model), self.sgd), self.layout)
-        self.codec = get_codec("fp32")
+        self.link = ctx.network.link("fp32")
         self.model_values = sum(p.numel() for p in self.params.values())
         self.cell_of = torch.as_tensor(self.cells.cell_of, device=ctx.device)
-        self.nodes = [client_node(c) for c in range(self.cells.size)]
+        self.nodes = nodes.clients(range(self.cells.size))
         self.client_up_bits = np.zeros(self.cells.size, dtype=np.int64)
 
     def mask_sizes(self, round_: int, cpu_hz: np.ndarray, rates_bps: np.ndarray | None) -> np.ndarray:
@@ -110,39 +112,37 @@ class HierarchicalFL(Algorithm):
         """The cells' submodels in ``round_``: here the whole model for every cell."""
         return CellViews.build((), [], self.cells.num_cells, "compact", self.ctx.device)
 
-    def _cell_bits(self, views: CellViews, cell_params: Tensors, cell_buffers: Tensors) -> np.ndarray:
-        """Bits of each cell's submodel as the codec sends it (real values only)."""
+    def _send_cells(
+        self, t: int, kind: str, up: bool, views: CellViews, cell_params: Tensors, cell_buffers: Tensors
+    ) -> np.ndarray:
+        """Each cell's submodel (real values only) between the cloud and its edge server; bits per cell."""
         bits = np.zeros(self.cells.num_cells, dtype=np.int64)
         for j in range(self.cells.num_cells):
             payload = _payload(views, j, slice(j, j + 1), cell_params, cell_buffers)
-            bits[j] = self.codec.transmit(payload, stacked=True).bits[0]
+            ends = (nodes.edge(j), nodes.CLOUD) if up else (nodes.CLOUD, nodes.edge(j))
+            bits[j] = self.link.send(t, *ends, kind, payload, stacked=True).bits[0]
         return bits
 
-    def run_round(self, t: int) -> dict[str, Any]:
-        ctx, cfg, cells = self.ctx, self.cfg, self.cells
+    def run_round(self, t: int) -> RoundReport:
+        ctx, cfg = self.ctx, self.cfg
         cpu = self.radio.cpu_hz(t)
         rates = self.radio.oma_rates(t) if cfg.aggregation == "oma" else None
         sizes = self.mask_sizes(t, cpu, rates)
         views = self.views(t, sizes)
         cell_params, cell_buffers = views.gather(self.params), views.gather(self.buffers)
-        cell_bits = self._cell_bits(views, cell_params, cell_buffers)
-        edges = [f"edge:{j}" for j in range(cells.num_cells)]
-        ctx.ledger.record(t, "cloud", edges, "submodel_down", cell_bits)
+        cell_bits = self._send_cells(t, "submodel_down", False, views, cell_params, cell_buffers)
         losses, mses = [], []
         for e in range(cfg.edge_rounds):
-            cell_params, cell_buffers, loss, mse = self._edge_round(
-                t, e, views, cell_params, cell_buffers, cell_bits
-            )
+            cell_params, cell_buffers, loss, mse = self._edge_round(t, e, views, cell_params, cell_buffers)
             losses.append(loss)
             mses.extend(mse)
-        ctx.ledger.record(t, edges, "cloud", "submodel_up", self._cell_bits(views, cell_params, cell_buffers))
+        self._send_cells(t, "submodel_up", True, views, cell_params, cell_buffers)
         self.params, self.buffers = views.merge(cell_params), views.merge(cell_buffers)
         latency = self._latency(views.values(self.params), cpu, rates, cell_bits)
         ctx.system.clock.advance(latency)
         self._storage(cell_bits)
         up_mb = self.client_up_bits / BITS_PER_MB
         metrics: dict[str, Any] = {
-            "train_loss": float(torch.stack(losses).double().mean()),
             "latency_s": latency,
             "client_up_mb": float(up_mb.mean()),
             "client_up_mb_max": float(up_mb.max()),
@@ -151,7 +151,7 @@ class HierarchicalFL(Algorithm):
             metrics["mask_sizes"] = [int(s) for s in sizes]
         if mses:
             metrics["aircomp_mse"] = float(np.mean(mses))
-        return metrics
+        return RoundReport(float(torch.stack(losses).double().mean()), metrics)
 
     def _edge_round(
         self,
@@ -160,7 +160,6 @@ class HierarchicalFL(Algorithm):
         views: CellViews,
         cell_params: Tensors,
         cell_buffers: Tensors,
-        cell_bits: np.ndarray,
     ) -> tuple[Tensors, Tensors, torch.Tensor, list[float]]:
         """Edge round ``e`` of global round ``t`` in every cell: broadcast, local steps, edge aggregation."""
         ctx, cfg, cells = self.ctx, self.cfg, self.cells
@@ -168,18 +167,18 @@ class HierarchicalFL(Algorithm):
         buffers = {k: v[self.cell_of] for k, v in cell_buffers.items()}
         opt_state = {**self.sgd.init(params), **views.client_valid(self.cell_of)}
         bank = ClientBank(tuple(range(cells.size)), params, buffers, opt_state)
-        ctx.ledger.record(
-            t, [f"edge:{j}" for j in cells.cell_of], self.nodes, "model_down", cell_bits[cells.cell_of]
-        )
+        for j in range(cells.num_cells):
+            payload = _payload(views, j, slice(j, j + 1), cell_params, cell_buffers)
+            members = self.nodes[j * cells.per_cell : (j + 1) * cells.per_cell]
+            self.link.send(t, nodes.edge(j), members, "model_down", {k: v[0] for k, v in payload.items()})
         plan = local_steps_plan(self.data, bank.clients, t, e, cfg.local_steps, cfg.batch_size)
-        torch.manual_seed(derive_seed(ctx.seed, "train-noise", t, e))
         self.model.train()
         loss = ctx.executor.train(self.step, bank, plan, self.data, cfg.optimizer.lr)
         kind = "model_up" if cfg.aggregation == "oma" else "update_up_analog"
         for j in range(cells.num_cells):
             rows = slice(j * cells.per_cell, (j + 1) * cells.per_cell)
-            up = self.codec.transmit(_payload(views, j, rows, bank.params, bank.buffers), stacked=True)
-            ctx.ledger.record(t, self.nodes[rows], f"edge:{j}", kind, up.bits)
+            payload = _payload(views, j, rows, bank.params, bank.buffers)
+            up = self.link.send(t, self.nodes[rows], nodes.edge(j), kind, payload, stacked=True)
             self.client_up_bits[rows] += up.bits
         new_params, new_buffers = _cell_mean(bank.params, cells), _cell_mean(bank.buffers, cells)
         mses = self._over_the_air(t, e, views, new_params) if cfg.aggregation == "aircomp" else []
@@ -243,15 +242,13 @@ class HierarchicalFL(Algorithm):
 
     def _storage(self, cell_bits: np.ndarray) -> None:
         """What each node holds: the cloud the full model, each edge server and client its submodel."""
-        ledger = self.ctx.ledger
-        floating = [*self.params.values(), *(b for b in self.buffers.values() if b.is_floating_point())]
-        ledger.set_storage("cloud", "model", 32 * sum(t.numel() for t in floating))
+        network = self.ctx.network
+        network.hold(nodes.CLOUD, "model", {**self.params, **self.buffers})
         for j, bits in enumerate(cell_bits):
-            ledger.set_storage(f"edge:{j}", "submodel", int(bits))
-            for c in self.cells.members(j):
-                ledger.set_storage(self.nodes[c], "model", int(bits))
+            network.hold(nodes.edge(j), "submodel", int(bits))
+            network.hold([self.nodes[c] for c in self.cells.members(j)], "model", int(bits))
 
-    def evaluate(self) -> dict[str, float]:
+    def evaluate(self) -> Evaluation:
         return evaluate_model(
             self.model,
             self.params,
@@ -260,11 +257,3 @@ class HierarchicalFL(Algorithm):
             self.data.y_test,
             self.ctx.config.eval.batch_size,
         )
-
-    def state_dict(self) -> dict[str, Any]:
-        return {"params": self.params, "buffers": self.buffers, "client_up_bits": self.client_up_bits.copy()}
-
-    def load_state_dict(self, state: dict[str, Any]) -> None:
-        self.params = {k: v.to(self.ctx.device) for k, v in state["params"].items()}
-        self.buffers = {k: v.to(self.ctx.device) for k, v in state["buffers"].items()}
-        self.client_up_bits = np.asarray(state["client_up_bits"], dtype=np.int64).copy()

@@ -54,7 +54,7 @@ class HIST(HierarchicalFL):
                     self.model_values,
                     cpu_hz[members],
                     rates_bps[members],
-                    self.codec.bits_per_value,
+                    self.link.codec.bits_per_value,
                 )
             else:
                 cost = aircomp_cost_per_value(

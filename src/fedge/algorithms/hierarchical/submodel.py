@@ -24,8 +24,8 @@ import numpy as np
 import torch
 
 from fedge.algorithms.hierarchical.masks import HiddenLayer
+from fedge.tensors import Tensors
 
-Tensors = dict[str, torch.Tensor]
 Form = Literal["compact", "masked"]
 VALID = "hist.valid."  # per-client slot masks ride in the optimizer state under these names
 

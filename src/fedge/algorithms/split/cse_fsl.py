@@ -19,6 +19,7 @@ and the client's first step back-propagates it through the trunk, the aux head u
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Literal
 
 import numpy as np
@@ -26,13 +27,16 @@ import torch
 from pydantic import PositiveInt
 
 from fedge.algorithms.base import Context, register
+from fedge.algorithms.split.clients import AuxHeadClients, ClientSide, State
 from fedge.algorithms.split.config import AuxHeadConfig
-from fedge.algorithms.split.parts import trunk_only
+from fedge.algorithms.split.parts import build_parts, trunk_only
 from fedge.algorithms.split.plans import limit_steps
-from fedge.algorithms.split.protocol import RoundState, SplitLearning
+from fedge.algorithms.split.protocol import Round, SplitLearning
+from fedge.algorithms.split.server import SERVER_STAGE, Served, SharedServer, SplitServer
 from fedge.data.federated import BatchPlan
 from fedge.errors import ConfigError
 from fedge.rng import numpy_rng
+from fedge.tensors import Tensors
 
 
 class CseFslConfig(AuxHeadConfig):
@@ -54,8 +58,6 @@ class CseFslConfig(AuxHeadConfig):
 class CseFsl(SplitLearning):
     """CSE-FSL: aux head on every client, one shared server model, uploads every h local batches."""
 
-    uses_aux = True
-    server_copies = False
     cfg: CseFslConfig
 
     def __init__(self, ctx: Context, cfg: CseFslConfig):
@@ -69,6 +71,15 @@ class CseFsl(SplitLearning):
                     raise ConfigError(f"algorithm.{key}", "only used with server_trigger=every_h_batches")
         super().__init__(ctx, cfg)
 
+    def client_side(self) -> ClientSide:
+        cfg = self.cfg
+        parts = build_parts(self.ctx, with_aux=True)
+        post_step = cfg.smashed_from == "post_step"
+        return AuxHeadClients(parts, self.client_sgd, self.ctx.executor, post_step, cfg.aggregate_aux)
+
+    def server_part(self, params: Tensors, buffers: Tensors) -> SplitServer:
+        return SharedServer(self.clients.parts.server, params, buffers, self.server_sgd, None)
+
     def uploads_at(self, step: int) -> bool:
         return self.cfg.server_trigger == "every_h_batches" and (step + 1) % self.cfg.h == 0
 
@@ -77,16 +88,16 @@ class CseFsl(SplitLearning):
         cfg = self.cfg
         return cfg.server_trigger == "every_l_rounds" and t > 1 and (t - 1) % cfg.server_every == 0
 
-    def step_limits(self, rnd: RoundState, plan: BatchPlan) -> BatchPlan:
+    def step_limits(self, t: int, plan: BatchPlan) -> BatchPlan:
         cfg = self.cfg
         limits = plan.steps.numpy().copy()
         if cfg.drop_incomplete_block:
             limits = limits // cfg.h * cfg.h
-        if self.server_round(rnd.t) and cfg.zb_step == "server_backprop" and cfg.local_steps is not None:
+        if self.server_round(t) and cfg.zb_step == "server_backprop" and cfg.local_steps is not None:
             limits = np.minimum(limits, cfg.local_steps - 1)
         return limit_steps(plan, limits)
 
-    def _server_batches(self, rnd: RoundState) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    def _server_batches(self, rnd: Round) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """One fresh batch per row for the server pass: inputs, labels, real-row counts."""
         data, width = self.ctx.data, self.cfg.batch_size
         index = np.zeros((len(rnd.draws), width), dtype=np.int64)
@@ -101,27 +112,36 @@ class CseFsl(SplitLearning):
         index_t = torch.from_numpy(index).to(data.device)
         return data.x_train[index_t], data.y_train[index_t], torch.from_numpy(counts).to(data.device)
 
-    def before_local_steps(self, rnd: RoundState) -> None:
-        """The every-l-rounds server pass (sfl-theory §1.3), with or without the z_b step."""
+    def server_pass(self, rnd: Round, exchange: Callable[..., Served]) -> tuple[State, np.ndarray]:
+        """The every-l-rounds server pass (the SplitFed convergence paper's Algorithm 1): each row's fresh
+        batch through the just-broadcast trunk to the server, with or without the z_b step."""
         if not self.server_round(rnd.t):
-            return
+            return super().server_pass(rnd, exchange)
         x, y, counts = self._server_batches(rnd)
-        rows = torch.arange(len(rnd.draws), device=x.device)
-        rnd.client_samples += counts.cpu().numpy()
-        trunk = trunk_only(rnd.params)
+        keys = rnd.keys
+        client_keys = None if keys is None else keys.at(-1)
+        server_keys = None if keys is None else keys.at(-1, SERVER_STAGE)
+
+        def serve(z: torch.Tensor, grad_z: bool) -> Served:
+            return exchange(z, y, counts, -1, grad_z, server_keys)
+
+        params, buffers, opt_state = rnd.state(None)
+        samples = counts.cpu().numpy()
         if self.cfg.zb_step == "aux":
             with torch.no_grad():
-                (rnd.buffers,), _, (z,) = self.cmap(
-                    self.forward, (rnd.buffers,), (x,), (), counts, inputs=(trunk,)
+                out = self.ctx.executor.map(
+                    self.clients.forward,
+                    (buffers,),
+                    (x,),
+                    (),
+                    counts,
+                    (trunk_only(params),),
+                    client_keys,
+                    "forward",
                 )
-            rnd.server, _, _ = self._serve(rnd, rows, rnd.server, z, y, counts, -1, grad_z=False)
-            return
-        z, rnd.buffers, pullback = self.cmap.forward_with_vjp(self.forward, trunk, rnd.buffers, x, counts)
-        rnd.server, _, grad_z = self._serve(rnd, rows, rnd.server, z, y, counts, -1, grad_z=True)
-        state = trunk_only(rnd.opt_state)
-        grads = pullback(grad_z)
-        (trunk, state), _, _ = self.cmap(
-            self.apply, (trunk, state), (), (rnd.lr_client,), counts, inputs=(grads,)
+            serve(out.per_sample[0], False)
+            return (params, out.state[0], opt_state), samples
+        step = self.clients.backprop_step(
+            (params, buffers, opt_state), x, counts, rnd.lr_client, client_keys, serve
         )
-        rnd.params.update(trunk)
-        rnd.opt_state.update(state)
+        return step.state, samples

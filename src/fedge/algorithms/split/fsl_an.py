@@ -10,8 +10,12 @@ from __future__ import annotations
 from typing import Literal
 
 from fedge.algorithms.base import register
+from fedge.algorithms.split.clients import AuxHeadClients, ClientSide
 from fedge.algorithms.split.config import AuxHeadConfig, ServerCopiesConfig
+from fedge.algorithms.split.parts import build_parts
 from fedge.algorithms.split.protocol import SplitLearning
+from fedge.algorithms.split.server import ServerCopies, SplitServer
+from fedge.tensors import Tensors
 
 
 class FslAnConfig(AuxHeadConfig, ServerCopiesConfig):
@@ -28,5 +32,16 @@ class FslAnConfig(AuxHeadConfig, ServerCopiesConfig):
 class FslAn(SplitLearning):
     """FSL_AN: aux head on every client, one server copy per participant."""
 
-    uses_aux = True
-    server_copies = True
+    cfg: FslAnConfig
+
+    def client_side(self) -> ClientSide:
+        cfg = self.cfg
+        parts = build_parts(self.ctx, with_aux=True)
+        post_step = cfg.smashed_from == "post_step"
+        return AuxHeadClients(parts, self.client_sgd, self.ctx.executor, post_step, cfg.aggregate_aux)
+
+    def server_part(self, params: Tensors, buffers: Tensors) -> SplitServer:
+        module, cfg = self.clients.parts.server, self.cfg
+        return ServerCopies(
+            module, params, buffers, self.server_sgd, None, self.ctx.executor, cfg.copies_eval
+        )

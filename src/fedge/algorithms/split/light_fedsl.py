@@ -31,28 +31,29 @@ the slowest client, ``latency_comm_s``) apart from the aggregation latency (``la
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Annotated, Any, Literal
+from typing import Annotated, Literal
 
 import numpy as np
 import torch
 from pydantic import Field, PositiveInt
 
 from fedge.algorithms.base import Algorithm, Context, register
-from fedge.algorithms.fedavg import state_bits
 from fedge.algorithms.split.latency import count_flops
 from fedge.algorithms.split.parts import build_parts, composed, initial_state
 from fedge.algorithms.split.pruning import importance_mask, prunable_names, sparsity, sparsity_target
-from fedge.comm import apply_dropout, client_node, dropout_mask, get_codec
+from fedge.algorithms.split.server import SERVER_STAGE, CutBatch, MeanGradientServer
+from fedge.comm import apply_dropout, dropout_mask, nodes
 from fedge.comm.quantize import quantize_dict
 from fedge.config import AlgorithmConfig, SGDConfig
 from fedge.data.federated import BatchPlan, FederatedData
 from fedge.engine import SGD, evaluate_model, stack_copies, weighted_sum
-from fedge.engine.split import client_map, make_forward, make_server_step
+from fedge.engine.split import make_forward
 from fedge.errors import ConfigError
-from fedge.rng import derive_seed, torch_rng
+from fedge.metrics import Evaluation, RoundReport
+from fedge.rng import torch_rng
 from fedge.system import PhaseCost, SystemModel, parallel_clients, training_flops
+from fedge.tensors import Tensors, floating
 
-Tensors = dict[str, torch.Tensor]
 LABEL_CODEC = "fp32"  # labels travel at 32 bits each (light-fedsl §9 item 19)
 
 
@@ -146,11 +147,6 @@ class StepBatches:
         return torch.stack(index), torch.stack(weight)
 
 
-def _floating(tensors: Tensors) -> Tensors:
-    """What travels of a state: floating tensors (integer BatchNorm counters stay home)."""
-    return {name: t for name, t in tensors.items() if t.is_floating_point()}
-
-
 def cut_latency(
     system: SystemModel,
     round_: int,
@@ -182,6 +178,7 @@ class LightFedSL(Algorithm):
     """Per-client trunks, masks and BatchNorm statistics as stacked state; one server model."""
 
     cfg: FedSLConfig
+    state_fields = ("clients", "server", "totals")
 
     def __init__(self, ctx: Context, cfg: FedSLConfig):
         super().__init__(ctx, cfg)
@@ -202,17 +199,16 @@ class LightFedSL(Algorithm):
                 {name: torch.ones_like(client[name], dtype=torch.bool) for name in self.prunable}, n
             ),
         }
-        self.server: dict[str, Tensors] = {"params": server, "buffers": server_buffers}
-        self.cmap = client_map(ctx.executor.name)
+        self.server = MeanGradientServer(self.parts.server, server, server_buffers, SGD(), None, ctx.executor)
         self.forward = make_forward(self.parts.trunk)
-        self.server_step = make_server_step(self.parts.server, SGD(), None, grad_z=True)
         self.batches = StepBatches(ctx.data, cfg.batch_size, cfg.drop_last)
-        self.up, self.down = get_codec(cfg.codec_up), get_codec(cfg.codec_down)
-        self.model_codec, self.label_codec = get_codec(cfg.model_codec), get_codec(LABEL_CODEC)
+        network = ctx.network
+        self.up, self.down = network.link(cfg.codec_up), network.link(cfg.codec_down)
+        self.labels, self.models = network.link(LABEL_CODEC), network.link(cfg.model_codec)
         self.flops = count_flops(self.parts)
-        self.nodes = [client_node(k) for k in range(n)]
+        self.nodes = nodes.clients(range(n))
         self.totals = {"comm_seconds": 0.0, "agg_seconds": 0.0}
-        ctx.ledger.set_storage("server", "server_model", state_bits(server, server_buffers))
+        network.hold(nodes.SERVER, "server_model", self.server.storage_bits(n))
         self._client_storage()
 
     def compression(self) -> Compression:
@@ -226,22 +222,34 @@ class LightFedSL(Algorithm):
 
     # ----- one round ---------------------------------------------------------------------------------
 
-    def run_round(self, t: int) -> dict[str, float]:
+    def run_round(self, t: int) -> RoundReport:
         ctx, knobs, lr = self.ctx, self.knobs, self.cfg.optimizer.lr
         rho = sparsity_target(t, knobs.schedule_rounds, knobs.final_sparsity)
-        torch.manual_seed(derive_seed(ctx.seed, "train-noise", t))
         self.parts.model.train()
         index, weight = self.batches(t)
         counts = (weight > 0).sum(dim=1)
         x, y = ctx.data.x_train[index], ctx.data.y_train[index]
         before = self._sparsities()
         params, buffers = self.clients["params"], self.clients["buffers"]
-        z, new_buffers, pullback = self.cmap.forward_with_vjp(self.forward, params, buffers, x, counts)
+        keys = ctx.executor.phase_keys(range(len(self.nodes)))
+        z, new_buffers, pullback = ctx.executor.forward_with_vjp(
+            self.forward, params, buffers, x, counts, None if keys is None else keys.at(0)
+        )
         keep = self._cut_masks(t, counts, z)
-        z_sent, up_bits = self._uplink(t, apply_dropout(z.detach(), keep, knobs.cut_dropout), y, keep, counts)
-        grad_sent, loss = self._serve(z_sent, y, weight, counts, lr)
-        grad_received, down_bits = self._downlink(t, grad_sent * keep.to(grad_sent), keep, counts)
-        grads = pullback(apply_dropout(grad_received, keep, knobs.cut_dropout))
+        dropped = apply_dropout(z.detach(), keep, knobs.cut_dropout)
+        smashed = self.up.send(
+            t, self.nodes, nodes.SERVER, "smashed_up", {"z": dropped}, stacked=True, keep=keep
+        )
+        labels = self.labels.send(
+            t, self.nodes, nodes.SERVER, "labels_up", {"y": y}, stacked=True, lengths=counts
+        )
+        server_keys = None if keys is None else keys.at(0, SERVER_STAGE)
+        batch = CutBatch(None, smashed.payload["z"], y, counts, server_keys)
+        served = self.server.serve(batch, lr, True, list(range(len(self.nodes))))
+        returned = {"g": served.grad_z * keep.to(served.grad_z)}
+        grad = self.down.send(t, nodes.SERVER, self.nodes, "grad_down", returned, stacked=True, keep=keep)
+        up_bits, down_bits, loss = smashed.bits + labels.bits, grad.bits, served.loss
+        grads = pullback(apply_dropout(grad.payload["g"], keep, knobs.cut_dropout))
         self.clients["params"] = self._client_update(t, rho, params, grads, lr)
         self.clients["buffers"] = new_buffers
         after = self._sparsities()
@@ -249,18 +257,20 @@ class LightFedSL(Algorithm):
         model_bits = self._aggregate(t) if aggregated else None
         self._client_storage()
         comm, agg, seconds = self._advance_clock(t, counts, before, up_bits, down_bits, model_bits)
-        return {
-            "train_loss": float(loss.double().mean()),
-            "rho": rho,
-            "sparsity": float(after.mean()),
-            "aggregated": float(aggregated),
-            "latency_comm_s": comm,
-            "latency_agg_s": agg,
-            "latency_round_s": seconds,
-            "comm_seconds_total": self.totals["comm_seconds"],
-            "agg_seconds_total": self.totals["agg_seconds"],
-            "lr": lr,
-        }
+        return RoundReport(
+            float(loss.double().mean()),
+            {
+                "rho": rho,
+                "sparsity": float(after.mean()),
+                "aggregated": float(aggregated),
+                "latency_comm_s": comm,
+                "latency_agg_s": agg,
+                "latency_round_s": seconds,
+                "comm_seconds_total": self.totals["comm_seconds"],
+                "agg_seconds_total": self.totals["agg_seconds"],
+                "lr": lr,
+            },
+        )
 
     def _cut_masks(self, t: int, counts: torch.Tensor, z: torch.Tensor) -> torch.Tensor:
         """0/1 keep masks of the cut-layer entries, ``[K, batch, ...]``, from each client's shared stream.
@@ -274,46 +284,6 @@ class LightFedSL(Algorithm):
                 gen = torch_rng(self.ctx.seed, "cut-dropout", t, k, device=z.device)
                 keep[k, :count] = dropout_mask((count, *z.shape[2:]), p, gen, device=z.device).to(z)
         return keep
-
-    def _uplink(
-        self, t: int, z: torch.Tensor, y: torch.Tensor, keep: torch.Tensor, counts: torch.Tensor
-    ) -> tuple[torch.Tensor, np.ndarray]:
-        """Send the kept smashed values and the labels; the payload as received and bits per client."""
-        received = self.up.transmit({"z": z}, stacked=True).payload["z"]
-        rows = list(enumerate(counts.tolist()))
-        bits_z = [int(self.up.transmit({"z": z[k, :c][keep[k, :c] > 0]}).bits[0]) for k, c in rows]
-        bits_y = [int(self.label_codec.transmit({"y": y[k, :c]}).bits[0]) for k, c in rows]
-        self.ctx.ledger.record(t, self.nodes, "server", "smashed_up", bits_z)
-        self.ctx.ledger.record(t, self.nodes, "server", "labels_up", bits_y)
-        return received, np.add(bits_z, bits_y)
-
-    def _serve(
-        self, z: torch.Tensor, y: torch.Tensor, weight: torch.Tensor, counts: torch.Tensor, lr: float
-    ) -> tuple[torch.Tensor, torch.Tensor]:
-        """Eq. 6 = Eq. 7: every client's server copy steps from the same ``w_s``; the copies are averaged.
-
-        Returns the cut-layer gradients (taken before the update) and each client's loss.
-        """
-        n = len(counts)
-        copies = (stack_copies(self.server["params"], n), stack_copies(self.server["buffers"], n), {})
-        (params, buffers, _), (loss,), (grad_z,) = self.cmap(
-            self.server_step, copies, (z, y, weight), (lr,), counts
-        )
-        uniform = torch.full((n,), 1.0 / n, dtype=torch.float64, device=z.device)
-        self.server = {"params": weighted_sum(params, uniform), "buffers": weighted_sum(buffers, uniform)}
-        return grad_z, loss
-
-    def _downlink(
-        self, t: int, grad: torch.Tensor, keep: torch.Tensor, counts: torch.Tensor
-    ) -> tuple[torch.Tensor, np.ndarray]:
-        """Send the gradients of the kept entries back; the payload as received and bits per client."""
-        received = self.down.transmit({"g": grad}, stacked=True).payload["g"]
-        bits = [
-            int(self.down.transmit({"g": grad[k, :c][keep[k, :c] > 0]}).bits[0])
-            for k, c in enumerate(counts.tolist())
-        ]
-        self.ctx.ledger.record(t, "server", self.nodes, "grad_down", bits)
-        return received, np.asarray(bits)
 
     def _client_update(self, t: int, rho: float, params: Tensors, grads: Tensors, lr: float) -> Tensors:
         """Prune where the sparsity is below ``rho``, mask, quantize and take the SGD step (Eqs. 8-13).
@@ -354,17 +324,18 @@ class LightFedSL(Algorithm):
 
         Returns the upload and broadcast bits per client.
         """
-        ledger, n = self.ctx.ledger, len(self.nodes)
+        n = len(self.nodes)
         params, buffers = self.clients["params"], self.clients["buffers"]
-        up = self.model_codec.transmit({**params, **_floating(buffers)}, stacked=True)
-        ledger.record(t, self.nodes, "server", "model_up", up.bits)
-        ledger.set_storage("server", "client_models", int(up.bits.sum()))
+        up = self.models.send(
+            t, self.nodes, nodes.SERVER, "model_up", {**params, **floating(buffers)}, stacked=True
+        )
+        self.ctx.network.hold(nodes.SERVER, "client_models", int(up.bits.sum()))
         uniform = torch.full((n,), 1.0 / n, dtype=torch.float64, device=self.ctx.device)
         mean_params = weighted_sum({k: up.payload[k] for k in params}, uniform)
         mean_buffers = weighted_sum({k: up.payload.get(k, v) for k, v in buffers.items()}, uniform)
-        down = self.model_codec.transmit({**mean_params, **_floating(mean_buffers)})
+        mean = {**mean_params, **floating(mean_buffers)}
+        down = self.models.send(t, nodes.SERVER, self.nodes, "model_down", mean)
         down_bits = np.repeat(down.bits, n)
-        ledger.record(t, "server", self.nodes, "model_down", down_bits)
         self.clients = {
             "params": stack_copies({k: down.payload[k] for k in mean_params}, n),
             "buffers": stack_copies({k: down.payload.get(k, v) for k, v in mean_buffers.items()}, n),
@@ -414,12 +385,10 @@ class LightFedSL(Algorithm):
         """Each client holds its trunk (encoded by ``model_codec``, so a sparse code shows the pruning)
         and, with pruning, its mask at one bit per prunable weight."""
         params, buffers = self.clients["params"], self.clients["buffers"]
-        held = self.model_codec.transmit({**params, **_floating(buffers)}, stacked=True).bits
-        mask_bits = sum(m[0].numel() for m in self.clients["masks"].values())
-        for node, bits in zip(self.nodes, held, strict=True):
-            self.ctx.ledger.set_storage(node, "model", int(bits))
-            if self.knobs.final_sparsity > 0:
-                self.ctx.ledger.set_storage(node, "mask", mask_bits)
+        self.models.store(self.nodes, "model", {**params, **floating(buffers)}, stacked=True)
+        if self.knobs.final_sparsity > 0:
+            mask_bits = sum(m[0].numel() for m in self.clients["masks"].values())
+            self.ctx.network.hold(self.nodes, "mask", mask_bits)
 
     # ----- evaluation and state ----------------------------------------------------------------------
 
@@ -430,28 +399,14 @@ class LightFedSL(Algorithm):
         uniform = torch.full((n,), 1.0 / n, dtype=torch.float64, device=self.ctx.device)
         return {key: weighted_sum(self.clients[key], uniform) for key in ("params", "buffers")}
 
-    def evaluate(self) -> dict[str, float]:
+    def evaluate(self) -> Evaluation:
         """The virtual average of the client trunks + the server model on the test set, dropout off; also
         that model's sparsity (aggregation lowers it when the clients' masks differ)."""
         data, client = self.ctx.data, self.client
-        params = composed(client["params"], self.server["params"])
-        buffers = composed(client["buffers"], self.server["buffers"])
-        metrics = evaluate_model(
+        params = composed(client["params"], self.server.params)
+        buffers = composed(client["buffers"], self.server.buffers)
+        evaluation = evaluate_model(
             self.parts.model, params, buffers, data.x_test, data.y_test, self.ctx.config.eval.batch_size
         )
         prunable = {name: client["params"][name] for name in self.prunable}
-        metrics["model_sparsity"] = sparsity(prunable) if prunable else 0.0
-        return metrics
-
-    def state_dict(self) -> dict[str, Any]:
-        return {"clients": self.clients, "server": self.server, "totals": dict(self.totals)}
-
-    def load_state_dict(self, state: dict[str, Any]) -> None:
-        device = self.ctx.device
-        self.clients = {
-            key: {k: v.to(device) for k, v in part.items()} for key, part in state["clients"].items()
-        }
-        self.server = {
-            key: {k: v.to(device) for k, v in part.items()} for key, part in state["server"].items()
-        }
-        self.totals = dict(state["totals"])
+        return evaluation.with_extra(model_sparsity=sparsity(prunable) if prunable else 0.0)

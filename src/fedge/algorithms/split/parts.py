@@ -19,8 +19,7 @@ from fedge.engine import buffers_of, parameters_of
 from fedge.errors import ConfigError
 from fedge.models import SplitModel, aux_head, output_shape, split
 from fedge.rng import derive_seed, torch_rng
-
-Tensors = dict[str, torch.Tensor]
+from fedge.tensors import Tensors
 
 
 @dataclass

@@ -11,7 +11,8 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-Tensors = dict[str, torch.Tensor]
+from fedge.tensors import Tensors
+
 PRUNABLE_LAYERS = (nn.modules.conv._ConvNd, nn.Linear)
 
 

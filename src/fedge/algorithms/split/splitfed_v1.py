@@ -1,9 +1,9 @@
-"""SplitFed v1 (Thapa et al.), the CSE-FSL paper's FSL_MC baseline (cse-fsl §3.1).
+"""SplitFed v1 (Thapa et al.), the CSE-FSL paper's FSL_MC baseline (its Sec. III-A).
 
 Every participant has its own server-side copy. Per batch the client sends its smashed data and labels,
 its copy takes one SGD step and returns the cut-layer gradient, and the client back-propagates it.
 Copies are independent, so all clients (and copies) run in parallel on either executor; at each
-aggregation the client models are averaged and so are the server copies (cse-fsl §8 A9).
+aggregation the client models are averaged and so are the server copies.
 """
 
 from __future__ import annotations
@@ -11,8 +11,12 @@ from __future__ import annotations
 from typing import Literal
 
 from fedge.algorithms.base import register
+from fedge.algorithms.split.clients import ClientSide, GradientClients
 from fedge.algorithms.split.config import GradientReturnConfig, ServerCopiesConfig
+from fedge.algorithms.split.parts import build_parts
 from fedge.algorithms.split.protocol import SplitLearning
+from fedge.algorithms.split.server import ServerCopies, SplitServer
+from fedge.tensors import Tensors
 
 
 class SplitFedV1Config(GradientReturnConfig, ServerCopiesConfig):
@@ -27,7 +31,17 @@ class SplitFedV1Config(GradientReturnConfig, ServerCopiesConfig):
     "SplitFed v1 (FSL_MC): a server copy per client, cut-layer gradients returned every batch",
 )
 class SplitFedV1(SplitLearning):
-    """FSL_MC: no aux head, one server copy per participant."""
+    """FSL_MC: clients back-propagate returned gradients; one server copy per participant."""
 
-    uses_aux = False
-    server_copies = True
+    cfg: SplitFedV1Config
+
+    def client_side(self) -> ClientSide:
+        parts = build_parts(self.ctx, with_aux=False)
+        return GradientClients(parts, self.client_sgd, self.ctx.executor, self.cfg.clip_norm)
+
+    def server_part(self, params: Tensors, buffers: Tensors) -> SplitServer:
+        cfg = self.cfg
+        module = self.clients.parts.server
+        return ServerCopies(
+            module, params, buffers, self.server_sgd, cfg.clip_norm, self.ctx.executor, cfg.copies_eval
+        )

@@ -1,0 +1,252 @@
+"""Golden outputs: prove that a refactor changes no number.
+
+``record`` runs a fixed set of configurations and stores, per case, every metrics row (all fields but
+wall-clock time), the summary and a hash of the ledger CSV; ``check`` runs them again and reports every
+field that differs. Two suites:
+
+- ``examples``: the quickstart and one example per family (``fedavg``, ``splitfed_v1``, ``cse_fsl``,
+  ``light_fedsl``, ``afind``, ``hist``), at their example settings (rounds shortened where noted);
+- ``algorithms``: every registered algorithm on a few rounds of digits, on both executors.
+
+Numbers are compared exactly (``--tolerance`` relaxes that); a case may be re-recorded on purpose with
+``record --only CASE`` when a change of its numbers is intended, and the commit says why.
+
+    python scripts/golden.py record --suite examples
+    python scripts/golden.py check --suite all
+"""
+
+from __future__ import annotations
+
+import argparse
+import hashlib
+import json
+import math
+import sys
+import tempfile
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parents[1]
+GOLDEN = ROOT / "scripts" / "golden"
+WALL_CLOCK = {"wall_seconds"}
+
+
+@dataclass(frozen=True)
+class Case:
+    """One run: a config file (None: the quickstart) and dotted overrides."""
+
+    name: str
+    config: str | None
+    overrides: tuple[str, ...] = ()
+    drop: tuple[str, ...] = ()  # algorithm keys of the file that the overriding algorithm does not know
+
+
+EXAMPLES = [
+    Case("quickstart", None),
+    Case("fedavg-mnist", "examples/fedavg-mnist.yaml"),
+    Case("splitfed_v1-mnist", "examples/split-mnist.yaml", ("algorithm.name=splitfed_v1",), drop=("h",)),
+    Case("cse_fsl-mnist", "examples/split-mnist.yaml"),
+    Case("light_fedsl-digits", "examples/light-fedsl-digits.yaml"),
+    Case("afind-fashion-mnist", "examples/afind-fashion-mnist.yaml"),
+    Case("hist-fmnist", "examples/hist-fmnist.yaml"),
+    Case("hist-aircomp", "examples/hist-aircomp.yaml", ("rounds=10",)),
+]
+
+SMALL = (
+    "rounds=3",
+    "data.name=digits",
+    "partition.kind=dirichlet",
+    "partition.alpha=0.5",
+    "partition.num_clients=6",
+    "eval.every=1",
+)
+LENET = ("data.name=synthetic", "data.shape=[1,28,28]", "data.num_train=600", "data.num_test=200",
+         "model.name=lenet5", "model.cut=2")
+# per algorithm: the data, model and algorithm keys that make a small but complete run
+ALGORITHM_SETTINGS: dict[str, tuple[str, ...]] = {
+    "fedavg": ("algorithm.fraction=0.5",),
+    "centralized": (),
+    "splitfed_v1": (*LENET, "algorithm.local_epochs=1"),
+    "splitfed_v2": (*LENET, "algorithm.clip_norm=1.0"),
+    "fsl_an": (*LENET, "model.options.dropout=0.3"),
+    "cse_fsl": (*LENET, "algorithm.h=2", "algorithm.server_order=random"),
+    "light_fedsl": ("model.name=vgg", "model.cut=4", "model.options.depth=11", "model.options.width=0.25",
+                    "algorithm.drop_last=true", "rounds=6", "algorithm.agg_interval=3"),
+    "fedsl": ("model.name=mlp", "model.cut=1", "rounds=4"),
+    "local": ("algorithm.local_epochs=1",),
+    "fedavg_ft": ("algorithm.local_epochs=1",),
+    "gossip": ("algorithm.local_epochs=1", "algorithm.peers=2"),
+    "pens": ("algorithm.local_epochs=1", "algorithm.peers=2"),
+    "federico": ("algorithm.local_epochs=1", "algorithm.peers=2"),
+    "afind": ("algorithm.local_epochs=1", "algorithm.peers=2", "algorithm.k0=2"),
+    "ditto": ("algorithm.local_epochs=1", "algorithm.peers=2"),
+    "dispfl": ("algorithm.local_epochs=1", "algorithm.peers=2"),
+    "hist": ("model.name=fcnn", "model.options.dropout=0.5", "algorithm.cells=2", "algorithm.edge_rounds=2",
+             "algorithm.local_steps=3", "partition.num_clients=8"),
+    "hfedavg": ("model.name=fcnn", "algorithm.cells=2", "algorithm.edge_rounds=2", "algorithm.local_steps=3",
+                "partition.num_clients=8"),
+}
+
+# further branches of the same algorithms: (case name, algorithm, extra keys)
+VARIANTS: list[tuple[str, str, tuple[str, ...]]] = [
+    ("fedavg-fp16", "fedavg", ("algorithm.codec_up=fp16", "algorithm.codec_down=fp16",
+                               "algorithm.optimizer.momentum=0.9", "algorithm.optimizer.weight_decay=0.001")),
+    ("splitfed_v2-client_after_client", "splitfed_v2", (*LENET, "algorithm.server_order=client_after_client")),
+    ("splitfed_v1-replacement", "splitfed_v1", (*LENET, "algorithm.participation=with_replacement",
+                                                "algorithm.clients_per_round=4", "algorithm.agg_every=3")),
+    ("fsl_an-local-aux", "fsl_an", (*LENET, "algorithm.aggregate_aux=false", "algorithm.copies_eval=copy0",
+                                    "algorithm.codec_up=fp16")),
+    ("cse_fsl-theory", "cse_fsl", (*LENET, "algorithm.server_trigger=every_l_rounds", "algorithm.local_steps=3",
+                                   "algorithm.zb_step=server_backprop", "algorithm.participation=with_replacement",
+                                   "algorithm.clients_per_round=4", "algorithm.global_lr=0.5")),
+    ("cse_fsl-post-step", "cse_fsl", (*LENET, "algorithm.h=3", "algorithm.smashed_from=post_step",
+                                      "algorithm.drop_incomplete_block=true", "algorithm.init=normal0.05",
+                                      "algorithm.lr_decay=0.5", "algorithm.lr_decay_every=1")),
+    ("light_fedsl-sparse", "light_fedsl", ("model.name=mlp", "model.cut=1", "rounds=4", "algorithm.agg_interval=2",
+                                           "algorithm.model_codec=sparse", "algorithm.quant_granularity=tensor",
+                                           "algorithm.codec_up=fp16")),
+    ("afind-standard-head", "afind", ("algorithm.local_epochs=1", "algorithm.peers=2", "algorithm.k0=2",
+                                      "algorithm.neighbor_mode=standard", "algorithm.personal=head",
+                                      "algorithm.topology.kind=ring")),
+    ("afind-dp-alternating", "afind", ("algorithm.local_epochs=2", "algorithm.k0=2", "algorithm.peers=2",
+                                       "algorithm.local_update=alternating", "algorithm.dp.sigma=1.0",
+                                       "algorithm.aggregation=uniform", "algorithm.selection=topk")),
+    ("ditto-afind", "ditto", ("algorithm.local_epochs=1", "algorithm.peers=2", "algorithm.peer_selection=afind")),
+    ("dispfl-afind", "dispfl", ("algorithm.local_epochs=1", "algorithm.peers=2", "algorithm.peer_selection=afind")),
+    ("hist-aircomp-optimised", "hist", ("model.name=fcnn", "model.options.dropout=0.5", "algorithm.cells=2",
+                                        "algorithm.edge_rounds=2", "algorithm.local_steps=3",
+                                        "partition.num_clients=8", "algorithm.aggregation=aircomp",
+                                        "algorithm.mask_sizes=optimised", "algorithm.form=masked")),
+    ("hist-no-dropout", "hist", ("model.name=fcnn", "algorithm.cells=2", "algorithm.edge_rounds=2",
+                                 "algorithm.local_steps=3", "partition.num_clients=8")),
+    ("fsl_an-no-dropout", "fsl_an", (*LENET, "algorithm.server_order=random")),
+    ("hfedavg-lenet-cell_iid", "hfedavg", (*LENET, "model.cut=null", "algorithm.cells=2", "algorithm.edge_rounds=2",
+                                           "algorithm.local_steps=3", "partition.num_clients=8",
+                                           "algorithm.split=cell_iid")),
+]
+
+
+def algorithm_cases() -> list[Case]:
+    """Every registered algorithm, small, once per executor."""
+    from fedge.algorithms import ALGORITHMS
+
+    missing = sorted(set(ALGORITHMS) - set(ALGORITHM_SETTINGS))
+    if missing:
+        raise SystemExit(f"no golden settings for {', '.join(missing)}: add them to ALGORITHM_SETTINGS")
+    runs = [(name, name, ALGORITHM_SETTINGS[name]) for name in sorted(ALGORITHMS)] + VARIANTS
+    return [
+        Case(f"{case}-{executor}", None,
+             (*SMALL, f"algorithm.name={name}", f"engine.executor={executor}", *keys))
+        for case, name, keys in runs
+        for executor in ("sequential", "batched")
+    ]
+
+
+def suites(name: str) -> dict[str, list[Case]]:
+    chosen = {"examples": EXAMPLES, "algorithms": None}
+    names = list(chosen) if name == "all" else [name]
+    return {n: (algorithm_cases() if n == "algorithms" else chosen[n]) for n in names}
+
+
+def run_case(case: Case, out: Path) -> dict[str, Any]:
+    """Run ``case`` in ``out``; its rows (wall clock dropped), summary and ledger hash."""
+    import fedge
+
+    from fedge.config import load_raw
+
+    raw = load_raw(ROOT / case.config if case.config else None)
+    for key in case.drop:
+        raw["algorithm"].pop(key)
+    overrides = [*case.overrides, f"output.dir={out}", f"output.name={case.name}", "output.plots=false"]
+    result = fedge.run(raw, overrides)
+    rows = [{k: v for k, v in row.items() if k not in WALL_CLOCK} for row in result.metrics]
+    summary = {k: v for k, v in result.summary.items() if k not in WALL_CLOCK}
+    ledger = (result.run_dir / "ledger.csv").read_bytes()
+    return {
+        "overrides": list(case.overrides),
+        "rows_sha256": digest(rows),
+        "ledger_sha256": hashlib.sha256(ledger).hexdigest(),
+        "rows": rows,
+        "summary": summary,
+    }
+
+
+def digest(value: Any) -> str:
+    return hashlib.sha256(json.dumps(value, sort_keys=True).encode()).hexdigest()
+
+
+def differences(expected: Any, actual: Any, tolerance: float, path: str = "") -> list[str]:
+    """Every place where ``actual`` differs from ``expected`` (fields only in ``actual`` are ignored)."""
+    if isinstance(expected, dict):
+        if not isinstance(actual, dict):
+            return [f"{path}: expected a mapping"]
+        out = []
+        for key, value in expected.items():
+            if key not in actual:
+                out.append(f"{path}.{key}: missing")
+            else:
+                out.extend(differences(value, actual[key], tolerance, f"{path}.{key}"))
+        return out
+    if isinstance(expected, list):
+        if not isinstance(actual, list) or len(actual) != len(expected):
+            return [f"{path}: expected {len(expected)} entries"]
+        return [d for i, (e, a) in enumerate(zip(expected, actual, strict=True))
+                for d in differences(e, a, tolerance, f"{path}[{i}]")]
+    if isinstance(expected, float) and isinstance(actual, int | float):
+        same = expected == actual or (math.isnan(expected) and math.isnan(actual))
+        if same or abs(expected - actual) <= tolerance * max(1.0, abs(expected)):
+            return []
+        return [f"{path}: {expected!r} -> {actual!r}"]
+    return [] if expected == actual else [f"{path}: {expected!r} -> {actual!r}"]
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("action", choices=["record", "check"])
+    parser.add_argument("--suite", choices=["examples", "algorithms", "all"], default="all")
+    parser.add_argument("--only", nargs="*", help="case names (default: every case of the suite)")
+    parser.add_argument("--tolerance", type=float, default=0.0, help="relative tolerance of check")
+    args = parser.parse_args(argv)
+    import torch
+
+    torch.set_num_threads(1)
+    failed = 0
+    for suite, cases in suites(args.suite).items():
+        path = GOLDEN / f"{suite}.json"
+        stored = json.loads(path.read_text()) if path.exists() else {}
+        for case in cases:
+            if args.only and case.name not in args.only:
+                continue
+            began = time.perf_counter()
+            with tempfile.TemporaryDirectory() as out:
+                got = run_case(case, Path(out))
+            seconds = time.perf_counter() - began
+            if args.action == "record":
+                stored[case.name] = got
+                print(f"recorded {suite}/{case.name} ({seconds:.1f} s)", flush=True)
+                continue
+            if case.name not in stored:
+                print(f"MISSING  {suite}/{case.name}: not recorded", flush=True)
+                failed += 1
+                continue
+            diffs = differences(stored[case.name]["rows"], got["rows"], args.tolerance, "rows")
+            diffs += differences(stored[case.name]["summary"], got["summary"], args.tolerance, "summary")
+            if stored[case.name]["ledger_sha256"] != got["ledger_sha256"]:
+                diffs.append("ledger.csv differs")
+            status = "same" if not diffs else "DIFFERS"
+            print(f"{status:8} {suite}/{case.name} ({seconds:.1f} s)", flush=True)
+            for line in diffs[:8]:
+                print(f"         {line}")
+            failed += bool(diffs)
+        if args.action == "record":
+            path.parent.mkdir(parents=True, exist_ok=True)
+            path.write_text(json.dumps(stored, indent=1, sort_keys=True) + "\n")
+    if args.action == "check":
+        print("all same" if not failed else f"{failed} case(s) differ")
+    return 1 if failed else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,132 @@
+"""How split-learning clients train between exchanges with the server: two shapes of one local step.
+
+- :class:`GradientClients` (SplitFed v1 and v2): the client part runs forward, the smashed data goes to
+  the server, the server returns the cut-layer gradient and the client back-propagates it and steps.
+- :class:`AuxHeadClients` (FSL_AN, CSE-FSL): the client trains its part and an auxiliary head on a
+  local loss (CSE-FSL Eq. 8) and sends the smashed data of the step at upload steps; nothing comes back.
+
+Either step works on the stacked state of a round's participant rows through the run's executor, and
+reaches the server through ``exchange``: a function of the smashed data (and whether the gradient is
+wanted) that carries out the uploads, the server's steps and any returned gradient, and answers with the
+server's :class:`~fedge.algorithms.split.server.Served`.
+"""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from collections.abc import Callable
+from typing import NamedTuple
+
+import torch
+
+from fedge.algorithms.split.parts import SplitParts
+from fedge.algorithms.split.server import Served
+from fedge.engine import SGD, Executor
+from fedge.engine.split import make_apply, make_aux_step, make_forward
+from fedge.tensors import Tensors
+
+State = tuple[Tensors, Tensors, Tensors]  # stacked params, buffers, optimizer state of the rows
+Exchange = Callable[[torch.Tensor, bool], Served]
+
+
+class LocalStep(NamedTuple):
+    """The rows' state after one local step and the loss each row trained on (0 for idle rows)."""
+
+    state: State
+    loss: torch.Tensor
+
+
+class ClientSide(ABC):
+    """One local step of the participant rows, and which parts of the client model travel."""
+
+    has_aux: bool
+    shares_aux: bool
+
+    def __init__(self, parts: SplitParts, sgd: SGD, executor: Executor):
+        self.parts = parts
+        self.sgd = sgd
+        self.executor = executor
+        self.forward = make_forward(parts.trunk)
+
+    @abstractmethod
+    def step(
+        self,
+        state: State,
+        batch: tuple[torch.Tensor, torch.Tensor, torch.Tensor],
+        counts: torch.Tensor,
+        lr: float,
+        keys: torch.Tensor | None,
+        exchange: Exchange,
+        upload: bool,
+    ) -> LocalStep:
+        """Step on ``batch`` = (x, y, 0/1 weight) rows; ``upload`` says whether this step talks to the
+        server (SplitFed always does)."""
+
+    def backprop_step(
+        self,
+        state: State,
+        x: torch.Tensor,
+        counts: torch.Tensor,
+        lr: float,
+        keys: torch.Tensor | None,
+        exchange: Exchange,
+    ) -> LocalStep:
+        """Forward the trunk, send the smashed data, back-propagate the returned gradient and step.
+
+        ``state`` holds the trunk's entries (and, for aux-head clients, the aux head's, which the
+        returned gradient does not reach and which therefore stay as they are).
+        """
+        params, buffers, opt_state = state
+        trunk = {k: v for k, v in params.items() if k.startswith("trunk.")}
+        z, buffers, pullback = self.executor.forward_with_vjp(self.forward, trunk, buffers, x, counts, keys)
+        served = exchange(z, True)
+        trunk_state = {k: v for k, v in opt_state.items() if k in trunk}
+        out = self.executor.map(
+            self.apply,
+            (trunk, trunk_state),
+            (),
+            (lr,),
+            counts,
+            inputs=(pullback(served.grad_z),),
+            stage="apply",
+        )
+        new_params, new_state = out.state
+        return LocalStep(({**params, **new_params}, buffers, {**opt_state, **new_state}), served.loss)
+
+
+class GradientClients(ClientSide):
+    """SplitFed: every step sends smashed data and back-propagates the returned cut-layer gradient;
+    the gradient's global norm is clipped at ``clip_norm`` when set (FSL_OC)."""
+
+    has_aux = False
+    shares_aux = False
+
+    def __init__(self, parts: SplitParts, sgd: SGD, executor: Executor, clip_norm: float | None):
+        super().__init__(parts, sgd, executor)
+        self.apply = make_apply(sgd, clip_norm)
+
+    def step(self, state, batch, counts, lr, keys, exchange, upload) -> LocalStep:
+        return self.backprop_step(state, batch[0], counts, lr, keys, exchange)
+
+
+class AuxHeadClients(ClientSide):
+    """Local-loss clients: trunk and aux head step on the aux loss; upload steps send their smashed data.
+
+    The smashed data sent is that of the step's own forward pass (``post_step=False``, the CSE-FSL code's
+    choice) or of one more forward pass after the step. ``shares_aux=False`` keeps each client's head at
+    home: never sent, never averaged.
+    """
+
+    has_aux = True
+
+    def __init__(self, parts: SplitParts, sgd: SGD, executor: Executor, post_step: bool, shares_aux: bool):
+        super().__init__(parts, sgd, executor)
+        self.local_step = make_aux_step(parts.local, sgd, post_step)
+        self.apply = make_apply(sgd, None)
+        self.shares_aux = shares_aux
+
+    def step(self, state, batch, counts, lr, keys, exchange, upload) -> LocalStep:
+        out = self.executor.map(self.local_step, state, batch, (lr,), counts, keys=keys, stage="aux step")
+        if upload:
+            exchange(out.per_sample[0], False)
+        return LocalStep(out.state, out.per_client[0])

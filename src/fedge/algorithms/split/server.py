@@ -1,0 +1,250 @@
+"""The server side of split learning, as a part with two shapes.
+
+Every split algorithm's server receives the participants' cut batches (smashed data and labels), takes
+SGD steps on its part of the model and, for SplitFed, returns the cut-layer gradients. What differs is
+how many server models there are:
+
+- :class:`ServerCopies`: one copy per participant (SplitFed v1 = FSL_MC, FSL_AN). Copies start each
+  aggregation period from the global server model with fresh optimizer state, serve their own client's
+  batches in parallel (under :meth:`~fedge.engine.Executor.map`, so either executor runs them) and are
+  averaged with the client models (CSE-FSL Eq. 14 applied to the server side).
+- :class:`SharedServer`: one model for everyone (SplitFed v2 = FSL_OC, CSE-FSL), fed by a queue: the
+  batches of one step are served one after another in the order the caller gives (CSE-FSL Sec. II-E's
+  deterministic simulation of the FIFO queue). Its optimizer state persists across rounds.
+
+:class:`MeanGradientServer` is the copies' special case that lightweight FedSL needs (its Eq. 7): every
+batch of a round is served at the same weights and the server steps once with the mean gradient,
+computed as parallel copies averaged at once; it holds one model.
+
+A part owns its model(s): starting a period (:meth:`SplitServer.begin`), serving a cut batch
+(:meth:`SplitServer.serve`), aggregation, the storage it occupies and its checkpoint state. Transfers
+are the algorithm's: the server part never touches a link.
+"""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from typing import Any, ClassVar, NamedTuple
+
+import torch
+from torch import nn
+
+from fedge.comm import state_bits
+from fedge.engine import SGD, Executor, stack_copies, weighted_sum
+from fedge.engine.noise import keyed_noise
+from fedge.engine.split import make_server_step
+from fedge.tensors import Tensors, rows
+
+SERVER_STAGE = 1  # noise stage of server-side draws (the client part uses stage 0 of the same step)
+
+
+class CutBatch(NamedTuple):
+    """What reaches the server at one local step: rows ``rows`` of the round (None: all of them), their
+    smashed data ``z`` ``[R, B, ...]`` and labels ``y`` ``[R, B]`` (row r's first ``counts[r]`` entries
+    real; 0 = the row sends nothing), and each row's noise key for the server's random layers."""
+
+    rows: torch.Tensor | None
+    z: torch.Tensor
+    y: torch.Tensor
+    counts: torch.Tensor
+    keys: torch.Tensor | None = None
+
+
+class Served(NamedTuple):
+    """The server's answer: each row's loss (0 where it sent nothing) and, when asked, the cut-layer
+    gradient of each row's batch (``dL/dz`` of the batch's mean loss at the pre-update weights)."""
+
+    loss: torch.Tensor
+    grad_z: torch.Tensor | None
+
+
+class SplitServer(ABC):
+    """The server part: its model(s), how a cut batch is served, aggregation and storage.
+
+    ``in_turn`` says whether one model serves every upload in turn, so that its compute adds up over a
+    round (the simulated clock's composition depends on it).
+    """
+
+    in_turn: ClassVar[bool] = False
+
+    def __init__(
+        self, module: nn.Module, params: Tensors, buffers: Tensors, sgd: SGD, clip_norm: float | None
+    ):
+        self.module = module
+        self.params = params
+        self.buffers = buffers
+        self.sgd = sgd
+        self.clip_norm = clip_norm
+
+    @abstractmethod
+    def begin(self, count: int) -> None:
+        """Start an aggregation period of a round with ``count`` participant rows."""
+
+    @abstractmethod
+    def serve(self, batch: CutBatch, lr: float, grad_z: bool, order: list[int]) -> Served:
+        """Take the server steps of one local step's uploads; ``order`` lists the sending rows (indices
+        into ``batch``) in the order a single server model processes them."""
+
+    @abstractmethod
+    def aggregate(self, weights: torch.Tensor) -> None:
+        """End an aggregation period; ``weights`` (summing to 1) weigh the round's rows."""
+
+    @abstractmethod
+    def models_held(self, count: int) -> int:
+        """How many server models the server holds with ``count`` participant rows."""
+
+    def storage_bits(self, count: int) -> int:
+        """Bits of the server models held with ``count`` participant rows."""
+        return self.models_held(count) * state_bits({**self.params, **self.buffers})
+
+    def evaluation_model(self) -> tuple[Tensors, Tensors]:
+        """The server parameters and buffers that evaluation composes with the global client model."""
+        return self.params, self.buffers
+
+    def state_dict(self) -> dict[str, Any]:
+        return {"params": self.params, "buffers": self.buffers}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        self.params, self.buffers = state["params"], state["buffers"]
+
+
+class ServerCopies(SplitServer):
+    """One server copy per participant row, served in parallel through the executor's map.
+
+    ``evaluate_with`` chooses the server model of evaluation: the average of the copies (``avg``) or the
+    first participant's copy before averaging (``copy0``).
+    """
+
+    def __init__(
+        self,
+        module: nn.Module,
+        params: Tensors,
+        buffers: Tensors,
+        sgd: SGD,
+        clip_norm: float | None,
+        executor: Executor,
+        evaluate_with: str = "avg",
+    ):
+        super().__init__(module, params, buffers, sgd, clip_norm)
+        self.executor = executor
+        self.evaluate_with = evaluate_with
+        self.steps = {
+            grad: make_server_step(module, sgd, clip_norm, grad, vmappable=True) for grad in (False, True)
+        }
+        self.copies: tuple[Tensors, Tensors, Tensors] = ({}, {}, {})
+        self.first_copy: tuple[Tensors, Tensors] | None = None
+
+    def begin(self, count: int) -> None:
+        state = (self.params, self.buffers, self.sgd.init(self.params))
+        self.copies = tuple(stack_copies(tensors, count) for tensors in state)
+
+    def serve(self, batch: CutBatch, lr: float, grad_z: bool, order: list[int]) -> Served:
+        z, counts = batch.z, batch.counts
+        copies = self.copies if batch.rows is None else tuple(rows(t, batch.rows) for t in self.copies)
+        weight = (torch.arange(z.shape[1], device=z.device)[None, :] < counts[:, None]).to(z)
+        out = self.executor.map(
+            self.steps[grad_z],
+            copies,
+            (z, batch.y, weight),
+            (lr,),
+            counts,
+            keys=batch.keys,
+            stage="server copy",
+        )
+        if batch.rows is None:
+            self.copies = out.state
+        else:
+            for full, part in zip(self.copies, out.state, strict=True):
+                for name, value in part.items():
+                    full[name] = full[name].index_put((batch.rows,), value)
+        return Served(out.per_client[0], out.per_sample[0] if grad_z else None)
+
+    def aggregate(self, weights: torch.Tensor) -> None:
+        params, buffers, _ = self.copies
+        if self.evaluate_with == "copy0":
+            self.first_copy = (rows(params, 0), rows(buffers, 0))
+        self.params, self.buffers = weighted_sum(params, weights), weighted_sum(buffers, weights)
+
+    def models_held(self, count: int) -> int:
+        return count
+
+    def evaluation_model(self) -> tuple[Tensors, Tensors]:
+        return self.first_copy or (self.params, self.buffers)
+
+    def state_dict(self) -> dict[str, Any]:
+        return {**super().state_dict(), "first_copy": self.first_copy}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        super().load_state_dict(state)
+        self.first_copy = state["first_copy"]
+
+
+class MeanGradientServer(ServerCopies):
+    """One server model stepped with the mean of its rows' gradients (lightweight FedSL, Eq. 7).
+
+    All rows are served at the same weights (as parallel copies, so either executor runs them) and
+    averaged uniformly at once, BatchNorm statistics too, so the statistics never mix clients within a
+    batch. With plain SGD averaging the stepped copies is the step with the mean gradient (Eq. 6 = Eq. 7).
+    """
+
+    def serve(self, batch: CutBatch, lr: float, grad_z: bool, order: list[int]) -> Served:
+        count = len(batch.counts)
+        self.begin(count)
+        served = super().serve(batch, lr, grad_z, order)
+        uniform = torch.full((count,), 1.0 / count, dtype=torch.float64, device=batch.z.device)
+        self.aggregate(uniform)
+        return served
+
+    def models_held(self, count: int) -> int:
+        return 1
+
+
+class SharedServer(SplitServer):
+    """One server model for all participants; a step's uploads are served one after another in ``order``.
+
+    Its steps use plain autograd (one batch at a time: half the per-call overhead of ``torch.func``) and
+    its optimizer state persists across rounds.
+    """
+
+    in_turn = True
+
+    def __init__(
+        self, module: nn.Module, params: Tensors, buffers: Tensors, sgd: SGD, clip_norm: float | None
+    ):
+        super().__init__(module, params, buffers, sgd, clip_norm)
+        self.opt_state = sgd.init(params)
+        self.steps = {
+            grad: make_server_step(module, sgd, clip_norm, grad, vmappable=False) for grad in (False, True)
+        }
+
+    def begin(self, count: int) -> None:
+        """Nothing to prepare: the one model carries on."""
+
+    def serve(self, batch: CutBatch, lr: float, grad_z: bool, order: list[int]) -> Served:
+        z, y, counts = batch.z, batch.y, batch.counts
+        loss = torch.zeros(len(counts), device=z.device)
+        grads = torch.zeros_like(z) if grad_z else None
+        params, buffers, opt_state = self.params, self.buffers, self.opt_state
+        for r in order:
+            c = int(counts[r])
+            ones = torch.ones(c, device=z.device)
+            with keyed_noise(None if batch.keys is None else batch.keys[r]):
+                out = self.steps[grad_z](params, buffers, opt_state, z[r, :c], y[r, :c], ones, lr)
+            (params, buffers, opt_state), (loss[r],) = out.state, out.per_client
+            if grad_z:
+                grads[r, :c] = out.per_sample[0]
+        self.params, self.buffers, self.opt_state = params, buffers, opt_state
+        return Served(loss, grads)
+
+    def aggregate(self, weights: torch.Tensor) -> None:
+        """Nothing to average: the one model already learned from everyone."""
+
+    def models_held(self, count: int) -> int:
+        return 1
+
+    def state_dict(self) -> dict[str, Any]:
+        return {**super().state_dict(), "opt_state": self.opt_state}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        super().load_state_dict(state)
+        self.opt_state = state["opt_state"]

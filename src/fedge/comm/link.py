@@ -1,0 +1,154 @@
+"""Links: every transfer of an algorithm encoded, counted and recorded in one call.
+
+A :class:`Link` is a codec bound to the run's ledger. ``send`` encodes a payload the way the codec
+puts it on the air, counts the bits each sender spent (only the values it really sends: the real rows
+of a padded batch, the entries dropout kept), writes one ledger entry per transfer and returns what
+the receivers decode. Storage a node holds in the same encoding is metered by ``store``. The
+:class:`Network` hands out links and meters plain fp32 state; algorithms talk to nothing else.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import NamedTuple
+
+import numpy as np
+import torch
+
+from fedge.comm.codecs import Codec, nonzero_counts, value_counts
+from fedge.comm.ledger import Ledger
+from fedge.comm.registry import get_codec
+from fedge.tensors import Tensors, floating
+
+Nodes = str | Sequence[str]
+FP32_BITS = 32
+
+
+class Sent(NamedTuple):
+    """What a send delivered: the payload as the receivers decode it, and the bits of each payload row
+    (one entry for an unstacked payload; 0 for a stacked row that sent nothing)."""
+
+    payload: Tensors
+    bits: np.ndarray
+
+
+def state_bits(tensors: Tensors) -> int:
+    """Bits of a state's floating tensors at 32 bits per value: what a node holds of a model copy."""
+    return FP32_BITS * sum(t.numel() for t in floating(tensors).values())
+
+
+def _names(nodes: Nodes, count: int) -> list[str]:
+    """``count`` node names: a single name repeated, or a list of exactly ``count``."""
+    names = [nodes] * count if isinstance(nodes, str) else list(nodes)
+    if len(names) != count:
+        raise ValueError(f"expected {count} node names, got {len(names)}")
+    return names
+
+
+def _sent_counts(
+    payload: Tensors, lengths: np.ndarray | None, keep: torch.Tensor | None, nonzeros: bool
+) -> tuple[np.ndarray, np.ndarray | None]:
+    """Values (and non-zero values) each row of a stacked payload really sends, per tensor."""
+    if keep is None and lengths is None:
+        return value_counts(payload, True), nonzero_counts(payload, True) if nonzeros else None
+    values, nonzero = [], []
+    for t in payload.values():
+        if keep is None and not nonzeros:
+            values.append(lengths * t[0, 0].numel())
+            continue
+        if keep is not None:
+            mask = keep.reshape(t.shape[0], -1) > 0
+        else:
+            width = torch.arange(t.shape[1], device=t.device)
+            real = width[None, :] < torch.as_tensor(lengths, device=t.device)[:, None]
+            mask = real.reshape(*real.shape, *([1] * (t.dim() - 2))).expand(t.shape).reshape(t.shape[0], -1)
+        values.append(mask.sum(dim=1).cpu().numpy())
+        if nonzeros:
+            nonzero.append(((t.reshape(t.shape[0], -1) != 0) & mask).sum(dim=1).cpu().numpy())
+    stacked = np.stack(values, axis=1).astype(np.int64)
+    return stacked, np.stack(nonzero, axis=1).astype(np.int64) if nonzeros else None
+
+
+class Link:
+    """A codec bound to the ledger: one family of transfers (e.g. everything clients send the server)."""
+
+    def __init__(self, ledger: Ledger, codec: Codec):
+        self.ledger = ledger
+        self.codec = codec
+
+    def send(
+        self,
+        round_: int,
+        src: Nodes,
+        dst: Nodes,
+        kind: str,
+        payload: Tensors,
+        *,
+        stacked: bool = False,
+        lengths: np.ndarray | torch.Tensor | None = None,
+        keep: torch.Tensor | None = None,
+        row_of: Sequence[int] | np.ndarray | None = None,
+        seeds: list[int] | None = None,
+    ) -> Sent:
+        """Encode ``payload``, record its transfers as ``kind`` and return what the receivers decode.
+
+        - Unstacked: one payload; each ``(src, dst)`` pair (a name, or equally long lists; a list on one
+          side broadcasts the other) is a transfer of all of it.
+        - ``stacked``: row ``r`` of every tensor is sender ``r``'s payload; transfer ``i`` carries row
+          ``row_of[i]`` (default: transfer ``r`` carries row ``r``), from ``src[i]`` to ``dst[i]``.
+        - ``lengths[r]``: only the first ``lengths[r]`` entries along dimension 1 of row ``r`` are real (a
+          padded batch); they alone are counted, and a row of length 0 sends nothing.
+        - ``keep``: a 0/1 mask shaped like the payload's tensors; only kept entries are counted (values
+          dropped by a mask both ends derive from a shared seed are never sent).
+        """
+        received = self.codec.encode(payload, stacked, seeds)
+        if not stacked:
+            nonzeros = nonzero_counts(payload, False) if self.codec.counts_nonzeros else None
+            bits = self.codec.bits(value_counts(payload, False), nonzeros)
+            lists = [len(nodes) for nodes in (src, dst) if not isinstance(nodes, str)]
+            count = lists[0] if lists else 1
+            if count:
+                self.ledger.record(
+                    round_, _names(src, count), _names(dst, count), kind, np.repeat(bits, count)
+                )
+            return Sent(received, bits)
+        real = None if lengths is None else np.asarray(torch.as_tensor(lengths).cpu())
+        values, nonzeros = _sent_counts(payload, real, keep, self.codec.counts_nonzeros)
+        bits = self.codec.bits(values, nonzeros)
+        if real is not None:
+            bits = np.where(real > 0, bits, 0)
+        carried = np.arange(len(bits)) if row_of is None else np.asarray(row_of, dtype=np.int64)
+        sending = np.flatnonzero(real[carried] > 0) if real is not None else np.arange(len(carried))
+        if len(sending):
+            src_names = [_names(src, len(carried))[i] for i in sending]
+            dst_names = [_names(dst, len(carried))[i] for i in sending]
+            self.ledger.record(round_, src_names, dst_names, kind, bits[carried[sending]])
+        return Sent(received, bits)
+
+    def store(self, nodes: Nodes, kind: str, payload: Tensors, *, stacked: bool = False) -> np.ndarray:
+        """Meter what ``nodes`` hold of ``kind`` in this link's encoding (row ``r`` held by ``nodes[r]``
+        when ``stacked``, else the same payload by every node); returns the bits per node."""
+        nonzeros = nonzero_counts(payload, stacked) if self.codec.counts_nonzeros else None
+        bits = self.codec.bits(value_counts(payload, stacked), nonzeros)
+        names = [nodes] if isinstance(nodes, str) else list(nodes)
+        held = bits if stacked else np.repeat(bits, len(names))
+        for node, amount in zip(names, held, strict=True):
+            self.ledger.set_storage(node, kind, int(amount))
+        return held
+
+
+class Network:
+    """The links and storage meter of a run, over its ledger."""
+
+    def __init__(self, ledger: Ledger):
+        self.ledger = ledger
+
+    def link(self, codec: str | Codec) -> Link:
+        """A link encoding with ``codec`` (a codec, or a name: ``fp32``, ``fp16``, ``sparse``, ``q8``...)."""
+        return Link(self.ledger, get_codec(codec) if isinstance(codec, str) else codec)
+
+    def hold(self, nodes: Nodes, kind: str, state: Tensors | int) -> None:
+        """Meter what ``nodes`` hold of ``kind``: a state (its floating tensors at fp32) or a bit count."""
+        bits = state if isinstance(state, int) else state_bits(state)
+        for node in [nodes] if isinstance(nodes, str) else nodes:
+            self.ledger.set_storage(node, kind, int(bits))
