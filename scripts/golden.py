@@ -62,8 +62,14 @@ SMALL = (
     "partition.num_clients=6",
     "eval.every=1",
 )
-LENET = ("data.name=synthetic", "data.shape=[1,28,28]", "data.num_train=600", "data.num_test=200",
-         "model.name=lenet5", "model.cut=2")
+LENET = (
+    "data.name=synthetic",
+    "data.shape=[1,28,28]",
+    "data.num_train=600",
+    "data.num_test=200",
+    "model.name=lenet5",
+    "model.cut=2",
+)
 # per algorithm: the data, model and algorithm keys that make a small but complete run
 ALGORITHM_SETTINGS: dict[str, tuple[str, ...]] = {
     "fedavg": ("algorithm.fraction=0.5",),
@@ -72,8 +78,15 @@ ALGORITHM_SETTINGS: dict[str, tuple[str, ...]] = {
     "splitfed_v2": (*LENET, "algorithm.clip_norm=1.0"),
     "fsl_an": (*LENET, "model.options.dropout=0.3"),
     "cse_fsl": (*LENET, "algorithm.h=2", "algorithm.server_order=random"),
-    "light_fedsl": ("model.name=vgg", "model.cut=4", "model.options.depth=11", "model.options.width=0.25",
-                    "algorithm.drop_last=true", "rounds=6", "algorithm.agg_interval=3"),
+    "light_fedsl": (
+        "model.name=vgg",
+        "model.cut=4",
+        "model.options.depth=11",
+        "model.options.width=0.25",
+        "algorithm.drop_last=true",
+        "rounds=6",
+        "algorithm.agg_interval=3",
+    ),
     "fedsl": ("model.name=mlp", "model.cut=1", "rounds=4"),
     "local": ("algorithm.local_epochs=1",),
     "fedavg_ft": ("algorithm.local_epochs=1",),
@@ -83,48 +96,169 @@ ALGORITHM_SETTINGS: dict[str, tuple[str, ...]] = {
     "afind": ("algorithm.local_epochs=1", "algorithm.peers=2", "algorithm.k0=2"),
     "ditto": ("algorithm.local_epochs=1", "algorithm.peers=2"),
     "dispfl": ("algorithm.local_epochs=1", "algorithm.peers=2"),
-    "hist": ("model.name=fcnn", "model.options.dropout=0.5", "algorithm.cells=2", "algorithm.edge_rounds=2",
-             "algorithm.local_steps=3", "partition.num_clients=8"),
-    "hfedavg": ("model.name=fcnn", "algorithm.cells=2", "algorithm.edge_rounds=2", "algorithm.local_steps=3",
-                "partition.num_clients=8"),
+    "hist": (
+        "model.name=fcnn",
+        "model.options.dropout=0.5",
+        "algorithm.cells=2",
+        "algorithm.edge_rounds=2",
+        "algorithm.local_steps=3",
+        "partition.num_clients=8",
+    ),
+    "hfedavg": (
+        "model.name=fcnn",
+        "algorithm.cells=2",
+        "algorithm.edge_rounds=2",
+        "algorithm.local_steps=3",
+        "partition.num_clients=8",
+    ),
 }
 
 # further branches of the same algorithms: (case name, algorithm, extra keys)
 VARIANTS: list[tuple[str, str, tuple[str, ...]]] = [
-    ("fedavg-fp16", "fedavg", ("algorithm.codec_up=fp16", "algorithm.codec_down=fp16",
-                               "algorithm.optimizer.momentum=0.9", "algorithm.optimizer.weight_decay=0.001")),
-    ("splitfed_v2-client_after_client", "splitfed_v2", (*LENET, "algorithm.server_order=client_after_client")),
-    ("splitfed_v1-replacement", "splitfed_v1", (*LENET, "algorithm.participation=with_replacement",
-                                                "algorithm.clients_per_round=4", "algorithm.agg_every=3")),
-    ("fsl_an-local-aux", "fsl_an", (*LENET, "algorithm.aggregate_aux=false", "algorithm.copies_eval=copy0",
-                                    "algorithm.codec_up=fp16")),
-    ("cse_fsl-theory", "cse_fsl", (*LENET, "algorithm.server_trigger=every_l_rounds", "algorithm.local_steps=3",
-                                   "algorithm.zb_step=server_backprop", "algorithm.participation=with_replacement",
-                                   "algorithm.clients_per_round=4", "algorithm.global_lr=0.5")),
-    ("cse_fsl-post-step", "cse_fsl", (*LENET, "algorithm.h=3", "algorithm.smashed_from=post_step",
-                                      "algorithm.drop_incomplete_block=true", "algorithm.init=normal0.05",
-                                      "algorithm.lr_decay=0.5", "algorithm.lr_decay_every=1")),
-    ("light_fedsl-sparse", "light_fedsl", ("model.name=mlp", "model.cut=1", "rounds=4", "algorithm.agg_interval=2",
-                                           "algorithm.model_codec=sparse", "algorithm.quant_granularity=tensor",
-                                           "algorithm.codec_up=fp16")),
-    ("afind-standard-head", "afind", ("algorithm.local_epochs=1", "algorithm.peers=2", "algorithm.k0=2",
-                                      "algorithm.neighbor_mode=standard", "algorithm.personal=head",
-                                      "algorithm.topology.kind=ring")),
-    ("afind-dp-alternating", "afind", ("algorithm.local_epochs=2", "algorithm.k0=2", "algorithm.peers=2",
-                                       "algorithm.local_update=alternating", "algorithm.dp.sigma=1.0",
-                                       "algorithm.aggregation=uniform", "algorithm.selection=topk")),
-    ("ditto-afind", "ditto", ("algorithm.local_epochs=1", "algorithm.peers=2", "algorithm.peer_selection=afind")),
-    ("dispfl-afind", "dispfl", ("algorithm.local_epochs=1", "algorithm.peers=2", "algorithm.peer_selection=afind")),
-    ("hist-aircomp-optimised", "hist", ("model.name=fcnn", "model.options.dropout=0.5", "algorithm.cells=2",
-                                        "algorithm.edge_rounds=2", "algorithm.local_steps=3",
-                                        "partition.num_clients=8", "algorithm.aggregation=aircomp",
-                                        "algorithm.mask_sizes=optimised", "algorithm.form=masked")),
-    ("hist-no-dropout", "hist", ("model.name=fcnn", "algorithm.cells=2", "algorithm.edge_rounds=2",
-                                 "algorithm.local_steps=3", "partition.num_clients=8")),
+    (
+        "fedavg-fp16",
+        "fedavg",
+        (
+            "algorithm.codec_up=fp16",
+            "algorithm.codec_down=fp16",
+            "algorithm.optimizer.momentum=0.9",
+            "algorithm.optimizer.weight_decay=0.001",
+        ),
+    ),
+    (
+        "splitfed_v2-client_after_client",
+        "splitfed_v2",
+        (*LENET, "algorithm.server_order=client_after_client"),
+    ),
+    (
+        "splitfed_v1-replacement",
+        "splitfed_v1",
+        (
+            *LENET,
+            "algorithm.participation=with_replacement",
+            "algorithm.clients_per_round=4",
+            "algorithm.agg_every=3",
+        ),
+    ),
+    (
+        "fsl_an-local-aux",
+        "fsl_an",
+        (*LENET, "algorithm.aggregate_aux=false", "algorithm.copies_eval=copy0", "algorithm.codec_up=fp16"),
+    ),
+    (
+        "cse_fsl-theory",
+        "cse_fsl",
+        (
+            *LENET,
+            "algorithm.server_trigger=every_l_rounds",
+            "algorithm.local_steps=3",
+            "algorithm.zb_step=server_backprop",
+            "algorithm.participation=with_replacement",
+            "algorithm.clients_per_round=4",
+            "algorithm.global_lr=0.5",
+        ),
+    ),
+    (
+        "cse_fsl-post-step",
+        "cse_fsl",
+        (
+            *LENET,
+            "algorithm.h=3",
+            "algorithm.smashed_from=post_step",
+            "algorithm.drop_incomplete_block=true",
+            "algorithm.init=normal0.05",
+            "algorithm.lr_decay=0.5",
+            "algorithm.lr_decay_every=1",
+        ),
+    ),
+    (
+        "light_fedsl-sparse",
+        "light_fedsl",
+        (
+            "model.name=mlp",
+            "model.cut=1",
+            "rounds=4",
+            "algorithm.agg_interval=2",
+            "algorithm.model_codec=sparse",
+            "algorithm.quant_granularity=tensor",
+            "algorithm.codec_up=fp16",
+        ),
+    ),
+    (
+        "afind-standard-head",
+        "afind",
+        (
+            "algorithm.local_epochs=1",
+            "algorithm.peers=2",
+            "algorithm.k0=2",
+            "algorithm.neighbor_mode=standard",
+            "algorithm.personal=head",
+            "algorithm.topology.kind=ring",
+        ),
+    ),
+    (
+        "afind-dp-alternating",
+        "afind",
+        (
+            "algorithm.local_epochs=2",
+            "algorithm.k0=2",
+            "algorithm.peers=2",
+            "algorithm.local_update=alternating",
+            "algorithm.dp.sigma=1.0",
+            "algorithm.aggregation=uniform",
+            "algorithm.selection=topk",
+        ),
+    ),
+    (
+        "ditto-afind",
+        "ditto",
+        ("algorithm.local_epochs=1", "algorithm.peers=2", "algorithm.peer_selection=afind"),
+    ),
+    (
+        "dispfl-afind",
+        "dispfl",
+        ("algorithm.local_epochs=1", "algorithm.peers=2", "algorithm.peer_selection=afind"),
+    ),
+    (
+        "hist-aircomp-optimised",
+        "hist",
+        (
+            "model.name=fcnn",
+            "model.options.dropout=0.5",
+            "algorithm.cells=2",
+            "algorithm.edge_rounds=2",
+            "algorithm.local_steps=3",
+            "partition.num_clients=8",
+            "algorithm.aggregation=aircomp",
+            "algorithm.mask_sizes=optimised",
+            "algorithm.form=masked",
+        ),
+    ),
+    (
+        "hist-no-dropout",
+        "hist",
+        (
+            "model.name=fcnn",
+            "algorithm.cells=2",
+            "algorithm.edge_rounds=2",
+            "algorithm.local_steps=3",
+            "partition.num_clients=8",
+        ),
+    ),
     ("fsl_an-no-dropout", "fsl_an", (*LENET, "algorithm.server_order=random")),
-    ("hfedavg-lenet-cell_iid", "hfedavg", (*LENET, "model.cut=null", "algorithm.cells=2", "algorithm.edge_rounds=2",
-                                           "algorithm.local_steps=3", "partition.num_clients=8",
-                                           "algorithm.split=cell_iid")),
+    (
+        "hfedavg-lenet-cell_iid",
+        "hfedavg",
+        (
+            *LENET,
+            "model.cut=null",
+            "algorithm.cells=2",
+            "algorithm.edge_rounds=2",
+            "algorithm.local_steps=3",
+            "partition.num_clients=8",
+            "algorithm.split=cell_iid",
+        ),
+    ),
 ]
 
 
@@ -137,8 +271,11 @@ def algorithm_cases() -> list[Case]:
         raise SystemExit(f"no golden settings for {', '.join(missing)}: add them to ALGORITHM_SETTINGS")
     runs = [(name, name, ALGORITHM_SETTINGS[name]) for name in sorted(ALGORITHMS)] + VARIANTS
     return [
-        Case(f"{case}-{executor}", None,
-             (*SMALL, f"algorithm.name={name}", f"engine.executor={executor}", *keys))
+        Case(
+            f"{case}-{executor}",
+            None,
+            (*SMALL, f"algorithm.name={name}", f"engine.executor={executor}", *keys),
+        )
         for case, name, keys in runs
         for executor in ("sequential", "batched")
     ]
@@ -153,7 +290,6 @@ def suites(name: str) -> dict[str, list[Case]]:
 def run_case(case: Case, out: Path) -> dict[str, Any]:
     """Run ``case`` in ``out``; its rows (wall clock dropped), summary and ledger hash."""
     import fedge
-
     from fedge.config import load_raw
 
     raw = load_raw(ROOT / case.config if case.config else None)
@@ -192,8 +328,11 @@ def differences(expected: Any, actual: Any, tolerance: float, path: str = "") ->
     if isinstance(expected, list):
         if not isinstance(actual, list) or len(actual) != len(expected):
             return [f"{path}: expected {len(expected)} entries"]
-        return [d for i, (e, a) in enumerate(zip(expected, actual, strict=True))
-                for d in differences(e, a, tolerance, f"{path}[{i}]")]
+        return [
+            d
+            for i, (e, a) in enumerate(zip(expected, actual, strict=True))
+            for d in differences(e, a, tolerance, f"{path}[{i}]")
+        ]
     if isinstance(expected, float) and isinstance(actual, int | float):
         same = expected == actual or (math.isnan(expected) and math.isnan(actual))
         if same or abs(expected - actual) <= tolerance * max(1.0, abs(expected)):
@@ -203,7 +342,9 @@ def differences(expected: Any, actual: Any, tolerance: float, path: str = "") ->
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     parser.add_argument("action", choices=["record", "check"])
     parser.add_argument("--suite", choices=["examples", "algorithms", "all"], default="all")
     parser.add_argument("--only", nargs="*", help="case names (default: every case of the suite)")
