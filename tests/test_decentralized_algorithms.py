@@ -176,7 +176,8 @@ def test_private_heads_are_never_mixed(tmp_path):
 
 
 def test_identification_finds_the_same_group_at_the_common_start(tmp_path):
-    """Spec R2 in miniature: 12 clients, 4 groups with disjoint label pairs; round 1 probes at one point."""
+    """Neighbour identification (Sec. 3.2) in miniature: 12 clients, 4 groups with disjoint label pairs;
+    round 1 probes at one point."""
     cfg = config(tmp_path, {"name": "afind", "k0": 2})
     cfg["data"].update(num_classes=8, num_train=960)
     cfg["partition"] = {"kind": "grouped", "num_clients": 12, "num_groups": 4}

@@ -1,4 +1,4 @@
-"""The E-experiments of sfl-theory §5.2 at CPU scale: measured squared gradient norms next to the bounds.
+"""The E-experiments at CPU scale: measured squared gradient norms next to the SplitFed bounds.
 
 Two parts, both described by ``experiments.yaml`` next to this file:
 

@@ -1,5 +1,6 @@
-"""SplitFed bound inputs for a run config: settings read from the config, constants estimated from the
-run's data and initial model (sfl-theory §5.1 recipe), anything in the ``theory:`` block taking precedence.
+"""SplitFed bound inputs for a run config: settings read from the config, constants estimated from the run's
+data and initial model (the estimators of :mod:`fedge.theory.estimate`), anything in the ``theory:`` block
+taking precedence.
 
 Read from the config: T = ``rounds``, m = ``partition.num_clients`` and, by algorithm family,
 

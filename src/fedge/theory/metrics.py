@@ -2,7 +2,7 @@
 
 :func:`global_grad_norms` takes any algorithm: one holding a full model (FedAvg, centralized: ``model``,
 ``params``, ``buffers``) gets ``grad_sq``; a split-family algorithm (``parts``, ``client``, ``server``)
-gets :func:`split_grad_norms`: the spec's G_c (client side, aux loss w.r.t. the trunk at the current aux
+gets :func:`split_grad_norms`: G_c (client side, aux loss w.r.t. the trunk at the current aux
 head), its joint version, G_s (server side, smashed data from the current trunk) and the end-to-end norm.
 The measurement harness calls it between rounds; an algorithm that wants the norms in its own metric
 rows adds one line to ``evaluate()``: ``metrics.update(global_grad_norms(self))``.

@@ -1,21 +1,22 @@
 """The split-learning round, written once for SplitFed v1/v2, FSL_AN and CSE-FSL.
 
-A round (cse-fsl §2.3-2.5, §3; sfl-theory §1.3): draw the participants; broadcast the averaged client
-model (and aux head); run the local steps, where every step either
+A round (CSE-FSL Algorithms 1-2 and its baselines, Sec. VI-A; the SplitFed theory paper's Algorithm 1): draw
+the participants; broadcast the averaged client model (and aux head); run the local steps, where every step
+either
 
 - trains trunk + aux head on the local (auxiliary) loss and, at upload steps, sends that batch's smashed
   data and labels to the server, which takes one SGD step and sends nothing back (FSL_AN, CSE-FSL), or
 - sends the smashed data and labels, lets the server step and return the cut-layer gradient, and
   back-propagates it through the trunk (SplitFed v1 = FSL_MC, v2 = FSL_OC);
 
-then upload the client models and average them. The server side is either one copy per participant
-(FSL_MC, FSL_AN: updated in parallel, averaged at each aggregation) or one shared model (FSL_OC,
-CSE-FSL) fed by a FIFO queue in ``server_order`` (cse-fsl §2.5's deterministic simulation). Client work
-and server copies run through the executor's :class:`~fedge.engine.split.ClientMap`; the shared server
-model's updates are a sequential loop in queue order on both executors.
+then upload the client models and average them. The server side is either one copy per participant (FSL_MC,
+FSL_AN: updated in parallel, averaged at each aggregation) or one shared model (FSL_OC, CSE-FSL) fed by a FIFO
+queue in ``server_order`` (a deterministic simulation of CSE-FSL's asynchronous queue, Fig. 3). Client work
+and server copies run through the executor's :class:`~fedge.engine.split.ClientMap`; the shared server model's
+updates are a sequential loop in queue order on both executors.
 
 Every transfer is a ledger entry with bits from the codec: ``model_down``/``aux_down`` (broadcast),
-``smashed_up``, ``labels_up`` (kept apart so label-free figures such as cse-fsl Table V can be read off),
+``smashed_up``, ``labels_up`` (kept apart so label-free figures such as CSE-FSL Table V can be read off),
 ``grad_down`` and ``model_up``/``aux_up``. Storage: the server holds its model copies (``server_model``)
 and the uploaded client models it averages (``client_models``); each participant its trunk and aux head.
 """
@@ -264,7 +265,7 @@ class SplitLearning(Algorithm):
             rnd.server = server
 
     def queue_order(self, t: int, step: int, senders: list[int]) -> list[int]:
-        """The order in which the shared server model processes this step's uploads (cse-fsl §2.5)."""
+        """The order in which the shared server model processes this step's uploads (CSE-FSL Fig. 6)."""
         if self.cfg.server_order != "random" or len(senders) < 2:
             return senders
         perm = numpy_rng(self.ctx.seed, "server-order", t, step).permutation(len(senders))
@@ -369,8 +370,9 @@ class SplitLearning(Algorithm):
     def _aggregate(self, rnd: RoundState) -> None:
         """Upload every row's client model, average (and average the server copies) with the round weights.
 
-        The new global client model is ``old + global_lr * (average - old)`` (sfl-theory's eta_g; 1 is
-        the plain average). Unshared aux heads are kept per client (the mean of its rows' heads).
+        The new global client model is ``old + global_lr * (average - old)`` (an extension: eta_g in the
+        notation of Yang et al.; 1 is the plain average). Unshared aux heads are kept per client (the mean of
+        its rows' heads).
         """
         ledger = self.ctx.ledger
         uploaded: Tensors = {}
