@@ -9,8 +9,8 @@ import torch
 from scipy.optimize import minimize
 
 from fedge.config import parse_config
+from fedge.empirical.harness import measured_run, p1_built, p1_trace
 from fedge.theory import oracle, sfl, validate
-from fedge.theory.harness import measured_run, p1_built, p1_trace
 
 
 @pytest.fixture(scope="module")

@@ -1,9 +1,9 @@
 """``fedge bounds``: evaluate the papers' convergence bounds for a setting, or tabulate them over knobs.
 
 CONFIG is a theory file (a ``theory:`` block with a paper's constants and knobs), or a run config whose
-settings and estimated constants give the SplitFed bounds (see :mod:`fedge.theory.from_run`), or nothing (the
-SplitFed theory paper's bounds at unit constants, L = sigma_L^2 = sigma_G^2 = delta_F = 1). ``--sweep
-key=v1,v2,...`` re-evaluates for each value (repeat the option for a grid); keys are dotted, e.g.
+settings and estimated constants give the SplitFed bounds (see :mod:`fedge.empirical.from_run`), or nothing
+(the SplitFed theory paper's bounds at unit constants, L = sigma_L^2 = sigma_G^2 = delta_F = 1).
+``--sweep key=v1,v2,...`` re-evaluates for each value (repeat the option for a grid); keys are dotted, e.g.
 ``theory.K=1,5,20`` or ``partition.alpha=0.1,1``.
 """
 
@@ -23,9 +23,9 @@ from rich.console import Console
 from rich.table import Table
 
 from fedge.config import apply_override, load_raw, parse_config
+from fedge.empirical.from_run import sfl_inputs_from_run
 from fedge.errors import ConfigError, FedgeError
 from fedge.theory.bound import Bound
-from fedge.theory.from_run import sfl_inputs_from_run
 from fedge.theory.inputs import parse_inputs
 
 UNIT_SETTING = {

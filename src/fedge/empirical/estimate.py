@@ -23,8 +23,8 @@ from dataclasses import asdict, dataclass
 import torch
 from torch.func import grad, vmap
 
+from fedge.empirical.objective import FederatedObjective, Tensors, eval_mode, flat
 from fedge.rng import torch_rng
-from fedge.theory.objective import FederatedObjective, Tensors, eval_mode, flat
 
 
 @dataclass(frozen=True)
