@@ -1,11 +1,11 @@
-"""AFIND+ reproduction at small scale (specs/afind.md §9): identification, Tables 1-4 analogues, speed.
+"""AFIND+ reproduction at small scale: identification (Sec. 3.2), Tables 1-4 analogues, speed.
 
 Usage (each section prints a markdown table and writes ``<out>/<section>.json``)::
 
     python examples/afind_experiments.py identify table1 topology ablation speed
     python examples/afind_experiments.py table1 --clients 100 --train-limit 60000 --rounds 100
 
-Sections: ``identify`` (R2: precision / AUC of AFIND+'s neighbours on the grouped partition against
+Sections: ``identify`` (precision / AUC of AFIND+'s neighbours on the grouped partition against
 random selection), ``table1`` (Local, FedAvg-FT, Gossip, PENS, FedeRiCo, AFIND+ on pathological c=2 and
 Dirichlet 0.1 / 0.5), ``topology`` (Table 3: partial Erdős–Rényi(0.5) graph), ``ablation`` (Table 2:
 random -> +i top-k -> +ii threshold -> +iii Boltzmann), ``dp`` (Table 4: noise on the proxies),
@@ -156,8 +156,9 @@ def section_hosts(args, raw) -> dict:
 
 
 def section_identify(args, raw) -> dict:
-    """Spec R2: precision of the selected neighbours w.r.t. the true groups, per-client AUC of the proxy
-    similarities (same group vs other), and what random selection of the same sizes would score."""
+    """Identification (Sec. 3.2): precision of the selected neighbours w.r.t. the true groups, per-client AUC
+    of the proxy similarities (same group vs other), and what random selection of the same sizes would
+    score."""
     out = []
     for seed in range(args.seeds):
         cfg = with_algorithm(raw, "afind")

@@ -35,7 +35,7 @@ from fedge.system import aircomp_cost_per_value, greedy_sizes, oma_cost_per_valu
 from fedge.system.partition_opt import round_latency
 
 EXAMPLES = Path(__file__).parent
-# hist.md §8.1, Table I (LeNet-5, H = 40, E = 5, fully non-i.i.d.): MB per client, (HIST, HFedAvg)
+# HIST Table I (LeNet-5, H = 40, E = 5, fully non-i.i.d.): MB per client, (HIST, HFedAvg)
 PAPER_TABLE_I = {
     (0.7, 2): (13.20, 23.66),
     (0.7, 4): (8.08, 20.28),
@@ -84,7 +84,7 @@ def train(
 
 
 def first(rows: list[dict[str, Any]], target: float) -> dict[str, Any] | None:
-    """The first row whose accuracy reaches ``target`` (no smoothing, hist.md §9 item 18)."""
+    """The first row whose accuracy reaches ``target`` (no smoothing: the paper describes none)."""
     return next((r for r in rows if r["accuracy"] >= target), None)
 
 
@@ -208,7 +208,7 @@ def latency(args: argparse.Namespace) -> str:
 
 def model_latency(args: argparse.Namespace, draws: int = 30) -> str:
     """Mean global-round latency of the system model alone (no training) over ``draws`` rounds of radio
-    draws: FCNN, N = 4, E = 5, the default radio (§4.5), OMA and AirComp, uniform vs optimised sizes."""
+    draws: FCNN, N = 4, E = 5, the default radio (Sec. VI-C), OMA and AirComp, uniform vs optimised sizes."""
     model = build_model("fcnn", (1, 28, 28), 10)
     (layer,) = partition_layout(model)
     d = count_parameters(model)

@@ -1,4 +1,4 @@
-"""Small-scale versions of lightweight FedSL's figures (light-fedsl.md §10 R2-R6, R8) on digits.
+"""Small-scale versions of lightweight FedSL's figures (Figs. 2-4) on digits.
 
 Every run is ``light-fedsl-digits.yaml`` (mini-VGG-13-BN at width 1/4, 5 iid clients, b = 32, eta = 0.05,
 T = 300 one-step rounds) with the overrides of its group, over several seeds:
@@ -6,15 +6,15 @@ T = 300 one-step rounds) with the overrides of its group, over several seeds:
 - ``fig2b`` quantization (rho_f = 0, p = 0, I = 1, cut 4): q = 4, 8 and full precision (the baseline);
 - ``fig2a`` pruning (q full, p = 0, I = 1, cut 4): rho_f = 0 (the baseline), 0.35, 0.7;
 - ``fig3a`` aggregation interval (rho_f = 0.35, q = 8, p = 0.3, cut 4): I = 1, 5, 10, and the same on a
-  Dirichlet(0.3) label-skewed split (``fig3a_dirichlet``, the spec's R5 fallback: iid hides the effect);
+  Dirichlet(0.3) label-skewed split (``fig3a_dirichlet``: iid shards hide the effect);
 - ``fig3bd`` dropout at three cuts (rho_f = 0.35, q = 8, I = 5): p = 0, 0.3, 0.7 at cuts 2, 4, 6 (standing
-  in for VGG-19's 4, 8, 12), with the per-round cut latency (the spec's Fig. 4 metric).
+  in for VGG-19's 4, 8, 12), with the per-round cut latency (Fig. 4 as we read it).
 
 The traditional-FedSL baseline (``fedsl``, cut 4) is drawn in every figure. Writes, under ``--out``:
 ``runs/`` (one run directory per configuration and seed; existing finished runs are reused, so an
 interrupted sweep continues), ``results.json``, ``table.md`` and ``plots/<group>_accuracy_vs_time.png``,
 ``plots/<group>_accuracy_vs_round.png`` and ``plots/fig4_latency_vs_dropout.png`` (measured mini-VGG
-latency next to the analytic VGG-19 curve of §4.3).
+latency next to the analytic VGG-19 curve).
 
 ``--compare-check`` instead runs ``fedge compare`` for every algorithm family on the same config (a few
 rounds) and checks that simulated seconds and joules appear in each run's ``metrics.jsonl``, its summary
@@ -64,7 +64,7 @@ GROUPS: dict[str, list[tuple[str, dict[str, Any], int]]] = {
     "fig3bd": [BASELINE]
     + [(f"cut={c} p={p}", {**PROPOSED, "cut_dropout": p}, c) for c in (2, 4, 6) for p in (0.0, 0.3, 0.7)],
 }
-# Groups on other data than the base config's iid split (R5: the spec's fallback when iid hides the I effect).
+# Groups on other data than the base config's iid split (label skew, where iid shards hide the I effect).
 GROUPS["fig3a_dirichlet"] = GROUPS["fig3a"]
 PARTITIONS = {"fig3a_dirichlet": {"kind": "dirichlet", "alpha": 0.3, "min_size": 40}}
 COMPARED = (
@@ -114,7 +114,7 @@ def first_round(rows: list[dict], level: float) -> float:
 
 
 def fluctuation(rows: list[dict]) -> float:
-    """Std of the round-to-round accuracy change over the second half of the run (R4's noisiness)."""
+    """Std of the round-to-round accuracy change over the second half of the run (Fig. 2(a)'s noisiness)."""
     acc = np.array([r["accuracy"] for r in rows[len(rows) // 2 :]])
     return float(np.diff(acc).std())
 
@@ -176,7 +176,7 @@ def vgg19_smashed(cut: int) -> int:
 
 
 def plot_latency(table: dict[str, dict], out: Path) -> dict[str, list[float]]:
-    """Measured mini-VGG cut latency per round against p, and the analytic VGG-19 curves (R8)."""
+    """Measured mini-VGG cut latency per round against p, and the analytic VGG-19 curves (Fig. 4)."""
     ps = (0.0, 0.3, 0.7)
     system = SystemModel(SystemConfig(distances="linspace"), 5, seed=0)
     analytic = {c: [cut_latency(system, 1, 64, vgg19_smashed(c), p) for p in ps] for c in (4, 8, 12)}

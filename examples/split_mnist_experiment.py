@@ -1,14 +1,14 @@
-"""CSE-FSL against its baselines on MNIST: cse-fsl.md §9 R4, moved from digits to real MNIST.
+"""CSE-FSL against its baselines on MNIST: Table V's and Figs. 4, 6 and 9's claims at small scale.
 
 Runs FSL_MC (splitfed_v1), FSL_OC (splitfed_v2), FSL_AN (fsl_an) and CSE-FSL with h = 1, 2, 4 on the
 set-up of ``split-mnist.yaml`` (10,000 MNIST training images over 5 iid clients, LeNet-5 cut after the
 conv blocks, B = 10, eta = 0.05) for the same number of epochs and several seeds, then prints:
 
-- accuracy after equal epochs (mean +- sample std over seeds, ddof = 1, cse-fsl §8 A20);
+- accuracy after equal epochs (mean +- sample std over seeds, ddof = 1: the paper's "±" is unspecified);
 - communication in GiB without labels (Table V's convention) and the labels apart;
 - server storage: parameters held, and the number of server-model copies (n for MC/AN, 1 for OC/CSE);
 - accuracy at an equal communication budget (by default the label-free load of the cheapest CSE run),
-  read at each run's last evaluated round within the budget (as the spec's pilot did);
+  read at each run's last evaluated round within the budget;
 - CSE's communication reduction against each baseline at equal epochs (baseline load / CSE load).
 
 It writes ``results.json`` and seed-averaged plots of accuracy against rounds and against GiB.
@@ -41,7 +41,7 @@ GIB_BITS = 8 * 2**30
 
 
 def label_free_bits(row: dict[str, Any]) -> int:
-    """Cumulative bits of a metrics row without the labels (cse-fsl Table V counts no labels)."""
+    """Cumulative bits of a metrics row without the labels (CSE-FSL Table V counts no labels)."""
     by_kind = row["bits_by_kind"]
     return sum(by_kind.values()) - by_kind.get("labels_up", 0)
 
@@ -150,7 +150,7 @@ def main() -> None:
         curves.append((label, rows))
     axes = {
         "accuracy_vs_round": AXES["accuracy_vs_round"],
-        "accuracy_vs_gib": ("mb_total", "communicated GiB, labels not counted (as cse-fsl Table V)"),
+        "accuracy_vs_gib": ("mb_total", "communicated GiB, labels not counted (as CSE-FSL Table V)"),
     }
     plots = plot_runs(curves, args.out / "plots", axes=axes)
     args.out.mkdir(parents=True, exist_ok=True)

@@ -1,4 +1,4 @@
-"""Print cse-fsl Table V's communication loads and server storage as ``fedge.costs`` computes them.
+"""Print CSE-FSL Table V's communication loads and server storage as ``fedge.costs`` computes them.
 
 Each row shows the computed load (GiB, labels not counted) and storage (M parameters) next to the value
 printed in the paper, and Table II's literal "server storage" (which leaves out the client copies the

@@ -1,4 +1,4 @@
-"""The lossy and sparse codecs of lightweight FedSL: quantizer (§3.6), cut dropout (§3.3), sparse bits."""
+"""The lossy and sparse codecs of lightweight FedSL: quantizer (Eqs. 11-12), cut dropout (Eq. 3), sparse."""
 
 from __future__ import annotations
 

@@ -32,7 +32,7 @@ def test_storage_savings_and_cnn_aux_variants():
     for setup, saving in ((cifar, 0.704), (femnist, 0.534)):
         an, cse = (total(setup, m, setup["aux_params"]) for m in ("fsl_an", "cse_fsl"))
         assert round(1 - cse / an, 3) == saving
-    # cse-fsl §5.3: F-EMNIST CSE storage with the CNN+MLP aux of k = 64/32/8/2 channels (8993k + 62 params)
+    # F-EMNIST CSE storage with the CNN+MLP aux (Table IV) of k = 64/32/8/2 channels (8993k + 62 params)
     cnn = [round(total(femnist, "cse_fsl", 8993 * k + 62) / 1e6, 2) for k in (64, 32, 8, 2)]
     assert cnn == [4.16, 2.72, 1.64, 1.37]
 
@@ -45,7 +45,7 @@ def test_table2_literal_storage_leaves_out_the_client_copies():
 
 
 def test_added_clients_grow_storage_as_the_paper_says():
-    """R3: each client adds |w| to MC, |w|+|a| to AN, but only P_client to OC and P_client+P_aux to CSE."""
+    """Each client adds |w| to MC, |w|+|a| to AN, but only P_client to OC and P_client+P_aux to CSE."""
     pc, ps, pa = 7, 100, 3
 
     def total(method, n):
@@ -70,7 +70,7 @@ def test_uploaded_samples_count_complete_blocks_only():
 
 
 def _tiny_cifar(name: str, clients: int = 2, **algorithm) -> dict:
-    """R3's setting: CIFAR-shaped synthetic data, the paper's CIFAR split model, 40 samples per client."""
+    """Byte counts: CIFAR-shaped synthetic data, the paper's CIFAR split model, 40 samples per client."""
     return {
         "seed": 0,
         "rounds": 1,

@@ -177,7 +177,8 @@ def test_private_heads_are_never_mixed(tmp_path):
 
 
 def test_identification_finds_the_same_group_at_the_common_start(tmp_path):
-    """Spec R2 in miniature: 12 clients, 4 groups with disjoint label pairs; round 1 probes at one point."""
+    """Neighbour identification (Sec. 3.2) in miniature: 12 clients, 4 groups with disjoint label pairs;
+    round 1 probes at one point."""
     cfg = config(tmp_path, {"name": "afind", "k0": 2})
     cfg["data"].update(num_classes=8, num_train=960)
     cfg["partition"] = {"kind": "grouped", "num_clients": 12, "num_groups": 4}
@@ -205,9 +206,10 @@ def test_dispfl_masks_keep_their_density_and_zero_the_rest(tmp_path):
         assert (algorithm.bank.params[name][~mask] == 0).all()
     assert not torch.equal(algorithm.masks["fc1.linear.weight"][0], algorithm.masks["fc1.linear.weight"][1])
     sparse, dense = algorithm.models, algorithm.dense
-    assert sparse.store("client:0", "model", algorithm.model_message())[0] < dense.store(
-        "client:0", "model", algorithm.dense_message()
-    )[0]
+    assert (
+        sparse.store("client:0", "model", algorithm.model_message())[0]
+        < dense.store("client:0", "model", algorithm.dense_message())[0]
+    )
 
 
 def test_ditto_evaluates_personal_models_pulled_towards_the_collaborative_ones(tmp_path):

@@ -1,4 +1,4 @@
-"""AFIND+ arithmetic (spec §9 unit tests): scores, threshold, Boltzmann weights, Eq. 15, proxies, DP noise,
+"""AFIND+ arithmetic (Eqs. 8-16): scores, threshold, Boltzmann weights, Eq. 15, proxies, DP noise,
 and the mixing primitives."""
 
 from __future__ import annotations
@@ -88,7 +88,7 @@ def test_threshold_decreases_when_a_dissimilar_member_is_added():
 
 
 def test_threshold_matches_the_spec_table():
-    # spec §2.4: tau = 0.5, k members all at cosine s -> theta
+    # Eqs. 10-13 worked by hand: tau = 0.5, k members all at cosine s -> theta
     for k, s, expected in [(1, 0.95, 0.247), (3, 0.5, 0.172), (5, 0.8, 0.192), (10, 0.0, 0.015)]:
         sim = torch.full((1, k), s, dtype=torch.float64)
         theta = adaptive_threshold(sim, torch.ones(1, k, dtype=torch.bool), 0.5)

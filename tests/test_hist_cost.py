@@ -1,4 +1,4 @@
-"""Tables I/II arithmetic (hist.md §10 R2) and the convergence-bound calculator (R9)."""
+"""Tables I/II arithmetic and the convergence-bound calculator (Theorems 1-2, Eq. 13)."""
 
 from __future__ import annotations
 
@@ -8,9 +8,10 @@ import pytest
 from fedge.algorithms.hierarchical.cost import client_upload_mb, client_upload_values, values_mb
 from fedge.theory import hist
 
-LENET_MB, CONV, FC = 0.169, 2_572, 59_134  # the paper's Table I model numbers (§6.3, §8.1)
+LENET_MB, CONV, FC = 0.169, 2_572, 59_134  # the paper's Table I model numbers (Sec. VI-B2)
 
-# (target, setting, N): (HIST rounds, HIST MB, HFedAvg rounds, HFedAvg MB); rounds reverse-engineered in §8.1
+# (target, setting, N): (HIST rounds, HIST MB, HFedAvg rounds, HFedAvg MB); rounds reverse-engineered from the
+# tables: every entry is rounds x E x the submodel's share of the model's MB
 TABLE_I = {
     (70, "fully", 2): (30, 13.20, 28, 23.66),
     (70, "fully", 4): (34, 8.08, 24, 20.28),

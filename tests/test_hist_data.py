@@ -1,4 +1,4 @@
-"""Cells and the paper's two data splits (hist.md §6.2, §10 R10), on Fashion-MNIST-shaped labels."""
+"""Cells and the paper's two data splits (Sec. VI-A), on Fashion-MNIST-shaped labels."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""HIST partitions (hist.md §10 R1): layouts of the zoo, disjoint covering masks, merge, and the
+"""HIST partitions (Eqs. 3-7, App. B): layouts of the zoo, disjoint covering masks, merge, and the
 narrow-submodel form of a cell's training equal to the masked-full-model form (Eq. 4-5, 7)."""
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""HIST's wireless system (hist.md §10 R3-R5): mask-size optimiser vs the MILP, OMA and AirComp latency,
+"""HIST's wireless system (Secs. IV-V): mask-size optimiser vs the MILP, OMA and AirComp latency,
 the AirComp estimator and the receive beamformer."""
 
 from __future__ import annotations
@@ -68,7 +68,7 @@ def _oma_costs(radio: CellRadio, cells: Cells, t: int, steps: int = 20) -> np.nd
 
 @pytest.mark.parametrize("num_cells", [2, 4, 6, 8])
 def test_optimised_sizes_cut_oma_latency_and_favour_strong_cells(num_cells):
-    """§4.5 parameters (30/40 dB, 1-2/2-4 GHz halves, M = 10, 9 MHz, H = 20, E = 5): 10-15 % below uniform."""
+    """Sec. VI-C's (30/40 dB, 1-2/2-4 GHz halves, M = 10, 9 MHz, H = 20, E = 5): 10-15 % below uniform."""
     cells = Cells.even(60, num_cells)
     radio = CellRadio(RadioConfig(), cells, seed=0)
     uniform, optimised, sizes = [], [], []
@@ -173,7 +173,7 @@ def test_beamformer_beats_naive_candidates_and_random_search():
         assert best >= min_gain(naive_beamformers(channels), channels).max()
         assert best >= min_gain(search, channels).max()
         gains.append(best)
-    assert 1.2 < np.mean(gains) < 2.0  # the spec's ~1.5-1.6 at n_j = 15, M = 10
+    assert 1.2 < np.mean(gains) < 2.0  # about 1.5-1.6 at n_j = 15, M = 10 in our own trials
 
 
 def _mean_mse(clients: int, antennas: int, snr_db: float, draws: int = 6) -> float:

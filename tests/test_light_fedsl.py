@@ -1,4 +1,4 @@
-"""Lightweight FedSL (light-fedsl.md §3, §10 T3-T7): schedule, pruning, equivalence, dropout, quantized
+"""Lightweight FedSL (Algorithm 1, Eqs. 3-14): schedule, pruning, equivalence, dropout, quantized
 updates, aggregation schedule, executors, latency and the traditional-FedSL baseline."""
 
 from __future__ import annotations
@@ -71,7 +71,7 @@ def ledger_rows(b, kind: str) -> list[tuple[int, str, int]]:
     return rows
 
 
-# ---- T3: the cubic schedule (Eq. 10, Lemma 1) ----
+# ---- the cubic schedule (Eq. 10, Lemma 1) ----
 
 
 def test_sparsity_schedule_values():
@@ -85,7 +85,7 @@ def test_sparsity_schedule_values():
     assert sparsity_target(50, total, rho_f) == pytest.approx(rho_f)  # flat after T
 
 
-# ---- T4: pruning masks ----
+# ---- pruning masks (Eq. 9, Algorithm 1 lines 14-17) ----
 
 
 def test_importance_mask_zeroes_the_lowest_w_times_g_globally_and_zeros_first():
@@ -138,7 +138,7 @@ def test_pruning_follows_the_schedule_persists_and_restarts_after_aggregation():
     assert history[4][0]["sparsity"] == pytest.approx(round(sparsity_target(5, 8, 0.6) * n) / n)
 
 
-# ---- T5: equivalence with centralized SGD ----
+# ---- equivalence with centralized SGD ----
 
 
 def centralized_step(algorithm, state, t: int, lr: float, p: float) -> dict[str, torch.Tensor]:
@@ -168,7 +168,7 @@ def centralized_step(algorithm, state, t: int, lr: float, p: float) -> dict[str,
 
 @pytest.mark.parametrize("p", [0.0, 0.5])
 def test_one_round_is_a_centralized_sgd_step_without_compression(p):
-    """T5: rho_f = 0, q = None, I = 1, no BatchNorm: a round is one SGD step on the mean of the K batch
+    """rho_f = 0, q = None, I = 1, no BatchNorm: a round is one SGD step on the mean of the K batch
     losses, the server's Eq. 7 included; with dropout, the same step through the same cut masks."""
     b = built({**OFF, "cut_dropout": p}, partition={"kind": "dirichlet", "alpha": 0.5, "min_size": 20})
     algorithm = b.algorithm
@@ -226,7 +226,7 @@ def test_quantized_pruned_and_dropped_runs_are_reproducible():
     assert max_diff(full_state(one.algorithm), full_state(other.algorithm)) > 0
 
 
-# ---- T7: aggregation schedule ----
+# ---- aggregation schedule (Eq. 14) ----
 
 
 def test_aggregation_happens_exactly_every_I_rounds():
@@ -271,7 +271,7 @@ def test_state_dict_resumes_to_the_same_run():
     assert max_diff(full_state(straight.algorithm), full_state(second.algorithm)) == 0.0
 
 
-# ---- T6: latency ----
+# ---- latency (Fig. 4) ----
 
 
 def vgg19_cut(cut: int) -> tuple[int, int]:
@@ -282,7 +282,7 @@ def vgg19_cut(cut: int) -> tuple[int, int]:
 
 
 def test_fig4_latency_matches_the_spec_table_and_orderings():
-    """§4.3's example (b = 64, fp32, worst client at 300 m): smashed up + gradient down, per cut and p."""
+    """Fig. 4 for VGG-19 as we read it (b = 64, fp32, client at 300 m): smashed up + gradient down."""
     system = SystemModel(SystemConfig(distances="linspace"), 5, seed=0)
     table = {4: [0.752, 0.526, 0.226], 8: [0.376, 0.263, 0.113], 12: [0.188, 0.132, 0.056]}
     uploads = {}

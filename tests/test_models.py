@@ -1,4 +1,4 @@
-"""The model zoo: spec parameter counts, cuts, aux heads, option checking and vmap-readiness."""
+"""The model zoo: the papers' parameter counts, cuts, aux heads, option checking and vmap-readiness."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""The split family: the protocol's mathematics, executor agreement, and the knobs of cse-fsl / sfl-theory."""
+"""The split family: the protocol's mathematics, executor agreement, and the CSE-FSL / SplitFed knobs."""
 
 from __future__ import annotations
 
@@ -153,7 +153,7 @@ def test_server_copies_per_participant_for_mc_and_an_only():
 
 
 def test_cse_learns_from_the_aux_loss_alone_on_digits():
-    """cse-fsl §9 R4 (a): no gradient ever comes back, yet the composed model learns."""
+    """CSE-FSL without server gradients: no gradient ever comes back, yet the composed model learns."""
     raw = {
         "seed": 0,
         "rounds": 6,

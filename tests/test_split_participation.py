@@ -1,4 +1,4 @@
-"""Participation draws, aggregation weights and round plans of the split family (sfl-theory §1.2, §6)."""
+"""Participation draws, aggregation weights and round plans of the split family (SplitFed theory)."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""Wireless system model: the spec's rate oracles, latency and energy of known payloads, the clock."""
+"""Wireless system model: hand-computed rate oracles, latency and energy of known payloads, the clock."""
 
 from __future__ import annotations
 

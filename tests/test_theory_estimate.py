@@ -9,12 +9,12 @@ import torch.nn.functional as F
 from torch.func import functional_call
 
 from fedge.config import parse_config
+from fedge.empirical.estimate import estimate_constants, local_variance, smoothness, worst_case
+from fedge.empirical.metrics import global_grad_norms, grad_sq_norm, split_grad_norms
+from fedge.empirical.objective import SplitState, model_objective, probe_indices
 from fedge.engine import buffers_of, parameters_of
 from fedge.models import aux_head, output_shape, split
 from fedge.runner import build_run
-from fedge.theory.estimate import estimate_constants, local_variance, smoothness, worst_case
-from fedge.theory.metrics import global_grad_norms, grad_sq_norm, split_grad_norms
-from fedge.theory.objective import SplitState, model_objective, probe_indices
 
 
 @pytest.fixture(scope="module")

@@ -1,5 +1,5 @@
 """P1, the oracle problem: exact constants, the reference simulator, P1 through a registered algorithm,
-and the bounds holding on it (sfl-theory §5.1-5.2)."""
+and the bounds holding on it."""
 
 from __future__ import annotations
 
@@ -9,8 +9,8 @@ import torch
 from scipy.optimize import minimize
 
 from fedge.config import parse_config
+from fedge.empirical.harness import measured_run, p1_built, p1_trace
 from fedge.theory import oracle, sfl, validate
-from fedge.theory.harness import measured_run, p1_built, p1_trace
 
 
 @pytest.fixture(scope="module")
@@ -116,7 +116,7 @@ def test_every_nonvacuous_sfl_bound_holds_on_p1_and_the_lemmas_too(p1):
 
 
 def test_thm4_as_stated_fails_on_p1_with_two_draws_per_round(p1):
-    """The substitution of n by m that the spec flags (§6.16) is not an upper bound: at n = 2 of m = 20
+    """The substitution of n by m in Theorem 4's last step is not an upper bound: at n = 2 of m = 20
     the measured server gradient norm exceeds Theorem 4 as stated, while the n-substituted form (which
     needs n >= 3) promises nothing."""
     L, m = p1.server.L, p1.server.m

@@ -9,7 +9,7 @@ import pytest
 from fedge.errors import ConfigError
 from fedge.theory import cse_fsl, hist, light_fedsl
 
-# ---- CSE-FSL (cse-fsl.md §6) ----
+# ---- CSE-FSL (Propositions 1-2) ----
 
 
 def test_cse_fsl_prop1_coefficients_fall_from_4L_and_2_towards_2L_and_1():
@@ -41,7 +41,7 @@ def test_cse_fsl_bounds_hold_only_at_their_prescribed_steps():
     assert cse_fsl.prop2(L=2.0, G2_sq=1.0, n=4, T=100, delta_F=1.0, eta=0.1).vacuous
 
 
-# ---- lightweight FedSL (light-fedsl.md §7, §10 T8) ----
+# ---- lightweight FedSL (Theorem 1, Remark 1) ----
 
 LAYERS = {"sigma2": [1.0, 0.5, 0.2], "G2": [2.0, 1.0, 0.5], "W2": [3.0, 2.0, 1.0]}
 
@@ -106,7 +106,7 @@ def test_light_fedsl_step_condition_and_layer_checks():
     assert error.value.key == "Lc"
 
 
-# ---- HIST (hist.md §7) ----
+# ---- HIST (Theorems 1-2) ----
 
 HIST = {
     "L": 1.0,

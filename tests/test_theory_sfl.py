@@ -1,4 +1,4 @@
-"""SplitFed bounds (sfl-theory §3): the golden values of §3.6, the vacuity cases, the §3.5 claims."""
+"""SplitFed bounds (Theorems 1-4): golden values, the vacuity cases, the leading-order claims."""
 
 from __future__ import annotations
 
@@ -95,7 +95,7 @@ def test_thm1_at_l1_is_vacuous_below_K8_at_the_maximal_step(K, gamma_lam2):
 def test_thm2_is_vacuous_at_l1_for_every_K_and_fine_at_l2(K):
     at_l1 = sfl.thm2(**at_max(K, 1, n=5))
     assert at_l1.vacuous and math.isinf(at_l1.value)
-    assert 1.08 <= at_l1.conditions["Gamma'*lam2"] <= 1.112  # spec: ~1.08-1.11
+    assert 1.08 <= at_l1.conditions["Gamma'*lam2"] <= 1.112  # about 1.08-1.11 for every K
     assert not sfl.thm2(**at_max(K, 2, n=5)).vacuous
 
 

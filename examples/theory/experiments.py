@@ -1,4 +1,4 @@
-"""The E-experiments of sfl-theory §5.2 at CPU scale: measured squared gradient norms next to the bounds.
+"""The E-experiments at CPU scale: measured squared gradient norms next to the SplitFed bounds.
 
 Two parts, both described by ``experiments.yaml`` next to this file:
 
@@ -8,7 +8,7 @@ Two parts, both described by ``experiments.yaml`` next to this file:
   bound with its margin (bound / measured), ``FAILS`` when the measurement exceeds it, or ``vac.`` when a
   condition of the theorem fails (its formula value is still shown, as a prediction).
 - ``digits``: the registered ``cse_fsl`` algorithm in the analysed form (``digits-cse-fsl.yaml``) with
-  G_c / G_s measured every few rounds by ``fedge.theory.metrics.global_grad_norms`` and averaged over
+  G_c / G_s measured every few rounds by ``fedge.empirical.metrics.global_grad_norms`` and averaged over
   seeds; the bounds at the constants estimated at the initial model (always vacuous at practical steps)
   and Theorem 1/2's leading-order form (a trend prediction, not a guarantee).
 
@@ -33,13 +33,13 @@ import torch
 import yaml
 
 from fedge.config import apply_override, load_raw, parse_config
+from fedge.empirical.from_run import CONSTANTS, sfl_inputs_from_run
+from fedge.empirical.harness import measured_run
+from fedge.empirical.metrics import global_grad_norms
 from fedge.runner import build_run
 from fedge.theory import oracle, sfl, validate
 from fedge.theory.bound import Bound
-from fedge.theory.from_run import CONSTANTS, sfl_inputs_from_run
-from fedge.theory.harness import measured_run
 from fedge.theory.inputs import SflInputs, parse_inputs
-from fedge.theory.metrics import global_grad_norms
 
 HERE = Path(__file__).parent
 MEASURE = functools.partial(global_grad_norms, sides=("client", "server"))

@@ -1,9 +1,10 @@
 """``fedge bounds``: evaluate the papers' convergence bounds for a setting, or tabulate them over knobs.
 
 CONFIG is a theory file (a ``theory:`` block with a paper's constants and knobs), or a run config whose
-settings and estimated constants give the SplitFed bounds (see :mod:`fedge.theory.from_run`), or
-nothing (the unit setting of sfl-theory §3.6). ``--sweep key=v1,v2,...`` re-evaluates for each value
-(repeat the option for a grid); keys are dotted, e.g. ``theory.K=1,5,20`` or ``partition.alpha=0.1,1``.
+settings and estimated constants give the SplitFed bounds (see :mod:`fedge.empirical.from_run`), or nothing
+(the SplitFed theory paper's bounds at unit constants, L = sigma_L^2 = sigma_G^2 = delta_F = 1).
+``--sweep key=v1,v2,...`` re-evaluates for each value (repeat the option for a grid); keys are dotted, e.g.
+``theory.K=1,5,20`` or ``partition.alpha=0.1,1``.
 """
 
 from __future__ import annotations
@@ -22,9 +23,9 @@ from rich.console import Console
 from rich.table import Table
 
 from fedge.config import apply_override, load_raw, parse_config
+from fedge.empirical.from_run import sfl_inputs_from_run
 from fedge.errors import ConfigError, FedgeError
 from fedge.theory.bound import Bound
-from fedge.theory.from_run import sfl_inputs_from_run
 from fedge.theory.inputs import parse_inputs
 
 UNIT_SETTING = {
@@ -134,7 +135,7 @@ def _print_sweep(keys: list[str], rows: list[tuple[tuple[str, ...], list[Bound]]
 
 def bounds(
     config: Annotated[
-        str | None, typer.Argument(help="theory YAML, or a run config (omit for the sfl-theory unit setting)")
+        str | None, typer.Argument(help="theory YAML, or a run config (omit for the SplitFed unit setting)")
     ] = None,
     overrides: Annotated[
         list[str] | None, typer.Argument(help="dotted overrides, e.g. theory.K=10 or rounds=500")
@@ -153,7 +154,7 @@ def bounds(
         raw = load_raw(Path(config)) if config is not None else {"theory": dict(UNIT_SETTING)}
         for assignment in overrides:
             apply_override(raw, assignment)
-        evaluate = Evaluator(probe, "theory block" if config is not None else "sfl-theory §3.6 unit setting")
+        evaluate = Evaluator(probe, "theory block" if config is not None else "SplitFed unit setting")
         sweeps = [parse_sweep(option) for option in sweep or []]
         keys = [key for key, _ in sweeps]
         results = []

@@ -120,8 +120,9 @@ class EngineConfig(StrictModel):
 
 
 class SystemConfig(StrictModel):
-    """Wireless system model (light-fedsl.md §4 defaults). Fading and the compute/energy model are our
-    completion of the papers (they give none): placeholder device and server speeds, kappa = 1e-28.
+    """Wireless system model; defaults are lightweight FedSL's Sec. IV values (5 MHz, 23/37 dBm,
+    -174 dBm/Hz, 100-300 m). Fading and the compute/energy model are our completion of the papers (they
+    give none): placeholder device and server speeds, kappa = 1e-28 (docs/decisions.md, "Platform").
     """
 
     bandwidth_hz: Annotated[float, Field(gt=0.0)] = 5e6

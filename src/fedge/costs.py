@@ -1,9 +1,10 @@
-"""Analytic communication loads and storage of the split-learning family (cse-fsl §5, Tables II and V).
+"""Analytic communication loads and storage of the split-learning family (CSE-FSL Tables II and V).
 
 The formulas count what the protocol sends, per event, in bits: every smashed-data upload carries its
 batch's ``B * q`` values, a returned gradient (SplitFed) the same, and each aggregation one download and
 one upload of the client model plus aux head per participant. Over R rounds of E local epochs with
-``Nb`` batches each, that is (cse-fsl §5.2, "[derived]")::
+``Nb`` batches each, that is (Table II in the form that reproduces Table V; docs/decisions.md,
+"Communication load as Table V counts it")::
 
     load = R * ( k_s * n * S * q * b  +  2 * n * (P_client + P_aux) * b )
 
@@ -68,7 +69,8 @@ def uploaded_samples(
     """Samples whose smashed data one client uploads in one round of ``epochs`` local epochs.
 
     Every batch for FSL_MC, FSL_OC and FSL_AN; for CSE-FSL the last batch of each complete block of ``h``
-    batches (cse-fsl §8 A1, A3), blocks counted over the round's consecutive local steps.
+    batches (docs/decisions.md, "The last batch of each block of h is uploaded"), blocks counted over the
+    round's consecutive local steps.
     """
     _check(method)
     full, rest = divmod(samples_per_client, batch_size)
@@ -94,7 +96,9 @@ def communication_load(
     value_bits: int = 32,
     label_bits: int = 32,
 ) -> SplitLoad:
-    """Bits sent by ``method`` over ``rounds`` rounds with ``clients`` participants each (cse-fsl §5.2).
+    """Bits sent by ``method`` over ``rounds`` rounds with ``clients`` participants each (CSE-FSL Table II).
+
+    Counted as Table V counts it (docs/decisions.md, "Communication load as Table V counts it").
 
     ``aux_params`` is ignored by the methods without an aux head; ``h`` only by the others.
     """
@@ -126,7 +130,7 @@ class SplitStorage:
 def server_storage(
     method: str, *, clients: int, server_params: int, client_params: int, aux_params: int = 0
 ) -> SplitStorage:
-    """Server-side storage of ``method`` with ``clients`` participants (cse-fsl §5.2, §8 A21).
+    """Server-side storage of ``method`` with ``clients`` participants (CSE-FSL Tables II and V).
 
     Table V: ``S * P_server + n * (P_client + P_aux)`` with S = n copies (FSL_MC, FSL_AN) or 1 (FSL_OC,
     CSE-FSL). ``table2_params`` is Table II's literal "server storage" (n|w|, n(|w|+|a|), |w|+|a|; |w| for
@@ -142,8 +146,9 @@ def server_storage(
     )
 
 
-# The paper's set-ups (cse-fsl §4, §5.3). F-EMNIST's FSL_MC/FSL_OC runs processed 209 samples per client,
-# the FSL_AN/CSE-FSL runs 200 (the partial 21st batch dropped): only so do Table V's loads come out.
+# The paper's set-ups (CSE-FSL Sec. VI-A, Tables III-V). F-EMNIST's FSL_MC/FSL_OC runs processed 209 samples
+# per client, the FSL_AN/CSE-FSL runs 200 (the partial 21st batch dropped): only so do Table V's loads come
+# out (docs/decisions.md, "F-EMNIST baselines processed 209 samples per client").
 PAPER_SETUPS: dict[str, dict[str, Any]] = {
     "cifar10": {
         "rounds": 200,
@@ -171,7 +176,7 @@ PAPER_SETUPS: dict[str, dict[str, Any]] = {
 
 
 PRINTED_TABLE_V: dict[tuple[str, str, int], tuple[float, float]] = {
-    # (dataset, method, h): (load GiB, server storage M params) as printed in cse-fsl Table V
+    # (dataset, method, h): (load GiB, server storage M params) as printed in CSE-FSL Table V
     ("cifar10", "splitfed_v1", 1): (172.46, 5.34),
     ("cifar10", "splitfed_v2", 1): (172.46, 1.50),
     ("cifar10", "fsl_an", 1): (86.80, 5.46),

@@ -1,10 +1,10 @@
 """Inverted activation dropout at the cut with a mask both ends derive from a shared seed.
 
 Each entry of the cut-layer output is kept with probability ``1 - p`` and scaled by ``1 / (1 - p)``, so
-``E[dropout(a)] = a`` (light-fedsl.md Corollary 1). Client and server draw the mask from the same
-stream ``(seed, "cut-dropout", round, client, step)``, so only kept entries are sent and no mask bits
-travel (the spec's recommended choice, §9 item 12); dropped entries also get zero gradient, so the
-downlink gradient has the same sparsity. ``p = 0`` is the identity, bit for bit.
+``E[dropout(a)] = a`` (lightweight FedSL Eq. 3, Corollary 1). Client and server draw the mask from the same
+stream ``(seed, "cut-dropout", round, client, step)``, so only kept entries are sent and no mask bits travel
+(docs/decisions.md, "Element-wise cut dropout with a shared mask"); dropped entries also get zero gradient, so
+the downlink gradient has the same sparsity. ``p = 0`` is the identity, bit for bit.
 """
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""The q-bit unbiased stochastic quantizer of lightweight FedSL (light-fedsl.md §3.6, Eqs. 11-12).
+"""The q-bit unbiased stochastic quantizer of lightweight FedSL (Eqs. 11-12, Assumption 6).
 
 Magnitudes are placed on ``2^q`` evenly spaced levels between the smallest and largest magnitude of
 the vector and rounded up or down at random with the probabilities that make the result unbiased:

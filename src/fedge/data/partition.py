@@ -178,9 +178,10 @@ def _grouped(labels: np.ndarray, cfg: PartitionConfig, rng: np.random.Generator)
 
     The present classes are shuffled and cut into ``num_groups`` nearly equal blocks; every class is split
     evenly among the clients of the group that owns it. Clients of one group thus share one label
-    distribution and no class with any other group: the ground truth of who is a "friendly" neighbour
-    (AFIND+ spec, R2). Groups differ in size by at most one and membership is a seeded shuffle, so it
-    does not follow client ids; clients with the same set of labels are in the same group.
+    distribution and no class with any other group: the ground truth of who is a "friendly" neighbour, to
+    check AFIND+'s neighbour identification (Sec. 3.2). Groups differ in size by at most one and
+    membership is a seeded shuffle, so it does not follow client ids; clients with the same set of labels
+    are in the same group.
     """
     n, g = cfg.num_clients, cfg.num_groups
     order, sizes = _shuffled_by_class(labels, rng)

@@ -98,7 +98,7 @@ def evaluate_clients(
     """Each client's model on its own test set: mean, std, min over clients of accuracy, mean loss.
 
     ``bank`` must hold one row per client, in client order. The mean is unweighted over clients, the
-    personalised-FL convention (AFIND+ spec §4.4).
+    personalised-FL convention (as AFIND+ reports its Tables 1-4).
     """
     index, weight = client_test_sets(data)
     acc, loss = evaluate_rows(

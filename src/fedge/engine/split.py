@@ -48,12 +48,12 @@ def _clone(tensors: Tensors) -> Tensors:
 
 
 def make_aux_step(local: nn.Module, sgd: SGD, post_step: bool) -> ClientFn:
-    """One local step of a client with an auxiliary head (FSL_AN, CSE-FSL; cse-fsl §2.2 Eq. 8).
+    """One local step of a client with an auxiliary head (FSL_AN, CSE-FSL; CSE-FSL Eq. 8).
 
     ``local`` has children ``trunk`` (the client part) and ``aux``; state names carry those prefixes.
     The step is SGD on the aux loss over trunk and aux together and also returns the smashed data of the
-    batch: by default from the forward pass of this very step (pre-update, the paper code's choice,
-    cse-fsl §8 A2), or with ``post_step`` from one extra forward pass with the updated trunk.
+    batch: by default from the forward pass of this very step (pre-update, as the authors' code does; Eq. 11's
+    notation suggests post-update), or with ``post_step`` from one extra forward pass with the updated trunk.
     """
     trunk, aux = local.trunk, local.aux
 
@@ -100,12 +100,13 @@ def make_apply(sgd: SGD, clip_norm: float | None) -> ClientFn:
 def make_server_step(
     server: nn.Module, sgd: SGD, clip_norm: float | None, grad_z: bool, vmappable: bool = True
 ) -> ClientFn:
-    """One server SGD step on a batch of smashed data (cse-fsl Eq. 11 / SplitFed's server update).
+    """One server SGD step on a batch of smashed data (CSE-FSL Eq. 11 / SplitFed's server update).
 
     Returns the new server state, the loss, and with ``grad_z`` the cut-layer gradient ``dL/dz`` of the
     batch's mean loss (what SplitFed sends back), taken at the pre-update server parameters. The server
-    gradient's global norm is clipped at ``clip_norm`` when set (FSL_OC, cse-fsl §8 A10). Server copies
-    run under :meth:`Executor.map` and need the ``torch.func`` version (``vmappable``); a shared server
+    gradient's global norm is clipped at ``clip_norm`` when set (FSL_OC; CSE-FSL Sec. VI-A gives no
+    threshold). Server copies run under :meth:`Executor.map` and need the ``torch.func`` version
+    (``vmappable``); a shared server
     model steps one batch at a time, where plain autograd computes the same gradients with half the
     per-call overhead.
     """

@@ -23,8 +23,9 @@ def aux_head(
 
     - ``linear``: flatten + one Linear (what CSE-FSL calls the "MLP" aux; 23,050 params for 64x6x6 -> 10);
     - ``mlp``: flatten, Linear to ``hidden``, ReLU, Linear;
-    - ``cnn_mlp``: 1x1 conv (+bias) to ``channels``, ReLU (the spec's choice, §8 A18), flatten, Linear;
-      needs a ``[C, H, W]`` client output (CSE-FSL Tables III/IV: 425k+10 and 8993k+62 params).
+    - ``cnn_mlp``: 1x1 conv (+bias) to ``channels``, ReLU (our choice: the paper names no activation),
+      flatten, Linear; needs a ``[C, H, W]`` client output (CSE-FSL Tables III/IV: 425k+10 and 8993k+62
+      params).
 
     Each kind takes exactly its own settings; a missing or superfluous one names its ``model.aux`` key.
     """

@@ -21,8 +21,9 @@ def _conv_pool(fm: FeatureMap, channels: int, kernel: int) -> nn.Sequential:
 def build_lenet5(input_shape: tuple[int, ...], num_classes: int, *, dropout: Probability = 0.0) -> SplitModel:
     """LeNet-5 of HIST: conv5 6, conv5 16, FC 120, 84 (44,426 parameters on 1x28x28, 10 classes).
 
-    The spec's count holds for the unpadded 28x28 input (256-value flatten). HIST's code uses Dropout(0.3)
-    after fc1 and fc2; ``dropout`` turns it on (off by default).
+    The count holds for the unpadded 28x28 input (256-value flatten): HIST's 0.169 MB model, while the
+    paper's 2,572 / 59,134 conv/FC split needs a 400-value flatten (docs/decisions.md, "LeNet-5's size").
+    HIST's code uses Dropout(0.3) after fc1 and fc2; ``dropout`` turns it on (off by default).
     """
     fm = FeatureMap("lenet5", input_shape)
     blocks: OrderedDict[str, nn.Module] = OrderedDict()
@@ -38,7 +39,7 @@ def build_lenet5(input_shape: tuple[int, ...], num_classes: int, *, dropout: Pro
 def build_cnn2(input_shape: tuple[int, ...], num_classes: int) -> SplitModel:
     """AFIND+'s FashionMNIST two-layer CNN: conv5 32, conv5 64, Linear (1024 inputs on 1x28x28).
 
-    The spec lists conv-pool only; we add the usual ReLU after each conv.
+    AFIND+ (App. C.3) names the model only; we use conv-pool blocks with the usual ReLU after each conv.
     """
     fm = FeatureMap("cnn2", input_shape)
     blocks: OrderedDict[str, nn.Module] = OrderedDict()

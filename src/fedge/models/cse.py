@@ -1,4 +1,4 @@
-"""The two split models of CSE-FSL (Mu & Shen), spec cse-fsl.md sections 4.1 and 4.2."""
+"""The two split models of CSE-FSL (Mu & Shen), as CSE-FSL Sec. VI-A and Tables III-IV describe them."""
 
 from __future__ import annotations
 
@@ -40,9 +40,9 @@ def build_cse_femnist(
 
     Client: conv3 32, conv3 64, 2x2 max-pool, Dropout(0.25) -> unflattened 64x12x12 smashed data (so a
     1x1-conv aux head can read it). Server: flatten, FC 128 + ReLU, Dropout(0.5), FC to the classes.
-    Default cut: 2. The paper's code has no ReLU after the convs; following the spec's recommendation (§8 A14,
-    as in Reddi et al.) ``conv_relu`` puts one after each (default on; counts unchanged). ``dropout``
-    switches both dropout layers.
+    Default cut: 2. The paper's code has no ReLU after the convs; as in Reddi et al.'s model, which the
+    paper cites, ``conv_relu`` puts one after each (default on; counts unchanged; docs/decisions.md, "ReLU
+    after the F-EMNIST convolutions"). ``dropout`` switches both dropout layers.
     """
     fm = FeatureMap("cse_femnist", input_shape)
     blocks: OrderedDict[str, nn.Module] = OrderedDict()

@@ -26,7 +26,8 @@ def build_vgg(
     """CIFAR VGG-11/13/16/19 (3x3 convs, BatchNorm, ReLU, five 2x2 max-pools) and one Linear; default cut 8.
 
     Blocks ``conv1..convN`` hold conv(+BN)+ReLU, and the max-pool ending a stage goes into the block of the
-    stage's last conv (spec light-fedsl §9.5), so cuts 4, 8, 12 of VGG-19 are the ends of stages 2, 3, 4
+    stage's last conv (our reading of lightweight FedSL's "layers 1..Lc"; docs/decisions.md,
+    "VGG-19 and where its cuts fall"), so cuts 4, 8, 12 of VGG-19 are the ends of stages 2, 3, 4
     (8192, 4096, 2048 values per sample on 3x32x32). ``width`` scales every conv's channels (at least 1) for
     CPU-sized "mini-VGGs". A pool that would shrink a map below 1x1 (inputs under 32x32) is left out. Convs
     carry a bias only without BatchNorm, where it is not redundant.

@@ -1,11 +1,12 @@
-"""Over-the-air (AirComp) edge aggregation of HIST (hist.md §5): SIMO signal model, channel-inversion
+"""Over-the-air (AirComp) edge aggregation of HIST (Sec. V): SIMO signal model, channel-inversion
 precoding, max-min receive beamforming, the aggregation error and the OFDM latency model.
 
 Clients (one antenna) of a cell send one coordinate of their accumulated gradient at the same time on one
 subcarrier; the edge server (``M`` antennas) combines with a receive beamformer ``m = a / nu`` and gets the
-cell mean plus noise (Eq. 22-24). ``power_normalisation`` picks ``nu`` (§9 item 16): ``"paper"`` is
-Eq. 23 as printed (``nu = sqrt(P) min_i |a^H h_i|``, per-element MSE ``sigma^2 / (P min_i |a^H h_i|^2)``,
-Eq. 25); ``"tight"`` uses the full client power (``nu`` larger by ``n_j``, MSE smaller by ``n_j^2``).
+cell mean plus noise (Eq. 22-24). ``power_normalisation`` picks ``nu`` (docs/decisions.md, "AirComp power
+normalisation"): ``"paper"`` is Eq. 23 as printed (``nu = sqrt(P) min_i |a^H h_i|``, per-element MSE
+``sigma^2 / (P min_i |a^H h_i|^2)``, Eq. 25); ``"tight"`` uses the full client power (``nu`` larger by
+``n_j``, MSE smaller by ``n_j^2``).
 """
 
 from __future__ import annotations
@@ -76,8 +77,9 @@ def receive_beamformer(
 ) -> np.ndarray:
     """The normalised receive beamformer ``a`` (``||a|| = 1``) maximising ``min_i |a^H h_i|^2`` (Eq. 32-33).
 
-    The paper points to a Mirror-Prox SCA method; we run the spec's recommended SCA with mirror descent
-    (§5.5) from the best closed-form candidate and ``restarts`` random unit vectors, and keep the best.
+    The paper (Sec. V-D) points to a Mirror-Prox SCA method without spelling it out; we run successive
+    convex approximation with mirror descent on its dual from the best closed-form candidate and
+    ``restarts`` random unit vectors, and keep the best.
     The result is never worse than the best closed-form candidate.
     """
     naive = naive_beamformers(channels)
@@ -93,7 +95,7 @@ def receive_beamformer(
 def aircomp_mse(snr: float, gain: float, clients: int, normalisation: Normalisation = "paper") -> float:
     """Per-element aggregation MSE (Eq. 25): ``sigma^2 / (P min_i |a^H h_i|^2)``, over ``n_j^2`` if tight.
 
-    Only the ratio ``snr = P / sigma^2`` enters (§4.5).
+    Only the ratio ``snr = P / sigma^2`` enters (HIST Sec. VI-C gives only SNRs).
     """
     mse = 1.0 / (snr * gain)
     return mse / clients**2 if normalisation == "tight" else mse

@@ -10,8 +10,9 @@ import numpy as np
 def path_loss_db(distance_m: np.ndarray | float) -> np.ndarray:
     """3GPP macro-cell path loss ``128.1 + 37.6 log10(d)`` in dB, with ``d`` in **kilometres**.
 
-    The paper (light-fedsl.md §4.1) gives the formula without units; metres would make every link
-    ~200 dB lossy, so kilometres is our completion (§4.2), taken as every call's convention.
+    Lightweight FedSL (Sec. IV) gives the formula without units; metres would make every link ~200 dB
+    lossy, so kilometres is our completion (docs/decisions.md, "Path loss with the distance in
+    kilometres"), taken as every call's convention.
     """
     return 128.1 + 37.6 * np.log10(np.asarray(distance_m, dtype=np.float64) / 1000.0)
 

@@ -1,8 +1,8 @@
 """Computation latency and energy of local training, from counted FLOPs.
 
-Neither paper of the wireless family gives a compute model (light-fedsl.md §4.4), so this is our
-completion, labelled as such: time = cycles / f with cycles = FLOPs x cycles-per-FLOP, energy =
-kappa x f^2 x cycles (the usual CMOS model), backward pass = 2x forward.
+Neither paper of the wireless family gives a compute model (lightweight FedSL's Fig. 4 is about communication
+only; CSE-FSL measures no time), so this is our completion, labelled as such: time = cycles / f with cycles =
+FLOPs x cycles-per-FLOP, energy = kappa x f^2 x cycles (the usual CMOS model), backward pass = 2x forward.
 """
 
 from __future__ import annotations

@@ -1,8 +1,9 @@
 """The wireless system of a run: per-client distances, per-round rates, and the cost of each phase.
 
-Defaults follow light-fedsl.md §4: 5 MHz orthogonal sub-channel per client on both links, 23 dBm
-client and 37 dBm base-station power, -174 dBm/Hz noise, 3GPP path loss with distances uniform on
-[100, 300] m drawn once per run, Shannon rates. Fading (Exp(1) power per client and round) and the
+Defaults follow lightweight FedSL's Sec. IV and our completion of it (docs/decisions.md, "Platform"):
+5 MHz orthogonal sub-channel per client on both links, 23 dBm client and 37 dBm base-station power,
+-174 dBm/Hz noise, 3GPP path loss with distances uniform on [100, 300] m drawn once per run, Shannon
+rates. Fading (Exp(1) power per client and round) and the
 compute model (FLOPs x cycles-per-FLOP at a CPU frequency, kappa f^2 energy) are our completions,
 labelled as such in the config.
 """

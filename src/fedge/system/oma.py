@@ -1,10 +1,11 @@
-"""HIST's OMA (TDMA) uplink model (hist.md §4): Rayleigh SIMO channels, per-cell SNR, cycle-counted compute.
+"""HIST's OMA (TDMA) uplink model (Sec. IV-A): Rayleigh SIMO channels, per-cell SNR, cycle-counted compute.
 
 Only client-side delays count: local computation and the client-to-edge uplink (edge, cloud and downlink
 delays are neglected, as the paper assumes). Clients of a cell upload one after another (TDMA), each at
 the Shannon rate ``R_i = B log2(1 + SNR_j ||h_i||^2)`` of its channel ``h_i ~ CN(0, I_M)``. Compute time
 and upload size scale with the fraction ``d_j / d`` of the model a cell trains. Path loss, distances and
-the separate values of ``P_j`` and ``sigma_0^2`` do not enter: the SNR absorbs them (§4.5).
+the separate values of ``P_j`` and ``sigma_0^2`` do not enter: the SNR absorbs them (HIST Sec. VI-C gives
+only SNRs).
 """
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""Latency-optimal submodel sizes of HIST (hist.md §4.3-4.4 for OMA, §5.8 for AirComp).
+"""Latency-optimal submodel sizes of HIST (Sec. IV-B, Eqs. 19-20, for OMA; Sec. V-E, Eq. 36, for AirComp).
 
 The cloud splits ``units`` allocation units (hidden neurons of the partitioned layer) among the cells.
 A cell holding ``s_j`` units holds ``shared + per_unit * s_j`` model values and its global round takes

@@ -1,7 +1,10 @@
-"""Convergence theory made computable: the papers' bounds as pure functions (``sfl``, ``cse_fsl``,
-``light_fedsl``, ``hist``) returning :class:`Bound`; the constants' estimators, the run metrics, the
-oracle problem P1 and the measurement harness live in the submodules ``estimate``, ``metrics``,
-``oracle``, ``harness`` and ``validate`` (import them explicitly; they need the engine and the runner).
+"""Convergence theory made computable: the papers' bounds as pure functions of numbers.
+
+``sfl``, ``cse_fsl``, ``light_fedsl`` and ``hist`` evaluate each paper's bounds and return :class:`Bound`;
+``inputs`` reads a ``theory:`` block per paper; ``oracle`` is P1, a problem whose constants are known
+exactly, with a reference simulator of the analysed algorithm; ``validate`` pairs bounds with P1
+measurements. Nothing here imports above ``config`` and ``rng``: estimating constants from models and
+data, and measuring gradient norms during runs, is :mod:`fedge.empirical`'s job.
 """
 
 from fedge.theory import cse_fsl, hist, light_fedsl, sfl

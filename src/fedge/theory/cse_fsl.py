@@ -1,4 +1,4 @@
-"""Convergence bounds of CSE-FSL (Mu & Shen; cse-fsl.md §6): Propositions 1 (client) and 2 (server).
+"""Convergence bounds of CSE-FSL (Mu & Shen; Sec. V-A): Propositions 1 (client) and 2 (server).
 
 Setting of the paper's analysis: iid local data, all n clients every round, aggregation every round; one
 round is h local steps per client followed by n sequential server steps. Both bound the average over

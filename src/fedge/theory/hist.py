@@ -1,4 +1,4 @@
-"""Convergence bounds of HIST (Fang, Han, Brinton; hist.md §7): Theorems 1 (OMA) and 2 (AirComp).
+"""Convergence bounds of HIST (Fang, Han, Brinton; Secs. III and V-C): Theorems 1 (OMA) and 2 (AirComp).
 
 Both bound ``(1/(TE)) sum_t sum_e E||grad f(xhat^{t,e})||^2`` for N >= 2 cells with n_j clients each,
 E edge rounds of H local steps per global round and one step size gamma, under the Eq. 13 step condition.

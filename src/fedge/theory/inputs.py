@@ -54,10 +54,10 @@ class _Inputs(BaseModel):
 
 
 class SflInputs(_Inputs):
-    """sfl-theory Theorems 1-4. ``n = None`` is full participation (Theorems 1 and 3), an integer n is n
-    draws per round with replacement (Theorem 2 corrected + stated, Theorem 4 stated + n-substituted).
-    ``delta_F_server`` defaults to ``delta_F``; ``sides`` limits the output to one side (FedAvg has no
-    server side)."""
+    """The SplitFed theory paper's Theorems 1-4. ``n = None`` is full participation (Theorems 1 and 3), an
+    integer n is n draws per round with replacement (Theorem 2 corrected + stated, Theorem 4 stated +
+    n-substituted). ``delta_F_server`` defaults to ``delta_F``; ``sides`` limits the output to one side
+    (FedAvg has no server side)."""
 
     paper: Literal["sfl"] = "sfl"
     L: Pos

@@ -1,4 +1,4 @@
-"""Convergence bound of lightweight FedSL (Zhang, Ni, Wang; light-fedsl.md §7): Theorem 1.
+"""Convergence bound of lightweight FedSL (Zhang, Ni, Wang; Sec. III): Theorem 1.
 
 The bound is on ``(1/T) sum_t E||grad F(w_t)||^2`` of the concatenated split model, with per-layer
 constants (sigma_l^2 noise, G_l^2 second moment, W_l^2 model norm, J_l^2 quantization error) over the L
@@ -51,7 +51,7 @@ def thm1(
     J2: Sequence[float],
     theta: float,
 ) -> Bound:
-    """Theorem 1 (Eq. in light-fedsl.md §7.3): per-layer lists ``sigma2``, ``G2``, ``W2`` cover all L
+    """Theorem 1 (Eq. 21): per-layer lists ``sigma2``, ``G2``, ``W2`` cover all L
     layers; ``J2`` (quantization error) covers the Lc client layers. ``theta = F(w_1) - F(w*)``."""
     beta, eta, theta = positive("beta", beta), positive("eta", eta), finite("theta", theta)
     T, K, I = count("T", T), count("K", K), count("I", I)  # noqa: E741

@@ -1,18 +1,18 @@
-"""P1, the oracle problem of sfl-theory §5.1: every assumption holds exactly and every constant is known.
+"""P1, our oracle problem for the SplitFed bounds: every assumption holds exactly, every constant is known.
 
 Each side (client, server) is a family of m functions on R^d,
 ``F_i(x) = 0.5 (x - c_i)^T H (x - c_i) + beta sum_d cos(x_d)``, with H = diag(h) (eigenvalues evenly in
-``[h_min, h_max]``; the spec's base is [0.1, 1], beta = 0.5, so L = h_max + beta = 1.5, non-convex since
-beta > h_min). ``grad F_i - grad F = H (cbar - c_i)`` exactly, so the centres are drawn and scaled to give
+``[h_min, h_max]``; our base is [0.1, 1], beta = 0.5, so L = h_max + beta = 1.5, non-convex since beta >
+h_min). ``grad F_i - grad F = H (cbar - c_i)`` exactly, so the centres are drawn and scaled to give
 ``max_i ||H (c_i - cbar)||^2 = sigma_G^2`` exactly, and a stochastic gradient is the exact one plus
-``N(0, sigma_L^2 / d I)``, whose variance is exactly sigma_L^2. H is diagonal (the spec leaves the basis
-open) so the objective is separable and its infimum is computed as a guaranteed lower bound (dense 1-D
-grids with the smoothness correction), not by a local optimizer that could miss the global minimum.
+``N(0, sigma_L^2 / d I)``, whose variance is exactly sigma_L^2. H is diagonal (any basis would do) so the
+objective is separable and its infimum is computed as a guaranteed lower bound (dense 1-D grids with the
+smoothness correction), not by a local optimizer that could miss the global minimum.
 
-:func:`simulate` runs the algorithm the theorems analyse (sfl-theory §1.3 in its ``analysis_pure`` form:
-the first local step of a server round is an ordinary local step; no coupling between the sides) on P1,
-for R independent replicates at once, and records the exact squared gradient norms G_c(t), G_s(t), the
-client and server drifts of the proofs' lemmas, and the largest second moments seen (CSE-FSL's G1^2, G2^2).
+:func:`simulate` runs the algorithm the theorems analyse (that paper's Algorithm 1 in its ``analysis_pure``
+form: the first local step of a server round is an ordinary local step; no coupling between the sides) on P1,
+for R independent replicates at once, and records the exact squared gradient norms G_c(t), G_s(t), the client
+and server drifts of the proofs' lemmas, and the largest second moments seen (CSE-FSL's G1^2, G2^2).
 """
 
 from __future__ import annotations
@@ -151,7 +151,7 @@ def make_p1(
     start: float = 3.0,
     seed: int = 0,
 ) -> P1Problem:
-    """The spec's base P1 (d = 10 per side, H in [0.1, 1], beta = 0.5, sigma^2's = 1); both sides start
+    """Our base P1 (d = 10 per side, H in [0.1, 1], beta = 0.5, sigma^2's = 1); both sides start
     from a point drawn uniformly in ``[-start, start]^d`` (stream ``(seed, "p1-start", side)``)."""
     sides, starts = [], []
     for side in ("client", "server"):
@@ -239,7 +239,7 @@ def _draws(rng: np.random.Generator, replicates: int, m: int, n: int | None, rep
 
 
 def simulate(problem: P1Problem, run: P1Run, *, replicates: int = 20, seed: int = 0) -> P1Trace:
-    """Run sfl-theory Algorithm 1 (analysis_pure) on P1 for ``replicates`` independent replicates.
+    """Run the SplitFed theory paper's box (analysis_pure) on P1 for ``replicates`` independent replicates.
 
     Per round t: draw the clients (n i.i.d. uniform with replacement by default, or all); if
     ``t = 0 mod l`` and ``t != 0`` the server takes one noisy SGD step per draw, sequentially in draw order

@@ -1,16 +1,16 @@
-"""Convergence bounds of non-iid SplitFed / CSE-FSL with partial participation (sfl-theory.md §3).
+"""Convergence bounds of non-iid SplitFed / CSE-FSL with partial participation (the SplitFed theory paper).
 
 Theorems 1-2 bound the client side (``min_t E||grad F^c(xbarC^t)||^2`` over rounds ``t = 0 mod l``),
 Theorems 3-4 the server side, in terms of the shared constants L, sigma_L^2 (local noise) and sigma_G^2
 (heterogeneity), the client step ``a`` (mu_L), the per-sequential-step server step ``mu``, K local steps,
 the server interval ``l``, m clients, n draws per round (with replacement) and T rounds.
 
-Where the paper's text is inconsistent we evaluate the variants the spec names and default to its
-recommended one (spec §6): Thm 2 "corrected" (the last proof step divides every term by D'; §6.15),
-Thm 3 with the appendix cap mu <= 1/(8 L m^2) (§6.14), Thm 4 "as stated" (with m, and the cap
-1/(8 L^2 m^2)) next to its "n-substituted" sanity variant (§6.16). Every bound is evaluated even when a
-condition fails (then ``vacuous`` is set and ``reason`` names the condition); a non-positive denominator
-D = 1 - Gamma*lam2 makes it +inf (§3.5).
+Where the paper's text is inconsistent we evaluate each reading and default to the one that is a valid
+bound (docs/decisions.md, "Convergence bounds"): Thm 2 "corrected" (the last proof step of Appendix A.1
+divides every term by D'), Thm 3 with the appendix cap mu <= 1/(8 L m^2) (Theorem A3; the main text says
+1/(2L)), Thm 4 "as stated" (with m, and the cap 1/(8 L^2 m^2)) next to its "n-substituted" sanity variant.
+Every bound is evaluated even when a condition fails (then ``vacuous`` is set and ``reason`` names the
+condition); a non-positive denominator D = 1 - Gamma*lam2 makes it +inf.
 """
 
 # ruff: noqa: E741  (``l`` is the paper's server interval; the formulas keep its symbols)
@@ -40,7 +40,7 @@ def corollary_client_step(L: float, K: int, l: int, T: int) -> float:
 
 def thm3_step_cap(L: float, m: int, cap: Thm3Cap = "appendix") -> float:
     """Theorem 3's server step cap: appendix ``1/(8 L m^2)`` (default; the only one that makes the final
-    simplification valid, spec §3.3) or main text ``1/(2L)``."""
+    simplification valid, Theorem A3) or main text ``1/(2L)``."""
     return 1.0 / (8.0 * L * m * m) if cap == "appendix" else 1.0 / (2.0 * L)
 
 
@@ -64,7 +64,7 @@ def _power(base: float, exponent: int) -> float:
 
 
 def _recursion(L: float, sL2: float, sG2: float, a: float, K: int, l: int) -> tuple[float, float]:
-    """``(lam1, lam2)`` of the drift recursion over the l rounds between server rounds (spec §3.1)."""
+    """``(lam1, lam2)`` of the drift recursion over the l rounds between server rounds (Theorem A1)."""
     A = 8 * L**2 * a**2 * (K**2 + 30 * L**2 * K**3 * a**2) + 2
     B = 8 * L**2 * a**2 * ((K**2 + 5 * L**2 * K**3 * a**2) * sL2 + (K**2 + 30 * L**2 * K**4 * a**2) * sG2)
     geometric = (_power(A, l) - 1) / (A - 1)
@@ -89,10 +89,10 @@ def _client_inputs(L, sigma_L2, sigma_G2, delta_F, a, K, l, T) -> tuple:
 def thm1(
     *, L: float, sigma_L2: float, sigma_G2: float, delta_F: float, a: float, K: int, l: int, T: int
 ) -> Bound:
-    """Theorem 1: client side, full participation (spec §3.1).
+    """Theorem 1: client side, full participation (Theorem A1).
 
     Vacuous when ``a > a_max(L, K, l)`` or ``D = 1 - Gamma*lam2 <= 0`` (then +inf; at the maximal step
-    and l = 1 this happens for K < 8, spec §3.5).
+    and l = 1 this happens for K < 8).
     """
     L, sL2, sG2, dF, a, K, l, T = _client_inputs(L, sigma_L2, sigma_G2, delta_F, a, K, l, T)
     name = "sfl.thm1"
@@ -130,9 +130,9 @@ def thm2(
     n: int,
     variant: Thm2Variant = "corrected",
 ) -> Bound:
-    """Theorem 2: client side, n draws per round with replacement (spec §3.2).
+    """Theorem 2: client side, n draws per round with replacement (Theorem A2).
 
-    ``corrected`` divides every term by D' (what the proof's last step gives; default, spec §6.15);
+    ``corrected`` divides every term by D' (what the proof's last step gives; default);
     ``stated`` divides only the recursion term, as printed. n enters only through ``L a sigma_L^2 / n``.
     """
     L, sL2, sG2, dF, a, K, l, T = _client_inputs(L, sigma_L2, sigma_G2, delta_F, a, K, l, T)
@@ -200,7 +200,7 @@ def thm3(
     T: int,
     cap: Thm3Cap = "appendix",
 ) -> Bound:
-    """Theorem 3: server side, full participation, m >= 2 (spec §3.3); ``mu`` is the per-step size."""
+    """Theorem 3: server side, full participation, m >= 2 (Theorem A3); ``mu`` is the per-step size."""
     L, sL2, sG2, dF, mu, l, T = _server_inputs(L, sigma_L2, sigma_G2, delta_F, mu, l, T)
     m = count("m", m)
     name = "sfl.thm3"
@@ -230,11 +230,11 @@ def thm4(
     variant: Thm4Variant = "stated",
     cap: Thm4Cap = "stated",
 ) -> Bound:
-    """Theorem 4: server side, n draws per round with replacement (spec §3.4).
+    """Theorem 4: server side, n draws per round with replacement (Theorem A4).
 
     ``stated`` uses m as printed (the bound then has no n; m >= 3); ``n_substituted`` puts back the n of
     the proof's descent term (n >= 3) and checks the cap with n as well. The paper's replacement of n by
-    m is not a valid upper-bounding step when n < m (spec §6.16): compare both against measurements.
+    m is not a valid upper-bounding step when n < m: compare both against measurements.
     """
     L, sL2, sG2, dF, mu, l, T = _server_inputs(L, sigma_L2, sigma_G2, delta_F, mu, l, T)
     m, n = count("m", m), count("n", n)
@@ -271,7 +271,7 @@ def server_drift_bound(*, mu: float, m: int, sigma_L2: float, sigma_G2: float, g
 def thm1_leading(
     *, L: float, sigma_L2: float, sigma_G2: float, delta_F: float, a: float, K: int, l: int, T: int
 ) -> float:
-    """Theorem 1 to leading order in small steps (spec §3.5): ``2 dF/(eta T) + 4 L eta l (sL2 + sG2)``
+    """Theorem 1 to leading order in small steps (our expansion): ``2 dF/(eta T) + 4 L eta l (sL2 + sG2)``
     with ``eta = a K``. Not a guarantee: a trend predictor where the rigorous bound is vacuous (practical
     step sizes are far above a_max); it depends on K only through eta and not on m."""
     eta = a * K
@@ -281,6 +281,6 @@ def thm1_leading(
 def thm2_leading(
     *, L: float, sigma_L2: float, sigma_G2: float, delta_F: float, a: float, K: int, n: int, T: int
 ) -> float:
-    """Theorem 2 to leading order (spec §3.5): ``2 dF/(a K T) + L a sL2 / n + 3 L a K sG2``: only the
+    """Theorem 2 to leading order (our expansion): ``2 dF/(a K T) + L a sL2 / n + 3 L a K sG2``: only the
     local-noise part shrinks with n; the heterogeneity part grows with eta = a K. Not a guarantee."""
     return 2 * delta_F / (a * K * T) + L * a * sigma_L2 / n + 3 * L * a * K * sigma_G2

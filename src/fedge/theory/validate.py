@@ -1,5 +1,5 @@
-"""Bounds against measurements on P1: every theorem evaluated at P1's exact constants next to the
-quantity it bounds, measured by :func:`fedge.theory.oracle.simulate` (sfl-theory §5.2, E7).
+"""Bounds against measurements on P1: every theorem evaluated at P1's exact constants next to the quantity it
+bounds, measured by :func:`fedge.theory.oracle.simulate` (the validity grid E7 of ``examples/theory``).
 
 A :class:`Check` pairs one :class:`~fedge.theory.bound.Bound` with its measurement; ``holds`` is ``None``
 for a vacuous bound (it promises nothing). The measured quantities follow the theorems: SplitFed's

@@ -1,13 +1,14 @@
 """AFIND+ (Wang et al., "Smart Sampling", 2024): helpful neighbours found by proxy-gradient similarity.
 
-Each round every client i (spec §2.8): probes its neighbours (the gradient of the proxy layer at i's
-own model on each neighbour's probe batch), updates its helpfulness scores (Eq. 8, or Eq. 9 with
-``p_update="partial"``), selects the coreset ``C_i`` of neighbours whose score passes its adaptive
-threshold (top-``k0`` in the first round, top-``k_min`` when nobody passes), collects trained models
-and smoothed losses from them (Eq. 15) and mixes with Boltzmann weights (Eq. 16), itself included (D6).
-The threshold for the next round then follows from the coreset's similarities (Eqs. 10-13).
+Each round every client i (Algorithm 1, completed as docs/decisions.md says): probes its neighbours (the
+gradient of the proxy layer at i's own model on each neighbour's probe batch), updates its helpfulness scores
+(Eq. 8, or Eq. 9 with ``p_update="partial"``), selects the coreset ``C_i`` of neighbours whose score passes
+its adaptive threshold (top-``k0`` in the first round, top-``k_min`` when nobody passes), collects trained
+models and smoothed losses from them (Eq. 15) and mixes with Boltzmann weights (Eq. 16), itself included
+(``include_self``). The threshold for the next round then follows from the coreset's similarities (Eqs.
+10-13).
 
-``neighbor_mode="literal"`` (default, D7) is Algorithm 1: each selected neighbour j trains a *copy of
+``neighbor_mode="literal"`` (default) is Algorithm 1, lines 6-9: each selected neighbour j trains a *copy of
 i's model* on its own data and sends it back, so a round trains ``n + sum_i |C_i|`` models (all in one
 executor call). ``"standard"`` is the usual DFL reading: every client trains its own model once and
 sends that; the proxies and pre-training losses are still measured at the requester's model.
@@ -29,7 +30,7 @@ from fedge.tensors import Tensors
 
 
 class AfindConfig(PeerConfig, SelectorConfig):
-    """AFIND+ = the FedAvg-FT backbone plus the selector's knobs, and who trains what (D7)."""
+    """AFIND+ = the FedAvg-FT backbone plus the selector's knobs, and who trains what (``neighbor_mode``)."""
 
     name: Literal["afind"] = "afind"
     neighbor_mode: Literal["literal", "standard"] = "literal"

@@ -4,11 +4,12 @@ All n clients hold persistent state in one :class:`~fedge.engine.ClientBank` (ro
 round trains rows through the run's executor (one call per phase), exchanges models with peers chosen
 on the topology, and mixes them with one matrix product (:mod:`fedge.engine.mixing`). Evaluation
 fine-tunes a copy of every client's model for ``ft_epochs`` epochs on its own data and tests it on its
-own test set (``accuracy`` = unweighted mean over clients; AFIND+ spec §1.3, §4.4).
+own test set (``accuracy`` = unweighted mean over clients, the evaluation of AFIND+'s App. C.3).
 
-Parameters are split into shared and private (spec §1.1, D13): by default every layer is shared (the
-FedAvg-FT backbone, the spec's recommended reading); ``personal="head"`` keeps the last block (the
-classifier head, found with :func:`fedge.models.split`) private: it is never sent or mixed.
+Parameters are split into shared and private (AFIND+ Eq. 2: a shared w and a private beta): by default
+every layer is shared (the FedAvg-FT backbone the paper's experiments use, App. C.3; docs/decisions.md,
+"Shared and private layers"); ``personal="head"`` keeps the last block (the classifier head, found with
+:func:`fedge.models.split`) private: it is never sent or mixed.
 Local optimizer state is fresh every round (as in FedAvg); every transfer goes through a peer link
 (direction "peer"; kinds ``peer_model``, ``model_request``, ``proxy``, ``loss``). Every client's message
 of one kind has the same size (a model's shared part, a proxy vector, a loss), so an exchange is
@@ -41,7 +42,7 @@ from fedge.tensors import Tensors, floating, rows
 
 
 def paper_optimizer() -> SGDConfig:
-    """SGD with lr 0.01 and momentum 0.9, the AFIND+ paper's optimiser (spec §4.3)."""
+    """SGD with lr 0.01 and momentum 0.9, the AFIND+ paper's optimiser (App. C.3)."""
     return SGDConfig(lr=0.01, momentum=0.9)
 
 
@@ -51,7 +52,8 @@ class PeerConfig(AlgorithmConfig):
     Defaults follow the AFIND+ paper (5 local epochs, SGD lr 0.01 momentum 0.9, 10 peers per round,
     1 fine-tune epoch before evaluation); ``batch_size`` 32 is ours (the paper uses 128 on CIFAR).
     ``local_update="alternating"`` trains the head alone for ``head_epochs`` epochs, then the body for
-    the remaining ``local_epochs - head_epochs`` (spec §2.6 / D12; default: joint).
+    the remaining ``local_epochs - head_epochs`` (Algorithm 1's local update, lines 17-23; default: joint
+    over all parameters for ``local_epochs``, docs/decisions.md, "Joint or alternating local update").
     """
 
     local_epochs: PositiveInt = 5

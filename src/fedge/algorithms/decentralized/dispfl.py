@@ -1,4 +1,4 @@
-"""Dis-PFL (Dai et al. 2022): decentralized sparse training with personal masks (AFIND+ Fig. 5, spec §3.9).
+"""Dis-PFL (Dai et al. 2022): decentralized sparse training with personal masks (AFIND+ Fig. 5).
 
 Every client holds a personal binary mask over the weight matrices / kernels (ERK initialisation at
 ``density``; biases and other 1-d tensors stay dense) and trains only its masked model. Each round:

@@ -1,4 +1,4 @@
-"""Ditto (Li et al. 2021) on a peer-to-peer graph, with random peers or AFIND+ (AFIND+ Fig. 5, spec §3.7).
+"""Ditto (Li et al. 2021) on a peer-to-peer graph, with random peers or AFIND+ (AFIND+ Fig. 5).
 
 Each client keeps a collaborative model w_i, trained and mixed exactly like the backbone (peers chosen at
 random or by AFIND+), and a personal model v_i trained ``personal_epochs`` epochs per round on

@@ -1,10 +1,10 @@
 """FedAvg-FT (Cheng et al. 2021, "fine-tuning is fine"): server FedAvg, then each client fine-tunes.
 
-The centralized reference of the AFIND+ tables (spec §3.2-3.3): the server samples ``fraction`` of the
-clients (0.1 by default, 10 of 100), they train ``local_epochs`` epochs from the global model and the
-server averages by sample count. Evaluation fine-tunes the global model ``ft_epochs`` epochs on each
-client's data and tests it on that client's test set; ``global_accuracy`` is the same mean for the
-global model without fine-tuning (the "FedAvg" row).
+The centralized reference of the AFIND+ tables (the FedAvg row of Table 1, and FedAvg-FT of App. C.3): the
+server samples ``fraction`` of the clients (0.1 by default, 10 of 100), they train ``local_epochs`` epochs
+from the global model and the server averages by sample count. Evaluation fine-tunes the global model
+``ft_epochs`` epochs on each client's data and tests it on that client's test set; ``global_accuracy`` is the
+same mean for the global model without fine-tuning (the "FedAvg" row).
 """
 
 from __future__ import annotations

@@ -1,11 +1,11 @@
-"""FedeRiCo-style selection (Sui et al. 2022, "Find your friends"), as the AFIND+ spec approximates it (§3.6).
+"""FedeRiCo-style selection (Sui et al. 2022, "Find your friends"), approximated (AFIND+ Table 1's baseline).
 
 Each client keeps a smoothed loss ``l[i, j]`` (EMA with coefficient ``ema``) of neighbour j's model on
 its own probe batch, and ``l[i, i]`` of its own. Each round, with probability ``epsilon`` it samples
 ``peers`` random neighbours, otherwise the ``peers`` with the lowest smoothed loss (never-scored
 neighbours first, in random order: optimistic exploration). It updates the losses of the sampled
 models and mixes them with itself by ``softmax(-l)`` over that set. The original method's EM details
-are not in the AFIND+ paper; epsilon, the EMA and the sample size are the spec's choices.
+are not in the AFIND+ paper; epsilon, the EMA and the sample size are our choices.
 """
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""Gossip sampling (Hegedűs et al. 2019): random neighbours, uniform averaging (AFIND+ spec §3.4).
+"""Gossip sampling (Hegedűs et al. 2019): random neighbours, uniform averaging (a baseline of AFIND+ Table 1).
 
 Each round every client trains its own model, then averages it uniformly with the trained models of
 ``peers`` neighbours drawn uniformly without replacement (all of them if it has fewer). On the FedAvg-FT

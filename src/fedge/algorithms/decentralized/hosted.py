@@ -1,4 +1,4 @@
-"""Peer choice for host optimisers (Ditto, Dis-PFL): random peers, or AFIND+ in its place (spec §3.11).
+"""Peer choice for host optimisers (Ditto, Dis-PFL): random peers, or AFIND+ in its place (AFIND+ Fig. 5).
 
 A host trains its clients' own models; :class:`PeerChoice` then decides whom each client mixes with and
 the weights: ``peer_selection="random"`` draws ``peers`` uniform neighbours and averages uniformly (the

@@ -1,4 +1,4 @@
-"""Local training only: every client trains its own model and talks to nobody (AFIND+ spec §3.1)."""
+"""Local training only: every client trains its own model and talks to nobody (AFIND+ Table 1, "Local")."""
 
 from __future__ import annotations
 

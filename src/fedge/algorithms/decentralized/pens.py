@@ -1,11 +1,11 @@
-"""PENS (Onoszko et al. 2021): performance-based neighbour selection (AFIND+ spec §3.5, our choices).
+"""PENS (Onoszko et al. 2021): performance-based neighbour selection (AFIND+ Table 1; our parameters).
 
 Phase 1 (the first ``selection_rounds`` rounds, default 10 % of the run): every client receives the
 trained models of ``candidates`` random neighbours, scores each by its loss on its own probe batch, and
 averages (uniformly, own model included) the ``keep`` with the lowest loss; it counts how often each
 neighbour made that cut. After phase 1 a client's neighbour set is everyone counted more often than
 expected by chance (``T_s * keep / |B_i|``), or its ``peers`` most counted if nobody is. Phase 2 averages
-``peers`` random members of that set. The AFIND+ paper gives none of n, k, T_s: these are the spec's.
+``peers`` random members of that set. The AFIND+ paper gives none of n, k, T_s: these are our choices.
 """
 
 from __future__ import annotations

@@ -1,7 +1,7 @@
 """Probes: cheap measurements of one client's model on another client's data, for many pairs at once.
 
 A *pair* ``(requester i, holder k)`` evaluates the model made of i's shared parameters and k's private
-parameters on one probe batch of k's training data (AFIND+ spec §2.2, D1/D2: the requester's point).
+parameters on one probe batch of k's training data (AFIND+ Algorithm 1, line 7: at the requester's point).
 Two probes exist: the feature proxy (the gradient of that loss restricted to the proxy layer, or the
 mean featurizer activation) and the loss itself. Pairs are gathered chunk by chunk and evaluated under
 ``torch.func.vmap`` in eval mode (no dropout, BatchNorm running statistics untouched).
@@ -48,7 +48,7 @@ def probe_batches(data: FederatedData, seed: int, round_: int, size: int) -> Pro
 
 
 def proxy_layer(model: SplitModel, override: str | None) -> list[str]:
-    """Parameter names of the feature-proxy layer (spec §2.2, D1).
+    """Parameter names of the feature-proxy layer (AFIND+ Sec. 3.2's "output layer of the featurizer").
 
     Default: the last ``Linear``/``Conv2d`` before the head block (the featurizer's output layer: ``fc1``
     of the MLP and ``cnn4``, ``conv2`` of ``cnn2``, ``layer4.1.conv2`` of ResNet-18), or the head's own

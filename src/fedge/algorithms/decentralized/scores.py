@@ -3,7 +3,7 @@
 Similarities ``sim[i, k]`` are cosines of feature proxies; ``mask[i, k]`` marks the entries a rule may use
 (neighbours, a coreset, ...). Every function is vectorised over clients; nothing here draws random
 numbers except :func:`gaussian_mechanism`, which takes its generator from the caller. Equation numbers
-are those of Wang et al., "Smart Sampling" (AFIND+), as in ``specs/afind.md``.
+are those of Wang et al., "Smart Sampling" (AFIND+).
 """
 
 from __future__ import annotations
@@ -53,10 +53,10 @@ def adaptive_threshold(
     """Eqs. 10-13: ``theta_i = tau * (1 - sigmoid(h_i))``, ``h_i = -sum_{j in members} e ln e``.
 
     ``e = (sim + 1) / 2`` clipped to ``[1e-8, 1 - 1e-8]``. With the literal defaults ``theta`` lies in
-    ``(0, tau / 2]`` and equals ``tau / 2`` for an empty member set. Flags (spec D9/D10): ``reduce="mean"``
-    averages instead of summing; ``normalize="zscore"`` standardises ``h`` over clients before the
-    sigmoid; ``direction="inverted"`` uses ``tau * sigmoid(h)``, the prose's reading (more uncertainty,
-    higher threshold).
+    ``(0, tau / 2]`` and equals ``tau / 2`` for an empty member set. Flags (docs/decisions.md, "The
+    threshold's direction"): ``reduce="mean"`` averages instead of summing; ``normalize="zscore"``
+    standardises ``h`` over clients before the sigmoid; ``direction="inverted"`` uses ``tau * sigmoid(h)``,
+    the prose's reading (more uncertainty, higher threshold).
     """
     e = ((sim + 1.0) / 2.0).clamp(EPS, 1.0 - EPS)
     terms = torch.where(members, -e * torch.log(e), torch.zeros_like(e))
@@ -111,7 +111,7 @@ def clip_rows(values: torch.Tensor, bound: float) -> torch.Tensor:
 def gaussian_mechanism(
     summed: torch.Tensor, count: torch.Tensor, clip: float, sigma: float, generator: torch.Generator
 ) -> torch.Tensor:
-    """Spec §7 (Table 4): ``(sum of clipped values + N(0, sigma^2 clip^2 I)) / L`` per row.
+    """AFIND+ Table 4's Gaussian mechanism: ``(sum of clipped values + N(0, sigma^2 clip^2 I)) / L`` per row.
 
     ``summed`` is ``[R, D]`` (each row a sum of per-example values already clipped to ``clip``), ``count``
     the batch size ``L`` of each row. The noise added to each mean therefore has std ``sigma*clip/L``.

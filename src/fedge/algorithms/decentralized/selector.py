@@ -1,14 +1,14 @@
 """AFIND+ neighbour identification as a component: whom each client talks to, and with what weights.
 
-:class:`AfindSelector` keeps, per client i, the helpfulness scores ``p[i, :]`` (Eqs. 8-9), the last
-proxy similarities and the adaptive threshold ``theta_i`` (Eqs. 10-13); it probes neighbours, selects
-a coreset per round (cold start and fallback per spec D4/D5) and turns reported smoothed losses into
-Boltzmann mixing weights (Eqs. 15-16). The ``afind`` algorithm drives it; Ditto and Dis-PFL use it in
-place of random peers ("AFIND+ composes with other DFL optimisers", spec §3.11, Fig. 5).
+:class:`AfindSelector` keeps, per client i, the helpfulness scores ``p[i, :]`` (Eqs. 8-9), the last proxy
+similarities and the adaptive threshold ``theta_i`` (Eqs. 10-13); it probes neighbours, selects a coreset per
+round (with a cold start and a fallback the paper leaves open, ``k0`` and ``k_min``) and turns reported
+smoothed losses into Boltzmann mixing weights (Eqs. 15-16). The ``afind`` algorithm drives it; Ditto and
+Dis-PFL use it in place of random peers ("AFIND+ composes with other DFL optimisers", Sec. 5.2, Fig. 5).
 
-Ablation switches (Table 2): ``selection`` random (the FedAvg-FT row) / topk (+i) / threshold (+ii)
-and ``aggregation`` uniform / boltzmann (+iii). DP (Table 4, spec §7): Gaussian mechanism on the shared
-proxies (recommended reading) or on the transmitted model updates (``dp.target="update"``).
+Ablation switches (Table 2): ``selection`` random (the FedAvg-FT row) / topk (+i) / threshold (+ii) and
+``aggregation`` uniform / boltzmann (+iii). DP (Table 4, App. C.4): Gaussian mechanism on the shared proxies
+(our reading of the paper's noised "delta") or on the transmitted model updates (``dp.target="update"``).
 """
 
 from __future__ import annotations
@@ -45,8 +45,9 @@ Positive = Annotated[float, Field(gt=0.0)]
 
 class DPConfig(StrictModel):
     """Gaussian mechanism of Table 4: clip each example's contribution to ``clip``, add
-    ``N(0, sigma^2 clip^2)``, divide by the batch size. ``target``: the proxies (spec §7 recommendation)
-    or the model update a neighbour sends (the alternative reading)."""
+    ``N(0, sigma^2 clip^2)``, divide by the batch size. ``target``: the proxies (our reading of the noised
+    "delta", which the paper never defines) or the model update a neighbour sends (the alternative
+    reading)."""
 
     sigma: Annotated[float, Field(ge=0.0)] = 1.0
     clip: Positive = 1.0
@@ -54,7 +55,7 @@ class DPConfig(StrictModel):
 
 
 class SelectorConfig(StrictModel):
-    """AFIND+ knobs with the spec's recommended values (§2.8-2.10, §8)."""
+    """AFIND+ knobs; where the paper gives no value the default is ours (docs/decisions.md, "AFIND+")."""
 
     selection: Literal["threshold", "topk", "random"] = "threshold"
     aggregation: Literal["boltzmann", "uniform"] = "boltzmann"
@@ -170,7 +171,7 @@ class AfindSelector:
 
     # ----- selection and weights ------------------------------------------------------------------
     def select(self, t: int) -> tuple[torch.Tensor, int]:
-        """The coreset ``C[i, j]`` of round ``t`` and how many clients fell back to top-``k_min`` (D5)."""
+        """The coreset ``C[i, j]`` of round ``t`` and how many clients fell back to top-``k_min``."""
         cfg, available = self.cfg, self.available
         if cfg.selection == "random":
             chosen = self.host.random_peers(t, self.topk_count)
@@ -178,7 +179,7 @@ class AfindSelector:
         if cfg.selection == "topk":
             return top_k(self.p, available, self.topk_count), 0
         if not self.started:
-            return top_k(self.p, available, cfg.k0), 0  # D4 cold start
+            return top_k(self.p, available, cfg.k0), 0  # cold start: the scores are still uniform
         chosen = available & (self.p >= self.theta[:, None])
         empty = ~chosen.any(dim=1) & available.any(dim=1)
         if empty.any():
@@ -187,7 +188,7 @@ class AfindSelector:
         return chosen, int(empty.sum())
 
     def members(self, chosen: torch.Tensor) -> torch.Tensor:
-        """Who enters client i's average: its coreset, plus itself (D6, or when the coreset is empty)."""
+        """Who enters client i's average: its coreset, plus itself (``include_self``, or if C_i is empty)."""
         empty = ~chosen.any(dim=1, keepdim=True)
         return chosen | (self.eye & (empty | self.cfg.include_self))
 
@@ -200,7 +201,7 @@ class AfindSelector:
         return w / w.sum(dim=1, keepdim=True)
 
     def finish(self, chosen: torch.Tensor) -> None:
-        """Threshold for the next round from this round's coreset similarities (Eqs. 10-13, D9/D10)."""
+        """Threshold for the next round from this round's coreset similarities (Eqs. 10-13)."""
         cfg = self.cfg
         members = chosen if cfg.entropy_set == "coreset" else self.available
         self.theta = adaptive_threshold(
@@ -257,7 +258,7 @@ class AfindSelector:
     ) -> torch.Tensor:
         """Mixing weights when every client trained its own model (``params``: trained rows in client order).
 
-        ``F~[i, j] = (1 - gamma) F_j(w_j^{t+1}) + gamma F_j(w_i^t)`` on j's probe batch (spec D7, standard).
+        ``F~[i, j] = (1 - gamma) F_j(w_j^{t+1}) + gamma F_j(w_i^t)`` on j's probe batch (Eq. 15, standard).
         """
         smoothed = torch.full_like(plan.pre, float("nan"))
         if self.cfg.aggregation == "boltzmann":

@@ -1,8 +1,8 @@
-"""Cells of the cloud-edge-client hierarchy, and the paper's two data splits (hist.md §6.2).
+"""Cells of the cloud-edge-client hierarchy, and the paper's two data splits (HIST Sec. VI-A).
 
 Clients are split evenly over ``N`` cells with contiguous ids: cell ``j`` serves clients
-``j n .. (j + 1) n - 1`` with ``n = floor(K / N)``; when ``N`` does not divide ``K`` the last
-``K mod N`` clients stay idle (the paper's code does this for 60 clients in 8 cells, §9 item 6).
+``j n .. (j + 1) n - 1`` with ``n = floor(K / N)``; when ``N`` does not divide ``K`` the last ``K mod N``
+clients stay idle (the authors' code does this for 60 clients in 8 cells, which HIST Figs. 4 and 6(c) use).
 """
 
 from __future__ import annotations

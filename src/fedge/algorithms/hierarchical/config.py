@@ -1,7 +1,8 @@
 """Config blocks of the hierarchical family: the cell hierarchy, its training schedule and its radio.
 
-Defaults follow hist.md: 2 cells, ``E = 5`` edge rounds of ``H = 20`` local SGD steps, batch 50, plain
-SGD with ``lr = 0.01`` (§9 item 8), the fully non-i.i.d. split, and the wireless values of §4.5 / §5.7.
+Defaults follow HIST's FCNN experiments (Sec. VI-B1): 2 cells, ``E = 5`` edge rounds of ``H = 20`` local SGD
+steps; batch 50 and plain SGD with ``lr = 0.01`` (the authors' code: the paper gives neither), the fully
+non-i.i.d. split, and the wireless values of Sec. VI-C / VI-D.
 """
 
 from __future__ import annotations
@@ -16,7 +17,7 @@ Split = Literal["fully_noniid", "cell_iid", "partition"]
 
 
 class RadioConfig(StrictModel):
-    """HIST's wireless system (hist.md §4.5, §5.7-5.9); only client-side delays count.
+    """HIST's wireless system (Sec. VI-C and VI-D, Eqs. 17-18 and 34-35); only client-side delays count.
 
     Cells are cut into ``len(snr_db)`` equal groups in order (cell j is in group ``floor(j G / N)``): the
     paper's two groups are the first and second half of the cells. ``cpu_ghz`` holds one ``[low, high]``
@@ -48,9 +49,9 @@ class HierarchicalConfig(AlgorithmConfig):
     """Knobs shared by HIST and HFedAvg: cells, schedule, optimizer, data split, edge aggregation, radio.
 
     ``partition.num_clients`` is the number of clients ``K``; ``cells`` edge servers serve
-    ``floor(K / cells)`` clients each (contiguous ids), any remainder stays idle (§9 item 6). ``split``
-    picks the paper's fully non-i.i.d. shards, its cell-i.i.d. split with shards inside each cell, or
-    ``partition`` (the run's own ``partition`` block).
+    ``floor(K / cells)`` clients each (contiguous ids), any remainder stays idle (as in the authors' code).
+    ``split`` picks the paper's fully non-i.i.d. shards, its cell-i.i.d. split with shards inside each cell,
+    or ``partition`` (the run's own ``partition`` block).
     """
 
     cells: PositiveInt = 2
@@ -65,7 +66,7 @@ class HierarchicalConfig(AlgorithmConfig):
 
 
 class HFedAvgConfig(HierarchicalConfig):
-    """Hierarchical FedAvg: every client trains the full model (hist.md §3.1)."""
+    """Hierarchical FedAvg: every client trains the full model (HIST's baseline, Sec. VI-B1)."""
 
     name: Literal["hfedavg"] = "hfedavg"
 
@@ -74,7 +75,7 @@ class HISTConfig(HierarchicalConfig):
     """HIST: disjoint neuron partitions of the fully connected layers, one per cell, redrawn every round.
 
     ``mask_sizes`` is ``uniform`` (equal neuron counts, "w/o") or ``optimised`` (latency-minimal sizes of
-    §4.3 / §5.8, "w") with at most ``size_cap`` times the uniform share per cell (19c with
+    Eq. 19 / Eq. 36, "w") with at most ``size_cap`` times the uniform share per cell (19c with
     ``eps_th = 9 delta_1^2``), found by ``solver``. ``form`` is how cells train: ``compact`` gathers each
     cell's neurons into narrow tensors (padded to the widest cell), ``masked`` keeps full-size tensors
     with the other cells' neurons masked to zero; both compute the same update (a test proves it), compact

@@ -1,4 +1,4 @@
-"""The paper's analytic communication cost per client (hist.md §6.5, §8.1), to check the ledger against.
+"""The paper's analytic communication cost per client (HIST Tables I-II), to check the ledger against.
 
 A client uploads its submodel once per edge round, ``E`` times per global round: HIST clients hold the
 shared values plus ``1/N`` of the partitioned ones, HFedAvg clients the whole model. Tables I and II
@@ -21,7 +21,7 @@ def client_upload_mb(
     rounds: int, edge_rounds: int, model_mb: float, shared: float, partitioned: float, cells: int
 ) -> float:
     """MB one client uploads, scaling the model's quoted size by the submodel's share of its values
-    (how the paper's tables are computed, §8.1)."""
+    (how the paper's Tables I-II come out)."""
     share = (shared + partitioned / cells) / (shared + partitioned)
     return rounds * edge_rounds * model_mb * share
 

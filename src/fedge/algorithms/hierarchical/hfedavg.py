@@ -1,9 +1,8 @@
-"""HFedAvg: hierarchical FedAvg, HIST's baseline (hist.md §3.1).
+"""HFedAvg: hierarchical FedAvg, HIST's baseline (Sec. VI-B1).
 
 Every client trains the full model for ``H`` local steps; each edge server averages its clients every
 edge round (OMA, or AirComp over all ``d`` coordinates); after ``E`` edge rounds the cloud averages the
-``N`` edge models, unweighted (the paper's code averages only the last cell, a bug we do not copy, §9
-item 21).
+``N`` edge models, unweighted (the authors' code averages only the last cell, a bug we do not copy).
 """
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""One global round of cloud-edge-client training, shared by HIST and HFedAvg (hist.md §2, Algorithm 1).
+"""One global round of cloud-edge-client training, shared by HIST and HFedAvg (HIST Algorithm 1).
 
 The cloud cuts a submodel per cell (HFedAvg: the whole model), every cell runs ``E`` edge rounds -- its
 clients train ``H`` local SGD steps from the edge model, the edge server averages them (OMA) or receives
@@ -8,7 +8,7 @@ cells train together in one executor call per edge round.
 Ledger per global round: ``submodel_down`` (cloud to each edge), per edge round ``model_down`` (edge to
 each client) and ``model_up`` (OMA) or ``update_up_analog`` (AirComp: analog symbols, counted as fp32
 values so that the per-client uplink is comparable), and ``submodel_up`` (edge to cloud). Simulated
-latency per global round follows §4.2 (OMA) or §5.7 (AirComp); the paper models no energy.
+latency per global round follows Eqs. 17-18 (OMA) or Eqs. 34-35 (AirComp); the paper models no energy.
 """
 
 from __future__ import annotations
@@ -189,8 +189,9 @@ class HierarchicalFL(Algorithm):
 
         The edge model is ``x_j - gamma (mean_i delta_i + Z_j)`` = client mean ``- gamma Z_j``, ``Z_j`` i.i.d.
         real Gaussian on the values the cell holds with the Eq. 25 MSE as variance (``noise_model="paper"``,
-        §9 item 15) or half of it (``"real_part"``). Noise is drawn per coordinate of the full model and cut
-        like the submodel, so both forms see the same noise. Returns each cell's per-element MSE.
+        docs/decisions.md, "Real AirComp noise") or half of it (``"real_part"``). Noise is drawn per
+        coordinate of the full model and cut like the submodel, so both forms see the same noise. Returns each
+        cell's per-element MSE.
         """
         radio, lr = self.cfg.radio, self.cfg.optimizer.lr
         mses = []

@@ -1,4 +1,4 @@
-"""HIST (Fang, Han, Brinton): hierarchical independent submodel training (hist.md §2, §4, §5).
+"""HIST (Fang, Han, Brinton): hierarchical independent submodel training (Algorithm 1, Secs. IV-V).
 
 Every global round the cloud partitions the hidden neurons of the fully connected layers into disjoint
 groups, one per cell; each cell trains only its submodel (shared layers whole) and the cloud re-assembles

@@ -1,12 +1,13 @@
 """HIST's masks: which hidden neurons of the fully connected layers each cell owns in a global round.
 
-Masks are structured at neuron granularity (hist.md §2.1, App. B): a partitioned hidden layer's neurons are
+Masks are structured at neuron granularity (HIST App. B): a partitioned hidden layer's neurons are
 permuted at random every global round and handed out in consecutive groups, ``s_j`` to cell ``j``; a cell
 owning a neuron holds its incoming weight row, its bias and its outgoing weight column. Only every other
 hidden layer of a run of fully connected layers is partitioned ("every two layers", so each submodel has
 about ``1/N`` of the parameters). Everything else -- convolutions, normalisation, the output bias, FC
 layers not adjacent to a partitioned hidden layer -- is *shared*: every cell trains a copy and the cloud
-averages them (§2.2, §9 items 3 and 19). A model without a hidden FC layer is all shared.
+averages them (as HIST Sec. VI-B2 does for convolutions; docs/decisions.md, "Parameters no neuron owns
+are shared"). A model without a hidden FC layer is all shared.
 """
 
 from __future__ import annotations

@@ -1,8 +1,9 @@
 """The random state of HIST's wireless system in a run: CPU frequencies, channels and beamformers.
 
-Redraws follow hist.md §9 item 10: CPU frequencies and OMA channels per client per global round, AirComp
-channels (and so beamformers) per cell per edge round. Every draw has its own named stream of the run
-seed, so a round's radio does not depend on what was drawn before it.
+Redraws follow the paper's indices (Eq. 17's ``F_i^t`` per global round, Eq. 22's channels per edge round):
+CPU frequencies and OMA channels per client per global round, AirComp channels (and so beamformers) per cell
+per edge round. Every draw has its own named stream of the run seed, so a round's radio does not depend on
+what was drawn before it.
 """
 
 from __future__ import annotations

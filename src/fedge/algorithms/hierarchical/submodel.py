@@ -9,10 +9,10 @@ real. Two forms give the same numbers:
 * ``masked``: every cell indexes all neurons and the slots of other cells' neurons are held at zero --
   the masked-full-model form ``p_j * x`` of Eq. 4-5.
 
-Shared tensors are copied whole to every cell and averaged back (unweighted, §9 item 20); partitioned
-tensors are merged by writing each cell's real slots back to their neurons, i.e. the sum of the disjoint
-masked submodels (Eq. 7). Merging untouched submodels gives back the model bit-exactly. Stacked tensors
-carry a leading cell (or client) dimension throughout.
+Shared tensors are copied whole to every cell and averaged back (unweighted, as HIST's averages are, Eq. 1);
+partitioned tensors are merged by writing each cell's real slots back to their neurons, i.e. the sum of the
+disjoint masked submodels (Eq. 7). Merging untouched submodels gives back the model bit-exactly. Stacked
+tensors carry a leading cell (or client) dimension throughout.
 """
 
 from __future__ import annotations

@@ -37,7 +37,7 @@ def masked_step(step: StepFn, layout: tuple[HiddenLayer, ...]) -> StepFn:
 def local_steps_plan(
     data: FederatedData, clients: Sequence[int], round_: int, edge_round: int, steps: int, batch_size: int
 ) -> BatchPlan:
-    """``steps`` minibatches per client from a stream reshuffled every epoch (hist.md §9 item 7).
+    """``steps`` minibatches per client from a stream reshuffled every epoch (H counts steps, HIST Eq. 5).
 
     Epochs come from the stream ``("hist-batches-<edge_round>", round_, client, epoch)``; full batches
     only when every client has at least one, otherwise each epoch ends with its short batch.

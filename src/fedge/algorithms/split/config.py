@@ -1,8 +1,9 @@
-"""Knobs shared by every split-learning algorithm (cse-fsl §2.6 and §8, sfl-theory §1.2-1.3 and §6).
+"""Knobs shared by every split-learning algorithm (CSE-FSL Sec. VI-A; the SplitFed theory paper's box).
 
 Each algorithm's own config class derives from :class:`SplitConfig` and adds its specific knobs. Names
 match FedAvg's where the meaning is the same (``batch_size``, ``local_epochs``, ``optimizer``,
-``codec_up``...), so ``fedge compare`` carries them across algorithms.
+``codec_up``...), so ``fedge compare`` carries them across algorithms. Where the papers leave a choice,
+docs/decisions.md gives the reading behind each default.
 """
 
 from __future__ import annotations
@@ -20,31 +21,34 @@ class SplitConfig(AlgorithmConfig):
     """Local work, step sizes, participation, aggregation, server order, initialisation and codecs.
 
     - ``local_epochs`` passes over the client's data per round, or exactly ``local_steps`` SGD steps
-      (sfl-theory's K) when that is set. A round is one global round: broadcast, local work with its
-      smashed-data traffic, upload and aggregation.
+      (the SplitFed theory paper's K) when that is set. A round is one global round: broadcast, local work
+      with its smashed-data traffic, upload and aggregation.
     - ``optimizer`` drives the client trunk (and aux head); ``server_optimizer`` the server model
-      (default: the same settings, cse-fsl §8 A6). Both step sizes decay as
-      ``lr * lr_decay**floor((t-1)/lr_decay_every)`` in round t (cse-fsl §8 A7: CIFAR uses 0.99 every 10
-      rounds; the default 1.0 is no decay).
+      (default: the same settings, as CSE-FSL's experiments use one step size). Both step sizes decay as
+      ``lr * lr_decay**floor((t-1)/lr_decay_every)`` in round t (CSE-FSL Sec. VI-A: CIFAR-10 uses 0.99
+      every 10 rounds; the default 1.0 is no decay).
     - ``participation``: ``full`` (every client every round), ``without_replacement`` (``clients_per_round``
-      distinct clients) or ``with_replacement`` (``clients_per_round`` i.i.d. uniform draws, sfl-theory
-      §1.2). Duplicate draws run ``independent`` local runs, each with its own batch order and server
-      steps (sfl-theory §6.2, the default), or are ``merge``d into one run weighted by multiplicity.
-    - Aggregation (FedAvg of the client models, cse-fsl Eq. 14): ``aggregation`` weights by training-set
-      ``size`` (cse-fsl §8 A5, default) or ``uniform``; ``aggregate_divisor`` ``draws`` divides by the
-      participants (sfl-theory §6.1's choice) while ``all_clients`` reproduces the theory paper's box
-      literally (uniform weights over all m clients; a debug switch). ``agg_every`` aggregates every so
-      many local steps inside a round (cse-fsl §8 A4's ``c``; default: once, at the end of the round).
-    - ``server_order``: the queue order of one shared server model (cse-fsl §2.5): ``round_robin`` (per
-      step, participants in draw order), ``random`` (a fresh seeded permutation per step) or
+      distinct clients) or ``with_replacement`` (``clients_per_round`` i.i.d. uniform draws, the sampling
+      of the SplitFed theory paper's Theorems 2 and 4). Duplicate draws run ``independent`` local runs,
+      each with its own batch order and server steps (the default: the proofs treat every draw as its own
+      noise), or are ``merge``d into one run weighted by multiplicity.
+    - Aggregation (FedAvg of the client models, CSE-FSL Eq. 14): ``aggregation`` weights by training-set
+      ``size`` (default; equal to Eq. 14's plain mean on equal splits) or ``uniform``;
+      ``aggregate_divisor`` ``draws`` divides by the participants (what the theory paper's proofs use)
+      while ``all_clients`` reproduces its Algorithm 1 box literally (uniform weights over all m clients;
+      a debug switch). ``agg_every`` aggregates every so many local steps inside a round (CSE-FSL's
+      aggregation interval C; default: once, at the end of the round, as in its experiments).
+    - ``server_order``: the queue order of one shared server model: ``round_robin`` (per step,
+      participants in draw order), ``random`` (a fresh seeded permutation per step; CSE-FSL Fig. 6) or
       ``client_after_client`` (each client's whole local run in turn, as the SplitFed paper runs FSL_OC).
-    - ``server_lr_divide_by_m``: server step size divided by the number of clients (sfl-theory's box).
-    - ``global_lr``: sfl-theory's eta_g, the step from the old global client model towards the average
-      (1.0, the default, is plain averaging; other values are the spec's extension).
+    - ``server_lr_divide_by_m``: server step size divided by the number of clients (the theory paper's
+      Algorithm 1 box; its theorems use the undivided step).
+    - ``global_lr``: the step from the old global client model towards the average (eta_g in Yang et
+      al.'s notation; 1.0, the default, is plain averaging; other values are our extension).
     - ``freeze_client_after``: clients stop learning after this round, so the server's objective stops
-      moving (sfl-theory §5.1's ablation: the setting its server proof covers).
+      moving (an ablation: the setting the theory paper's server-side proofs really cover).
     - ``init``: ``torch_default`` or ``normal0.05`` (every weight and bias ~ N(0, 0.05^2), the CSE-FSL
-      code's init, cse-fsl §8 A8); all copies start identical either way.
+      authors' code's init; the paper gives none); all copies start identical either way.
     - ``codec_up`` encodes smashed data, labels and model uploads; ``codec_down`` gradients and downloads.
     """
 
@@ -74,17 +78,18 @@ class SplitConfig(AlgorithmConfig):
 
 class GradientReturnConfig(SplitConfig):
     """SplitFed (FSL_MC / FSL_OC): cut-layer gradients come back; optional global-norm clipping of the
-    server gradient and of each client's gradient at ``clip_norm`` (cse-fsl §3.2, §8 A10)."""
+    server gradient and of each client's gradient at ``clip_norm`` (CSE-FSL Sec. VI-A clips FSL_OC without
+    naming a threshold)."""
 
     clip_norm: Positive | None = None
 
 
 class AuxHeadConfig(SplitConfig):
     """Local-loss split learning (FSL_AN / CSE-FSL): the smashed data sent is from the local step's own
-    forward pass (``pre_step``, default) or from one extra forward pass after it (``post_step``), cse-fsl
-    §8 A2. The aux head's architecture is ``model.aux`` (default: the paper's linear "MLP" head).
-    ``aggregate_aux: false`` keeps each client's aux head local: never sent, never averaged
-    (sfl-theory §5.1's ablation; the default averages it with the trunk, cse-fsl Eq. 14)."""
+    forward pass (``pre_step``, default, as the authors' code) or from one extra forward pass after it
+    (``post_step``, closer to CSE-FSL Eq. 11's notation). The aux head's architecture is ``model.aux``
+    (default: the paper's linear "MLP" head). ``aggregate_aux: false`` keeps each client's aux head local:
+    never sent, never averaged (an ablation; the default averages it with the trunk, CSE-FSL Eq. 14)."""
 
     smashed_from: Literal["pre_step", "post_step"] = "pre_step"
     aggregate_aux: bool = True
@@ -92,7 +97,7 @@ class AuxHeadConfig(SplitConfig):
 
 class ServerCopiesConfig(SplitConfig):
     """Algorithms with one server copy per participant (FSL_MC, FSL_AN): the copies are averaged at every
-    aggregation (cse-fsl §8 A9); ``copies_eval`` evaluates with that average (``avg``) or with the first
-    participant's copy before averaging (``copy0``)."""
+    aggregation (the paper does not say; one model must be evaluated); ``copies_eval`` evaluates with that
+    average (``avg``) or with the first participant's copy before averaging (``copy0``)."""
 
     copies_eval: Literal["avg", "copy0"] = "avg"

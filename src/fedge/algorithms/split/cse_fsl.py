@@ -1,20 +1,21 @@
 """CSE-FSL (Mu & Shen): aux-head clients, sparse smashed-data uploads, one shared server model.
 
-Clients train trunk + aux head on the local loss (cse-fsl §2.2-2.3) and, by default, send the smashed
-data and labels of every h-th local batch (the last batch of each block of h, §8 A1; one batch per block,
-§8 A3); nothing comes back. The single server model takes one SGD step per arrival, in the queue order
-of §2.5 (round-robin per block, or a fresh random permutation per block with ``server_order: random``).
-Leftover batches after the last complete block train locally without an upload (§8 A17), or are
-skipped with ``drop_incomplete_block`` (the paper code's choice, §2.5).
+Clients train trunk + aux head on the local loss (Eq. 8, Algorithm 1) and, by default, send the smashed
+data and labels of every h-th local batch: the last batch of each block of h, one batch per block
+(docs/decisions.md, "The last batch of each block of h is uploaded"); nothing comes back. The single
+server model takes one SGD step per arrival (Eq. 11, Algorithm 2), in a deterministic queue order
+(round-robin per block, or a fresh random permutation per block with ``server_order: random``, Fig. 6).
+Leftover batches after the last complete block train locally without an upload, or are skipped with
+``drop_incomplete_block`` (the authors' code's choice).
 
-The theory paper's variant (sfl-theory §1.3) is ``server_trigger: every_l_rounds``: the server learns only
-in rounds t - 1 = l, 2l, ... (the theory's t counts from 0; ``server_every`` is l), at the round's start,
-one step per participant on a fresh batch passed through the just-broadcast client model. With
-``zb_step: server_backprop`` (the seed algorithm box) the server returns that batch's cut-layer gradient
-and the client's first step back-propagates it through the trunk, the aux head untouched; with
-``local_steps`` K the client then makes K - 1 aux steps, otherwise its local epochs. The spec's presets:
-``cse_fsl_original`` is the default; ``analysis_pure`` is ``server_trigger=every_l_rounds``;
-``seed_algorithm1`` adds ``zb_step=server_backprop``.
+The SplitFed theory paper's variant (its Algorithm 1) is ``server_trigger: every_l_rounds``: the server
+learns only in rounds t - 1 = l, 2l, ... (the theory's t counts from 0; ``server_every`` is l), at the
+round's start, one step per participant on a fresh batch passed through the just-broadcast client model.
+With ``zb_step: server_backprop`` (that paper's Algorithm 1, lines 25-30) the server returns that batch's
+cut-layer gradient and the client's first step back-propagates it through the trunk, the aux head
+untouched; with ``local_steps`` K the client then makes K - 1 aux steps, otherwise its local epochs.
+Three presets (docs/split.md): ``cse_fsl_original`` is the default; ``analysis_pure`` is
+``server_trigger=every_l_rounds``; ``seed_algorithm1`` adds ``zb_step=server_backprop``.
 """
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""Traditional FedSL, lightweight FedSL's one named baseline (light-fedsl.md §5).
+"""Traditional FedSL, lightweight FedSL's one named baseline (its Sec. IV).
 
 The same code path as :mod:`~fedge.algorithms.split.light_fedsl` with every compression off: no pruning
 (rho_f = 0), full-precision client gradients, no cut dropout (p = 0) and client aggregation every round

@@ -1,8 +1,9 @@
-"""FSL_AN (Han et al., 2021): split learning with a client-side auxiliary network (cse-fsl §3.3).
+"""FSL_AN (Han et al., 2021): split learning with a client-side auxiliary network (CSE-FSL's [9] baseline).
 
-Clients train trunk + aux head on the local loss and send the smashed data of every batch; nothing
-comes back. The server keeps one copy per participant, each taking one SGD step per batch of its client;
-the copies are averaged at each aggregation, like the client models (cse-fsl §8 A9).
+Clients train trunk + aux head on the local loss and send the smashed data of every batch; nothing comes back.
+The server keeps one copy per participant, each taking one SGD step per batch of its client; the copies are
+averaged at each aggregation, like the client models (the paper leaves this open; docs/decisions.md, "Server
+copies averaged at aggregation").
 """
 
 from __future__ import annotations

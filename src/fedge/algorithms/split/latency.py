@@ -1,12 +1,12 @@
 """Simulated latency and energy of a split-learning round on the wireless system model.
 
-Neither split paper measures time (cse-fsl §8 A23), so this composition is our completion, labelled
-as such: every participant downloads its models, computes its local steps, sends its smashed data,
-labels and models, and receives any returned gradients, one after another on its own sub-channel;
-participants work in parallel. Server copies (FSL_MC, FSL_AN) run in parallel, each on its client's
-path. One shared server model (FSL_OC, CSE-FSL) processes every upload in turn, so the round lasts at
-least its total compute: latency = max(slowest client path, shared server compute). Energy is the sum of
-everything. FLOPs per sample are counted once per part (backward = 2 x forward).
+Neither split paper measures time (CSE-FSL claims asynchrony benefits, Fig. 3, but reports no times), so this
+composition is our completion, labelled as such: every participant downloads its models, computes its local
+steps, sends its smashed data, labels and models, and receives any returned gradients, one after another on
+its own sub-channel; participants work in parallel. Server copies (FSL_MC, FSL_AN) run in parallel, each on
+its client's path. One shared server model (FSL_OC, CSE-FSL) processes every upload in turn, so the round
+lasts at least its total compute: latency = max(slowest client path, shared server compute). Energy is the sum
+of everything. FLOPs per sample are counted once per part (backward = 2 x forward).
 """
 
 from __future__ import annotations

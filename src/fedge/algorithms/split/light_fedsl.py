@@ -1,15 +1,16 @@
-"""Lightweight FedSL (Zhang, Ni, Wang; light-fedsl.md §3 with the §9 decisions): federated split learning
-with client-side pruning, quantized client gradients and activation dropout at the cut.
+"""Lightweight FedSL (Zhang, Ni, Wang; Algorithm 1, Eqs. 2-14): federated split learning with client-side
+pruning, quantized client gradients and activation dropout at the cut. The choices the paper leaves open
+are in docs/decisions.md ("Lightweight FedSL").
 
-A round is one mini-batch step of every client (Algorithm 1, §9 item 3):
+A round is one mini-batch step of every client (Algorithm 1's t):
 
 1. each client runs its trunk on its next mini-batch, drops cut-layer entries with probability ``p``
    (inverted dropout, mask from the seed-shared stream ``(seed, "cut-dropout", t, k)``) and sends the
-   kept entries and its labels (``smashed_up``, ``labels_up``; labels at 32 bits, §9 item 19);
+   kept entries and its labels (``smashed_up``, ``labels_up``; labels at 32 bits, our choice);
 2. the server runs its part on every client's batch at the same ``w_s``, returns the cut-layer gradient
    of the kept entries (``grad_down``) and takes one step with the mean of the K server gradients
    (Eq. 7, computed as Eq. 6: K server copies stepped in parallel and averaged, BatchNorm statistics
-   too, so server BatchNorm never mixes clients, §3.4);
+   too, so server BatchNorm never mixes clients);
 3. each client back-propagates, prunes when its sparsity is below the cubic target ``rho_t`` (Eq. 10):
    the ``round(rho_t N)`` weights of least ``|w * g|``, ranked over all conv/linear weights of the
    trunk; the mask persists and masks every later gradient; the masked gradient is stochastically
@@ -18,14 +19,16 @@ A round is one mini-batch step of every client (Algorithm 1, §9 item 3):
 4. every ``I`` rounds the clients upload their trunks (``model_up``), the server averages them
    uniformly with their BatchNorm buffers (Eq. 14) and broadcasts the mean (``model_down``); masks reset.
 
-Evaluation uses the virtual average of the client trunks with the server model (§3.9). Clients start
-from the same initial trunk and no transfer is counted for it (the paper's initialisation).
+Evaluation uses the virtual average of the client trunks with the server model (the paper names no evaluation
+model; docs/decisions.md, "Evaluation on the virtual average"). Clients start from the same initial trunk and
+no transfer is counted for it (the paper's initialisation).
 
-Simulated time (§4.3): per client, forward + backward on its CPU (FLOPs scaled by ``1 - sparsity``, the
-spec's §4.4 completion), smashed data and labels up, its server copy's compute, the gradient down;
-clients in parallel (the slowest sets the pace). Aggregation rounds add ``max_k`` model upload + ``max_k``
-broadcast (``T_agg``). Round metrics report the spec's Fig. 4 metric (smashed data up + gradient down of
-the slowest client, ``latency_comm_s``) apart from the aggregation latency (``latency_agg_s``).
+Simulated time (our completion; the paper models communication only): per client, forward + backward on its
+CPU (FLOPs scaled by ``1 - sparsity``), smashed data and labels up, its server copy's compute, the gradient
+down; clients in parallel (the slowest sets the pace). Aggregation rounds add ``max_k`` model upload +
+``max_k`` broadcast (``T_agg``). Round metrics report our reading of Fig. 4's latency (smashed data up +
+gradient down of the slowest client, ``latency_comm_s``) apart from the aggregation latency
+(``latency_agg_s``).
 """
 
 from __future__ import annotations
@@ -54,20 +57,21 @@ from fedge.rng import torch_rng
 from fedge.system import PhaseCost, SystemModel, parallel_clients, training_flops
 from fedge.tensors import Tensors, floating
 
-LABEL_CODEC = "fp32"  # labels travel at 32 bits each (light-fedsl §9 item 19)
+LABEL_CODEC = "fp32"  # labels travel at 32 bits each (the paper gives no label size)
 
 
 class FedSLConfig(AlgorithmConfig):
-    """Knobs shared by lightweight FedSL and its baseline, traditional FedSL (light-fedsl §5, §9).
+    """Knobs shared by lightweight FedSL and its baseline, traditional FedSL (Sec. IV).
 
-    - ``batch_size`` per client and round (§9 item 2: 32 for CPU-sized runs); a round is one step.
+    - ``batch_size`` per client and round (the paper gives none; 32 suits CPU-sized runs); a round is one
+      step.
     - ``drop_last``: an epoch's short last batch is skipped (needed for exact executor agreement with
       BatchNorm, as elsewhere in the engine).
     - ``optimizer``: one constant step size for client and server, plain SGD (Eqs. 7, 13): momentum and
       weight decay are rejected.
     - ``init``: ``torch_default`` or ``normal0.05`` (as the split family); all clients start identical.
     - ``codec_up`` encodes the kept smashed values, ``codec_down`` the returned gradient values;
-      ``model_codec`` the client-model uploads and broadcasts: dense ``fp32`` (the spec's default) or
+      ``model_codec`` the client-model uploads and broadcasts: dense ``fp32`` (the default) or
       ``sparse`` (cheapest of bitmap / coordinate list, which pays off on pruned trunks).
     """
 
@@ -88,7 +92,8 @@ class LightFedSLConfig(FedSLConfig):
       rounds); 0 turns pruning off.
     - ``quant_bits`` (q, Eqs. 11-12), ``null`` or 32 for full precision; ``quant_granularity``: one
       (g_min, g_max) pair for the whole client gradient (``vector``, the paper's) or per tensor.
-    - ``cut_dropout`` (p, Eq. 3): element-wise inverted dropout of the cut-layer output (§9 item 12).
+    - ``cut_dropout`` (p, Eq. 3): element-wise inverted dropout of the cut-layer output, the mask
+      from a seed both ends share.
     - ``agg_interval`` (I, Eq. 14): client models are averaged at rounds ``t`` with ``t mod I == 0``.
     """
 
@@ -156,15 +161,15 @@ def cut_latency(
     value_bits: int = 32,
     label_bits: int = 32,
 ) -> float:
-    """The spec's Fig. 4 metric in expectation (§4.3): slowest client's smashed data (a ``1 - p`` share of
-    ``smashed_values`` per sample) and labels up, plus the gradient of the kept values down."""
+    """Fig. 4's per-round latency as we read it, in expectation: slowest client's smashed data (a ``1 - p``
+    share of ``smashed_values`` per sample) and labels up, plus the gradient of the kept values down."""
     kept = batch * smashed_values * (1.0 - p) * value_bits
     link = system.link(round_)
     return float(((kept + batch * label_bits) / link.up_bps + kept / link.down_bps).max())
 
 
 def aggregation_latency(system: SystemModel, round_: int, model_bits: float) -> float:
-    """``T_agg`` (§4.3): the slowest client-model upload, then the broadcast to the slowest receiver."""
+    """``T_agg``: the slowest client-model upload, then the broadcast to the slowest receiver."""
     link = system.link(round_)
     return float(model_bits / link.up_bps.min() + model_bits / link.down_bps.min())
 
@@ -394,7 +399,7 @@ class LightFedSL(Algorithm):
 
     @property
     def client(self) -> dict[str, Tensors]:
-        """The virtual average of the client trunks (uniform, BatchNorm statistics included, §3.9)."""
+        """The virtual average of the client trunks (uniform, BatchNorm statistics included)."""
         n = len(self.nodes)
         uniform = torch.full((n,), 1.0 / n, dtype=torch.float64, device=self.ctx.device)
         return {key: weighted_sum(self.clients[key], uniform) for key in ("params", "buffers")}

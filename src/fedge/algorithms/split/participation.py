@@ -1,4 +1,5 @@
-"""Who takes part in a round and with what aggregation weight (sfl-theory §1.2, §6.1-6.2; cse-fsl §8 A5).
+"""Who takes part in a round and with what aggregation weight (the SplitFed theory paper's Algorithm 1 and
+Theorems 2 and 4; CSE-FSL Eq. 14).
 
 A round's participants are *draws*: one row per local run. Under sampling with replacement a client
 can be drawn more than once; by default each draw is an independent run (its own batch order and
@@ -46,7 +47,8 @@ def draw(seed: int, round_: int, num_clients: int, mode: str, count: int | None,
     """The draws of round ``round_`` from the stream ``(seed, "participants", round_)``, in draw order.
 
     ``full`` is every client in index order; ``without_replacement`` distinct clients in the order drawn;
-    ``with_replacement`` i.i.d. uniform draws (Yang et al.'s "Strategy 1", sfl-theory §1.2).
+    ``with_replacement`` i.i.d. uniform draws (Yang et al.'s "Strategy 1", which the SplitFed theory
+    paper's Theorems 2 and 4 assume).
     """
     rows = check_participation(mode, count, num_clients)
     if mode == "full":

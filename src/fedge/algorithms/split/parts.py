@@ -53,9 +53,9 @@ def resolve_cut(ctx: Context, model: SplitModel) -> int:
 def build_parts(ctx: Context, with_aux: bool) -> SplitParts:
     """Build the model once, cut it, and (for local-loss algorithms) attach the aux head.
 
-    The aux head is ``model.aux`` or, when that is unset, the paper's default linear head (cse-fsl §4.1:
-    Table V uses it). Its initial weights come from the stream ``(seed, "aux-init")``. Algorithms
-    without an aux head ignore ``model.aux``, so one config can serve a whole ``fedge compare``.
+    The aux head is ``model.aux`` or, when that is unset, the paper's default linear head (CSE-FSL's "MLP" aux
+    of Table III; Table V uses it). Its initial weights come from the stream ``(seed, "aux-init")``.
+    Algorithms without an aux head ignore ``model.aux``, so one config can serve a whole ``fedge compare``.
     """
     model = ctx.build_model().to(ctx.device)
     cut = resolve_cut(ctx, model)
@@ -75,7 +75,8 @@ def initial_state(parts: SplitParts, init: str, seed: int) -> tuple[Tensors, Ten
     """Client params, client buffers, server params, server buffers at t = 0.
 
     ``normal0.05`` redraws every parameter (biases included) from N(0, 0.05^2) with the stream
-    ``(seed, "split-init")`` in name order (cse-fsl §8 A8); ``torch_default`` keeps the modules' own init.
+    ``(seed, "split-init")`` in name order (the authors' code's init; the paper gives none); ``torch_default``
+    keeps the modules' own init.
     """
     client, server = parameters_of(parts.local), parameters_of(parts.server)
     if init == "normal0.05":

@@ -56,8 +56,9 @@ def round_plan(
 ) -> BatchPlan:
     """The local batches of every draw in round ``round_``: ``epochs`` passes, or exactly ``steps`` steps.
 
-    For ``steps`` (sfl-theory's K) each client makes as many passes as it needs for K steps and stops
-    after K; a client with no batch at all (fewer samples than the batch size under ``drop_last``) idles.
+    For ``steps`` (the SplitFed theory paper's K) each client makes as many passes as it needs for K steps and
+    stops after K; a client with no batch at all (fewer samples than the batch size under ``drop_last``)
+    idles.
     """
     if steps is not None:
         sizes = data.client_sizes(draws.clients)

@@ -1,9 +1,9 @@
-"""Client-side unstructured pruning of lightweight FedSL (light-fedsl.md §3.5, Eqs. 8-10, §9 items 6-9).
+"""Client-side unstructured pruning of lightweight FedSL (Eqs. 8-10, Algorithm 1 lines 13-17).
 
-Pure functions on dicts of tensors: the cubic sparsity schedule of Zhu & Gupta, the set of prunable
-tensors (conv and linear weights of the client part; biases, BatchNorm affine parameters and buffers
-are never pruned, the spec's recommended choice), the first-order Taylor importance ``|w * g|`` ranked
-globally over all prunable weights, and the realised sparsity (exact zeros over prunable weights).
+Pure functions on dicts of tensors: the cubic sparsity schedule of Zhu & Gupta, the set of prunable tensors
+(conv and linear weights of the client part; biases, BatchNorm affine parameters and buffers are never pruned,
+our choice: the paper does not discuss them), the first-order Taylor importance ``|w * g|`` ranked globally
+over all prunable weights, and the realised sparsity (exact zeros over prunable weights).
 """
 
 from __future__ import annotations

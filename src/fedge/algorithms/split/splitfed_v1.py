@@ -1,9 +1,10 @@
-"""SplitFed v1 (Thapa et al.), the CSE-FSL paper's FSL_MC baseline (its Sec. III-A).
+"""SplitFed v1 (Thapa et al.), the CSE-FSL paper's FSL_MC baseline (its [6]).
 
 Every participant has its own server-side copy. Per batch the client sends its smashed data and labels,
 its copy takes one SGD step and returns the cut-layer gradient, and the client back-propagates it.
 Copies are independent, so all clients (and copies) run in parallel on either executor; at each
-aggregation the client models are averaged and so are the server copies.
+aggregation the client models are averaged and so are the server copies (not stated in the
+paper; docs/decisions.md, "Server copies averaged at aggregation").
 """
 
 from __future__ import annotations

@@ -1,10 +1,10 @@
-"""SplitFed v2 (Thapa et al.), the CSE-FSL paper's FSL_OC baseline with gradient clipping (cse-fsl §3.2).
+"""SplitFed v2 (Thapa et al.), the CSE-FSL paper's FSL_OC baseline with gradient clipping (its [6]).
 
 One server model is updated sequentially by every client's batches, in ``server_order`` (default
-round-robin per batch, the schedule of cse-fsl §2.5 with h = 1; ``client_after_client`` is the SplitFed
+round-robin per batch, CSE-FSL's block schedule with h = 1; ``client_after_client`` is the SplitFed
 paper's own order), and returns the cut-layer gradient of each batch. The paper found this baseline
 unstable and clipped gradients; the threshold is unstated, so we clip the global L2 norm of the server
-gradient and of each client's gradient at ``clip_norm`` = 1.0 (cse-fsl §8 A10; ``null`` turns it off).
+gradient and of each client's gradient at ``clip_norm`` = 1.0 (``null`` turns it off; CSE-FSL Sec. VI-A).
 """
 
 from __future__ import annotations

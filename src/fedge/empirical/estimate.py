@@ -1,8 +1,8 @@
-"""Estimators of the constants the bounds need, from a model and federated data (sfl-theory §5.1).
+"""Estimators of the constants the bounds need, from a model and federated data (the papers assume them).
 
-- L: the largest |eigenvalue| of each client's Hessian by power iteration on exact Hessian-vector
-  products (reverse-over-reverse autodiff, instead of the spec's finite differences, which numpy needed),
-  maximised over clients (Assumption 1 is used per client, §6.18).
+- L: the largest |eigenvalue| of each client's Hessian by power iteration on exact Hessian-vector products
+  (reverse-over-reverse autodiff, not finite differences), maximised over clients (the SplitFed theory paper
+  states its Assumption 1 for the global functions but uses it per client in its proofs).
 - sigma_L^2(B): the variance of a size-B mini-batch gradient around the client's full gradient, computed
   exactly from per-sample gradients for batches drawn without replacement (what the batch plans do):
   ``S_i^2 / B * (n_i - B) / (n_i - 1)``, S_i^2 the population variance of client i's per-sample gradients;
@@ -12,7 +12,7 @@
 - The objective value, from which ``delta_F = F(x^0) - F_inf`` with ``F_inf = 0`` for cross-entropy (a
   conservative lower bound).
 All are taken at one parameter point; evaluate at several checkpoints and combine with
-:func:`worst_case` (the spec's recipe: max over checkpoints).
+:func:`worst_case` (the max over checkpoints).
 """
 
 from __future__ import annotations
@@ -23,8 +23,8 @@ from dataclasses import asdict, dataclass
 import torch
 from torch.func import grad, vmap
 
+from fedge.empirical.objective import FederatedObjective, Tensors, eval_mode, flat
 from fedge.rng import torch_rng
-from fedge.theory.objective import FederatedObjective, Tensors, eval_mode, flat
 
 
 @dataclass(frozen=True)

@@ -1,5 +1,6 @@
-"""SplitFed bound inputs for a run config: settings read from the config, constants estimated from the
-run's data and initial model (sfl-theory §5.1 recipe), anything in the ``theory:`` block taking precedence.
+"""SplitFed bound inputs for a run config: settings read from the config, constants estimated from the run's
+data and initial model (the estimators of :mod:`fedge.empirical.estimate`), anything in the ``theory:`` block
+taking precedence.
 
 Read from the config: T = ``rounds``, m = ``partition.num_clients`` and, by algorithm family,
 
@@ -24,11 +25,11 @@ import math
 from typing import Any
 
 from fedge.config import RunConfig
+from fedge.empirical.estimate import estimate_constants
+from fedge.empirical.metrics import is_split, split_state
+from fedge.empirical.objective import FederatedObjective, Tensors, model_objective, split_objectives
 from fedge.errors import ConfigError
 from fedge.runner import Built, build_run
-from fedge.theory.estimate import estimate_constants
-from fedge.theory.metrics import is_split, split_state
-from fedge.theory.objective import FederatedObjective, Tensors, model_objective, split_objectives
 
 CONSTANTS = ("L", "sigma_L2", "sigma_G2", "delta_F", "delta_F_server")
 

@@ -2,10 +2,10 @@
 
 :func:`global_grad_norms` takes any algorithm: one holding a full model (FedAvg, centralized: ``model``,
 ``params``, ``buffers``) gets ``grad_sq``; a split-family algorithm (``parts``, ``client``, ``server``)
-gets :func:`split_grad_norms`: the spec's G_c (client side, aux loss w.r.t. the trunk at the current aux
+gets :func:`split_grad_norms`: G_c (client side, aux loss w.r.t. the trunk at the current aux
 head), its joint version, G_s (server side, smashed data from the current trunk) and the end-to-end norm.
-The measurement harness calls it between rounds; an algorithm that wants the norms in its own metric
-rows adds one line to ``evaluate()``: ``metrics.update(global_grad_norms(self))``.
+The measurement harness (:func:`fedge.empirical.harness.measured_run`) calls it between rounds; algorithms
+do not import it (this package sits above them).
 Full-batch over every client's training samples by default; ``max_samples_per_client`` uses a fixed
 random subset instead (the same one at every call) to bound the cost on large datasets.
 """
@@ -17,8 +17,8 @@ from typing import Any
 from torch import nn
 
 from fedge.data.federated import FederatedData
-from fedge.theory.estimate import flat_gradient
-from fedge.theory.objective import (
+from fedge.empirical.estimate import flat_gradient
+from fedge.empirical.objective import (
     FederatedObjective,
     SplitState,
     Tensors,

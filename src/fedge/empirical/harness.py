@@ -17,7 +17,7 @@ Two kinds of run:
   ``||grad F(w)||^2`` of P1, not an estimate. This needs an algorithm that trains one full model with
   cross-entropy and keeps ``params`` in its state (FedAvg, centralized); the split algorithms' auxiliary
   heads would see a P1 client output they cannot reproduce, so they are measured on real data with
-  :func:`fedge.theory.metrics.split_grad_norms` instead.
+  :func:`fedge.empirical.metrics.split_grad_norms` instead.
 """
 
 from __future__ import annotations
@@ -36,12 +36,12 @@ from fedge.comm import Ledger, Network
 from fedge.config import RunConfig
 from fedge.data.dataset import Dataset
 from fedge.data.federated import FederatedData
+from fedge.empirical.metrics import global_grad_norms
 from fedge.engine import make_executor
 from fedge.errors import ConfigError
 from fedge.models import SplitModel
 from fedge.runner import Built
 from fedge.system import SystemModel
-from fedge.theory.metrics import global_grad_norms
 from fedge.theory.oracle import P1Side
 
 Measure = Callable[[Algorithm], dict[str, float]]
@@ -120,17 +120,25 @@ def p1_built(side: P1Side, start: np.ndarray, config: RunConfig, samples_per_cli
     def build() -> SplitModel:
         return SplitModel(OrderedDict(p1=P1Objective(side, start)), name="p1")
 
-    ctx = Context(
+    ctx = context(config, data, build, device)
+    return Built(config, ctx, ALGORITHMS[config.algorithm.name](ctx, config.algorithm))
+
+
+def context(
+    config: RunConfig, data: FederatedData, build_model: Callable[[], SplitModel], device: torch.device
+) -> Context:
+    """The build context of an algorithm on data and a model the runner did not make (the only place
+    here that knows :class:`~fedge.algorithms.Context`'s fields)."""
+    return Context(
         config=config,
         data=data,
-        build_model=build,
+        build_model=build_model,
         executor=make_executor(config.engine.executor),
         network=Network(Ledger()),
-        system=SystemModel(config.system, side.m, config.seed),
+        system=SystemModel(config.system, data.num_clients, config.seed),
         device=device,
         seed=config.seed,
     )
-    return Built(config, ctx, ALGORITHMS[config.algorithm.name](ctx, config.algorithm))
 
 
 def p1_iterate(algorithm: Algorithm) -> np.ndarray:

@@ -1,11 +1,11 @@
 """The global objective the theorems talk about, over a model and federated data.
 
-``F(theta) = (1/m) sum_i F_i(theta)`` with ``F_i`` the mean per-sample loss over client i's training
-samples: equal client weights, not data-size weights (sfl-theory §1.1 and §6.22; hist.md's f is also
-unweighted). A :class:`FederatedObjective` evaluates per-client values and full-batch gradients with
-respect to one group of parameters (for split models: the client part, the server part, ...), the others
-held fixed. Models are evaluated in eval mode (dropout off, BatchNorm on its running statistics), so
-the objective is a deterministic function of the parameters.
+``F(theta) = (1/m) sum_i F_i(theta)`` with ``F_i`` the mean per-sample loss over client i's training samples:
+equal client weights, not data-size weights (the SplitFed theory paper's Eqs. 1 and 3 weight clients by 1/m;
+HIST's f, Eq. 1, is also unweighted). A :class:`FederatedObjective` evaluates per-client values and full-batch
+gradients with respect to one group of parameters (for split models: the client part, the server part, ...),
+the others held fixed. Models are evaluated in eval mode (dropout off, BatchNorm on its running statistics),
+so the objective is a deterministic function of the parameters.
 """
 
 from __future__ import annotations
@@ -165,11 +165,13 @@ def split_objectives(
     max_samples_per_client: int | None = None,
     seed: int = 0,
 ) -> dict[str, tuple[FederatedObjective, Tensors]]:
-    """The split objectives of sfl-theory §5.1, each with the parameters it differentiates:
+    """The split objectives of the SplitFed theory paper (Eqs. 2-3), each with the parameters it
+    differentiates:
 
-    - ``client``: aux loss F^c w.r.t. the trunk x_C at the current aux head (the theorems' G_c; §6.12);
+    - ``client``: aux loss F^c w.r.t. the trunk x_C at the current averaged aux head (the theorems' G_c;
+      the paper does not say which aux head);
     - ``client_joint``: aux loss w.r.t. (x_C, x_A);
-    - ``server``: server loss F^s w.r.t. x_S, smashed data from the current x_C (G_s; §6.11);
+    - ``server``: server loss F^s w.r.t. x_S, smashed data from the current x_C (G_s);
     - ``end_to_end``: the whole model's loss w.r.t. (x_C, x_S), which no theorem bounds.
     The ``client`` entries are omitted when the state has no aux head.
     """
