@@ -92,7 +92,7 @@ def run_workload(workload: Workload, args: argparse.Namespace) -> dict[str, Any]
     def fedavg_round(executor: Executor) -> Callable[[int], object]:
         def run(t: int) -> object:
             ctx.executor = executor
-            return alg.run_round(t)
+            return built.round(t)
 
         return run
 
@@ -189,7 +189,7 @@ def memory_probe(workload: Workload, args: argparse.Namespace) -> dict[str, Any]
     an RSS sample taken every millisecond during the round.
     """
     built = _build(workload, args)
-    built.algorithm.run_round(1)
+    built.round(1)
     process_peak = peak_rss_bytes()
     reset = reset_peak_rss()
     before = rss_bytes()
@@ -198,7 +198,7 @@ def memory_probe(workload: Workload, args: argparse.Namespace) -> dict[str, Any]
         torch.cuda.reset_peak_memory_stats(built.context.device)
     with RssSampler() as sampler:
         for t in range(2, 2 + PROBE_ROUNDS):
-            built.algorithm.run_round(t)
+            built.round(t)
     state, data = state_bytes(built), data_bytes(built)
     out = {
         "state_bytes": state,

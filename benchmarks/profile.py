@@ -27,13 +27,13 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--rows", type=int, default=15, help="operators to list")
     args = parser.parse_args(argv)
     built = build_run(get_workload(args.workload).config(device=args.device, threads=args.threads))
-    algorithm, device = built.algorithm, built.context.device
-    algorithm.run_round(1)
+    device = built.context.device
+    built.round(1)
     activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if device.type == "cuda" else [])
     synchronize(device)
     start = time.perf_counter()
     with profile(activities=activities) as prof:
-        algorithm.run_round(2)
+        built.round(2)
         synchronize(device)
     seconds = time.perf_counter() - start
     print(f"{args.workload}: {seconds:.3f} s per round profiled, {device}, {args.threads} threads")

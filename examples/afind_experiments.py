@@ -175,7 +175,7 @@ def section_identify(args, raw) -> dict:
         random_precision = float((same.sum(1).double() / (n - 1)).mean())
         per_round = []
         for t in range(1, args.identify_rounds + 1):
-            metrics = algorithm.run_round(t)
+            metrics = built.round(t).row()
             chosen, sim = algorithm.selector.previous.cpu(), algorithm.selector.sim.cpu()
             precision = float((chosen & same).sum() / chosen.sum().clamp_min(1))
             aucs = []
@@ -215,7 +215,8 @@ def section_speed(args, raw) -> dict:
     }
     out = {}
     for label, variant in variants.items():
-        algorithm = build_run(parse_config(variant)).algorithm
+        built = build_run(parse_config(variant))
+        algorithm = built.algorithm
         scoring = [0.0]
         if hasattr(algorithm, "selector"):
             begin = algorithm.selector.begin
@@ -228,14 +229,14 @@ def section_speed(args, raw) -> dict:
                     _scoring[0] += time.perf_counter() - start
 
             algorithm.selector.begin = timed
-        algorithm.run_round(1)  # warm-up (and AFIND+'s cold start)
+        built.round(1)  # warm-up (and AFIND+'s cold start)
         scoring[0] = 0.0
         rounds = args.speed_rounds
         start = time.perf_counter()
-        selected = [algorithm.run_round(t).get("selected_mean", float("nan")) for t in range(2, 2 + rounds)]
+        selected = [built.round(t).row().get("selected_mean", float("nan")) for t in range(2, 2 + rounds)]
         seconds = (time.perf_counter() - start) / rounds
         start = time.perf_counter()
-        algorithm.evaluate()
+        built.evaluate(1 + rounds)
         out[label] = {
             "seconds_per_round": seconds,
             "rounds_per_second": 1 / seconds,

@@ -60,13 +60,13 @@ def train(
             return rows[: hit + 1] if hit is not None else rows[:rounds]
     cfg = load_config(config, [*overrides, f"rounds={rounds}"])
     built = build_run(cfg)
-    algorithm, clock = built.algorithm, built.context.system.clock
+    clock = built.context.system.clock
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text("")
     rows, began, cpu = [], time.perf_counter(), time.process_time()
     for t in range(1, rounds + 1):
-        metrics = algorithm.run_round(t)
-        row = {"round": t, **algorithm.evaluate(), **metrics, "sim_seconds": clock.seconds}
+        metrics = built.round(t).row()
+        row = {"round": t, **built.evaluate(t).row(), **metrics, "sim_seconds": clock.seconds}
         row["wall_seconds"] = time.perf_counter() - began
         row["cpu_seconds"] = time.process_time() - cpu  # this process only (the machine may be shared)
         rows.append(row)

@@ -14,7 +14,8 @@ def test_quickstart_prints_summary_and_writes_results(tmp_path):
     out = tmp_path / "runs"
     result = runner.invoke(app, ["run", f"output.dir={out}", "rounds=3"])
     assert result.exit_code == 0, result.output
-    assert "final accuracy" in result.output and "communication up" in result.output
+    assert "final accuracy" in result.output and "MB up" in result.output
+    assert "model_up (up)" in result.output and "model_down (down)" in result.output
     run_dir = out / "fedavg-digits"
     assert (run_dir / "summary.json").is_file() and (run_dir / "plots" / "accuracy_vs_round.png").is_file()
     plotted = runner.invoke(app, ["plot", str(run_dir), str(run_dir), "--out", str(tmp_path / "cmp")])

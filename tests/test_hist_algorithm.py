@@ -197,3 +197,28 @@ def test_bad_hierarchies_are_config_errors(hist_config):
         built(hist_config, shards_per_client=100)
     with pytest.raises(ConfigError, match="algorithm.radio.cpu_ghz"):
         built(hist_config, radio={"cpu_ghz": [[3.0, 2.0]]})
+
+
+@pytest.mark.parametrize("aggregation", ["oma", "aircomp"])
+def test_energy_is_client_compute_plus_uplink_airtime(hist_config, aggregation):
+    """HFedAvg (every cell holds the whole model): E edge rounds of kappa F^2 cycles plus transmit power
+    times each client's airtime, computed here from the run's own radio draws and ledger."""
+    algorithm = built(hist_config, name="hfedavg", aggregation=aggregation)
+    algorithm.run_round(1)
+    cfg, system = algorithm.cfg, algorithm.ctx.config.system
+    cpu = algorithm.radio.cpu_hz(1)
+    cycles = cfg.local_steps * cfg.radio.cycles_per_step
+    compute = system.kappa * cpu**2 * cycles
+    values = algorithm.model_values
+    if aggregation == "oma":
+        ledger = algorithm.ctx.ledger.entries()
+        kind = algorithm.ctx.ledger.kinds().index("model_up")
+        per_client_bits = ledger["bits"][ledger["kind"] == kind][: len(cpu)]
+        airtime = per_client_bits / algorithm.radio.oma_rates(1)
+    else:
+        radio = cfg.radio
+        airtime = np.full(len(cpu), values / (radio.bandwidth_hz / radio.subcarrier_hz) * radio.symbol_s)
+    power = 10 ** ((system.client_power_dbm - 30) / 10)
+    expected = cfg.edge_rounds * float(compute.sum() + power * airtime.sum())
+    assert algorithm.ctx.system.clock.joules == pytest.approx(expected, rel=1e-9)
+    assert expected > 0

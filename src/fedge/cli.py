@@ -65,8 +65,12 @@ def _print_summary(result: Result) -> None:
     table = Table(title=f"fedge · {s['algorithm']} on {s['dataset']}", show_header=False)
     table.add_row("final accuracy", f"{100 * s['final_accuracy']:.2f} % (round {s['rounds']})")
     table.add_row("best accuracy", f"{100 * s['best_accuracy']:.2f} % (round {s['best_round']})")
-    table.add_row("communication up", f"{s['mb_up']:.3f} MB")
-    table.add_row("communication down", f"{s['mb_down']:.3f} MB")
+    table.add_row(
+        "communication", f"{s['mb_up']:.3f} MB up, {s['mb_down']:.3f} MB down, {s['mb_peer']:.3f} MB peer"
+    )
+    for link in s["traffic"]:
+        amount = f"{link['mb']:.3f} MB" if link["mb"] >= 1e-3 else f"{link['bits']:,} bits"
+        table.add_row(f"  {link['kind']} ({link['direction']})", amount)
     table.add_row("simulated time", f"{s['sim_seconds']:.2f} s, {s['sim_joules']:.3g} J (wireless model)")
     table.add_row("wall time", f"{s['wall_seconds']:.1f} s")
     table.add_row("results", str(result.run_dir))

@@ -8,6 +8,8 @@ resumed runs and any grouping of clients see the same numbers.
 from __future__ import annotations
 
 import hashlib
+from collections.abc import Iterator
+from contextlib import contextmanager
 
 import numpy as np
 import torch
@@ -22,6 +24,18 @@ def derive_seed(seed: int, purpose: str, *keys: int | str) -> int:
 def numpy_rng(seed: int, purpose: str, *keys: int | str) -> np.random.Generator:
     """A NumPy generator for the named stream."""
     return np.random.default_rng(derive_seed(seed, purpose, *keys))
+
+
+@contextmanager
+def global_stream(seed: int, purpose: str, *keys: int | str) -> Iterator[None]:
+    """Inside the block, torch's global generator draws the named stream; outside, it is untouched.
+
+    For code that draws from the global generator and cannot be handed one (building ``nn.Module``s with
+    their default initialisation).
+    """
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(derive_seed(seed, purpose, *keys))
+        yield
 
 
 def torch_rng(

@@ -31,7 +31,7 @@ from fedge.errors import ConfigError, FedgeError
 from fedge.metrics import Evaluation, RoundReport
 from fedge.models import SplitModel, build_model, split
 from fedge.plots import plot_run
-from fedge.rng import derive_seed, numpy_rng
+from fedge.rng import global_stream, numpy_rng
 from fedge.system import SystemModel
 
 MIB = 8 * 2**20  # bits in one MB as the papers' tables count it (2^20 bytes)
@@ -84,8 +84,7 @@ def model_factory(
     spec = config.model
 
     def build() -> SplitModel:
-        with torch.random.fork_rng(devices=[]):
-            torch.manual_seed(derive_seed(config.seed, "model-init"))
+        with global_stream(config.seed, "model-init"):
             return build_model(spec.name, input_shape, num_classes, **spec.options)
 
     return build
@@ -148,6 +147,7 @@ def _communication(ledger: Ledger) -> dict[str, Any]:
         "bits_peer": peer,
         "mb_up": up / MIB,
         "mb_down": down / MIB,
+        "mb_peer": peer / MIB,
         "mb_total": (up + down + peer) / MIB,
         "bits_by_kind": dict(sorted(by_kind.items())),
         "storage_server_bits": storage["server"],
@@ -213,7 +213,7 @@ class Runner:
 
     def finish(self) -> Result:
         """Write summary, ledger and plots of a run that reached its last round."""
-        summary = summarize(self.config, self.rows)
+        summary = summarize(self.config, self.rows, self.built.context.ledger)
         results.write_jsonl(self.run_dir / results.METRICS, self.rows)
         results.write_text(self.run_dir / results.LEDGER, self.built.context.ledger.to_csv())
         results.write_json(self.run_dir / results.SUMMARY, summary)
@@ -222,8 +222,17 @@ class Runner:
         return Result(self.run_dir, self.config, self.rows, summary)
 
 
-def summarize(config: RunConfig, rows: list[dict[str, Any]]) -> dict[str, Any]:
-    """The headline figures of a run."""
+def traffic(ledger: Ledger) -> list[dict[str, Any]]:
+    """Every link's cumulative traffic: one entry per transfer kind and direction, largest first."""
+    links = [
+        {"kind": kind, "direction": way, "bits": bits, "mb": bits / MIB}
+        for (kind, way), bits in ledger.totals().items()
+    ]
+    return sorted(links, key=lambda link: (-link["bits"], link["kind"]))
+
+
+def summarize(config: RunConfig, rows: list[dict[str, Any]], ledger: Ledger) -> dict[str, Any]:
+    """The headline figures of a run, with the traffic of every link."""
     last = rows[-1]
     best = max(rows, key=lambda r: r["accuracy"])
     return {
@@ -234,7 +243,11 @@ def summarize(config: RunConfig, rows: list[dict[str, Any]]) -> dict[str, Any]:
         "best_accuracy": best["accuracy"],
         "best_round": best["round"],
         "final_loss": last["loss"],
-        **{k: last[k] for k in ("bits_up", "bits_down", "bits_peer", "mb_up", "mb_down", "mb_total")},
+        **{
+            k: last[k]
+            for k in ("bits_up", "bits_down", "bits_peer", "mb_up", "mb_down", "mb_peer", "mb_total")
+        },
+        "traffic": traffic(ledger),
         "storage_server_bits": last["storage_server_bits"],
         "storage_client_bits": last["storage_client_bits"],
         "sim_seconds": last["sim_seconds"],

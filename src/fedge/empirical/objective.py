@@ -22,8 +22,8 @@ from torch.func import functional_call, grad
 
 from fedge.data.federated import FederatedData
 from fedge.rng import numpy_rng
+from fedge.tensors import Tensors
 
-Tensors = dict[str, torch.Tensor]
 LossFn = Callable[[Tensors, torch.Tensor, torch.Tensor], torch.Tensor]  # (params, x, y) -> per-sample
 
 

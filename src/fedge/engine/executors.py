@@ -200,30 +200,7 @@ class SequentialExecutor(Executor):
             args = [rows(s, r) for s in (*state, *inputs)] + [b[r, :count] for b in batch]
             with _failing(f"row {r}", stage), keyed_noise(None if keys is None else keys[r]):
                 outs.append(fn(*args, *shared))
-        template = next(o for o in outs if o is not None)
-        new_state = tuple(
-            {
-                name: torch.stack(
-                    [o.state[i][name] if o is not None else old[name][r] for r, o in enumerate(outs)]
-                )
-                for name in template.state[i]
-            }
-            for i, old in enumerate(state)
-        )
-        per_client = tuple(
-            torch.stack([o.per_client[i] if o is not None else torch.zeros_like(v) for o in outs])
-            for i, v in enumerate(template.per_client)
-        )
-        per_sample = tuple(
-            torch.stack(
-                [
-                    _pad_rows(o.per_sample[i], width) if o is not None else v.new_zeros(width, *v.shape[1:])
-                    for o in outs
-                ]
-            )
-            for i, v in enumerate(template.per_sample)
-        )
-        return Mapped(new_state, per_client, per_sample)
+        return _stacked(outs, state, width)
 
 
 def _keyed(fn: Callable[..., Any]) -> Callable[..., Any]:
@@ -421,6 +398,35 @@ def _block(destination: State, source: State, block: slice) -> State:
             if target is not tensors[name]:
                 target[block].copy_(tensors[name][block])
     return _each(destination, lambda t: t[block])
+
+
+def _stacked(outs: list[Mapped | None], state: tuple[Tensors, ...], width: int) -> Mapped:
+    """Per-client outputs stacked over clients: an idle client (None) keeps its state and gets zeros;
+    per-sample outputs are padded with zero rows to ``width``."""
+    template = next(o for o in outs if o is not None)
+    new_state = tuple(
+        {
+            name: torch.stack(
+                [o.state[i][name] if o is not None else old[name][r] for r, o in enumerate(outs)]
+            )
+            for name in template.state[i]
+        }
+        for i, old in enumerate(state)
+    )
+    per_client = tuple(
+        torch.stack([o.per_client[i] if o is not None else torch.zeros_like(v) for o in outs])
+        for i, v in enumerate(template.per_client)
+    )
+    per_sample = tuple(
+        torch.stack(
+            [
+                _pad_rows(o.per_sample[i], width) if o is not None else v.new_zeros(width, *v.shape[1:])
+                for o in outs
+            ]
+        )
+        for i, v in enumerate(template.per_sample)
+    )
+    return Mapped(new_state, per_client, per_sample)
 
 
 def _pad_rows(t: torch.Tensor, count: int) -> torch.Tensor:

@@ -8,7 +8,8 @@ cells train together in one executor call per edge round.
 Ledger per global round: ``submodel_down`` (cloud to each edge), per edge round ``model_down`` (edge to
 each client) and ``model_up`` (OMA) or ``update_up_analog`` (AirComp: analog symbols, counted as fp32
 values so that the per-client uplink is comparable), and ``submodel_up`` (edge to cloud). Simulated
-latency per global round follows Eqs. 17-18 (OMA) or Eqs. 34-35 (AirComp); the paper models no energy.
+latency per global round follows Eqs. 17-18 (OMA) or Eqs. 34-35 (AirComp); energy, which the paper
+does not model, counts the same client-side compute and uplinks (see ``_energy``).
 """
 
 from __future__ import annotations
@@ -40,8 +41,11 @@ from fedge.engine import (
 )
 from fedge.metrics import Evaluation, RoundReport
 from fedge.rng import numpy_rng, torch_rng
-from fedge.system.aircomp import aircomp_edge_latency
+from fedge.system.aircomp import aircomp_edge_latency, aircomp_uplink_seconds
+from fedge.system.compute import compute_energy
 from fedge.system.oma import global_round_latency, oma_edge_latency
+from fedge.system.rates import dbm_to_watt
+from fedge.tensors import floating
 
 
 def _cell_mean(stacked: Tensors, cells: Cells) -> Tensors:
@@ -56,10 +60,7 @@ def _cell_mean(stacked: Tensors, cells: Cells) -> Tensors:
 def _payload(views: CellViews, cell: int, rows: slice, params: Tensors, buffers: Tensors) -> Tensors:
     """What the holders in ``rows`` (stacked) of cell ``cell``'s submodel send: the values the submodel
     really holds and the floating buffers (BatchNorm statistics); integer counters are not sent."""
-    sent = {
-        **{k: v[rows] for k, v in params.items()},
-        **{k: v[rows] for k, v in buffers.items() if v.is_floating_point()},
-    }
+    sent = {**{k: v[rows] for k, v in params.items()}, **{k: v[rows] for k, v in floating(buffers).items()}}
     return views.real(cell, sent)
 
 
@@ -138,8 +139,9 @@ class HierarchicalFL(Algorithm):
             mses.extend(mse)
         self._send_cells(t, "submodel_up", True, views, cell_params, cell_buffers)
         self.params, self.buffers = views.merge(cell_params), views.merge(cell_buffers)
-        latency = self._latency(views.values(self.params), cpu, rates, cell_bits)
-        ctx.system.clock.advance(latency)
+        values = views.values(self.params)
+        latency = self._latency(values, cpu, rates, cell_bits)
+        ctx.system.clock.advance(latency, self._energy(values, cpu, rates, cell_bits))
         self._storage(cell_bits)
         up_mb = self.client_up_bits / BITS_PER_MB
         metrics: dict[str, Any] = {
@@ -240,6 +242,36 @@ class HierarchicalFL(Algorithm):
                     )
                 )
         return global_round_latency(np.array(per_cell), cfg.edge_rounds)
+
+    def _energy(
+        self, values: np.ndarray, cpu: np.ndarray, rates: np.ndarray | None, cell_bits: np.ndarray
+    ) -> float:
+        """Joules of the global round's client side: ``E`` edge rounds of every client's local steps
+        (``kappa F_i^2`` per cycle) and its uplink airtime at the clients' transmit power.
+
+        HIST models latency only; like the latency, this counts clients' compute and uplinks (edge and
+        cloud work and downlinks are left out). Airtime is a client's own upload time ``bits / R_i`` under
+        OMA (the TDMA wait costs no energy) and the whole analog uplink under AirComp, where all clients
+        transmit at once. The transmit power and ``kappa`` are the ``system`` block's (HIST's SNRs fold
+        the power into the channel, so the papers give no wattage).
+        """
+        cfg, system = self.cfg, self.ctx.config.system
+        power = float(dbm_to_watt(system.client_power_dbm))
+        joules = 0.0
+        for j in range(self.cells.num_cells):
+            members = self.cells.members(j)
+            cycles = cfg.local_steps * values[j] / self.model_values * cfg.radio.cycles_per_step
+            compute = compute_energy(cycles, 1.0, cpu[members], system.kappa)
+            if rates is not None:
+                airtime = cell_bits[j] / rates[members]
+            else:
+                radio = cfg.radio
+                uplink = aircomp_uplink_seconds(
+                    values[j], radio.bandwidth_hz, radio.subcarrier_hz, radio.symbol_s
+                )
+                airtime = np.full(len(members), uplink)
+            joules += float(compute.sum() + power * airtime.sum())
+        return cfg.edge_rounds * joules
 
     def _storage(self, cell_bits: np.ndarray) -> None:
         """What each node holds: the cloud the full model, each edge server and client its submodel."""

@@ -187,8 +187,11 @@ class LightFedSL(Algorithm):
 
     def __init__(self, ctx: Context, cfg: FedSLConfig):
         super().__init__(ctx, cfg)
-        for key in ("momentum", "weight_decay"):
-            if getattr(cfg.optimizer, key):
+        for key, value in (
+            ("momentum", cfg.optimizer.momentum),
+            ("weight_decay", cfg.optimizer.weight_decay),
+        ):
+            if value:
                 raise ConfigError(f"algorithm.optimizer.{key}", "lightweight FedSL is plain SGD (Eq. 13)")
         self.knobs = self.compression()
         self.parts = build_parts(ctx, with_aux=False)

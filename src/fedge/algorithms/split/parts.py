@@ -18,7 +18,7 @@ from fedge.config import AuxConfig
 from fedge.engine import buffers_of, parameters_of
 from fedge.errors import ConfigError
 from fedge.models import SplitModel, aux_head, output_shape, split
-from fedge.rng import derive_seed, torch_rng
+from fedge.rng import global_stream, torch_rng
 from fedge.tensors import Tensors
 
 
@@ -64,8 +64,7 @@ def build_parts(ctx: Context, with_aux: bool) -> SplitParts:
     children: OrderedDict[str, nn.Module] = OrderedDict(trunk=trunk)
     if with_aux:
         spec = ctx.config.model.aux or AuxConfig()
-        with torch.random.fork_rng(devices=[]):
-            torch.manual_seed(derive_seed(ctx.seed, "aux-init"))
+        with global_stream(ctx.seed, "aux-init"):
             head = aux_head(spec.kind, shape, ctx.data.num_classes, spec.channels, spec.hidden)
         children["aux"] = head.to(ctx.device)
     return SplitParts(model, trunk, server, nn.Sequential(children), tuple(ctx.data.input_shape), shape, cut)

@@ -169,73 +169,66 @@ class SplitLearning(Algorithm):
         return 0.0 if frozen else cfg.optimizer.lr * decay, server
 
     def run_round(self, t: int) -> RoundReport:
+        rnd = self._begin(t)
+        cfg, data, count = self.cfg, self.ctx.data, len(rnd.draws)
+        plan = round_plan(
+            data, rnd.draws, t, cfg.batch_size, cfg.local_epochs, cfg.local_steps, cfg.drop_last
+        )
+        every_row = torch.arange(count, device=self.ctx.device)
+        state, samples = self.server_pass(rnd, lambda *args: self._exchange(rnd, every_row, *args))
+        rnd.keep(None, state)
+        rnd.tally.client_samples += samples
+        plan = self.step_limits(t, plan)
+        one_by_one = cfg.server_order == "client_after_client"
+        for subset in every_row.split(1) if one_by_one else [None]:
+            self._local_steps(rnd, plan, subset)
+        self._aggregate(rnd)
+        self._hold(count, rnd.nodes)
+        self._advance_clock(rnd)
+        return self._report(rnd)
+
+    def _begin(self, t: int) -> Round:
+        """Round ``t``'s participants with the global client model broadcast to them."""
         ctx, cfg = self.ctx, self.cfg
-        draws = draw(
-            ctx.seed, t, ctx.data.num_clients, cfg.participation, cfg.clients_per_round, cfg.duplicates
-        )
+        m = ctx.data.num_clients
+        draws = draw(ctx.seed, t, m, cfg.participation, cfg.clients_per_round, cfg.duplicates)
         sizes = ctx.data.client_sizes(draws.clients)
-        weights = aggregation_weights(
-            draws, sizes, cfg.aggregation, cfg.aggregate_divisor, ctx.data.num_clients
-        )
+        weights = aggregation_weights(draws, sizes, cfg.aggregation, cfg.aggregate_divisor, m)
         lr_client, lr_server = self.learning_rates(t)
+        rows = ClientBank(tuple(int(c) for c in draws.clients), {})
+        keys = ctx.executor.phase_keys(draws.clients)
         rnd = Round(
-            t,
-            draws,
-            nodes.clients(draws.clients),
-            weights.to(ctx.device),
-            lr_client,
-            lr_server,
-            ClientBank(tuple(int(c) for c in draws.clients), {}),
-            ctx.executor.phase_keys(draws.clients),
+            t, draws, nodes.clients(draws.clients), weights.to(ctx.device), lr_client, lr_server, rows, keys,
             Tally.zeros(len(draws), ctx.device),
-        )
+        )  # fmt: skip
         self.parts.model.train()
         self.parts.local.train()
         self._download(rnd)
         opt_state = stack_copies(self.client_sgd.init(self.client["params"]), len(draws))
-        rnd.rows.adopt(rnd.rows.params, rnd.rows.buffers, opt_state, owned=False)
-        plan = round_plan(
-            ctx.data, draws, t, cfg.batch_size, cfg.local_epochs, cfg.local_steps, cfg.drop_last
-        )
-        all_rows = torch.arange(len(draws), device=ctx.device)
-        state, samples = self.server_pass(rnd, lambda *args: self._exchange(rnd, all_rows, *args))
-        rnd.keep(None, state)
-        rnd.tally.client_samples += samples
-        plan = self.step_limits(t, plan)
-        if cfg.server_order == "client_after_client":
-            for r in range(len(draws)):
-                self._local_steps(rnd, plan, torch.tensor([r], device=ctx.device))
-        else:
-            self._local_steps(rnd, plan, None)
-        self._aggregate(rnd)
-        self._hold(len(draws), rnd.nodes)
+        rows.adopt(rows.params, rows.buffers, opt_state, owned=False)
+        return rnd
+
+    def _advance_clock(self, rnd: Round) -> None:
+        """The round's simulated latency and energy from its per-row bits and samples."""
+        tally, system = rnd.tally, self.ctx.system
+        per_row = (tally.up_bits, tally.down_bits, tally.client_samples, tally.server_samples)
+        cost = round_cost(system, rnd.t, rnd.draws.clients, *per_row, self.flops, self.server.in_turn)
+        system.clock.advance(*cost)
+
+    def _report(self, rnd: Round) -> RoundReport:
+        """The round's training loss and traffic figures; the run's totals move on."""
         tally = rnd.tally
-        ctx.system.clock.advance(
-            *round_cost(
-                ctx.system,
-                t,
-                draws.clients,
-                tally.up_bits,
-                tally.down_bits,
-                tally.client_samples,
-                tally.server_samples,
-                self.flops,
-                shared_server=self.server.in_turn,
-            )
-        )
         self.totals["uploads"] += tally.uploads
         self.totals["server_steps"] += tally.uploads
-        return RoundReport(
-            tally.mean_loss(weights),
-            {
-                "server_loss": tally.server_loss / max(tally.uploads, 1),
-                "participants": len(draws),
-                "uploads": tally.uploads,
-                "uploads_total": self.totals["uploads"],
-                "server_steps_total": self.totals["server_steps"],
-                "lr": lr_client,
-            },
-        )
+        figures = {
+            "server_loss": tally.server_loss / max(tally.uploads, 1),
+            "participants": len(rnd.draws),
+            "uploads": tally.uploads,
+            "uploads_total": self.totals["uploads"],
+            "server_steps_total": self.totals["server_steps"],
+            "lr": rnd.lr_client,
+        }
+        return RoundReport(tally.mean_loss(rnd.weights), figures)
 
     def _local_steps(self, rnd: Round, plan: BatchPlan, subset: torch.Tensor | None) -> None:
         """Every local step of the rows ``subset`` (all rows for None), with its server traffic."""

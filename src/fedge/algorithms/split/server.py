@@ -66,15 +66,12 @@ class SplitServer(ABC):
     """
 
     in_turn: ClassVar[bool] = False
+    state_fields: ClassVar[tuple[str, ...]] = ("params", "buffers")
 
-    def __init__(
-        self, module: nn.Module, params: Tensors, buffers: Tensors, sgd: SGD, clip_norm: float | None
-    ):
-        self.module = module
+    def __init__(self, params: Tensors, buffers: Tensors, sgd: SGD):
         self.params = params
         self.buffers = buffers
         self.sgd = sgd
-        self.clip_norm = clip_norm
 
     @abstractmethod
     def begin(self, count: int) -> None:
@@ -102,10 +99,11 @@ class SplitServer(ABC):
         return self.params, self.buffers
 
     def state_dict(self) -> dict[str, Any]:
-        return {"params": self.params, "buffers": self.buffers}
+        return {name: getattr(self, name) for name in self.state_fields}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
-        self.params, self.buffers = state["params"], state["buffers"]
+        for name in self.state_fields:
+            setattr(self, name, state[name])
 
 
 class ServerCopies(SplitServer):
@@ -114,6 +112,8 @@ class ServerCopies(SplitServer):
     ``evaluate_with`` chooses the server model of evaluation: the average of the copies (``avg``) or the
     first participant's copy before averaging (``copy0``).
     """
+
+    state_fields = (*SplitServer.state_fields, "first_copy")
 
     def __init__(
         self,
@@ -125,7 +125,7 @@ class ServerCopies(SplitServer):
         executor: Executor,
         evaluate_with: str = "avg",
     ):
-        super().__init__(module, params, buffers, sgd, clip_norm)
+        super().__init__(params, buffers, sgd)
         self.executor = executor
         self.evaluate_with = evaluate_with
         self.steps = {
@@ -171,13 +171,6 @@ class ServerCopies(SplitServer):
     def evaluation_model(self) -> tuple[Tensors, Tensors]:
         return self.first_copy or (self.params, self.buffers)
 
-    def state_dict(self) -> dict[str, Any]:
-        return {**super().state_dict(), "first_copy": self.first_copy}
-
-    def load_state_dict(self, state: dict[str, Any]) -> None:
-        super().load_state_dict(state)
-        self.first_copy = state["first_copy"]
-
 
 class MeanGradientServer(ServerCopies):
     """One server model stepped with the mean of its rows' gradients (lightweight FedSL, Eq. 7).
@@ -207,11 +200,12 @@ class SharedServer(SplitServer):
     """
 
     in_turn = True
+    state_fields = (*SplitServer.state_fields, "opt_state")
 
     def __init__(
         self, module: nn.Module, params: Tensors, buffers: Tensors, sgd: SGD, clip_norm: float | None
     ):
-        super().__init__(module, params, buffers, sgd, clip_norm)
+        super().__init__(params, buffers, sgd)
         self.opt_state = sgd.init(params)
         self.steps = {
             grad: make_server_step(module, sgd, clip_norm, grad, vmappable=False) for grad in (False, True)
@@ -241,10 +235,3 @@ class SharedServer(SplitServer):
 
     def models_held(self, count: int) -> int:
         return 1
-
-    def state_dict(self) -> dict[str, Any]:
-        return {**super().state_dict(), "opt_state": self.opt_state}
-
-    def load_state_dict(self, state: dict[str, Any]) -> None:
-        super().load_state_dict(state)
-        self.opt_state = state["opt_state"]
