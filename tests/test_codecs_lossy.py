@@ -8,10 +8,11 @@ import pytest
 import torch
 
 from fedge.comm import (
+    Ledger,
+    Network,
     apply_dropout,
     dropout_mask,
     get_codec,
-    kept_bits,
     sparse_bits,
     stochastic_quantize,
     variance_bound,
@@ -76,7 +77,9 @@ def test_dropout_is_unbiased_and_sends_kept_entries_only():
     std_error = dropped.std(dim=0) / 100
     assert bool(((dropped.mean(dim=0) - a).abs() <= 3.5 * std_error + 1e-9).all())
     assert abs(float(masks.mean()) - (1 - p)) < 0.01
-    assert kept_bits(masks[0]) == 32 * int(masks[0].sum())
+    link = Network(Ledger()).link("fp32")
+    sent = link.send(1, "client:0", "server", "smashed_up", {"z": dropped[:1]}, stacked=True, keep=masks[:1])
+    assert sent.bits.tolist() == [32 * int(masks[0].sum())]
 
 
 def test_dropout_p0_is_identity_and_backward_scales_by_the_mask():

@@ -67,3 +67,67 @@ def test_ledger_names_kinds_nodes_and_peak_storage():
     restored = Ledger()
     restored.load_state_dict(ledger.state_dict())
     assert restored.kinds() == ledger.kinds() and restored.peak_storage() == {"client:0": 150}
+
+
+def test_a_link_counts_the_real_rows_and_records_one_entry_per_sender():
+    from fedge.comm import Network, nodes
+
+    network = Network(Ledger())
+    link = network.link("fp16")
+    z = torch.randn(3, 4, 5)
+    lengths = torch.tensor([4, 0, 2])
+    sent = link.send(
+        1, nodes.clients(range(3)), nodes.SERVER, "smashed_up", {"z": z}, stacked=True, lengths=lengths
+    )
+    assert sent.bits.tolist() == [4 * 5 * 16, 0, 2 * 5 * 16]  # the idle row sends nothing
+    assert torch.equal(sent.payload["z"], z.half().float())  # what the receiver decodes
+    csv = network.ledger.to_csv().splitlines()[1:]
+    assert csv == ["1,client:0,server,smashed_up,up,320", "1,client:2,server,smashed_up,up,160"]
+
+
+def test_a_link_counts_kept_entries_broadcasts_and_fan_out():
+    from fedge.comm import Network, nodes
+
+    network = Network(Ledger())
+    link = network.link("fp32")
+    keep = torch.zeros(2, 3, 4)
+    keep[0, :2] = 1
+    keep[1, 0, :1] = 1
+    kept = link.send(
+        1,
+        nodes.clients([5, 6]),
+        nodes.SERVER,
+        "smashed_up",
+        {"z": torch.ones(2, 3, 4)},
+        stacked=True,
+        keep=keep,
+    )
+    assert kept.bits.tolist() == [8 * 32, 1 * 32]
+    model = {"w": torch.zeros(10), "b": torch.zeros(2)}
+    down = link.send(2, nodes.SERVER, nodes.clients([1, 2, 3]), "model_down", model)
+    assert down.bits.tolist() == [12 * 32] and network.ledger.total_bits("down") == 3 * 12 * 32
+    rows = {"w": torch.ones(2, 10)}
+    link.send(
+        3,
+        nodes.clients([0, 0, 1]),
+        nodes.clients([1, 2, 0]),
+        "peer_model",
+        rows,
+        stacked=True,
+        row_of=[0, 0, 1],
+    )
+    assert network.ledger.totals()[("peer_model", "peer")] == 3 * 10 * 32
+
+
+def test_storage_is_metered_by_the_codec_and_plain_state_at_fp32():
+    from fedge.comm import Network, nodes, state_bits
+
+    network = Network(Ledger())
+    sparse = network.link("sparse")
+    pruned = {"w": torch.tensor([[0.0, 0.0, 0.0, 1.0], [1.0, 2.0, 3.0, 4.0]])}
+    held = sparse.store(nodes.clients([0, 1]), "model", pruned, stacked=True)
+    assert held.tolist() == [1 * (32 + 2), 4 * 32]  # a coordinate list beats dense for one non-zero
+    state = {"w": torch.zeros(3, 3), "steps": torch.zeros((), dtype=torch.int64)}
+    network.hold(nodes.SERVER, "model", state)
+    assert network.ledger.storage["server"]["model"] == state_bits(state) == 9 * 32
+    assert network.ledger.peak_storage()["client:1"] == 128

@@ -284,3 +284,73 @@ def test_host_settings_apply_threads_and_the_allocator_switch():
         torch.set_num_threads(before)
     assert retain_freed_memory()
     assert 1 <= available_cores() <= (os.cpu_count() or 1)
+
+
+def dropout_mlp(p: float = 0.5) -> nn.Module:
+    return nn.Sequential(nn.Flatten(), nn.Linear(36, 16), nn.ReLU(), nn.Dropout(p), nn.Linear(16, 3))
+
+
+def test_dropout_draws_the_same_keyed_masks_on_both_executors():
+    from fedge.engine import NoiseStreams
+
+    data = make_data([17, 9, 23, 12])
+    model = dropout_mlp()
+    params = parameters_of(model)
+    sgd = SGD(momentum=0.9)
+    step = make_step(classification_loss(model), sgd)
+    plan = data.batch_plan(range(4), 1, 2, 5)
+    trained = []
+    for executor in (SequentialExecutor(), BatchedExecutor(chunk_clients=3)):
+        executor.noise = NoiseStreams(seed=7, device=torch.device("cpu"))
+        executor.noise.open("train", 1)
+        bank = ClientBank.broadcast(range(4), params, {}, sgd.init(params))
+        model.train()
+        executor.train(step, bank, plan, data, 0.1)
+        trained.append(bank.params)
+    assert max_diff(trained[0], trained[1]) < 1e-6
+    without = ClientBank.broadcast(range(4), params, {}, sgd.init(params))
+    SequentialExecutor().train(step, without, plan, data, 0.1)  # torch's own dropout: other masks
+    assert max_diff(trained[0], without.params) > 1e-3
+
+
+def test_keyed_dropout_drops_its_share_and_differs_by_client_step_and_layer():
+    from fedge.engine.noise import NoiseStreams, keyed_noise
+
+    streams = NoiseStreams(seed=3, device=torch.device("cpu"))
+    streams.open("train", 1)
+    keys = streams.next_phase([0, 1, 1])
+    assert len(set(keys.base.tolist())) == 3  # a repeated client gets a key of its own
+    x = torch.ones(4000)
+    with keyed_noise(keys.at(0)[0]):
+        a, b = torch.nn.functional.dropout(x, 0.3), torch.nn.functional.dropout(x, 0.3)
+    with keyed_noise(keys.at(0)[0]):
+        again = torch.nn.functional.dropout(x, 0.3)
+    with keyed_noise(keys.at(1)[0]):
+        next_step = torch.nn.functional.dropout(x, 0.3)
+    assert torch.equal(a, again)  # a pure function of the key and the layer's place
+    assert abs(float((a == 0).float().mean()) - 0.3) < 0.03
+    assert torch.allclose(a[a != 0], torch.full_like(a[a != 0], 1 / 0.7))
+    assert not torch.equal(a, b) and not torch.equal(a, next_step)
+    with keyed_noise(keys.at(0)[0]):
+        assert torch.equal(torch.nn.functional.dropout(x, 0.3, training=False), x)
+
+
+def test_the_sequential_executor_names_the_client_and_step_that_failed():
+    from fedge.engine import ClientFailed
+
+    data = make_data([8, 8, 8])
+    model = nn.Sequential(nn.Flatten(), nn.Linear(36, 3))
+    params = parameters_of(model)
+    base = make_step(classification_loss(model), SGD())
+
+    data.x_train[torch.as_tensor(data.client_train[2])] = 1e6  # only client 2's samples trip the step
+
+    def failing(params, buffers, opt_state, x, y, weight, lr):
+        if float(x.max()) > 1e5:
+            raise FloatingPointError("boom")
+        return base(params, buffers, opt_state, x, y, weight, lr)
+
+    bank = ClientBank(tuple(range(3)), {k: v.expand(3, *v.shape).clone() for k, v in params.items()})
+    plan = data.batch_plan(range(3), 1, 1, 4)
+    with pytest.raises(ClientFailed, match=r"client 2, local step 0: FloatingPointError: boom"):
+        SequentialExecutor().train(failing, bank, plan, data, 0.1)

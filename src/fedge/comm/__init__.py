@@ -2,7 +2,7 @@
 
 from fedge.comm import nodes
 from fedge.comm.codecs import Codec, Encoded, FloatCodec
-from fedge.comm.dropout import apply_dropout, dropout_mask, kept_bits
+from fedge.comm.dropout import apply_dropout, dropout_mask
 from fedge.comm.ledger import Ledger
 from fedge.comm.link import Link, Network, Sent, state_bits
 from fedge.comm.nodes import direction
@@ -25,7 +25,6 @@ __all__ = [
     "direction",
     "dropout_mask",
     "get_codec",
-    "kept_bits",
     "nodes",
     "sparse_bits",
     "state_bits",

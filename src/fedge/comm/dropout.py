@@ -22,8 +22,3 @@ def apply_dropout(activations: torch.Tensor, mask: torch.Tensor, p: float) -> to
     if p == 0.0:
         return activations
     return activations * mask.to(activations.dtype) / (1.0 - p)
-
-
-def kept_bits(mask: torch.Tensor, value_bits: int = 32) -> int:
-    """Bits of the kept entries only (the mask itself is derived from the shared seed, not sent)."""
-    return int(torch.count_nonzero(mask)) * value_bits
