@@ -87,6 +87,7 @@ def test_batched_and_sequential_executors_agree(tmp_path, variant):
                 continue
             assert a[key] == pytest.approx(b[key], abs=1e-4), key
         assert a["bits_by_kind"] == b["bits_by_kind"]
+        assert (a["sim_seconds"], a["sim_joules"]) == (b["sim_seconds"], b["sim_joules"])
     pa, pb = final_params(batched), final_params(sequential)
     assert max(float((pa[k] - pb[k]).abs().max()) for k in pa) < 1e-4
     assert 0.0 < batched.metrics[-1]["accuracy"] <= 1.0

@@ -50,6 +50,15 @@ def test_latency_and_energy_of_a_known_payload():
     assert compute_energy(2e9, 1.0, 1e9, 1e-28) == pytest.approx(1e-28 * 1e18 * 2e9)
 
 
+def test_a_peer_send_costs_an_upload_of_the_same_bits_on_the_senders_uplink():
+    system = linspace_system()
+    bits = np.array([8e6, 0.0, 4e6])
+    peer = system.peer_send(np.arange(3), bits, 1)
+    assert peer.seconds == pytest.approx(bits / (np.array([65.63, 46.84, 35.88]) * 1e6), rel=2e-3)
+    assert peer.joules == pytest.approx(dbm_to_watt(23.0) * peer.seconds)
+    assert peer.seconds[1] == 0.0
+
+
 def test_parallel_clients_takes_the_slowest_sum_and_all_energy():
     a = PhaseCost(np.array([1.0, 2.0]), np.array([0.5, 0.5]))
     b = PhaseCost(np.array([3.0, 1.0]), np.array([1.0, 2.0]))

@@ -76,6 +76,16 @@ class SystemModel:
         seconds = np.asarray(bits, dtype=np.float64) / self.link(round_).down_bps[np.asarray(clients)]
         return PhaseCost(seconds, self.server_power_w * seconds)
 
+    def peer_send(self, clients: np.ndarray, bits: np.ndarray, round_: int) -> PhaseCost:
+        """Clients sending ``bits`` each to their peers, one message after another.
+
+        No paper of the decentralized family gives a device-to-device channel; ours (docs/decisions.md,
+        "Simulated time of a peer-to-peer round") is each client's own uplink sub-channel at its uplink
+        rate and transmit power, so a peer send costs what an upload of the same bits costs. Receiving
+        costs the receiver nothing.
+        """
+        return self.upload(clients, bits, round_)
+
     def client_compute(self, flops: np.ndarray) -> PhaseCost:
         """Clients executing ``flops`` each on their CPUs."""
         cfg = self.cfg

@@ -49,10 +49,9 @@ class Afind(PeerAlgorithm):
 
     def __init__(self, ctx: Context, cfg: AfindConfig):
         super().__init__(ctx, cfg)
-        self.selector = AfindSelector(self, cfg, cfg.peers)
+        self.selector = AfindSelector(self.view(), cfg, cfg.peers)
 
-    def run_round(self, t: int) -> RoundReport:
-        self.round = t
+    def peer_round(self, t: int) -> RoundReport:
         batches = self.probes(t)
         plan = self.selector.begin(t, batches)
         if self.cfg.neighbor_mode == "literal":

@@ -13,11 +13,14 @@ every layer is shared (the FedAvg-FT backbone the paper's experiments use, App. 
 Local optimizer state is fresh every round (as in FedAvg); every transfer goes through a peer link
 (direction "peer"; kinds ``peer_model``, ``model_request``, ``proxy``, ``loss``). Every client's message
 of one kind has the same size (a model's shared part, a proxy vector, a loss), so an exchange is
-counted from one client's encoded message on every pair that carries it.
+counted from one client's encoded message on every pair that carries it. Each round advances the
+simulated clock by its compute and sends (:mod:`~fedge.algorithms.decentralized.latency`); selection
+components see the host through a :class:`~fedge.algorithms.decentralized.view.PeerView`.
 """
 
 from __future__ import annotations
 
+from abc import abstractmethod
 from collections.abc import Sequence
 from typing import Annotated, ClassVar, Literal
 
@@ -26,8 +29,10 @@ import torch
 from pydantic import Field, NonNegativeInt, PositiveInt
 
 from fedge.algorithms.base import Algorithm, Context
+from fedge.algorithms.decentralized.latency import RoundWork, peer_round_cost
 from fedge.algorithms.decentralized.probes import ProbeBatches, gather, pair_losses, probe_batches
 from fedge.algorithms.decentralized.topology import TopologyConfig, build_topology
+from fedge.algorithms.decentralized.view import PeerView
 from fedge.comm import Link, nodes
 from fedge.config import AlgorithmConfig, SGDConfig
 from fedge.engine import SGD, ClientBank, buffers_of, classification_loss, make_step, parameters_of
@@ -35,9 +40,10 @@ from fedge.engine.mixing import mix
 from fedge.engine.personal import evaluate_clients, fine_tuned
 from fedge.engine.step import StepFn
 from fedge.errors import ConfigError
-from fedge.metrics import Evaluation
+from fedge.metrics import Evaluation, RoundReport
 from fedge.models import split
 from fedge.rng import numpy_rng
+from fedge.system import forward_flops
 from fedge.tensors import Tensors, floating, rows
 
 
@@ -83,7 +89,11 @@ def sample_peers(seed: int, purpose: str, round_: int, allowed: np.ndarray, k: i
 
 
 class PeerAlgorithm(Algorithm):
-    """Base of the decentralized family: the client bank, local training, mixing, peer links, evaluation."""
+    """Base of the decentralized family: the client bank, local training, mixing, peer links, evaluation.
+
+    Subclasses implement :meth:`peer_round`; :meth:`run_round` wraps it with the round's work tally and
+    the simulated clock.
+    """
 
     cfg: PeerConfig
     state_fields: ClassVar[tuple[str, ...]] = ("round", "bank")
@@ -106,7 +116,45 @@ class PeerAlgorithm(Algorithm):
         self.dense = ctx.network.link("fp32")  # requests, proxies, losses and dense models
         self.models: Link = self.dense  # how trained models travel
         self.round = 0
+        self.flops_per_sample = forward_flops(self.model, ctx.data.input_shape)
+        self.work = RoundWork(n)
         ctx.network.hold(nodes.clients(range(n)), "model", {**params, **buffers})
+
+    # ----- the round -------------------------------------------------------------------------------
+    def run_round(self, t: int) -> RoundReport:
+        """Round ``t`` (:meth:`peer_round`), then the clock advanced by its compute and sends."""
+        self.round = t
+        self.work = RoundWork(self.num_clients)
+        report = self.peer_round(t)
+        self.ctx.system.clock.advance(*peer_round_cost(self.ctx.system, t, self.work, self.flops_per_sample))
+        return report
+
+    @abstractmethod
+    def peer_round(self, t: int) -> RoundReport:
+        """Train, choose peers, exchange and mix for round ``t``; report its training loss and figures."""
+
+    def view(self) -> PeerView:
+        """The narrow view a selection component gets of this host (read at call time)."""
+        return PeerView(
+            neighbours=self.neighbours,
+            seed=self.ctx.seed,
+            model=self.model,
+            data=self.ctx.data,
+            private=frozenset(self.private),
+            current=lambda: (self.bank.params, self.bank.buffers),
+            shared=self.shared,
+            losses_on=self.losses_on,
+            random_peers=self.random_peers,
+            count_probes=self.count_probes,
+            request=self.request_models,
+            reply=self.send_models,
+            report=self.exchange,
+        )
+
+    def count_probes(self, clients: torch.Tensor, batches: ProbeBatches, backward: bool) -> None:
+        """Tally one pass over their probe batch by each of ``clients`` (backward too if ``backward``)."""
+        samples = batches.weight[clients].sum(dim=1)
+        self.work.compute(clients.cpu().numpy(), samples.double().cpu().numpy(), backward)
 
     # ----- parameters -------------------------------------------------------------------------------
     def _head_names(self) -> set[str]:
@@ -152,7 +200,9 @@ class PeerAlgorithm(Algorithm):
         pairs: tuple[torch.Tensor, torch.Tensor, torch.Tensor],
         batches: ProbeBatches,
     ) -> torch.Tensor:
-        """Probe-batch losses of rows ``(shared_from, private_from, data_from)`` (see ``pair_losses``)."""
+        """Probe-batch losses of rows ``(shared_from, private_from, data_from)`` (see ``pair_losses``),
+        each a forward pass by the client ``data_from`` whose batch it uses."""
+        self.count_probes(pairs[2], batches, backward=False)
         return pair_losses(self.model, params, buffers, self.private, pairs, self.ctx.data, batches)
 
     # ----- training --------------------------------------------------------------------------------
@@ -200,6 +250,8 @@ class PeerAlgorithm(Algorithm):
         bank = ClientBank(tuple(int(o) for o in owners), train, {**buffers, **frozen, **(extra or {})})
         bank.opt_state = self.sgd.init(train)
         plan = self.ctx.data.batch_plan(bank.clients, t, epochs, cfg.batch_size, cfg.drop_last, purpose)
+        samples = plan.weight.sum(dim=(1, 2)).double().cpu().numpy()
+        self.work.compute(np.asarray(bank.clients), samples, backward=True)
         losses = self.ctx.executor.train(step or self.step, bank, plan, self.ctx.data, cfg.optimizer.lr)
         new_params = {k: bank.params[k] if k in train else bank.buffers[k] for k in params}
         new_buffers = {k: bank.buffers[k] for k in buffers}
@@ -237,12 +289,22 @@ class PeerAlgorithm(Algorithm):
         to_requester: bool = True,
     ) -> int:
         """Send ``message`` over ``link`` (default: the dense link) for every boolean ``pairs[i, j]``:
-        j → i when ``to_requester``, else i → j. Returns the number of transfers."""
+        j → i when ``to_requester``, else i → j; each sender is charged the bits the link reports.
+        Returns the number of transfers."""
         i, j = np.nonzero(np.asarray(torch.as_tensor(pairs).cpu()))
         if len(i):
             src, dst = (j, i) if to_requester else (i, j)
-            (link or self.dense).send(t, nodes.clients(src), nodes.clients(dst), kind, message)
+            sent = (link or self.dense).send(t, nodes.clients(src), nodes.clients(dst), kind, message)
+            self.work.send(src, np.repeat(sent.bits, len(src)))
         return len(i)
+
+    def request_models(self, t: int, pairs: np.ndarray | torch.Tensor) -> int:
+        """Requester i sends its shared model (dense) to j for every ``pairs[i, j]`` (``model_request``)."""
+        return self.exchange(t, pairs, "model_request", self.dense_message(), to_requester=False)
+
+    def send_models(self, t: int, pairs: np.ndarray | torch.Tensor) -> int:
+        """j sends its trained model to i over :attr:`models` for every ``pairs[i, j]`` (``peer_model``)."""
+        return self.exchange(t, pairs, "peer_model", self.model_message(), self.models)
 
     # ----- evaluation and state --------------------------------------------------------------------
     def evaluate(self) -> Evaluation:

@@ -68,7 +68,7 @@ class DisPFL(PeerAlgorithm):
 
     def __init__(self, ctx: Context, cfg: DisPFLConfig):
         super().__init__(ctx, cfg)
-        self.choice = PeerChoice(self, cfg.peer_selection, cfg.afind)
+        self.choice = PeerChoice(self.view(), cfg.peer_selection, cfg.afind, cfg.peers)
         self.step = make_step(self._masked_loss, self.sgd)
         shapes = {k: tuple(v.shape[1:]) for k, v in self.bank.params.items() if v.dim() > 2}
         self.densities = erk_densities(shapes, cfg.density)
@@ -112,7 +112,8 @@ class DisPFL(PeerAlgorithm):
         return loss, {**state, **masks}
 
     def _dense_grads(self, params: Tensors, buffers: Tensors, batches: ProbeBatches) -> Tensors:
-        """Gradient of each client's loss on its probe batch w.r.t. its (masked) weights, dense."""
+        """Gradient of each client's loss on its probe batch w.r.t. its (masked) weights, dense (a forward
+        and backward pass by every client on its own probe batch)."""
 
         def one(p: Tensors, b: Tensors, ix: torch.Tensor, w: torch.Tensor) -> Tensors:
             def loss(q: Tensors) -> torch.Tensor:
@@ -122,6 +123,7 @@ class DisPFL(PeerAlgorithm):
 
             return grad(loss)({k: p[k] for k in self.masks})
 
+        self.count_probes(torch.arange(self.num_clients, device=self.ctx.device), batches, backward=True)
         self.model.eval()
         try:
             return vmap(one)(params, buffers, batches.index, batches.weight)
@@ -151,8 +153,7 @@ class DisPFL(PeerAlgorithm):
             self.masks[name] = new.reshape(mask.shape)
         return alpha
 
-    def run_round(self, t: int) -> RoundReport:
-        self.round = t
+    def peer_round(self, t: int) -> RoundReport:
         own = torch.arange(self.num_clients, device=self.ctx.device)
         batches = self.probes(t)
         plan = self.choice.begin(t, batches)

@@ -45,7 +45,7 @@ class Ditto(PeerAlgorithm):
 
     def __init__(self, ctx: Context, cfg: DittoConfig):
         super().__init__(ctx, cfg)
-        self.choice = PeerChoice(self, cfg.peer_selection, cfg.afind)
+        self.choice = PeerChoice(self.view(), cfg.peer_selection, cfg.afind, cfg.peers)
         self.personal_bank = ClientBank(
             self.bank.clients,
             {k: v.clone() for k, v in self.bank.params.items()},
@@ -68,8 +68,7 @@ class Ditto(PeerAlgorithm):
             **{k: v for k, v in buffers.items() if k.startswith(ANCHOR)},
         }
 
-    def run_round(self, t: int) -> RoundReport:
-        self.round = t
+    def peer_round(self, t: int) -> RoundReport:
         own = torch.arange(self.num_clients, device=self.ctx.device)
         batches = self.probes(t)
         plan = self.choice.begin(t, batches)

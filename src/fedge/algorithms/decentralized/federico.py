@@ -64,8 +64,7 @@ class Federico(PeerAlgorithm):
         random = torch.as_tensor(self.random_peers(t), device=device)
         return torch.where(torch.as_tensor(explore, device=device)[:, None], random, greedy)
 
-    def run_round(self, t: int) -> RoundReport:
-        self.round = t
+    def peer_round(self, t: int) -> RoundReport:
         n = self.num_clients
         own = torch.arange(n, device=self.ctx.device)
         params, buffers = self.rows(own)
@@ -81,5 +80,5 @@ class Federico(PeerAlgorithm):
         self.seen |= scored
         weights = boltzmann_weights(self.loss, scored, 1.0)
         self.bank.adopt(*self.mixed(weights, params, buffers), owned=False)
-        self.exchange(t, chosen, "peer_model", self.model_message(), self.models)
+        self.send_models(t, chosen)
         return RoundReport(float(losses.double().mean()), selection_metrics(chosen))

@@ -28,12 +28,11 @@ class GossipConfig(PeerConfig):
 class Gossip(PeerAlgorithm):
     """Random peers, uniform weights (own model included): one ``[n, n]`` mixing product per round."""
 
-    def run_round(self, t: int) -> RoundReport:
-        self.round = t
+    def peer_round(self, t: int) -> RoundReport:
         own = torch.arange(self.num_clients, device=self.ctx.device)
         params, buffers = self.rows(own)
         params, buffers, losses = self.train_rows(params, buffers, own.tolist(), t)
         chosen = torch.as_tensor(self.random_peers(t), device=self.ctx.device)
         self.bank.adopt(*self.mixed(uniform_rows(chosen), params, buffers), owned=False)
-        self.exchange(t, chosen, "peer_model", self.model_message(), self.models)
+        self.send_models(t, chosen)
         return RoundReport(float(losses.double().mean()), selection_metrics(chosen))

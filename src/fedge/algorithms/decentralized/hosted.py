@@ -9,7 +9,7 @@ are measured at the requester's model). Host-specific parts stay the host's.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any, Literal
+from typing import Any, Literal
 
 import torch
 from pydantic import Field
@@ -17,12 +17,10 @@ from pydantic import Field
 from fedge.algorithms.decentralized.probes import ProbeBatches
 from fedge.algorithms.decentralized.scores import selection_metrics
 from fedge.algorithms.decentralized.selector import AfindSelector, Plan, SelectorConfig
+from fedge.algorithms.decentralized.view import PeerView
 from fedge.config import StrictModel
 from fedge.engine.mixing import uniform_rows
 from fedge.tensors import Tensors
-
-if TYPE_CHECKING:
-    from fedge.algorithms.decentralized.common import PeerAlgorithm
 
 
 class HostedConfig(StrictModel):
@@ -33,11 +31,16 @@ class HostedConfig(StrictModel):
 
 
 class PeerChoice:
-    """Random peers with uniform weights, or an :class:`AfindSelector`, behind one begin/weights/end API."""
+    """Random peers with uniform weights, or an :class:`AfindSelector`, behind one begin/weights/end API.
 
-    def __init__(self, host: PeerAlgorithm, selection: str, cfg: SelectorConfig):
-        self.host = host
-        self.selector = AfindSelector(host, cfg, host.cfg.peers) if selection == "afind" else None
+    ``peers`` is the host's number of random peers (also the count of AFIND+'s ``topk`` and ``random``
+    selections).
+    """
+
+    def __init__(self, view: PeerView, selection: str, cfg: SelectorConfig, peers: int):
+        self.view = view
+        self.peers = peers
+        self.selector = AfindSelector(view, cfg, peers) if selection == "afind" else None
         self.chosen: torch.Tensor | None = None
 
     def begin(self, t: int, batches: ProbeBatches) -> Plan | None:
@@ -46,7 +49,7 @@ class PeerChoice:
             plan = self.selector.begin(t, batches)
             self.chosen = plan.chosen
             return plan
-        self.chosen = torch.as_tensor(self.host.random_peers(t), device=self.host.ctx.device)
+        self.chosen = torch.as_tensor(self.view.random_peers(t, self.peers), device=self.view.device)
         return None
 
     def weights(
@@ -61,8 +64,7 @@ class PeerChoice:
         """Send the exchange's messages and return the round's selection metrics."""
         if self.selector is not None and plan is not None:
             return self.selector.end(t, plan)
-        host = self.host
-        host.exchange(t, self.chosen, "peer_model", host.model_message(), host.models)
+        self.view.reply(t, self.chosen)
         return selection_metrics(self.chosen)
 
     def state_dict(self) -> dict[str, Any]:

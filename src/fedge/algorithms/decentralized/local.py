@@ -21,8 +21,7 @@ class LocalConfig(PeerConfig):
 class Local(PeerAlgorithm):
     """The no-collaboration reference of the decentralized family."""
 
-    def run_round(self, t: int) -> RoundReport:
-        self.round = t
+    def peer_round(self, t: int) -> RoundReport:
         own = torch.arange(self.num_clients, device=self.ctx.device)
         params, buffers = self.rows(own)
         params, buffers, losses = self.train_rows(params, buffers, own.tolist(), t)

@@ -47,8 +47,7 @@ class Pens(PeerAlgorithm):
         self.counts = torch.zeros(n, n, dtype=torch.int64, device=ctx.device)
         self.friends: torch.Tensor | None = None
 
-    def run_round(self, t: int) -> RoundReport:
-        self.round = t
+    def peer_round(self, t: int) -> RoundReport:
         own = torch.arange(self.num_clients, device=self.ctx.device)
         params, buffers = self.rows(own)
         params, buffers, losses = self.train_rows(params, buffers, own.tolist(), t)
@@ -59,13 +58,13 @@ class Pens(PeerAlgorithm):
             scores[i, j] = self.losses_on(params, buffers, (j, i, i), self.probes(t)).double()
             chosen = top_k(-scores, candidates, self.cfg.keep)
             self.counts += chosen.long()
-            self.exchange(t, candidates, "peer_model", self.model_message(), self.models)
+            self.send_models(t, candidates)
         else:
             if self.friends is None:
                 self.friends = self._friends()
             allowed = self.friends.cpu().numpy()
             chosen = torch.as_tensor(self.random_peers(t, allowed=allowed), device=own.device)
-            self.exchange(t, chosen, "peer_model", self.model_message(), self.models)
+            self.send_models(t, chosen)
         self.bank.adopt(*self.mixed(uniform_rows(chosen), params, buffers), owned=False)
         return RoundReport(float(losses.double().mean()), selection_metrics(chosen))
 

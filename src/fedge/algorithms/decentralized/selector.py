@@ -14,7 +14,7 @@ Ablation switches (Table 2): ``selection`` random (the FedAvg-FT row) / topk (+i
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Annotated, Any, Literal
+from typing import Annotated, Any, Literal
 
 import numpy as np
 import torch
@@ -33,12 +33,10 @@ from fedge.algorithms.decentralized.scores import (
     smoothed_loss,
     top_k,
 )
+from fedge.algorithms.decentralized.view import PeerView
 from fedge.config import StrictModel
 from fedge.rng import numpy_rng, torch_rng
 from fedge.tensors import Tensors
-
-if TYPE_CHECKING:
-    from fedge.algorithms.decentralized.common import PeerAlgorithm
 
 Positive = Annotated[float, Field(gt=0.0)]
 
@@ -90,21 +88,21 @@ class Plan:
 
 
 class AfindSelector:
-    """Scores, threshold and selection state of every client; probes through its host's bank.
+    """Scores, threshold and selection state of every client; probes the host's rows through its view.
 
     ``topk_count`` is the fixed count of the ``topk`` and ``random`` selections (the host's ``peers``).
     """
 
-    def __init__(self, host: PeerAlgorithm, cfg: SelectorConfig, topk_count: int):
-        self.host = host
+    def __init__(self, view: PeerView, cfg: SelectorConfig, topk_count: int):
+        self.view = view
         self.cfg = cfg
         self.topk_count = topk_count
-        n = host.num_clients
-        device = host.ctx.device
-        self.available = host.neighbours
+        n = view.num_clients
+        device = view.device
+        self.available = view.neighbours
         self.eye = torch.eye(n, dtype=torch.bool, device=device)
-        names = proxy_layer(host.model, cfg.proxy_layer)
-        self.prober = Prober(host.model, host.ctx.data.input_shape, names, host.private, cfg.proxy)
+        names = proxy_layer(view.model, cfg.proxy_layer)
+        self.prober = Prober(view.model, view.data.input_shape, names, set(view.private), cfg.proxy)
         degree = self.available.sum(dim=1, keepdim=True).clamp_min(1).double()
         self.p = self.available.double() / degree  # p_ij^0 = 1 / n_i
         self.sim = torch.zeros(n, n, dtype=torch.float64, device=device)
@@ -126,7 +124,7 @@ class AfindSelector:
             if len(options) and self.cfg.explore:
                 size = min(self.cfg.explore, len(options))
                 explore[
-                    i, numpy_rng(self.host.ctx.seed, "explore", t, i).choice(options, size, replace=False)
+                    i, numpy_rng(self.view.seed, "explore", t, i).choice(options, size, replace=False)
                 ] = True
         return self.previous | torch.as_tensor(explore, device=self.available.device)
 
@@ -136,19 +134,22 @@ class AfindSelector:
         Returns the probed pairs and the pre-training losses ``F_k(w_i, beta_k)`` on k's probe batch
         (``[n, n]``, NaN where not probed; the diagonal holds each client's own loss).
         """
-        host, n = self.host, self.host.num_clients
+        view, n = self.view, self.view.num_clients
         device = self.available.device
         probed = self.probe_set(t)
         pre = torch.full((n, n), float("nan"), dtype=torch.float64, device=device)
         if not probed.any():
             return probed, pre
-        params, buffers, data = host.bank.params, host.bank.buffers, host.ctx.data
+        (params, buffers), data = view.current(), view.data
         own = torch.arange(n, device=device)
         dp = self.cfg.dp if self.cfg.dp is not None and self.cfg.dp.target == "proxy" else None
         clip = None if dp is None else dp.clip  # own proxy clipped alike; only the shared ones get noise
         mine, own_loss = self.prober.proxies(params, buffers, own, own, own, data, batches, clip)
-        generator = torch_rng(host.ctx.seed, "dp-noise", t)
+        generator = torch_rng(view.seed, "dp-noise", t)
         i, k = probed.nonzero(as_tuple=True)
+        backward = self.cfg.proxy == "gradient"
+        view.count_probes(own, batches, backward)  # each client's own proxy, then every holder's probes
+        view.count_probes(k, batches, backward)
         if 2 * len(i) >= n * (n - 1):  # most pairs: one nested vmap over requesters x holders
             noise = None if dp is None else (dp.sigma * dp.clip, generator)
             sim, loss = self.prober.similarities(params, buffers, mine, data, batches, clip, noise)
@@ -165,8 +166,8 @@ class AfindSelector:
             self.p = full_scores(self.sim, self.available, self.cfg.upsilon)
         else:
             self.p = partial_scores(self.p, self.sim, probed, self.cfg.upsilon)
-        host.exchange(t, probed, "model_request", host.dense_message(), to_requester=False)
-        host.exchange(t, probed, "proxy", {"proxy": torch.zeros(self.prober.dim)})
+        view.request(t, probed)
+        view.report(t, probed, "proxy", {"proxy": torch.zeros(self.prober.dim)})
         return probed, pre
 
     # ----- selection and weights ------------------------------------------------------------------
@@ -174,7 +175,7 @@ class AfindSelector:
         """The coreset ``C[i, j]`` of round ``t`` and how many clients fell back to top-``k_min``."""
         cfg, available = self.cfg, self.available
         if cfg.selection == "random":
-            chosen = self.host.random_peers(t, self.topk_count)
+            chosen = self.view.random_peers(t, self.topk_count)
             return torch.as_tensor(chosen, device=available.device), 0
         if cfg.selection == "topk":
             return top_k(self.p, available, self.topk_count), 0
@@ -222,18 +223,16 @@ class AfindSelector:
         if need.any():
             i, j = need.nonzero(as_tuple=True)
             pre = pre.clone()
-            pre[i, j] = self.host.losses_on(
-                self.host.bank.params, self.host.bank.buffers, (i, j, j), batches
-            ).double()
+            pre[i, j] = self.view.losses_on(*self.view.current(), (i, j, j), batches).double()
         return pre
 
     def noisy_updates(self, start: Tensors, trained: Tensors, t: int, batch_size: int) -> Tensors:
         """``start + clip(trained - start) + N(0, sigma^2 C^2) / L`` per row over the shared tensors
         (``dp.target="update"``); other tensors are returned as trained."""
         dp = self.cfg.dp
-        names = list(self.host.shared(trained))
+        names = list(self.view.shared(trained))
         delta = torch.cat([(trained[k] - start[k]).reshape(len(trained[k]), -1) for k in names], dim=1)
-        gen = torch_rng(self.host.ctx.seed, "dp-update", t)
+        gen = torch_rng(self.view.seed, "dp-update", t)
         noise = torch.randn(delta.shape, generator=gen, dtype=delta.dtype).to(delta.device)
         noisy = clip_rows(delta, dp.clip) + noise * (dp.sigma * dp.clip / batch_size)
         out, offset = dict(trained), 0
@@ -262,19 +261,19 @@ class AfindSelector:
         """
         smoothed = torch.full_like(plan.pre, float("nan"))
         if self.cfg.aggregation == "boltzmann":
-            own = torch.arange(self.host.num_clients, device=plan.pre.device)
-            post = self.host.losses_on(params, buffers, (own, own, own), batches).double()
+            own = torch.arange(self.view.num_clients, device=plan.pre.device)
+            post = self.view.losses_on(params, buffers, (own, own, own), batches).double()
             smoothed = self.smoothed(plan.pre, post[None, :])  # column j: j's data
         return self.weights(plan.chosen, smoothed)
 
     def end(self, t: int, plan: Plan) -> dict[str, float]:
         """Update the threshold, send the exchange's messages and return the round's metrics."""
-        host, chosen = self.host, plan.chosen
+        view, chosen = self.view, plan.chosen
         self.finish(chosen)
-        host.exchange(t, chosen & ~plan.probed, "model_request", host.dense_message(), to_requester=False)
-        host.exchange(t, chosen, "peer_model", host.model_message(), host.models)
+        view.request(t, chosen & ~plan.probed)
+        view.reply(t, chosen)
         if self.cfg.aggregation == "boltzmann":
-            host.exchange(t, chosen, "loss", {"loss": torch.zeros(1)})
+            view.report(t, chosen, "loss", {"loss": torch.zeros(1)})
         return {
             **selection_metrics(chosen),
             "fallbacks": plan.fallbacks,
