@@ -261,7 +261,9 @@ class BatchedExecutor(Executor):
     temporary of a dense model; activations are not counted) fit in ``chunk_bytes``. The default,
     64 MiB, keeps 100 MLP 784-200-10 clients in one chunk; larger chunks were no faster on a 2-core
     CPU and raised the peak memory (1,000 such clients: 1.35 GB peak in chunks of 100, 1.89 GB in
-    chunks of 200, at the same speed). ``compile_step`` compiles the vmapped step with
+    chunks of 200, at the same speed). A bank of one client has nothing to batch: it trains as the
+    sequential executor does, on its real rows with the same kernels, so single-learner runs give
+    identical numbers on both. ``compile_step`` compiles the vmapped step with
     ``torch.compile`` (one compiled kernel per step object, kept for the executor's lifetime; the first
     rounds pay the compilation).
     """
@@ -299,6 +301,8 @@ class BatchedExecutor(Executor):
     def train(
         self, step: StepFn, bank: ClientBank, plan: BatchPlan, data: FederatedData, lr: float
     ) -> torch.Tensor:
+        if len(bank) == 1 and not self.compile_step:  # nothing to batch: the sequential kernels, exactly
+            return SequentialExecutor.train(self, step, bank, plan, data, lr)
         count = len(bank)
         steps = plan.steps.cpu().numpy()
         order = np.argsort(-steps, kind="stable")
