@@ -7,11 +7,10 @@ and exits with code 2; no results directory is created for it.
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Annotated, Any
+from typing import Annotated
 
 import typer
 from rich.console import Console
-from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
 import fedge
@@ -24,6 +23,7 @@ from fedge.data.sources import source_descriptions
 from fedge.errors import FedgeError
 from fedge.models import model_cut_points, model_descriptions
 from fedge.plots import plot_runs
+from fedge.progress import RunProgress
 from fedge.runner import Result, Runner, open_run, start_run
 
 EXAMPLE_INPUTS = {"cse_cifar": (3, 24, 24), "vgg": (3, 32, 32), "resnet18": (3, 32, 32), "cnn4": (3, 32, 32)}
@@ -40,23 +40,9 @@ def _fail(message: str) -> typer.Exit:
 
 
 def _run_with_progress(runner: Runner, quiet: bool) -> Result:
-    """Run the remaining rounds under a progress bar that shows the latest accuracy."""
-    with Progress(
-        TextColumn("[bold]round"),
-        MofNCompleteColumn(),
-        BarColumn(),
-        TextColumn("{task.fields[status]}"),
-        TimeElapsedColumn(),
-        console=console,
-        disable=quiet,
-    ) as progress:
-        task = progress.add_task("rounds", total=runner.config.rounds, completed=runner.start, status="")
-
-        def on_round(t: int, row: dict[str, Any] | None) -> None:
-            status = f"acc {100 * row['accuracy']:.2f}%  {row['mb_total']:.2f} MB" if row else None
-            progress.update(task, completed=t, **({"status": status} if status else {}))
-
-        runner.on_round = on_round
+    """Run the remaining rounds, showing round, accuracy and MB (a bar, or plain lines when piped)."""
+    with RunProgress(console, runner.config.rounds, runner.start, quiet) as progress:
+        runner.on_round = progress
         return runner.run()
 
 

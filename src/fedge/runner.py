@@ -18,7 +18,7 @@ from typing import Any
 
 import torch
 
-from fedge import results
+from fedge import records, results, stop
 from fedge.algorithms import ALGORITHMS, Algorithm, Context
 from fedge.comm import Ledger
 from fedge.config import RunConfig, load_config
@@ -27,11 +27,13 @@ from fedge.data.partition import partition_test, partition_train
 from fedge.data.sources import load_dataset
 from fedge.engine import make_executor
 from fedge.engine.host import configure_host
+from fedge.environment import write_environment
 from fedge.errors import ConfigError, FedgeError
 from fedge.models import SplitModel, build_model, split
 from fedge.plots import plot_run
 from fedge.rng import derive_seed, numpy_rng
 from fedge.system import SystemModel
+from fedge.tracking import Tracking
 
 MIB = 8 * 2**20  # bits in one MB as the papers' tables count it (2^20 bytes)
 WALL_FIELDS = ("wall_seconds",)
@@ -151,6 +153,7 @@ class Runner:
     start: int = 0
     wall_offset: float = 0.0
     on_round: Callable[[int, dict[str, Any] | None], None] | None = None
+    stopped: stop.Stop | None = None
 
     @property
     def config(self) -> RunConfig:
@@ -178,27 +181,42 @@ class Runner:
         self.wall_offset = float(state["wall_seconds"])
 
     def run(self) -> Result:
+        """Run the remaining rounds (every one writes its record to ``metrics.jsonl``) and finish.
+
+        A round is evaluated every ``eval.every`` rounds, at the last round, and when it crosses a stop
+        budget; the run ends early when a rule of ``config.stop`` holds (:mod:`fedge.stop`).
+        """
         cfg, algorithm, ledger = self.config, self.built.algorithm, self.built.context.ledger
         began = time.perf_counter() - self.wall_offset
-        for t in range(self.start + 1, cfg.rounds + 1):
-            round_metrics = algorithm.run_round(t)
-            row = None
-            if t % cfg.eval.every == 0 or t == cfg.rounds:
+        self.stopped = stop.check(cfg.stop, self.rows)  # a resumed run may have stopped already
+        tracking = Tracking(cfg, self.run_dir, self.start)
+        try:
+            for t in range(self.start + 1, cfg.rounds + 1):
+                if self.stopped:
+                    break
+                round_metrics = algorithm.run_round(t)
                 clock = self.built.context.system.clock
-                row = {"round": t, **algorithm.evaluate(), **round_metrics, **_communication(ledger)}
-                row.update(sim_seconds=clock.seconds, sim_joules=clock.joules)
-                row["wall_seconds"] = time.perf_counter() - began
+                costs = {**_communication(ledger), "sim_seconds": clock.seconds, "sim_joules": clock.joules}
+                due = t % cfg.eval.every == 0 or t == cfg.rounds or stop.over_budget(cfg.stop, costs)
+                row = {"round": t, **(algorithm.evaluate() if due else {}), **round_metrics, **costs}
+                row.update(records.round_costs(ledger), wall_seconds=time.perf_counter() - began)
                 self.rows.append(row)
                 results.write_jsonl(self.run_dir / results.METRICS, self.rows)
-            if t % cfg.output.checkpoint_every == 0 or t == cfg.rounds:
-                self._checkpoint(t, time.perf_counter() - began)
-            if self.on_round is not None:
-                self.on_round(t, row)
-        return self.finish()
+                self.stopped = stop.check(cfg.stop, self.rows)
+                if t % cfg.output.checkpoint_every == 0 or t == cfg.rounds or self.stopped:
+                    self._checkpoint(t, time.perf_counter() - began)
+                tracking.log(row)
+                if self.on_round is not None:
+                    self.on_round(t, row)
+            result = self.finish()
+            tracking.finish(result.summary)
+        finally:
+            tracking.close()
+        return result
 
     def finish(self) -> Result:
         """Write summary, ledger and plots of a run that reached its last round."""
-        summary = summarize(self.config, self.rows)
+        summary = {**summarize(self.config, self.rows), **records.ledger_summary(self.built.context.ledger)}
         results.write_jsonl(self.run_dir / results.METRICS, self.rows)
         results.write_text(self.run_dir / results.LEDGER, self.built.context.ledger.to_csv())
         results.write_json(self.run_dir / results.SUMMARY, summary)
@@ -208,23 +226,24 @@ class Runner:
 
 
 def summarize(config: RunConfig, rows: list[dict[str, Any]]) -> dict[str, Any]:
-    """The headline figures of a run."""
-    last = rows[-1]
-    best = max(rows, key=lambda r: r["accuracy"])
+    """The headline figures of a run (accuracy from its evaluated rounds), and why it stopped."""
+    last, scored = rows[-1], records.evaluated(rows)
+    best = max(scored, key=lambda r: r["accuracy"])
     return {
         "algorithm": config.algorithm.name,
         "dataset": config.data.name,
         "rounds": last["round"],
-        "final_accuracy": last["accuracy"],
+        "final_accuracy": scored[-1]["accuracy"],
         "best_accuracy": best["accuracy"],
         "best_round": best["round"],
-        "final_loss": last["loss"],
+        "final_loss": scored[-1]["loss"],
         **{k: last[k] for k in ("bits_up", "bits_down", "bits_peer", "mb_up", "mb_down", "mb_total")},
         "storage_server_bits": last["storage_server_bits"],
         "storage_client_bits": last["storage_client_bits"],
         "sim_seconds": last["sim_seconds"],
         "sim_joules": last["sim_joules"],
         "wall_seconds": last["wall_seconds"],
+        **stop.summary_fields(config.stop, rows),
     }
 
 
@@ -232,6 +251,7 @@ def start_run(config: RunConfig, on_round=None) -> Runner:
     """Validate and build ``config``, then create its run directory (only once the build succeeded)."""
     built = build_run(config)
     run_dir = results.create_run_dir(config.output.dir, default_run_name(config), config.to_yaml())
+    write_environment(run_dir, str(built.context.device))
     return Runner(built, run_dir, on_round=on_round)
 
 
@@ -242,6 +262,7 @@ def open_run(run_dir: Path, on_round=None) -> Runner:
     if not config_path.is_file():
         raise FedgeError(f"{run_dir}: not a run directory (no {results.CONFIG})")
     runner = Runner(build_run(load_config(config_path)), run_dir, on_round=on_round)
+    write_environment(run_dir, str(runner.built.context.device))
     if (run_dir / results.CHECKPOINT).is_file():
         runner.restore()
     return runner
