@@ -15,6 +15,7 @@ from fedge.records import evaluated
 
 MIB = 8 * 2**20  # bits in one MB (2^20 bytes)
 RULES = ("target_accuracy", "max_mb", "max_sim_seconds", "patience")
+TARGET_FIELDS = ("round", "mb_total", "sim_seconds", "wall_seconds")  # what "time to target" reports
 
 
 @dataclass(frozen=True)
@@ -73,7 +74,7 @@ def first_reached(rows: list[dict[str, Any]], target: float) -> dict[str, Any] |
     """Round, MB and simulated (and wall) seconds of the first evaluated round at or above ``target``."""
     for row in evaluated(rows):
         if row["accuracy"] >= target:
-            return {key: row[key] for key in ("round", "mb_total", "sim_seconds", "wall_seconds")}
+            return {key: row[key] for key in TARGET_FIELDS if key in row}
     return None
 
 

@@ -83,21 +83,23 @@ class RunIds:
 def open_sink(tracker: TrackerConfig, run_dir: Path, config: RunConfig, start: int) -> Sink:
     """The sink of one tracker, reporting rounds after ``start`` (earlier ones were reported before)."""
     if tracker.name == "tensorboard":
-        from fedge.tracking.tensorboard import TensorBoardSink
+        from fedge.tracking.tensorboard_sink import TensorBoardSink
 
         return TensorBoardSink(Path(run_dir) / "tensorboard", start)
     try:
         if tracker.name == "mlflow":
-            from fedge.tracking.mlflow import MlflowSink
+            from fedge.tracking.mlflow_sink import MlflowSink
 
             return MlflowSink(tracker, run_dir, config)
-        from fedge.tracking.wandb import WandbSink
+        from fedge.tracking.wandb_sink import WandbSink
 
         return WandbSink(tracker, run_dir, config, start)
     except ImportError:
-        raise ConfigError(
-            "tracking", f"{tracker.name} is not installed: pip install 'fedge[{tracker.name}]'"
-        ) from None
+        install = f"pip install 'fedge[{tracker.name}]'"
+        raise ConfigError("tracking", f"{tracker.name} is not installed: {install}") from None
+    except Exception as error:  # a tracker's own failure (no server, no login) names it in one line
+        first = str(error).strip().splitlines()[0] if str(error).strip() else type(error).__name__
+        raise ConfigError("tracking", f"{tracker.name} could not start: {first}") from None
 
 
 class Tracking:

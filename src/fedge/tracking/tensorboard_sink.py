@@ -79,8 +79,8 @@ class TensorBoardSink:
         name = f"events.out.tfevents.{time.time():.6f}.{socket.gethostname()}.{os.getpid()}.fedge"
         self.handle = open(folder / name, "ab")  # noqa: SIM115  (closed by close())
         self._write(_event(0, _field(3, b"brain.Event:2")))
-        if start > 0:  # SessionLog (6) status START (1): TensorBoard discards steps >= start + 1
-            self._write(_event(start + 1, _field(6, b"\x08\x01")))
+        if start > 0:  # SessionLog (7) status START (1): TensorBoard discards steps >= start + 1
+            self._write(_event(start + 1, _field(7, b"\x08\x01")))
 
     def _write(self, event: bytes) -> None:
         self.handle.write(record(event))
