@@ -7,9 +7,31 @@ from pathlib import Path
 from typing import Any
 
 from fedge.config import RunConfig, apply_override, load_raw, parse_config
+from fedge.errors import ConfigError
 from fedge.runner import Result, open_run, start_run
 
 RoundCallback = Callable[[int, dict[str, Any] | None], None]
+
+
+EXAMPLE_PREFIX = "example:"
+
+
+def examples_dir() -> Path:
+    """The example configs shipped with fedge (``fedge run example:NAME``)."""
+    return Path(__file__).parent / "examples"
+
+
+def config_source(config: str | Path) -> Path:
+    """The file of a config argument: a path, or ``example:NAME`` for a shipped example."""
+    text = str(config)
+    if not text.startswith(EXAMPLE_PREFIX):
+        return Path(config)
+    name = text[len(EXAMPLE_PREFIX) :]
+    path = examples_dir() / (name if name.endswith(".yaml") else f"{name}.yaml")
+    if not path.is_file():
+        known = sorted(p.stem for p in examples_dir().glob("*.yaml"))
+        raise ConfigError(text, f"no such example; known: {', '.join(known)}")
+    return path
 
 
 def resolve_config(
@@ -21,7 +43,7 @@ def resolve_config(
     elif isinstance(config, dict):
         raw = dict(config)
     else:
-        raw = load_raw(Path(config) if config is not None else None)
+        raw = load_raw(config_source(config) if config is not None else None)
     for assignment in overrides or []:
         apply_override(raw, assignment)
     return parse_config(raw)

@@ -221,6 +221,8 @@ class RunConfig(StrictModel):
         if not isinstance(value, dict):
             raise ValueError("must be a block with a 'name' (see `fedge list`)")
         value = {"name": DEFAULT_ALGORITHM, **value}
+        import fedge.algorithms  # noqa: F401  (registers every algorithm's config; `import fedge` is lazy)
+
         known = AlgorithmConfig.registry
         if value["name"] not in known:
             raise ValueError(f"unknown algorithm {value['name']!r}; known: {', '.join(sorted(known))}")
