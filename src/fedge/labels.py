@@ -43,6 +43,8 @@ def labels(
 ) -> list[str]:
     """One legend label per config, e.g. ``cse_fsl, h=2, seed=1``; ``fallback`` when nothing differs."""
     diff = config_diff(configs, ignore)
+    # keys that differ only in being set or not (another algorithm's defaults) name nothing
+    diff = {k: v for k, v in diff.items() if len({repr(x) for x in v if x is not None}) > 1}
     if not diff:
         return list(fallback)
     names = short_keys(list(diff))
