@@ -359,10 +359,10 @@ def render(path: Path, targets: list[float] | None = None) -> str:
         "</head><body>",
         f"<h1>{html.escape(title)}</h1>",
     ]
-    data = first.get("data", {})
+    dataset = html.escape(str(first.get("data", {}).get("name")))
     parts.append(
-        f"<p class='meta'>{len(runs)} run(s) in {len(cells)} cell(s) · dataset <b>{html.escape(str(data.get('name')))}"
-        f"</b> · {first.get('partition', {}).get('num_clients')} clients · up to {first.get('rounds')} rounds"
+        f"<p class='meta'>{len(runs)} run(s) in {len(cells)} cell(s) · dataset <b>{dataset}</b> · "
+        f"{first.get('partition', {}).get('num_clients')} clients · up to {first.get('rounds')} rounds"
         f" · {kind} at <code>{html.escape(str(Path(path).resolve()))}</code></p>"
     )
     parts.append("<h2>Results</h2>")
@@ -389,7 +389,8 @@ def render(path: Path, targets: list[float] | None = None) -> str:
         per_link = {c.label: _mean_dicts([link_costs(r) for r in c.finished]) for c in finished}
         parts.append(
             f"<figure><img alt='cost per link' src='{links_figure(finished, per_link)}'><figcaption>"
-            "Communicated MB per ledger kind and direction (up: towards the server or cloud).</figcaption></figure>"
+            "Communicated MB per ledger kind and direction (up: towards the server or cloud)."
+            "</figcaption></figure>"
         )
         links = list(dict.fromkeys(link for row in per_link.values() for link in row))
         rows = [[c.label, *(f"{per_link[c.label].get(link, 0.0):.3f}" for link in links)] for c in finished]
@@ -427,9 +428,8 @@ def render(path: Path, targets: list[float] | None = None) -> str:
         for r in c.runs
     ]
     parts.append(_table(["cell", "seed", "directory", "state", "final accuracy (%)"], rows, numeric_from=4))
-    parts.append(
-        f"<details><summary>Config of the first run</summary><pre>{html.escape(yaml.safe_dump(first, sort_keys=False))}</pre></details>"
-    )
+    config_text = html.escape(yaml.safe_dump(first, sort_keys=False))
+    parts.append(f"<details><summary>Config of the first run</summary><pre>{config_text}</pre></details>")
     environment = runs[0].path / "environment.json"
     if environment.is_file():
         parts.append(
