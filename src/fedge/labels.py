@@ -47,6 +47,8 @@ def labels(
     diff = {k: v for k, v in diff.items() if len({repr(x) for x in v if x is not None}) > 1}
     if not diff:
         return list(fallback)
+    order = sorted(diff, key=lambda k: (k != "algorithm.name", k == "seed"))  # the algorithm first, seed last
+    diff = {k: diff[k] for k in order}
     names = short_keys(list(diff))
     out = []
     for i in range(len(configs)):
