@@ -15,7 +15,7 @@ import yaml
 
 import fedge
 from fedge.errors import FedgeError
-from fedge.sweep import SweepSpec, expand, load_sweep, run_sweep
+from fedge.sweep import SweepSpec, expand, load_sweep, plan, run_sweep
 
 
 def test_grid_cells_keep_only_keys_their_algorithm_knows(tiny_config):
@@ -94,3 +94,10 @@ def test_killed_sweep_continues_to_the_same_results(tiny_config, tmp_path):
     reference = run_sweep(base, spec)
     assert (sweep_dir / "results.csv").read_text() == (reference.sweep_dir / "results.csv").read_text()
     assert "fraction=0.6" in continued.stdout and "±" in continued.stdout
+
+
+@pytest.mark.parametrize("name", ["split-mnist", "split-h"])
+def test_example_sweeps_validate_every_cell(name):
+    base, spec = load_sweep(f"example:sweeps/{name}")
+    sweep_dir, tasks = plan(base, spec)
+    assert len(tasks) == {"split-mnist": 18, "split-h": 12}[name] and sweep_dir.name == spec.name

@@ -8,6 +8,7 @@ A sweep is a base config plus a ``sweep:`` block (or the same from the command l
       seeds: [1, 2, 3]
       jobs: 2
       name: split-h
+      base: split-mnist.yaml   # optional: the config this file's other keys override
 
 Every cell's algorithm block keeps only the keys its algorithm knows (as ``fedge compare`` does), so
 ``algorithm.h`` applies to CSE-FSL and not to SplitFed; cells that become the same config are one cell.
@@ -73,6 +74,7 @@ TABLE_FIELDS = ("final_accuracy", "best_accuracy", "mb_total", "sim_seconds")
 class SweepSpec(StrictModel):
     """The ``sweep:`` block: what varies (a grid of dotted keys, labelled cells), seeds, processes."""
 
+    base: str | None = None  # a config file (relative to this one) that the file's own keys override
     grid: dict[str, list[Any]] = Field(default_factory=dict)
     cells: dict[str, dict[str, Any]] = Field(default_factory=dict)
     seeds: list[int] = Field(default_factory=lambda: [0], min_length=1)
@@ -87,6 +89,7 @@ class Cell:
     label: str
     overrides: dict[str, Any]
     slug: str
+    group: str  # the labelled cell it comes from ("" without ``cells``)
     raw: dict[str, Any] = field(repr=False)
     dropped: list[str] = field(default_factory=list)
 
@@ -194,7 +197,7 @@ def expand(base: dict[str, Any], spec: SweepSpec) -> list[Cell]:
             slug = f"{slug}-{_slug({k: v for k, v in applied.items() if k in spec.grid}, None)}"
         while any(c.slug == slug for c in cells):
             slug += "_"
-        cell = Cell(full, applied, slug, raw, dropped)
+        cell = Cell(full, applied, slug, label, raw, dropped)
         seen[identity] = cell
         cells.append(cell)
     return cells
@@ -222,6 +225,8 @@ def load_sweep(
             raise FedgeError(f"{path.parent}: not a sweep directory (no {SWEEP_FILE})")
     raw = load_raw(path)
     block = raw.pop("sweep", None) or {}
+    if block.get("base"):
+        raw = _merge(load_raw(Path(path).parent / block.pop("base")), raw)
     for assignment in overrides or []:
         apply_override(raw, assignment)
     for text in grid or []:
@@ -241,6 +246,17 @@ def load_sweep(
         stem = Path(path).stem if path is not None else "quickstart"
         spec.name = f"sweep-{stem}"
     return raw, spec
+
+
+def _merge(base: dict[str, Any], over: dict[str, Any]) -> dict[str, Any]:
+    """``base`` with ``over``'s keys set on it, blocks merged key by key."""
+    out = copy.deepcopy(base)
+    for key, value in over.items():
+        if isinstance(value, dict) and isinstance(out.get(key), dict):
+            out[key] = _merge(out[key], value)
+        else:
+            out[key] = copy.deepcopy(value)
+    return out
 
 
 def plan(base: dict[str, Any], spec: SweepSpec) -> tuple[Path, list[Task]]:
