@@ -97,10 +97,11 @@ def wandb_records(path):
 
 
 def test_wandb_offline(tiny_config, monkeypatch):
-    pytest.importorskip("wandb")
+    wandb = pytest.importorskip("wandb")
     monkeypatch.setenv("WANDB_SILENT", "true")
     tiny_config["tracking"] = [{"name": "wandb", "mode": "offline", "project": "tests"}]
     result = fedge.run(tiny_config)
+    wandb.teardown()  # the W&B service writes the run file in the background; wait until it has
     (log,) = result.run_dir.glob("wandb/offline-run-*/run-*.wandb")
     steps = {}
     for record in wandb_records(log):

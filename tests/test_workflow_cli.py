@@ -53,7 +53,7 @@ def test_shipped_example_runs_from_any_directory(tmp_path, monkeypatch):
 
 
 def test_piped_run_prints_progress_lines_while_it_runs(tiny_config, tmp_path):
-    tiny_config["rounds"] = 60
+    tiny_config.update(rounds=60, engine={"threads": 1})
     (tmp_path / "run.yaml").write_text(json.dumps(tiny_config))
     args = [sys.executable, "-m", "fedge", "run", str(tmp_path / "run.yaml")]
     proc = subprocess.Popen(args, env=ENV, stdout=subprocess.PIPE, text=True)
