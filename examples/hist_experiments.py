@@ -251,10 +251,17 @@ def main() -> None:
     )
     parser.add_argument("--steps", type=int, default=20, help="local steps H (aircomp, latency commands)")
     parser.add_argument("--set", nargs="*", default=[], help="more dotted config overrides")
+    parser.add_argument("--seed", type=int, default=None, help="the runs' seed (default: the config's)")
+    parser.add_argument("--dataset", default=None, help="data.name (default: the config's fashion-mnist)")
     parser.add_argument("--out", type=Path, default=Path("runs/hist-experiments"))
     parser.add_argument("--threads", type=int, default=1)
     parser.add_argument("--reuse", action="store_true", help="read runs whose OUT/<run>.jsonl already answer")
     args = parser.parse_args()
+    args.set = [
+        *([f"seed={args.seed}"] if args.seed is not None else []),
+        *([f"data.name={args.dataset}"] if args.dataset else []),
+        *args.set,
+    ]
     torch.set_num_threads(args.threads)
     table = {"table1": table1, "aircomp": aircomp, "latency": latency}[args.command](args)
     (args.out / f"{args.command}.md").write_text(table + "\n")
