@@ -10,7 +10,9 @@ from fedge.config import RunConfig, apply_override, load_raw, parse_config
 from fedge.errors import ConfigError
 from fedge.runner import Result, open_run, start_run
 
-RoundCallback = Callable[[int, dict[str, Any] | None], None]
+# on_round(t, row): called after every round with that round's record (the row metrics.jsonl gets;
+# it has "accuracy" when the round was evaluated): progress bars, logging, custom stop logic.
+RoundCallback = Callable[[int, dict[str, Any]], None]
 
 
 EXAMPLE_PREFIX = "example:"
@@ -57,7 +59,8 @@ def run(
     """Run a config to its last round and return its metrics and summary.
 
     ``config`` may be a :class:`RunConfig`, a nested dict, a YAML file path, or ``None`` for the built-in
-    quickstart (FedAvg on scikit-learn's digits); ``overrides`` are dotted ``key=value`` strings.
+    quickstart (FedAvg on scikit-learn's digits), or ``"example:NAME"`` for a shipped example;
+    ``overrides`` are dotted ``key=value`` strings; ``on_round(t, row)`` is called after every round.
     """
     return start_run(resolve_config(config, overrides), on_round=on_round).run()
 

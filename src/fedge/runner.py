@@ -152,7 +152,7 @@ class Runner:
     rows: list[dict[str, Any]] = field(default_factory=list)
     start: int = 0
     wall_offset: float = 0.0
-    on_round: Callable[[int, dict[str, Any] | None], None] | None = None
+    on_round: Callable[[int, dict[str, Any]], None] | None = None  # after every round, with its record
     stopped: stop.Stop | None = None
 
     @property
