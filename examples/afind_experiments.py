@@ -4,6 +4,10 @@ Usage (each section prints a markdown table and writes ``<out>/<section>.json``)
 
     python examples/afind_experiments.py identify table1 topology ablation speed
     python examples/afind_experiments.py table1 --clients 100 --train-limit 60000 --rounds 100
+    python examples/afind_experiments.py table1 --seeds 7,8,9 --dataset mnist --jobs 2
+
+Every configuration of a table runs as a sweep over the seeds under ``<out>/runs/`` (rerunning continues
+an interrupted one).
 
 Sections: ``identify`` (precision / AUC of AFIND+'s neighbours on the grouped partition against
 random selection), ``table1`` (Local, FedAvg-FT, Gossip, PENS, FedeRiCo, AFIND+ on pathological c=2 and
@@ -20,6 +24,7 @@ from __future__ import annotations
 import argparse
 import copy
 import json
+import re
 import statistics
 import time
 from pathlib import Path
@@ -29,8 +34,11 @@ import numpy as np
 import torch
 
 import fedge
+from fedge import results
 from fedge.config import AlgorithmConfig, parse_config
+from fedge.records import evaluated
 from fedge.runner import build_run
+from fedge.sweep import SweepSpec, run_sweep
 
 BASE = Path(__file__).with_name("afind-fashion-mnist.yaml")
 PARTITIONS = {
@@ -67,12 +75,14 @@ def with_algorithm(raw: dict[str, Any], name: str, **overrides: Any) -> dict[str
     return raw
 
 
-def run_seeds(raw: dict[str, Any], seeds: int) -> dict[str, Any]:
-    """Run ``raw`` for seeds ``0..seeds-1``; best / last accuracy and selection statistics per seed."""
+def run_seeds(raw: dict[str, Any], args: argparse.Namespace, name: str) -> dict[str, Any]:
+    """Run ``raw`` over ``--seeds`` as the sweep ``name`` (resumable, ``--jobs`` processes); best / last
+    accuracy and selection statistics per seed, over evaluated rounds."""
+    spec = SweepSpec(seeds=args.seeds, jobs=args.jobs, name=re.sub(r"[^A-Za-z0-9_.+-]+", "_", name))
+    outcome = run_sweep(raw, spec)
     best, last, selected, fallbacks, seconds = [], [], [], [], []
-    for seed in range(seeds):
-        result = fedge.run({**raw, "seed": seed})
-        rows = result.metrics
+    for task in outcome.tasks:
+        rows = evaluated(results.read_jsonl(task.run_dir / results.METRICS))
         best.append(max(r["accuracy"] for r in rows))
         last.append(rows[-1]["accuracy"])
         selected.append(statistics.fmean(r.get("selected_mean", float("nan")) for r in rows))
@@ -107,7 +117,9 @@ def section_table1(args, raw, partitions=None, topology=None, algorithms=None) -
             cfg["partition"] = {**cfg["partition"], **PARTITIONS[part]}
             if topology and name != "fedavg_ft":
                 cfg["algorithm"]["topology"] = topology
-            rows.setdefault(name, {})[part] = run_seeds(cfg, args.seeds)
+            rows.setdefault(name, {})[part] = run_seeds(
+                cfg, args, f"{name}-{part}-{'partial' if topology else 'full'}"
+            )
             print(f"  {name:10s} {part:9s} best {pm(rows[name][part]['best'])}", flush=True)
     return rows
 
@@ -118,7 +130,7 @@ def section_ablation(args, raw) -> dict:
         for label, switches in ABLATION.items():
             cfg = with_algorithm(raw, "afind", **switches)
             cfg["partition"] = {**cfg["partition"], **PARTITIONS[part]}
-            rows.setdefault(label, {})[part] = run_seeds(cfg, args.seeds)
+            rows.setdefault(label, {})[part] = run_seeds(cfg, args, f"{label}-{part}")
             print(f"  {label:28s} {part:9s} best {pm(rows[label][part]['best'])}", flush=True)
     return rows
 
@@ -129,7 +141,7 @@ def section_dp(args, raw) -> dict:
         for sigma in (0, 2, 10, 50):
             cfg = with_algorithm(raw, "afind", dp=None if sigma == 0 else {"sigma": sigma, "clip": 1.0})
             cfg["partition"] = {**cfg["partition"], **PARTITIONS[part]}
-            rows.setdefault(f"sigma_2 = {sigma}", {})[part] = run_seeds(cfg, args.seeds)
+            rows.setdefault(f"sigma_2 = {sigma}", {})[part] = run_seeds(cfg, args, f"dp{sigma}-{part}")
             print(
                 f"  sigma {sigma:3d} {part:9s} best {pm(rows[f'sigma_2 = {sigma}'][part]['best'])}",
                 flush=True,
@@ -150,7 +162,7 @@ def section_hosts(args, raw) -> dict:
                 cfg = with_algorithm(raw, host, peer_selection=choice, afind=afind)
                 cfg["partition"] = {**cfg["partition"], **PARTITIONS[part]}
                 label = f"{host} + {choice}"
-                rows.setdefault(label, {})[part] = run_seeds(cfg, args.seeds)
+                rows.setdefault(label, {})[part] = run_seeds(cfg, args, f"{label}-{part}")
                 print(f"  {label:18s} {part:9s} best {pm(rows[label][part]['best'])}", flush=True)
     return rows
 
@@ -160,7 +172,7 @@ def section_identify(args, raw) -> dict:
     of the proxy similarities (same group vs other), and what random selection of the same sizes would
     score."""
     out = []
-    for seed in range(args.seeds):
+    for seed in args.seeds:
         cfg = with_algorithm(raw, "afind")
         cfg.update(seed=seed, rounds=args.identify_rounds)
         cfg["partition"] = {"kind": "grouped", "num_clients": args.clients, "num_groups": 4}
@@ -256,7 +268,8 @@ def main() -> None:
         "sections", nargs="+", choices=["identify", "table1", "topology", "ablation", "dp", "hosts", "speed"]
     )
     parser.add_argument("--out", type=Path, default=Path("runs/afind-experiments"))
-    parser.add_argument("--seeds", type=int, default=3)
+    parser.add_argument("--seeds", type=lambda text: [int(s) for s in text.split(",")], default=[0, 1, 2])
+    parser.add_argument("--jobs", type=int, default=1)
     parser.add_argument("--rounds", type=int, default=20)
     parser.add_argument("--clients", type=int, default=20)
     parser.add_argument("--local-epochs", type=int, default=2)

@@ -7,30 +7,32 @@ latency to a target accuracy with optimised vs uniform mask sizes (Fig. 6 / Eq. 
 
 Every run starts from ``examples/hist-fmnist.yaml`` or ``examples/hist-aircomp.yaml`` plus dotted
 overrides (``--set key=value`` adds more, e.g. ``--set model.name=lenet5`` for the paper's Table I model),
-stops once it has reached every target (or after ``--rounds``), and appends one JSON row per global round
-to ``OUT/<run>.jsonl``; the summary table goes to ``OUT/<command>.md``. With ``--reuse`` a run whose rows
-are already in its file is read, not rerun. Full scale: raise ``--rounds``.
+stops once it has reached every target (``stop.target_accuracy``, or after ``--rounds``) and is an ordinary
+run directory ``OUT/<run>/`` (``metrics.jsonl`` with one row per global round, ``fedge report OUT`` draws
+them all); the summary table goes to ``OUT/<command>.md``. With ``--reuse`` a finished run is read, not
+rerun. Full scale: raise ``--rounds``.
 """
 
 from __future__ import annotations
 
 import argparse
-import json
 import math
-import time
+import shutil
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 import torch
 
+import fedge
+from fedge import results
 from fedge.algorithms.hierarchical.cells import Cells
 from fedge.algorithms.hierarchical.config import RadioConfig
 from fedge.algorithms.hierarchical.masks import partition_layout
 from fedge.algorithms.hierarchical.radio import CellRadio
-from fedge.config import load_config
 from fedge.models import build_model, count_parameters
-from fedge.runner import build_run
+from fedge.records import evaluated
+from fedge.runner import open_run, start_run
 from fedge.system import aircomp_cost_per_value, greedy_sizes, oma_cost_per_value, size_cap, uniform_sizes
 from fedge.system.partition_opt import round_latency
 
@@ -47,40 +49,33 @@ PAPER_TABLE_I = {
 def train(
     config: Path, overrides: list[str], rounds: int, stop_at: float | None, out: Path, reuse: bool = False
 ) -> list[dict[str, Any]]:
-    """Run global rounds until the accuracy reaches ``stop_at`` or ``rounds`` are done; one row per round.
+    """Run global rounds until the accuracy reaches ``stop_at`` (``stop.target_accuracy``) or ``rounds``
+    are done, in the run directory ``out``; its rows (every round is evaluated in these configs).
 
-    With ``reuse``, rows already in ``out`` that answer the request (they reach ``stop_at`` or run
-    ``rounds`` rounds) are returned instead: runs are deterministic, so rerunning would repeat them.
+    With ``reuse``, a finished run already in ``out`` is read and an interrupted one resumed instead:
+    runs are deterministic, so rerunning would repeat them.
     """
-    if reuse and out.is_file():
-        rows = [json.loads(line) for line in out.read_text().splitlines() if line]
-        hit = next((i for i, r in enumerate(rows) if stop_at is not None and r["accuracy"] >= stop_at), None)
-        if hit is not None or len(rows) >= rounds:
-            print(f"{out.stem}: reusing {out}")
-            return rows[: hit + 1] if hit is not None else rows[:rounds]
-    cfg = load_config(config, [*overrides, f"rounds={rounds}"])
-    built = build_run(cfg)
-    clock = built.context.system.clock
-    out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text("")
-    rows, began, cpu = [], time.perf_counter(), time.process_time()
-    for t in range(1, rounds + 1):
-        metrics = built.round(t).row()
-        row = {"round": t, **built.evaluate(t).row(), **metrics, "sim_seconds": clock.seconds}
-        row["wall_seconds"] = time.perf_counter() - began
-        row["cpu_seconds"] = time.process_time() - cpu  # this process only (the machine may be shared)
-        rows.append(row)
-        with out.open("a") as handle:
-            handle.write(json.dumps(row) + "\n")
+    if reuse and (out / results.SUMMARY).is_file():
+        print(f"{out.name}: reusing {out}")
+        return evaluated(results.read_jsonl(out / results.METRICS))
+    if reuse and (out / results.CONFIG).is_file():
+        runner = open_run(out)
+    else:
+        shutil.rmtree(out, ignore_errors=True)
+        stop = [f"stop.target_accuracy={stop_at}"] if stop_at is not None else []
+        where = [f"output.dir={out.parent}", f"output.name={out.name}", "output.plots=false"]
+        runner = start_run(fedge.resolve_config(config, [*overrides, f"rounds={rounds}", *stop, *where]))
+
+    def show(t: int, row: dict[str, Any]) -> None:
+        accuracy = f"{100 * row['accuracy']:6.2f}%" if "accuracy" in row else "   -   "
         print(
-            f"{out.stem:32s} round {t:3d}  acc {100 * row['accuracy']:6.2f}%  "
-            f"up/client {row['client_up_mb']:8.2f} MB  sim {row['sim_seconds']:8.2f} s  "
-            f"cpu {row['cpu_seconds']:6.0f} s",
+            f"{out.name:32s} round {t:3d}  acc {accuracy}  up/client {row['client_up_mb']:8.2f} MB  "
+            f"sim {row['sim_seconds']:8.2f} s  wall {row['wall_seconds']:6.0f} s",
             flush=True,
         )
-        if stop_at is not None and row["accuracy"] >= stop_at:
-            break
-    return rows
+
+    runner.on_round = show
+    return evaluated(runner.run().metrics)
 
 
 def first(rows: list[dict[str, Any]], target: float) -> dict[str, Any] | None:
@@ -112,7 +107,7 @@ def table1(args: argparse.Namespace) -> str:
             label = f"table1-{name}-n{cells}"
             overrides = [f"algorithm.name={name}", f"algorithm.cells={cells}", *args.set]
             runs[(name, cells)] = train(
-                config, overrides, args.rounds, max(args.targets), args.out / f"{label}.jsonl", args.reuse
+                config, overrides, args.rounds, max(args.targets), args.out / label, args.reuse
             )
     lines = [
         "| target | N | HIST MB/client | HFedAvg MB/client | paper HIST | paper HFedAvg |",
@@ -124,11 +119,11 @@ def table1(args: argparse.Namespace) -> str:
             hist = reached(runs[("hist", cells)], target, "client_up_mb", "")
             avg = reached(runs[("hfedavg", cells)], target, "client_up_mb", "")
             lines.append(f"| {100 * target:.0f}% | {cells} | {hist} | {avg} | {paper[0]} | {paper[1]} |")
-    lines += ["", "| run | MB/client per global round | CPU s per global round |", "|---|---|---|"]
+    lines += ["", "| run | MB/client per global round | wall s per global round |", "|---|---|---|"]
     for (name, cells), rows in runs.items():
         lines.append(
             f"| {name} N={cells} | {rows[0]['client_up_mb']:.4f} "
-            f"| {rows[-1]['cpu_seconds'] / len(rows):.1f} |"
+            f"| {rows[-1]['wall_seconds'] / len(rows):.1f} |"
         )
     return "\n".join(lines)
 
@@ -142,7 +137,7 @@ def aircomp(args: argparse.Namespace) -> str:
             [*base, "algorithm.aggregation=oma"],
             args.rounds,
             None,
-            args.out / "fig7a-oma.jsonl",
+            args.out / "fig7a-oma",
             args.reuse,
         )
     }
@@ -159,7 +154,7 @@ def aircomp(args: argparse.Namespace) -> str:
                 overrides,
                 args.rounds,
                 None,
-                args.out / f"fig7a-{snr:+.0f}dB-{norm}.jsonl",
+                args.out / f"fig7a-{snr:+.0f}dB-{norm}",
                 args.reuse,
             )
     tail = min(5, args.rounds)
@@ -197,7 +192,7 @@ def latency(args: argparse.Namespace) -> str:
                 *args.set,
             ]
             label = f"latency-{scheme.split()[0].lower()}-{sizes}"
-            rows = train(config, overrides, args.rounds, args.target, args.out / f"{label}.jsonl", args.reuse)
+            rows = train(config, overrides, args.rounds, args.target, args.out / label, args.reuse)
             per_round = rows[-1]["sim_seconds"] / len(rows)
             lines.append(
                 f"| {scheme} | {sizes} | {reached(rows, args.target, 'sim_seconds', ' s')} "
@@ -256,10 +251,17 @@ def main() -> None:
     )
     parser.add_argument("--steps", type=int, default=20, help="local steps H (aircomp, latency commands)")
     parser.add_argument("--set", nargs="*", default=[], help="more dotted config overrides")
+    parser.add_argument("--seed", type=int, default=None, help="the runs' seed (default: the config's)")
+    parser.add_argument("--dataset", default=None, help="data.name (default: the config's fashion-mnist)")
     parser.add_argument("--out", type=Path, default=Path("runs/hist-experiments"))
     parser.add_argument("--threads", type=int, default=1)
     parser.add_argument("--reuse", action="store_true", help="read runs whose OUT/<run>.jsonl already answer")
     args = parser.parse_args()
+    args.set = [
+        *([f"seed={args.seed}"] if args.seed is not None else []),
+        *([f"data.name={args.dataset}"] if args.dataset else []),
+        *args.set,
+    ]
     torch.set_num_threads(args.threads)
     table = {"table1": table1, "aircomp": aircomp, "latency": latency}[args.command](args)
     (args.out / f"{args.command}.md").write_text(table + "\n")

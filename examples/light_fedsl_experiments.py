@@ -11,16 +11,17 @@ T = 300 one-step rounds) with the overrides of its group, over several seeds:
   in for VGG-19's 4, 8, 12), with the per-round cut latency (Fig. 4 as we read it).
 
 The traditional-FedSL baseline (``fedsl``, cut 4) is drawn in every figure. Writes, under ``--out``:
-``runs/`` (one run directory per configuration and seed; existing finished runs are reused, so an
-interrupted sweep continues), ``results.json``, ``table.md`` and ``plots/<group>_accuracy_vs_time.png``,
-``plots/<group>_accuracy_vs_round.png`` and ``plots/fig4_latency_vs_dropout.png`` (measured mini-VGG
-latency next to the analytic VGG-19 curve).
+``runs/`` (one sweep: a run directory per configuration and seed, ``results.csv`` and a table over
+seeds; rerunning continues an interrupted sweep), ``results.json``, ``table.md`` and
+``plots/<group>_accuracy_vs_time.png``, ``plots/<group>_accuracy_vs_round.png`` and
+``plots/fig4_latency_vs_dropout.png`` (measured mini-VGG latency next to the analytic VGG-19 curve).
 
 ``--compare-check`` instead runs ``fedge compare`` for every algorithm family on the same config (a few
 rounds) and checks that simulated seconds and joules appear in each run's ``metrics.jsonl``, its summary
 and ``comparison.json``.
 
-Usage: ``python examples/light_fedsl_experiments.py [--seeds 3] [--rounds 300] [--out DIR]``
+Usage: ``python examples/light_fedsl_experiments.py [--seeds 0,1,2] [--rounds 300] [--dataset digits]
+[--jobs 2] [--out DIR]``
 """
 
 from __future__ import annotations
@@ -39,10 +40,13 @@ import numpy as np  # noqa: E402
 import torch  # noqa: E402
 
 import fedge  # noqa: E402
+from fedge import results  # noqa: E402
 from fedge.algorithms.split.light_fedsl import cut_latency  # noqa: E402
 from fedge.compare import compare  # noqa: E402
 from fedge.config import SystemConfig, load_raw  # noqa: E402
 from fedge.models import build_model, output_shape, split  # noqa: E402
+from fedge.records import evaluated  # noqa: E402
+from fedge.sweep import SweepSpec, run_sweep  # noqa: E402
 from fedge.system import SystemModel  # noqa: E402
 
 BASE = Path(__file__).with_name("light-fedsl-digits.yaml")
@@ -88,24 +92,29 @@ def slug(label: str, algorithm: dict[str, Any], cut: int) -> str:
     return f"light-cut{cut}-rho{rho}-q{q or 'full'}-p{p}-I{interval}"
 
 
-def run_config(
-    algorithm: dict[str, Any], cut: int, seed: int, rounds: int, out: Path, name: str, partition: dict | None
-) -> list[dict]:
-    """Metric rows of one configuration and seed (read back when the run already finished)."""
-    run_dir = out / "runs" / f"{name}-s{seed}"
-    if (run_dir / "summary.json").is_file():
-        return [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+def run_all(seeds: list[int], rounds: int, out: Path, dataset: str, jobs: int) -> dict[str, list[list[dict]]]:
+    """Evaluated metric rows of every configuration (by slug) and seed: one sweep of every group's
+    configurations, whose cells are run once however many groups draw them (rerunning continues it)."""
+    cells: dict[str, dict[str, Any]] = {}
+    for group, configs in GROUPS.items():
+        partition = PARTITIONS.get(group, {})
+        for label, algorithm, cut in configs:
+            name = slug(label, algorithm, cut) + (f"-dirichlet{partition['alpha']}" if partition else "")
+            overrides = {f"algorithm.{k}": v for k, v in algorithm.items()} | {"model.cut": cut}
+            cells[name] = overrides | {f"partition.{k}": v for k, v in partition.items()}
     raw = load_raw(BASE)
-    raw["algorithm"] = {k: v for k, v in raw["algorithm"].items() if k not in PROPOSED} | algorithm
-    raw["model"]["cut"] = cut
-    raw["partition"] |= partition or {}
-    raw.update(
-        seed=seed, rounds=rounds, output={"dir": str(out / "runs"), "name": f"{name}-s{seed}", "plots": False}
+    raw.update(rounds=rounds, output={"dir": str(out), "plots": False}, eval={"every": max(1, rounds // 50)})
+    raw["data"]["name"] = dataset
+    spec = SweepSpec(cells=cells, seeds=seeds, jobs=jobs, name="runs")
+    done = run_sweep(
+        raw, spec, on_done=lambda t, n, total, eta: print(f"[{n}/{total}] {t.cell.label} seed {t.seed}")
     )
-    raw["eval"] = {"every": max(1, rounds // 50)}
-    result = fedge.run(raw)
-    print(f"{name} seed {seed}: {100 * result.summary['final_accuracy']:.2f} %", flush=True)
-    return result.metrics
+    runs: dict[str, list[list[dict]]] = {}
+    for task in done.tasks:
+        runs.setdefault(task.cell.group, []).append(
+            evaluated(results.read_jsonl(task.run_dir / results.METRICS))
+        )
+    return runs
 
 
 def first_round(rows: list[dict], level: float) -> float:
@@ -220,26 +229,22 @@ def markdown(groups: dict[str, dict[str, dict]]) -> str:
     return header + "\n".join(lines) + "\n"
 
 
-def sweep(seeds: int, rounds: int, out: Path) -> None:
+def sweep(seeds: list[int], rounds: int, out: Path, dataset: str = "digits", jobs: int = 1) -> None:
     (out / "plots").mkdir(parents=True, exist_ok=True)
-    cache: dict[str, list[list[dict]]] = {}
+    cache = run_all(seeds, rounds, out, dataset, jobs)
     groups: dict[str, dict[str, dict]] = {}
     for group, configs in GROUPS.items():
         curves, table = [], {}
         partition = PARTITIONS.get(group)
         for label, algorithm, cut in configs:
             name = slug(label, algorithm, cut) + (f"-dirichlet{partition['alpha']}" if partition else "")
-            if name not in cache:
-                cache[name] = [
-                    run_config(algorithm, cut, s, rounds, out, name, partition) for s in range(seeds)
-                ]
             table[label] = summarize(cache[name])
             curves.append((label, mean_curve(cache[name])))
         groups[group] = table
         plot_group(group, curves, out / "plots")
     analytic = plot_latency(groups["fig3bd"], out / "plots")
-    results = {"seeds": seeds, "rounds": rounds, "groups": groups, "fig4_vgg19_analytic_s": analytic}
-    (out / "results.json").write_text(json.dumps(results, indent=1))
+    summary = {"seeds": seeds, "rounds": rounds, "groups": groups, "fig4_vgg19_analytic_s": analytic}
+    (out / "results.json").write_text(json.dumps(summary, indent=1))
     (out / "table.md").write_text(markdown(groups))
     print(markdown(groups))
 
@@ -268,7 +273,9 @@ def compare_check(rounds: int, out: Path) -> None:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--seeds", type=int, default=3)
+    parser.add_argument("--seeds", type=lambda text: [int(s) for s in text.split(",")], default=[0, 1, 2])
+    parser.add_argument("--dataset", default="digits")
+    parser.add_argument("--jobs", type=int, default=1)
     parser.add_argument("--rounds", type=int, default=300)
     parser.add_argument("--out", type=Path, default=Path("runs/light-fedsl-experiments"))
     parser.add_argument("--compare-check", action="store_true", help="only the simulated-time check")
@@ -277,7 +284,7 @@ def main() -> None:
     if args.compare_check:
         compare_check(3, args.out)
     else:
-        sweep(args.seeds, args.rounds, args.out)
+        sweep(args.seeds, args.rounds, args.out, args.dataset, args.jobs)
 
 
 if __name__ == "__main__":

@@ -11,8 +11,11 @@ conv blocks, B = 10, eta = 0.05) for the same number of epochs and several seeds
   read at each run's last evaluated round within the budget;
 - CSE's communication reduction against each baseline at equal epochs (baseline load / CSE load).
 
-It writes ``results.json`` and seed-averaged plots of accuracy against rounds and against GiB.
-Usage: ``python examples/split_mnist_experiment.py [--seeds 3] [--rounds 8] [--out DIR]``
+The runs are the sweep ``sweeps/split-mnist.yaml`` (``fedge sweep`` runs it alone: run directories,
+``results.csv``, a table over seeds; rerunning continues an interrupted sweep). This script adds the
+tables above, ``results.json`` and seed-averaged plots of accuracy against rounds and against GiB.
+Usage: ``python examples/split_mnist_experiment.py [--seeds 0,1,2] [--rounds 8] [--dataset mnist]
+[--jobs 2] [--out DIR]``
 """
 
 from __future__ import annotations
@@ -23,19 +26,14 @@ import statistics
 from pathlib import Path
 from typing import Any
 
-import fedge
+from fedge import results
 from fedge.config import load_raw
 from fedge.plots import AXES, plot_runs
+from fedge.records import evaluated
+from fedge.sweep import load_sweep, run_sweep
 
 BASE = Path(__file__).with_name("split-mnist.yaml")
-VARIANTS: dict[str, dict[str, Any]] = {
-    "FSL_MC": {"name": "splitfed_v1"},
-    "FSL_OC": {"name": "splitfed_v2"},
-    "FSL_AN": {"name": "fsl_an"},
-    "CSE h=1": {"name": "cse_fsl", "h": 1},
-    "CSE h=2": {"name": "cse_fsl", "h": 2},
-    "CSE h=4": {"name": "cse_fsl", "h": 4},
-}
+SWEEP = Path(__file__).parent / "sweeps" / "split-mnist.yaml"
 BASELINES = ("FSL_MC", "FSL_OC", "FSL_AN")
 GIB_BITS = 8 * 2**30
 
@@ -46,18 +44,22 @@ def label_free_bits(row: dict[str, Any]) -> int:
     return sum(by_kind.values()) - by_kind.get("labels_up", 0)
 
 
-def run_variant(label: str, algorithm: dict, seeds: int, rounds: int, out: Path) -> list[list[dict]]:
-    """Metric rows of every seed of one variant."""
-    raw = load_raw(BASE)
-    raw["algorithm"] = {k: v for k, v in raw["algorithm"].items() if k not in ("name", "h")} | algorithm
-    slug = label.lower().replace(" ", "").replace("=", "")
-    runs = []
-    for seed in range(seeds):
-        output = {"dir": str(out), "name": f"{slug}-s{seed}", "plots": False}
-        raw.update(seed=seed, rounds=rounds, output=output)
-        result = fedge.run(raw)
-        print(f"{label:8s} seed {seed}: accuracy {100 * result.summary['final_accuracy']:.2f} %", flush=True)
-        runs.append(result.metrics)
+def run_variants(args: argparse.Namespace) -> dict[str, list[list[dict]]]:
+    """Evaluated metric rows of every seed of every variant, from the sweep."""
+    overrides = [f"rounds={args.rounds}", f"data.name={args.dataset}", f"output.dir={args.out}"]
+    base, spec = load_sweep(SWEEP, overrides, seeds=args.seeds, jobs=args.jobs)
+    outcome = run_sweep(
+        base,
+        spec,
+        on_done=lambda task, done, total, eta: print(
+            f"[{done}/{total}] {task.cell.label} seed {task.seed}", flush=True
+        ),
+    )
+    runs: dict[str, list[list[dict]]] = {}
+    for task in outcome.tasks:
+        runs.setdefault(task.cell.group, []).append(
+            evaluated(results.read_jsonl(task.run_dir / results.METRICS))
+        )
     return runs
 
 
@@ -117,14 +119,14 @@ def print_table(table: dict[str, dict[str, Any]], copies: dict[str, int], budget
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--seeds", type=int, default=3)
+    parser.add_argument("--seeds", type=lambda text: [int(s) for s in text.split(",")], default=None)
     parser.add_argument("--rounds", type=int, default=8)
+    parser.add_argument("--dataset", default="mnist")
+    parser.add_argument("--jobs", type=int, default=1)
     parser.add_argument("--out", type=Path, default=Path("runs/split-mnist-experiment"))
     parser.add_argument("--budget-gib", type=float, default=None, help="default: the cheapest CSE run's load")
     args = parser.parse_args()
-    runs = {
-        label: run_variant(label, alg, args.seeds, args.rounds, args.out) for label, alg in VARIANTS.items()
-    }
+    runs = run_variants(args)
     loads = {
         label: statistics.fmean(label_free_bits(rows[-1]) for rows in seeds) for label, seeds in runs.items()
     }
@@ -133,8 +135,10 @@ def main() -> None:
     )
     table = summarize(runs, budget)
     clients = load_raw(BASE)["partition"]["num_clients"]
+    cells = load_raw(SWEEP)["sweep"]["cells"]
     copies = {
-        label: clients if alg["name"] in ("splitfed_v1", "fsl_an") else 1 for label, alg in VARIANTS.items()
+        label: clients if cell["algorithm.name"] in ("splitfed_v1", "fsl_an") else 1
+        for label, cell in cells.items()
     }
     print_table(table, copies, budget)
     curves = []

@@ -323,7 +323,8 @@ def run_case(case: Case, out: Path) -> dict[str, Any]:
         raw["algorithm"].pop(key)
     overrides = [*case.overrides, f"output.dir={out}", f"output.name={case.name}", "output.plots=false"]
     result = fedge.run(raw, overrides)
-    rows = [{k: v for k, v in row.items() if k not in WALL_CLOCK} for row in result.metrics]
+    evaluated = [row for row in result.metrics if "accuracy" in row]  # rounds without evaluation add rows
+    rows = [{k: v for k, v in row.items() if k not in WALL_CLOCK} for row in evaluated]
     summary = {k: v for k, v in result.summary.items() if k not in WALL_CLOCK}
     ledger = (result.run_dir / "ledger.csv").read_bytes()
     return {

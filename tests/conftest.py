@@ -5,6 +5,8 @@ from __future__ import annotations
 import pytest
 import torch
 
+import fedge.algorithms  # noqa: F401  (fills the algorithm registry for tests that parse configs directly)
+
 torch.set_num_threads(1)
 
 

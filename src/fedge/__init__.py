@@ -1,15 +1,22 @@
 """fedge: resource-efficient federated learning at the wireless edge, with exact cost accounting."""
 
-from fedge import (
-    algorithms,  # noqa: F401  (registers the algorithms and their configs)
-    costs,
-)
-from fedge.api import resolve_config, resume, run
-from fedge.config import RunConfig, load_config
+from __future__ import annotations
+
+import importlib
+from typing import Any
+
 from fedge.errors import ConfigError, DataError, FedgeError
-from fedge.runner import Result
 
 __version__ = "0.1.0"
+# Imported on first use, so that `import fedge` (and the CLI's --help, list, --version) need no torch.
+_LAZY = {
+    "Result": "fedge.runner",
+    "RunConfig": "fedge.api",
+    "load_config": "fedge.api",
+    "resolve_config": "fedge.api",
+    "resume": "fedge.api",
+    "run": "fedge.api",
+}
 __all__ = [
     "ConfigError",
     "DataError",
@@ -22,3 +29,17 @@ __all__ = [
     "resume",
     "run",
 ]
+
+
+def __getattr__(name: str) -> Any:
+    if name in _LAZY:
+        value = getattr(importlib.import_module(_LAZY[name]), name)
+    else:
+        try:
+            value = importlib.import_module(f"fedge.{name}")
+        except ModuleNotFoundError as error:
+            if error.name != f"fedge.{name}":
+                raise
+            raise AttributeError(f"module 'fedge' has no attribute {name!r}") from None
+    globals()[name] = value
+    return value

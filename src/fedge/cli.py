@@ -1,37 +1,57 @@
-"""The ``fedge`` command line: run, resume, compare, list, plot.
+"""The ``fedge`` command line: run, resume, sweep, compare, report, list, plot, bounds.
 
 Bad input (an unknown key, an impossible value, a missing file) prints one line naming the key or file
-and exits with code 2; no results directory is created for it.
+and exits with code 2; no results directory is created for it. The heavy modules (torch, the runner,
+matplotlib) are imported inside the commands, so ``--help``, ``--version`` and ``list`` answer at once.
+When output goes to a file or a pipe, tables are printed at their full width (no cut headers), and
+the commands that print tables also take ``--json``.
 """
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
-from typing import Annotated, Any
+from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
 from rich.console import Console
-from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
 import fedge
-from fedge import results
-from fedge.algorithms import ALGORITHMS
 from fedge.cli_bounds import bounds
-from fedge.compare import compare as run_comparison
-from fedge.data.partition import PARTITIONERS
-from fedge.data.sources import source_descriptions
 from fedge.errors import FedgeError
-from fedge.models import model_cut_points, model_descriptions
-from fedge.plots import plot_runs
-from fedge.runner import Result, Runner, open_run, start_run
 
-EXAMPLE_INPUTS = {"cse_cifar": (3, 24, 24), "vgg": (3, 32, 32), "resnet18": (3, 32, 32), "cnn4": (3, 32, 32)}
+if TYPE_CHECKING:
+    from fedge.runner import Result, Runner
+
+PIPE_WIDTH = 250  # columns of a table printed to a file or a pipe
+
+
+def _console(stderr: bool = False) -> Console:
+    """A console that keeps whole tables when it does not write to a terminal."""
+    console = Console(stderr=stderr)
+    return console if console.is_terminal else Console(stderr=stderr, width=PIPE_WIDTH)
+
 
 app = typer.Typer(add_completion=False, no_args_is_help=False, help=fedge.__doc__)
-console = Console()
-errors = Console(stderr=True)
+console = _console()
+errors = _console(stderr=True)
 app.command("bounds")(bounds)
+
+
+def _version(value: bool) -> None:
+    if value:
+        typer.echo(f"fedge {fedge.__version__}")
+        raise typer.Exit()
+
+
+@app.callback()
+def main(
+    version: Annotated[
+        bool, typer.Option("--version", callback=_version, is_eager=True, help="print the version and exit")
+    ] = False,
+) -> None:
+    """fedge: resource-efficient federated learning at the wireless edge, with exact cost accounting."""
 
 
 def _fail(message: str) -> typer.Exit:
@@ -40,23 +60,11 @@ def _fail(message: str) -> typer.Exit:
 
 
 def _run_with_progress(runner: Runner, quiet: bool) -> Result:
-    """Run the remaining rounds under a progress bar that shows the latest accuracy."""
-    with Progress(
-        TextColumn("[bold]round"),
-        MofNCompleteColumn(),
-        BarColumn(),
-        TextColumn("{task.fields[status]}"),
-        TimeElapsedColumn(),
-        console=console,
-        disable=quiet,
-    ) as progress:
-        task = progress.add_task("rounds", total=runner.config.rounds, completed=runner.start, status="")
+    """Run the remaining rounds, showing round, accuracy and MB (a bar, or plain lines when piped)."""
+    from fedge.progress import RunProgress
 
-        def on_round(t: int, row: dict[str, Any] | None) -> None:
-            status = f"acc {100 * row['accuracy']:.2f}%  {row['mb_total']:.2f} MB" if row else None
-            progress.update(task, completed=t, **({"status": status} if status else {}))
-
-        runner.on_round = on_round
+    with RunProgress(console, runner.config.rounds, runner.start, quiet) as progress:
+        runner.on_round = progress
         return runner.run()
 
 
@@ -68,11 +76,18 @@ def _print_summary(result: Result) -> None:
     table.add_row(
         "communication", f"{s['mb_up']:.3f} MB up, {s['mb_down']:.3f} MB down, {s['mb_peer']:.3f} MB peer"
     )
-    for link in s["traffic"]:
+    for link in sorted(s["ledger_kinds"], key=lambda link: -link["bits"]):
         amount = f"{link['mb']:.3f} MB" if link["mb"] >= 1e-3 else f"{link['bits']:,} bits"
         table.add_row(f"  {link['kind']} ({link['direction']})", amount)
     table.add_row("simulated time", f"{s['sim_seconds']:.2f} s, {s['sim_joules']:.3g} J (wireless model)")
     table.add_row("wall time", f"{s['wall_seconds']:.1f} s")
+    if s.get("stopped_by", "rounds") != "rounds":
+        table.add_row("stopped by", f"stop.{s['stopped_by']} at round {s['rounds']}")
+    for level, reached in s.get("time_to_target", {}).items():
+        text = "not reached"
+        if reached:
+            text = f"round {reached['round']}, {reached['mb_total']:.3f} MB, {reached['sim_seconds']:.3g} s"
+        table.add_row(f"to {100 * float(level):g} % accuracy", text)
     table.add_row("results", str(result.run_dir))
     console.print(table)
 
@@ -85,13 +100,22 @@ def _split_config_argument(config: str | None, overrides: list[str] | None) -> t
     return config, overrides
 
 
+ConfigArgument = Annotated[
+    str | None,
+    typer.Argument(
+        help="YAML config, or example:NAME for a shipped example (omit for the digits quickstart)"
+    ),
+]
+Overrides = Annotated[list[str] | None, typer.Argument(help="dotted overrides, e.g. rounds=50")]
+Quiet = Annotated[bool, typer.Option("--quiet", "-q", help="no progress output")]
+AsJson = Annotated[bool, typer.Option("--json", help="print JSON instead of a table")]
+
+
 @app.command()
-def run(
-    config: Annotated[str | None, typer.Argument(help="YAML config (omit for the digits quickstart)")] = None,
-    overrides: Annotated[list[str] | None, typer.Argument(help="dotted overrides, e.g. rounds=50")] = None,
-    quiet: Annotated[bool, typer.Option("--quiet", "-q", help="no progress bar")] = False,
-) -> None:
+def run(config: ConfigArgument = None, overrides: Overrides = None, quiet: Quiet = False) -> None:
     """Run a config (or the built-in quickstart) and write its results directory."""
+    from fedge.runner import start_run
+
     config, overrides = _split_config_argument(config, overrides)
     try:
         result = _run_with_progress(start_run(fedge.resolve_config(config, overrides)), quiet)
@@ -103,9 +127,11 @@ def run(
 @app.command()
 def resume(
     run_dir: Annotated[Path, typer.Argument(help="a run directory with config.yaml and checkpoint.pt")],
-    quiet: Annotated[bool, typer.Option("--quiet", "-q")] = False,
+    quiet: Quiet = False,
 ) -> None:
     """Continue an interrupted run from its last checkpoint to the identical result."""
+    from fedge.runner import open_run
+
     try:
         result = _run_with_progress(open_run(run_dir), quiet)
     except FedgeError as error:
@@ -113,41 +139,140 @@ def resume(
     _print_summary(result)
 
 
-@app.command()
-def compare(
-    config: Annotated[str | None, typer.Argument(help="YAML config shared by every algorithm")] = None,
-    overrides: Annotated[list[str] | None, typer.Argument(help="dotted overrides, e.g. rounds=50")] = None,
-    algorithms: Annotated[str, typer.Option("--algorithms", "-a", help="comma-separated names")] = "fedavg",
-    seeds: Annotated[int, typer.Option("--seeds", "-s", help="seeds per algorithm")] = 1,
-    quiet: Annotated[bool, typer.Option("--quiet", "-q")] = False,
-) -> None:
-    """Run several algorithms on one config (over seeds) and print a comparison table."""
-    config, overrides = _split_config_argument(config, overrides)
-    names = [name.strip() for name in algorithms.split(",") if name.strip()]
+def _seed_list(text: str | None) -> list[int] | None:
+    if text is None:
+        return None
+    try:
+        return [int(part) for part in text.split(",") if part.strip()]
+    except ValueError:
+        raise _fail(f"--seeds: a comma-separated list of integers (got {text!r})") from None
 
-    def announce(name: str, offset: int, runner: Runner) -> None:
+
+@app.command()
+def sweep(
+    config: Annotated[
+        str | None,
+        typer.Argument(
+            help="YAML config (with or without a sweep: block), example:NAME, or a sweep directory"
+        ),
+    ] = None,
+    overrides: Overrides = None,
+    grid: Annotated[
+        list[str] | None, typer.Option("--grid", "-g", help="key=v1,v2,... ; repeat for a product")
+    ] = None,
+    seeds: Annotated[str | None, typer.Option("--seeds", "-s", help="seed list, e.g. 1,2,3")] = None,
+    jobs: Annotated[int | None, typer.Option("--jobs", "-j", help="runs in parallel processes")] = None,
+    name: Annotated[str | None, typer.Option("--name", help="sweep directory name under output.dir")] = None,
+    quiet: Quiet = False,
+    as_json: AsJson = False,
+) -> None:
+    """Run a config over a grid of settings and seeds; rerun the same command to continue a killed sweep."""
+    from fedge.progress import format_eta
+    from fedge.sweep import load_sweep, run_sweep, table_markdown
+
+    config, overrides = _split_config_argument(config, overrides)
+
+    def announce(task: Any, done: int, total: int, eta: float | None) -> None:
         if not quiet:
-            console.print(f"[bold]{name}[/] seed {runner.config.seed} -> {runner.run_dir}")
+            left = total - done
+            when = f", ETA {format_eta(eta)}" if eta is not None and left else ""
+            console.print(
+                f"[{done}/{total}] {task.cell.label} seed {task.seed} done; {left} left{when}",
+                highlight=False,
+            )
 
     try:
-        outcome = run_comparison(fedge.resolve_config(config, overrides), names, seeds, on_run=announce)
+        base, spec = load_sweep(config, overrides, grid, _seed_list(seeds), jobs, name)
+        outcome = run_sweep(base, spec, on_done=announce)
     except FedgeError as error:
         raise _fail(str(error)) from None
-    table = Table(title=f"fedge compare · {seeds} seed(s) · {outcome.out_dir}")
-    columns = (
-        "algorithm",
-        "accuracy % (final)",
-        "accuracy % (best)",
-        "comm. GiB",
-        "server M",
-        "client M",
-        "sim. s",
-        "sim. J",
-    )
+    if as_json:
+        typer.echo(json.dumps({"sweep_dir": str(outcome.sweep_dir), "cells": outcome.table}, indent=1))
+        return
+    from fedge.stop import targets
+
+    levels = targets(fedge.resolve_config(outcome.tasks[0].cell.raw).stop)
+    title = f"fedge sweep · {outcome.sweep_dir} · mean ± std over seeds [± 95 % interval]"
+    _print_markdown_table(table_markdown(outcome.table, levels), title)
+
+
+def _print_markdown_table(markdown: str, title: str) -> None:
+    """Print a markdown table (header, rule, rows) as a rich table."""
+    lines = [line.strip().strip("|").split(" | ") for line in markdown.strip().splitlines()]
+    table = Table(title=title)
+    for column in lines[0]:
+        table.add_column(column.strip(), justify="left" if column.strip() in ("cell", "method") else "right")
+    for row in lines[2:]:
+        table.add_row(*(cell.strip() for cell in row))
+    console.print(table)
+
+
+@app.command()
+def compare(
+    config: Annotated[
+        str | None,
+        typer.Argument(help="YAML config shared by every algorithm, or run directories to compare"),
+    ] = None,
+    overrides: Annotated[
+        list[str] | None, typer.Argument(help="dotted overrides (e.g. rounds=50), or more run directories")
+    ] = None,
+    algorithms: Annotated[str, typer.Option("--algorithms", "-a", help="comma-separated names")] = "fedavg",
+    seeds: Annotated[str, typer.Option("--seeds", "-s", help="a count (3) or a list (1,2,3)")] = "1",
+    target: Annotated[
+        float | None, typer.Option("--target", "-t", help="accuracy (0-1): rounds / MB / sim. s to reach it")
+    ] = None,
+    quiet: Quiet = False,
+    as_json: AsJson = False,
+) -> None:
+    """Run several algorithms on one config over seeds (or read finished runs) and print a table."""
+    from fedge.compare import compare as run_comparison
+    from fedge.compare import compare_runs
+
+    config, overrides = _split_config_argument(config, overrides)
+    paths = [Path(p) for p in [config, *overrides] if p is not None]
+    try:
+        if paths and all((p / "metrics.jsonl").is_file() for p in paths):
+            outcome = compare_runs(paths, target)
+        else:
+            names = [name.strip() for name in algorithms.split(",") if name.strip()]
+            seed_list = _seed_list(seeds) or [0]
+            count = seed_list[0] if len(seed_list) == 1 else None
+
+            def announce(name: str, offset: int, runner: Runner) -> None:
+                if not quiet:
+                    console.print(f"[bold]{name}[/] seed {runner.config.seed} -> {runner.run_dir}")
+
+            outcome = run_comparison(
+                fedge.resolve_config(config, overrides),
+                names,
+                count if count is not None else len(seed_list),
+                on_run=announce,
+                target=target,
+                seed_list=None if count is not None else seed_list,
+            )
+    except FedgeError as error:
+        raise _fail(str(error)) from None
+    if as_json:
+        typer.echo(json.dumps({"out_dir": str(outcome.out_dir), "rows": outcome.rows}, indent=1))
+        return
+    _print_comparison(outcome, target)
+
+
+def _print_comparison(outcome: Any, target: float | None) -> None:
+    seeds = max(row["seeds"] for row in outcome.rows)
+    table = Table(title=f"fedge compare · up to {seeds} seed(s) · {outcome.out_dir}")
+    columns = ["algorithm", "accuracy % (final)", "accuracy % (best)", "comm. GiB", "server M", "client M"]
+    columns += ["sim. s", "sim. J"]
+    if target is not None:
+        columns += [
+            f"rounds to {100 * target:g} %",
+            f"MB to {100 * target:g} %",
+            f"sim. s to {100 * target:g} %",
+        ]
     for column in columns:
-        table.add_column(column, justify="right")
+        table.add_column(column, justify="left" if column == "algorithm" else "right")
     for row in outcome.rows:
-        table.add_row(
+        cells = [
             row["algorithm"],
             f"{100 * row['final_accuracy_mean']:.2f} ± {100 * row['final_accuracy_std']:.2f}",
             f"{100 * row['best_accuracy_mean']:.2f} ± {100 * row['best_accuracy_std']:.2f}",
@@ -156,47 +281,87 @@ def compare(
             f"{row['client_storage_mparams']:.4f}",
             f"{row['sim_seconds_mean']:.2f}",
             f"{row['sim_joules_mean']:.3g}",
-        )
+        ]
+        if target is not None:
+            reached = row["target_reached"]
+            if reached:
+                note = f" ({reached}/{row['seeds']})" if reached < row["seeds"] else ""
+                cells += [
+                    f"{row['rounds_to_target']:.1f}{note}",
+                    f"{row['mb_to_target']:.3f}",
+                    f"{row['sim_seconds_to_target']:.3g}",
+                ]
+            else:
+                cells += ["not reached"] * 3
+        table.add_row(*cells)
     console.print(table)
     for name, keys in outcome.dropped.items():
         console.print(f"note: {name} ignores algorithm keys {', '.join(keys)}")
 
 
+@app.command()
+def report(
+    path: Annotated[Path, typer.Argument(help="a run directory, a sweep directory or a compare directory")],
+    out: Annotated[Path | None, typer.Option(help="the HTML file (default: PATH/report.html)")] = None,
+    target: Annotated[
+        list[float] | None, typer.Option("--target", "-t", help="accuracy levels of the time-to-target table")
+    ] = None,
+) -> None:
+    """Write one self-contained HTML report (figures embedded) of a run, a sweep or a comparison."""
+    from fedge.report import write_report
+
+    try:
+        written = write_report(path, out, target)
+    except FedgeError as error:
+        raise _fail(str(error)) from None
+    console.print(str(written))
+
+
 @app.command("list")
-def list_components() -> None:
+def list_components(as_json: AsJson = False) -> None:
     """Algorithms, datasets, partitioners and models (with their cut points)."""
-    sections: list[tuple[str, dict[str, str]]] = [
-        ("algorithms", {name: cls.description for name, cls in sorted(ALGORITHMS.items())}),
-        ("datasets", source_descriptions()),
-        ("partitioners", dict(PARTITIONERS)),
-    ]
-    for title, entries in sections:
+    from fedge.catalog import load
+
+    catalog = load()
+    if as_json:
+        typer.echo(json.dumps(catalog, indent=1))
+        return
+    for title in ("algorithms", "datasets", "partitioners"):
         table = Table(title=title, show_header=False, title_justify="left")
-        for name, description in entries.items():
+        for name, description in catalog[title].items():
             table.add_row(f"[bold]{name}", description)
         console.print(table)
     table = Table(title="models (cut k = the first k blocks run on the client)", title_justify="left")
     for column in ("model", "description", "example input", "cut points (k:last client block)"):
         table.add_column(column)
-    for name, description in model_descriptions().items():
-        shape = EXAMPLE_INPUTS.get(name, (1, 28, 28))
-        cuts = ", ".join(f"{k}:{block}" for k, block in model_cut_points(name, shape, 10))
-        table.add_row(f"[bold]{name}", description, "x".join(map(str, shape)), cuts or "-")
+    for model in catalog["models"]:
+        cuts = ", ".join(f"{k}:{block}" for k, block in model["cuts"])
+        table.add_row(
+            f"[bold]{model['name']}", model["description"], "x".join(map(str, model["input"])), cuts or "-"
+        )
     console.print(table)
 
 
 @app.command()
 def plot(
     run_dirs: Annotated[list[Path], typer.Argument(help="one or more run directories")],
-    out: Annotated[Path | None, typer.Option(help="folder for the PNGs (default: the run's plots/)")] = None,
+    out: Annotated[
+        Path | None, typer.Option(help="folder for the figures (default: the run's plots/)")
+    ] = None,
+    pdf: Annotated[bool, typer.Option("--pdf", help="also write PDF (vector) figures")] = False,
 ) -> None:
-    """Plot accuracy vs round and vs communicated MB for one or more runs."""
-    runs = []
+    """Plot accuracy vs round, communicated MB and simulated time; legends name what differs between runs."""
+    from fedge import results
+    from fedge.labels import run_labels
+    from fedge.plots import plot_runs
+
     for run_dir in run_dirs:
-        metrics = run_dir / results.METRICS
-        if not metrics.is_file():
-            raise _fail(f"{metrics}: no metrics in this run directory")
-        runs.append((run_dir.name, results.read_jsonl(metrics)))
+        if not (run_dir / results.METRICS).is_file():
+            raise _fail(f"{run_dir / results.METRICS}: no metrics in this run directory")
+    labels = run_labels(run_dirs)
+    runs = [
+        (label, results.read_jsonl(d / results.METRICS)) for label, d in zip(labels, run_dirs, strict=True)
+    ]
     target = out or (run_dirs[0] / results.PLOTS if len(run_dirs) == 1 else Path("plots"))
-    for path in plot_runs(runs, target):
+    for path in plot_runs(runs, target, formats=("png", "pdf") if pdf else ("png",)):
         console.print(str(path))

@@ -14,19 +14,18 @@ import itertools
 import json
 import math
 from pathlib import Path
-from typing import Annotated, Any
+from typing import TYPE_CHECKING, Annotated, Any
 
-import torch
 import typer
 import yaml
 from rich.console import Console
 from rich.table import Table
 
 from fedge.config import apply_override, load_raw, parse_config
-from fedge.empirical.from_run import sfl_inputs_from_run
 from fedge.errors import ConfigError, FedgeError
-from fedge.theory.bound import Bound
-from fedge.theory.inputs import parse_inputs
+
+if TYPE_CHECKING:  # the theory modules import torch: loaded when a bound is evaluated, not for --help
+    from fedge.theory.bound import Bound
 
 UNIT_SETTING = {
     "paper": "sfl",
@@ -79,6 +78,9 @@ class Evaluator:
         self.cache: dict[str, tuple[dict[str, Any], dict[str, str]]] = {}
 
     def __call__(self, raw: dict[str, Any]) -> tuple[dict[str, Any], dict[str, str], list[Bound]]:
+        from fedge.empirical.from_run import sfl_inputs_from_run
+        from fedge.theory.inputs import parse_inputs
+
         raw = copy.deepcopy(raw)
         theory = raw.pop("theory", None) or {}
         if not isinstance(theory, dict):
@@ -88,6 +90,8 @@ class Evaluator:
             if key not in self.cache:
                 config = parse_config(raw)
                 if config.engine.threads is None:
+                    import torch
+
                     torch.set_num_threads(1)  # small models estimate fastest on one thread
                 self.cache[key] = sfl_inputs_from_run(config, {}, probe=self.probe)
             derived, source = self.cache[key]

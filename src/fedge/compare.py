@@ -9,15 +9,18 @@ that algorithm's own default, and ``name`` is set. Seeds are
 
 from __future__ import annotations
 
+import json
 import statistics
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from fedge import results
-from fedge.config import AlgorithmConfig, RunConfig, parse_config
-from fedge.errors import ConfigError
+from fedge import results, stop
+from fedge.config import AlgorithmConfig, RunConfig, load_config, parse_config
+from fedge.errors import ConfigError, FedgeError
+from fedge.labels import run_labels
 from fedge.plots import AXES, GIB_AXIS, plot_runs
+from fedge.records import evaluated
 from fedge.runner import Result, start_run
 
 BITS_PER_GIB = 8 * 2**30
@@ -51,8 +54,8 @@ def _mean_std(values: list[float]) -> tuple[float, float]:
     return statistics.fmean(values), statistics.stdev(values) if len(values) > 1 else 0.0
 
 
-def _row(name: str, runs: list[Result]) -> dict[str, Any]:
-    """One table row: accuracy mean and std over seeds, communication, storage."""
+def _row(name: str, runs: list[Result], target: float | None = None) -> dict[str, Any]:
+    """One table row: accuracy mean and std over seeds, communication, storage (and time to target)."""
     summaries = [r.summary for r in runs]
     final = _mean_std([s["final_accuracy"] for s in summaries])
     best = _mean_std([s["best_accuracy"] for s in summaries])
@@ -72,24 +75,59 @@ def _row(name: str, runs: list[Result]) -> dict[str, Any]:
         "sim_seconds_mean": statistics.fmean(s["sim_seconds"] for s in summaries),
         "sim_joules_mean": statistics.fmean(s["sim_joules"] for s in summaries),
         "wall_seconds_mean": statistics.fmean(s["wall_seconds"] for s in summaries),
+        **(_to_target(runs, target) if target is not None else {}),
+    }
+
+
+def _to_target(runs: list[Result], target: float) -> dict[str, Any]:
+    """Mean rounds, MB and simulated seconds to the first evaluated round at ``target`` (of the seeds
+    that got there)."""
+    hits = [hit for hit in (stop.first_reached(r.metrics, target) for r in runs) if hit]
+    mean = {
+        key: statistics.fmean(h[key] for h in hits) if hits else None
+        for key in ("round", "mb_total", "sim_seconds")
+    }
+    return {
+        "target": target,
+        "target_reached": len(hits),
+        "rounds_to_target": mean["round"],
+        "mb_to_target": mean["mb_total"],
+        "sim_seconds_to_target": mean["sim_seconds"],
     }
 
 
 def _mean_curve(runs: list[Result]) -> list[dict[str, float]]:
-    """Seed-averaged accuracy and communication per evaluated round (rounds common to all seeds)."""
-    length = min(len(r.metrics) for r in runs)
-    return [
-        {
-            key: statistics.fmean(r.metrics[i][key] for r in runs)
+    """Seed-averaged accuracy (with its std over seeds) and costs per evaluated round common to all seeds."""
+    scored = [evaluated(r.metrics) for r in runs]
+    length = min(len(rows) for rows in scored)
+    curve = []
+    for i in range(length):
+        point = {
+            key: statistics.fmean(rows[i][key] for rows in scored)
             for key in ("round", "accuracy", "mb_total", "sim_seconds")
         }
-        for i in range(length)
-    ]
+        point["accuracy_std"] = (
+            statistics.stdev(rows[i]["accuracy"] for rows in scored) if len(scored) > 1 else 0.0
+        )
+        curve.append(point)
+    return curve
 
 
-def compare(config: RunConfig, algorithms: list[str], seeds: int = 1, on_run=None) -> Comparison:
-    """Run every algorithm of ``algorithms`` on ``config`` for ``seeds`` seeds and tabulate them."""
-    if seeds < 1:
+def compare(
+    config: RunConfig,
+    algorithms: list[str],
+    seeds: int = 1,
+    on_run=None,
+    target: float | None = None,
+    seed_list: list[int] | None = None,
+) -> Comparison:
+    """Run every algorithm of ``algorithms`` on ``config`` for ``seeds`` seeds and tabulate them.
+
+    Seeds are ``config.seed + 0 .. seeds - 1``, or exactly ``seed_list``; with ``target`` the rows also
+    give the mean rounds, MB and simulated seconds to the first evaluated round at that accuracy.
+    """
+    seed_values = seed_list if seed_list is not None else [config.seed + offset for offset in range(seeds)]
+    if not seed_values:
         raise ConfigError("--seeds", "must be at least 1")
     if not algorithms:
         raise ConfigError("--algorithms", "name at least one algorithm")
@@ -97,22 +135,40 @@ def compare(config: RunConfig, algorithms: list[str], seeds: int = 1, on_run=Non
     base_name = config.output.name or f"{config.data.name}"
     out_dir = results.create_run_dir(config.output.dir, f"compare-{base_name}", config.to_yaml())
     runs: dict[str, list[Result]] = {}
-    for name, (target, _) in targets.items():
+    for name, (target_config, _) in targets.items():
         runs[name] = []
-        for offset in range(seeds):
-            seeded = target.model_copy(
+        for offset, seed in enumerate(seed_values):
+            seeded = target_config.model_copy(
                 update={
-                    "seed": config.seed + offset,
-                    "output": target.output.model_copy(update={"dir": out_dir, "name": f"{name}-s{offset}"}),
+                    "seed": seed,
+                    "output": target_config.output.model_copy(
+                        update={"dir": out_dir, "name": f"{name}-s{offset}"}
+                    ),
                 }
             )
             runner = start_run(seeded)
             if on_run is not None:
                 on_run(name, offset, runner)
             runs[name].append(runner.run())
-    rows = [_row(name, group) for name, group in runs.items()]
+    rows = [_row(name, group, target) for name, group in runs.items()]
     dropped = {name: keys for name, (_, keys) in targets.items() if keys}
     results.write_json(out_dir / "comparison.json", {"rows": rows, "dropped_keys": dropped})
     curves = [(name, _mean_curve(group)) for name, group in runs.items()]
     plot_runs(curves, out_dir / results.PLOTS, axes={**AXES, **GIB_AXIS})
     return Comparison(out_dir, runs, rows, dropped)
+
+
+def compare_runs(run_dirs: list[Path], target: float | None = None) -> Comparison:
+    """A comparison of finished runs (no training): runs alike but for the seed make one row, named by
+    what differs between the rows."""
+    runs: dict[str, list[Result]] = {}
+    for label, run_dir in zip(run_labels(run_dirs, ignore=("seed",)), run_dirs, strict=True):
+        summary_path = Path(run_dir) / results.SUMMARY
+        if not summary_path.is_file():
+            raise FedgeError(f"{run_dir}: not a finished run (no {results.SUMMARY})")
+        config = load_config(Path(run_dir) / results.CONFIG)
+        summary = json.loads(summary_path.read_text())
+        metrics = results.read_jsonl(Path(run_dir) / results.METRICS)
+        runs.setdefault(label, []).append(Result(Path(run_dir), config, metrics, summary))
+    rows = [_row(name, group, target) for name, group in runs.items()]
+    return Comparison(Path(run_dirs[0]).parent, runs, rows, {})

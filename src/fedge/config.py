@@ -16,6 +16,7 @@ from pydantic import (
     BaseModel,
     ConfigDict,
     Field,
+    PositiveFloat,
     PositiveInt,
     SerializeAsAny,
     ValidationError,
@@ -162,6 +163,32 @@ class OutputConfig(StrictModel):
     plots: bool = True
 
 
+class StopConfig(StrictModel):
+    """When a run ends before ``rounds`` (``fedge.stop``), and which accuracy levels its summary times.
+
+    ``target_accuracy`` is checked on evaluated rounds; ``max_mb`` (cumulative MB of all links, or a map
+    from ``total``, ``up``, ``down``, ``peer`` or a ledger kind to its budget) and ``max_sim_seconds``
+    after every round, the round that crosses them being evaluated and kept; ``patience`` ends a run
+    whose accuracy has not improved by more than ``min_delta`` over that many evaluations.
+    """
+
+    target_accuracy: Fraction | None = None
+    max_mb: PositiveFloat | dict[str, PositiveFloat] | None = None
+    max_sim_seconds: PositiveFloat | None = None
+    patience: PositiveInt | None = None
+    min_delta: Annotated[float, Field(ge=0.0)] = 0.0
+    targets: list[Fraction] = Field(default_factory=list)
+
+
+class TrackerConfig(StrictModel):
+    """One experiment tracker a run reports to (``fedge.tracking``); a plain name is enough."""
+
+    name: Literal["tensorboard", "mlflow", "wandb"]
+    project: str | None = None  # W&B project / MLflow experiment (default: "fedge")
+    mode: Literal["online", "offline"] | None = None  # W&B (default: its own, WANDB_MODE)
+    uri: str | None = None  # MLflow tracking URI (default: its own, MLFLOW_TRACKING_URI)
+
+
 class RunConfig(StrictModel):
     """Everything that defines a run."""
 
@@ -177,6 +204,15 @@ class RunConfig(StrictModel):
     engine: EngineConfig = Field(default_factory=EngineConfig)
     eval: EvalConfig = Field(default_factory=EvalConfig)
     output: OutputConfig = Field(default_factory=OutputConfig)
+    stop: StopConfig = Field(default_factory=StopConfig)
+    tracking: list[TrackerConfig] = Field(default_factory=list)
+
+    @field_validator("tracking", mode="before")
+    @classmethod
+    def _trackers_by_name(cls, value: Any) -> Any:
+        if isinstance(value, str | dict):
+            value = [value]
+        return [{"name": item} if isinstance(item, str) else item for item in value or []]
 
     @field_validator("algorithm", mode="before")
     @classmethod

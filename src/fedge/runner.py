@@ -18,7 +18,7 @@ from typing import Any
 
 import torch
 
-from fedge import results
+from fedge import records, results, stop
 from fedge.algorithms import ALGORITHMS, Algorithm, Context
 from fedge.comm import Ledger, Network
 from fedge.config import RunConfig, load_config
@@ -27,12 +27,14 @@ from fedge.data.partition import partition_test, partition_train
 from fedge.data.sources import load_dataset
 from fedge.engine import NoiseStreams, has_random_layers, make_executor
 from fedge.engine.host import configure_host
+from fedge.environment import write_environment
 from fedge.errors import ConfigError, FedgeError
 from fedge.metrics import Evaluation, RoundReport
 from fedge.models import SplitModel, build_model, split
 from fedge.plots import plot_run
 from fedge.rng import global_stream, numpy_rng
 from fedge.system import SystemModel
+from fedge.tracking import Tracking
 
 MIB = 8 * 2**20  # bits in one MB as the papers' tables count it (2^20 bytes)
 WALL_FIELDS = ("wall_seconds",)
@@ -164,7 +166,8 @@ class Runner:
     rows: list[dict[str, Any]] = field(default_factory=list)
     start: int = 0
     wall_offset: float = 0.0
-    on_round: Callable[[int, dict[str, Any] | None], None] | None = None
+    on_round: Callable[[int, dict[str, Any]], None] | None = None  # after every round, with its record
+    stopped: stop.Stop | None = None
 
     @property
     def config(self) -> RunConfig:
@@ -192,28 +195,42 @@ class Runner:
         self.wall_offset = float(state["wall_seconds"])
 
     def run(self) -> Result:
+        """Run the remaining rounds (every one writes its record to ``metrics.jsonl``) and finish.
+
+        A round is evaluated every ``eval.every`` rounds, at the last round, and when it crosses a stop
+        budget; the run ends early when a rule of ``config.stop`` holds (:mod:`fedge.stop`).
+        """
         cfg, ledger = self.config, self.built.context.ledger
         began = time.perf_counter() - self.wall_offset
-        for t in range(self.start + 1, cfg.rounds + 1):
-            report = self.built.round(t)
-            row = None
-            if t % cfg.eval.every == 0 or t == cfg.rounds:
+        self.stopped = stop.check(cfg.stop, self.rows)  # a resumed run may have stopped already
+        tracking = Tracking(cfg, self.run_dir, self.start)
+        try:
+            for t in range(self.start + 1, cfg.rounds + 1):
+                if self.stopped:
+                    break
+                round_metrics = self.built.round(t).row()
                 clock = self.built.context.system.clock
-                evaluation = self.built.evaluate(t)
-                row = {"round": t, **evaluation.row(), **report.row(), **_communication(ledger)}
-                row.update(sim_seconds=clock.seconds, sim_joules=clock.joules)
-                row["wall_seconds"] = time.perf_counter() - began
+                costs = {**_communication(ledger), "sim_seconds": clock.seconds, "sim_joules": clock.joules}
+                due = t % cfg.eval.every == 0 or t == cfg.rounds or stop.over_budget(cfg.stop, costs)
+                row = {"round": t, **(self.built.evaluate(t).row() if due else {}), **round_metrics, **costs}
+                row.update(records.round_costs(ledger), wall_seconds=time.perf_counter() - began)
                 self.rows.append(row)
                 results.write_jsonl(self.run_dir / results.METRICS, self.rows)
-            if t % cfg.output.checkpoint_every == 0 or t == cfg.rounds:
-                self._checkpoint(t, time.perf_counter() - began)
-            if self.on_round is not None:
-                self.on_round(t, row)
-        return self.finish()
+                self.stopped = stop.check(cfg.stop, self.rows)
+                if t % cfg.output.checkpoint_every == 0 or t == cfg.rounds or self.stopped:
+                    self._checkpoint(t, time.perf_counter() - began)
+                tracking.log(row)
+                if self.on_round is not None:
+                    self.on_round(t, row)
+            result = self.finish()
+            tracking.finish(result.summary)
+        finally:
+            tracking.close()
+        return result
 
     def finish(self) -> Result:
         """Write summary, ledger and plots of a run that reached its last round."""
-        summary = summarize(self.config, self.rows, self.built.context.ledger)
+        summary = {**summarize(self.config, self.rows), **records.ledger_summary(self.built.context.ledger)}
         results.write_jsonl(self.run_dir / results.METRICS, self.rows)
         results.write_text(self.run_dir / results.LEDGER, self.built.context.ledger.to_csv())
         results.write_json(self.run_dir / results.SUMMARY, summary)
@@ -222,37 +239,28 @@ class Runner:
         return Result(self.run_dir, self.config, self.rows, summary)
 
 
-def traffic(ledger: Ledger) -> list[dict[str, Any]]:
-    """Every link's cumulative traffic: one entry per transfer kind and direction, largest first."""
-    links = [
-        {"kind": kind, "direction": way, "bits": bits, "mb": bits / MIB}
-        for (kind, way), bits in ledger.totals().items()
-    ]
-    return sorted(links, key=lambda link: (-link["bits"], link["kind"]))
-
-
-def summarize(config: RunConfig, rows: list[dict[str, Any]], ledger: Ledger) -> dict[str, Any]:
-    """The headline figures of a run, with the traffic of every link."""
-    last = rows[-1]
-    best = max(rows, key=lambda r: r["accuracy"])
+def summarize(config: RunConfig, rows: list[dict[str, Any]]) -> dict[str, Any]:
+    """The headline figures of a run (accuracy from its evaluated rounds), and why it stopped."""
+    last, scored = rows[-1], records.evaluated(rows)
+    best = max(scored, key=lambda r: r["accuracy"])
     return {
         "algorithm": config.algorithm.name,
         "dataset": config.data.name,
         "rounds": last["round"],
-        "final_accuracy": last["accuracy"],
+        "final_accuracy": scored[-1]["accuracy"],
         "best_accuracy": best["accuracy"],
         "best_round": best["round"],
-        "final_loss": last["loss"],
+        "final_loss": scored[-1]["loss"],
         **{
             k: last[k]
             for k in ("bits_up", "bits_down", "bits_peer", "mb_up", "mb_down", "mb_peer", "mb_total")
         },
-        "traffic": traffic(ledger),
         "storage_server_bits": last["storage_server_bits"],
         "storage_client_bits": last["storage_client_bits"],
         "sim_seconds": last["sim_seconds"],
         "sim_joules": last["sim_joules"],
         "wall_seconds": last["wall_seconds"],
+        **stop.summary_fields(config.stop, rows),
     }
 
 
@@ -260,6 +268,7 @@ def start_run(config: RunConfig, on_round=None) -> Runner:
     """Validate and build ``config``, then create its run directory (only once the build succeeded)."""
     built = build_run(config)
     run_dir = results.create_run_dir(config.output.dir, default_run_name(config), config.to_yaml())
+    write_environment(run_dir, str(built.context.device))
     return Runner(built, run_dir, on_round=on_round)
 
 
@@ -270,6 +279,7 @@ def open_run(run_dir: Path, on_round=None) -> Runner:
     if not config_path.is_file():
         raise FedgeError(f"{run_dir}: not a run directory (no {results.CONFIG})")
     runner = Runner(build_run(load_config(config_path)), run_dir, on_round=on_round)
+    write_environment(run_dir, str(runner.built.context.device))
     if (run_dir / results.CHECKPOINT).is_file():
         runner.restore()
     return runner

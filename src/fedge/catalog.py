@@ -1,0 +1,45 @@
+"""What ``fedge list`` shows, kept as data so the command answers without importing torch.
+
+``catalog.json`` (shipped in the package) holds every algorithm, dataset, partitioner and model with its
+cut points. It is built from the live registries by ``python -m fedge.catalog``; a test checks that the
+file equals what the registries say now, so a new component cannot be forgotten.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+CATALOG = Path(__file__).with_name("catalog.json")
+EXAMPLE_INPUTS = {"cse_cifar": (3, 24, 24), "vgg": (3, 32, 32), "resnet18": (3, 32, 32), "cnn4": (3, 32, 32)}
+
+
+def build() -> dict[str, Any]:
+    """The catalog from the registries (imports every component)."""
+    from fedge.algorithms import ALGORITHMS
+    from fedge.data.partition import PARTITIONERS
+    from fedge.data.sources import source_descriptions
+    from fedge.models import model_cut_points, model_descriptions
+
+    models = []
+    for name, description in model_descriptions().items():
+        shape = EXAMPLE_INPUTS.get(name, (1, 28, 28))
+        cuts = [[k, block] for k, block in model_cut_points(name, shape, 10)]
+        models.append({"name": name, "description": description, "input": list(shape), "cuts": cuts})
+    return {
+        "algorithms": {name: cls.description for name, cls in sorted(ALGORITHMS.items())},
+        "datasets": source_descriptions(),
+        "partitioners": dict(PARTITIONERS),
+        "models": models,
+    }
+
+
+def load() -> dict[str, Any]:
+    """The shipped catalog."""
+    return json.loads(CATALOG.read_text())
+
+
+if __name__ == "__main__":
+    CATALOG.write_text(json.dumps(build(), indent=1) + "\n")
+    print(f"wrote {CATALOG}")
