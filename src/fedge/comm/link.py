@@ -120,9 +120,9 @@ class Link:
         carried = np.arange(len(bits)) if row_of is None else np.asarray(row_of, dtype=np.int64)
         sending = np.flatnonzero(real[carried] > 0) if real is not None else np.arange(len(carried))
         if len(sending):
-            src_names = [_names(src, len(carried))[i] for i in sending]
-            dst_names = [_names(dst, len(carried))[i] for i in sending]
-            self.ledger.record(round_, src_names, dst_names, kind, bits[carried[sending]])
+            src_names, dst_names = _names(src, len(carried)), _names(dst, len(carried))
+            senders, receivers = [src_names[i] for i in sending], [dst_names[i] for i in sending]
+            self.ledger.record(round_, senders, receivers, kind, bits[carried[sending]])
         return Sent(received, bits)
 
     def store(self, nodes: Nodes, kind: str, payload: Tensors, *, stacked: bool = False) -> np.ndarray:

@@ -115,7 +115,9 @@ class SplitLearning(Algorithm):
 
     def __init__(self, ctx: Context, cfg: SplitConfig):
         super().__init__(ctx, cfg)
-        self.rows = check_participation(cfg.participation, cfg.clients_per_round, ctx.data.num_clients)
+        self.rows_per_round = check_participation(
+            cfg.participation, cfg.clients_per_round, ctx.data.num_clients
+        )
         if cfg.agg_every is not None and cfg.server_order == "client_after_client":
             raise ConfigError("algorithm.agg_every", "needs server_order round_robin or random")
         client_opt, server_opt = cfg.optimizer, cfg.server_optimizer or cfg.optimizer
@@ -130,7 +132,7 @@ class SplitLearning(Algorithm):
         self.totals = {"uploads": 0, "server_steps": 0}
         self.up, self.down = ctx.network.link(cfg.codec_up), ctx.network.link(cfg.codec_down)
         self.flops = count_flops(self.parts)
-        self._hold(self.rows, [])
+        self._hold(self.rows_per_round, [])
 
     # ----- what an algorithm chooses ----------------------------------------------------------------
 
