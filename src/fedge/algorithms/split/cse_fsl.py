@@ -28,11 +28,11 @@ import torch
 from pydantic import PositiveInt
 
 from fedge.algorithms.base import Context, register
-from fedge.algorithms.split.clients import AuxHeadClients, ClientSide, State
+from fedge.algorithms.split.clients import State
 from fedge.algorithms.split.config import AuxHeadConfig
-from fedge.algorithms.split.parts import build_parts, trunk_only
+from fedge.algorithms.split.parts import trunk_only
 from fedge.algorithms.split.plans import limit_steps
-from fedge.algorithms.split.protocol import Round, SplitLearning
+from fedge.algorithms.split.protocol import LocalLoss, Round
 from fedge.algorithms.split.server import SERVER_STAGE, Served, SharedServer, SplitServer
 from fedge.data.federated import BatchPlan
 from fedge.errors import ConfigError
@@ -56,7 +56,7 @@ class CseFslConfig(AuxHeadConfig):
     CseFslConfig,
     "CSE-FSL: client aux head, smashed data every h batches, one server model fed by a FIFO queue",
 )
-class CseFsl(SplitLearning):
+class CseFsl(LocalLoss):
     """CSE-FSL: aux head on every client, one shared server model, uploads every h local batches."""
 
     cfg: CseFslConfig
@@ -71,12 +71,6 @@ class CseFsl(SplitLearning):
                 if value:
                     raise ConfigError(f"algorithm.{key}", "only used with server_trigger=every_h_batches")
         super().__init__(ctx, cfg)
-
-    def client_side(self) -> ClientSide:
-        cfg = self.cfg
-        parts = build_parts(self.ctx, with_aux=True)
-        post_step = cfg.smashed_from == "post_step"
-        return AuxHeadClients(parts, self.client_sgd, self.ctx.executor, post_step, cfg.aggregate_aux)
 
     def server_part(self, params: Tensors, buffers: Tensors) -> SplitServer:
         return SharedServer(self.clients.parts.server, params, buffers, self.server_sgd, None)

@@ -11,10 +11,8 @@ from __future__ import annotations
 from typing import Literal
 
 from fedge.algorithms.base import register
-from fedge.algorithms.split.clients import AuxHeadClients, ClientSide
 from fedge.algorithms.split.config import AuxHeadConfig, ServerCopiesConfig
-from fedge.algorithms.split.parts import build_parts
-from fedge.algorithms.split.protocol import SplitLearning
+from fedge.algorithms.split.protocol import LocalLoss
 from fedge.algorithms.split.server import ServerCopies, SplitServer
 from fedge.tensors import Tensors
 
@@ -30,16 +28,10 @@ class FslAnConfig(AuxHeadConfig, ServerCopiesConfig):
     FslAnConfig,
     "FSL_AN: client aux head (local loss), a server copy per client, smashed data every batch",
 )
-class FslAn(SplitLearning):
+class FslAn(LocalLoss):
     """FSL_AN: aux head on every client, one server copy per participant."""
 
     cfg: FslAnConfig
-
-    def client_side(self) -> ClientSide:
-        cfg = self.cfg
-        parts = build_parts(self.ctx, with_aux=True)
-        post_step = cfg.smashed_from == "post_step"
-        return AuxHeadClients(parts, self.client_sgd, self.ctx.executor, post_step, cfg.aggregate_aux)
 
     def server_part(self, params: Tensors, buffers: Tensors) -> SplitServer:
         module, cfg = self.clients.parts.server, self.cfg

@@ -25,11 +25,11 @@ import numpy as np
 import torch
 
 from fedge.algorithms.base import Algorithm, Context
-from fedge.algorithms.split.clients import ClientSide, LocalStep, State
-from fedge.algorithms.split.config import SplitConfig
+from fedge.algorithms.split.clients import AuxHeadClients, ClientSide, GradientClients, LocalStep, State
+from fedge.algorithms.split.config import AuxHeadConfig, GradientReturnConfig, SplitConfig
 from fedge.algorithms.split.latency import count_flops, round_cost
 from fedge.algorithms.split.participation import Draws, aggregation_weights, check_participation, draw
-from fedge.algorithms.split.parts import aux_only, composed, initial_state, trunk_only
+from fedge.algorithms.split.parts import aux_only, build_parts, composed, initial_state, trunk_only
 from fedge.algorithms.split.plans import round_plan
 from fedge.algorithms.split.server import SERVER_STAGE, CutBatch, Served, SplitServer
 from fedge.comm import nodes, state_bits
@@ -399,3 +399,24 @@ class SplitLearning(Algorithm):
             )
             evaluation = evaluation.with_extra(aux_accuracy=aux.accuracy, aux_loss=aux.loss)
         return evaluation
+
+
+class GradientReturn(SplitLearning):
+    """SplitFed's clients (v1 and v2): cut-layer gradients come back and are back-propagated."""
+
+    cfg: GradientReturnConfig
+
+    def client_side(self) -> ClientSide:
+        parts = build_parts(self.ctx, with_aux=False)
+        return GradientClients(parts, self.client_sgd, self.ctx.executor, self.cfg.clip_norm)
+
+
+class LocalLoss(SplitLearning):
+    """Aux-head clients (FSL_AN, CSE-FSL): they learn from their local loss; nothing comes back."""
+
+    cfg: AuxHeadConfig
+
+    def client_side(self) -> ClientSide:
+        cfg, parts = self.cfg, build_parts(self.ctx, with_aux=True)
+        post_step = cfg.smashed_from == "post_step"
+        return AuxHeadClients(parts, self.client_sgd, self.ctx.executor, post_step, cfg.aggregate_aux)

@@ -12,10 +12,8 @@ from __future__ import annotations
 from typing import Literal
 
 from fedge.algorithms.base import register
-from fedge.algorithms.split.clients import ClientSide, GradientClients
 from fedge.algorithms.split.config import GradientReturnConfig, ServerCopiesConfig
-from fedge.algorithms.split.parts import build_parts
-from fedge.algorithms.split.protocol import SplitLearning
+from fedge.algorithms.split.protocol import GradientReturn
 from fedge.algorithms.split.server import ServerCopies, SplitServer
 from fedge.tensors import Tensors
 
@@ -31,14 +29,10 @@ class SplitFedV1Config(GradientReturnConfig, ServerCopiesConfig):
     SplitFedV1Config,
     "SplitFed v1 (FSL_MC): a server copy per client, cut-layer gradients returned every batch",
 )
-class SplitFedV1(SplitLearning):
+class SplitFedV1(GradientReturn):
     """FSL_MC: clients back-propagate returned gradients; one server copy per participant."""
 
     cfg: SplitFedV1Config
-
-    def client_side(self) -> ClientSide:
-        parts = build_parts(self.ctx, with_aux=False)
-        return GradientClients(parts, self.client_sgd, self.ctx.executor, self.cfg.clip_norm)
 
     def server_part(self, params: Tensors, buffers: Tensors) -> SplitServer:
         cfg = self.cfg

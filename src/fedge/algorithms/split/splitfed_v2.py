@@ -12,10 +12,8 @@ from __future__ import annotations
 from typing import Literal
 
 from fedge.algorithms.base import register
-from fedge.algorithms.split.clients import ClientSide, GradientClients
 from fedge.algorithms.split.config import GradientReturnConfig, Positive
-from fedge.algorithms.split.parts import build_parts
-from fedge.algorithms.split.protocol import SplitLearning
+from fedge.algorithms.split.protocol import GradientReturn
 from fedge.algorithms.split.server import SharedServer, SplitServer
 from fedge.tensors import Tensors
 
@@ -32,14 +30,10 @@ class SplitFedV2Config(GradientReturnConfig):
     SplitFedV2Config,
     "SplitFed v2 (FSL_OC): one server model updated client after client, gradients returned, clipping",
 )
-class SplitFedV2(SplitLearning):
+class SplitFedV2(GradientReturn):
     """FSL_OC: clients back-propagate returned gradients; one shared server model."""
 
     cfg: SplitFedV2Config
-
-    def client_side(self) -> ClientSide:
-        parts = build_parts(self.ctx, with_aux=False)
-        return GradientClients(parts, self.client_sgd, self.ctx.executor, self.cfg.clip_norm)
 
     def server_part(self, params: Tensors, buffers: Tensors) -> SplitServer:
         return SharedServer(self.clients.parts.server, params, buffers, self.server_sgd, self.cfg.clip_norm)
