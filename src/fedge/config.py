@@ -1,15 +1,19 @@
 """Run configuration as data: pydantic v2 models, YAML loading and dotted ``key=value`` overrides.
 
-A run is fully described by one :class:`RunConfig`. Unknown keys and impossible values are rejected
-with a :class:`~fedge.errors.ConfigError` whose one-line message names the key. Checks that need the
-data or the model (more clients than samples, a cut beyond the model's depth) happen when the run is
-built, and raise the same error.
+A run is fully described by one :class:`RunConfig`. Unknown keys (with the nearest valid one suggested)
+and impossible values are rejected with a :class:`~fedge.errors.ConfigError` whose one-line message names
+the key. Every block refuses what no run can use: NaN and infinite numbers, true/false where a number is
+expected, integers beyond 64 bits and NUL characters. Checks that need the data or the model (more
+clients than samples, a cut beyond the model's depth) happen when the run is built, and raise the same
+error.
 """
 
 from __future__ import annotations
 
+import difflib
+import types
 from pathlib import Path
-from typing import Annotated, Any, ClassVar, Literal
+from typing import Annotated, Any, ClassVar, Literal, Union, get_args, get_origin
 
 import yaml
 from pydantic import (
@@ -29,12 +33,49 @@ Fraction = Annotated[float, Field(gt=0.0, le=1.0)]
 DATASETS = ("digits", "synthetic", "mnist", "fashion-mnist", "cifar10", "cifar100", "femnist")
 DEFAULT_ALGORITHM = "fedavg"
 PARTITIONERS = ("iid", "dirichlet", "pathological", "shards", "natural", "grouped")
+INT64_MAX = 2**63 - 1
+NAME_BYTES = 200  # longest run name: room for the "-N" suffix and the hidden staging name within 255
+
+
+def _leaf_types(annotation: Any) -> set[Any]:
+    """The scalar types an annotation admits, looking inside ``Annotated``, unions, lists and tuples."""
+    origin = get_origin(annotation)
+    if origin is None:
+        return {annotation}
+    if origin is Annotated:
+        return _leaf_types(get_args(annotation)[0])
+    if origin in (Union, types.UnionType, list, tuple, Literal):
+        if origin is Literal:
+            return {type(arg) for arg in get_args(annotation)}
+        return set().union(*(_leaf_types(arg) for arg in get_args(annotation) if arg is not Ellipsis))
+    return {origin}
+
+
+def _check_scalar(value: Any, admitted: set[Any]) -> None:
+    """Raise ``ValueError`` for a value no run can use, whatever the field's own bounds say."""
+    numeric = bool(admitted & {int, float}) and bool not in admitted
+    if isinstance(value, bool) and numeric:
+        raise ValueError(f"expected a number, got {str(value).lower()}")
+    if isinstance(value, int) and not isinstance(value, bool) and abs(value) > INT64_MAX:
+        raise ValueError("is too large (at most 2^63 - 1)")
+    if isinstance(value, str) and "\x00" in value:
+        raise ValueError("must not contain a NUL character")
 
 
 class StrictModel(BaseModel):
-    """Base of every config block: unknown keys are errors, assignments are validated."""
+    """Base of every config block: unknown keys are errors, assignments are validated, and numbers must be
+    finite (``allow_inf_nan=False``)."""
 
-    model_config = ConfigDict(extra="forbid", validate_assignment=True)
+    model_config = ConfigDict(extra="forbid", validate_assignment=True, allow_inf_nan=False)
+
+    @field_validator("*", mode="before")
+    @classmethod
+    def _usable(cls, value: Any, info: ValidationInfo) -> Any:
+        """No true/false for a number, no integer beyond 64 bits, no NUL character (also inside lists)."""
+        admitted = _leaf_types(cls.model_fields[info.field_name].annotation)
+        for item in value if isinstance(value, list | tuple) else (value,):
+            _check_scalar(item, admitted)
+        return value
 
 
 class DataConfig(StrictModel):
@@ -129,7 +170,7 @@ class SystemConfig(StrictModel):
     server_power_dbm: float = 37.0
     noise_dbm_per_hz: float = -174.0
     distance_min_m: Annotated[float, Field(gt=0.0)] = 100.0
-    distance_max_m: Annotated[float, Field(gt=0.0)] = 300.0
+    distance_max_m: Annotated[float, Field(gt=0.0, validate_default=True)] = 300.0
     distances: Literal["uniform", "linspace"] = "uniform"
     fading: Literal["none", "rayleigh"] = "none"
     client_cpu_hz: Annotated[float, Field(gt=0.0)] = 1e9
@@ -153,12 +194,42 @@ class EvalConfig(StrictModel):
 
 
 class OutputConfig(StrictModel):
-    """The results directory ``dir/name`` and what goes in it."""
+    """The results directory ``dir/name`` and what goes in it. ``name`` is one folder name."""
 
     dir: Path = Path("runs")
     name: str | None = None
     checkpoint_every: PositiveInt = 1
     plots: bool = True
+
+    @field_validator("dir")
+    @classmethod
+    def _dir_parts(cls, value: Path) -> Path:
+        if any(len(part.encode()) > 255 for part in value.parts):
+            raise ValueError("has a folder name longer than 255 bytes")
+        return value
+
+    @field_validator("name")
+    @classmethod
+    def _single_folder_name(cls, value: str | None) -> str | None:
+        if value is None:
+            return value
+        if value in ("", ".", "..") or "/" in value or "\\" in value:
+            raise ValueError("must be one folder name (no '/', not empty, '.' or '..')")
+        if value.startswith("."):
+            raise ValueError("must not start with '.' (hidden names are fedge's temporary folders)")
+        if not value.isprintable():
+            raise ValueError("must not contain control characters")
+        if len(value.encode()) > NAME_BYTES:
+            raise ValueError(f"is {len(value.encode())} bytes long; at most {NAME_BYTES}")
+        return value
+
+
+class StopConfig(StrictModel):
+    """When a run stops early. ``on_nonfinite``: a NaN or infinite loss, metric or parameter stops the run
+    (``error``, keeping the last good checkpoint) or is recorded and the run goes on (``continue``, for
+    studying divergence)."""
+
+    on_nonfinite: Literal["error", "continue"] = "error"
 
 
 class RunConfig(StrictModel):
@@ -176,6 +247,7 @@ class RunConfig(StrictModel):
     engine: EngineConfig = Field(default_factory=EngineConfig)
     eval: EvalConfig = Field(default_factory=EvalConfig)
     output: OutputConfig = Field(default_factory=OutputConfig)
+    stop: StopConfig = Field(default_factory=StopConfig)
 
     @field_validator("algorithm", mode="before")
     @classmethod
@@ -187,7 +259,10 @@ class RunConfig(StrictModel):
         value = {"name": DEFAULT_ALGORITHM, **value}
         known = AlgorithmConfig.registry
         if value["name"] not in known:
-            raise ValueError(f"unknown algorithm {value['name']!r}; known: {', '.join(sorted(known))}")
+            name = value["name"]
+            near = difflib.get_close_matches(str(name), known, n=1)
+            hint = f"did you mean {near[0]!r}?" if near else f"known: {', '.join(sorted(known))}"
+            raise ValueError(f"unknown algorithm {name!r}; {hint}")
         return known[value["name"]].model_validate(value)
 
     def to_yaml(self) -> str:
@@ -195,24 +270,70 @@ class RunConfig(StrictModel):
         return yaml.safe_dump(self.model_dump(mode="json"), sort_keys=False)
 
 
-def _first_error(error: ValidationError) -> ConfigError:
+def _block_model(annotation: Any) -> type[BaseModel] | None:
+    """The config block class inside a field's annotation (``AuxConfig | None`` -> ``AuxConfig``)."""
+    if isinstance(annotation, type) and issubclass(annotation, BaseModel):
+        return annotation
+    for arg in get_args(annotation):
+        found = _block_model(arg)
+        if found is not None:
+            return found
+    return None
+
+
+def _keys_at(raw: dict[str, Any], path: tuple[Any, ...]) -> list[str]:
+    """The valid keys of the block at ``path`` (the algorithm block by the name ``raw`` gives it)."""
+    block: type[BaseModel] | None = RunConfig
+    node: Any = raw
+    for part in path:
+        node = node.get(part) if isinstance(node, dict) else None
+        if block is RunConfig and part == "algorithm":
+            name = node.get("name", DEFAULT_ALGORITHM) if isinstance(node, dict) else DEFAULT_ALGORITHM
+            block = AlgorithmConfig.registry.get(name)
+        else:
+            field = block.model_fields.get(str(part)) if block is not None else None
+            block = _block_model(field.annotation) if field is not None else None
+        if block is None:
+            return []
+    return list(block.model_fields)
+
+
+def _unknown_key(raw: dict[str, Any], loc: tuple[Any, ...]) -> str:
+    """``unknown key``, with the nearest valid key of that block (or the valid keys) as a hint."""
+    known = _keys_at(raw, loc[:-1])
+    near = difflib.get_close_matches(str(loc[-1]), known, n=1, cutoff=0.6)
+    if near:
+        return f"unknown key; did you mean {near[0]!r}?"
+    return f"unknown key; valid keys here: {', '.join(known)}" if known else "unknown key"
+
+
+def _shown(value: Any) -> str:
+    text = repr(value)
+    return text if len(text) <= 60 else text[:57] + "..."
+
+
+def _first_error(error: ValidationError, raw: dict[str, Any]) -> ConfigError:
     """One line naming the offending key, from pydantic's error list."""
     first = error.errors()[0]
     key = ".".join(str(part) for part in first["loc"]) or "config"
-    message = first["msg"]
+    message = first["msg"].removeprefix("Value error, ").removeprefix("Assertion failed, ")
     if first["type"] == "extra_forbidden":
-        message = "unknown key"
+        message = _unknown_key(raw, first["loc"])
+    elif "got " in message:
+        pass
     elif "input" in first and first["type"] != "missing" and not isinstance(first["input"], dict):
-        message = f"{message} (got {first['input']!r})"
+        message = f"{message} (got {_shown(first['input'])})"
     return ConfigError(key, message)
 
 
 def parse_config(raw: dict[str, Any]) -> RunConfig:
     """Validate a nested dict into a :class:`RunConfig`, raising :class:`ConfigError`."""
+    if not isinstance(raw, dict):
+        raise ConfigError("config", "must be a mapping of keys")
     try:
         return RunConfig.model_validate(raw)
     except ValidationError as error:
-        raise _first_error(error) from None
+        raise _first_error(error, raw) from None
 
 
 def apply_override(raw: dict[str, Any], assignment: str) -> None:
@@ -238,14 +359,29 @@ def apply_override(raw: dict[str, Any], assignment: str) -> None:
     node[parts[-1]] = value
 
 
+MAX_CONFIG_BYTES = 2**20
+
+
+def _read_text(path: Path) -> str:
+    """The UTF-8 text of a config file (a UTF-8 byte-order mark is allowed), at most 1 MiB."""
+    try:
+        with open(path, "rb") as handle:
+            data = handle.read(MAX_CONFIG_BYTES + 1)
+    except OSError as error:
+        raise ConfigError(str(path), f"cannot read config file ({error.strerror})") from None
+    if len(data) > MAX_CONFIG_BYTES:
+        raise ConfigError(str(path), "is larger than 1 MiB: not a config file")
+    try:
+        return data.decode("utf-8-sig")
+    except UnicodeDecodeError as error:
+        raise ConfigError(str(path), f"is not UTF-8 text (byte {error.start}); save it as UTF-8") from None
+
+
 def load_raw(path: Path | None) -> dict[str, Any]:
     """Read a YAML config file into a dict (an empty dict for ``None``)."""
     if path is None:
         return {}
-    try:
-        text = Path(path).read_text()
-    except OSError as error:
-        raise ConfigError(str(path), f"cannot read config file ({error.strerror})") from None
+    text = _read_text(Path(path))
     try:
         raw = yaml.safe_load(text)
     except yaml.YAMLError as error:
