@@ -1,16 +1,21 @@
 """The ``fedge`` command line: run, resume, compare, list, plot.
 
-Bad input (an unknown key, an impossible value, a missing file) prints one line naming the key or file
-and exits with code 2; no results directory is created for it.
+Bad input (an unknown key, an impossible value, a missing or unwritable file, a damaged checkpoint, a run
+too large for the machine's memory) prints one line ``error: <key or file>: <message>`` and exits with
+code 2; no results directory is created for it. A run stopped by a NaN or infinite number prints one
+line and exits with code 3.
 """
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Annotated, Any
 
 import typer
 from rich.console import Console
+from rich.markup import escape
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
@@ -21,7 +26,7 @@ from fedge.cli_bounds import bounds
 from fedge.compare import compare as run_comparison
 from fedge.data.partition import PARTITIONERS
 from fedge.data.sources import source_descriptions
-from fedge.errors import FedgeError
+from fedge.errors import EXIT_BAD_INPUT, EXIT_DIVERGED, Diverged, FedgeError
 from fedge.models import model_cut_points, model_descriptions
 from fedge.plots import plot_runs
 from fedge.runner import Result, Runner, open_run, start_run
@@ -34,9 +39,44 @@ errors = Console(stderr=True)
 app.command("bounds")(bounds)
 
 
-def _fail(message: str) -> typer.Exit:
-    errors.print(f"[bold red]error:[/] {message}", highlight=False, soft_wrap=True)
-    return typer.Exit(code=2)
+FORCE_HELP = "run even if the memory pre-flight says the machine cannot hold it"
+
+
+def _one_line(message: str) -> str:
+    """``message`` with control characters (newlines included) written as escapes, never as markup."""
+    return escape("".join(ch if ch.isprintable() else repr(ch)[1:-1] for ch in message))
+
+
+def _fail(message: str, code: int = EXIT_BAD_INPUT) -> typer.Exit:
+    errors.print(f"[bold red]error:[/] {_one_line(message)}", highlight=False, soft_wrap=True)
+    return typer.Exit(code=code)
+
+
+def _out_of_memory(error: BaseException) -> bool:
+    """Whether ``error`` is an allocation failure (Python's, NumPy's or a torch allocator's)."""
+    text = str(error).lower()
+    return isinstance(error, MemoryError) or (
+        isinstance(error, RuntimeError) and ("can't allocate memory" in text or "out of memory" in text)
+    )
+
+
+@contextmanager
+def _reported() -> Iterator[None]:
+    """One line and exit code 2 for bad input (3 for a diverged run) instead of a traceback.
+
+    An allocation failure is reported the same way: the last line of defence behind the memory pre-flight.
+    """
+    try:
+        yield
+    except FedgeError as error:
+        raise _fail(str(error)) from None
+    except Diverged as error:
+        raise _fail(str(error), EXIT_DIVERGED) from None
+    except (MemoryError, RuntimeError) as error:
+        if not _out_of_memory(error):
+            raise
+        first = str(error).splitlines()[0] if str(error) else type(error).__name__
+        raise _fail(f"memory: the run ran out of memory ({first})") from None
 
 
 def _run_with_progress(runner: Runner, quiet: bool) -> Result:
@@ -86,13 +126,12 @@ def run(
     config: Annotated[str | None, typer.Argument(help="YAML config (omit for the digits quickstart)")] = None,
     overrides: Annotated[list[str] | None, typer.Argument(help="dotted overrides, e.g. rounds=50")] = None,
     quiet: Annotated[bool, typer.Option("--quiet", "-q", help="no progress bar")] = False,
+    force: Annotated[bool, typer.Option("--force", help=FORCE_HELP)] = False,
 ) -> None:
     """Run a config (or the built-in quickstart) and write its results directory."""
     config, overrides = _split_config_argument(config, overrides)
-    try:
-        result = _run_with_progress(start_run(fedge.resolve_config(config, overrides)), quiet)
-    except FedgeError as error:
-        raise _fail(str(error)) from None
+    with _reported():
+        result = _run_with_progress(start_run(fedge.resolve_config(config, overrides), force=force), quiet)
     _print_summary(result)
 
 
@@ -100,12 +139,11 @@ def run(
 def resume(
     run_dir: Annotated[Path, typer.Argument(help="a run directory with config.yaml and checkpoint.pt")],
     quiet: Annotated[bool, typer.Option("--quiet", "-q")] = False,
+    force: Annotated[bool, typer.Option("--force", help=FORCE_HELP)] = False,
 ) -> None:
     """Continue an interrupted run from its last checkpoint to the identical result."""
-    try:
-        result = _run_with_progress(open_run(run_dir), quiet)
-    except FedgeError as error:
-        raise _fail(str(error)) from None
+    with _reported():
+        result = _run_with_progress(open_run(run_dir, force=force), quiet)
     _print_summary(result)
 
 
@@ -125,10 +163,8 @@ def compare(
         if not quiet:
             console.print(f"[bold]{name}[/] seed {runner.config.seed} -> {runner.run_dir}")
 
-    try:
+    with _reported():
         outcome = run_comparison(fedge.resolve_config(config, overrides), names, seeds, on_run=announce)
-    except FedgeError as error:
-        raise _fail(str(error)) from None
     table = Table(title=f"fedge compare · {seeds} seed(s) · {outcome.out_dir}")
     columns = (
         "algorithm",
@@ -192,7 +228,13 @@ def plot(
         metrics = run_dir / results.METRICS
         if not metrics.is_file():
             raise _fail(f"{metrics}: no metrics in this run directory")
-        runs.append((run_dir.name, results.read_jsonl(metrics)))
+        with _reported():
+            runs.append((run_dir.name, results.read_jsonl(metrics)))
     target = out or (run_dirs[0] / results.PLOTS if len(run_dirs) == 1 else Path("plots"))
-    for path in plot_runs(runs, target):
+    with _reported():
+        try:
+            written = plot_runs(runs, target)
+        except OSError as error:
+            raise _fail(f"{target}: cannot write plots here ({error.strerror or error})") from None
+    for path in written:
         console.print(str(path))

@@ -1,11 +1,13 @@
 """The round loop, written once for every algorithm: evaluation, checkpoints, resume and results.
 
 ``build_run`` turns a config into a ready algorithm (loading data, partitioning, building the model)
-and raises :class:`~fedge.errors.FedgeError` on bad input *before* any directory exists. ``Runner``
-then drives the rounds, evaluates every ``eval.every`` rounds and after the last, checkpoints atomically,
-and writes the results directory. ``resume`` continues an interrupted run from its last checkpoint to
-the identical result: every random draw is derived from ``(seed, purpose, round, client)``, so nothing
-but the algorithm state and the ledger needs to be carried over.
+and raises :class:`~fedge.errors.FedgeError` on bad input *before* any directory exists, including a
+run the machine's memory cannot hold (:mod:`fedge.preflight`). ``Runner`` then drives the rounds,
+evaluates every ``eval.every`` rounds and after the last, checkpoints atomically (:mod:`fedge.checkpoint`),
+stops on a NaN or infinite number (:mod:`fedge.stop`) and writes the results directory. ``resume``
+continues an interrupted run from its verified last checkpoint to the identical result: every random
+draw is derived from ``(seed, purpose, round, client)``, so nothing but the algorithm state and the
+ledger needs to be carried over.
 """
 
 from __future__ import annotations
@@ -18,7 +20,7 @@ from typing import Any
 
 import torch
 
-from fedge import results
+from fedge import checkpoint, preflight, results, stop
 from fedge.algorithms import ALGORITHMS, Algorithm, Context
 from fedge.comm import Ledger
 from fedge.config import RunConfig, load_config
@@ -27,7 +29,7 @@ from fedge.data.partition import partition_test, partition_train
 from fedge.data.sources import load_dataset
 from fedge.engine import make_executor
 from fedge.engine.host import configure_host
-from fedge.errors import ConfigError, FedgeError
+from fedge.errors import CheckpointError, ConfigError, Diverged, FedgeError
 from fedge.models import SplitModel, build_model, split
 from fedge.plots import plot_run
 from fedge.rng import derive_seed, numpy_rng
@@ -80,11 +82,17 @@ def model_factory(
     return build
 
 
-def build_run(config: RunConfig) -> Built:
-    """Load data, partition it, check the model and build the algorithm; no file is written."""
+def build_run(config: RunConfig, force: bool = False) -> Built:
+    """Load data, partition it, check the model and build the algorithm; no file is written.
+
+    A run whose estimated memory exceeds what is available is refused before the data or the model is
+    allocated, unless ``force``.
+    """
     device = _device(config.engine.device)
     if config.engine.compile and config.engine.executor != "batched":
         raise ConfigError("engine.compile", "only the batched executor compiles its step")
+    available = preflight.available_bytes(device)
+    preflight.check([preflight.synthetic_data(config)], available, force)
     configure_host(config.engine.threads, config.engine.retain_memory and device.type == "cpu")
     dataset = load_dataset(config.data, config.seed)
     labels = dataset.y_train.numpy()
@@ -99,6 +107,7 @@ def build_run(config: RunConfig) -> Built:
         numpy_rng(config.seed, "partition-test"),
     )
     data = FederatedData(dataset, client_train, client_test, config.seed, device)
+    preflight.check(preflight.run_parts(config, data), available, force)
     factory = model_factory(config, dataset.input_shape, dataset.num_classes)
     template = factory()
     if config.model.cut is not None:
@@ -151,6 +160,9 @@ class Runner:
     start: int = 0
     wall_offset: float = 0.0
     on_round: Callable[[int, dict[str, Any] | None], None] | None = None
+    lock: results.RunLock | None = None
+    checkpointed: int | None = None  # round of the last checkpoint written or restored
+    nonfinite: str | None = None  # the first non-finite value met under stop.on_nonfinite=continue
 
     @property
     def config(self) -> RunConfig:
@@ -164,20 +176,51 @@ class Runner:
             "clock": self.built.context.system.clock.state_dict(),
             "rows": self.rows,
             "wall_seconds": wall,
+            "nonfinite": self.nonfinite,
         }
-        results.save_checkpoint(self.run_dir / results.CHECKPOINT, state)
+        checkpoint.save(self.run_dir / results.CHECKPOINT, state, self.config, t)
+        self.checkpointed = t
 
-    def restore(self) -> None:
-        """Continue from the run directory's checkpoint."""
-        state = results.load_checkpoint(self.run_dir / results.CHECKPOINT)
-        self.built.algorithm.load_state_dict(state["algorithm"])
-        self.built.context.ledger.load_state_dict(state["ledger"])
-        self.built.context.system.clock.load_state_dict(state["clock"])
-        self.rows = list(state["rows"])
-        self.start = int(state["round"])
-        self.wall_offset = float(state["wall_seconds"])
+    def restore(self, saved: checkpoint.Checkpoint) -> None:
+        """Continue from a verified checkpoint of this run."""
+        state = saved.state
+        try:
+            self.built.algorithm.load_state_dict(state["algorithm"])
+            self.built.context.ledger.load_state_dict(state["ledger"])
+            self.built.context.system.clock.load_state_dict(state["clock"])
+            self.rows = list(state["rows"])
+            self.start = int(state["round"])
+            self.wall_offset = float(state["wall_seconds"])
+            self.nonfinite = state["nonfinite"]
+        except (KeyError, TypeError, ValueError, IndexError, AttributeError, RuntimeError) as error:
+            detail = str(error).splitlines()[0] if str(error) else ""
+            raise CheckpointError(
+                self.run_dir / results.CHECKPOINT, f"does not fit this run ({type(error).__name__}: {detail})"
+            ) from None
+        self.checkpointed = self.start
+
+    def _nonfinite(self, t: int, metrics: dict[str, Any]) -> str | None:
+        """What is not finite after round ``t``: a metric or the algorithm's state (``None``: nothing)."""
+        return stop.nonfinite_metric(metrics) or stop.nonfinite_state(self.built.algorithm.state_dict())
+
+    def _diverged(self, t: int, what: str) -> Diverged:
+        """Record why the run stopped in ``summary.json`` (its last good rows stay as they are)."""
+        summary = summarize(self.config, self.rows)
+        summary.update(
+            status="diverged", reason=f"round {t}: {what}", last_checkpoint_round=self.checkpointed
+        )
+        results.write_json(self.run_dir / results.SUMMARY, summary)
+        return Diverged(self.run_dir, t, what, self.checkpointed)
 
     def run(self) -> Result:
+        """Run the remaining rounds; raise :class:`~fedge.errors.Diverged` on a NaN or infinity."""
+        try:
+            return self._rounds()
+        finally:
+            if self.lock is not None:
+                self.lock.release()
+
+    def _rounds(self) -> Result:
         cfg, algorithm, ledger = self.config, self.built.algorithm, self.built.context.ledger
         began = time.perf_counter() - self.wall_offset
         for t in range(self.start + 1, cfg.rounds + 1):
@@ -188,6 +231,11 @@ class Runner:
                 row = {"round": t, **algorithm.evaluate(), **round_metrics, **_communication(ledger)}
                 row.update(sim_seconds=clock.seconds, sim_joules=clock.joules)
                 row["wall_seconds"] = time.perf_counter() - began
+            what = self._nonfinite(t, row or round_metrics)
+            if what is not None and cfg.stop.on_nonfinite == "error":
+                raise self._diverged(t, what)
+            self.nonfinite = self.nonfinite or (None if what is None else f"round {t}: {what}")
+            if row is not None:
                 self.rows.append(row)
                 results.write_jsonl(self.run_dir / results.METRICS, self.rows)
             if t % cfg.output.checkpoint_every == 0 or t == cfg.rounds:
@@ -199,6 +247,7 @@ class Runner:
     def finish(self) -> Result:
         """Write summary, ledger and plots of a run that reached its last round."""
         summary = summarize(self.config, self.rows)
+        summary.update(status="finished", first_nonfinite=self.nonfinite)
         results.write_jsonl(self.run_dir / results.METRICS, self.rows)
         results.write_text(self.run_dir / results.LEDGER, self.built.context.ledger.to_csv())
         results.write_json(self.run_dir / results.SUMMARY, summary)
@@ -208,12 +257,14 @@ class Runner:
 
 
 def summarize(config: RunConfig, rows: list[dict[str, Any]]) -> dict[str, Any]:
-    """The headline figures of a run."""
+    """The headline figures of a run (only its names before its first evaluated round)."""
+    names = {"algorithm": config.algorithm.name, "dataset": config.data.name}
+    if not rows:
+        return {**names, "rounds": 0}
     last = rows[-1]
     best = max(rows, key=lambda r: r["accuracy"])
     return {
-        "algorithm": config.algorithm.name,
-        "dataset": config.data.name,
+        **names,
         "rounds": last["round"],
         "final_accuracy": last["accuracy"],
         "best_accuracy": best["accuracy"],
@@ -228,20 +279,32 @@ def summarize(config: RunConfig, rows: list[dict[str, Any]]) -> dict[str, Any]:
     }
 
 
-def start_run(config: RunConfig, on_round=None) -> Runner:
+def start_run(config: RunConfig, on_round=None, force: bool = False) -> Runner:
     """Validate and build ``config``, then create its run directory (only once the build succeeded)."""
-    built = build_run(config)
+    results.check_output_dir(config.output.dir)
+    built = build_run(config, force)
     run_dir = results.create_run_dir(config.output.dir, default_run_name(config), config.to_yaml())
-    return Runner(built, run_dir, on_round=on_round)
+    return Runner(built, run_dir, on_round=on_round, lock=results.RunLock(run_dir))
 
 
-def open_run(run_dir: Path, on_round=None) -> Runner:
-    """A runner that continues the run in ``run_dir`` from its last checkpoint."""
+def open_run(run_dir: Path, on_round=None, force: bool = False) -> Runner:
+    """A runner that continues the run in ``run_dir`` from its last checkpoint.
+
+    Everything is checked before anything in ``run_dir`` changes: the folder can be written and no other
+    process runs it, and the checkpoint is intact and belongs to this run's ``config.yaml``. Only then
+    are the temporary files of an interrupted write removed.
+    """
     run_dir = Path(run_dir)
     config_path = run_dir / results.CONFIG
     if not config_path.is_file():
         raise FedgeError(f"{run_dir}: not a run directory (no {results.CONFIG})")
-    runner = Runner(build_run(load_config(config_path)), run_dir, on_round=on_round)
-    if (run_dir / results.CHECKPOINT).is_file():
-        runner.restore()
+    config = load_config(config_path)
+    results.check_writable(run_dir)
+    lock = results.RunLock(run_dir)
+    path = run_dir / results.CHECKPOINT
+    saved = checkpoint.load(path, config) if path.is_file() else None
+    runner = Runner(build_run(config, force), run_dir, on_round=on_round, lock=lock)
+    if saved is not None:
+        runner.restore(saved)
+    results.remove_temporaries(run_dir)
     return runner
