@@ -11,6 +11,7 @@ error.
 from __future__ import annotations
 
 import difflib
+import re
 import types
 from pathlib import Path
 from typing import Annotated, Any, ClassVar, Literal, Union, get_args, get_origin
@@ -56,7 +57,8 @@ def _check_scalar(value: Any, admitted: set[Any]) -> None:
     numeric = bool(admitted & {int, float}) and bool not in admitted
     if isinstance(value, bool) and numeric:
         raise ValueError(f"expected a number, got {str(value).lower()}")
-    if isinstance(value, int) and not isinstance(value, bool) and abs(value) > INT64_MAX:
+    whole = isinstance(value, int) or (isinstance(value, float) and int in admitted and float not in admitted)
+    if whole and not isinstance(value, bool) and abs(value) > INT64_MAX:
         raise ValueError("is too large (at most 2^63 - 1)")
     if isinstance(value, str) and "\x00" in value:
         raise ValueError("must not contain a NUL character")
@@ -336,6 +338,20 @@ def parse_config(raw: dict[str, Any]) -> RunConfig:
         raise _first_error(error, raw) from None
 
 
+class _Loader(yaml.SafeLoader):
+    """YAML's safe loader that also reads ``1e12`` and ``1.5e3`` (YAML 1.1 wants a dot and a signed
+    exponent) as numbers."""
+
+
+_Loader.add_implicit_resolver(
+    "tag:yaml.org,2002:float", re.compile(r"^[-+]?[0-9]+(\.[0-9]*)?[eE][-+]?[0-9]+$"), list("-+0123456789")
+)
+
+
+def _yaml(text: str) -> Any:
+    return yaml.load(text, Loader=_Loader)
+
+
 def apply_override(raw: dict[str, Any], assignment: str) -> None:
     """Apply one ``a.b.c=value`` override to a nested dict in place (value parsed as YAML)."""
     if "=" not in assignment:
@@ -345,7 +361,7 @@ def apply_override(raw: dict[str, Any], assignment: str) -> None:
     if not all(parts):
         raise ConfigError(key, "override key has an empty part")
     try:
-        value = yaml.safe_load(text)
+        value = _yaml(text)
     except yaml.YAMLError:
         value = text
     node = raw
@@ -383,7 +399,7 @@ def load_raw(path: Path | None) -> dict[str, Any]:
         return {}
     text = _read_text(Path(path))
     try:
-        raw = yaml.safe_load(text)
+        raw = _yaml(text)
     except yaml.YAMLError as error:
         mark = getattr(error, "problem_mark", None)
         where = f" at line {mark.line + 1}" if mark is not None else ""
