@@ -6,9 +6,10 @@ The estimate is rough on purpose (float32 values, 4 bytes each) and errs high:
 - the model: parameters and buffers counted on the meta device (nothing allocated), held as the global
   model, its gradient and the optimizer's slots (one for momentum);
 - the clients: every client's model stacked, with its optimizer slots;
-- the largest batch: the batch plan (``[clients, steps, batch]`` int64 indices and float32 weights) and
-  the activations of one training batch (per-sample outputs of every layer, from a meta forward pass,
-  times three for the forward values, their gradients and slack), and of one evaluation batch.
+- the largest batch: the batch plan (``[clients, steps, batch]`` int64 indices and float32 weights);
+- once the model is known to fit and is built: the activations of one training batch (per-sample outputs
+  of every layer, times three for the forward values, their gradients and slack) and of one evaluation
+  batch.
 
 The sum is compared with the memory available now: ``MemAvailable`` of ``/proc/meminfo``, lowered to the
 cgroup's limit where one is set, or the free memory of the CUDA device. A run that needs more is a
@@ -22,6 +23,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import torch
+from torch import nn
 
 from fedge.config import RunConfig
 from fedge.data.federated import FederatedData
@@ -90,52 +92,75 @@ def synthetic_data(config: RunConfig) -> Part | None:
     return Part("data", size, f"the synthetic dataset ({samples:,} samples of {shape})")
 
 
-def _model_figures(config: RunConfig, input_shape: tuple[int, ...], num_classes: int) -> tuple[int, int]:
-    """Values in the model's parameters and buffers, and activation values per sample (meta device)."""
+def _model_values(config: RunConfig, input_shape: tuple[int, ...], num_classes: int) -> int:
+    """Values in the model's parameters and buffers, counted on the meta device (nothing allocated)."""
     with torch.random.fork_rng(devices=[]), torch.device("meta"):
         model = build_model(config.model.name, input_shape, num_classes, **config.model.options)
-    values = sum(t.numel() for t in (*model.parameters(), *model.buffers()))
+    return sum(t.numel() for t in (*model.parameters(), *model.buffers()))
+
+
+def _per_sample_activations(model: nn.Module, input_shape: tuple[int, ...]) -> int:
+    """Output values of every layer for one sample: a forward pass in eval mode, without gradients.
+
+    Run on a real (already built) model: a meta-device forward would import half of torch's compiler.
+    """
     outputs = [0]
 
-    def count(module, args, output) -> None:
+    def count(module: nn.Module, args: object, output: object) -> None:
         outputs[0] += output.numel() if isinstance(output, torch.Tensor) else 0
 
     leaves = [module for module in model.modules() if not any(module.children())]
     hooks = [module.register_forward_hook(count) for module in leaves]
-    with torch.no_grad():
-        model.eval()(torch.empty(1, *input_shape, device="meta"))  # eval: BatchNorm takes one sample
-    for hook in hooks:
-        hook.remove()
-    return values, outputs[0]
+    training = model.training
+    try:
+        with torch.no_grad():
+            model.eval()(torch.zeros(1, *input_shape))  # eval: BatchNorm takes one sample, keeps its stats
+    finally:
+        model.train(training)
+        for hook in hooks:
+            hook.remove()
+    return outputs[0]
 
 
-def run_parts(config: RunConfig, data: FederatedData) -> list[Part]:
-    """The estimate of a run whose data is loaded and partitioned, before its model exists."""
+def _batch_shape(config: RunConfig, data: FederatedData) -> tuple[int, int, int]:
+    """Clients, steps and width of the largest batch plan a round can draw."""
     cfg = config.algorithm
-    values, per_sample = _model_figures(config, data.input_shape, data.num_classes)
-    optimizer = getattr(cfg, "optimizer", None)
-    slots = 1 if optimizer is not None and optimizer.momentum > 0 else 0
-    clients, largest = data.num_clients, int(data.client_sizes().max(initial=1))
+    largest = int(data.client_sizes().max(initial=1))
     batch = int(getattr(cfg, "batch_size", largest))
     steps = getattr(cfg, "local_steps", None) or getattr(cfg, "local_epochs", 1) * -(-largest // batch)
-    real_rows = min(batch, largest)
-    eval_rows = min(config.eval.batch_size, max(data.dataset.num_test, 1))
+    return data.num_clients, steps, batch
+
+
+def state_parts(config: RunConfig, data: FederatedData) -> list[Part]:
+    """Data, model, stacked clients and batch plans of a run whose data is loaded, before its model exists."""
+    values = _model_values(config, data.input_shape, data.num_classes)
+    optimizer = getattr(config.algorithm, "optimizer", None)
+    slots = 1 if optimizer is not None and optimizer.momentum > 0 else 0
+    clients, steps, batch = _batch_shape(config, data)
     dataset = data.dataset
     loaded = sum(t.numel() * t.element_size() for t in (dataset.x_train, dataset.y_train, dataset.x_test))
     return [
         Part("data", loaded, f"the {dataset.name} dataset"),
-        Part("model", (values * (2 + slots) + per_sample) * FLOAT_BYTES, f"a model of {values:,} values"),
+        Part("model", values * (2 + slots) * FLOAT_BYTES, f"a model of {values:,} values"),
         Part(
             "partition.num_clients",
-            values * FLOAT_BYTES * (1 + slots) * clients,
-            f"{clients:,} clients' stacked models",
+            values * (1 + slots) * clients * FLOAT_BYTES,
+            f"{clients:,} clients' models",
         ),
         Part(
-            "algorithm.batch_size",
-            clients * steps * batch * PLAN_BYTES + real_rows * per_sample * FLOAT_BYTES * ACTIVATION_FACTOR,
-            f"batches of {batch:,} samples",
+            "algorithm.batch_size", clients * steps * batch * PLAN_BYTES, f"batch plans of {batch:,} samples"
         ),
-        Part("eval.batch_size", eval_rows * per_sample * FLOAT_BYTES, f"evaluation batches of {eval_rows:,}"),
+    ]
+
+
+def activation_parts(config: RunConfig, data: FederatedData, model: nn.Module) -> list[Part]:
+    """Activations of the largest training batch and of an evaluation batch of ``model``."""
+    per_sample = _per_sample_activations(model, data.input_shape) * FLOAT_BYTES
+    rows = min(_batch_shape(config, data)[2], int(data.client_sizes().max(initial=1)))
+    eval_rows = min(config.eval.batch_size, max(data.dataset.num_test, 1))
+    return [
+        Part("algorithm.batch_size", rows * per_sample * ACTIVATION_FACTOR, f"training batches of {rows:,}"),
+        Part("eval.batch_size", eval_rows * per_sample, f"evaluation batches of {eval_rows:,}"),
     ]
 
 

@@ -107,9 +107,11 @@ def build_run(config: RunConfig, force: bool = False) -> Built:
         numpy_rng(config.seed, "partition-test"),
     )
     data = FederatedData(dataset, client_train, client_test, config.seed, device)
-    preflight.check(preflight.run_parts(config, data), available, force)
+    parts = preflight.state_parts(config, data)
+    preflight.check(parts, available, force)
     factory = model_factory(config, dataset.input_shape, dataset.num_classes)
     template = factory()
+    preflight.check(parts + preflight.activation_parts(config, data, template), available, force)
     if config.model.cut is not None:
         split(template, config.model.cut)
     algorithm_cls = ALGORITHMS[config.algorithm.name]
