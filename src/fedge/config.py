@@ -3,9 +3,9 @@
 A run is fully described by one :class:`RunConfig`. Unknown keys (with the nearest valid one suggested)
 and impossible values are rejected with a :class:`~fedge.errors.ConfigError` whose one-line message names
 the key. Every block refuses what no run can use: NaN and infinite numbers, true/false where a number is
-expected, integers beyond 64 bits and NUL characters. Checks that need the data or the model (more
-clients than samples, a cut beyond the model's depth) happen when the run is built, and raise the same
-error.
+expected, integers beyond 64 bits, floats beyond float32 and NUL characters. Checks that need the data
+or the model (more clients than samples, a cut beyond the model's depth) happen when the run is built,
+and raise the same error.
 """
 
 from __future__ import annotations
@@ -35,6 +35,7 @@ DATASETS = ("digits", "synthetic", "mnist", "fashion-mnist", "cifar10", "cifar10
 DEFAULT_ALGORITHM = "fedavg"
 PARTITIONERS = ("iid", "dirichlet", "pathological", "shards", "natural", "grouped")
 INT64_MAX = 2**63 - 1
+FLOAT32_MAX = 3.4028234663852886e38  # config numbers end up in float32 tensors
 NAME_BYTES = 200  # longest run name: room for the "-N" suffix and the hidden staging name within 255
 
 
@@ -60,6 +61,8 @@ def _check_scalar(value: Any, admitted: set[Any]) -> None:
     whole = isinstance(value, int) or (isinstance(value, float) and int in admitted and float not in admitted)
     if whole and not isinstance(value, bool) and abs(value) > INT64_MAX:
         raise ValueError("is too large (at most 2^63 - 1)")
+    if isinstance(value, float) and abs(value) > FLOAT32_MAX:
+        raise ValueError("is too large (at most 3.4e38, float32's largest)")
     if isinstance(value, str) and "\x00" in value:
         raise ValueError("must not contain a NUL character")
 
@@ -73,7 +76,8 @@ class StrictModel(BaseModel):
     @field_validator("*", mode="before")
     @classmethod
     def _usable(cls, value: Any, info: ValidationInfo) -> Any:
-        """No true/false for a number, no integer beyond 64 bits, no NUL character (also inside lists)."""
+        """No true/false for a number, no integer beyond 64 bits or float beyond float32, no NUL character
+        (also inside lists)."""
         admitted = _leaf_types(cls.model_fields[info.field_name].annotation)
         for item in value if isinstance(value, list | tuple) else (value,):
             _check_scalar(item, admitted)
@@ -165,20 +169,23 @@ class EngineConfig(StrictModel):
 class SystemConfig(StrictModel):
     """Wireless system model (light-fedsl.md §4 defaults). Fading and the compute/energy model are our
     completion of the papers (they give none): placeholder device and server speeds, kappa = 1e-28.
+
+    Every value is bounded far beyond any radio or processor (1 Hz to 1 THz, -100 to 100 dBm, 1 m to
+    10,000 km, up to 1 PHz) so that rates, times and energies stay finite numbers.
     """
 
-    bandwidth_hz: Annotated[float, Field(gt=0.0)] = 5e6
-    client_power_dbm: float = 23.0
-    server_power_dbm: float = 37.0
-    noise_dbm_per_hz: float = -174.0
-    distance_min_m: Annotated[float, Field(gt=0.0)] = 100.0
-    distance_max_m: Annotated[float, Field(gt=0.0, validate_default=True)] = 300.0
+    bandwidth_hz: Annotated[float, Field(ge=1.0, le=1e12)] = 5e6
+    client_power_dbm: Annotated[float, Field(ge=-100.0, le=100.0)] = 23.0
+    server_power_dbm: Annotated[float, Field(ge=-100.0, le=100.0)] = 37.0
+    noise_dbm_per_hz: Annotated[float, Field(ge=-300.0, le=0.0)] = -174.0
+    distance_min_m: Annotated[float, Field(ge=1.0, le=1e7)] = 100.0
+    distance_max_m: Annotated[float, Field(ge=1.0, le=1e7, validate_default=True)] = 300.0
     distances: Literal["uniform", "linspace"] = "uniform"
     fading: Literal["none", "rayleigh"] = "none"
-    client_cpu_hz: Annotated[float, Field(gt=0.0)] = 1e9
-    server_cpu_hz: Annotated[float, Field(gt=0.0)] = 1e11
-    cycles_per_flop: Annotated[float, Field(gt=0.0)] = 1.0
-    kappa: Annotated[float, Field(ge=0.0)] = 1e-28
+    client_cpu_hz: Annotated[float, Field(ge=1.0, le=1e15)] = 1e9
+    server_cpu_hz: Annotated[float, Field(ge=1.0, le=1e15)] = 1e11
+    cycles_per_flop: Annotated[float, Field(gt=0.0, le=1e9)] = 1.0
+    kappa: Annotated[float, Field(ge=0.0, le=1.0)] = 1e-28
 
     @field_validator("distance_max_m")
     @classmethod

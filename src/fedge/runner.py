@@ -63,8 +63,12 @@ def _device(name: str) -> torch.device:
         device = torch.device(name)
     except RuntimeError:
         raise ConfigError("engine.device", f"unknown device {name!r}") from None
+    if device.type not in ("cpu", "cuda"):
+        raise ConfigError("engine.device", f"{name!r} is not supported; use cpu or cuda[:index]")
     if device.type == "cuda" and not torch.cuda.is_available():
         raise ConfigError("engine.device", "CUDA was asked for but no CUDA device is available")
+    if device.type == "cuda" and (device.index or 0) >= torch.cuda.device_count():
+        raise ConfigError("engine.device", f"there is no {name} (CUDA devices: {torch.cuda.device_count()})")
     return device
 
 
