@@ -195,3 +195,41 @@ def test_checkpoint_files_hold_no_pickle(tmp_path):
     header = yaml.safe_load(data.splitlines()[1])
     assert header["format"] == checkpoint.FORMAT and header["algorithm"] == "cse_fsl"
     assert header["config_sha256"] == checkpoint.config_digest(result.config) and header["round"] == 1
+
+
+def test_a_full_disk_mid_run_is_one_line_and_the_last_checkpoint_resumes(tmp_path, monkeypatch):
+    out = tmp_path / "runs"
+    path = tmp_path / "run.yaml"
+    path.write_text(yaml.safe_dump(tiny("fedavg", out, rounds=4) | {"eval": {"every": 1}}))
+    original, writes = results.atomic_write, []
+
+    def full_after_a_while(target, write):
+        writes.append(target)
+        if len(writes) > 5:
+            raise PathError(target, "cannot be written (No space left on device)")
+        original(target, write)
+
+    monkeypatch.setattr(results, "atomic_write", full_after_a_while)
+    monkeypatch.setattr(checkpoint, "atomic_write", full_after_a_while)
+    outcome = invoke(["run", str(path), "-q"])
+    assert outcome.code == 2 and len(outcome.lines) == 1, outcome.output
+    assert "No space left on device" in outcome.lines[0] and outcome.exception is None
+    monkeypatch.undo()
+    (run_dir,) = out.iterdir()
+    assert fedge.resume(run_dir).summary["rounds"] == 4
+
+
+def test_resuming_a_finished_run_changes_no_result(tmp_path):
+    result = fedge.run(tiny("fedavg", tmp_path / "runs", rounds=2))
+    before = (result.run_dir / "metrics.jsonl").read_bytes()
+    outcome = invoke(["resume", str(result.run_dir), "-q"])
+    assert outcome.code == 0 and (result.run_dir / "metrics.jsonl").read_bytes() == before
+
+
+def test_plotting_a_damaged_metrics_file_is_one_line(tmp_path):
+    result = fedge.run(tiny("fedavg", tmp_path / "runs", rounds=1))
+    (result.run_dir / "metrics.jsonl").write_text('{"round": 1}\nnot json\n')
+    outcome = invoke(["plot", str(result.run_dir)])
+    assert outcome.code == 2 and outcome.lines == [
+        f"error: {result.run_dir / 'metrics.jsonl'}: line 2 is not a JSON object"
+    ]

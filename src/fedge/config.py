@@ -11,6 +11,7 @@ and raise the same error.
 from __future__ import annotations
 
 import difflib
+import math
 import re
 import types
 from pathlib import Path
@@ -61,7 +62,7 @@ def _check_scalar(value: Any, admitted: set[Any]) -> None:
     whole = isinstance(value, int) or (isinstance(value, float) and int in admitted and float not in admitted)
     if whole and not isinstance(value, bool) and abs(value) > INT64_MAX:
         raise ValueError("is too large (at most 2^63 - 1)")
-    if isinstance(value, float) and abs(value) > FLOAT32_MAX:
+    if isinstance(value, float) and FLOAT32_MAX < abs(value) < math.inf:  # NaN and inf: "finite number"
         raise ValueError("is too large (at most 3.4e38, float32's largest)")
     if isinstance(value, str) and "\x00" in value:
         raise ValueError("must not contain a NUL character")

@@ -205,8 +205,8 @@ class Runner:
             ) from None
         self.checkpointed = self.start
 
-    def _nonfinite(self, t: int, metrics: dict[str, Any]) -> str | None:
-        """What is not finite after round ``t``: a metric or the algorithm's state (``None``: nothing)."""
+    def _nonfinite(self, metrics: dict[str, Any]) -> str | None:
+        """What is not finite after a round: a metric or the algorithm's state (``None``: nothing)."""
         return stop.nonfinite_metric(metrics) or stop.nonfinite_state(self.built.algorithm.state_dict())
 
     def _diverged(self, t: int, what: str) -> Diverged:
@@ -237,7 +237,7 @@ class Runner:
                 row = {"round": t, **algorithm.evaluate(), **round_metrics, **_communication(ledger)}
                 row.update(sim_seconds=clock.seconds, sim_joules=clock.joules)
                 row["wall_seconds"] = time.perf_counter() - began
-            what = self._nonfinite(t, row or round_metrics)
+            what = self._nonfinite(row or round_metrics)
             if what is not None and cfg.stop.on_nonfinite == "error":
                 raise self._diverged(t, what)
             self.nonfinite = self.nonfinite or (None if what is None else f"round {t}: {what}")
