@@ -3,6 +3,8 @@
 
 from __future__ import annotations
 
+import hashlib
+import json
 import math
 import os
 import shutil
@@ -36,7 +38,7 @@ def test_state_round_trips_exactly_with_every_kind_of_value(tmp_path):
             "nan": torch.tensor([math.nan, math.inf, -0.0]),
         },
         "arrays": [np.arange(5, dtype=np.int32), np.array([[1.5, -2.0]]), np.zeros(0, dtype=np.int64)],
-        "scalars": (np.int64(7), np.float32(0.1), np.bool_(True)),
+        "scalars": (np.int64(7), np.float32(0.1), np.bool_(True), np.float64(0.3)),
         "totals": {("model_up", "up"): 2**40 + 1, ("peer", "peer"): 0},
         "numbers": [0.1, 1e-300, -0.0, math.inf, math.nan, 10**30, True, None, "text", "$dollar"],
         "$odd": {"$tuple": 1},
@@ -53,7 +55,7 @@ def test_state_round_trips_exactly_with_every_kind_of_value(tmp_path):
     assert torch.equal(back["tensors"]["nan"].signbit(), state["tensors"]["nan"].signbit())
     for a, b in zip(back["arrays"], state["arrays"], strict=True):
         assert a.dtype == b.dtype and np.array_equal(a, b)
-    assert [type(v) for v in back["scalars"]] == [np.int64, np.float32, np.bool_]
+    assert [type(v) for v in back["scalars"]] == [np.int64, np.float32, np.bool_, np.float64]
     assert back["scalars"] == state["scalars"] and back["totals"] == state["totals"]
     numbers = back["numbers"]
     assert (
@@ -233,3 +235,16 @@ def test_plotting_a_damaged_metrics_file_is_one_line(tmp_path):
     assert outcome.code == 2 and outcome.lines == [
         f"error: {result.run_dir / 'metrics.jsonl'}: line 2 is not a JSON object"
     ]
+
+
+def test_a_well_formed_but_inconsistent_checkpoint_is_refused_not_a_traceback(tmp_path):
+    """The checksum is no signature: a crafted file with a valid one still only gets a one-line refusal."""
+    config = parse_config({})
+    checkpoint.save(tmp_path / "c.pt", {"w": torch.zeros(2, 3)}, config, 1)
+    magic, header, description, data = (tmp_path / "c.pt").read_bytes().split(b"\n", 3)
+    crafted = description.replace(b'"shape":[2,3]', b'"shape":[7,7]')
+    body = crafted + b"\n" + data
+    fields = json.loads(header) | {"body_bytes": len(body), "body_sha256": hashlib.sha256(body).hexdigest()}
+    (tmp_path / "c.pt").write_bytes(magic + b"\n" + json.dumps(fields).encode() + b"\n" + body)
+    with pytest.raises(CheckpointError, match="is damaged: "):
+        checkpoint.load(tmp_path / "c.pt", config)

@@ -107,6 +107,8 @@ class _Packer:
         return self._add(flat.view(np.uint8), spec)
 
     def pack(self, value: Any) -> Any:
+        if isinstance(value, np.generic):  # first: np.float64 is also a float, and must stay np.float64
+            return {"$scalar": self._array(np.asarray(value))}
         if value is None or isinstance(value, bool | int | str):
             return value
         if isinstance(value, float):
@@ -115,8 +117,6 @@ class _Packer:
             return {"$tensor": self._tensor(value)}
         if isinstance(value, np.ndarray):
             return {"$array": self._array(value)}
-        if isinstance(value, np.generic):
-            return {"$scalar": self._array(np.asarray(value))}
         if isinstance(value, list):
             return [self.pack(item) for item in value]
         if isinstance(value, tuple):
@@ -265,8 +265,17 @@ def load(path: Path, config: RunConfig | None = None) -> Checkpoint:
     try:
         description = json.loads(bytes(body[: max(split, 0)]))
         state = _Unpacker(description["arrays"], body[split + 1 :]).unpack(description["tree"])
-    except (ValueError, KeyError, TypeError, IndexError, AttributeError) as error:
-        raise CheckpointError(path, f"is damaged: {error}") from None
+    except (
+        ValueError,
+        KeyError,
+        TypeError,
+        IndexError,
+        AttributeError,
+        RuntimeError,
+        RecursionError,
+    ) as error:
+        reason = str(error).splitlines()[0] if str(error) else type(error).__name__
+        raise CheckpointError(path, f"is damaged: {reason}") from None
     if not isinstance(state, dict):
         raise CheckpointError(path, "is damaged: it holds no state")
     return Checkpoint(header, state)
