@@ -99,6 +99,7 @@ def test_output_dirs_that_cannot_hold_a_run(tmp_path):
         ("data.num_train=1e14", "data"),
         ("model.options.hidden=[1000000000000]", "model"),
         ("model.options.hidden=[1.0e12]", "model"),
+        ("algorithm.local_epochs=1e14", "algorithm.local_epochs"),
     ],
 )
 def test_sizes_the_machine_cannot_hold_are_refused_before_allocating(tmp_path, override, key):
@@ -129,6 +130,8 @@ def test_force_skips_the_memory_preflight(tmp_path, monkeypatch):
         ("fedavg", ["data.shape=[1,true,6]"], "data.shape: expected a number"),
         ("fedavg", ["rounds=1e300"], "rounds: is too large"),
         ("fedavg", ["algorithm.batch_size=2.5"], "algorithm.batch_size: Input should be a valid integer"),
+        ("fedavg", ["engine.threads=1e15"], "engine.threads: Input should be less than or equal to 1024"),
+        ("fedavg", ["engine.device=meta"], "engine.device: 'meta' is not supported"),
         ("splitfed_v1", ["algorithm.aggregate_divisor=all_clients"], "all_clients needs aggregation=uniform"),
         ("fedavg", ["system.distance_min_m=500"], "system.distance_max_m: must be >= system.distance_min_m"),
     ],

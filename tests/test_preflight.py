@@ -80,3 +80,13 @@ def test_a_huge_synthetic_set_is_refused_before_it_is_drawn(tmp_path, monkeypatc
     config = parse_config(tiny("fedavg", tmp_path) | {"data": {"name": "synthetic", "num_train": 10**14}})
     with pytest.raises(ConfigError, match=r"^data: this run needs about .* PiB"):
         build_run(config)
+
+
+@pytest.mark.parametrize(
+    ("algorithm", "key"),
+    [("centralized", "epochs_per_round"), ("ditto", "personal_epochs"), ("gossip", "ft_epochs")],
+)
+def test_every_epochs_knob_counts_in_the_batch_plans(tmp_path, algorithm, key):
+    config = parse_config(tiny(algorithm, tmp_path) | {"algorithm": {"name": algorithm, key: 10**15}})
+    with pytest.raises(ConfigError, match=f"^algorithm.{key}: this run needs about .* PiB"):
+        build_run(config)

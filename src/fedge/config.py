@@ -162,7 +162,7 @@ class EngineConfig(StrictModel):
 
     executor: Literal["sequential", "batched"] = "batched"
     device: str = "cpu"
-    threads: PositiveInt | None = None
+    threads: Annotated[int, Field(ge=1, le=1024)] | None = None
     compile: bool = False  # torch.compile the batched executor's step (first rounds pay compilation)
     retain_memory: bool = True  # on CPU, keep freed memory for reuse (fedge.engine.host)
 

@@ -122,13 +122,25 @@ def _per_sample_activations(model: nn.Module, input_shape: tuple[int, ...]) -> i
     return outputs[0]
 
 
-def _batch_shape(config: RunConfig, data: FederatedData) -> tuple[int, int, int]:
-    """Clients, steps and width of the largest batch plan a round can draw."""
+def _batch_shape(config: RunConfig, data: FederatedData) -> tuple[int, int, int, str]:
+    """Clients, steps and width of the largest batch plan a round can draw, and the key that sets it.
+
+    Every ``*epochs*`` knob of the algorithm (local training, fine-tuning, personal models...) plans its
+    epochs at once, so the largest one counts. The key is the batch size when it exceeds every client's
+    data (padding makes the plan), else what sets the number of steps.
+    """
     cfg = config.algorithm
     largest = int(data.client_sizes().max(initial=1))
     batch = int(getattr(cfg, "batch_size", largest))
-    steps = getattr(cfg, "local_steps", None) or getattr(cfg, "local_epochs", 1) * -(-largest // batch)
-    return data.num_clients, steps, batch
+    epochs = {k: v for k, v in cfg if "epochs" in k and isinstance(v, int)}
+    most = max(epochs, key=epochs.__getitem__, default=None)
+    steps = epochs.get(most, 1) * -(-largest // batch)
+    key = f"algorithm.{most}" if most is not None else "algorithm.batch_size"
+    if (getattr(cfg, "local_steps", None) or 0) > steps:
+        steps, key = cfg.local_steps, "algorithm.local_steps"
+    if batch > largest:
+        key = "algorithm.batch_size"
+    return data.num_clients, steps, batch, key
 
 
 def state_parts(config: RunConfig, data: FederatedData) -> list[Part]:
@@ -136,7 +148,7 @@ def state_parts(config: RunConfig, data: FederatedData) -> list[Part]:
     values = _model_values(config, data.input_shape, data.num_classes)
     optimizer = getattr(config.algorithm, "optimizer", None)
     slots = 1 if optimizer is not None and optimizer.momentum > 0 else 0
-    clients, steps, batch = _batch_shape(config, data)
+    clients, steps, batch, key = _batch_shape(config, data)
     dataset = data.dataset
     loaded = sum(t.numel() * t.element_size() for t in (dataset.x_train, dataset.y_train, dataset.x_test))
     return [
@@ -148,7 +160,9 @@ def state_parts(config: RunConfig, data: FederatedData) -> list[Part]:
             f"{clients:,} clients' models",
         ),
         Part(
-            "algorithm.batch_size", clients * steps * batch * PLAN_BYTES, f"batch plans of {batch:,} samples"
+            key,
+            clients * steps * batch * PLAN_BYTES,
+            f"batch plans of {steps:,} step{'s' * (steps != 1)} x {batch:,} samples",
         ),
     ]
 
