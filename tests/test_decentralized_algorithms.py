@@ -10,7 +10,7 @@ import pytest
 import torch
 
 import fedge
-from fedge import results
+from fedge import checkpoint
 from fedge.algorithms.decentralized.topology import TopologyConfig, build_topology
 from fedge.compare import compare
 from fedge.config import parse_config
@@ -71,7 +71,7 @@ def strip(rows):
 
 
 def final_params(result):
-    state = results.load_checkpoint(result.run_dir / "checkpoint.pt")["algorithm"]
+    state = checkpoint.load(result.run_dir / "checkpoint.pt").state["algorithm"]
     return state["bank"]["params"] if "bank" in state else state["params"]
 
 

@@ -166,15 +166,12 @@ def test_aircomp_at_high_snr_matches_oma_and_low_snr_does_not(hist_config):
     [
         ("fcnn", [1, 28, 28], {}),
         ("lenet5", [1, 28, 28], {}),
-        ("cnn2", [1, 28, 28], {}),
         ("cnn4", [1, 28, 28], {}),
         ("cse_femnist", [1, 28, 28], {}),
         ("cse_cifar", [3, 24, 24], {}),
-        ("resnet18", [3, 8, 8], {"width": 4}),
-        ("vgg", [3, 32, 32], {"depth": 11, "width": 0.0625}),
     ],
 )
-def test_every_zoo_model_trains(hist_config, model, shape, options):
+def test_every_zoo_model_with_a_hidden_fc_layer_trains(hist_config, model, shape, options):
     hist_config["data"].update(shape=shape, num_train=64, num_test=16)
     hist_config["partition"]["num_clients"] = 4
     hist_config["model"] = {"name": model, "options": options}
@@ -186,6 +183,25 @@ def test_every_zoo_model_trains(hist_config, model, shape, options):
     assert all(torch.isfinite(v).all() for v in algorithm.params.values())
     assert any(not torch.equal(algorithm.params[k], before[k]) for k in before)
     assert 0 <= algorithm.evaluate()["accuracy"] <= 1 and row["latency_s"] > 0
+
+
+@pytest.mark.parametrize(
+    ("model", "shape", "options"),
+    [
+        ("cnn2", [1, 28, 28], {}),
+        ("resnet18", [3, 8, 8], {"width": 4}),
+        ("vgg", [3, 32, 32], {"depth": 11, "width": 0.0625}),
+        ("mlp", [1, 8, 8], {"hidden": []}),
+    ],
+)
+def test_models_without_a_hidden_fc_layer_are_refused(hist_config, model, shape, options):
+    """Nothing to partition would make HIST a mislabelled HFedAvg: a config error naming the model."""
+    hist_config["data"].update(shape=shape, num_train=64, num_test=16)
+    hist_config["partition"]["num_clients"] = 4
+    hist_config["model"] = {"name": model, "options": options}
+    hist_config["algorithm"].update(split="partition")
+    with pytest.raises(ConfigError, match=f"^model: HIST .* {model} has none"):
+        built(hist_config)
 
 
 def test_bad_hierarchies_are_config_errors(hist_config):

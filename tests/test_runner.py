@@ -13,7 +13,7 @@ from pathlib import Path
 import yaml
 
 import fedge
-from fedge import results
+from fedge import checkpoint, results
 from fedge.models import build_model, count_parameters
 
 WALL = ("wall_seconds",)
@@ -56,7 +56,7 @@ def test_executors_agree_end_to_end(tiny_config):
     batched = fedge.run(tiny_config, ["engine.executor=batched"])
     sequential = fedge.run(tiny_config, ["engine.executor=sequential"])
     final = [
-        results.load_checkpoint(r.run_dir / "checkpoint.pt")["algorithm"]["params"]
+        checkpoint.load(r.run_dir / "checkpoint.pt").state["algorithm"]["params"]
         for r in (batched, sequential)
     ]
     assert max(float((final[0][k] - final[1][k]).abs().max()) for k in final[0]) < 1e-5

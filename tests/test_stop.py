@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 import fedge
-from fedge import results, stop
+from fedge import checkpoint, results, stop
 from fedge.config import StopConfig
 
 
@@ -37,7 +37,7 @@ def test_target_accuracy_stops_at_the_first_evaluated_round_at_or_above_it(tiny_
     assert stopped.summary["stopped_by"] == "target_accuracy"
     reached = stopped.summary["time_to_target"][f"{target:g}"]
     assert reached["round"] == first and reached["mb_total"] == stopped.metrics[-1]["mb_total"]
-    assert results.load_checkpoint(stopped.run_dir / "checkpoint.pt")["round"] == first
+    assert checkpoint.load(stopped.run_dir / "checkpoint.pt").header["round"] == first
     assert fedge.resume(stopped.run_dir).metrics[-1]["round"] == first  # a stopped run stays stopped
 
 

@@ -57,16 +57,20 @@ def run(
     config: RunConfig | dict | str | Path | None = None,
     overrides: list[str] | None = None,
     on_round: RoundCallback | None = None,
+    force: bool = False,
 ) -> Result:
     """Run a config to its last round and return its metrics and summary.
 
     ``config`` may be a :class:`RunConfig`, a nested dict, a YAML file path, or ``None`` for the built-in
     quickstart (FedAvg on scikit-learn's digits), or ``"example:NAME"`` for a shipped example;
-    ``overrides`` are dotted ``key=value`` strings; ``on_round(t, row)`` is called after every round.
+    ``overrides`` are dotted ``key=value`` strings; ``on_round(t, row)`` is called after every round;
+    ``force`` skips the memory pre-flight. Bad input raises :class:`~fedge.errors.FedgeError` before any
+    directory exists; a NaN or infinite number raises :class:`~fedge.errors.Diverged`
+    (``stop.on_nonfinite: error``).
     """
-    return start_run(resolve_config(config, overrides), on_round=on_round).run()
+    return start_run(resolve_config(config, overrides), on_round=on_round, force=force).run()
 
 
-def resume(run_dir: str | Path, on_round: RoundCallback | None = None) -> Result:
-    """Continue an interrupted run from its last checkpoint to the identical result."""
-    return open_run(Path(run_dir), on_round=on_round).run()
+def resume(run_dir: str | Path, on_round: RoundCallback | None = None, force: bool = False) -> Result:
+    """Continue an interrupted run from its last (verified) checkpoint to the identical result."""
+    return open_run(Path(run_dir), on_round=on_round, force=force).run()

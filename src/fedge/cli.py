@@ -1,7 +1,9 @@
 """The ``fedge`` command line: run, resume, sweep, compare, report, list, plot, bounds.
 
-Bad input (an unknown key, an impossible value, a missing file) prints one line naming the key or file
-and exits with code 2; no results directory is created for it. The heavy modules (torch, the runner,
+Bad input (an unknown key, an impossible value, a missing or unwritable file, a damaged checkpoint, a run
+too large for the machine's memory) prints one line ``error: <key or file>: <message>`` and exits with
+code 2; no results directory is created for it. A run stopped by a NaN or infinite number prints one
+line and exits with code 3. The heavy modules (torch, the runner,
 matplotlib) are imported inside the commands, so ``--help``, ``--version`` and ``list`` answer at once.
 When output goes to a file or a pipe, tables are printed at their full width (no cut headers), and
 the commands that print tables also take ``--json``.
@@ -10,16 +12,19 @@ the commands that print tables also take ``--json``.
 from __future__ import annotations
 
 import json
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
 from rich.console import Console
+from rich.markup import escape
 from rich.table import Table
 
 import fedge
 from fedge.cli_bounds import bounds
-from fedge.errors import FedgeError
+from fedge.errors import EXIT_BAD_INPUT, EXIT_DIVERGED, Diverged, FedgeError
 
 if TYPE_CHECKING:
     from fedge.runner import Result, Runner
@@ -54,9 +59,44 @@ def main(
     """fedge: resource-efficient federated learning at the wireless edge, with exact cost accounting."""
 
 
-def _fail(message: str) -> typer.Exit:
-    errors.print(f"[bold red]error:[/] {message}", highlight=False, soft_wrap=True)
-    return typer.Exit(code=2)
+FORCE_HELP = "run even if the memory pre-flight says the machine cannot hold it"
+
+
+def _one_line(message: str) -> str:
+    """``message`` with control characters (newlines included) written as escapes, never as markup."""
+    return escape("".join(ch if ch.isprintable() else repr(ch)[1:-1] for ch in message))
+
+
+def _fail(message: str, code: int = EXIT_BAD_INPUT) -> typer.Exit:
+    errors.print(f"[bold red]error:[/] {_one_line(message)}", highlight=False, soft_wrap=True)
+    return typer.Exit(code=code)
+
+
+def _out_of_memory(error: BaseException) -> bool:
+    """Whether ``error`` is an allocation failure (Python's, NumPy's or a torch allocator's)."""
+    text = str(error).lower()
+    return isinstance(error, MemoryError) or (
+        isinstance(error, RuntimeError) and ("can't allocate memory" in text or "out of memory" in text)
+    )
+
+
+@contextmanager
+def _reported() -> Iterator[None]:
+    """One line and exit code 2 for bad input (3 for a diverged run) instead of a traceback.
+
+    An allocation failure is reported the same way: the last line of defence behind the memory pre-flight.
+    """
+    try:
+        yield
+    except FedgeError as error:
+        raise _fail(str(error)) from None
+    except Diverged as error:
+        raise _fail(str(error), EXIT_DIVERGED) from None
+    except (MemoryError, RuntimeError) as error:
+        if not _out_of_memory(error):
+            raise
+        first = str(error).splitlines()[0] if str(error) else type(error).__name__
+        raise _fail(f"memory: the run ran out of memory ({first})") from None
 
 
 def _run_with_progress(runner: Runner, quiet: bool) -> Result:
@@ -112,15 +152,18 @@ AsJson = Annotated[bool, typer.Option("--json", help="print JSON instead of a ta
 
 
 @app.command()
-def run(config: ConfigArgument = None, overrides: Overrides = None, quiet: Quiet = False) -> None:
+def run(
+    config: ConfigArgument = None,
+    overrides: Overrides = None,
+    quiet: Quiet = False,
+    force: Annotated[bool, typer.Option("--force", help=FORCE_HELP)] = False,
+) -> None:
     """Run a config (or the built-in quickstart) and write its results directory."""
     from fedge.runner import start_run
 
     config, overrides = _split_config_argument(config, overrides)
-    try:
-        result = _run_with_progress(start_run(fedge.resolve_config(config, overrides)), quiet)
-    except FedgeError as error:
-        raise _fail(str(error)) from None
+    with _reported():
+        result = _run_with_progress(start_run(fedge.resolve_config(config, overrides), force=force), quiet)
     _print_summary(result)
 
 
@@ -128,14 +171,13 @@ def run(config: ConfigArgument = None, overrides: Overrides = None, quiet: Quiet
 def resume(
     run_dir: Annotated[Path, typer.Argument(help="a run directory with config.yaml and checkpoint.pt")],
     quiet: Quiet = False,
+    force: Annotated[bool, typer.Option("--force", help=FORCE_HELP)] = False,
 ) -> None:
     """Continue an interrupted run from its last checkpoint to the identical result."""
     from fedge.runner import open_run
 
-    try:
-        result = _run_with_progress(open_run(run_dir), quiet)
-    except FedgeError as error:
-        raise _fail(str(error)) from None
+    with _reported():
+        result = _run_with_progress(open_run(run_dir, force=force), quiet)
     _print_summary(result)
 
 
@@ -181,11 +223,9 @@ def sweep(
                 highlight=False,
             )
 
-    try:
+    with _reported():
         base, spec = load_sweep(config, overrides, grid, _seed_list(seeds), jobs, name)
         outcome = run_sweep(base, spec, on_done=announce)
-    except FedgeError as error:
-        raise _fail(str(error)) from None
     if as_json:
         typer.echo(json.dumps({"sweep_dir": str(outcome.sweep_dir), "cells": outcome.table}, indent=1))
         return
@@ -230,7 +270,7 @@ def compare(
 
     config, overrides = _split_config_argument(config, overrides)
     paths = [Path(p) for p in [config, *overrides] if p is not None]
-    try:
+    with _reported():
         if paths and all((p / "metrics.jsonl").is_file() for p in paths):
             outcome = compare_runs(paths, target)
         else:
@@ -250,8 +290,6 @@ def compare(
                 target=target,
                 seed_list=None if count is not None else seed_list,
             )
-    except FedgeError as error:
-        raise _fail(str(error)) from None
     if as_json:
         typer.echo(json.dumps({"out_dir": str(outcome.out_dir), "rows": outcome.rows}, indent=1))
         return
@@ -310,10 +348,8 @@ def report(
     """Write one self-contained HTML report (figures embedded) of a run, a sweep or a comparison."""
     from fedge.report import write_report
 
-    try:
+    with _reported():
         written = write_report(path, out, target)
-    except FedgeError as error:
-        raise _fail(str(error)) from None
     console.print(str(written))
 
 
@@ -359,9 +395,16 @@ def plot(
         if not (run_dir / results.METRICS).is_file():
             raise _fail(f"{run_dir / results.METRICS}: no metrics in this run directory")
     labels = run_labels(run_dirs)
-    runs = [
-        (label, results.read_jsonl(d / results.METRICS)) for label, d in zip(labels, run_dirs, strict=True)
-    ]
+    with _reported():
+        runs = [
+            (label, results.read_jsonl(d / results.METRICS))
+            for label, d in zip(labels, run_dirs, strict=True)
+        ]
     target = out or (run_dirs[0] / results.PLOTS if len(run_dirs) == 1 else Path("plots"))
-    for path in plot_runs(runs, target, formats=("png", "pdf") if pdf else ("png",)):
+    with _reported():
+        try:
+            written = plot_runs(runs, target, formats=("png", "pdf") if pdf else ("png",))
+        except OSError as error:
+            raise _fail(f"{target}: cannot write plots here ({error.strerror or error})") from None
+    for path in written:
         console.print(str(path))

@@ -1,11 +1,13 @@
 """The round loop, written once for every algorithm: evaluation, checkpoints, resume and results.
 
 ``build_run`` turns a config into a ready algorithm (loading data, partitioning, building the model)
-and raises :class:`~fedge.errors.FedgeError` on bad input *before* any directory exists. ``Runner``
-then drives the rounds, evaluates every ``eval.every`` rounds and after the last, checkpoints atomically,
-and writes the results directory. ``resume`` continues an interrupted run from its last checkpoint to
-the identical result: every random draw is derived from ``(seed, purpose, round, client)``, so nothing
-but the algorithm state and the ledger needs to be carried over.
+and raises :class:`~fedge.errors.FedgeError` on bad input *before* any directory exists, including a
+run the machine's memory cannot hold (:mod:`fedge.preflight`). ``Runner`` then drives the rounds,
+evaluates every ``eval.every`` rounds and after the last, checkpoints atomically (:mod:`fedge.checkpoint`),
+stops on a NaN or infinite number (:mod:`fedge.stop`) and writes the results directory. ``resume``
+continues an interrupted run from its verified last checkpoint to the identical result: every random
+draw is derived from ``(seed, purpose, round, client)``, so nothing but the algorithm state and the
+ledger needs to be carried over.
 """
 
 from __future__ import annotations
@@ -18,7 +20,7 @@ from typing import Any
 
 import torch
 
-from fedge import records, results, stop
+from fedge import checkpoint, divergence, preflight, records, results, stop
 from fedge.algorithms import ALGORITHMS, Algorithm, Context
 from fedge.comm import Ledger, Network
 from fedge.config import RunConfig, load_config
@@ -28,7 +30,7 @@ from fedge.data.sources import load_dataset
 from fedge.engine import NoiseStreams, has_random_layers, make_executor
 from fedge.engine.host import configure_host
 from fedge.environment import write_environment
-from fedge.errors import ConfigError, FedgeError
+from fedge.errors import CheckpointError, ConfigError, Diverged, FedgeError
 from fedge.metrics import Evaluation, RoundReport
 from fedge.models import SplitModel, build_model, split
 from fedge.plots import plot_run
@@ -74,8 +76,12 @@ def _device(name: str) -> torch.device:
         device = torch.device(name)
     except RuntimeError:
         raise ConfigError("engine.device", f"unknown device {name!r}") from None
+    if device.type not in ("cpu", "cuda"):
+        raise ConfigError("engine.device", f"{name!r} is not supported; use cpu or cuda[:index]")
     if device.type == "cuda" and not torch.cuda.is_available():
         raise ConfigError("engine.device", "CUDA was asked for but no CUDA device is available")
+    if device.type == "cuda" and (device.index or 0) >= torch.cuda.device_count():
+        raise ConfigError("engine.device", f"there is no {name} (CUDA devices: {torch.cuda.device_count()})")
     return device
 
 
@@ -92,11 +98,17 @@ def model_factory(
     return build
 
 
-def build_run(config: RunConfig) -> Built:
-    """Load data, partition it, check the model and build the algorithm; no file is written."""
+def build_run(config: RunConfig, force: bool = False) -> Built:
+    """Load data, partition it, check the model and build the algorithm; no file is written.
+
+    A run whose estimated memory exceeds what is available is refused before the data or the model is
+    allocated, unless ``force``.
+    """
     device = _device(config.engine.device)
     if config.engine.compile and config.engine.executor != "batched":
         raise ConfigError("engine.compile", "only the batched executor compiles its step")
+    available = preflight.available_bytes(device)
+    preflight.check([preflight.synthetic_data(config)], available, force)
     configure_host(config.engine.threads, config.engine.retain_memory and device.type == "cpu")
     dataset = load_dataset(config.data, config.seed)
     labels = dataset.y_train.numpy()
@@ -111,8 +123,11 @@ def build_run(config: RunConfig) -> Built:
         numpy_rng(config.seed, "partition-test"),
     )
     data = FederatedData(dataset, client_train, client_test, config.seed, device)
+    parts = preflight.state_parts(config, data)
+    preflight.check(parts, available, force)
     factory = model_factory(config, dataset.input_shape, dataset.num_classes)
     template = factory()
+    preflight.check(parts + preflight.activation_parts(config, data, template), available, force)
     if config.model.cut is not None:
         split(template, config.model.cut)
     algorithm_cls = ALGORITHMS[config.algorithm.name]
@@ -168,6 +183,9 @@ class Runner:
     wall_offset: float = 0.0
     on_round: Callable[[int, dict[str, Any]], None] | None = None  # after every round, with its record
     stopped: stop.Stop | None = None
+    lock: results.RunLock | None = None
+    checkpointed: int | None = None  # round of the last checkpoint written or restored
+    nonfinite: str | None = None  # the first non-finite value met under stop.on_nonfinite=continue
 
     @property
     def config(self) -> RunConfig:
@@ -181,25 +199,58 @@ class Runner:
             "clock": self.built.context.system.clock.state_dict(),
             "rows": self.rows,
             "wall_seconds": wall,
+            "nonfinite": self.nonfinite,
         }
-        results.save_checkpoint(self.run_dir / results.CHECKPOINT, state)
+        checkpoint.save(self.run_dir / results.CHECKPOINT, state, self.config, t)
+        self.checkpointed = t
 
-    def restore(self) -> None:
-        """Continue from the run directory's checkpoint."""
-        state = results.load_checkpoint(self.run_dir / results.CHECKPOINT)
-        self.built.algorithm.load_state_dict(state["algorithm"])
-        self.built.context.ledger.load_state_dict(state["ledger"])
-        self.built.context.system.clock.load_state_dict(state["clock"])
-        self.rows = list(state["rows"])
-        self.start = int(state["round"])
-        self.wall_offset = float(state["wall_seconds"])
+    def restore(self, saved: checkpoint.Checkpoint) -> None:
+        """Continue from a verified checkpoint of this run."""
+        state = saved.state
+        try:
+            self.built.algorithm.load_state_dict(state["algorithm"])
+            self.built.context.ledger.load_state_dict(state["ledger"])
+            self.built.context.system.clock.load_state_dict(state["clock"])
+            self.rows = list(state["rows"])
+            self.start = int(state["round"])
+            self.wall_offset = float(state["wall_seconds"])
+            self.nonfinite = state["nonfinite"]
+        except (KeyError, TypeError, ValueError, IndexError, AttributeError, RuntimeError) as error:
+            detail = str(error).splitlines()[0] if str(error) else ""
+            raise CheckpointError(
+                self.run_dir / results.CHECKPOINT, f"does not fit this run ({type(error).__name__}: {detail})"
+            ) from None
+        self.checkpointed = self.start
+
+    def _nonfinite(self, metrics: dict[str, Any]) -> str | None:
+        """What is not finite after a round: a metric or the algorithm's state (``None``: nothing)."""
+        return divergence.nonfinite_metric(metrics) or divergence.nonfinite_state(
+            self.built.algorithm.state_dict()
+        )
+
+    def _diverged(self, t: int, what: str) -> Diverged:
+        """Record why the run stopped in ``summary.json`` (its last good rows stay as they are)."""
+        summary = {**summarize(self.config, self.rows), **records.ledger_summary(self.built.context.ledger)}
+        summary.update(
+            status="diverged", reason=f"round {t}: {what}", last_checkpoint_round=self.checkpointed
+        )
+        results.write_json(self.run_dir / results.SUMMARY, summary)
+        return Diverged(self.run_dir, t, what, self.checkpointed)
 
     def run(self) -> Result:
-        """Run the remaining rounds (every one writes its record to ``metrics.jsonl``) and finish.
+        """Run the remaining rounds and finish; raise :class:`~fedge.errors.Diverged` on a NaN or infinity.
 
-        A round is evaluated every ``eval.every`` rounds, at the last round, and when it crosses a stop
-        budget; the run ends early when a rule of ``config.stop`` holds (:mod:`fedge.stop`).
+        Every round writes its record to ``metrics.jsonl``. A round is evaluated every ``eval.every``
+        rounds, at the last round, and when it crosses a stop budget; the run ends early when a rule of
+        ``config.stop`` holds (:mod:`fedge.stop`).
         """
+        try:
+            return self._rounds()
+        finally:
+            if self.lock is not None:
+                self.lock.release()
+
+    def _rounds(self) -> Result:
         cfg, ledger = self.config, self.built.context.ledger
         began = time.perf_counter() - self.wall_offset
         self.stopped = stop.check(cfg.stop, self.rows)  # a resumed run may have stopped already
@@ -214,6 +265,10 @@ class Runner:
                 due = t % cfg.eval.every == 0 or t == cfg.rounds or stop.over_budget(cfg.stop, costs)
                 row = {"round": t, **(self.built.evaluate(t).row() if due else {}), **round_metrics, **costs}
                 row.update(records.round_costs(ledger), wall_seconds=time.perf_counter() - began)
+                what = self._nonfinite(row)
+                if what is not None and cfg.stop.on_nonfinite == "error":
+                    raise self._diverged(t, what)
+                self.nonfinite = self.nonfinite or (None if what is None else f"round {t}: {what}")
                 self.rows.append(row)
                 results.write_jsonl(self.run_dir / results.METRICS, self.rows)
                 self.stopped = stop.check(cfg.stop, self.rows)
@@ -231,6 +286,7 @@ class Runner:
     def finish(self) -> Result:
         """Write summary, ledger and plots of a run that reached its last round."""
         summary = {**summarize(self.config, self.rows), **records.ledger_summary(self.built.context.ledger)}
+        summary.update(status="finished", first_nonfinite=self.nonfinite)
         results.write_jsonl(self.run_dir / results.METRICS, self.rows)
         results.write_text(self.run_dir / results.LEDGER, self.built.context.ledger.to_csv())
         results.write_json(self.run_dir / results.SUMMARY, summary)
@@ -240,12 +296,16 @@ class Runner:
 
 
 def summarize(config: RunConfig, rows: list[dict[str, Any]]) -> dict[str, Any]:
-    """The headline figures of a run (accuracy from its evaluated rounds), and why it stopped."""
-    last, scored = rows[-1], records.evaluated(rows)
+    """The headline figures of a run (accuracy from its evaluated rounds; only its names before the
+    first), and why it stopped."""
+    names = {"algorithm": config.algorithm.name, "dataset": config.data.name}
+    scored = records.evaluated(rows)
+    if not scored:
+        return {**names, "rounds": rows[-1]["round"] if rows else 0}
+    last = rows[-1]
     best = max(scored, key=lambda r: r["accuracy"])
     return {
-        "algorithm": config.algorithm.name,
-        "dataset": config.data.name,
+        **names,
         "rounds": last["round"],
         "final_accuracy": scored[-1]["accuracy"],
         "best_accuracy": best["accuracy"],
@@ -264,22 +324,34 @@ def summarize(config: RunConfig, rows: list[dict[str, Any]]) -> dict[str, Any]:
     }
 
 
-def start_run(config: RunConfig, on_round=None) -> Runner:
+def start_run(config: RunConfig, on_round=None, force: bool = False) -> Runner:
     """Validate and build ``config``, then create its run directory (only once the build succeeded)."""
-    built = build_run(config)
+    results.check_output_dir(config.output.dir)
+    built = build_run(config, force)
     run_dir = results.create_run_dir(config.output.dir, default_run_name(config), config.to_yaml())
     write_environment(run_dir, str(built.context.device))
-    return Runner(built, run_dir, on_round=on_round)
+    return Runner(built, run_dir, on_round=on_round, lock=results.RunLock(run_dir))
 
 
-def open_run(run_dir: Path, on_round=None) -> Runner:
-    """A runner that continues the run in ``run_dir`` from its last checkpoint."""
+def open_run(run_dir: Path, on_round=None, force: bool = False) -> Runner:
+    """A runner that continues the run in ``run_dir`` from its last checkpoint.
+
+    Everything is checked before anything in ``run_dir`` changes: the folder can be written and no other
+    process runs it, and the checkpoint is intact and belongs to this run's ``config.yaml``. Only then
+    are the temporary files of an interrupted write removed.
+    """
     run_dir = Path(run_dir)
     config_path = run_dir / results.CONFIG
     if not config_path.is_file():
         raise FedgeError(f"{run_dir}: not a run directory (no {results.CONFIG})")
-    runner = Runner(build_run(load_config(config_path)), run_dir, on_round=on_round)
+    config = load_config(config_path)
+    results.check_writable(run_dir)
+    lock = results.RunLock(run_dir)
+    path = run_dir / results.CHECKPOINT
+    saved = checkpoint.load(path, config) if path.is_file() else None
+    runner = Runner(build_run(config, force), run_dir, on_round=on_round, lock=lock)
+    if saved is not None:
+        runner.restore(saved)
+    results.remove_temporaries(run_dir)
     write_environment(run_dir, str(runner.built.context.device))
-    if (run_dir / results.CHECKPOINT).is_file():
-        runner.restore()
     return runner

@@ -13,7 +13,7 @@ from __future__ import annotations
 from typing import Literal
 
 import torch
-from pydantic import PositiveInt
+from pydantic import Field, PositiveInt, ValidationInfo, field_validator
 
 from fedge.algorithms.base import Context, register
 from fedge.algorithms.decentralized.common import PeerAlgorithm, PeerConfig
@@ -27,8 +27,15 @@ class PensConfig(PeerConfig):
 
     name: Literal["pens"] = "pens"
     candidates: PositiveInt = 10
-    keep: PositiveInt = 5
+    keep: PositiveInt = Field(5, validate_default=True)
     selection_rounds: PositiveInt | None = None
+
+    @field_validator("keep")
+    @classmethod
+    def _keep_among_candidates(cls, value: int, info: ValidationInfo) -> int:
+        if "candidates" in info.data and value > info.data["candidates"]:
+            raise ValueError(f"keeps {value} of {info.data['candidates']} candidates: at most candidates")
+        return value
 
 
 @register(

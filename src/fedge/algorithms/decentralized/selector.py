@@ -18,7 +18,7 @@ from typing import Annotated, Any, Literal
 
 import numpy as np
 import torch
-from pydantic import Field, NonNegativeInt, PositiveInt
+from pydantic import Field, NonNegativeInt, PositiveInt, ValidationInfo, field_validator
 
 from fedge.algorithms.decentralized.probes import ProbeBatches, Prober, proxy_layer
 from fedge.algorithms.decentralized.scores import (
@@ -73,6 +73,13 @@ class SelectorConfig(StrictModel):
     proxy: Literal["gradient", "activation"] = "gradient"
     proxy_layer: str | None = None
     dp: DPConfig | None = None
+
+    @field_validator("k_min")
+    @classmethod
+    def _k_min_within_k0(cls, value: int, info: ValidationInfo) -> int:
+        if "k0" in info.data and value > info.data["k0"]:
+            raise ValueError(f"is above k0={info.data['k0']}: fallbacks cannot exceed the first coreset")
+        return value
 
 
 @dataclass(frozen=True)

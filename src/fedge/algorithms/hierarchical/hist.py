@@ -16,6 +16,7 @@ from fedge.algorithms.hierarchical.config import HISTConfig
 from fedge.algorithms.hierarchical.hierarchy import HierarchicalFL
 from fedge.algorithms.hierarchical.masks import draw_owners, partitioned_names, uniform_owner_sizes
 from fedge.algorithms.hierarchical.submodel import CellViews
+from fedge.errors import ConfigError
 from fedge.rng import numpy_rng
 from fedge.system.aircomp import aircomp_cost_per_value
 from fedge.system.oma import oma_cost_per_value
@@ -32,12 +33,15 @@ class HIST(HierarchicalFL):
 
     def __init__(self, ctx: Context, cfg: HISTConfig):
         super().__init__(ctx, cfg)
+        if not self.layout:
+            raise ConfigError(
+                "model", f"HIST partitions hidden fully connected layers and {ctx.config.model.name} has none"
+            )
         split = partitioned_names(self.layout)
         self.shared_values = sum(p.numel() for name, p in self.params.items() if name not in split)
-        if self.layout:
-            first = self.layout[0].width
-            # values a cell gains per neuron of the first layer (further layers follow its shares)
-            self.values_per_unit = sum(layer.values_per_neuron * layer.width for layer in self.layout) / first
+        first = self.layout[0].width
+        # values a cell gains per neuron of the first layer (further layers follow its shares)
+        self.values_per_unit = sum(layer.values_per_neuron * layer.width for layer in self.layout) / first
 
     def cell_costs(self, cpu_hz: np.ndarray, rates_bps: np.ndarray | None) -> np.ndarray:
         """Each cell's global-round latency per model value it holds: Eq. 19 with OMA rates, Eq. 36 for
@@ -73,8 +77,6 @@ class HIST(HierarchicalFL):
     def mask_sizes(self, round_: int, cpu_hz: np.ndarray, rates_bps: np.ndarray | None) -> np.ndarray:
         """Neurons per cell of the first partitioned layer: uniform, or minimising the round's latency."""
         cfg, cells = self.cfg, self.cells
-        if not self.layout:
-            return np.zeros(0, dtype=np.int64)
         if cfg.mask_sizes == "uniform":
             return uniform_owner_sizes(self.layout, cells.num_cells)
         units = self.layout[0].width
@@ -84,9 +86,5 @@ class HIST(HierarchicalFL):
         return solve(costs, units, cap, 1, self.shared_values, self.values_per_unit)
 
     def views(self, round_: int, sizes: np.ndarray) -> CellViews:
-        owners = (
-            draw_owners(self.layout, sizes, numpy_rng(self.ctx.seed, "hist-masks", round_))
-            if self.layout
-            else []
-        )
+        owners = draw_owners(self.layout, sizes, numpy_rng(self.ctx.seed, "hist-masks", round_))
         return CellViews.build(self.layout, owners, self.cells.num_cells, self.cfg.form, self.ctx.device)

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from typing import Annotated, Literal
 
-from pydantic import Field, PositiveInt
+from pydantic import Field, PositiveInt, ValidationInfo, field_validator
 
 from fedge.config import AlgorithmConfig, SGDConfig
 
@@ -74,6 +74,13 @@ class SplitConfig(AlgorithmConfig):
     init: Literal["torch_default", "normal0.05"] = "torch_default"
     codec_up: Literal["fp32", "fp16"] = "fp32"
     codec_down: Literal["fp32", "fp16"] = "fp32"
+
+    @field_validator("aggregate_divisor")
+    @classmethod
+    def _divisor_needs_uniform(cls, value: str, info: ValidationInfo) -> str:
+        if value == "all_clients" and info.data.get("aggregation") != "uniform":
+            raise ValueError("all_clients needs aggregation=uniform")
+        return value
 
 
 class GradientReturnConfig(SplitConfig):

@@ -71,6 +71,19 @@ class CseFsl(LocalLoss):
                 if value:
                     raise ConfigError(f"algorithm.{key}", "only used with server_trigger=every_h_batches")
         super().__init__(ctx, cfg)
+        most = self.most_batches()
+        if cfg.server_trigger == "every_h_batches" and cfg.h > most:
+            reason = f"no client has more than {most} batches in a round, so the server would never train"
+            raise ConfigError("algorithm.h", f"h={cfg.h} but {reason}")
+
+    def most_batches(self) -> int:
+        """The most local batches any client has in one round (``local_steps``, or epochs x batches)."""
+        cfg = self.cfg
+        if cfg.local_steps is not None:
+            return cfg.local_steps
+        sizes = self.ctx.data.client_sizes()
+        per_epoch = sizes // cfg.batch_size if cfg.drop_last else -(-sizes // cfg.batch_size)
+        return int(per_epoch.max(initial=0)) * cfg.local_epochs
 
     def server_part(self, params: Tensors, buffers: Tensors) -> SplitServer:
         return SharedServer(self.clients.parts.server, params, buffers, self.server_sgd, None)

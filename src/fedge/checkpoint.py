@@ -1,0 +1,281 @@
+"""Safe checkpoints: a verified header, a JSON description of the state, and the raw bytes of its arrays.
+
+Loading a checkpoint never runs code from it (no pickle): the state's structure (dicts, lists, tuples,
+dicts keyed by tuples, Python numbers, strings, ``None``) is JSON, and every tensor or NumPy array is
+a dtype, a shape and bytes. The file is::
+
+    FEDGE-CHECKPOINT\\n
+    {"format": 1, "algorithm": ..., "config_sha256": ..., "round": t, "body_bytes": n, "body_sha256": ...}\\n
+    {"tree": ..., "arrays": [{"kind", "dtype", "shape", "offset", "nbytes", ...}, ...]}\\n
+    the bytes of every array, each padded to 64 bytes
+
+:func:`load` refuses, with a one-line :class:`~fedge.errors.CheckpointError`, a file that is empty, not a
+checkpoint, truncated or altered (length and SHA-256 of the body), of another format version, or (given
+the run's config) written by another algorithm or for another config. Round trips are exact: float
+values, dtypes, tuple keys, NumPy scalars and the identity of a tensor stored twice all come back.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import math
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+
+from fedge.config import RunConfig
+from fedge.errors import CheckpointError
+from fedge.results import atomic_write
+
+MAGIC = b"FEDGE-CHECKPOINT\n"
+FORMAT = 1
+MAX_HEADER_BYTES = 4096
+ALIGN = 64
+TORCH_DTYPES = {
+    str(dtype).removeprefix("torch."): dtype
+    for dtype in (
+        torch.bool,
+        torch.uint8,
+        torch.int8,
+        torch.int16,
+        torch.int32,
+        torch.int64,
+        torch.float16,
+        torch.bfloat16,
+        torch.float32,
+        torch.float64,
+        torch.complex64,
+        torch.complex128,
+    )
+}
+NUMPY_KINDS = "biufc"  # bool, signed, unsigned, float, complex: plain values only, never objects
+HEADER_FIELDS = {"format": int, "algorithm": str, "config_sha256": str, "round": int, "body_bytes": int}
+
+
+@dataclass(frozen=True)
+class Checkpoint:
+    """A loaded checkpoint: its verified header and the state it holds."""
+
+    header: dict[str, Any]
+    state: dict[str, Any]
+
+
+def config_digest(config: RunConfig) -> str:
+    """SHA-256 of everything in a config that shapes the run's state (``output`` and ``stop`` do not)."""
+    data = config.model_dump(mode="json", exclude={"output", "stop"})
+    return hashlib.sha256(json.dumps(data, sort_keys=True).encode()).hexdigest()
+
+
+class _Packer:
+    """Turns a state into a JSON tree and a list of byte buffers (tensors and arrays by index)."""
+
+    def __init__(self) -> None:
+        self.buffers: list[np.ndarray] = []
+        self.specs: list[dict[str, Any]] = []
+        self.seen: dict[int, int] = {}
+        self.end = 0
+
+    def _add(self, raw: np.ndarray, spec: dict[str, Any]) -> int:
+        self.specs.append({**spec, "offset": self.end, "nbytes": int(raw.nbytes)})
+        self.buffers.append(raw)
+        self.end += -(-raw.nbytes // ALIGN) * ALIGN
+        return len(self.specs) - 1
+
+    def _tensor(self, value: torch.Tensor) -> int:
+        if id(value) not in self.seen:
+            flat = value.detach().to("cpu").contiguous().reshape(-1)
+            spec = {
+                "kind": "tensor",
+                "dtype": str(value.dtype).removeprefix("torch."),
+                "shape": list(value.shape),
+            }
+            if spec["dtype"] not in TORCH_DTYPES:
+                raise TypeError(f"cannot checkpoint a tensor of dtype {value.dtype}")
+            spec["grad"] = bool(value.requires_grad)
+            self.seen[id(value)] = self._add(flat.view(torch.uint8).numpy(), spec)
+        return self.seen[id(value)]
+
+    def _array(self, value: np.ndarray) -> int:
+        if value.dtype.kind not in NUMPY_KINDS:
+            raise TypeError(f"cannot checkpoint a NumPy array of dtype {value.dtype}")
+        flat = np.ascontiguousarray(value).reshape(-1)
+        spec = {"kind": "array", "dtype": value.dtype.str, "shape": list(value.shape)}
+        return self._add(flat.view(np.uint8), spec)
+
+    def pack(self, value: Any) -> Any:
+        if isinstance(value, np.generic):  # first: np.float64 is also a float, and must stay np.float64
+            return {"$scalar": self._array(np.asarray(value))}
+        if value is None or isinstance(value, bool | int | str):
+            return value
+        if isinstance(value, float):
+            return value if math.isfinite(value) else {"$float": repr(value)}
+        if isinstance(value, torch.Tensor):
+            return {"$tensor": self._tensor(value)}
+        if isinstance(value, np.ndarray):
+            return {"$array": self._array(value)}
+        if isinstance(value, list):
+            return [self.pack(item) for item in value]
+        if isinstance(value, tuple):
+            return {"$tuple": [self.pack(item) for item in value]}
+        if isinstance(value, dict):
+            if all(isinstance(key, str) and not key.startswith("$") for key in value):
+                return {key: self.pack(item) for key, item in value.items()}
+            return {"$dict": [[self.pack(key), self.pack(item)] for key, item in value.items()]}
+        raise TypeError(f"cannot checkpoint a value of type {type(value).__name__}")
+
+
+class _Unpacker:
+    """The inverse of :class:`_Packer` over a verified body; malformed input raises ``ValueError``."""
+
+    def __init__(self, specs: list[dict[str, Any]], data: memoryview):
+        self.specs = specs
+        self.data = data
+        self.made: dict[int, Any] = {}
+
+    def _raw(self, index: int) -> tuple[dict[str, Any], np.ndarray]:
+        spec = self.specs[index]
+        offset, nbytes = int(spec["offset"]), int(spec["nbytes"])
+        if offset < 0 or nbytes < 0 or offset + nbytes > len(self.data):
+            raise ValueError("an array lies outside the file")
+        return spec, np.frombuffer(self.data, dtype=np.uint8, count=nbytes, offset=offset).copy()
+
+    def _tensor(self, index: int) -> torch.Tensor:
+        if index not in self.made:
+            spec, raw = self._raw(index)
+            if spec["kind"] != "tensor" or spec["dtype"] not in TORCH_DTYPES:
+                raise ValueError("a tensor entry is not a tensor")
+            dtype, shape = TORCH_DTYPES[spec["dtype"]], [int(n) for n in spec["shape"]]
+            flat = torch.from_numpy(raw).view(dtype) if raw.size else torch.empty(0, dtype=dtype)
+            self.made[index] = flat.reshape(shape).requires_grad_(bool(spec["grad"]))
+        return self.made[index]
+
+    def _array(self, index: int) -> np.ndarray:
+        spec, raw = self._raw(index)
+        dtype = np.dtype(spec["dtype"])
+        if spec["kind"] != "array" or dtype.kind not in NUMPY_KINDS or dtype.str != spec["dtype"]:
+            raise ValueError("an array entry is not a plain NumPy array")
+        return raw.view(dtype).reshape([int(n) for n in spec["shape"]])
+
+    def unpack(self, node: Any) -> Any:
+        if isinstance(node, list):
+            return [self.unpack(item) for item in node]
+        if not isinstance(node, dict):
+            return node
+        if len(node) == 1 and next(iter(node)).startswith("$"):
+            ((tag, body),) = node.items()
+            if tag == "$float":
+                return float(body)
+            if tag == "$tensor":
+                return self._tensor(int(body))
+            if tag == "$array":
+                return self._array(int(body))
+            if tag == "$scalar":
+                return self._array(int(body))[()]
+            if tag == "$tuple":
+                return tuple(self.unpack(item) for item in body)
+            if tag == "$dict":
+                return {self.unpack(key): self.unpack(item) for key, item in body}
+            raise ValueError(f"unknown tag {tag!r}")
+        return {key: self.unpack(item) for key, item in node.items()}
+
+
+def save(path: Path, state: dict[str, Any], config: RunConfig, round_: int) -> None:
+    """Write ``state`` (the run's state after ``round_``) to ``path`` atomically."""
+    packer = _Packer()
+    tree = packer.pack(state)
+    description = json.dumps({"tree": tree, "arrays": packer.specs}, allow_nan=False, separators=(",", ":"))
+    body_head = description.encode() + b"\n"
+    pads = [bytes(-spec["nbytes"] % ALIGN) for spec in packer.specs]
+    chunks = list(zip(packer.buffers, pads, strict=True))
+    digest = hashlib.sha256(body_head)
+    for raw, pad in chunks:
+        digest.update(raw)
+        digest.update(pad)
+    header = {
+        "format": FORMAT,
+        "algorithm": config.algorithm.name,
+        "config_sha256": config_digest(config),
+        "round": int(round_),
+        "body_bytes": len(body_head) + sum(raw.nbytes + len(pad) for raw, pad in chunks),
+        "body_sha256": digest.hexdigest(),
+    }
+
+    def write(handle) -> None:
+        handle.write(MAGIC)
+        handle.write(json.dumps(header).encode() + b"\n")
+        handle.write(body_head)
+        for raw, pad in chunks:
+            handle.write(memoryview(raw))
+            handle.write(pad)
+
+    atomic_write(path, write)
+
+
+def _header(path: Path, data: bytes) -> tuple[dict[str, Any], int]:
+    """The verified header of ``data`` and where the body starts."""
+    if not data:
+        raise CheckpointError(path, "is empty (the run was cut off before its first checkpoint?)")
+    if not data.startswith(MAGIC):
+        if data.startswith(b"PK\x03\x04"):
+            raise CheckpointError(
+                path, "is a pickle checkpoint of an older fedge; it is not opened, as unpickling can run code"
+            )
+        raise CheckpointError(path, "is not a fedge checkpoint")
+    end = data.find(b"\n", len(MAGIC), len(MAGIC) + MAX_HEADER_BYTES)
+    try:
+        header = json.loads(data[len(MAGIC) : end]) if end > 0 else None
+    except (UnicodeDecodeError, json.JSONDecodeError):
+        header = None
+    if not isinstance(header, dict) or not all(
+        isinstance(header.get(key), kind) for key, kind in {**HEADER_FIELDS, "body_sha256": str}.items()
+    ):
+        raise CheckpointError(path, "is damaged: its header cannot be read")
+    if header["format"] != FORMAT:
+        raise CheckpointError(path, f"has format {header['format']}; this fedge reads format {FORMAT}")
+    return header, end + 1
+
+
+def load(path: Path, config: RunConfig | None = None) -> Checkpoint:
+    """Read and verify the checkpoint at ``path``; with ``config``, it must belong to that run."""
+    path = Path(path)
+    try:
+        data = path.read_bytes()
+    except OSError as error:
+        raise CheckpointError(path, f"cannot be read ({error.strerror})") from None
+    header, start = _header(path, data)
+    body = memoryview(data)[start:]
+    if len(body) != header["body_bytes"]:
+        raise CheckpointError(
+            path, f"is damaged: {len(body)} of {header['body_bytes']} body bytes (truncated?)"
+        )
+    if hashlib.sha256(body).hexdigest() != header["body_sha256"]:
+        raise CheckpointError(path, "is damaged: its checksum does not match its contents")
+    if config is not None:
+        if header["algorithm"] != config.algorithm.name:
+            raise CheckpointError(
+                path, f"belongs to a {header['algorithm']} run, not to this {config.algorithm.name} run"
+            )
+        if header["config_sha256"] != config_digest(config):
+            raise CheckpointError(path, "was written for another config than this run's config.yaml")
+    split = data.find(b"\n", start) - start
+    try:
+        description = json.loads(bytes(body[: max(split, 0)]))
+        state = _Unpacker(description["arrays"], body[split + 1 :]).unpack(description["tree"])
+    except (
+        ValueError,
+        KeyError,
+        TypeError,
+        IndexError,
+        AttributeError,
+        RuntimeError,
+        RecursionError,
+    ) as error:
+        reason = str(error).splitlines()[0] if str(error) else type(error).__name__
+        raise CheckpointError(path, f"is damaged: {reason}") from None
+    if not isinstance(state, dict):
+        raise CheckpointError(path, "is damaged: it holds no state")
+    return Checkpoint(header, state)

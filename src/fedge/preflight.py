@@ -1,0 +1,197 @@
+"""Memory pre-flight: refuse, before anything large is allocated, a run the machine cannot hold.
+
+The estimate is rough on purpose (float32 values, 4 bytes each) and errs high:
+
+- the data: a synthetic set from its config, before it is drawn; any other set as loaded;
+- the model: parameters and buffers counted on the meta device (nothing allocated), held as the global
+  model, its gradient and the optimizer's slots (one for momentum);
+- the clients: every client's model stacked, with its optimizer slots;
+- the largest batch: the batch plan (``[clients, steps, batch]`` int64 indices and float32 weights);
+- once the model is known to fit and is built: the activations of one training batch (per-sample outputs
+  of every layer, times three for the forward values, their gradients and slack) and of one evaluation
+  batch.
+
+The sum is compared with the memory available now: ``MemAvailable`` of ``/proc/meminfo``, lowered to the
+cgroup's limit where one is set, or the free memory of the CUDA device. A run that needs more is a
+:class:`~fedge.errors.ConfigError` naming the largest part and both figures; ``force`` skips the check.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+from torch import nn
+
+from fedge.config import RunConfig
+from fedge.data.federated import FederatedData
+from fedge.errors import ConfigError
+from fedge.models import build_model
+
+FLOAT_BYTES = 4
+PLAN_BYTES = 8 + 4  # an int64 sample index and a float32 weight per batch entry
+ACTIVATION_FACTOR = 3
+MEMINFO = Path("/proc/meminfo")
+CGROUP = Path("/sys/fs/cgroup")
+
+
+@dataclass(frozen=True)
+class Part:
+    """One line of the estimate: the config key that sets it, its size in bytes, and what it is."""
+
+    key: str
+    bytes: int
+    what: str
+
+
+def human(size: float) -> str:
+    """Bytes in binary units, e.g. ``'7.3 TiB'``."""
+    for unit in ("B", "KiB", "MiB", "GiB", "TiB", "PiB"):
+        if size < 1024 or unit == "PiB":
+            return f"{size:.0f} {unit}" if unit == "B" else f"{size:.1f} {unit}"
+        size /= 1024
+    raise AssertionError("unreachable")
+
+
+def _cgroup_room() -> int | None:
+    """Bytes the cgroup (v2) still allows this process, if it sets a limit."""
+    try:
+        limit = (CGROUP / "memory.max").read_text().strip()
+        used = int((CGROUP / "memory.current").read_text().strip())
+    except (OSError, ValueError):
+        return None
+    return None if limit == "max" else max(int(limit) - used, 0)
+
+
+def available_bytes(device: torch.device) -> int | None:
+    """Memory a run can still take on ``device``, or ``None`` when it cannot be told."""
+    if device.type == "cuda":
+        return int(torch.cuda.mem_get_info(device)[0])
+    found = None
+    try:
+        for line in MEMINFO.read_text().splitlines():
+            if line.startswith("MemAvailable:"):
+                found = int(line.split()[1]) * 1024
+    except (OSError, ValueError, IndexError):
+        found = None
+    room = _cgroup_room()
+    known = [value for value in (found, room) if value is not None]
+    return min(known) if known else None
+
+
+def synthetic_data(config: RunConfig) -> Part | None:
+    """The synthetic set's size from its config (``None`` for sets read from files)."""
+    data = config.data
+    if data.name != "synthetic":
+        return None
+    samples = data.num_train + data.num_test
+    size = samples * (math.prod(data.shape) * FLOAT_BYTES + 8)
+    shape = "x".join(map(str, data.shape))
+    return Part("data", size, f"the synthetic dataset ({samples:,} samples of {shape})")
+
+
+def _model_values(config: RunConfig, input_shape: tuple[int, ...], num_classes: int) -> int:
+    """Values in the model's parameters and buffers, counted on the meta device (nothing allocated)."""
+    with torch.random.fork_rng(devices=[]), torch.device("meta"):
+        model = build_model(config.model.name, input_shape, num_classes, **config.model.options)
+    return sum(t.numel() for t in (*model.parameters(), *model.buffers()))
+
+
+def _per_sample_activations(model: nn.Module, input_shape: tuple[int, ...]) -> int:
+    """Output values of every layer for one sample: a forward pass in eval mode, without gradients.
+
+    Run on a real (already built) model: a meta-device forward would import half of torch's compiler.
+    """
+    outputs = [0]
+
+    def count(module: nn.Module, args: object, output: object) -> None:
+        outputs[0] += output.numel() if isinstance(output, torch.Tensor) else 0
+
+    leaves = [module for module in model.modules() if not any(module.children())]
+    hooks = [module.register_forward_hook(count) for module in leaves]
+    training = model.training
+    try:
+        with torch.no_grad():
+            model.eval()(torch.zeros(1, *input_shape))  # eval: BatchNorm takes one sample, keeps its stats
+    finally:
+        model.train(training)
+        for hook in hooks:
+            hook.remove()
+    return outputs[0]
+
+
+def _batch_shape(config: RunConfig, data: FederatedData) -> tuple[int, int, int, str]:
+    """Clients, steps and width of the largest batch plan a round can draw, and the key that sets it.
+
+    Every ``*epochs*`` knob of the algorithm (local training, fine-tuning, personal models...) plans its
+    epochs at once, so the largest one counts. The key is the batch size when it exceeds every client's
+    data (padding makes the plan), else what sets the number of steps.
+    """
+    cfg = config.algorithm
+    largest = int(data.client_sizes().max(initial=1))
+    batch = int(getattr(cfg, "batch_size", largest))
+    epochs = {k: v for k, v in cfg if "epochs" in k and isinstance(v, int)}
+    most = max(epochs, key=epochs.__getitem__, default=None)
+    steps = epochs.get(most, 1) * -(-largest // batch)
+    key = f"algorithm.{most}" if most is not None else "algorithm.batch_size"
+    if (getattr(cfg, "local_steps", None) or 0) > steps:
+        steps, key = cfg.local_steps, "algorithm.local_steps"
+    if batch > largest:
+        key = "algorithm.batch_size"
+    return data.num_clients, steps, batch, key
+
+
+def state_parts(config: RunConfig, data: FederatedData) -> list[Part]:
+    """Data, model, stacked clients and batch plans of a run whose data is loaded, before its model exists."""
+    values = _model_values(config, data.input_shape, data.num_classes)
+    optimizer = getattr(config.algorithm, "optimizer", None)
+    slots = 1 if optimizer is not None and optimizer.momentum > 0 else 0
+    clients, steps, batch, key = _batch_shape(config, data)
+    dataset = data.dataset
+    loaded = sum(t.numel() * t.element_size() for t in (dataset.x_train, dataset.y_train, dataset.x_test))
+    return [
+        Part("data", loaded, f"the {dataset.name} dataset"),
+        Part("model", values * (2 + slots) * FLOAT_BYTES, f"a model of {values:,} values"),
+        Part(
+            "partition.num_clients",
+            values * (1 + slots) * clients * FLOAT_BYTES,
+            f"{clients:,} clients' models",
+        ),
+        Part(
+            key,
+            clients * steps * batch * PLAN_BYTES,
+            f"batch plans of {steps:,} step{'s' * (steps != 1)} x {batch:,} samples",
+        ),
+    ]
+
+
+def activation_parts(config: RunConfig, data: FederatedData, model: nn.Module) -> list[Part]:
+    """Activations of the largest training batch and of an evaluation batch of ``model``."""
+    per_sample = _per_sample_activations(model, data.input_shape) * FLOAT_BYTES
+    rows = min(_batch_shape(config, data)[2], int(data.client_sizes().max(initial=1)))
+    eval_rows = min(config.eval.batch_size, max(data.dataset.num_test, 1))
+    return [
+        Part("algorithm.batch_size", rows * per_sample * ACTIVATION_FACTOR, f"training batches of {rows:,}"),
+        Part("eval.batch_size", eval_rows * per_sample, f"evaluation batches of {eval_rows:,}"),
+    ]
+
+
+def check(parts: list[Part | None], available: int | None, force: bool) -> None:
+    """Raise a :class:`ConfigError` when the parts exceed ``available`` bytes.
+
+    It names the first part that is too large on its own (data, then model, clients, batches: the cause
+    more than its consequences), or else the largest.
+    """
+    known = [part for part in parts if part is not None]
+    total = sum(part.bytes for part in known)
+    if force or available is None or not known or total <= available:
+        return
+    alone = [part for part in known if part.bytes > available]
+    cause = alone[0] if alone else max(known, key=lambda part: part.bytes)
+    raise ConfigError(
+        cause.key,
+        f"this run needs about {human(total)} of memory ({cause.what}: {human(cause.bytes)}) "
+        f"but {human(available)} is available; --force runs it anyway",
+    )

@@ -1,0 +1,169 @@
+"""Shared by the robustness tests: tiny configs of every algorithm, the config schema's leaves, a CLI call
+and the check that its outcome is one the issue allows (one-line exit 2 and no directory, a finished run,
+or a divergence stopped with exit 3)."""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import math
+import os
+import subprocess
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import pytest
+from pydantic import BaseModel
+from typer.testing import CliRunner
+
+from fedge.algorithms import ALGORITHMS
+from fedge.cli import app
+from fedge.config import AlgorithmConfig, RunConfig, StrictModel
+
+ALGORITHM_NAMES = sorted(ALGORITHMS)
+SPLIT = ("splitfed_v1", "splitfed_v2", "fsl_an", "cse_fsl", "light_fedsl", "fedsl")
+HIERARCHICAL = ("hist", "hfedavg")
+
+
+def tiny(algorithm: str, out: Path, rounds: int = 2) -> dict[str, Any]:
+    """A run of ``algorithm`` on a small synthetic set that takes well under a second."""
+    config: dict[str, Any] = {
+        "seed": 3,
+        "rounds": rounds,
+        "data": {
+            "name": "synthetic",
+            "num_train": 240,
+            "num_test": 120,
+            "shape": [1, 6, 6],
+            "num_classes": 4,
+        },
+        "partition": {"kind": "iid", "num_clients": 4},
+        "model": {"name": "mlp", "options": {"hidden": [16]}},
+        "algorithm": {"name": algorithm},
+        "output": {"dir": str(out), "plots": False},
+    }
+    if algorithm in SPLIT:
+        config["model"]["cut"] = 1
+    if algorithm in HIERARCHICAL:
+        config["algorithm"].update(split="partition", edge_rounds=1, local_steps=2, batch_size=8)
+    return config
+
+
+def _block(annotation: Any) -> type[BaseModel] | None:
+    if isinstance(annotation, type) and issubclass(annotation, StrictModel):
+        return annotation
+    for arg in getattr(annotation, "__args__", ()):
+        found = _block(arg)
+        if found is not None:
+            return found
+    return None
+
+
+def leaves(algorithm: str, block: type[BaseModel] = RunConfig, prefix: str = "") -> list[tuple[str, Any]]:
+    """Every settable key of ``algorithm``'s config schema, dotted, with its annotation."""
+    found = []
+    for name, field in block.model_fields.items():
+        key = f"{prefix}{name}"
+        inner = AlgorithmConfig.registry[algorithm] if block is RunConfig and name == "algorithm" else None
+        inner = inner or _block(field.annotation)
+        if inner is not None:
+            found += leaves(algorithm, inner, f"{key}.")
+        elif key not in ("algorithm.name", "output.dir"):
+            found.append((key, field.annotation))
+    return found
+
+
+def set_key(config: dict[str, Any], key: str, value: Any) -> None:
+    """Set the dotted ``key`` of ``config`` to ``value``, creating (or replacing non-block) parents."""
+    *path, last = key.split(".")
+    node = config
+    for part in path:
+        if not isinstance(node.get(part), dict):
+            node[part] = {}
+        node = node[part]
+    node[last] = value
+
+
+@dataclass
+class Outcome:
+    code: int
+    lines: list[str]
+    output: str
+    exception: BaseException | None
+
+
+def invoke(args: list[str]) -> Outcome:
+    """``fedge <args>`` in this process."""
+    result = CliRunner().invoke(app, args)
+    lines = [line for line in result.output.splitlines() if line.strip()]
+    unexpected = None if isinstance(result.exception, SystemExit) else result.exception
+    return Outcome(result.exit_code, lines, result.output, unexpected)
+
+
+def strict_json(path: Path) -> Any:
+    """``path`` parsed as strict JSON (no NaN or Infinity)."""
+
+    def refuse(token: str) -> None:
+        raise ValueError(f"{path}: {token} is not JSON")
+
+    return json.loads(path.read_text(), parse_constant=refuse)
+
+
+def finite_numbers(value: Any) -> bool:
+    if isinstance(value, float):
+        return math.isfinite(value)
+    if isinstance(value, dict):
+        return all(finite_numbers(v) for v in value.values())
+    if isinstance(value, list):
+        return all(finite_numbers(v) for v in value)
+    return True
+
+
+def run_dirs(out: Path) -> list[Path]:
+    return sorted(out.iterdir()) if out.is_dir() else []
+
+
+def check_outcome(outcome: Outcome, out: Path, context: str = "") -> str:
+    """Assert the issue's contract; return the outcome: ``refused``, ``finished`` or ``diverged``."""
+    where = f"{context}\n{outcome.output}"
+    assert outcome.exception is None, f"traceback ({outcome.exception!r}): {where}"
+    assert "Traceback" not in outcome.output, where
+    if outcome.code == 2:
+        assert len(outcome.lines) == 1 and outcome.lines[0].startswith("error: "), where
+        assert "Value error," not in outcome.lines[0], where
+        assert run_dirs(out) == [], f"directory left behind: {where}"
+        return "refused"
+    assert outcome.code in (0, 3), f"exit code {outcome.code}: {where}"
+    (run_dir,) = run_dirs(out)
+    summary = strict_json(run_dir / "summary.json")
+    if outcome.code == 3:
+        assert len(outcome.lines) == 1 and "diverged in round" in outcome.lines[0], where
+        assert summary["status"] == "diverged" and summary["reason"], where
+        return "diverged"
+    assert summary["status"] == "finished" and finite_numbers(summary), where
+    return "finished"
+
+
+@contextlib.contextmanager
+def read_only(path: Path) -> Iterator[None]:
+    """Make the folder ``path`` unwritable, even for root (``chattr +i``); skip the test if impossible."""
+    os.chmod(path, 0o555)
+    immutable = False
+    try:
+        probe = path / ".probe"
+        try:
+            probe.touch()
+        except OSError:
+            pass
+        else:
+            probe.unlink()
+            immutable = subprocess.run(["chattr", "+i", str(path)], capture_output=True).returncode == 0
+            if not immutable:
+                pytest.skip("cannot make a folder read-only here")
+        yield
+    finally:
+        if immutable:
+            subprocess.run(["chattr", "-i", str(path)], check=True)
+        os.chmod(path, 0o755)

@@ -1,0 +1,250 @@
+"""Safe checkpoints: exact round trips without pickle, and every damaged or foreign checkpoint refused by
+``fedge resume`` with one line and exit code 2, the run directory left exactly as it was."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import math
+import os
+import shutil
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+import yaml
+from cases import invoke, read_only, tiny
+
+import fedge
+from fedge import checkpoint, results
+from fedge.config import parse_config
+from fedge.errors import CheckpointError, PathError
+
+
+def test_state_round_trips_exactly_with_every_kind_of_value(tmp_path):
+    shared = torch.randn(3, 4)
+    state = {
+        "tensors": {
+            "f32": shared,
+            "again": shared,
+            "f64": torch.randn(2, dtype=torch.float64),
+            "bf16": torch.randn(5).to(torch.bfloat16),
+            "mask": torch.rand(4) > 0.5,
+            "ints": torch.arange(6, dtype=torch.int64).reshape(2, 3),
+            "scalar": torch.tensor(2.5),
+            "empty": torch.zeros(0, 3),
+            "strided": torch.randn(4, 4).t(),
+            "nan": torch.tensor([math.nan, math.inf, -0.0]),
+        },
+        "arrays": [np.arange(5, dtype=np.int32), np.array([[1.5, -2.0]]), np.zeros(0, dtype=np.int64)],
+        "scalars": (np.int64(7), np.float32(0.1), np.bool_(True), np.float64(0.3)),
+        "totals": {("model_up", "up"): 2**40 + 1, ("peer", "peer"): 0},
+        "numbers": [0.1, 1e-300, -0.0, math.inf, math.nan, 10**30, True, None, "text", "$dollar"],
+        "$odd": {"$tuple": 1},
+    }
+    config = parse_config({})
+    checkpoint.save(tmp_path / "c.pt", state, config, 3)
+    loaded = checkpoint.load(tmp_path / "c.pt", config)
+    assert loaded.header["round"] == 3 and loaded.header["algorithm"] == "fedavg"
+    back = loaded.state
+    for key, tensor in state["tensors"].items():
+        assert back["tensors"][key].dtype == tensor.dtype and back["tensors"][key].shape == tensor.shape
+        assert torch.equal(back["tensors"][key].nan_to_num(), tensor.nan_to_num())
+    assert back["tensors"]["again"] is back["tensors"]["f32"]
+    assert torch.equal(back["tensors"]["nan"].signbit(), state["tensors"]["nan"].signbit())
+    for a, b in zip(back["arrays"], state["arrays"], strict=True):
+        assert a.dtype == b.dtype and np.array_equal(a, b)
+    assert [type(v) for v in back["scalars"]] == [np.int64, np.float32, np.bool_, np.float64]
+    assert back["scalars"] == state["scalars"] and back["totals"] == state["totals"]
+    numbers = back["numbers"]
+    assert (
+        numbers[:4] == state["numbers"][:4] and math.copysign(1, numbers[2]) == -1 and math.isnan(numbers[4])
+    )
+    assert numbers[5:] == state["numbers"][5:] and back["$odd"] == state["$odd"]
+
+
+def test_values_a_checkpoint_cannot_hold_fail_when_saving(tmp_path):
+    with pytest.raises(TypeError, match="object"):
+        checkpoint.save(tmp_path / "c.pt", {"x": np.array([object()])}, parse_config({}), 1)
+    with pytest.raises(TypeError, match="set"):
+        checkpoint.save(tmp_path / "c.pt", {"x": {1, 2}}, parse_config({}), 1)
+    assert not list(tmp_path.iterdir())
+
+
+def test_a_pickle_is_never_opened(tmp_path):
+    """An old (or hostile) torch.save file is refused from its first bytes: nothing is unpickled."""
+
+    marker = tmp_path / "pwned"
+
+    class Boom:
+        def __reduce__(self):
+            return (os.system, (f"touch {marker}",))
+
+    path = tmp_path / "checkpoint.pt"
+    torch.save({"state": Boom()}, path)
+    with pytest.raises(CheckpointError, match="pickle checkpoint of an older fedge; it is not opened"):
+        checkpoint.load(path)
+    assert not marker.exists()
+
+
+@pytest.fixture
+def interrupted(tmp_path) -> Path:
+    """A FedAvg run stopped after round 2 of 4 (its checkpoint and metrics as a kill would leave them)."""
+    config = tiny("fedavg", tmp_path / "runs", rounds=4)
+    config["output"]["name"] = "cut"
+
+    def stop(t, row):
+        if t == 2:
+            raise KeyboardInterrupt
+
+    with pytest.raises(KeyboardInterrupt):
+        fedge.run(config, on_round=stop)
+    run_dir = tmp_path / "runs" / "cut"
+    assert len(results.read_jsonl(run_dir / "metrics.jsonl")) == 2
+    return run_dir
+
+
+def _other_algorithm_checkpoint(run_dir: Path, tmp_path: Path) -> None:
+    other = fedge.run(tiny("gossip", tmp_path / "other", rounds=1))
+    shutil.copy(other.run_dir / "checkpoint.pt", run_dir / "checkpoint.pt")
+
+
+def _truncate(run_dir: Path, tmp_path: Path) -> None:
+    path = run_dir / "checkpoint.pt"
+    path.write_bytes(path.read_bytes()[: path.stat().st_size // 2])
+
+
+FAULTS = {
+    "truncated": (_truncate, "is damaged: "),
+    "random bytes": (
+        lambda d, t: (d / "checkpoint.pt").write_bytes(os.urandom(4096)),
+        "is not a fedge checkpoint",
+    ),
+    "empty": (lambda d, t: (d / "checkpoint.pt").write_bytes(b""), "is empty"),
+    "text": (lambda d, t: (d / "checkpoint.pt").write_text("round: 2\n"), "is not a fedge checkpoint"),
+    "another algorithm's": (_other_algorithm_checkpoint, "belongs to a gossip run, not to this fedavg run"),
+    "flipped byte": (
+        lambda d, t: (d / "checkpoint.pt").write_bytes(
+            (b := bytearray((d / "checkpoint.pt").read_bytes()))[:-1] + bytes([b[-1] ^ 1])
+        ),
+        "is damaged: its checksum does not match",
+    ),
+}
+
+
+def _snapshot(run_dir: Path) -> dict[str, bytes]:
+    return {str(p.relative_to(run_dir)): p.read_bytes() for p in sorted(run_dir.rglob("*")) if p.is_file()}
+
+
+@pytest.mark.parametrize("fault", list(FAULTS))
+def test_a_damaged_or_foreign_checkpoint_is_refused_and_nothing_changes(interrupted, tmp_path, fault):
+    damage, needle = FAULTS[fault]
+    damage(interrupted, tmp_path)
+    before = _snapshot(interrupted)
+    outcome = invoke(["resume", str(interrupted), "-q"])
+    assert outcome.exception is None and outcome.code == 2, outcome.output
+    assert len(outcome.lines) == 1, outcome.output
+    assert outcome.lines[0].startswith(f"error: {interrupted / 'checkpoint.pt'}: {needle}"), outcome.lines[0]
+    assert _snapshot(interrupted) == before  # metrics.jsonl byte-identical, nothing added or removed
+
+
+def test_a_read_only_run_directory_is_refused_and_nothing_changes(interrupted):
+    before = _snapshot(interrupted)
+    with read_only(interrupted):
+        outcome = invoke(["resume", str(interrupted), "-q"])
+    assert outcome.code == 2 and len(outcome.lines) == 1, outcome.output
+    assert outcome.lines[0].startswith(f"error: {interrupted}: cannot be written"), outcome.lines[0]
+    assert _snapshot(interrupted) == before
+
+
+def test_an_edited_config_does_not_resume_a_checkpoint_of_another(interrupted):
+    path = interrupted / "config.yaml"
+    path.write_text(path.read_text().replace("seed: 3", "seed: 4"))
+    before = _snapshot(interrupted)
+    outcome = invoke(["resume", str(interrupted), "-q"])
+    assert outcome.code == 2 and "was written for another config" in outcome.lines[0], outcome.output
+    assert _snapshot(interrupted) == before
+
+
+def test_resume_removes_stale_temporaries_and_finishes(interrupted, tmp_path):
+    for name in (".metrics.jsonl.abc123.tmp", ".checkpoint.pt.x_9.tmp", "plots/.accuracy_vs_mb.png.q1.tmp"):
+        (interrupted / name).write_text("half")
+    result = fedge.resume(interrupted)
+    assert not [p for p in interrupted.rglob(".*")], list(interrupted.rglob(".*"))
+    reference = fedge.run(tiny("fedavg", tmp_path / "reference", rounds=4))
+    wall = ("wall_seconds",)
+    strip = [
+        [{k: v for k, v in row.items() if k not in wall} for row in r.metrics] for r in (result, reference)
+    ]
+    assert strip[0] == strip[1]
+
+
+def test_a_directory_another_process_runs_is_refused(interrupted):
+    lock = results.RunLock(interrupted)
+    try:
+        with pytest.raises(PathError, match="is being run by another fedge process"):
+            fedge.resume(interrupted)
+    finally:
+        lock.release()
+    assert fedge.resume(interrupted).summary["rounds"] == 4
+
+
+def test_checkpoint_files_hold_no_pickle(tmp_path):
+    result = fedge.run(tiny("cse_fsl", tmp_path / "runs", rounds=1))
+    data = (result.run_dir / "checkpoint.pt").read_bytes()
+    assert data.startswith(checkpoint.MAGIC) and b"PK\x03\x04" not in data[:64]
+    header = yaml.safe_load(data.splitlines()[1])
+    assert header["format"] == checkpoint.FORMAT and header["algorithm"] == "cse_fsl"
+    assert header["config_sha256"] == checkpoint.config_digest(result.config) and header["round"] == 1
+
+
+def test_a_full_disk_mid_run_is_one_line_and_the_last_checkpoint_resumes(tmp_path, monkeypatch):
+    out = tmp_path / "runs"
+    path = tmp_path / "run.yaml"
+    path.write_text(yaml.safe_dump(tiny("fedavg", out, rounds=4) | {"eval": {"every": 1}}))
+    original, writes = results.atomic_write, []
+
+    def full_after_a_while(target, write):
+        writes.append(target)
+        if len(writes) > 5:
+            raise PathError(target, "cannot be written (No space left on device)")
+        original(target, write)
+
+    monkeypatch.setattr(results, "atomic_write", full_after_a_while)
+    monkeypatch.setattr(checkpoint, "atomic_write", full_after_a_while)
+    outcome = invoke(["run", str(path), "-q"])
+    assert outcome.code == 2 and len(outcome.lines) == 1, outcome.output
+    assert "No space left on device" in outcome.lines[0] and outcome.exception is None
+    monkeypatch.undo()
+    (run_dir,) = out.iterdir()
+    assert fedge.resume(run_dir).summary["rounds"] == 4
+
+
+def test_resuming_a_finished_run_changes_no_result(tmp_path):
+    result = fedge.run(tiny("fedavg", tmp_path / "runs", rounds=2))
+    before = (result.run_dir / "metrics.jsonl").read_bytes()
+    outcome = invoke(["resume", str(result.run_dir), "-q"])
+    assert outcome.code == 0 and (result.run_dir / "metrics.jsonl").read_bytes() == before
+
+
+def test_plotting_a_damaged_metrics_file_is_one_line(tmp_path):
+    result = fedge.run(tiny("fedavg", tmp_path / "runs", rounds=1))
+    (result.run_dir / "metrics.jsonl").write_text('{"round": 1}\nnot json\n')
+    outcome = invoke(["plot", str(result.run_dir)])
+    assert outcome.code == 2 and outcome.lines == [
+        f"error: {result.run_dir / 'metrics.jsonl'}: line 2 is not a JSON object"
+    ]
+
+
+def test_a_well_formed_but_inconsistent_checkpoint_is_refused_not_a_traceback(tmp_path):
+    """The checksum is no signature: a crafted file with a valid one still only gets a one-line refusal."""
+    config = parse_config({})
+    checkpoint.save(tmp_path / "c.pt", {"w": torch.zeros(2, 3)}, config, 1)
+    magic, header, description, data = (tmp_path / "c.pt").read_bytes().split(b"\n", 3)
+    crafted = description.replace(b'"shape":[2,3]', b'"shape":[7,7]')
+    body = crafted + b"\n" + data
+    fields = json.loads(header) | {"body_bytes": len(body), "body_sha256": hashlib.sha256(body).hexdigest()}
+    (tmp_path / "c.pt").write_bytes(magic + b"\n" + json.dumps(fields).encode() + b"\n" + body)
+    with pytest.raises(CheckpointError, match="is damaged: "):
+        checkpoint.load(tmp_path / "c.pt", config)

@@ -1,0 +1,92 @@
+"""Memory pre-flight: available memory as the machine reports it, estimates that name their cause, and a
+refusal before anything large is allocated."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from cases import tiny
+
+from fedge import preflight
+from fedge.config import parse_config
+from fedge.errors import ConfigError
+from fedge.preflight import Part
+from fedge.runner import build_run
+
+
+def test_available_memory_is_memavailable_lowered_to_the_cgroup_limit(tmp_path, monkeypatch):
+    meminfo = tmp_path / "meminfo"
+    meminfo.write_text("MemTotal:  32000000 kB\nMemAvailable:  2000000 kB\n")
+    cgroup = tmp_path / "cgroup"
+    cgroup.mkdir()
+    monkeypatch.setattr(preflight, "MEMINFO", meminfo)
+    monkeypatch.setattr(preflight, "CGROUP", cgroup)
+    cpu = torch.device("cpu")
+    assert preflight.available_bytes(cpu) == 2_000_000 * 1024  # no cgroup files: MemAvailable
+    (cgroup / "memory.max").write_text("max\n")
+    (cgroup / "memory.current").write_text("5\n")
+    assert preflight.available_bytes(cpu) == 2_000_000 * 1024
+    (cgroup / "memory.max").write_text(f"{10**9}\n")
+    (cgroup / "memory.current").write_text(f"{4 * 10**8}\n")
+    assert preflight.available_bytes(cpu) == 6 * 10**8
+    meminfo.unlink()
+    (cgroup / "memory.max").unlink()
+    assert preflight.available_bytes(cpu) is None  # nothing to go by: no check
+
+
+def test_the_refusal_names_the_first_part_too_large_on_its_own():
+    parts = [Part("data", 10, "d"), Part("model", 600, "a model"), Part("partition.num_clients", 900, "c")]
+    with pytest.raises(
+        ConfigError, match=r"^model: this run needs about 1.5 KiB .*a model: 600 B\) but 500 B"
+    ):
+        preflight.check(parts, 500, force=False)
+    with pytest.raises(ConfigError, match="^partition.num_clients: "):  # none alone: the largest
+        preflight.check(parts, 1200, force=False)
+    preflight.check(parts, 1510, force=False)
+    preflight.check(parts, 10, force=True)
+    preflight.check(parts, None, force=False)
+
+
+def test_estimates_follow_the_config(tmp_path):
+    config = parse_config(tiny("fedavg", tmp_path))
+    assert preflight.synthetic_data(config).bytes == (240 + 120) * (36 * 4 + 8)
+    data = build_run(config).context.data
+    values = 36 * 16 + 16 + 16 * 4 + 4
+    parts = {part.key: part.bytes for part in preflight.state_parts(config, data)}
+    assert parts["model"] == values * 2 * 4 and parts["partition.num_clients"] == values * 4 * 4
+    momentum = parse_config(
+        tiny("fedavg", tmp_path) | {"algorithm": {"name": "fedavg", "optimizer": {"momentum": 0.9}}}
+    )
+    assert {p.key: p.bytes for p in preflight.state_parts(momentum, data)}["model"] == values * 3 * 4
+
+
+def test_a_huge_model_is_refused_before_it_is_built(tmp_path, monkeypatch):
+    def never(*args, **kwargs):
+        raise AssertionError("the model was built")
+
+    monkeypatch.setattr("fedge.runner.build_model", never)
+    config = parse_config(
+        tiny("fedavg", tmp_path) | {"model": {"name": "mlp", "options": {"hidden": [10**12]}}}
+    )
+    with pytest.raises(ConfigError, match="^model: this run needs about"):
+        build_run(config)
+
+
+def test_a_huge_synthetic_set_is_refused_before_it_is_drawn(tmp_path, monkeypatch):
+    def never(*args, **kwargs):
+        raise AssertionError("the data was drawn")
+
+    monkeypatch.setattr("fedge.runner.load_dataset", never)
+    config = parse_config(tiny("fedavg", tmp_path) | {"data": {"name": "synthetic", "num_train": 10**14}})
+    with pytest.raises(ConfigError, match=r"^data: this run needs about .* PiB"):
+        build_run(config)
+
+
+@pytest.mark.parametrize(
+    ("algorithm", "key"),
+    [("centralized", "epochs_per_round"), ("ditto", "personal_epochs"), ("gossip", "ft_epochs")],
+)
+def test_every_epochs_knob_counts_in_the_batch_plans(tmp_path, algorithm, key):
+    config = parse_config(tiny(algorithm, tmp_path) | {"algorithm": {"name": algorithm, key: 10**15}})
+    with pytest.raises(ConfigError, match=f"^algorithm.{key}: this run needs about .* PiB"):
+        build_run(config)
