@@ -96,6 +96,13 @@ LENET = (
     "model.name=lenet5",
     "model.cut=2",
 )
+HIST = (
+    "model.name=fcnn",
+    "algorithm.cells=2",
+    "algorithm.edge_rounds=2",
+    "algorithm.local_steps=3",
+    "partition.num_clients=8",
+)
 # per algorithm: the data, model and algorithm keys that make a small but complete run
 ALGORITHM_SETTINGS: dict[str, tuple[str, ...]] = {
     "fedavg": ("algorithm.fraction=0.5",),
@@ -122,14 +129,7 @@ ALGORITHM_SETTINGS: dict[str, tuple[str, ...]] = {
     "afind": ("algorithm.local_epochs=1", "algorithm.peers=2", "algorithm.k0=2"),
     "ditto": ("algorithm.local_epochs=1", "algorithm.peers=2"),
     "dispfl": ("algorithm.local_epochs=1", "algorithm.peers=2"),
-    "hist": (
-        "model.name=fcnn",
-        "model.options.dropout=0.5",
-        "algorithm.cells=2",
-        "algorithm.edge_rounds=2",
-        "algorithm.local_steps=3",
-        "partition.num_clients=8",
-    ),
+    "hist": (*HIST, "model.options.dropout=0.5"),
     "hfedavg": (
         "model.name=fcnn",
         "algorithm.cells=2",
@@ -249,28 +249,14 @@ VARIANTS: list[tuple[str, str, tuple[str, ...]]] = [
         "hist-aircomp-optimised",
         "hist",
         (
-            "model.name=fcnn",
+            *HIST,
             "model.options.dropout=0.5",
-            "algorithm.cells=2",
-            "algorithm.edge_rounds=2",
-            "algorithm.local_steps=3",
-            "partition.num_clients=8",
             "algorithm.aggregation=aircomp",
             "algorithm.mask_sizes=optimised",
             "algorithm.form=masked",
         ),
     ),
-    (
-        "hist-no-dropout",
-        "hist",
-        (
-            "model.name=fcnn",
-            "algorithm.cells=2",
-            "algorithm.edge_rounds=2",
-            "algorithm.local_steps=3",
-            "partition.num_clients=8",
-        ),
-    ),
+    ("hist-no-dropout", "hist", HIST),
     ("fsl_an-no-dropout", "fsl_an", (*LENET, "algorithm.server_order=random")),
     (
         "hfedavg-lenet-cell_iid",

@@ -11,8 +11,7 @@ import yaml
 from typer.testing import CliRunner
 
 from fedge.cli import app
-from fedge.cli_bounds import split_values
-from fedge.config import load_config
+from fedge.config import load_config, split_values
 
 runner = CliRunner()
 EXAMPLES = Path(__file__).parents[1] / "examples" / "theory"

@@ -21,7 +21,7 @@ import yaml
 from rich.console import Console
 from rich.table import Table
 
-from fedge.config import apply_override, load_raw, parse_config
+from fedge.config import apply_override, load_raw, parse_config, split_values
 from fedge.errors import ConfigError, FedgeError
 
 if TYPE_CHECKING:  # the theory modules import torch: loaded when a bound is evaluated, not for --help
@@ -41,21 +41,6 @@ UNIT_SETTING = {
 
 console = Console()
 errors = Console(stderr=True)
-
-
-def split_values(text: str) -> list[str]:
-    """``v1,v2,...`` split on the commas outside brackets (so ``[1,2],[3]`` is two values)."""
-    values, depth, current = [], 0, ""
-    for char in text:
-        depth += char in "[{("
-        depth -= char in "]})"
-        if char == "," and depth == 0:
-            values.append(current)
-            current = ""
-        else:
-            current += char
-    values.append(current)
-    return [v.strip() for v in values if v.strip()]
 
 
 def parse_sweep(option: str) -> tuple[str, list[str]]:

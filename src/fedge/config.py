@@ -391,6 +391,21 @@ def _yaml(text: str) -> Any:
     return yaml.load(text, Loader=_Loader)
 
 
+def split_values(text: str) -> list[str]:
+    """``v1,v2,...`` split on the commas outside brackets (so ``[1,2],[3]`` is two values)."""
+    values, depth, current = [], 0, ""
+    for char in text:
+        depth += char in "[{("
+        depth -= char in "]})"
+        if char == "," and depth == 0:
+            values.append(current)
+            current = ""
+        else:
+            current += char
+    values.append(current)
+    return [v.strip() for v in values if v.strip()]
+
+
 def apply_override(raw: dict[str, Any], assignment: str) -> None:
     """Apply one ``a.b.c=value`` override to a nested dict in place (value parsed as YAML)."""
     if "=" not in assignment:

@@ -41,7 +41,7 @@ import yaml
 from pydantic import Field, PositiveInt, ValidationError
 
 from fedge import results, stop
-from fedge.config import AlgorithmConfig, StrictModel, load_raw, parse_config
+from fedge.config import AlgorithmConfig, StrictModel, load_raw, parse_config, split_values
 from fedge.errors import ConfigError, FedgeError
 from fedge.labels import short_keys
 
@@ -132,17 +132,7 @@ def set_dotted(raw: dict[str, Any], key: str, value: Any) -> None:
 
 def parse_values(text: str) -> list[Any]:
     """``v1,v2,...`` (each read as YAML, commas inside brackets kept) into a list of values."""
-    values, depth, current = [], 0, ""
-    for char in text:
-        depth += char in "[{("
-        depth -= char in "]})"
-        if char == "," and depth == 0:
-            values.append(current)
-            current = ""
-        else:
-            current += char
-    values.append(current)
-    return [yaml.safe_load(v.strip()) for v in values if v.strip()]
+    return [yaml.safe_load(value) for value in split_values(text)]
 
 
 def _retarget(raw: dict[str, Any]) -> list[str]:
