@@ -26,7 +26,7 @@ ROOT = Path(__file__).resolve().parents[1]
 TOLERANCE = 1e-5
 # data substitutes for what this machine lacks, and caps that keep each check to seconds
 SUBSTITUTES: dict[str, tuple[str, ...]] = {
-    "cifar10": ("data.name=synthetic", "data.shape=[3,32,32]", "data.num_train=600", "data.num_test=200"),
+    "cifar10": ("data.name=synthetic", "data.shape=[3,32,32]", "data.num_train=1500", "data.num_test=200"),
     "femnist": (
         "data.name=synthetic",
         "data.shape=[1,28,28]",

@@ -141,12 +141,14 @@ def test_executors_agree_with_batchnorm_buffers():
     assert not torch.allclose(means[0], means[1])  # each client keeps its own statistics
 
 
-def test_bank_average_is_sample_weighted():
-    bank = ClientBank.broadcast([0, 1], {"w": torch.zeros(2)}, {"n": torch.tensor(0)})
-    bank.params["w"] = torch.tensor([[1.0, 2.0], [3.0, 6.0]])
-    bank.buffers["n"] = torch.tensor([3, 5])
-    params, buffers = bank.average(torch.tensor([0.25, 0.75]))
-    assert params["w"].tolist() == [2.5, 5.0] and int(buffers["n"]) == 5
+def test_weighted_sum_averages_floats_and_keeps_the_largest_counter():
+    from fedge.engine import weighted_sum
+
+    params = {"w": torch.tensor([[1.0, 2.0], [3.0, 6.0]])}
+    buffers = {"n": torch.tensor([3, 5])}
+    weights = torch.tensor([0.25, 0.75])
+    assert weighted_sum(params, weights)["w"].tolist() == [2.5, 5.0]
+    assert int(weighted_sum(buffers, weights)["n"]) == 5
 
 
 UNEQUAL = [13, 40, 7, 25, 32, 9]  # step counts out of order: the batched executor reorders rows

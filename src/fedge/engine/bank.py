@@ -101,7 +101,3 @@ class ClientBank:
         """Bytes held by the stacked parameters, buffers and optimizer state."""
         tensors = [*self.params.values(), *self.buffers.values(), *self.opt_state.values()]
         return sum(t.numel() * t.element_size() for t in tensors)
-
-    def average(self, weights: torch.Tensor) -> tuple[Tensors, Tensors]:
-        """Weighted average of parameters and buffers over the clients (weights sum to 1)."""
-        return weighted_sum(self.params, weights), weighted_sum(self.buffers, weights)
