@@ -163,16 +163,13 @@ def check_writable(run_dir: Path) -> None:
 
 
 def remove_temporaries(run_dir: Path) -> list[Path]:
-    """Delete the temporary files an interrupted write left in ``run_dir`` (and its plots); return them."""
+    """Delete the temporary files an interrupted write left in ``run_dir`` (and its plots); return them.
+
+    :func:`atomic_write` names them ``.<file>.<random>.tmp`` beside the file it writes, so every such
+    name is one, whichever file of the run was being written.
+    """
     run_dir = Path(run_dir)
-    stale = [
-        *(
-            path
-            for name in (CONFIG, METRICS, SUMMARY, CHECKPOINT, LEDGER)
-            for path in run_dir.glob(f".{name}.*.tmp")
-        ),
-        *(run_dir / PLOTS).glob(".*.png.*.tmp"),
-    ]
+    stale = [*run_dir.glob(".*.tmp"), *(run_dir / PLOTS).glob(".*.tmp")]
     for path in stale:
         path.unlink(missing_ok=True)
     return stale
