@@ -10,6 +10,8 @@ from collections import defaultdict
 
 import numpy as np
 import pytest
+from test_decentralized_algorithms import COMMON
+from test_decentralized_algorithms import config as peer_config
 
 import fedge
 from fedge.config import SystemConfig
@@ -17,30 +19,14 @@ from fedge.runner import build_run
 from fedge.system import SystemModel
 
 N = 6
-BATCH = 16
+BATCH = COMMON["batch_size"]
 FORWARD = 2 * (36 * 12 + 12 * 8 + 8 * 4)  # FLOPs of one sample through the 36-12-8-4 MLP (no biases)
-COMMON = {"local_epochs": 1, "batch_size": BATCH, "peers": 2, "optimizer": {"lr": 0.1, "momentum": 0.5}}
 
 
 def config(tmp_path, algorithm: dict, **top) -> dict:
-    """Six clients on a small synthetic set, full graph, clients evenly spaced on 100-300 m."""
-    return {
-        "seed": 5,
-        "rounds": 2,
-        "data": {
-            "name": "synthetic",
-            "num_train": 360,
-            "num_test": 240,
-            "shape": [1, 6, 6],
-            "num_classes": 4,
-        },
-        "partition": {"kind": "dirichlet", "num_clients": N, "alpha": 0.5, "min_size": 8},
-        "model": {"name": "mlp", "options": {"hidden": [12, 8]}},
-        "algorithm": {**COMMON, **algorithm},
-        "system": {"distances": "linspace"},
-        "output": {"dir": str(tmp_path / "runs"), "plots": False},
-        **top,
-    }
+    """The family's test config (six clients on a small synthetic set, full graph) for two rounds, with
+    the clients evenly spaced on 100-300 m."""
+    return peer_config(tmp_path, algorithm, **{"rounds": 2, "system": {"distances": "linspace"}, **top})
 
 
 def ledger_rows(result) -> list[dict[str, str]]:
