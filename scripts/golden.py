@@ -56,6 +56,12 @@ CHANGED_BY_DESIGN: list[tuple[tuple[str, ...], frozenset[str] | None, str]] = [
         frozenset({"sim_seconds", "sim_joules"}),
         NEW_CLOCK,
     ),
+    (
+        ("light_fedsl*",),
+        None,
+        "lightweight FedSL's masks are the aggregated model's non-zero pattern instead of all ones, so "
+        "pruned weights stay pruned after an aggregation",
+    ),
 ]
 
 

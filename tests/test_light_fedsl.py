@@ -138,6 +138,36 @@ def test_pruning_follows_the_schedule_persists_and_restarts_after_aggregation():
     assert history[4][0]["sparsity"] == pytest.approx(round(sparsity_target(5, 8, 0.6) * n) / n)
 
 
+@pytest.mark.parametrize("interval", [1, 5])
+def test_pruned_weights_stay_pruned_over_a_long_run(monkeypatch, interval):
+    """Every client's trained model (read before any aggregation) holds at least round(rho_t N) zeros in
+    every round, and once the schedule is flat its non-zero count never rises. Resetting the masks at
+    aggregation broke both with I = 1 (the mean sat at the target count, nothing pruned, the unmasked
+    gradient revived the zeros)."""
+    rounds, schedule = 200, 60
+    b = built({"final_sparsity": 0.5, "schedule_rounds": schedule, "agg_interval": interval}, rounds=rounds)
+    algorithm = b.algorithm
+    n = sum(algorithm.clients["params"][name][0].numel() for name in algorithm.prunable)
+
+    def nonzeros() -> torch.Tensor:
+        params = algorithm.clients["params"]
+        return sum((params[name] != 0).flatten(1).sum(1) for name in algorithm.prunable)
+
+    trained: list[torch.Tensor] = []
+    aggregate = algorithm._aggregate
+    monkeypatch.setattr(algorithm, "_aggregate", lambda t: (trained.append(nonzeros()), aggregate(t))[1])
+    previous = None
+    for t in range(1, rounds + 1):
+        algorithm.run_round(t)
+        counts = trained.pop() if trained else nonzeros()
+        target = round(sparsity_target(t, schedule, 0.5) * n)
+        assert (n - counts >= target).all(), (t, counts.tolist(), target)
+        if t > schedule:
+            assert (counts <= previous).all(), (t, counts.tolist(), previous.tolist())
+        previous = counts
+    assert trained == [] and (n - previous == round(0.5 * n)).all()
+
+
 # ---- equivalence with centralized SGD ----
 
 

@@ -17,7 +17,9 @@ A round is one mini-batch step of every client (Algorithm 1's t):
    quantized to ``q`` bits over the whole flattened client gradient (stream
    ``(seed, "client-quantizer", t, k)``) and applied with plain SGD (Eq. 13);
 4. every ``I`` rounds the clients upload their trunks (``model_up``), the server averages them
-   uniformly with their BatchNorm buffers (Eq. 14) and broadcasts the mean (``model_down``); masks reset.
+   uniformly with their BatchNorm buffers (Eq. 14) and broadcasts the mean (``model_down``); each client's
+   mask becomes the non-zero pattern of the mean (weights every client pruned stay pruned; the next
+   round's trigger prunes the denser mean back to ``rho_t``).
 
 Evaluation uses the virtual average of the client trunks with the server model (the paper names no evaluation
 model; docs/decisions.md, "Evaluation on the virtual average"). Clients start from the same initial trunk and
@@ -328,9 +330,13 @@ class LightFedSL(Algorithm):
         return {name: p - lr * grads[name] for name, p in params.items()}
 
     def _aggregate(self, t: int) -> tuple[np.ndarray, np.ndarray]:
-        """Upload every trunk, average uniformly (BatchNorm buffers too), broadcast, reset the masks.
+        """Upload every trunk, average uniformly (BatchNorm buffers too), broadcast, and recompute the masks
+        as the non-zero pattern of the mean.
 
-        Returns the upload and broadcast bits per client.
+        Resetting the masks to all ones would let the first unmasked gradient revive every pruned weight
+        whenever the mean already sits at the target count (no pruning triggers then); a mask taken from
+        the mean keeps its zeros masked, and the importance sort ranks them first when the next trigger
+        prunes further, so masks stay nested. Returns the upload and broadcast bits per client.
         """
         n = len(self.nodes)
         params, buffers = self.clients["params"], self.clients["buffers"]
@@ -344,10 +350,14 @@ class LightFedSL(Algorithm):
         mean = {**mean_params, **floating(mean_buffers)}
         down = self.models.send(t, nodes.SERVER, self.nodes, "model_down", mean)
         down_bits = np.repeat(down.bits, n)
+        params = stack_copies({k: down.payload[k] for k in mean_params}, n)
         self.clients = {
-            "params": stack_copies({k: down.payload[k] for k in mean_params}, n),
+            "params": params,
             "buffers": stack_copies({k: down.payload.get(k, v) for k, v in mean_buffers.items()}, n),
-            "masks": {name: torch.ones_like(m) for name, m in self.clients["masks"].items()},
+            "masks": {
+                name: params[name] != 0 if self.knobs.final_sparsity > 0 else torch.ones_like(mask)
+                for name, mask in self.clients["masks"].items()
+            },
         }
         return up.bits, down_bits
 
