@@ -43,6 +43,8 @@ VARIANTS = {
     "ditto-afind": {"name": "ditto", "peer_selection": "afind"},
     "dispfl-afind": {"name": "dispfl", "peer_selection": "afind", "afind": {"aggregation": "uniform"}},
     "dispfl": {"name": "dispfl"},
+    "fedfomo": {"name": "fedfomo"},
+    "fedfomo-afind-head": {"name": "fedfomo", "peer_selection": "afind", "personal": "head"},
 }
 
 
@@ -102,7 +104,9 @@ def test_same_seed_same_metrics_other_seed_differs(tmp_path):
     assert strip(fedge.run(cfg, ["seed=6"]).metrics) != strip(first.metrics)
 
 
-@pytest.mark.parametrize("variant", ["afind", "pens", "dispfl-afind", "ditto-afind", "federico"])
+@pytest.mark.parametrize(
+    "variant", ["afind", "pens", "dispfl-afind", "ditto-afind", "federico", "fedfomo-afind-head"]
+)
 def test_state_dict_resumes_to_the_same_result(tmp_path, variant):
     cfg = parse_config(
         config(

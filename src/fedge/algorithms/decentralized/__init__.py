@@ -5,6 +5,7 @@ from fedge.algorithms.decentralized import (  # noqa: F401  (registration)
     dispfl,
     ditto,
     fedavg_ft,
+    fedfomo,
     federico,
     gossip,
     local,

@@ -35,6 +35,7 @@ from fedge.algorithms.decentralized.topology import TopologyConfig, build_topolo
 from fedge.algorithms.decentralized.view import PeerView
 from fedge.comm import Link, nodes
 from fedge.config import AlgorithmConfig, SGDConfig
+from fedge.data.federated import FederatedData
 from fedge.engine import SGD, ClientBank, buffers_of, classification_loss, make_step, parameters_of
 from fedge.engine.mixing import mix
 from fedge.engine.personal import evaluate_clients, fine_tuned
@@ -105,6 +106,7 @@ class PeerAlgorithm(Algorithm):
         self.model = ctx.build_model().to(ctx.device)
         n = ctx.data.num_clients
         self.num_clients = n
+        self.train_data: FederatedData = ctx.data  # what local training, probes and fine-tunes draw from
         self.adjacency = build_topology(cfg.topology, n, ctx.seed)
         self.neighbours = torch.as_tensor(self.adjacency, device=ctx.device)
         self.head = self._head_names()
@@ -249,10 +251,10 @@ class PeerAlgorithm(Algorithm):
         frozen = {k: v for k, v in params.items() if k not in trainable}
         bank = ClientBank(tuple(int(o) for o in owners), train, {**buffers, **frozen, **(extra or {})})
         bank.opt_state = self.sgd.init(train)
-        plan = self.ctx.data.batch_plan(bank.clients, t, epochs, cfg.batch_size, cfg.drop_last, purpose)
+        plan = self.train_data.batch_plan(bank.clients, t, epochs, cfg.batch_size, cfg.drop_last, purpose)
         samples = plan.weight.sum(dim=(1, 2)).double().cpu().numpy()
         self.work.compute(np.asarray(bank.clients), samples, backward=True)
-        losses = self.ctx.executor.train(step or self.step, bank, plan, self.ctx.data, cfg.optimizer.lr)
+        losses = self.ctx.executor.train(step or self.step, bank, plan, self.train_data, cfg.optimizer.lr)
         new_params = {k: bank.params[k] if k in train else bank.buffers[k] for k in params}
         new_buffers = {k: bank.buffers[k] for k in buffers}
         return new_params, new_buffers, losses
@@ -260,7 +262,7 @@ class PeerAlgorithm(Algorithm):
     # ----- peers and mixing ------------------------------------------------------------------------
     def probes(self, t: int) -> ProbeBatches:
         """The round's probe batch of every client (``probe_size`` samples, default ``batch_size``)."""
-        return probe_batches(self.ctx.data, self.ctx.seed, t, self.cfg.probe_size or self.cfg.batch_size)
+        return probe_batches(self.train_data, self.ctx.seed, t, self.cfg.probe_size or self.cfg.batch_size)
 
     def random_peers(self, t: int, k: int | None = None, allowed: np.ndarray | None = None) -> np.ndarray:
         """``k`` (default ``peers``) uniform random neighbours of every client for round ``t``."""
@@ -323,7 +325,7 @@ class PeerAlgorithm(Algorithm):
                 step or self.step,
                 copies,
                 self.sgd.init(bank.params),
-                self.ctx.data,
+                self.train_data,
                 self.round,
                 cfg.ft_epochs,
                 cfg.batch_size,
