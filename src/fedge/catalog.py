@@ -12,7 +12,13 @@ from pathlib import Path
 from typing import Any
 
 CATALOG = Path(__file__).with_name("catalog.json")
-EXAMPLE_INPUTS = {"cse_cifar": (3, 24, 24), "vgg": (3, 32, 32), "resnet18": (3, 32, 32), "cnn4": (3, 32, 32)}
+EXAMPLE_INPUTS = {
+    "cse_cifar": (3, 24, 24),
+    "vgg": (3, 32, 32),
+    "resnet18": (3, 32, 32),
+    "cnn4": (3, 32, 32),
+    "cifar_cnn": (3, 32, 32),
+}
 
 
 def build() -> dict[str, Any]:

@@ -1,6 +1,7 @@
-"""Small plain CNNs: LeNet-5 (HIST) and AFIND+'s two-layer and four-layer CNNs.
+"""Small plain CNNs: LeNet-5 and the CIFAR-10 CNN (HIST), AFIND+'s two-layer and four-layer CNNs.
 
-All convs are unpadded and followed by ReLU and a 2x2 max-pool; flatten sizes follow from the input shape.
+Every conv is followed by ReLU and a 2x2 max-pool (unpadded, except the CIFAR CNN's 3x3 convs with padding
+1); flatten sizes follow from the input shape.
 """
 
 from __future__ import annotations
@@ -13,9 +14,9 @@ from fedge.models.base import SplitModel
 from fedge.models.layers import FeatureMap, Probability, block, maybe_dropout
 
 
-def _conv_pool(fm: FeatureMap, channels: int, kernel: int) -> nn.Sequential:
-    """Conv (valid), ReLU, 2x2 max-pool."""
-    return block(conv=fm.conv(channels, kernel), relu=nn.ReLU(), pool=fm.max_pool(2))
+def _conv_pool(fm: FeatureMap, channels: int, kernel: int, padding: int = 0) -> nn.Sequential:
+    """Conv (valid unless ``padding``), ReLU, 2x2 max-pool."""
+    return block(conv=fm.conv(channels, kernel, padding=padding), relu=nn.ReLU(), pool=fm.max_pool(2))
 
 
 def build_lenet5(input_shape: tuple[int, ...], num_classes: int, *, dropout: Probability = 0.0) -> SplitModel:
@@ -61,3 +62,27 @@ def build_cnn4(input_shape: tuple[int, ...], num_classes: int) -> SplitModel:
     blocks["fc1"] = block(flatten=nn.Flatten(), linear=nn.Linear(fm.numel, 512), relu=nn.ReLU())
     blocks["out"] = block(linear=nn.Linear(512, num_classes))
     return SplitModel(blocks, name="cnn4")
+
+
+def build_cifar_cnn(
+    input_shape: tuple[int, ...], num_classes: int, *, dropout: Probability = 0.3
+) -> SplitModel:
+    """HIST's CIFAR-10 CNN (Table II): conv3 16, 32, 64 (pad 1), FC 500 (541,094 parameters on 3x32x32).
+
+    Each conv block is conv 3x3 with padding 1, ReLU, 2x2 max-pool; then flatten (1,024 values on 32x32),
+    Dropout, Linear 500, ReLU, Dropout, Linear. Its one hidden FC layer (500 neurons) is what HIST
+    partitions across cells; the convs are shared. ``dropout`` is the authors' 0.3 (0 turns it off).
+    """
+    fm = FeatureMap("cifar_cnn", input_shape)
+    blocks: OrderedDict[str, nn.Module] = OrderedDict()
+    for index, channels in enumerate((16, 32, 64), start=1):
+        blocks[f"conv{index}"] = _conv_pool(fm, channels, 3, padding=1)
+    blocks["fc1"] = block(
+        flatten=nn.Flatten(),
+        dropout_in=maybe_dropout(dropout),
+        linear=nn.Linear(fm.numel, 500),
+        relu=nn.ReLU(),
+        dropout=maybe_dropout(dropout),
+    )
+    blocks["out"] = block(linear=nn.Linear(500, num_classes))
+    return SplitModel(blocks, name="cifar_cnn")

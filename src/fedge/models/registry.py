@@ -11,7 +11,7 @@ from pydantic import TypeAdapter, ValidationError
 
 from fedge.errors import ConfigError
 from fedge.models.base import SplitModel
-from fedge.models.cnn import build_cnn2, build_cnn4, build_lenet5
+from fedge.models.cnn import build_cifar_cnn, build_cnn2, build_cnn4, build_lenet5
 from fedge.models.cse import build_cse_cifar, build_cse_femnist
 from fedge.models.mlp import build_fcnn, build_mlp
 from fedge.models.resnet import build_resnet18
@@ -25,6 +25,7 @@ MODELS: dict[str, Builder] = {
     "lenet5": build_lenet5,
     "cnn2": build_cnn2,
     "cnn4": build_cnn4,
+    "cifar_cnn": build_cifar_cnn,
     "resnet18": build_resnet18,
     "vgg": build_vgg,
     "cse_cifar": build_cse_cifar,
