@@ -32,6 +32,7 @@ SMALL = {
     "vgg": ((1, 8, 8), {"depth": 11, "width": 0.125}),
     "cse_cifar": ((3, 8, 8), {}),
     "cse_femnist": ((1, 8, 8), {"dropout": False}),
+    "cifar_cnn": ((3, 8, 8), {"dropout": 0.0}),
 }
 
 
