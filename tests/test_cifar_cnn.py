@@ -82,14 +82,20 @@ def test_table_two_example_runs_and_its_ledger_is_the_analytic_upload(cifar_root
 
 
 @pytest.mark.parametrize(
-    "algorithm", [{"name": "fedavg", "batch_size": 16}, {"name": "splitfed_v2", "batch_size": 16}]
+    ("algorithm", "cut"),
+    [
+        ({"name": "fedavg", "batch_size": 16}, 3),
+        ({"name": "splitfed_v2", "batch_size": 16}, 1),
+        ({"name": "splitfed_v2", "batch_size": 16}, 4),
+        ({"name": "cse_fsl", "batch_size": 16, "h": 1}, 3),
+    ],
 )
-def test_fedavg_and_the_split_family_train_it(cifar_root, tmp_path, algorithm):
+def test_fedavg_and_the_split_family_train_it(cifar_root, tmp_path, algorithm, cut):
     config = {
         "rounds": 1,
         "data": {"name": "cifar10", "root": str(cifar_root)},
         "partition": {"kind": "iid", "num_clients": 2},
-        "model": {"name": "cifar_cnn", "cut": 3},
+        "model": {"name": "cifar_cnn", "cut": cut},
         "algorithm": algorithm,
         "output": {"dir": str(tmp_path / "runs"), "plots": False},
     }
