@@ -135,6 +135,7 @@ ALGORITHM_SETTINGS: dict[str, tuple[str, ...]] = {
     "afind": ("algorithm.local_epochs=1", "algorithm.peers=2", "algorithm.k0=2"),
     "ditto": ("algorithm.local_epochs=1", "algorithm.peers=2"),
     "dispfl": ("algorithm.local_epochs=1", "algorithm.peers=2"),
+    "fedfomo": ("algorithm.local_epochs=1", "algorithm.peers=2"),
     "hist": (*HIST, "model.options.dropout=0.5"),
     "hfedavg": (
         "model.name=fcnn",
