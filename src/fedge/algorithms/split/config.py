@@ -12,7 +12,7 @@ from typing import Annotated, Literal
 
 from pydantic import Field, PositiveInt, ValidationInfo, field_validator
 
-from fedge.config import AlgorithmConfig, SGDConfig
+from fedge.config import AlgorithmConfig, CodecName, SGDConfig
 
 Positive = Annotated[float, Field(gt=0.0)]
 
@@ -49,7 +49,8 @@ class SplitConfig(AlgorithmConfig):
       moving (an ablation: the setting the theory paper's server-side proofs really cover).
     - ``init``: ``torch_default`` or ``normal0.05`` (every weight and bias ~ N(0, 0.05^2), the CSE-FSL
       authors' code's init; the paper gives none); all copies start identical either way.
-    - ``codec_up`` encodes smashed data, labels and model uploads; ``codec_down`` gradients and downloads.
+    - ``codec_up`` encodes smashed data, labels and model uploads; ``codec_down`` gradients and downloads
+      (any codec name ``fedge.config.CodecName`` admits: ``fp16``, ``bf16``, ``q8``, ``topk:0.1``...).
     """
 
     name: str
@@ -72,8 +73,8 @@ class SplitConfig(AlgorithmConfig):
     global_lr: Positive = 1.0
     freeze_client_after: PositiveInt | None = None
     init: Literal["torch_default", "normal0.05"] = "torch_default"
-    codec_up: Literal["fp32", "fp16"] = "fp32"
-    codec_down: Literal["fp32", "fp16"] = "fp32"
+    codec_up: CodecName = "fp32"
+    codec_down: CodecName = "fp32"
 
     @field_validator("aggregate_divisor")
     @classmethod

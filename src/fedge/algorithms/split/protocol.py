@@ -32,7 +32,7 @@ from fedge.algorithms.split.participation import Draws, aggregation_weights, che
 from fedge.algorithms.split.parts import aux_only, build_parts, composed, initial_state, trunk_only
 from fedge.algorithms.split.plans import round_plan
 from fedge.algorithms.split.server import SERVER_STAGE, CutBatch, Served, SplitServer
-from fedge.comm import nodes, state_bits
+from fedge.comm import FloatCodec, nodes, state_bits
 from fedge.data.federated import BatchPlan
 from fedge.engine import SGD, ClientBank, evaluate_model, stack_copies, weighted_sum
 from fedge.engine.noise import RowKeys
@@ -131,6 +131,8 @@ class SplitLearning(Algorithm):
         self.local_aux: dict[int, Tensors] = {}  # each client's own aux head when it is not averaged
         self.totals = {"uploads": 0, "server_steps": 0}
         self.up, self.down = ctx.network.link(cfg.codec_up), ctx.network.link(cfg.codec_down)
+        # labels are integers: a dense float codec carries them exactly, a lossy one would corrupt them
+        self.labels = self.up if isinstance(self.up.codec, FloatCodec) else ctx.network.link("fp32")
         self.flops = count_flops(self.parts)
         self._hold(self.rows_per_round, [])
 
@@ -295,7 +297,9 @@ class SplitLearning(Algorithm):
         smashed = self.up.send(
             t, senders, nodes.SERVER, "smashed_up", {"z": z.detach()}, stacked=True, lengths=counts
         )
-        labels = self.up.send(t, senders, nodes.SERVER, "labels_up", {"y": y}, stacked=True, lengths=counts)
+        labels = self.labels.send(
+            t, senders, nodes.SERVER, "labels_up", {"y": y}, stacked=True, lengths=counts
+        )
         at = row_ids.cpu().numpy()
         np.add.at(tally.up_bits, at, smashed.bits + labels.bits)
         np.add.at(tally.server_samples, at, counts.cpu().numpy())
