@@ -143,6 +143,14 @@ class Link:
             self.ledger.record(round_, senders, receivers, kind, bits[carried[sending]])
         return Sent(received, bits)
 
+    def decode(self, round_: int, kind: str, payload: Tensors) -> Tensors:
+        """What receivers decode from each row of a stacked payload, without recording a transfer: for
+        algorithms that count a kind's transfers from one message (every row costs the same) but must
+        hand each receiver its sender's own decoded row."""
+        rows = next(iter(payload.values())).shape[0] if payload else 0
+        seeds = self._seeds(round_, kind, rows) if self.codec.stochastic else None
+        return self.codec.encode(payload, True, seeds)
+
     def store(self, nodes: Nodes, kind: str, payload: Tensors, *, stacked: bool = False) -> np.ndarray:
         """Meter what ``nodes`` hold of ``kind`` in this link's encoding (row ``r`` held by ``nodes[r]``
         when ``stacked``, else the same payload by every node); returns the bits per node."""
