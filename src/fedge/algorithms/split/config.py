@@ -40,7 +40,11 @@ class SplitConfig(AlgorithmConfig):
       aggregation interval C; default: once, at the end of the round, as in its experiments).
     - ``server_order``: the queue order of one shared server model: ``round_robin`` (per step,
       participants in draw order), ``random`` (a fresh seeded permutation per step; CSE-FSL Fig. 6) or
-      ``client_after_client`` (each client's whole local run in turn, as the SplitFed paper runs FSL_OC).
+      ``client_after_client`` (each client's whole local run in turn, as the SplitFed paper runs FSL_OC) or
+      ``arrival`` (each step's uploads in the order they reach the server on the simulated timeline of the
+      system model, plus a seeded uniform jitter of up to ``arrival_jitter_s`` seconds; the round's
+      simulated time then includes the queue waits; one shared server model only, see
+      :mod:`~fedge.algorithms.split.arrival`).
     - ``server_lr_divide_by_m``: server step size divided by the number of clients (the theory paper's
       Algorithm 1 box; its theorems use the undivided step).
     - ``global_lr``: the step from the old global client model towards the average (eta_g in Yang et
@@ -68,7 +72,8 @@ class SplitConfig(AlgorithmConfig):
     aggregation: Literal["size", "uniform"] = "size"
     aggregate_divisor: Literal["draws", "all_clients"] = "draws"
     agg_every: PositiveInt | None = None
-    server_order: Literal["round_robin", "random", "client_after_client"] = "round_robin"
+    server_order: Literal["round_robin", "random", "client_after_client", "arrival"] = "round_robin"
+    arrival_jitter_s: Annotated[float, Field(ge=0.0)] = 0.0
     server_lr_divide_by_m: bool = False
     global_lr: Positive = 1.0
     freeze_client_after: PositiveInt | None = None
