@@ -229,3 +229,22 @@ def test_hist_optimised_sizes_use_the_uplink_codecs_bits_per_value(tmp_path):
     algorithm = built(hier_config(tmp_path, codec_up="q8", mask_sizes="optimised"))
     assert algorithm.up_value_bits == pytest.approx(9 + RANGE_BITS / algorithm.model_values)
     assert math.isclose(built(hier_config(tmp_path)).up_value_bits, 32.0)
+
+
+# ----- split ----------------------------------------------------------------------------------------
+
+
+def test_split_links_take_the_same_codec_names_and_labels_stay_exact(tmp_path):
+    raw = {
+        "seed": 1,
+        "rounds": 1,
+        "data": {"name": "synthetic", "num_train": 64, "num_test": 16, "shape": [1, 6, 6], "num_classes": 4},
+        "partition": {"kind": "iid", "num_clients": 2},
+        "model": {"name": "mlp", "cut": 1, "options": {"hidden": [16, 12]}},
+        "algorithm": {"name": "splitfed_v2", "batch_size": 8, "local_steps": 1, "codec_up": "q8"},
+        "output": {"dir": str(tmp_path / "runs"), "plots": False},
+    }
+    algorithm = built(raw)
+    algorithm.run_round(1)
+    bits = kind_bits(algorithm.ctx.network.ledger)
+    assert bits["smashed_up"] == {q8_bits(8 * 16)} and bits["labels_up"] == {8 * 32}
