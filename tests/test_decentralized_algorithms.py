@@ -212,7 +212,7 @@ def test_dispfl_masks_keep_their_density_and_zero_the_rest(tmp_path):
         assert int(mask.sum()) == before[name]
         assert (algorithm.bank.params[name][~mask] == 0).all()
     assert not torch.equal(algorithm.masks["fc1.linear.weight"][0], algorithm.masks["fc1.linear.weight"][1])
-    sparse, dense = algorithm.models, algorithm.dense
+    sparse, dense = algorithm.models, algorithm.requests  # requests travel dense at fp32 by default
     assert (
         sparse.store("client:0", "model", algorithm.model_message())[0]
         < dense.store("client:0", "model", algorithm.dense_message())[0]

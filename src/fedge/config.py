@@ -19,6 +19,7 @@ from typing import Annotated, Any, ClassVar, Literal, Union, get_args, get_origi
 
 import yaml
 from pydantic import (
+    AfterValidator,
     BaseModel,
     ConfigDict,
     Field,
@@ -33,6 +34,24 @@ from pydantic import (
 from fedge.errors import ConfigError
 
 Fraction = Annotated[float, Field(gt=0.0, le=1.0)]
+# A link's codec by name (comm/registry.py builds it): dense ``fp32`` / ``fp16`` / ``bf16``, lossless
+# ``sparse`` / ``bitmap``, ``q<bits>`` (stochastic quantizer, 1..31 bits), ``topk:<fraction>`` or
+# ``randk:<fraction>`` (sparsification keeping that share of each tensor's entries).
+CODEC_PATTERN = re.compile(
+    r"^(fp32|fp16|bf16|sparse|bitmap|q(?:[1-9]|[12][0-9]|3[01])|(topk|randk):(0?\.[0-9]*[1-9][0-9]*|1(?:\.0*)?))$"
+)
+
+
+def _codec_name(value: str) -> str:
+    if not CODEC_PATTERN.match(value):
+        raise ValueError(
+            f"unknown codec {value!r}; use fp32, fp16, bf16, sparse, bitmap, q1..q31, topk:<fraction> or "
+            "randk:<fraction> (a fraction in (0, 1])"
+        )
+    return value
+
+
+CodecName = Annotated[str, AfterValidator(_codec_name)]
 DATASETS = ("digits", "synthetic", "mnist", "fashion-mnist", "cifar10", "cifar100", "femnist")
 DEFAULT_ALGORITHM = "fedavg"
 PARTITIONERS = ("iid", "dirichlet", "pathological", "shards", "natural", "grouped")

@@ -49,6 +49,8 @@ class Codec(ABC):
 
     name: str
     counts_nonzeros: bool = False  # whether :meth:`bits` depends on how many values are non-zero
+    stochastic: bool = False  # whether :meth:`encode` draws from the senders' ``seeds``
+    lossless: bool = False  # whether receivers decode exactly what was sent
 
     @abstractmethod
     def encode(self, tensors: Tensors, stacked: bool = False, seeds: list[int] | None = None) -> Tensors:
@@ -78,6 +80,7 @@ class FloatCodec(Codec):
         self.name = name
         self.dtype = dtype
         self.bits_per_value = torch.finfo(dtype).bits
+        self.lossless = dtype == torch.float32
 
     def encode(self, tensors: Tensors, stacked: bool = False, seeds: list[int] | None = None) -> Tensors:
         return {

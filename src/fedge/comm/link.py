@@ -5,6 +5,10 @@ puts it on the air, counts the bits each sender spent (only the values it really
 of a padded batch, the entries dropout kept), writes one ledger entry per transfer and returns what
 the receivers decode. Storage a node holds in the same encoding is metered by ``store``. The
 :class:`Network` hands out links and meters plain fp32 state; algorithms talk to nothing else.
+
+A stochastic codec (the quantizer, random sparsification) draws each payload row's randomness from a
+seed the link derives from the run seed, the transfer kind, the round, the how-many-th send of that kind
+in the round it is, and the row: the same sends in the same order draw the same values on any executor.
 """
 
 from __future__ import annotations
@@ -18,6 +22,7 @@ import torch
 from fedge.comm.codecs import Codec, nonzero_counts, value_counts
 from fedge.comm.ledger import Ledger
 from fedge.comm.registry import get_codec
+from fedge.rng import derive_seed
 from fedge.tensors import Tensors, floating
 
 Nodes = str | Sequence[str]
@@ -72,9 +77,19 @@ def _sent_counts(
 class Link:
     """A codec bound to the ledger: one family of transfers (e.g. everything clients send the server)."""
 
-    def __init__(self, ledger: Ledger, codec: Codec):
+    def __init__(self, ledger: Ledger, codec: Codec, seed: int = 0):
         self.ledger = ledger
         self.codec = codec
+        self.seed = seed
+        self._sends: dict[tuple[int, str], int] = {}  # sends of each (round, kind) so far
+
+    def _seeds(self, round_: int, kind: str, rows: int) -> list[int]:
+        """One seed per payload row for a stochastic codec's draws in this send."""
+        if self._sends and next(iter(self._sends))[0] != round_:
+            self._sends.clear()
+        occurrence = self._sends.get((round_, kind), 0)
+        self._sends[(round_, kind)] = occurrence + 1
+        return [derive_seed(self.seed, "link", kind, round_, occurrence, r) for r in range(rows)]
 
     def send(
         self,
@@ -101,6 +116,9 @@ class Link:
         - ``keep``: a 0/1 mask shaped like the payload's tensors; only kept entries are counted (values
           dropped by a mask both ends derive from a shared seed are never sent).
         """
+        if seeds is None and self.codec.stochastic:
+            rows = next(iter(payload.values())).shape[0] if stacked and payload else 1
+            seeds = self._seeds(round_, kind, rows)
         received = self.codec.encode(payload, stacked, seeds)
         if not stacked:
             nonzeros = nonzero_counts(payload, False) if self.codec.counts_nonzeros else None
@@ -125,6 +143,14 @@ class Link:
             self.ledger.record(round_, senders, receivers, kind, bits[carried[sending]])
         return Sent(received, bits)
 
+    def decode(self, round_: int, kind: str, payload: Tensors) -> Tensors:
+        """What receivers decode from each row of a stacked payload, without recording a transfer: for
+        algorithms that count a kind's transfers from one message (every row costs the same) but must
+        hand each receiver its sender's own decoded row."""
+        rows = next(iter(payload.values())).shape[0] if payload else 0
+        seeds = self._seeds(round_, kind, rows) if self.codec.stochastic else None
+        return self.codec.encode(payload, True, seeds)
+
     def store(self, nodes: Nodes, kind: str, payload: Tensors, *, stacked: bool = False) -> np.ndarray:
         """Meter what ``nodes`` hold of ``kind`` in this link's encoding (row ``r`` held by ``nodes[r]``
         when ``stacked``, else the same payload by every node); returns the bits per node."""
@@ -140,12 +166,13 @@ class Link:
 class Network:
     """The links and storage meter of a run, over its ledger."""
 
-    def __init__(self, ledger: Ledger):
+    def __init__(self, ledger: Ledger, seed: int = 0):
         self.ledger = ledger
+        self.seed = seed
 
     def link(self, codec: str | Codec) -> Link:
         """A link encoding with ``codec`` (a codec, or a name: ``fp32``, ``fp16``, ``sparse``, ``q8``...)."""
-        return Link(self.ledger, get_codec(codec) if isinstance(codec, str) else codec)
+        return Link(self.ledger, get_codec(codec) if isinstance(codec, str) else codec, self.seed)
 
     def hold(self, nodes: Nodes, kind: str, state: Tensors | int) -> None:
         """Meter what ``nodes`` hold of ``kind``: a state (its floating tensors at fp32) or a bit count."""

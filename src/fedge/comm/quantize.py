@@ -66,6 +66,8 @@ def quantize_dict(
 class StochasticQuantizer(Codec):
     """Codec ``q<bits>``: each sender's payload quantized with its own seeded random stream."""
 
+    stochastic = True
+
     def __init__(self, bits: int, granularity: Literal["vector", "tensor"] = "vector"):
         if not 1 <= bits <= 31:
             raise ValueError("quantizer bits must be in 1..31")

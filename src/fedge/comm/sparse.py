@@ -33,6 +33,7 @@ class SparseCodec(Codec):
     """Lossless: each tensor costs its cheapest layout among ``layouts``, values at ``value_bits``."""
 
     counts_nonzeros = True
+    lossless = True
 
     def __init__(self, name: str = "sparse", layouts: tuple[str, ...] = LAYOUTS, value_bits: int = 32):
         self.name = name

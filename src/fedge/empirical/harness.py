@@ -134,7 +134,7 @@ def context(
         data=data,
         build_model=build_model,
         executor=make_executor(config.engine.executor),
-        network=Network(Ledger()),
+        network=Network(Ledger(), config.seed),
         system=SystemModel(config.system, data.num_clients, config.seed),
         device=device,
         seed=config.seed,

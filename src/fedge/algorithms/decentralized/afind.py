@@ -107,5 +107,5 @@ class Afind(PeerAlgorithm):
         sent = self.selector.noisy_updates(start, params, t, self.cfg.batch_size)
         plain, new_b = self.mixed(weights, params, buffers)
         from_self, _ = self.mixed(weights * eye, params, buffers)
-        from_peers = mix(self.shared(sent), weights * ~eye)
+        from_peers = mix(self.peer_rows(self.shared(sent)), weights * ~eye)
         return {k: from_self[k] + from_peers[k] if k in from_peers else v for k, v in plain.items()}, new_b

@@ -11,9 +11,13 @@ every layer is shared (the FedAvg-FT backbone the paper's experiments use, App. 
 "Shared and private layers"); ``personal="head"`` keeps the last block (the classifier head, found with
 :func:`fedge.models.split`) private: it is never sent or mixed.
 Local optimizer state is fresh every round (as in FedAvg); every transfer goes through a peer link
-(direction "peer"; kinds ``peer_model``, ``model_request``, ``proxy``, ``loss``). Every client's message
+(direction "peer"; kinds ``peer_model``, ``model_request``, ``proxy``, ``loss``), each with its codec
+(``codec_model``, ``codec_request``, ``codec_proxy`` for proxies and losses). Every client's message
 of one kind has the same size (a model's shared part, a proxy vector, a loss), so an exchange is
-counted from one client's encoded message on every pair that carries it. Each round advances the
+counted from one client's encoded message on every pair that carries it. With a lossy ``codec_model``
+a client mixes its own row exactly and every peer's row as it decodes it (each sender's row encoded with
+its own link-derived randomness); requests, proxies and losses are counted at their codec's size while
+the selection scores with exact values (their decoding is not modelled). Each round advances the
 simulated clock by its compute and sends (:mod:`~fedge.algorithms.decentralized.latency`); selection
 components see the host through a :class:`~fedge.algorithms.decentralized.view.PeerView`.
 """
@@ -34,7 +38,7 @@ from fedge.algorithms.decentralized.probes import ProbeBatches, gather, pair_los
 from fedge.algorithms.decentralized.topology import TopologyConfig, build_topology
 from fedge.algorithms.decentralized.view import PeerView
 from fedge.comm import Link, nodes
-from fedge.config import AlgorithmConfig, SGDConfig
+from fedge.config import AlgorithmConfig, CodecName, SGDConfig
 from fedge.data.federated import FederatedData
 from fedge.engine import SGD, ClientBank, buffers_of, classification_loss, make_step, parameters_of
 from fedge.engine.mixing import mix
@@ -58,6 +62,8 @@ class PeerConfig(AlgorithmConfig):
 
     Defaults follow the AFIND+ paper (5 local epochs, SGD lr 0.01 momentum 0.9, 10 peers per round,
     1 fine-tune epoch before evaluation); ``batch_size`` 32 is ours (the paper uses 128 on CIFAR).
+    ``codec_model`` encodes the trained models peers receive, ``codec_request`` the models requesters
+    send for probing, ``codec_proxy`` proxies and losses (names as ``fedge.config.CodecName``).
     ``local_update="alternating"`` trains the head alone for ``head_epochs`` epochs, then the body for
     the remaining ``local_epochs - head_epochs`` (Algorithm 1's local update, lines 17-23; default: joint
     over all parameters for ``local_epochs``, docs/decisions.md, "Joint or alternating local update").
@@ -74,6 +80,9 @@ class PeerConfig(AlgorithmConfig):
     local_update: Literal["joint", "alternating"] = "joint"
     head_epochs: PositiveInt = 1
     probe_size: Annotated[int, Field(ge=1)] | None = None
+    codec_model: CodecName = "fp32"
+    codec_request: CodecName = "fp32"
+    codec_proxy: CodecName = "fp32"
 
 
 def sample_peers(seed: int, purpose: str, round_: int, allowed: np.ndarray, k: int) -> np.ndarray:
@@ -115,8 +124,9 @@ class PeerAlgorithm(Algorithm):
         self.step = make_step(classification_loss(self.model), self.sgd)
         params, buffers = parameters_of(self.model), buffers_of(self.model)
         self.bank = ClientBank.broadcast(range(n), params, buffers)
-        self.dense = ctx.network.link("fp32")  # requests, proxies, losses and dense models
-        self.models: Link = self.dense  # how trained models travel
+        self.requests = ctx.network.link(cfg.codec_request)  # models sent for probing
+        self.messages = ctx.network.link(cfg.codec_proxy)  # proxies and losses
+        self.models: Link = ctx.network.link(cfg.codec_model)  # how trained models travel
         self.round = 0
         self.flops_per_sample = forward_flops(self.model, ctx.data.input_shape)
         self.work = RoundWork(n)
@@ -276,10 +286,23 @@ class PeerAlgorithm(Algorithm):
         must be the clients' own rows (in client order): they supply the private head and counters.
         """
         n = self.num_clients
-        mixed = mix(self.shared({**params, **buffers}), weights)
+        shared = self.shared({**params, **buffers})
+        if self.models.codec.lossless:
+            mixed = mix(shared, weights)
+        else:
+            own = torch.zeros_like(weights, dtype=torch.bool)
+            own[:, :n] = torch.eye(n, dtype=torch.bool, device=weights.device)
+            from_self = mix(shared, weights * own)
+            from_peers = mix(self.peer_rows(shared), weights * ~own)
+            mixed = {k: from_self[k] + from_peers[k] for k in from_self}
         new_p = {k: mixed[k] if k in mixed else v[:n] for k, v in params.items()}
         new_b = {k: mixed[k] if k in mixed else v[:n] for k, v in buffers.items()}
         return new_p, new_b
+
+    def peer_rows(self, shared: Tensors) -> Tensors:
+        """Stacked shared rows as the peers that receive them decode them through :attr:`models` (the
+        transfers are recorded by :meth:`send_models`)."""
+        return self.models.decode(self.round, "peer_model", shared)
 
     def exchange(
         self,
@@ -290,19 +313,19 @@ class PeerAlgorithm(Algorithm):
         link: Link | None = None,
         to_requester: bool = True,
     ) -> int:
-        """Send ``message`` over ``link`` (default: the dense link) for every boolean ``pairs[i, j]``:
+        """Send ``message`` over ``link`` (default: the proxy and loss link) for every ``pairs[i, j]``:
         j → i when ``to_requester``, else i → j; each sender is charged the bits the link reports.
         Returns the number of transfers."""
         i, j = np.nonzero(np.asarray(torch.as_tensor(pairs).cpu()))
         if len(i):
             src, dst = (j, i) if to_requester else (i, j)
-            sent = (link or self.dense).send(t, nodes.clients(src), nodes.clients(dst), kind, message)
+            sent = (link or self.messages).send(t, nodes.clients(src), nodes.clients(dst), kind, message)
             self.work.send(src, np.repeat(sent.bits, len(src)))
         return len(i)
 
     def request_models(self, t: int, pairs: np.ndarray | torch.Tensor) -> int:
-        """Requester i sends its shared model (dense) to j for every ``pairs[i, j]`` (``model_request``)."""
-        return self.exchange(t, pairs, "model_request", self.dense_message(), to_requester=False)
+        """Requester i sends its shared model to j for every ``pairs[i, j]`` (``model_request``)."""
+        return self.exchange(t, pairs, "model_request", self.dense_message(), self.requests, False)
 
     def send_models(self, t: int, pairs: np.ndarray | torch.Tensor) -> int:
         """j sends its trained model to i over :attr:`models` for every ``pairs[i, j]`` (``peer_model``)."""

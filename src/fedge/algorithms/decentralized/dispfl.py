@@ -26,6 +26,7 @@ from fedge.algorithms.decentralized.hosted import HostedConfig, PeerChoice
 from fedge.algorithms.decentralized.probes import ProbeBatches
 from fedge.engine import make_step
 from fedge.engine.mixing import masked_mix
+from fedge.errors import ConfigError
 from fedge.metrics import Evaluation, RoundReport
 from fedge.rng import torch_rng
 from fedge.tensors import Tensors
@@ -68,6 +69,10 @@ class DisPFL(PeerAlgorithm):
 
     def __init__(self, ctx: Context, cfg: DisPFLConfig):
         super().__init__(ctx, cfg)
+        if cfg.codec_model != "fp32":
+            raise ConfigError(
+                "algorithm.codec_model", "Dis-PFL sends its masked models as bitmaps (no codec)"
+            )
         self.choice = PeerChoice(self.view(), cfg.peer_selection, cfg.afind, cfg.peers)
         self.step = make_step(self._masked_loss, self.sgd)
         shapes = {k: tuple(v.shape[1:]) for k, v in self.bank.params.items() if v.dim() > 2}

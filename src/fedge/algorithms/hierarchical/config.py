@@ -9,9 +9,9 @@ from __future__ import annotations
 
 from typing import Annotated, Literal
 
-from pydantic import Field, PositiveFloat, PositiveInt, field_validator
+from pydantic import Field, PositiveFloat, PositiveInt, ValidationInfo, field_validator
 
-from fedge.config import AlgorithmConfig, SGDConfig, StrictModel
+from fedge.config import AlgorithmConfig, CodecName, SGDConfig, StrictModel
 
 Split = Literal["fully_noniid", "cell_iid", "partition"]
 
@@ -63,6 +63,17 @@ class HierarchicalConfig(AlgorithmConfig):
     shards_per_client: PositiveInt = 2
     aggregation: Literal["oma", "aircomp"] = "oma"
     radio: RadioConfig = Field(default_factory=RadioConfig)
+    codec_up: CodecName = "fp32"
+    codec_down: CodecName = "fp32"
+    codec_edge_up: CodecName = "fp32"
+    codec_edge_down: CodecName = "fp32"
+
+    @field_validator("codec_up")
+    @classmethod
+    def _analogue_uplink(cls, value: str, info: ValidationInfo) -> str:
+        if value != "fp32" and info.data.get("aggregation") == "aircomp":
+            raise ValueError("AirComp's uplink is analogue and takes no codec; use aggregation: oma")
+        return value
 
 
 class HFedAvgConfig(HierarchicalConfig):

@@ -7,7 +7,9 @@ cells train together in one executor call per edge round.
 
 Ledger per global round: ``submodel_down`` (cloud to each edge), per edge round ``model_down`` (edge to
 each client) and ``model_up`` (OMA) or ``update_up_analog`` (AirComp: analog symbols, counted as fp32
-values so that the per-client uplink is comparable), and ``submodel_up`` (edge to cloud). Simulated
+values so that the per-client uplink is comparable), and ``submodel_up`` (edge to cloud), each through
+its link's codec (``codec_edge_down``, ``codec_down``, ``codec_up``, ``codec_edge_up``): receivers work
+on the decoded values, OMA's upload time is the encoded upload's, and storage is the fp32 submodel. Simulated
 latency per global round follows Eqs. 17-18 (OMA) or Eqs. 34-35 (AirComp); energy, which the paper
 does not model, counts the same client-side compute and uplinks (see ``_energy``).
 """
@@ -28,7 +30,7 @@ from fedge.algorithms.hierarchical.masks import check_cells, partition_layout
 from fedge.algorithms.hierarchical.radio import CellRadio
 from fedge.algorithms.hierarchical.submodel import CellViews, Tensors
 from fedge.algorithms.hierarchical.training import local_steps_plan, masked_step
-from fedge.comm import nodes
+from fedge.comm import Link, nodes, state_bits
 from fedge.data.federated import FederatedData
 from fedge.engine import (
     SGD,
@@ -62,6 +64,42 @@ def _payload(views: CellViews, cell: int, rows: slice, params: Tensors, buffers:
     really holds and the floating buffers (BatchNorm statistics); integer counters are not sent."""
     sent = {**{k: v[rows] for k, v in params.items()}, **{k: v[rows] for k, v in floating(buffers).items()}}
     return views.real(cell, sent)
+
+
+def _place(views: CellViews, cell: int, stacked: Tensors, decoded: Tensors) -> Tensors:
+    """``stacked`` (cell ``cell``'s tensors over some holders) with its real values replaced by ``decoded``
+    (what :func:`_payload` sent, as the receiver decodes it): the inverse of ``views.real``."""
+    out = dict(stacked)
+    for name, value in decoded.items():
+        role = views.roles.get(name)
+        if role is None:
+            out[name] = value
+            continue
+        placed, valid = stacked[name].clone(), views.valid[role[0]][cell]
+        if role[1] == "row":
+            placed[:, valid] = value
+        else:
+            placed[:, :, valid] = value
+        out[name] = placed
+    return out
+
+
+def _received(
+    views: CellViews, cell: int, rows: slice, params: Tensors, buffers: Tensors, decoded: Tensors
+) -> tuple[Tensors, Tensors]:
+    """``params`` and ``buffers`` (stacked) with rows ``rows`` of cell ``cell`` replaced by what was
+    decoded from their payload."""
+    held = {**{k: v[rows] for k, v in params.items()}, **{k: v[rows] for k, v in buffers.items()}}
+    placed = _place(views, cell, held, decoded)
+    new_params = {k: torch.cat([v[: rows.start], placed[k], v[rows.stop :]]) for k, v in params.items()}
+    new_buffers = {k: torch.cat([v[: rows.start], placed[k], v[rows.stop :]]) for k, v in buffers.items()}
+    return new_params, new_buffers
+
+
+def per_value_bits(link: Link, values: int) -> float:
+    """Bits a link spends per value on a dense payload of ``values`` values (32 for fp32)."""
+    counts = np.array([[values]], dtype=np.int64)
+    return float(link.codec.bits(counts, counts)[0]) / values
 
 
 def split_data(ctx: Context, cfg: HierarchicalConfig, cells: Cells) -> FederatedData:
@@ -99,11 +137,14 @@ class HierarchicalFL(Algorithm):
         opt = cfg.optimizer
         self.sgd = SGD(momentum=opt.momentum, weight_decay=opt.weight_decay)
         self.step = masked_step(make_step(classification_loss(self.model), self.sgd), self.layout)
-        self.link = ctx.network.link("fp32")
+        network = ctx.network
+        self.up, self.down = network.link(cfg.codec_up), network.link(cfg.codec_down)
+        self.edge_up, self.edge_down = network.link(cfg.codec_edge_up), network.link(cfg.codec_edge_down)
         self.model_values = sum(p.numel() for p in self.params.values())
         self.cell_of = torch.as_tensor(self.cells.cell_of, device=ctx.device)
         self.nodes = nodes.clients(range(self.cells.size))
         self.client_up_bits = np.zeros(self.cells.size, dtype=np.int64)
+        self.cell_up_bits = np.zeros(self.cells.num_cells, dtype=np.int64)  # one client's upload per cell
 
     def mask_sizes(self, round_: int, cpu_hz: np.ndarray, rates_bps: np.ndarray | None) -> np.ndarray:
         """Neurons per cell of the first partitioned layer in ``round_`` (nothing to size here)."""
@@ -115,14 +156,21 @@ class HierarchicalFL(Algorithm):
 
     def _send_cells(
         self, t: int, kind: str, up: bool, views: CellViews, cell_params: Tensors, cell_buffers: Tensors
-    ) -> np.ndarray:
-        """Each cell's submodel (real values only) between the cloud and its edge server; bits per cell."""
-        bits = np.zeros(self.cells.num_cells, dtype=np.int64)
+    ) -> tuple[Tensors, Tensors, np.ndarray]:
+        """Each cell's submodel (real values only) between the cloud and its edge server: the cells'
+        params and buffers as received, and each submodel's size at fp32 (what a node holds)."""
+        link = self.edge_up if up else self.edge_down
+        held = np.zeros(self.cells.num_cells, dtype=np.int64)
         for j in range(self.cells.num_cells):
             payload = _payload(views, j, slice(j, j + 1), cell_params, cell_buffers)
             ends = (nodes.edge(j), nodes.CLOUD) if up else (nodes.CLOUD, nodes.edge(j))
-            bits[j] = self.link.send(t, *ends, kind, payload, stacked=True).bits[0]
-        return bits
+            sent = link.send(t, *ends, kind, payload, stacked=True)
+            held[j] = state_bits(payload)
+            if not link.codec.lossless:
+                cell_params, cell_buffers = _received(
+                    views, j, slice(j, j + 1), cell_params, cell_buffers, sent.payload
+                )
+        return cell_params, cell_buffers, held
 
     def run_round(self, t: int) -> RoundReport:
         ctx, cfg = self.ctx, self.cfg
@@ -131,17 +179,21 @@ class HierarchicalFL(Algorithm):
         sizes = self.mask_sizes(t, cpu, rates)
         views = self.views(t, sizes)
         cell_params, cell_buffers = views.gather(self.params), views.gather(self.buffers)
-        cell_bits = self._send_cells(t, "submodel_down", False, views, cell_params, cell_buffers)
+        cell_params, cell_buffers, cell_bits = self._send_cells(
+            t, "submodel_down", False, views, cell_params, cell_buffers
+        )
         losses, mses = [], []
         for e in range(cfg.edge_rounds):
             cell_params, cell_buffers, loss, mse = self._edge_round(t, e, views, cell_params, cell_buffers)
             losses.append(loss)
             mses.extend(mse)
-        self._send_cells(t, "submodel_up", True, views, cell_params, cell_buffers)
+        cell_params, cell_buffers, _ = self._send_cells(
+            t, "submodel_up", True, views, cell_params, cell_buffers
+        )
         self.params, self.buffers = views.merge(cell_params), views.merge(cell_buffers)
         values = views.values(self.params)
-        latency = self._latency(values, cpu, rates, cell_bits)
-        ctx.system.clock.advance(latency, self._energy(values, cpu, rates, cell_bits))
+        latency = self._latency(values, cpu, rates, self.cell_up_bits)
+        ctx.system.clock.advance(latency, self._energy(values, cpu, rates, self.cell_up_bits))
         self._storage(cell_bits)
         up_mb = self.client_up_bits / BITS_PER_MB
         metrics: dict[str, Any] = {
@@ -165,24 +217,36 @@ class HierarchicalFL(Algorithm):
     ) -> tuple[Tensors, Tensors, torch.Tensor, list[float]]:
         """Edge round ``e`` of global round ``t`` in every cell: broadcast, local steps, edge aggregation."""
         ctx, cfg, cells = self.ctx, self.cfg, self.cells
-        params = {k: v[self.cell_of] for k, v in cell_params.items()}
-        buffers = {k: v[self.cell_of] for k, v in cell_buffers.items()}
-        opt_state = {**self.sgd.init(params), **views.client_valid(self.cell_of)}
-        bank = ClientBank(tuple(range(cells.size)), params, buffers, opt_state)
+        start_params, start_buffers = cell_params, cell_buffers  # what the clients decode
         for j in range(cells.num_cells):
             payload = _payload(views, j, slice(j, j + 1), cell_params, cell_buffers)
             members = self.nodes[j * cells.per_cell : (j + 1) * cells.per_cell]
-            self.link.send(t, nodes.edge(j), members, "model_down", {k: v[0] for k, v in payload.items()})
+            sent = self.down.send(
+                t, nodes.edge(j), members, "model_down", {k: v[0] for k, v in payload.items()}
+            )
+            if not self.down.codec.lossless:
+                decoded = {k: v.unsqueeze(0) for k, v in sent.payload.items()}
+                start_params, start_buffers = _received(
+                    views, j, slice(j, j + 1), start_params, start_buffers, decoded
+                )
+        params = {k: v[self.cell_of] for k, v in start_params.items()}
+        buffers = {k: v[self.cell_of] for k, v in start_buffers.items()}
+        opt_state = {**self.sgd.init(params), **views.client_valid(self.cell_of)}
+        bank = ClientBank(tuple(range(cells.size)), params, buffers, opt_state)
         plan = local_steps_plan(self.data, bank.clients, t, e, cfg.local_steps, cfg.batch_size)
         self.model.train()
         loss = ctx.executor.train(self.step, bank, plan, self.data, cfg.optimizer.lr)
         kind = "model_up" if cfg.aggregation == "oma" else "update_up_analog"
+        uploaded, uploaded_buffers = bank.params, bank.buffers  # what the edge servers decode
         for j in range(cells.num_cells):
             rows = slice(j * cells.per_cell, (j + 1) * cells.per_cell)
             payload = _payload(views, j, rows, bank.params, bank.buffers)
-            up = self.link.send(t, self.nodes[rows], nodes.edge(j), kind, payload, stacked=True)
+            up = self.up.send(t, self.nodes[rows], nodes.edge(j), kind, payload, stacked=True)
             self.client_up_bits[rows] += up.bits
-        new_params, new_buffers = _cell_mean(bank.params, cells), _cell_mean(bank.buffers, cells)
+            self.cell_up_bits[j] = up.bits.max(initial=0)
+            if not self.up.codec.lossless:
+                uploaded, uploaded_buffers = _received(views, j, rows, uploaded, uploaded_buffers, up.payload)
+        new_params, new_buffers = _cell_mean(uploaded, cells), _cell_mean(uploaded_buffers, cells)
         mses = self._over_the_air(t, e, views, new_params) if cfg.aggregation == "aircomp" else []
         return new_params, new_buffers, loss.mean(), mses
 
@@ -211,7 +275,8 @@ class HierarchicalFL(Algorithm):
     def _latency(
         self, values: np.ndarray, cpu: np.ndarray, rates: np.ndarray | None, cell_bits: np.ndarray
     ) -> float:
-        """Simulated seconds of the global round: ``E`` edge rounds of the slowest cell (Eq. 17-18, 35)."""
+        """Simulated seconds of the global round: ``E`` edge rounds of the slowest cell (Eq. 17-18, 35);
+        ``cell_bits`` is what one client of each cell uploads per edge round (OMA)."""
         cfg, radio = self.cfg, self.cfg.radio
         per_cell = []
         for j in range(self.cells.num_cells):

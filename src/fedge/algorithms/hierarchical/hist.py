@@ -13,7 +13,7 @@ import numpy as np
 
 from fedge.algorithms.base import Context, register
 from fedge.algorithms.hierarchical.config import HISTConfig
-from fedge.algorithms.hierarchical.hierarchy import HierarchicalFL
+from fedge.algorithms.hierarchical.hierarchy import HierarchicalFL, per_value_bits
 from fedge.algorithms.hierarchical.masks import draw_owners, partitioned_names, uniform_owner_sizes
 from fedge.algorithms.hierarchical.submodel import CellViews
 from fedge.errors import ConfigError
@@ -42,6 +42,7 @@ class HIST(HierarchicalFL):
         first = self.layout[0].width
         # values a cell gains per neuron of the first layer (further layers follow its shares)
         self.values_per_unit = sum(layer.values_per_neuron * layer.width for layer in self.layout) / first
+        self.up_value_bits = per_value_bits(self.up, self.model_values)  # Eq. 19's bits per uploaded value
 
     def cell_costs(self, cpu_hz: np.ndarray, rates_bps: np.ndarray | None) -> np.ndarray:
         """Each cell's global-round latency per model value it holds: Eq. 19 with OMA rates, Eq. 36 for
@@ -58,7 +59,7 @@ class HIST(HierarchicalFL):
                     self.model_values,
                     cpu_hz[members],
                     rates_bps[members],
-                    self.link.codec.bits_per_value,
+                    self.up_value_bits,
                 )
             else:
                 cost = aircomp_cost_per_value(

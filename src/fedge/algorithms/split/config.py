@@ -12,7 +12,7 @@ from typing import Annotated, Literal
 
 from pydantic import Field, PositiveInt, ValidationInfo, field_validator
 
-from fedge.config import AlgorithmConfig, SGDConfig
+from fedge.config import AlgorithmConfig, CodecName, SGDConfig
 
 Positive = Annotated[float, Field(gt=0.0)]
 
@@ -40,7 +40,11 @@ class SplitConfig(AlgorithmConfig):
       aggregation interval C; default: once, at the end of the round, as in its experiments).
     - ``server_order``: the queue order of one shared server model: ``round_robin`` (per step,
       participants in draw order), ``random`` (a fresh seeded permutation per step; CSE-FSL Fig. 6) or
-      ``client_after_client`` (each client's whole local run in turn, as the SplitFed paper runs FSL_OC).
+      ``client_after_client`` (each client's whole local run in turn, as the SplitFed paper runs FSL_OC) or
+      ``arrival`` (each step's uploads in the order they reach the server on the simulated timeline of the
+      system model, plus a seeded uniform jitter of up to ``arrival_jitter_s`` seconds; the round's
+      simulated time then includes the queue waits; one shared server model only, see
+      :mod:`~fedge.algorithms.split.arrival`).
     - ``server_lr_divide_by_m``: server step size divided by the number of clients (the theory paper's
       Algorithm 1 box; its theorems use the undivided step).
     - ``global_lr``: the step from the old global client model towards the average (eta_g in Yang et
@@ -49,7 +53,8 @@ class SplitConfig(AlgorithmConfig):
       moving (an ablation: the setting the theory paper's server-side proofs really cover).
     - ``init``: ``torch_default`` or ``normal0.05`` (every weight and bias ~ N(0, 0.05^2), the CSE-FSL
       authors' code's init; the paper gives none); all copies start identical either way.
-    - ``codec_up`` encodes smashed data, labels and model uploads; ``codec_down`` gradients and downloads.
+    - ``codec_up`` encodes smashed data, labels and model uploads; ``codec_down`` gradients and downloads
+      (any codec name ``fedge.config.CodecName`` admits: ``fp16``, ``bf16``, ``q8``, ``topk:0.1``...).
     """
 
     name: str
@@ -67,13 +72,14 @@ class SplitConfig(AlgorithmConfig):
     aggregation: Literal["size", "uniform"] = "size"
     aggregate_divisor: Literal["draws", "all_clients"] = "draws"
     agg_every: PositiveInt | None = None
-    server_order: Literal["round_robin", "random", "client_after_client"] = "round_robin"
+    server_order: Literal["round_robin", "random", "client_after_client", "arrival"] = "round_robin"
+    arrival_jitter_s: Annotated[float, Field(ge=0.0)] = 0.0
     server_lr_divide_by_m: bool = False
     global_lr: Positive = 1.0
     freeze_client_after: PositiveInt | None = None
     init: Literal["torch_default", "normal0.05"] = "torch_default"
-    codec_up: Literal["fp32", "fp16"] = "fp32"
-    codec_down: Literal["fp32", "fp16"] = "fp32"
+    codec_up: CodecName = "fp32"
+    codec_down: CodecName = "fp32"
 
     @field_validator("aggregate_divisor")
     @classmethod

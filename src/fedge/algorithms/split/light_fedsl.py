@@ -43,6 +43,7 @@ import torch
 from pydantic import Field, PositiveInt
 
 from fedge.algorithms.base import Algorithm, Context, register
+from fedge.algorithms.split.arrival import serve_queue
 from fedge.algorithms.split.latency import count_flops
 from fedge.algorithms.split.parts import build_parts, composed, initial_state
 from fedge.algorithms.split.pruning import importance_mask, prunable_names, sparsity, sparsity_target
@@ -55,7 +56,7 @@ from fedge.engine import SGD, evaluate_model, stack_copies, weighted_sum
 from fedge.engine.split import make_forward
 from fedge.errors import ConfigError
 from fedge.metrics import Evaluation, RoundReport
-from fedge.rng import torch_rng
+from fedge.rng import numpy_rng, torch_rng
 from fedge.system import PhaseCost, SystemModel, parallel_clients, training_flops
 from fedge.tensors import Tensors, floating
 
@@ -75,6 +76,11 @@ class FedSLConfig(AlgorithmConfig):
     - ``codec_up`` encodes the kept smashed values, ``codec_down`` the returned gradient values;
       ``model_codec`` the client-model uploads and broadcasts: dense ``fp32`` (the default) or
       ``sparse`` (cheapest of bitmap / coordinate list, which pays off on pruned trunks).
+    - ``server_order``: on the simulated clock the one server model serves every client's batch as a
+      parallel copy (``parallel``, the default) or one upload after another in the order they arrive
+      (``arrival``: client compute, uplink and a seeded uniform jitter of up to ``arrival_jitter_s``
+      seconds; the queue waits enter the round's time). The model is the same either way (Eq. 7 steps
+      once with the mean gradient at one set of weights).
     """
 
     name: str
@@ -85,6 +91,8 @@ class FedSLConfig(AlgorithmConfig):
     codec_up: Literal["fp32", "fp16"] = "fp32"
     codec_down: Literal["fp32", "fp16"] = "fp32"
     model_codec: Literal["fp32", "fp16", "sparse"] = "fp32"
+    server_order: Literal["parallel", "arrival"] = "parallel"
+    arrival_jitter_s: Annotated[float, Field(ge=0.0)] = 0.0
 
 
 class LightFedSLConfig(FedSLConfig):
@@ -266,10 +274,12 @@ class LightFedSL(Algorithm):
         aggregated = t % knobs.agg_interval == 0
         model_bits = self._aggregate(t) if aggregated else None
         self._client_storage()
-        comm, agg, seconds = self._advance_clock(t, counts, before, up_bits, down_bits, model_bits)
+        comm, agg, seconds, wait = self._advance_clock(t, counts, before, up_bits, down_bits, model_bits)
+        queue = {} if wait is None else {"queue_wait_s": wait}
         return RoundReport(
             float(loss.double().mean()),
             {
+                **queue,
                 "rho": rho,
                 "sparsity": float(after.mean()),
                 "aggregated": float(aggregated),
@@ -369,14 +379,24 @@ class LightFedSL(Algorithm):
         up_bits: np.ndarray,
         down_bits: np.ndarray,
         model_bits: tuple[np.ndarray, np.ndarray] | None,
-    ) -> tuple[float, float, float]:
-        """Advance the clock by the round; return the Fig. 4 latency, ``T_agg`` and the round's seconds."""
+    ) -> tuple[float, float, float, float | None]:
+        """Advance the clock by the round; return the Fig. 4 latency, ``T_agg``, the round's seconds and
+        (``server_order: arrival``) the uploads' total queue wait."""
         system, clients = self.ctx.system, np.arange(len(self.nodes))
         samples = counts.cpu().numpy().astype(np.float64)
         up, down = system.upload(clients, up_bits, t), system.download(clients, down_bits, t)
         compute = system.client_compute(training_flops(self.flops.trunk, samples) * (1.0 - sparsities))
         server = system.server_compute(training_flops(self.flops.server, samples))
         seconds, joules = parallel_clients(compute, up, server, down)
+        wait = None
+        if self.cfg.server_order == "arrival":
+            jitter = numpy_rng(self.ctx.seed, "arrival-jitter", t, 0).uniform(
+                0.0, self.cfg.arrival_jitter_s, len(clients)
+            )
+            arrival = compute.seconds + up.seconds + jitter
+            _, start, finish, _ = serve_queue(arrival, server.seconds, 0.0)
+            seconds = float((finish + down.seconds).max(initial=0.0))
+            wait = float((start - arrival).sum())
         comm = float((up.seconds + down.seconds).max())
         agg = 0.0
         if model_bits is not None:
@@ -387,7 +407,7 @@ class LightFedSL(Algorithm):
         self.totals["comm_seconds"] += comm
         self.totals["agg_seconds"] += agg
         system.clock.advance(seconds + agg, joules)
-        return comm, agg, seconds + agg
+        return comm, agg, seconds + agg, wait
 
     def _sparsities(self) -> np.ndarray:
         """Each client's realised sparsity (exact zeros over its prunable weights)."""

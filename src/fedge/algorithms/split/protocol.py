@@ -25,6 +25,7 @@ import numpy as np
 import torch
 
 from fedge.algorithms.base import Algorithm, Context
+from fedge.algorithms.split.arrival import Timeline
 from fedge.algorithms.split.clients import AuxHeadClients, ClientSide, GradientClients, LocalStep, State
 from fedge.algorithms.split.config import AuxHeadConfig, GradientReturnConfig, SplitConfig
 from fedge.algorithms.split.latency import count_flops, round_cost
@@ -32,13 +33,14 @@ from fedge.algorithms.split.participation import Draws, aggregation_weights, che
 from fedge.algorithms.split.parts import aux_only, build_parts, composed, initial_state, trunk_only
 from fedge.algorithms.split.plans import round_plan
 from fedge.algorithms.split.server import SERVER_STAGE, CutBatch, Served, SplitServer
-from fedge.comm import nodes, state_bits
+from fedge.comm import FloatCodec, nodes, state_bits
 from fedge.data.federated import BatchPlan
 from fedge.engine import SGD, ClientBank, evaluate_model, stack_copies, weighted_sum
 from fedge.engine.noise import RowKeys
 from fedge.errors import ConfigError
 from fedge.metrics import Evaluation, RoundReport
 from fedge.rng import numpy_rng
+from fedge.system import training_flops
 from fedge.tensors import Tensors, floating, rows
 
 Part = Callable[[Tensors], Tensors]
@@ -90,6 +92,7 @@ class Round:
     rows: ClientBank
     keys: RowKeys | None
     tally: Tally
+    timeline: Timeline | None = None  # the simulated queue of ``server_order: arrival``
 
     def state(self, subset: torch.Tensor | None) -> State:
         """The stacked state of the rows ``subset`` (all rows for None)."""
@@ -128,9 +131,13 @@ class SplitLearning(Algorithm):
         client, client_buffers, server, server_buffers = initial_state(self.parts, cfg.init, ctx.seed)
         self.client = {"params": client, "buffers": client_buffers}
         self.server = self.server_part(server, server_buffers)
+        if cfg.server_order == "arrival" and not self.server.in_turn:
+            raise ConfigError("algorithm.server_order", "arrival orders one shared server model's queue")
         self.local_aux: dict[int, Tensors] = {}  # each client's own aux head when it is not averaged
         self.totals = {"uploads": 0, "server_steps": 0}
         self.up, self.down = ctx.network.link(cfg.codec_up), ctx.network.link(cfg.codec_down)
+        # labels are integers: a dense float codec carries them exactly, a lossy one would corrupt them
+        self.labels = self.up if isinstance(self.up.codec, FloatCodec) else ctx.network.link("fp32")
         self.flops = count_flops(self.parts)
         self._hold(self.rows_per_round, [])
 
@@ -206,6 +213,9 @@ class SplitLearning(Algorithm):
         self.parts.model.train()
         self.parts.local.train()
         self._download(rnd)
+        if cfg.server_order == "arrival":
+            down = ctx.system.download(draws.clients, rnd.tally.down_bits, t)
+            rnd.timeline = Timeline.start(down.seconds, rnd.tally.down_bits)
         opt_state = stack_copies(self.client_sgd.init(self.client["params"]), len(draws))
         rows.adopt(rows.params, rows.buffers, opt_state, owned=False)
         return rnd
@@ -214,8 +224,23 @@ class SplitLearning(Algorithm):
         """The round's simulated latency and energy from its per-row bits and samples."""
         tally, system = rnd.tally, self.ctx.system
         per_row = (tally.up_bits, tally.down_bits, tally.client_samples, tally.server_samples)
-        cost = round_cost(system, rnd.t, rnd.draws.clients, *per_row, self.flops, self.server.in_turn)
-        system.clock.advance(*cost)
+        seconds, joules = round_cost(
+            system, rnd.t, rnd.draws.clients, *per_row, self.flops, self.server.in_turn
+        )
+        timeline = rnd.timeline
+        if timeline is not None:
+            clients, t = rnd.draws.clients, rnd.t
+            rest = (
+                system.client_compute(self._client_flops(tally.client_samples - timeline.computed)).seconds
+                + system.upload(clients, tally.up_bits - timeline.up_bits, t).seconds
+                + system.download(clients, tally.down_bits - timeline.down_bits, t).seconds
+            )
+            seconds = timeline.end(rest)
+        system.clock.advance(seconds, joules)
+
+    def _client_flops(self, samples: np.ndarray) -> np.ndarray:
+        """Training FLOPs of the client side (trunk and aux head) over ``samples`` samples per row."""
+        return training_flops(self.flops.trunk + self.flops.aux, samples)
 
     def _report(self, rnd: Round) -> RoundReport:
         """The round's training loss and traffic figures; the run's totals move on."""
@@ -230,6 +255,8 @@ class SplitLearning(Algorithm):
             "server_steps_total": self.totals["server_steps"],
             "lr": rnd.lr_client,
         }
+        if rnd.timeline is not None:
+            figures["queue_wait_s"] = float(rnd.timeline.wait.sum())
         return RoundReport(tally.mean_loss(rnd.weights), figures)
 
     def _local_steps(self, rnd: Round, plan: BatchPlan, subset: torch.Tensor | None) -> None:
@@ -295,13 +322,20 @@ class SplitLearning(Algorithm):
         smashed = self.up.send(
             t, senders, nodes.SERVER, "smashed_up", {"z": z.detach()}, stacked=True, lengths=counts
         )
-        labels = self.up.send(t, senders, nodes.SERVER, "labels_up", {"y": y}, stacked=True, lengths=counts)
+        labels = self.labels.send(
+            t, senders, nodes.SERVER, "labels_up", {"y": y}, stacked=True, lengths=counts
+        )
         at = row_ids.cpu().numpy()
         np.add.at(tally.up_bits, at, smashed.bits + labels.bits)
         np.add.at(tally.server_samples, at, counts.cpu().numpy())
         sending = torch.nonzero(counts > 0).flatten().tolist()
         batch = CutBatch(subset, smashed.payload["z"], y, counts, keys)
-        served = self.server.serve(batch, rnd.lr_server, grad_z, self.queue_order(t, step, sending))
+        order, finish = self.queue_order(t, step, sending), None
+        if rnd.timeline is not None:
+            bits = (smashed.bits + labels.bits)[sending]
+            queued, finish = self._arrivals(rnd, rnd.timeline, at[sending], bits, counts, sending)
+            order = [sending[i] for i in queued]
+        served = self.server.serve(batch, rnd.lr_server, grad_z, order)
         tally.server_loss += float(served.loss.sum())
         tally.uploads += len(sending)
         if not grad_z:
@@ -310,7 +344,37 @@ class SplitLearning(Algorithm):
             t, nodes.SERVER, senders, "grad_down", {"g": served.grad_z}, stacked=True, lengths=counts
         )
         np.add.at(tally.down_bits, at, grads.bits)
+        if rnd.timeline is not None and finish is not None:
+            back = grads.bits[sending]
+            received = self.ctx.system.download(rnd.draws.clients[at[sending]], back, t).seconds
+            rnd.timeline.ready[at[sending]] = finish + received
+            rnd.timeline.down_bits[at[sending]] += back
         return Served(served.loss, grads.payload["g"])
+
+    def _arrivals(
+        self,
+        rnd: Round,
+        timeline: Timeline,
+        rows: np.ndarray,
+        bits: np.ndarray,
+        counts: torch.Tensor,
+        sending: list[int],
+    ) -> tuple[np.ndarray, np.ndarray]:
+        """Place one step's uploads (rows ``rows``, ``bits`` each) on the round's ``timeline`` and queue
+        them by arrival: their serving order (indices into ``rows``) and finish times."""
+        system, t = self.ctx.system, rnd.t
+        samples = counts.cpu().numpy()[sending].astype(np.float64)
+        pending = rnd.tally.client_samples[rows] + samples - timeline.computed[rows]
+        timeline.computed[rows] += pending
+        timeline.up_bits[rows] += bits
+        compute = system.client_compute(self._client_flops(pending)).seconds
+        upload = system.upload(rnd.draws.clients[rows], bits, t).seconds
+        jitter = numpy_rng(self.ctx.seed, "arrival-jitter", t, timeline.exchanges).uniform(
+            0.0, self.cfg.arrival_jitter_s, len(rows)
+        )
+        arrival = timeline.arrive(rows, compute, upload, jitter)
+        service = system.server_compute(training_flops(self.flops.server, samples)).seconds
+        return timeline.serve(rows, arrival, service)
 
     def _exchanged(self) -> list[tuple[str, Part]]:
         """The parts of the client model that travel, by name: the trunk, and the aux head if shared."""
