@@ -168,7 +168,7 @@ class Node:
             "smashed_up": _ragged(smashed, "z"),
             "labels_up": _ragged(labels, "y"),
             "steps": {
-                "loss": torch.tensor(losses, dtype=torch.float64),
+                "loss": torch.tensor(losses, dtype=torch.float32),
                 "counts": torch.tensor(counts_per_step, dtype=torch.int64),
                 "upload_steps": torch.tensor(upload_steps, dtype=torch.int64),
                 "upload_counts": torch.tensor(upload_counts, dtype=torch.int64),
