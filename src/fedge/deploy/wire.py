@@ -32,7 +32,7 @@ def to_record(tensors: Tensors, dtype: np.dtype | None = None) -> ArrayRecord:
         array = value.detach().cpu().numpy()
         if dtype is not None and np.issubdtype(array.dtype, np.floating):
             array = array.astype(dtype)
-        arrays[name] = Array(np.ascontiguousarray(array))
+        arrays[name] = Array(np.array(array, order="C"))  # keeps 0-d shapes
     return ArrayRecord(arrays)
 
 
