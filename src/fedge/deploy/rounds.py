@@ -25,7 +25,7 @@ from fedge.algorithms.split.server import SERVER_STAGE, SharedServer
 from fedge.algorithms.split.splitfed_v2 import SplitFedV2
 from fedge.comm import nodes
 from fedge.deploy.transport import Outgoing, Reply
-from fedge.deploy.wire import Spec, expect, wire_dtype
+from fedge.deploy.wire import WIRE_DTYPES, Spec, expect, wire_dtype
 from fedge.engine import ClientBank, weighted_sum
 from fedge.errors import ConfigError, FedgeError
 from fedge.metrics import RoundReport
@@ -55,6 +55,12 @@ class DeployedFedAvg(FedAvg):
     """FedAvg with each participant's local epochs on its own node (message ``train``)."""
 
     transport: Transport
+
+    def check_deployable(self) -> None:
+        """Refuse codecs the runtime does not carry."""
+        for key, codec in (("codec_up", self.cfg.codec_up), ("codec_down", self.cfg.codec_down)):
+            if codec not in WIRE_DTYPES:
+                raise ConfigError(f"algorithm.{key}", f"{codec!r} cannot be deployed; use fp32 or fp16")
 
     def run_round(self, t: int) -> RoundReport:
         ctx, cfg = self.ctx, self.cfg
@@ -107,7 +113,9 @@ class DeployedSplit(SplitLearning):
             raise ConfigError("algorithm.server_order", "a deployed run feeds the server per step")
         if not isinstance(self.server, SharedServer):
             raise ConfigError("algorithm.name", "a deployed split run needs one shared server model")
-        wire_dtype(cfg.codec_up), wire_dtype(cfg.codec_down)
+        for key, codec in (("codec_up", cfg.codec_up), ("codec_down", cfg.codec_down)):
+            if codec not in WIRE_DTYPES:
+                raise ConfigError(f"algorithm.{key}", f"{codec!r} cannot be deployed; use fp32 or fp16")
 
     def _broadcast(self, rnd: Round) -> dict[str, tuple[Tensors, np.dtype]]:
         """What ``_download`` delivered to every row, by record name (``model_down``, ``aux_down``)."""

@@ -49,8 +49,7 @@ def run_deployed(grid: Grid, config: RunConfig, round_timeout: float, join_timeo
     simulated = build_run(config)
     ctx = simulated.context
     algorithm = DEPLOYED[config.algorithm.name](ctx, config.algorithm)
-    if hasattr(algorithm, "check_deployable"):
-        algorithm.check_deployable()
+    algorithm.check_deployable()
     transport = GridTransport(grid, ctx.data.num_clients, round_timeout)
     transport.connect(join_timeout)
     algorithm.transport = transport
