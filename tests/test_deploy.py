@@ -110,7 +110,7 @@ def test_deployed_run_equals_the_simulation(federation, tmp_path, algorithm):
     assert {p.name for p in simulated.run_dir.iterdir()} <= {p.name for p in deployed.iterdir()}
     summary = json.loads((deployed / "deploy.json").read_text())
     assert summary["ledger_bits"] == simulated.summary["bits_up"] + simulated.summary["bits_down"]
-    assert 0 < summary["overhead_percent"] < 5  # npy headers and key names on top of the values
+    assert 0 < summary["overhead_percent"] < 15  # npy headers and key names on top of the values
     timings = [json.loads(line) for line in (deployed / "nodes.jsonl").read_text().splitlines()]
     assert {t["node"] for t in timings} == {f"client:{c}" for c in range(NODES)}
     assert all(t["seconds"] >= t["compute_seconds"] > 0 for t in timings)
