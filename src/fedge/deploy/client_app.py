@@ -13,7 +13,7 @@ from flwr.clientapp import ClientApp
 
 from fedge.config import parse_config
 from fedge.deploy.node import Node, State
-from fedge.deploy.wire import from_record, to_record, wire_dtype
+from fedge.deploy.wire import from_record, to_record
 from fedge.tensors import Tensors
 
 app = ClientApp()
@@ -26,7 +26,7 @@ def _node(context: Context) -> Node:
 
 
 def _reply(msg: Message, node: Node, records: dict[str, Tensors], metrics: dict[str, float]) -> Message:
-    up = wire_dtype(node.algorithm.cfg.codec_up)
+    up = node.wire_up()
     content = RecordDict({name: to_record(t, None if name == "steps" else up) for name, t in records.items()})
     content["metrics"] = MetricRecord(metrics)
     return Message(content, reply_to=msg)
@@ -60,6 +60,10 @@ def train(msg: Message, context: Context) -> Message:
     received = _received(msg)
     if node.algorithm.name == "fedavg":
         trained, metrics = node.fedavg_train(t, received["model_down"])
+        return _reply(msg, node, {"model_up": trained}, metrics)
+    if node.algorithm.name in ("hfedavg", "hist"):
+        e = int(msg.content.config_records["config"]["edge_round"])
+        trained, metrics = node.edge_train(t, e, received["model_down"], received["opt"])
         return _reply(msg, node, {"model_up": trained}, metrics)
     _, records, metrics = node.aux_round(t, node.split_start(received))
     return _reply(msg, node, records, metrics)

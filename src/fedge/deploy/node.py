@@ -16,12 +16,16 @@ import numpy as np
 import torch
 
 from fedge.algorithms.fedavg import FedAvg
+from fedge.algorithms.hierarchical.hierarchy import HierarchicalFL
+from fedge.algorithms.hierarchical.training import local_steps_plan
 from fedge.algorithms.split.participation import draw
 from fedge.algorithms.split.plans import round_plan
 from fedge.algorithms.split.protocol import GradientReturn, SplitLearning
 from fedge.algorithms.split.server import Served
 from fedge.comm.registry import get_codec
 from fedge.config import RunConfig
+from fedge.data.federated import BatchPlan
+from fedge.deploy.wire import wire_dtype
 from fedge.engine import ClientBank, stack_copies
 from fedge.engine.noise import RowKeys
 from fedge.errors import ConfigError
@@ -62,6 +66,10 @@ class Node:
     def algorithm(self):
         return self.built.algorithm
 
+    def wire_up(self) -> np.dtype:
+        """The dtype of what this node sends up (its up codec's; the hierarchical links are fp32)."""
+        return wire_dtype(getattr(self.algorithm.cfg, "codec_up", "fp32"))
+
     # ----- FedAvg ------------------------------------------------------------------------------------
 
     def fedavg_train(self, t: int, model: Tensors) -> tuple[Tensors, dict[str, float]]:
@@ -84,6 +92,33 @@ class Node:
             "compute_seconds": time.perf_counter() - began,
         }
         return sent, metrics
+
+    # ----- HIST / HFedAvg ---------------------------------------------------------------------------
+
+    def edge_train(
+        self, t: int, e: int, model: Tensors, opt_state: Tensors
+    ) -> tuple[Tensors, dict[str, float]]:
+        """Edge round ``e`` of round ``t``: H local steps from the cell's model (and HIST's masks, which
+        travel in the optimizer state); the trained model as it goes up to the edge server."""
+        alg: HierarchicalFL = self.algorithm
+        ctx, cfg = self.built.context, alg.cfg
+        began = time.perf_counter()
+        params = {k: model[k] for k in alg.params}
+        buffers = {k: model.get(k, v) for k, v in alg.buffers.items()}
+        state = (stack_copies(params, 1), stack_copies(buffers, 1), stack_copies(opt_state, 1))
+        bank = ClientBank((self.client,), *state)
+        everyone = range(alg.cells.size)
+        plan = local_steps_plan(alg.data, everyone, t, e, cfg.local_steps, cfg.batch_size)
+        row = slice(self.client, self.client + 1)
+        mine = BatchPlan((self.client,), plan.index[row], plan.weight[row], plan.steps[row])
+        alg.model.train()
+        ctx.start("train", t)
+        for _ in range(e):  # the earlier edge rounds' noise phases
+            ctx.executor.phase_keys(everyone)
+        losses = ctx.executor.train(alg.step, bank, mine, alg.data, cfg.optimizer.lr)
+        trained = rows({**bank.params, **floating(bank.buffers)}, 0)
+        metrics = {"loss": float(losses[0]), "compute_seconds": time.perf_counter() - began}
+        return trained, metrics
 
     # ----- split learning ----------------------------------------------------------------------------
 

@@ -17,6 +17,8 @@ import numpy as np
 import torch
 
 from fedge.algorithms.fedavg import FedAvg, sample_clients
+from fedge.algorithms.hierarchical.hfedavg import HFedAvg
+from fedge.algorithms.hierarchical.hist import HIST
 from fedge.algorithms.split.cse_fsl import CseFsl
 from fedge.algorithms.split.participation import Draws, aggregation_weights
 from fedge.algorithms.split.plans import round_plan
@@ -33,6 +35,7 @@ from fedge.system import parallel_clients, training_flops
 from fedge.tensors import Tensors, floating, rows
 
 LABELS = np.dtype(np.int64)
+F32 = np.dtype(np.float32)
 
 
 class Transport(Protocol):
@@ -361,4 +364,83 @@ class DeployedSplitFedV2(DeployedSplit, SplitFedV2):
         return self._finish(self._survivors(rnd, sorted(alive)))
 
 
-DEPLOYED = {"fedavg": DeployedFedAvg, "cse_fsl": DeployedCseFsl, "splitfed_v2": DeployedSplitFedV2}
+class RemoteEdgeTraining:
+    """Stands in for the executor during a deployed hierarchical round: each ``train`` call is one edge
+    round, whose rows (clients) train on their nodes (message ``train``, config ``edge_round``).
+
+    A client that drops out of an edge round keeps the model its edge server sent it, so the cell's
+    mean counts it as a client that did not move (cells keep their fixed membership)."""
+
+    def __init__(self, algorithm: Any, round_: int, executor: Any):
+        self.algorithm = algorithm
+        self.round = round_
+        self.noise = executor.noise
+        self.edge_round = 0
+
+    def train(self, step, bank: ClientBank, plan, data, lr: float) -> torch.Tensor:
+        t, e = self.round, self.edge_round
+        self.edge_round += 1
+        model = {**bank.params, **floating(bank.buffers)}
+        outgoing = {
+            c: Outgoing(
+                {"model_down": (rows(model, r), F32), "opt": (rows(bank.opt_state, r), None)},
+                {"edge_round": e},
+            )
+            for r, c in enumerate(bank.clients)
+        }
+        spec = {"model_up": expect(rows(model, 0), F32)}
+        replies = self.algorithm.transport.exchange(t, "train", outgoing, {c: spec for c in bank.clients})
+        losses = torch.zeros(len(bank), device=self.algorithm.ctx.device)
+        params, buffers = dict(bank.params), dict(bank.buffers)
+        for r, c in enumerate(bank.clients):
+            if c not in replies:
+                continue
+            trained = replies[c].records["model_up"]
+            for k, v in trained.items():
+                target = params if k in params else buffers
+                target[k] = target[k].index_put((torch.tensor([r]),), v.to(target[k]).unsqueeze(0))
+            losses[r] = replies[c].metrics["loss"]
+        answered = [r for r, c in enumerate(bank.clients) if c in replies]
+        if answered and len(answered) < len(bank):  # the round's loss is the mean over those that trained
+            missing = [r for r, c in enumerate(bank.clients) if c not in replies]
+            losses[missing] = losses[answered].mean()
+        bank.adopt(params, buffers, bank.opt_state, owned=False)
+        return losses
+
+
+class DeployedHierarchy:
+    """HIST and HFedAvg with the clients on their nodes; the edge servers' averaging, the cloud's merge,
+    AirComp's noise and the radio model run in the server app: the edge tier is logical (one process
+    computes every cell's step), while each client's H local steps run on its own SuperNode."""
+
+    transport: Transport
+
+    def check_deployable(self) -> None:
+        """Every setting is carried (the links are fp32)."""
+
+    def run_round(self, t: int) -> RoundReport:
+        ctx = self.ctx
+        executor = ctx.executor
+        ctx.executor = RemoteEdgeTraining(self, t, executor)
+        try:
+            report = super().run_round(t)
+        finally:
+            ctx.executor = executor
+        return RoundReport(report.train_loss, {**report.extra, **dropout_figures(self.transport, t)})
+
+
+class DeployedHFedAvg(DeployedHierarchy, HFedAvg):
+    """HFedAvg on the runtime."""
+
+
+class DeployedHist(DeployedHierarchy, HIST):
+    """HIST on the runtime (its submodel masks travel to the clients in the optimizer state)."""
+
+
+DEPLOYED = {
+    "fedavg": DeployedFedAvg,
+    "cse_fsl": DeployedCseFsl,
+    "splitfed_v2": DeployedSplitFedV2,
+    "hfedavg": DeployedHFedAvg,
+    "hist": DeployedHist,
+}

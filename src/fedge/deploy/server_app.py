@@ -72,7 +72,9 @@ def _csv(rows: list[dict[str, Any]]) -> str:
 
 
 def deploy_summary(totals: dict[tuple[str, str], int], transport: GridTransport) -> dict[str, Any]:
-    """Per transfer kind: the ledger's bits, the bits of the ArrayRecords carried, and the overhead (%)."""
+    """Per transfer kind: the ledger's bits, the bits of the ArrayRecords carried, and the overhead (%);
+    the totals cover the kinds both count (not the edge tier's logical transfers, nor carried
+    bookkeeping such as per-step losses)."""
     ledger: dict[str, int] = {}
     for (kind, _), bits in totals.items():
         ledger[kind] = ledger.get(kind, 0) + int(bits)
@@ -82,10 +84,15 @@ def deploy_summary(totals: dict[tuple[str, str], int], transport: GridTransport)
     kinds = {}
     for kind in sorted(set(ledger) | set(carried)):
         bits, wire = ledger.get(kind, 0), carried.get(kind, 0)
-        overhead = 100.0 * (wire - bits) / bits if bits else None
+        overhead = 100.0 * (wire - bits) / bits if bits and wire else None
         kinds[kind] = {"ledger_bits": bits, "carried_bits": wire, "overhead_percent": overhead}
-    total_ledger = sum(v["ledger_bits"] for k, v in kinds.items() if k in ledger)
-    total_carried = sum(v["carried_bits"] for k, v in kinds.items() if k in ledger)
+        if not wire:
+            kinds[kind]["note"] = "not carried: a logical tier inside the server app"
+        elif not bits:
+            kinds[kind]["note"] = "carried only: bookkeeping the algorithm does not send"
+    both = [v for v in kinds.values() if v["ledger_bits"] and v["carried_bits"]]
+    total_ledger = sum(v["ledger_bits"] for v in both)
+    total_carried = sum(v["carried_bits"] for v in both)
     return {
         "kinds": kinds,
         "ledger_bits": total_ledger,
