@@ -86,10 +86,10 @@ def deploy_summary(totals: dict[tuple[str, str], int], transport: GridTransport)
         bits, wire = ledger.get(kind, 0), carried.get(kind, 0)
         overhead = 100.0 * (wire - bits) / bits if bits and wire else None
         kinds[kind] = {"ledger_bits": bits, "carried_bits": wire, "overhead_percent": overhead}
-        if not wire:
+        if bits and not wire:
             kinds[kind]["note"] = "not carried: a logical tier inside the server app"
         elif not bits:
-            kinds[kind]["note"] = "carried only: bookkeeping the algorithm does not send"
+            kinds[kind]["note"] = "carried only: state or bookkeeping the ledger does not count"
     both = [v for v in kinds.values() if v["ledger_bits"] and v["carried_bits"]]
     total_ledger = sum(v["ledger_bits"] for v in both)
     total_carried = sum(v["carried_bits"] for v in both)
