@@ -48,8 +48,10 @@ RANKS = {
     "report": 10,
     "progress": 10,
     "catalog": 10,
+    "deploy": 10,
     "cli": 11,
     "cli_bounds": 11,
+    "cli_deploy": 11,
     "__main__": 11,
     "__init__": 11,  # the package root re-exports the API
 }

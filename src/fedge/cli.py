@@ -1,4 +1,4 @@
-"""The ``fedge`` command line: run, resume, sweep, compare, report, list, plot, bounds.
+"""The ``fedge`` command line: run, resume, sweep, compare, report, list, plot, bounds, deploy.
 
 Bad input (an unknown key, an impossible value, a missing or unwritable file, a damaged checkpoint, a run
 too large for the machine's memory) prints one line ``error: <key or file>: <message>`` and exits with
@@ -24,6 +24,7 @@ from rich.table import Table
 
 import fedge
 from fedge.cli_bounds import bounds
+from fedge.cli_deploy import deploy
 from fedge.errors import EXIT_BAD_INPUT, EXIT_DIVERGED, Diverged, FedgeError
 
 if TYPE_CHECKING:
@@ -42,6 +43,7 @@ app = typer.Typer(add_completion=False, no_args_is_help=False, help=fedge.__doc_
 console = _console()
 errors = _console(stderr=True)
 app.command("bounds")(bounds)
+app.command("deploy")(deploy)
 
 
 def _version(value: bool) -> None:

@@ -1,0 +1,94 @@
+"""The Flower ClientApp of a deployed fedge run (``clientapp = "fedge.deploy.client_app:app"``).
+
+Every message starts a fresh process, so a node keeps its split-round state (its row's parameters,
+buffers and optimizer state) in the Flower context's state between messages. The client is the node's
+``partition-id``; ``num-partitions`` must equal the config's number of clients (the server checks it).
+"""
+
+from __future__ import annotations
+
+import yaml
+from flwr.app import ConfigRecord, Context, Message, MetricRecord, RecordDict
+from flwr.clientapp import ClientApp
+
+from fedge.config import parse_config
+from fedge.deploy.node import Node, State
+from fedge.deploy.wire import from_record, to_record
+from fedge.tensors import Tensors
+
+app = ClientApp()
+STATE = ("fedge.params", "fedge.buffers", "fedge.opt")
+
+
+def _node(context: Context) -> Node:
+    config = parse_config(yaml.safe_load(str(context.run_config["config"])))
+    return Node(config, int(context.node_config["partition-id"]))
+
+
+def _reply(msg: Message, node: Node, records: dict[str, Tensors], metrics: dict[str, float]) -> Message:
+    up = node.wire_up()
+    content = RecordDict({name: to_record(t, None if name == "steps" else up) for name, t in records.items()})
+    content["metrics"] = MetricRecord(metrics)
+    return Message(content, reply_to=msg)
+
+
+def _received(msg: Message) -> dict[str, Tensors]:
+    return {name: from_record(record) for name, record in msg.content.array_records.items()}
+
+
+def _save(context: Context, state: State) -> None:
+    for name, tensors in zip(STATE, state, strict=True):
+        context.state[name] = to_record(tensors)
+
+
+def _load(context: Context) -> State:
+    return tuple(from_record(context.state[name]) for name in STATE)
+
+
+@app.query("hello")
+def hello(msg: Message, context: Context) -> Message:
+    """Which client this node is."""
+    node = {k: int(context.node_config[k]) for k in ("partition-id", "num-partitions")}
+    return Message(RecordDict({"node": ConfigRecord(node)}), reply_to=msg)
+
+
+@app.train()
+def train(msg: Message, context: Context) -> Message:
+    """A whole round's local work: FedAvg's local epochs, or an aux-head split round (CSE-FSL)."""
+    node = _node(context)
+    t = int(msg.content.config_records["config"]["round"])
+    received = _received(msg)
+    if node.algorithm.name == "fedavg":
+        trained, metrics = node.fedavg_train(t, received["model_down"])
+        return _reply(msg, node, {"model_up": trained}, metrics)
+    if node.algorithm.name in ("hfedavg", "hist"):
+        e = int(msg.content.config_records["config"]["edge_round"])
+        trained, metrics = node.edge_train(t, e, received["model_down"], received["opt"])
+        return _reply(msg, node, {"model_up": trained}, metrics)
+    _, records, metrics = node.aux_round(t, node.split_start(received))
+    return _reply(msg, node, records, metrics)
+
+
+@app.query("smashed")
+def smashed(msg: Message, context: Context) -> Message:
+    """SplitFed: a step's forward pass to the cut (the round's first also brings the model down)."""
+    node = _node(context)
+    config = msg.content.config_records["config"]
+    received = _received(msg)
+    state = node.split_start(received) if received else _load(context)
+    if received:
+        _save(context, state)
+    records, metrics = node.smashed(int(config["round"]), int(config["step"]), state)
+    return _reply(msg, node, records, metrics)
+
+
+@app.train("apply_gradients")
+def apply_gradients(msg: Message, context: Context) -> Message:
+    """SplitFed: back-propagate a step's returned gradient; the round's last step uploads the model."""
+    node = _node(context)
+    config = msg.content.config_records["config"]
+    grad = _received(msg)["grad_down"]["g"]
+    state, seconds = node.apply_gradients(int(config["round"]), int(config["step"]), _load(context), grad)
+    _save(context, state)
+    records = node.split_upload(state) if bool(config["final"]) else {}
+    return _reply(msg, node, records, {"compute_seconds": seconds})

@@ -1,0 +1,226 @@
+"""A one-host federation: a SuperLink and one SuperNode per client as separate processes on loopback,
+optionally with TLS and SuperNode authentication, and ``flwr run`` of a fedge config on it.
+
+This is the local launcher behind ``fedge deploy`` and the deploy tests. On real machines the same
+commands run on the server and on each device (docs/deploy.md); only the addresses change.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import socket
+import subprocess
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import tomli_w
+
+from fedge.config import RunConfig
+from fedge.errors import FedgeError
+
+APP_COMPONENTS = {"serverapp": "fedge.deploy.server_app:app", "clientapp": "fedge.deploy.client_app:app"}
+
+
+def free_port() -> int:
+    """A TCP port on loopback that nothing listens on now."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+@dataclass(frozen=True)
+class Tls:
+    """TLS material: a CA, the SuperLink's certificate for localhost/127.0.0.1, and a folder of node keys."""
+
+    ca: Path
+    cert: Path
+    key: Path
+    keys: Path
+
+    @classmethod
+    def create(cls, folder: Path) -> Tls:
+        """A fresh CA and server certificate (openssl) in ``folder``."""
+        folder.mkdir(parents=True, exist_ok=True)
+        conf = folder / "server.conf"
+        conf.write_text(
+            "[req]\ndistinguished_name=dn\nreq_extensions=req_ext\nprompt=no\n[dn]\nCN=localhost\n"
+            "[req_ext]\nsubjectAltName=DNS:localhost,IP:127.0.0.1,IP:::1\n"
+        )
+        tls = cls(folder / "ca.crt", folder / "server.pem", folder / "server.key", folder / "keys")
+        ca_key, csr = folder / "ca.key", folder / "server.csr"
+        x509 = ["-days", "30", "-sha256"]
+        for command in (
+            ["openssl", "genrsa", "-out", ca_key, "2048"],
+            ["openssl", "req", "-new", "-x509", "-key", ca_key, "-subj", "/CN=ca", *x509, "-out", tls.ca],
+            ["openssl", "genrsa", "-out", tls.key, "2048"],
+            ["openssl", "req", "-new", "-key", tls.key, "-out", csr, "-config", conf],
+            ["openssl", "x509", "-req", "-in", csr, "-CA", tls.ca, "-CAkey", ca_key, "-CAcreateserial",
+             "-out", tls.cert, *x509, "-extfile", conf, "-extensions", "req_ext"],
+        ):  # fmt: skip
+            subprocess.run([str(c) for c in command], check=True, capture_output=True)
+        tls.keys.mkdir(exist_ok=True)
+        return tls
+
+    def node_key(self, name: str) -> Path:
+        """A new OpenSSH ECDSA key pair for a SuperNode (the private key's path; ``.pub`` beside it)."""
+        path = self.keys / name
+        subprocess.run(
+            ["ssh-keygen", "-q", "-t", "ecdsa", "-b", "384", "-N", "", "-f", str(path)], check=True
+        )
+        return path
+
+
+@dataclass
+class Federation:
+    """SuperLink + SuperNodes on this host, each its own process, all stopped by :meth:`stop`."""
+
+    home: Path
+    tls: Tls | None = None
+    port: int = field(default_factory=free_port)
+    superlink: subprocess.Popen | None = None
+    nodes: dict[str, subprocess.Popen] = field(default_factory=dict)
+
+    @property
+    def connection(self) -> str:
+        return "local-tls" if self.tls else "local-insecure"
+
+    def env(self) -> dict[str, str]:
+        """The environment of every Flower process: its own home, no telemetry, no update check."""
+        env = dict(
+            os.environ, FLWR_HOME=str(self.home), FLWR_TELEMETRY_ENABLED="0", FLWR_DISABLE_UPDATE_CHECK="1"
+        )
+        env.setdefault("FLWR_SUPEREXEC_TASK_POLL_INTERVAL", "0.1")
+        return env
+
+    def _spawn(self, name: str, command: list[str]) -> subprocess.Popen:
+        log = (self.home / "logs" / f"{name}.log").open("w")
+        return subprocess.Popen(
+            command, env=self.env(), stdout=log, stderr=subprocess.STDOUT, start_new_session=True
+        )
+
+    def start(self) -> Federation:
+        """Write the connection settings and start the SuperLink (TLS and node auth when ``tls``)."""
+        (self.home / "logs").mkdir(parents=True, exist_ok=True)
+        address = f"127.0.0.1:{self.port}"
+        link: dict[str, object] = {"address": address}
+        link.update({"root-certificates": str(self.tls.ca)} if self.tls else {"insecure": True})
+        settings = {"superlink": {"default": self.connection, self.connection: link}}
+        (self.home / "config.toml").write_text(tomli_w.dumps(settings))
+        command = ["flower-superlink", "--port", str(self.port), "--disable-runtime-dependency-installation"]
+        if self.tls:
+            command += ["--ssl-ca-certfile", str(self.tls.ca), "--ssl-certfile", str(self.tls.cert)]
+            command += ["--ssl-keyfile", str(self.tls.key), "--enable-supernode-auth"]
+        else:
+            command.append("--insecure")
+        self.superlink = self._spawn("superlink", command)
+        self._wait_listening()
+        return self
+
+    def _wait_listening(self, timeout: float = 60.0) -> None:
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if self.superlink.poll() is not None:
+                raise FedgeError(f"the SuperLink exited ({self.home / 'logs' / 'superlink.log'})")
+            with socket.socket() as s:
+                if s.connect_ex(("127.0.0.1", self.port)) == 0:
+                    return
+            time.sleep(0.2)
+        raise FedgeError(f"the SuperLink did not listen on port {self.port} within {timeout:.0f} s")
+
+    def flwr(self, *args: str, timeout: float = 120.0) -> subprocess.CompletedProcess:
+        """A ``flwr`` CLI command against this federation."""
+        return subprocess.run(
+            ["flwr", *args], env=self.env(), capture_output=True, text=True, timeout=timeout
+        )
+
+    def register(self, key: Path, name: str) -> None:
+        """Register a SuperNode's public key with the SuperLink (node authentication)."""
+        done = self.flwr("supernode", "register", f"{key}.pub", self.connection, "--name", name)
+        if done.returncode != 0:
+            raise FedgeError(f"registering {name} failed: {done.stdout}{done.stderr}")
+
+    def add_node(
+        self, client: int, num_clients: int, key: Path | None = None, name: str | None = None
+    ) -> subprocess.Popen:
+        """Start the SuperNode of client ``client`` (with its private ``key`` under TLS + auth)."""
+        name = name or f"node{client}"
+        command = ["flower-supernode", "--superlink", f"127.0.0.1:{self.port}", "--port", str(free_port())]
+        command += ["--node-config", f"partition-id={client} num-partitions={num_clients}"]
+        if self.tls:
+            command += ["--root-certificates", str(self.tls.ca)]
+            if key is not None:
+                command += ["--auth-supernode-private-key", str(key)]
+        else:
+            command.append("--insecure")
+        self.nodes[name] = self._spawn(name, command)
+        return self.nodes[name]
+
+    def kill_node(self, name: str) -> None:
+        """Kill a SuperNode and everything it started (its ClientApp processes included)."""
+        process = self.nodes[name]
+        os.killpg(process.pid, signal.SIGKILL)
+        process.wait()
+
+    def run(self, config: RunConfig, round_timeout: float = 120.0, join_timeout: float = 120.0,
+            timeout: float = 1800.0) -> Path:  # fmt: skip
+        """Run ``config`` on the federation with ``flwr run``; the run directory once it finished."""
+        out = Path(config.output.dir).resolve()
+        config = config.model_copy(update={"output": config.output.model_copy(update={"dir": str(out)})})
+        before = set(out.glob("*")) if out.is_dir() else set()
+        app = self.home / "app"
+        app.mkdir(exist_ok=True)
+        (app / "pyproject.toml").write_text(tomli_w.dumps(app_project(config, round_timeout, join_timeout)))
+        done = self.flwr("run", str(app), self.connection, "--stream", timeout=timeout)
+        (self.home / "logs" / "flwr-run.log").write_text(done.stdout + done.stderr)
+        status = self.flwr("ls", self.connection, "--format", "json")
+        runs = json.loads(status.stdout).get("runs", []) if status.returncode == 0 else []
+        if done.returncode != 0 or not runs or "completed" not in str(runs[-1].get("status", "")):
+            raise FedgeError(f"the deployed run failed (logs: {self.home / 'logs'}): {done.stdout[-2000:]}")
+        made = [p for p in out.glob("*") if p not in before and p.is_dir()]
+        if len(made) != 1:
+            raise FedgeError(f"expected one new run directory in {out}, found {len(made)}")
+        return made[0]
+
+    def stop(self) -> None:
+        """Stop every process this federation started (SIGTERM, then SIGKILL after 10 s)."""
+        processes = [*self.nodes.values(), *([self.superlink] if self.superlink else [])]
+        for process in processes:
+            if process.poll() is None:
+                os.killpg(process.pid, signal.SIGTERM)
+        deadline = time.monotonic() + 10
+        for process in processes:
+            try:
+                process.wait(max(deadline - time.monotonic(), 0.1))
+            except subprocess.TimeoutExpired:
+                os.killpg(process.pid, signal.SIGKILL)
+                process.wait()
+
+    def __enter__(self) -> Federation:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
+
+
+def app_project(config: RunConfig, round_timeout: float, join_timeout: float) -> dict:
+    """The Flower app's pyproject.toml: fedge's ServerApp and ClientApp, with the config as YAML text."""
+    return {
+        "build-system": {"requires": ["hatchling"], "build-backend": "hatchling.build"},
+        "project": {"name": "fedge-run", "version": "1.0.0", "dependencies": ["flwr>=1.41"]},
+        "tool": {
+            "flwr": {
+                "app": {
+                    "publisher": "fedge",
+                    "components": APP_COMPONENTS,
+                    "config": {
+                        "config": config.to_yaml(),
+                        "round-timeout": float(round_timeout),
+                        "join-timeout": float(join_timeout),
+                    },
+                }
+            }
+        },
+    }

@@ -1,0 +1,251 @@
+"""The client side of a deployed run: what a SuperNode computes for each message, with fedge's own step
+functions, on its own client's batches and state.
+
+A node builds the run from the same config (:func:`fedge.runner.build_run`: its partition follows from
+the run seed, exactly as in a simulation) and trains only the client named by its ``partition-id``. Its
+state between the messages of a split round (parameters, buffers, optimizer state) is returned to the
+caller, which keeps it in the node's Flower context. Floating tensors travel in the codec's wire dtype.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+
+from fedge.algorithms.fedavg import FedAvg
+from fedge.algorithms.hierarchical.hierarchy import HierarchicalFL
+from fedge.algorithms.hierarchical.training import local_steps_plan
+from fedge.algorithms.split.participation import draw
+from fedge.algorithms.split.plans import round_plan
+from fedge.algorithms.split.protocol import GradientReturn, SplitLearning
+from fedge.algorithms.split.server import Served
+from fedge.comm.registry import get_codec
+from fedge.config import RunConfig
+from fedge.data.federated import BatchPlan
+from fedge.deploy.wire import wire_dtype
+from fedge.engine import ClientBank, stack_copies
+from fedge.engine.noise import RowKeys
+from fedge.errors import ConfigError
+from fedge.runner import Built, build_run
+from fedge.tensors import Tensors, floating, rows
+
+State = tuple[Tensors, Tensors, Tensors]  # one row of params, buffers, optimizer state
+
+
+@dataclass
+class RowRound:
+    """This node's row in round t: its batches, noise keys and client step size."""
+
+    row: int
+    index: torch.Tensor  # [1, steps, batch]
+    weight: torch.Tensor
+    keys: RowKeys | None
+    lr: float
+
+    def batch(self, built: Built, step: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+        """Inputs, labels, 0/1 weights ([1, batch, ...]) and real-row count ([1]) of ``step``."""
+        data = built.context.data
+        idx = self.index[:, step]
+        w = self.weight[:, step]
+        return data.x_train[idx], data.y_train[idx], w, (w > 0).sum(dim=1)
+
+
+class Node:
+    """One client's side of a deployed run."""
+
+    def __init__(self, config: RunConfig, client: int):
+        self.built = build_run(config)
+        self.client = client
+        if not 0 <= client < self.built.context.data.num_clients:
+            raise ConfigError("partition-id", f"{client} is not a client of this run")
+
+    @property
+    def algorithm(self):
+        return self.built.algorithm
+
+    def wire_up(self) -> np.dtype:
+        """The dtype of what this node sends up (its up codec's; the hierarchical links are fp32)."""
+        return wire_dtype(getattr(self.algorithm.cfg, "codec_up", "fp32"))
+
+    # ----- FedAvg ------------------------------------------------------------------------------------
+
+    def fedavg_train(self, t: int, model: Tensors) -> tuple[Tensors, dict[str, float]]:
+        """FedAvg's local epochs from the received model; the trained model as the up codec sends it."""
+        alg: FedAvg = self.algorithm
+        ctx, cfg = self.built.context, alg.cfg
+        began = time.perf_counter()
+        params = {k: model[k] for k in alg.params}
+        buffers = {k: model.get(k, v) for k, v in alg.buffers.items()}
+        bank = ClientBank.broadcast(np.array([self.client]), params, buffers, alg.sgd.init(params))
+        plan = ctx.data.batch_plan([self.client], t, cfg.local_epochs, cfg.batch_size, cfg.drop_last)
+        alg.model.train()
+        ctx.start("train", t)
+        losses = ctx.executor.train(alg.step, bank, plan, ctx.data, cfg.optimizer.lr)
+        trained = rows({**bank.params, **floating(bank.buffers)}, 0)
+        sent = get_codec(cfg.codec_up).encode(trained, False, None)
+        metrics = {
+            "loss": float(losses[0]),
+            "samples": float(plan.weight.sum()),
+            "compute_seconds": time.perf_counter() - began,
+        }
+        return sent, metrics
+
+    # ----- HIST / HFedAvg ---------------------------------------------------------------------------
+
+    def edge_train(
+        self, t: int, e: int, model: Tensors, opt_state: Tensors
+    ) -> tuple[Tensors, dict[str, float]]:
+        """Edge round ``e`` of round ``t``: H local steps from the cell's model (and HIST's masks, which
+        travel in the optimizer state); the trained model as it goes up to the edge server."""
+        alg: HierarchicalFL = self.algorithm
+        ctx, cfg = self.built.context, alg.cfg
+        began = time.perf_counter()
+        params = {k: model[k] for k in alg.params}
+        buffers = {k: model.get(k, v) for k, v in alg.buffers.items()}
+        state = (stack_copies(params, 1), stack_copies(buffers, 1), stack_copies(opt_state, 1))
+        bank = ClientBank((self.client,), *state)
+        everyone = range(alg.cells.size)
+        plan = local_steps_plan(alg.data, everyone, t, e, cfg.local_steps, cfg.batch_size)
+        row = slice(self.client, self.client + 1)
+        mine = BatchPlan((self.client,), plan.index[row], plan.weight[row], plan.steps[row])
+        alg.model.train()
+        ctx.start("train", t)
+        for _ in range(e):  # the earlier edge rounds' noise phases
+            ctx.executor.phase_keys(everyone)
+        losses = ctx.executor.train(alg.step, bank, mine, alg.data, cfg.optimizer.lr)
+        trained = rows({**bank.params, **floating(bank.buffers)}, 0)
+        metrics = {"loss": float(losses[0]), "compute_seconds": time.perf_counter() - began}
+        return trained, metrics
+
+    # ----- split learning ----------------------------------------------------------------------------
+
+    def row_round(self, t: int) -> RowRound:
+        """This node's row of round t, with the round's noise streams opened as the server opens them."""
+        alg: SplitLearning = self.algorithm
+        ctx, cfg = self.built.context, alg.cfg
+        draws = draw(
+            ctx.seed, t, ctx.data.num_clients, cfg.participation, cfg.clients_per_round, cfg.duplicates
+        )
+        mine = np.flatnonzero(draws.clients == self.client)
+        if len(mine) != 1:
+            raise ConfigError(
+                "algorithm.participation", f"client {self.client} has {len(mine)} rows in round {t}"
+            )
+        r = int(mine[0])
+        plan = round_plan(
+            ctx.data, draws, t, cfg.batch_size, cfg.local_epochs, cfg.local_steps, cfg.drop_last
+        )
+        plan = alg.step_limits(t, plan)
+        ctx.start("train", t)
+        keys = ctx.executor.phase_keys(draws.clients)
+        alg.parts.model.train()
+        alg.parts.local.train()
+        lr, _ = alg.learning_rates(t)
+        return RowRound(
+            r, plan.index[r : r + 1], plan.weight[r : r + 1], None if keys is None else keys.rows([r]), lr
+        )
+
+    def split_start(self, received: dict[str, Tensors]) -> State:
+        """The row's state from the broadcast parts (``model_down``, ``aux_down``), fresh optimizer state."""
+        alg: SplitLearning = self.algorithm
+        model: Tensors = {}
+        for payload in received.values():
+            model.update(payload)
+        params = {k: model.get(k, v) for k, v in alg.client["params"].items()}
+        buffers = {k: model.get(k, v) for k, v in alg.client["buffers"].items()}
+        return stack_copies(params, 1), stack_copies(buffers, 1), stack_copies(alg.client_sgd.init(params), 1)
+
+    def split_upload(self, state: State) -> dict[str, Tensors]:
+        """The row's client model as it travels up: ``model_up`` (trunk) and ``aux_up`` (a shared head)."""
+        alg: SplitLearning = self.algorithm
+        params, buffers, _ = (rows(s, 0) for s in state)
+        codec = get_codec(alg.cfg.codec_up)
+        out = {}
+        for name, part in alg._exchanged():
+            sent = {**part(params), **floating(part(buffers))}
+            if sent:
+                out[f"{name}_up"] = codec.encode(sent, False, None)
+        return out
+
+    def aux_round(self, t: int, state: State) -> tuple[State, dict[str, Tensors], dict[str, float]]:
+        """All local steps of an aux-head round (CSE-FSL, FSL_AN): the new state, the smashed data and
+        labels of the upload steps (real rows only), and each step's loss and sample count."""
+        alg: SplitLearning = self.algorithm
+        began = time.perf_counter()
+        rr = self.row_round(t)
+        codec = get_codec(alg.cfg.codec_up)
+        smashed, labels, upload_steps, upload_counts = [], [], [], []
+        losses, counts_per_step = [], []
+        for s in range(rr.index.shape[1]):
+            x, y, w, counts = rr.batch(self.built, s)
+            if not bool(counts.any()):
+                losses.append(0.0)
+                counts_per_step.append(0)
+                continue
+            c = int(counts[0])
+
+            def exchange(z: torch.Tensor, grad_z: bool, y=y, c=c, s=s) -> Served:
+                smashed.append(codec.encode({"z": z[0, :c].detach()}, False, None)["z"])
+                labels.append(y[0, :c])
+                upload_steps.append(s)
+                upload_counts.append(c)
+                return Served(torch.zeros(1), None)
+
+            keys = None if rr.keys is None else rr.keys.at(s)
+            step = alg.clients.step(state, (x, y, w), counts, rr.lr, keys, exchange, alg.uploads_at(s))
+            state = step.state
+            losses.append(float(step.loss[0]))
+            counts_per_step.append(c)
+        records = {
+            "smashed_up": _ragged(smashed, "z"),
+            "labels_up": _ragged(labels, "y"),
+            "steps": {
+                "loss": torch.tensor(losses, dtype=torch.float32),
+                "counts": torch.tensor(counts_per_step, dtype=torch.int64),
+                "upload_steps": torch.tensor(upload_steps, dtype=torch.int64),
+                "upload_counts": torch.tensor(upload_counts, dtype=torch.int64),
+            },
+            **self.split_upload(state),
+        }
+        return state, records, {"compute_seconds": time.perf_counter() - began}
+
+    def smashed(self, t: int, step: int, state: State) -> tuple[dict[str, Tensors], dict[str, float]]:
+        """SplitFed: the forward pass of ``step`` to the cut; its smashed data and labels (real rows)."""
+        alg: GradientReturn = self.algorithm
+        began = time.perf_counter()
+        rr = self.row_round(t)
+        x, y, _, counts = rr.batch(self.built, step)
+        params, buffers, _ = state
+        trunk = {k: v for k, v in params.items() if k.startswith("trunk.")}
+        keys = None if rr.keys is None else rr.keys.at(step)
+        with torch.no_grad():
+            z, _, _ = alg.ctx.executor.forward_with_vjp(alg.clients.forward, trunk, buffers, x, counts, keys)
+        c = int(counts[0])
+        z_sent = get_codec(alg.cfg.codec_up).encode({"z": z[0, :c]}, False, None)
+        records = {"smashed_up": z_sent, "labels_up": {"y": y[0, :c]}}
+        return records, {"compute_seconds": time.perf_counter() - began}
+
+    def apply_gradients(self, t: int, step: int, state: State, grad: torch.Tensor) -> tuple[State, float]:
+        """SplitFed: back-propagate the returned cut-layer gradient of ``step`` and take the step (the
+        forward pass is redone from the same state and keys, so it is the one the smashed data came from)."""
+        alg: GradientReturn = self.algorithm
+        began = time.perf_counter()
+        rr = self.row_round(t)
+        x, _, _, counts = rr.batch(self.built, step)
+        full = torch.zeros(1, x.shape[1], *grad.shape[1:], dtype=grad.dtype)
+        full[0, : grad.shape[0]] = grad
+        keys = None if rr.keys is None else rr.keys.at(step)
+        step_out = alg.clients.backprop_step(
+            state, x, counts, rr.lr, keys, lambda z, grad_z: Served(torch.zeros(1), full)
+        )
+        return step_out.state, time.perf_counter() - began
+
+
+def _ragged(values: list[torch.Tensor], name: str) -> Tensors:
+    """Several batches' real rows as one array (concatenated along rows); empty when there are none."""
+    if not values:
+        return {name: torch.zeros(0)}
+    return {name: torch.cat(values)}

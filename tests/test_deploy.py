@@ -1,0 +1,163 @@
+"""fedge on Flower's Deployment Runtime: a SuperLink and three SuperNodes as separate processes over
+gRPC on loopback. A deployed run must end with the simulated run's model and ledger; a SuperNode killed
+mid-run drops out of its rounds while the run completes; under TLS with node authentication an unknown
+key cannot join. The runtime tests carry the ``deploy`` marker (CI's second step); the payload checks
+run wherever Flower is installed."""
+
+from __future__ import annotations
+
+import json
+import threading
+import time
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+
+flwr = pytest.importorskip("flwr")
+
+from flwr.app import Array, ArrayRecord  # noqa: E402
+
+from fedge import checkpoint, run  # noqa: E402
+from fedge.api import resolve_config  # noqa: E402
+from fedge.deploy.launch import Federation, Tls  # noqa: E402
+from fedge.deploy.wire import Rejected, check, expect, from_record, to_record  # noqa: E402
+from fedge.tensors import Tensors  # noqa: E402
+
+NODES = 3
+ALGORITHMS = {
+    "fedavg": {"name": "fedavg", "batch_size": 64},
+    "cse_fsl": {"name": "cse_fsl", "h": 2, "local_steps": 4, "batch_size": 32},
+    "splitfed_v2": {"name": "splitfed_v2", "local_steps": 1, "batch_size": 32},
+    "hfedavg": {"name": "hfedavg", "cells": 2, "edge_rounds": 2, "local_steps": 2, "split": "partition"},
+}
+ROUNDS = {"hfedavg": 1}  # two edge rounds
+
+
+def config(tmp: Path, algorithm: str, rounds: int = 2, clients: int = NODES):
+    split = algorithm in ("cse_fsl", "splitfed_v2")
+    return resolve_config(
+        {
+            "seed": 3,
+            "rounds": rounds,
+            "data": {"name": "digits"},
+            "partition": {"kind": "iid", "num_clients": clients},
+            "model": {"name": "mlp", "options": {"hidden": [32]}, "cut": 1 if split else None},
+            "algorithm": ALGORITHMS[algorithm],
+            "engine": {"executor": "sequential", "threads": 1},
+            "output": {"dir": str(tmp / "runs"), "plots": False},
+        }
+    )
+
+
+def tensors_of(state, prefix: str = "") -> dict[str, torch.Tensor]:
+    """Every tensor of a checkpointed state, by path."""
+    if isinstance(state, torch.Tensor):
+        return {prefix: state}
+    if isinstance(state, dict):
+        out = {}
+        for key, value in state.items():
+            out.update(tensors_of(value, f"{prefix}.{key}"))
+        return out
+    return {}
+
+
+@pytest.fixture(scope="module")
+def federation(tmp_path_factory):
+    with Federation(tmp_path_factory.mktemp("flwr-home")).start() as fed:
+        for client in range(NODES):
+            fed.add_node(client, NODES)
+        yield fed
+
+
+# ----- payloads --------------------------------------------------------------------------------------
+
+
+def test_records_round_trip_and_malformed_replies_are_rejected_with_the_reason():
+    model: Tensors = {"w": torch.randn(4, 3), "b": torch.randn(3), "n": torch.tensor(5)}
+    back = from_record(to_record(model))
+    assert all(torch.equal(back[k], model[k]) for k in model)
+    specs = expect(model, np.dtype(np.float32))
+    check(to_record(model), specs)
+    half = to_record(model, np.dtype(np.float16))
+    assert half["w"].dtype == "float16" and half["n"].dtype == "int64"
+    bad = {
+        "keys differ": ArrayRecord({"w": Array(np.zeros((4, 3), np.float32))}),
+        "dtype": ArrayRecord({**to_record(model), "w": Array(np.zeros((4, 3), np.float64))}),
+        "shape": ArrayRecord({**to_record(model), "b": Array(np.zeros(4, np.float32))}),
+        "not finite": ArrayRecord({**to_record(model), "b": Array(np.full(3, np.nan, np.float32))}),
+    }
+    for reason, record in bad.items():
+        with pytest.raises(Rejected, match=reason):
+            check(record, specs)
+
+
+# ----- the runtime -----------------------------------------------------------------------------------
+
+
+@pytest.mark.deploy
+@pytest.mark.parametrize("algorithm", list(ALGORITHMS))
+def test_deployed_run_equals_the_simulation(federation, tmp_path, algorithm):
+    cfg = config(tmp_path, algorithm, rounds=ROUNDS.get(algorithm, 2))
+    deployed = federation.run(cfg, round_timeout=300)
+    simulated = run(
+        cfg.model_copy(update={"output": cfg.output.model_copy(update={"dir": str(tmp_path / "sim")})})
+    )
+    got = tensors_of(checkpoint.load(deployed / "checkpoint.pt").state["algorithm"])
+    want = tensors_of(checkpoint.load(simulated.run_dir / "checkpoint.pt").state["algorithm"])
+    assert got.keys() == want.keys()
+    assert max(float((got[k].double() - want[k].double()).abs().max()) for k in want) <= 1e-5
+    assert (deployed / "ledger.csv").read_text() == (simulated.run_dir / "ledger.csv").read_text()
+    assert {p.name for p in simulated.run_dir.iterdir()} <= {p.name for p in deployed.iterdir()}
+    summary = json.loads((deployed / "deploy.json").read_text())
+    logical = sum(k["ledger_bits"] for k in summary["kinds"].values() if "logical" in k.get("note", ""))
+    assert summary["ledger_bits"] + logical == simulated.summary["bits_up"] + simulated.summary["bits_down"]
+    assert 0 < summary["overhead_percent"] < 15  # npy headers and key names on top of the values
+    timings = [json.loads(line) for line in (deployed / "nodes.jsonl").read_text().splitlines()]
+    trained = range(2) if algorithm == "hfedavg" else range(NODES)  # 2 cells of 1: client 2 idles
+    assert {t["node"] for t in timings} == {f"client:{c}" for c in trained}
+    assert all(t["seconds"] >= t["compute_seconds"] > 0 for t in timings)
+
+
+@pytest.mark.deploy
+def test_a_supernode_killed_in_round_two_drops_out_and_the_run_completes(federation, tmp_path):
+    """Last test on the shared federation: it kills one of its nodes."""
+    cfg = config(tmp_path, "fedavg", rounds=3)
+    outcome: dict[str, object] = {}
+
+    def deploy() -> None:
+        try:
+            outcome["run_dir"] = federation.run(cfg, round_timeout=60)
+        except Exception as error:  # reported by the assertion below
+            outcome["error"] = error
+
+    worker = threading.Thread(target=deploy)
+    worker.start()
+    metrics = tmp_path / "runs" / "fedavg-digits" / "metrics.jsonl"
+    while worker.is_alive() and not (metrics.is_file() and metrics.read_text().strip()):
+        time.sleep(0.2)
+    federation.kill_node("node2")  # round 1 is recorded: round 2 is under way
+    worker.join()
+    assert "error" not in outcome, outcome.get("error")
+    rows = [json.loads(line) for line in (outcome["run_dir"] / "metrics.jsonl").read_text().splitlines()]
+    assert [r["round"] for r in rows] == [1, 2, 3] and rows[0]["dropped"] == 0
+    assert rows[2]["dropped_nodes"] == ["client:2"] and rows[2]["participants"] == 2
+    assert all(r["dropped_nodes"] in ([], ["client:2"]) for r in rows[1:])
+    assert np.isfinite(rows[2]["accuracy"])
+    dropped = json.loads((outcome["run_dir"] / "deploy.json").read_text())["dropped"]
+    assert "2" in dropped["3"] and "no reply" in dropped["3"]["2"] or "error reply" in dropped["3"]["2"]
+
+
+@pytest.mark.deploy
+def test_tls_with_node_authentication_refuses_an_unknown_key(tmp_path):
+    tls = Tls.create(tmp_path / "tls")
+    with Federation(tmp_path / "home", tls=tls).start() as fed:
+        known, unknown = tls.node_key("known"), tls.node_key("unknown")
+        fed.register(known, "known")
+        stranger = fed.add_node(0, 1, key=unknown, name="stranger")
+        assert stranger.wait(timeout=120) != 0  # refused by the SuperLink: the node gives up at once
+        fed.add_node(0, 1, key=known)
+        deployed = fed.run(config(tmp_path, "fedavg", rounds=1, clients=1), round_timeout=300)
+    rows = (deployed / "metrics.jsonl").read_text().splitlines()
+    assert len(rows) == 1 and json.loads(rows[0])["dropped"] == 0
