@@ -94,8 +94,9 @@ def test_killed_sweep_continues_to_the_same_results(tiny_config, tmp_path, jobs)
     assert (sweep_dir / "results.csv").read_text() == (reference.sweep_dir / "results.csv").read_text()
 
 
-@pytest.mark.parametrize("name", ["split-mnist", "split-h"])
+@pytest.mark.parametrize("name", ["split-mnist", "split-h", "link-codecs"])
 def test_example_sweeps_validate_every_cell(name):
     base, spec = load_sweep(f"example:sweeps/{name}")
     sweep_dir, tasks = plan(base, spec)
-    assert len(tasks) == {"split-mnist": 18, "split-h": 12}[name] and sweep_dir.name == spec.name
+    assert len(tasks) == {"split-mnist": 18, "split-h": 12, "link-codecs": 18}[name]
+    assert sweep_dir.name == spec.name
