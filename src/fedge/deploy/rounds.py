@@ -43,6 +43,8 @@ class Transport(Protocol):
 
     dropped: dict[int, dict[int, str]]
 
+    def drop(self, round_: int, client: int, reason: str) -> None: ...
+
     def exchange(
         self, round_: int, message_type: str, outgoing: dict[int, Outgoing], specs: dict[int, Any]
     ) -> dict[int, Reply]: ...
@@ -140,10 +142,12 @@ class DeployedSplit(SplitLearning):
         }
 
     def _keep_uploads(self, rnd: Round, uploads: dict[int, dict[str, Tensors]]) -> None:
-        """Write each row's uploaded client model into the round's stacked state (``uploads`` by row)."""
+        """Write each row's uploaded client model (its ``model_up``/``aux_up`` records; ``uploads`` by
+        row) into the round's stacked state."""
         params, buffers = dict(rnd.rows.params), dict(rnd.rows.buffers)
+        parts = {f"{name}_up" for name, _ in self._exchanged()}
         for r, records in uploads.items():
-            for payload in records.values():
+            for payload in (records[name] for name in parts if name in records):
                 for k, v in payload.items():
                     target = params if k in params else buffers
                     target[k] = target[k].index_put((torch.tensor([r]),), v.to(target[k]).unsqueeze(0))
@@ -237,19 +241,9 @@ class DeployedCseFsl(DeployedSplit, CseFsl):
             if reason is None:
                 accepted[r] = reply
             else:
-                self.transport.dropped.setdefault(t, {})[c] = f"train: rejected: {reason}"
+                self.transport.drop(t, c, f"train: rejected: {reason}")
         self._replay(rnd, plan, accepted)
-        self._keep_uploads(
-            rnd,
-            {
-                r: {
-                    k: v
-                    for k, v in a.records.items()
-                    if k.endswith("_up") and k != "smashed_up" and k != "labels_up"
-                }
-                for r, a in accepted.items()
-            },
-        )
+        self._keep_uploads(rnd, {r: a.records for r, a in accepted.items()})
         return self._finish(self._survivors(rnd, sorted(accepted)))
 
     def _replay(self, rnd: Round, plan, accepted: dict[int, Reply]) -> None:
@@ -333,7 +327,13 @@ class DeployedSplitFedV2(DeployedSplit, SplitFedV2):
             cut = {}
             for r in active:
                 reply = replies.get(clients[r])
-                if reply is None or len(reply.records["smashed_up"]["z"]) != int(weight[r, s]):
+                if reply is None:
+                    alive.discard(r)
+                    continue
+                if len(reply.records["smashed_up"]["z"]) != int(weight[r, s]):
+                    self.transport.drop(
+                        t, clients[r], f"query.smashed: rejected: not {int(weight[r, s])} rows"
+                    )
                     alive.discard(r)
                     continue
                 cut[r] = (reply.records["smashed_up"]["z"], reply.records["labels_up"]["y"])

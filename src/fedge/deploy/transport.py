@@ -122,7 +122,7 @@ class GridTransport:
             reply, seconds = answers.get(mid, (None, None))
             reason = self._problem(reply, specs[client])
             if reason is not None:
-                self._drop(round_, client, f"{message_type}: {reason}")
+                self.drop(round_, client, f"{message_type}: {reason}")
                 continue
             records = {name: from_record(record) for name, record in reply.content.array_records.items()}
             for name, record in reply.content.array_records.items():
@@ -180,7 +180,8 @@ class GridTransport:
             return f"rejected: {error}"
         return None
 
-    def _drop(self, round_: int, client: int, reason: str) -> None:
+    def drop(self, round_: int, client: int, reason: str) -> None:
+        """Leave ``client`` out of the rest of round ``round_``; log and keep the reason."""
         self.dropped.setdefault(round_, {})[client] = reason
         log.warning("round %d: %s dropped (%s)", round_, nodes.client(client), reason)
 
