@@ -1,0 +1,123 @@
+"""Paired per-seed differences between one algorithm and the others of a finished (or partial) sweep.
+
+A sweep's ``table.md`` gives each cell's mean and spread; with few seeds the spread of a difference is
+better read from the pairs (same seed = same data split and initialisation). For every group of cells
+that differ only in ``algorithm.name``, this prints the reference algorithm's accuracy minus each other
+algorithm's, seed by seed, with their mean and sample std, and AFIND+'s mean coreset size::
+
+    python examples/paired.py runs/afind-factors --reference afind
+    python examples/paired.py runs/afind-closest --reference afind --metric final_accuracy --json out.json
+    python examples/paired.py runs/afind-factors-s7 runs/afind-factors-s8   # one sweep per seed list
+
+Only finished runs count, so it can be read while a sweep is still running.
+"""
+
+from __future__ import annotations
+
+import argparse
+import csv
+import json
+import statistics
+from collections import defaultdict
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from fedge import results
+from fedge.records import evaluated
+
+
+def finished_runs(sweep: Path) -> list[dict[str, Any]]:
+    """Every finished run of ``sweep``: its group (the cell label without the algorithm), algorithm,
+    seed, summary figures and mean selected neighbours (AFIND+'s ``selected_mean``)."""
+    out = []
+    with (sweep / "index.csv").open() as handle:
+        for entry in csv.DictReader(handle):
+            run = sweep / entry["run"]
+            if not (run / results.SUMMARY).is_file():
+                continue
+            summary = json.loads((run / results.SUMMARY).read_text())
+            if summary.get("status") != "finished":
+                continue
+            name = yaml.safe_load((run / results.CONFIG).read_text())["algorithm"]["name"]
+            parts = [p.strip() for p in entry["label"].split(",")]
+            group = ", ".join(p for p in parts if p not in (name, f"name={name}")) or "all"
+            every = results.read_jsonl(run / results.METRICS)
+            rows = evaluated(every)
+            selected = [r["selected_mean"] for r in every if "selected_mean" in r]
+            out.append(
+                {
+                    "group": group,
+                    "algorithm": name,
+                    "seed": int(entry["seed"]),
+                    "best_accuracy": max(r["accuracy"] for r in rows),
+                    "final_accuracy": rows[-1]["accuracy"],
+                    "rounds": summary.get("rounds"),
+                    "selected": statistics.fmean(selected) if selected else None,
+                }
+            )
+    return out
+
+
+def paired(runs: list[dict[str, Any]], reference: str, metric: str) -> dict[str, Any]:
+    """Per group: each algorithm's per-seed values, and the reference minus each other algorithm by seed."""
+    table: dict[str, dict[str, dict[int, dict[str, Any]]]] = defaultdict(lambda: defaultdict(dict))
+    for r in runs:
+        table[r["group"]][r["algorithm"]][r["seed"]] = r
+    out: dict[str, Any] = {}
+    for group, algos in table.items():
+        ref = algos.get(reference, {})
+        entry: dict[str, Any] = {"values": {}, "differences": {}}
+        for name, by_seed in algos.items():
+            entry["values"][name] = {s: v[metric] for s, v in sorted(by_seed.items())}
+            if name != reference:
+                seeds = sorted(set(ref) & set(by_seed))
+                entry["differences"][name] = {s: ref[s][metric] - by_seed[s][metric] for s in seeds}
+        sizes = [v["selected"] for v in ref.values() if v["selected"] is not None]
+        entry["afind_selected"] = statistics.fmean(sizes) if sizes else None
+        out[group] = entry
+    return out
+
+
+def pm(values: list[float]) -> str:
+    """Points (x100): mean ± sample std, or the single value."""
+    if not values:
+        return "-"
+    mean = 100 * statistics.fmean(values)
+    return f"{mean:+.2f} ± {100 * statistics.stdev(values):.2f}" if len(values) > 1 else f"{mean:+.2f}"
+
+
+def markdown(result: dict[str, Any], reference: str) -> str:
+    lines = [f"| group | vs | {reference} - other, per seed (points) | mean ± std | {reference} |C| |"]
+    lines.append("|---|---|---|---|---|")
+    for group, entry in result.items():
+        size = entry["afind_selected"]
+        for name, diffs in entry["differences"].items():
+            seeds = " / ".join(f"s{s}: {100 * d:+.2f}" for s, d in diffs.items())
+            size_text = f"{size:.2f}" if size is not None else "-"
+            lines.append(f"| {group} | {name} | {seeds} | {pm(list(diffs.values()))} | {size_text} |")
+    lines += ["", "| group | algorithm | per seed (%) | mean |", "|---|---|---|---|"]
+    for group, entry in result.items():
+        for name, values in entry["values"].items():
+            seeds = " / ".join(f"{100 * v:.2f}" for v in values.values())
+            lines.append(f"| {group} | {name} | {seeds} | {100 * statistics.fmean(values.values()):.2f} |")
+    return "\n".join(lines)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("sweeps", type=Path, nargs="+", help="sweep directories (output.dir/NAME)")
+    parser.add_argument("--reference", default="afind", help="the algorithm the others are compared with")
+    parser.add_argument("--metric", default="best_accuracy", choices=["best_accuracy", "final_accuracy"])
+    parser.add_argument("--json", type=Path, help="also write the figures to this JSON file")
+    args = parser.parse_args()
+    runs = [run for sweep in args.sweeps for run in finished_runs(sweep)]
+    result = paired(runs, args.reference, args.metric)
+    print(markdown(result, args.reference))
+    if args.json:
+        args.json.write_text(json.dumps(result, indent=2) + "\n")
+
+
+if __name__ == "__main__":
+    main()
