@@ -104,7 +104,9 @@ def _max_diff(a: Tensors, b: Tensors) -> float:
     return max(float((a[k].double() - b[k].double()).abs().max()) for k in a)
 
 
-def measure_entry(entry: Entry, clients: int, repeats: int, retain: bool, columns: tuple[str, ...], seed: int):
+def measure_entry(
+    entry: Entry, clients: int, repeats: int, retain: bool, columns: tuple[str, ...], seed: int
+):
     """Round times of ``columns`` (loop, batched, sequential), interleaved; agreement and FLOPs of round 1."""
     device = torch.device("cpu")
     runs: dict[str, Any] = {}
@@ -123,7 +125,7 @@ def measure_entry(entry: Entry, clients: int, repeats: int, retain: bool, column
         if name == "loop":
             counter = FlopCounterMode(display=False)
             with counter:
-                first[name] = timed(lambda: step(name)(1), device)
+                first[name] = timed(lambda name=name: step(name)(1), device)
             flops = counter.get_total_flops()
         else:
             first[name] = timed(lambda name=name: step(name)(1), device)
@@ -281,8 +283,10 @@ def main(argv: list[str] | None = None) -> int:
             report["workloads"][name] = run_family(FAMILIES[name], args, peak)
     report["load_average_after"] = load_average()
     print(table(report))
-    print(f"matmul peak {peak:.1f} GFLOP/s; load average before {report['load_average_before']},"
-          f" after {report['load_average_after']}")
+    print(
+        f"matmul peak {peak:.1f} GFLOP/s; load average before {report['load_average_before']},"
+        f" after {report['load_average_after']}"
+    )
     if args.out:
         args.out.write_text(json.dumps(report, indent=2) + "\n")
     return 0

@@ -128,7 +128,10 @@ def fedge_split_state(built: Built) -> Tensors:
     """The fedge split run's global client and server model, named as :meth:`SplitLoop.state`."""
     alg = built.algorithm
     client = {**alg.client["params"], **alg.client["buffers"]}
-    return {**_prefixed(client, "client."), **_prefixed({**alg.server.params, **alg.server.buffers}, "server.")}
+    return {
+        **_prefixed(client, "client."),
+        **_prefixed({**alg.server.params, **alg.server.buffers}, "server."),
+    }
 
 
 def _prefixed(tensors: Tensors, prefix: str) -> Tensors:

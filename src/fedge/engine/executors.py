@@ -150,13 +150,22 @@ def _destination(bank: ClientBank) -> State:
     )
 
 
+def _cloned(tensors: Tensors) -> Tensors:
+    return {name: t.clone() for name, t in tensors.items()}
+
+
 def _copy_into(targets: Tensors, values: Tensors) -> None:
     for name, target in targets.items():
         target.copy_(values[name])
 
 
 class SequentialExecutor(Executor):
-    """Reference executor: a Python loop over clients and their real batches."""
+    """Reference executor: a Python loop over clients and their real batches.
+
+    A :class:`~fedge.engine.step.Step` runs on plain autograd and updates a copy of the client's state
+    in place (:meth:`Step.eager_gradients`, :meth:`SGD.update_`): the same numbers as the pure step, at
+    the cost of a hand-written PyTorch loop rather than of ``torch.func``'s transforms.
+    """
 
     name = "sequential"
 
@@ -168,8 +177,11 @@ class SequentialExecutor(Executor):
         keys = self.phase_keys(bank.clients)
         grid = None if keys is None else keys.grid(plan.num_steps)
         losses = torch.zeros(len(bank), device=data.device)
+        in_place = isinstance(step, Step)
         for r in range(len(bank)):
             params, buffers, opt_state = (rows(tensors, r) for tensors in source)
+            if in_place:  # the client's own copy, stepped in place
+                params, opt_state = _cloned(params), _cloned(opt_state)
             total = torch.zeros((), device=data.device)
             steps = int(plan.steps[r])
             for s in range(steps):
@@ -178,7 +190,11 @@ class SequentialExecutor(Executor):
                 weight = torch.ones(len(idx), device=data.device)
                 noise = keyed_noise(None if grid is None else grid[r, s])
                 with _failing(f"client {bank.clients[r]}", f"local step {s}"), noise:
-                    params, buffers, opt_state, loss = step(params, buffers, opt_state, x, y, weight, lr)
+                    if in_place:
+                        grads, loss, buffers = step.eager_gradients(params, buffers, x, y, weight)
+                        step.optimizer.update_(params, grads, opt_state, lr)
+                    else:
+                        params, buffers, opt_state, loss = step(params, buffers, opt_state, x, y, weight, lr)
                 total = total + loss
             losses[r] = total / max(steps, 1)
             for targets, values in zip(destination, (params, buffers, opt_state), strict=True):
