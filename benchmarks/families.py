@@ -29,7 +29,15 @@ from typing import Any
 import torch
 from torch.utils.flop_counter import FlopCounterMode
 
-from benchmarks.loops import SplitLoop, Tensors, fedge_split_state
+from benchmarks.loops import (
+    GossipLoop,
+    HierarchicalLoop,
+    SplitLoop,
+    Tensors,
+    fedge_bank_state,
+    fedge_global_state,
+    fedge_split_state,
+)
 from benchmarks.measure import load_average, machine, matmul_peak, median, timed
 from fedge.api import resolve_config
 from fedge.engine.host import configure_host
@@ -68,6 +76,29 @@ def _split(name: str, **algorithm: Any) -> dict[str, Any]:
     }
 
 
+def _peer(name: str, **algorithm: Any) -> dict[str, Any]:
+    return {
+        "model": {"name": "mlp", "options": {"hidden": [200]}},
+        "algorithm": {
+            "name": name,
+            "local_epochs": 1,
+            "batch_size": 32,
+            "optimizer": {"lr": 0.05, "momentum": 0.5},
+            "ft_epochs": 0,
+            "peers": 10,
+            "topology": {"kind": "full"},
+            **algorithm,
+        },
+    }
+
+
+def _hierarchical(name: str) -> dict[str, Any]:
+    return {
+        "model": {"name": "fcnn"},
+        "algorithm": {"name": name, "cells": 4, "edge_rounds": 5, "local_steps": 20, "batch_size": 50},
+    }
+
+
 FAMILIES: dict[str, Family] = {
     f.name: f
     for f in (
@@ -82,6 +113,24 @@ FAMILIES: dict[str, Family] = {
             "SplitFed v1, 100 clients x 600 MNIST, LeNet-5 cut after the conv blocks, batch 32",
             100,
             (Entry("splitfed_v1", _split("splitfed_v1"), SplitLoop, fedge_split_state),),
+        ),
+        Family(
+            "W6",
+            "AFIND+ and gossip, 100 clients x 600 MNIST, MLP 784-200-10, full graph, 1 local epoch, batch 32",
+            100,
+            (
+                Entry("afind", _peer("afind", k0=10), None, fedge_bank_state),
+                Entry("gossip", _peer("gossip"), GossipLoop, fedge_bank_state),
+            ),
+        ),
+        Family(
+            "W7",
+            "HIST and HFedAvg, 60 clients, FCNN 784-300-10, N = 4, E = 5, H = 20, batch 50",
+            60,
+            (
+                Entry("hist", _hierarchical("hist"), None, fedge_global_state),
+                Entry("hfedavg", _hierarchical("hfedavg"), HierarchicalLoop, fedge_global_state),
+            ),
         ),
     )
 }

@@ -140,3 +140,103 @@ def _prefixed(tensors: Tensors, prefix: str) -> Tensors:
 
 def _clone(tensors: Tensors) -> Tensors:
     return {k: v.detach().clone() for k, v in tensors.items()}
+
+
+def _step(model: nn.Module, opt: torch.optim.Optimizer, x: torch.Tensor, y: torch.Tensor) -> None:
+    loss = F.cross_entropy(model(x), y)
+    opt.zero_grad(set_to_none=True)
+    loss.backward()
+    opt.step()
+
+
+def _epochs(model, opt, data, plan, row: int, counts: list[list[int]], steps: int) -> None:
+    """Client row ``row``'s local steps of ``plan`` (its real rows only)."""
+    for s in range(steps):
+        idx = plan.index[row, s, : counts[row][s]]
+        _step(model, opt, data.x_train[idx], data.y_train[idx])
+
+
+class GossipLoop:
+    """Gossip learning: every client trains its own model, then averages it with ``peers`` random
+    neighbours' trained models (the peers drawn by the run's own seeded sampler)."""
+
+    def __init__(self, built: Built):
+        alg, cfg = built.algorithm, built.config.algorithm
+        self.alg, self.data = alg, built.context.data
+        self.epochs, self.batch = cfg.local_epochs, cfg.batch_size
+        self.opt = cfg.optimizer
+        initial = {**_clone(alg.bank.params), **_clone(alg.bank.buffers)}
+        self.clients = [copy.deepcopy(alg.model) for _ in range(alg.num_clients)]
+        for c, model in enumerate(self.clients):
+            _load(model, {k: v[c] for k, v in initial.items()})
+
+    def round(self, t: int) -> None:
+        n, data, opt = len(self.clients), self.data, self.opt
+        plan = data.batch_plan(list(range(n)), t, self.epochs, self.batch)
+        counts, steps = plan.weight.sum(-1).long().tolist(), plan.steps.tolist()
+        for c, model in enumerate(self.clients):
+            sgd = torch.optim.SGD(
+                model.parameters(), lr=opt.lr, momentum=opt.momentum, weight_decay=opt.weight_decay
+            )
+            _epochs(model, sgd, data, plan, c, counts, steps[c])
+        chosen = self.alg.random_peers(t)
+        trained = [m.state_dict() for m in self.clients]
+        new = []
+        with torch.no_grad():
+            for i in range(n):
+                group = [i, *(j for j in chosen[i].nonzero()[0].tolist() if j != i)]
+                new.append({k: torch.stack([trained[j][k] for j in group]).mean(0) for k in trained[i]})
+            for model, state in zip(self.clients, new, strict=True):
+                _load(model, state)
+
+    def state(self) -> Tensors:
+        states = [m.state_dict() for m in self.clients]
+        return {k: torch.stack([s[k] for s in states]) for k in states[0]}
+
+
+def fedge_bank_state(built: Built) -> Tensors:
+    """Every client's model of a decentralized fedge run, stacked (as :meth:`GossipLoop.state`)."""
+    bank = built.algorithm.bank
+    return {**bank.params, **bank.buffers}
+
+
+class HierarchicalLoop:
+    """HFedAvg: ``E`` edge rounds of ``H`` local steps per client, a plain mean per cell after each, and
+    the cloud's plain mean of the cells after the ``E``-th (the run's own per-step batch plans)."""
+
+    def __init__(self, built: Built):
+        from fedge.algorithms.hierarchical.training import local_steps_plan
+
+        alg, cfg = built.algorithm, built.config.algorithm
+        self.alg, self.cfg, self.plan = alg, cfg, local_steps_plan
+        self.clients = [copy.deepcopy(alg.model) for _ in range(alg.cells.size)]
+        self.global_ = {**_clone(alg.params), **_clone(alg.buffers)}
+
+    def round(self, t: int) -> None:
+        alg, cfg, cells = self.alg, self.cfg, self.alg.cells
+        cell_models = [self.global_] * cells.num_cells
+        uniform = torch.full((cells.per_cell,), 1.0 / cells.per_cell, dtype=torch.float64)
+        for e in range(cfg.edge_rounds):
+            plan = self.plan(alg.data, tuple(range(cells.size)), t, e, cfg.local_steps, cfg.batch_size)
+            counts, steps = plan.weight.sum(-1).long().tolist(), plan.steps.tolist()
+            for c, model in enumerate(self.clients):
+                _load(model, cell_models[c // cells.per_cell])
+                sgd = torch.optim.SGD(model.parameters(), lr=cfg.optimizer.lr)
+                _epochs(model, sgd, alg.data, plan, c, counts, steps[c])
+            cell_models = [
+                _average(self.clients[j * cells.per_cell : (j + 1) * cells.per_cell], uniform)
+                for j in range(cells.num_cells)
+            ]
+        weights = torch.full((cells.num_cells,), 1.0 / cells.num_cells, dtype=torch.float64)
+        self.global_ = {
+            k: sum(w * m[k] for w, m in zip(weights.tolist(), cell_models, strict=True)) for k in self.global_
+        }
+
+    def state(self) -> Tensors:
+        return self.global_
+
+
+def fedge_global_state(built: Built) -> Tensors:
+    """The global model of a hierarchical fedge run."""
+    alg = built.algorithm
+    return {**alg.params, **alg.buffers}
