@@ -98,7 +98,8 @@ class HierarchicalFL(Algorithm):
         self.radio = CellRadio(cfg.radio, self.cells, ctx.seed)
         opt = cfg.optimizer
         self.sgd = SGD(momentum=opt.momentum, weight_decay=opt.weight_decay)
-        self.step = masked_step(make_step(classification_loss(self.model), self.sgd), self.layout)
+        self.plain_step = make_step(classification_loss(self.model), self.sgd)
+        self.step = masked_step(self.plain_step, self.layout)
         self.link = ctx.network.link("fp32")
         self.model_values = sum(p.numel() for p in self.params.values())
         self.cell_of = torch.as_tensor(self.cells.cell_of, device=ctx.device)
@@ -175,7 +176,11 @@ class HierarchicalFL(Algorithm):
             self.link.send(t, nodes.edge(j), members, "model_down", {k: v[0] for k, v in payload.items()})
         plan = local_steps_plan(self.data, bank.clients, t, e, cfg.local_steps, cfg.batch_size)
         self.model.train()
-        loss = ctx.executor.train(self.step, bank, plan, self.data, cfg.optimizer.lr)
+        # every slot real (equal cells, compact form): masking multiplies by one, so the plain step, which
+        # the executors run on their fast paths, gives the same numbers
+        padded = any(not bool(v.all()) for v in views.valid)
+        step = self.step if padded else self.plain_step
+        loss = ctx.executor.train(step, bank, plan, self.data, cfg.optimizer.lr)
         kind = "model_up" if cfg.aggregation == "oma" else "update_up_analog"
         for j in range(cells.num_cells):
             rows = slice(j * cells.per_cell, (j + 1) * cells.per_cell)
