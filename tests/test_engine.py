@@ -376,3 +376,18 @@ def test_the_sequential_executor_steps_in_place_with_the_pure_steps_numbers(mode
         assert all(torch.equal(a[k], b[k]) for k in a), field
     assert torch.equal(eager_loss, pure_loss)
     assert max_diff(params, {k: v[0] for k, v in eager.params.items()}) > 1e-3
+
+
+def test_without_the_allocator_switch_chunks_stay_within_reused_blocks(monkeypatch):
+    from fedge.engine import executors
+
+    data = make_data([10] * 8)
+    params = parameters_of(mlp())
+    bank = ClientBank.broadcast(range(8), params, {})
+    plan = data.batch_plan(range(8), 1, 1, 4)
+    grads = 4 * sum(p.numel() for p in params.values())
+    monkeypatch.setattr(executors, "REUSED_BLOCK_BYTES", 2 * grads)
+    monkeypatch.setattr(executors, "retaining_memory", lambda: False)
+    assert BatchedExecutor(chunk_bytes=8 * grads).chunk_size(bank, plan, data) == 2
+    monkeypatch.setattr(executors, "retaining_memory", lambda: True)
+    assert BatchedExecutor(chunk_bytes=8 * grads).chunk_size(bank, plan, data) == 8
