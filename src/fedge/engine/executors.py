@@ -386,10 +386,13 @@ class BatchedExecutor(Executor):
         args = (*state, *inputs, *batch, *shared)
         out = mapped(keys, *args) if keyed else mapped(*args)
         active = counts > 0
-        new_state = tuple(_keep(active, new, old) for new, old in zip(out.state, state, strict=True))
-        per_client = tuple(torch.where(active, v, torch.zeros_like(v)) for v in out.per_client)
+        if bool(active.all()):  # nothing to keep or zero: selecting the new values would copy them
+            new_state, per_client = out.state, out.per_client
+        else:
+            new_state = tuple(_keep(active, new, old) for new, old in zip(out.state, state, strict=True))
+            per_client = tuple(torch.where(active, v, torch.zeros_like(v)) for v in out.per_client)
         per_sample = out.per_sample
-        if per_sample:
+        if per_sample and not bool((counts == per_sample[0].shape[1]).all()):
             width = per_sample[0].shape[1]
             real = torch.arange(width, device=counts.device)[None, :] < counts[:, None]
             per_sample = tuple(
