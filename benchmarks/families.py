@@ -285,7 +285,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(prog="python -m benchmarks.families", description=__doc__.split("\n")[0])
     parser.add_argument("--workloads", default="W4,W5,W6,W7,W8", help="comma-separated: W4..W8")
     parser.add_argument("--out", type=Path, help="write the full report as JSON here")
-    parser.add_argument("--repeats", type=int, default=3, help="timed rounds per column (median reported)")
+    parser.add_argument("--repeats", type=int, default=2, help="timed rounds per column (median reported)")
     parser.add_argument("--clients", type=int, help="clients of W4-W7 (default: the issue's sizes)")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument(
