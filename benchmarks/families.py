@@ -263,8 +263,15 @@ def table(report: dict[str, Any]) -> str:
         f"{'':4} {'algorithm':12} {'loop':>7} {'batched':>8} {'seq.':>7} {'x loop':>7} {'seq x':>6}"
         f" {'on: x':>6} {'%peak':>6} {'agree':>8}  target"
     ]
+    population = []
     for name, fam in report["workloads"].items():
         for alg, r in fam.get("algorithms", {}).items():
+            if "by_population" in r:
+                population.append(
+                    f"{name:4} {alg:12} round time {r['round_time_ratio']:.2f}x, peak RSS"
+                    f" {r['peak_rss_ratio']:.2f}x at the largest population against the smallest"
+                )
+                continue
             s = r["allocator_off"]["seconds"]
             agree = max(r["allocator_off"]["agreement_max_abs_after_round_1"].values(), default=0.0)
             lines.append(
@@ -274,7 +281,7 @@ def table(report: dict[str, Any]) -> str:
                 f" {_f(100 * r.get('batched_fraction_of_peak', 0.0), '', 1):>6} {agree:8.1e}"
                 f"  {'met' if r.get('target_met') else 'missed'} (<= {_f(r.get('target_seconds'))} s)"
             )
-    return "\n".join(lines)
+    return "\n".join(lines + population)
 
 
 def _f(value: float | None, unit: str = "", digits: int = 2) -> str:
