@@ -59,3 +59,17 @@ def test_profile_prints_the_operators_of_a_round(capsys):
     assert profile.main(["tiny", "--threads", "1", "--rows", "3"]) == 0
     out = capsys.readouterr().out
     assert out.startswith("tiny: ") and "aten::" in out
+
+
+def test_family_summary_takes_the_larger_target_of_loop_over_3_and_the_peak_floor():
+    from benchmarks.families import summarize
+
+    off = {"seconds": {"loop": 6.0, "batched": 2.5, "sequential": 5.0}, "executed_flops": 70e9}
+    result = summarize(off, {"seconds": {"loop": 6.0, "batched": 2.0}}, peak=50.0)
+    assert result["speedup_vs_loop"] == 6.0 / 2.5 and result["sequential_speedup_vs_loop"] == 6.0 / 5.0
+    assert result["target_seconds"] == 2.0  # 70 GFLOP at 70 % of 50 GFLOP/s is 2.0 s, loop / 3 too
+    assert not result["target_met"]
+    assert result["speedup_vs_loop_allocator_on"] == 3.0
+    assert result["batched_fraction_of_peak"] == 70e9 / 2.5 / 50e9
+    slow_peak = summarize(off, None, peak=10.0)
+    assert slow_peak["target_seconds"] == 10.0 and slow_peak["target_met"]

@@ -356,3 +356,38 @@ def test_the_sequential_executor_names_the_client_and_step_that_failed():
     plan = data.batch_plan(range(3), 1, 1, 4)
     with pytest.raises(ClientFailed, match=r"client 2, local step 0: FloatingPointError: boom"):
         SequentialExecutor().train(failing, bank, plan, data, 0.1)
+
+
+@pytest.mark.parametrize("model_fn", [mlp, bn_cnn])
+def test_the_sequential_executor_steps_in_place_with_the_pure_steps_numbers(model_fn):
+    data = make_data([13, 20])
+    model = model_fn()
+    sgd = SGD(momentum=0.9, weight_decay=1e-3)
+    step = make_step(classification_loss(model), sgd)
+    params, buffers = parameters_of(model), buffers_of(model)
+    plan = data.batch_plan([0, 1], 1, 2, 8)
+    banks = []
+    for fn in (step, lambda *args: step(*args)):  # a Step (plain autograd, in place) and a pure function
+        bank = ClientBank.broadcast([0, 1], params, buffers, sgd.init(params))
+        banks.append((bank, SequentialExecutor().train(fn, bank, plan, data, 0.1)))
+    (eager, eager_loss), (pure, pure_loss) = banks
+    for field in ("params", "buffers", "opt_state"):
+        a, b = getattr(eager, field), getattr(pure, field)
+        assert all(torch.equal(a[k], b[k]) for k in a), field
+    assert torch.equal(eager_loss, pure_loss)
+    assert max_diff(params, {k: v[0] for k, v in eager.params.items()}) > 1e-3
+
+
+def test_without_the_allocator_switch_chunks_stay_within_reused_blocks(monkeypatch):
+    from fedge.engine import executors
+
+    data = make_data([10] * 8)
+    params = parameters_of(mlp())
+    bank = ClientBank.broadcast(range(8), params, {})
+    plan = data.batch_plan(range(8), 1, 1, 4)
+    grads = 4 * sum(p.numel() for p in params.values())
+    monkeypatch.setattr(executors, "REUSED_BLOCK_BYTES", 2 * grads)
+    monkeypatch.setattr(executors, "retaining_memory", lambda: False)
+    assert BatchedExecutor(chunk_bytes=8 * grads).chunk_size(bank, plan, data) == 2
+    monkeypatch.setattr(executors, "retaining_memory", lambda: True)
+    assert BatchedExecutor(chunk_bytes=8 * grads).chunk_size(bank, plan, data) == 8

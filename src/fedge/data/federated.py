@@ -42,6 +42,33 @@ class BatchPlan:
         return self.index[row, step][self.weight[row, step] > 0]
 
 
+class ResampledClients(Sequence[np.ndarray]):
+    """A population of ``count`` clients whose sample indices are drawn only when a client is used.
+
+    Client c holds ``size`` indices into a pool of ``pool`` samples (with replacement), drawn from the
+    stream ``(seed, "resampled-client", c)``: the same indices every time, nothing stored per client, so a
+    population of millions costs what its sampled cohort costs (cross-device federated learning).
+    """
+
+    def __init__(self, count: int, size: int, pool: int, seed: int):
+        if count < 1 or size < 1 or pool < 1:
+            raise ValueError("count, size and pool must be at least 1")
+        self.count, self.size, self.pool, self.seed = count, size, pool, seed
+
+    def __len__(self) -> int:
+        return self.count
+
+    def __getitem__(self, client: int) -> np.ndarray:  # type: ignore[override]
+        client = int(client)
+        if not 0 <= client < self.count:
+            raise IndexError(f"client {client} out of range (population {self.count})")
+        return numpy_rng(self.seed, "resampled-client", client).integers(0, self.pool, self.size)
+
+    def sizes(self, clients: Sequence[int] | None = None) -> np.ndarray:
+        """Every client's (or ``clients``') number of samples, without drawing them."""
+        return np.full(self.count if clients is None else len(clients), self.size, dtype=np.int64)
+
+
 class FederatedData:
     """Tensors on the compute device plus per-client train and test index arrays."""
 
@@ -60,8 +87,8 @@ class FederatedData:
         self.y_train = dataset.y_train.to(self.device)
         self.x_test = dataset.x_test.to(self.device)
         self.y_test = dataset.y_test.to(self.device)
-        self.client_train = [np.asarray(ix, dtype=np.int64) for ix in client_train]
-        self.client_test = [np.asarray(ix, dtype=np.int64) for ix in client_test]
+        self.client_train = _indices(client_train)
+        self.client_test = _indices(client_test)
 
     @property
     def num_clients(self) -> int:
@@ -77,6 +104,8 @@ class FederatedData:
 
     def client_sizes(self, clients: Sequence[int] | None = None) -> np.ndarray:
         """Training-set size of each client (of ``clients``, or all)."""
+        if isinstance(self.client_train, ResampledClients):
+            return self.client_train.sizes(clients)
         chosen = range(self.num_clients) if clients is None else clients
         return np.array([len(self.client_train[c]) for c in chosen], dtype=np.int64)
 
@@ -129,3 +158,10 @@ class FederatedData:
         view.client_train = [np.sort(np.concatenate(self.client_train))]
         view.client_test = [np.arange(self.dataset.num_test, dtype=np.int64)]
         return view
+
+
+def _indices(clients: Sequence[np.ndarray]) -> Sequence[np.ndarray]:
+    """Per-client index arrays as int64 arrays; a lazily drawn population stays lazy."""
+    if isinstance(clients, ResampledClients):
+        return clients
+    return [np.asarray(ix, dtype=np.int64) for ix in clients]

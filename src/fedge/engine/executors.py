@@ -32,6 +32,7 @@ from __future__ import annotations
 from abc import ABC, abstractmethod
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
+from dataclasses import dataclass
 from typing import Any, NamedTuple
 
 import numpy as np
@@ -41,7 +42,7 @@ from torch.func import vjp, vmap
 from fedge.data.federated import BatchPlan, FederatedData
 from fedge.engine.bank import ClientBank
 from fedge.engine.convolution import conv_as_matmul
-from fedge.engine.host import release_free_memory
+from fedge.engine.host import REUSED_BLOCK_BYTES, release_free_memory, retaining_memory
 from fedge.engine.noise import NoiseStreams, RowKeys, keyed_noise
 from fedge.engine.step import Step, StepFn
 from fedge.tensors import Tensors, rows
@@ -63,6 +64,19 @@ class Mapped(NamedTuple):
     state: tuple[Tensors, ...] = ()
     per_client: tuple[torch.Tensor, ...] = ()
     per_sample: tuple[torch.Tensor, ...] = ()
+
+
+@dataclass(frozen=True)
+class TwoForms:
+    """A per-client function in two forms that compute the same numbers: ``pure`` (``torch.func``, for
+    ``vmap``) and ``eager`` (plain autograd, for one client at a time). Calling it calls ``pure``; the
+    sequential executor calls ``eager``, which skips ``torch.func``'s per-call transforms and pytree work."""
+
+    pure: ClientFn
+    eager: ClientFn
+
+    def __call__(self, *args: Any) -> Mapped:
+        return self.pure(*args)
 
 
 class ClientFailed(RuntimeError):
@@ -150,13 +164,22 @@ def _destination(bank: ClientBank) -> State:
     )
 
 
+def _cloned(tensors: Tensors) -> Tensors:
+    return {name: t.clone() for name, t in tensors.items()}
+
+
 def _copy_into(targets: Tensors, values: Tensors) -> None:
     for name, target in targets.items():
         target.copy_(values[name])
 
 
 class SequentialExecutor(Executor):
-    """Reference executor: a Python loop over clients and their real batches."""
+    """Reference executor: a Python loop over clients and their real batches.
+
+    A :class:`~fedge.engine.step.Step` runs on plain autograd and updates a copy of the client's state
+    in place (:meth:`Step.eager_gradients`, :meth:`SGD.update_`): the same numbers as the pure step, at
+    the cost of a hand-written PyTorch loop rather than of ``torch.func``'s transforms.
+    """
 
     name = "sequential"
 
@@ -168,8 +191,11 @@ class SequentialExecutor(Executor):
         keys = self.phase_keys(bank.clients)
         grid = None if keys is None else keys.grid(plan.num_steps)
         losses = torch.zeros(len(bank), device=data.device)
+        in_place = isinstance(step, Step)
         for r in range(len(bank)):
             params, buffers, opt_state = (rows(tensors, r) for tensors in source)
+            if in_place:  # the client's own copy, stepped in place
+                params, opt_state = _cloned(params), _cloned(opt_state)
             total = torch.zeros((), device=data.device)
             steps = int(plan.steps[r])
             for s in range(steps):
@@ -178,7 +204,11 @@ class SequentialExecutor(Executor):
                 weight = torch.ones(len(idx), device=data.device)
                 noise = keyed_noise(None if grid is None else grid[r, s])
                 with _failing(f"client {bank.clients[r]}", f"local step {s}"), noise:
-                    params, buffers, opt_state, loss = step(params, buffers, opt_state, x, y, weight, lr)
+                    if in_place:
+                        grads, loss, buffers = step.eager_gradients(params, buffers, x, y, weight)
+                        step.optimizer.update_(params, grads, opt_state, lr)
+                    else:
+                        params, buffers, opt_state, loss = step(params, buffers, opt_state, x, y, weight, lr)
                 total = total + loss
             losses[r] = total / max(steps, 1)
             for targets, values in zip(destination, (params, buffers, opt_state), strict=True):
@@ -188,6 +218,7 @@ class SequentialExecutor(Executor):
         return losses
 
     def map(self, fn, state, batch, shared, counts, inputs=(), keys=None, stage="map") -> Mapped:
+        call = fn.eager if isinstance(fn, TwoForms) else fn
         active = [int(c) for c in counts]
         if not any(active):
             raise ValueError("no active client: counts are all zero")
@@ -199,8 +230,24 @@ class SequentialExecutor(Executor):
                 continue
             args = [rows(s, r) for s in (*state, *inputs)] + [b[r, :count] for b in batch]
             with _failing(f"row {r}", stage), keyed_noise(None if keys is None else keys[r]):
-                outs.append(fn(*args, *shared))
+                outs.append(call(*args, *shared))
         return _stacked(outs, state, width)
+
+    def forward_with_vjp(self, fn, params, buffers, x, counts, keys=None):
+        """One forward pass per client on plain autograd; the pullback is one ``autograd.grad`` call."""
+        leaves = {name: p.detach().requires_grad_(True) for name, p in params.items()}
+        with torch.enable_grad():
+            out = self.map(fn, (buffers,), (x,), (), counts, inputs=(leaves,), keys=keys, stage="forward")
+        z = out.per_sample[0]
+
+        def pullback(grad_z: torch.Tensor) -> Tensors:
+            grads = torch.autograd.grad(z, list(leaves.values()), grad_z, allow_unused=True)
+            return {
+                name: torch.zeros_like(p) if g is None else g
+                for (name, p), g in zip(leaves.items(), grads, strict=True)
+            }
+
+        return z.detach(), {name: b.detach() for name, b in out.state[0].items()}, pullback
 
 
 def _keyed(fn: Callable[..., Any]) -> Callable[..., Any]:
@@ -263,7 +310,10 @@ class BatchedExecutor(Executor):
     CPU and raised the peak memory (1,000 such clients: 1.35 GB peak in chunks of 100, 1.89 GB in
     chunks of 200, at the same speed). A bank of one client has nothing to batch: it trains as the
     sequential executor does, on its real rows with the same kernels, so single-learner runs give
-    identical numbers on both. ``compile_step`` compiles the vmapped step with
+    identical numbers on both. Without the allocator switch (:mod:`fedge.engine.host`) the budget is at
+    most 32 MiB, glibc's largest reused block: a larger gradient would be mapped and zero-filled anew at
+    every step (measured on W1, allocator off: chunks of 50 clients about 35 % faster than one chunk of
+    100). ``compile_step`` compiles the vmapped step with
     ``torch.compile`` (one compiled kernel per step object, kept for the executor's lifetime; the first
     rounds pay the compilation).
     """
@@ -294,7 +344,8 @@ class BatchedExecutor(Executor):
             return self.chunk_clients
         count = len(bank)
         grads = sum(t[0].numel() * t.element_size() for t in bank.params.values())
-        fits = max(1, self.chunk_bytes // max(1, grads))
+        budget = self.chunk_bytes if retaining_memory() else min(self.chunk_bytes, REUSED_BLOCK_BYTES)
+        fits = max(1, budget // max(1, grads))
         chunks = -(-count // fits)
         return max(1, -(-count // max(chunks, 1)))
 
@@ -335,10 +386,13 @@ class BatchedExecutor(Executor):
         args = (*state, *inputs, *batch, *shared)
         out = mapped(keys, *args) if keyed else mapped(*args)
         active = counts > 0
-        new_state = tuple(_keep(active, new, old) for new, old in zip(out.state, state, strict=True))
-        per_client = tuple(torch.where(active, v, torch.zeros_like(v)) for v in out.per_client)
+        if bool(active.all()):  # nothing to keep or zero: selecting the new values would copy them
+            new_state, per_client = out.state, out.per_client
+        else:
+            new_state = tuple(_keep(active, new, old) for new, old in zip(out.state, state, strict=True))
+            per_client = tuple(torch.where(active, v, torch.zeros_like(v)) for v in out.per_client)
         per_sample = out.per_sample
-        if per_sample:
+        if per_sample and not bool((counts == per_sample[0].shape[1]).all()):
             width = per_sample[0].shape[1]
             real = torch.arange(width, device=counts.device)[None, :] < counts[:, None]
             per_sample = tuple(

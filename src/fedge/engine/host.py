@@ -20,6 +20,12 @@ import torch
 M_TRIM_THRESHOLD = -1
 M_MMAP_MAX = -4
 TRIM_THRESHOLD_BYTES = 2**31 - 1  # the largest value mallopt takes (it is a C int)
+# glibc's largest dynamic mmap threshold on 64-bit (DEFAULT_MMAP_THRESHOLD_MAX): with the default
+# settings, a freed block up to this size raises the threshold, and later blocks of its size are reused
+# from the heap instead of being mapped and zero-filled anew
+REUSED_BLOCK_BYTES = 32 * 2**20
+
+_retaining = False
 
 
 def available_cores() -> int:
@@ -37,12 +43,19 @@ def retain_freed_memory() -> bool:
     Memory then stays at its high-water mark until the process exits, which is what a training process
     allocating the same tensors every step wants.
     """
+    global _retaining
     if not sys.platform.startswith("linux"):
         return False
     mallopt = getattr(ctypes.CDLL(None), "mallopt", None)
     if mallopt is None:
         return False
-    return bool(mallopt(M_MMAP_MAX, 0)) and bool(mallopt(M_TRIM_THRESHOLD, TRIM_THRESHOLD_BYTES))
+    _retaining = bool(mallopt(M_MMAP_MAX, 0)) and bool(mallopt(M_TRIM_THRESHOLD, TRIM_THRESHOLD_BYTES))
+    return _retaining
+
+
+def retaining_memory() -> bool:
+    """Whether :func:`retain_freed_memory` is in effect in this process."""
+    return _retaining
 
 
 def release_free_memory() -> bool:

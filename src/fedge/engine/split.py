@@ -11,12 +11,15 @@ executor runs it.
 
 from __future__ import annotations
 
+from collections.abc import Callable
+from typing import Any
+
 import torch
 import torch.nn.functional as F
 from torch import nn
 from torch.func import functional_call, grad_and_value
 
-from fedge.engine.executors import ClientFn, Mapped
+from fedge.engine.executors import ClientFn, Mapped, TwoForms
 from fedge.engine.step import SGD
 from fedge.tensors import Tensors
 
@@ -63,17 +66,35 @@ def make_aux_step(local: nn.Module, sgd: SGD, post_step: bool) -> ClientFn:
         logits = functional_call(aux, {**prefixed(params, "aux."), **prefixed(new_buffers, "aux.")}, (z,))
         return weighted_cross_entropy(logits, y, weight), (new_buffers, z)
 
-    loss_and_grad = grad_and_value(loss, has_aux=True)
+    def stepping(loss_and_grad: Callable[..., Any]) -> ClientFn:
+        def step(params, buffers, opt_state, x, y, weight, lr):
+            grads, (value, (new_buffers, z)) = loss_and_grad(params, buffers, x, y, weight)
+            new_params, new_state = sgd.update(params, grads, opt_state, lr)
+            if post_step:
+                scratch = _clone(prefixed(new_buffers, "trunk."))
+                z = functional_call(trunk, {**prefixed(new_params, "trunk."), **scratch}, (x,))
+            return Mapped((new_params, new_buffers, new_state), (value.detach(),), (z.detach(),))
 
-    def step(params, buffers, opt_state, x, y, weight, lr):
-        grads, (value, (new_buffers, z)) = loss_and_grad(params, buffers, x, y, weight)
-        new_params, new_state = sgd.update(params, grads, opt_state, lr)
-        if post_step:
-            scratch = _clone(prefixed(new_buffers, "trunk."))
-            z = functional_call(trunk, {**prefixed(new_params, "trunk."), **scratch}, (x,))
-        return Mapped((new_params, new_buffers, new_state), (value.detach(),), (z.detach(),))
+        return step
 
-    return step
+    return TwoForms(stepping(grad_and_value(loss, has_aux=True)), stepping(eager_grad_and_value(loss)))
+
+
+def eager_grad_and_value(loss: Callable[..., Any]) -> Callable[..., Any]:
+    """``grad_and_value(loss, has_aux=True)`` (gradient in the first argument) on plain autograd."""
+
+    def call(params: Tensors, *args: Any) -> tuple[Tensors, tuple[torch.Tensor, Any]]:
+        leaves = {name: p.detach().requires_grad_(True) for name, p in params.items()}
+        with torch.enable_grad():
+            value, aux = loss(leaves, *args)
+            grads = torch.autograd.grad(value, list(leaves.values()), allow_unused=True)
+        out = {
+            name: torch.zeros_like(p) if g is None else g
+            for (name, p), g in zip(leaves.items(), grads, strict=True)
+        }
+        return out, (value.detach(), aux)
+
+    return call
 
 
 def make_forward(trunk: nn.Module) -> ClientFn:
@@ -116,26 +137,33 @@ def make_server_step(
         logits = functional_call(server, {**params, **new_buffers}, (z,))
         return weighted_cross_entropy(logits, y, weight), new_buffers
 
+    pure_loss_and_grad = grad_and_value(loss, argnums=(0, 1) if grad_z else 0, has_aux=True)
+
+    def eager_loss_and_grad(params, z, buffers, y, weight):
+        leaves = {name: p.detach().requires_grad_(True) for name, p in params.items()}
+        inputs = [*leaves.values()]
+        if grad_z:
+            z = z.detach().requires_grad_(True)
+            inputs.append(z)
+        with torch.enable_grad():
+            value, new_buffers = loss(leaves, z, buffers, y, weight)
+            grads = torch.autograd.grad(value, inputs)
+        param_grads = dict(zip(leaves, grads[: len(leaves)], strict=True))
+        return ((param_grads, grads[-1]) if grad_z else param_grads), (value, new_buffers)
+
+    def stepping(loss_and_grad: Callable[..., Any]) -> ClientFn:
+        def step(params, buffers, opt_state, z, y, weight, lr):
+            grads, (value, new_buffers) = loss_and_grad(params, z, buffers, y, weight)
+            param_grads, z_grad = grads if grad_z else (grads, None)
+            new_params, new_state = sgd.update(
+                params, clip_global_norm(param_grads, clip_norm), opt_state, lr
+            )
+            return Mapped(
+                (new_params, new_buffers, new_state), (value.detach(),), (z_grad,) if grad_z else ()
+            )
+
+        return step
+
     if vmappable:
-        loss_and_grad = grad_and_value(loss, argnums=(0, 1) if grad_z else 0, has_aux=True)
-    else:
-
-        def loss_and_grad(params, z, buffers, y, weight):
-            leaves = {name: p.detach().requires_grad_(True) for name, p in params.items()}
-            inputs = [*leaves.values()]
-            if grad_z:
-                z = z.detach().requires_grad_(True)
-                inputs.append(z)
-            with torch.enable_grad():
-                value, new_buffers = loss(leaves, z, buffers, y, weight)
-                grads = torch.autograd.grad(value, inputs)
-            param_grads = dict(zip(leaves, grads[: len(leaves)], strict=True))
-            return ((param_grads, grads[-1]) if grad_z else param_grads), (value, new_buffers)
-
-    def step(params, buffers, opt_state, z, y, weight, lr):
-        grads, (value, new_buffers) = loss_and_grad(params, z, buffers, y, weight)
-        param_grads, z_grad = grads if grad_z else (grads, None)
-        new_params, new_state = sgd.update(params, clip_global_norm(param_grads, clip_norm), opt_state, lr)
-        return Mapped((new_params, new_buffers, new_state), (value.detach(),), (z_grad,) if grad_z else ())
-
-    return step
+        return TwoForms(stepping(pure_loss_and_grad), stepping(eager_loss_and_grad))
+    return stepping(eager_loss_and_grad)

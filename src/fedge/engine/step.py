@@ -114,6 +114,24 @@ class Step:
         grads, (loss, new_buffers) = grad_and_value(self.loss_fn, has_aux=True)(params, buffers, x, y, weight)
         return grads, loss.detach(), new_buffers
 
+    def eager_gradients(
+        self, params: Tensors, buffers: Tensors, x: torch.Tensor, y: torch.Tensor, weight: torch.Tensor
+    ) -> tuple[Tensors, torch.Tensor, Tensors]:
+        """:meth:`gradients` by plain autograd, for one client at a time (not under ``vmap``).
+
+        The same operations and backward formulas, so the same numbers, without ``torch.func``'s
+        per-call transform and pytree work, which dominate a small model's step on one client.
+        """
+        leaves = {name: p.detach().requires_grad_(True) for name, p in params.items()}
+        with torch.enable_grad():
+            loss, new_buffers = self.loss_fn(leaves, buffers, x, y, weight)
+            values = torch.autograd.grad(loss, list(leaves.values()), allow_unused=True)
+        grads = {
+            name: torch.zeros_like(p) if g is None else g
+            for (name, p), g in zip(leaves.items(), values, strict=True)
+        }
+        return grads, loss.detach(), {name: b.detach() for name, b in new_buffers.items()}
+
     def __call__(self, params, buffers, opt_state, x, y, weight, lr):
         grads, loss, new_buffers = self.gradients(params, buffers, x, y, weight)
         new_params, new_state = self.optimizer.update(params, grads, opt_state, lr)

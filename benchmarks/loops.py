@@ -1,0 +1,242 @@
+"""Hand-written PyTorch loops of the family benchmarks: what a researcher writes without fedge.
+
+Each loop keeps one ``nn.Module`` per client (and per server copy where the algorithm has copies), one
+``torch.optim.SGD`` per module and round, and walks the clients in Python, with no needless copies or
+device syncs. It starts from the fedge run's initial weights and reads the same batches (the run's
+batch plans), so after one round its global model agrees with fedge's up to float reassociation, and it
+counts the same work: client optimizer steps, server steps, aggregations.
+"""
+
+from __future__ import annotations
+
+import copy
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from fedge.runner import Built
+
+Tensors = dict[str, torch.Tensor]
+
+
+def _state(module: nn.Module) -> Tensors:
+    return {k: v.detach().clone() for k, v in module.state_dict().items()}
+
+
+@torch.no_grad()
+def _load(module: nn.Module, state: Tensors) -> None:
+    for name, value in module.state_dict().items():
+        value.copy_(state[name])
+
+
+@torch.no_grad()
+def _average(modules: list[nn.Module], weights: torch.Tensor) -> Tensors:
+    """The weighted average of the modules' state (weights sum to 1)."""
+    states = [m.state_dict() for m in modules]
+    out = {}
+    for name, first in states[0].items():
+        if not first.is_floating_point():
+            out[name] = first.clone()
+            continue
+        total = torch.zeros_like(first)
+        for w, state in zip(weights.tolist(), states, strict=True):
+            total.add_(state[name], alpha=w)
+        out[name] = total
+    return out
+
+
+class SplitLoop:
+    """CSE-FSL (aux head, one shared server fed every ``h`` batches) or SplitFed v1 (server copies).
+
+    Step order as in the papers' simulations: at local step s every client steps on its batch; for
+    CSE-FSL the server then takes the uploads of that step one after another in client order.
+    """
+
+    def __init__(self, built: Built):
+        alg, cfg = built.algorithm, built.config.algorithm
+        self.data = built.context.data
+        self.name = cfg.name
+        self.aux = cfg.name == "cse_fsl"
+        self.h = getattr(cfg, "h", 1) if self.aux else 1
+        self.batch, self.epochs, self.lr = cfg.batch_size, cfg.local_epochs, cfg.optimizer.lr
+        m = self.data.num_clients
+        self.clients = [copy.deepcopy(alg.parts.local) for _ in range(m)]
+        self.global_client = {**_clone(alg.client["params"]), **_clone(alg.client["buffers"])}
+        server = copy.deepcopy(alg.parts.server)
+        _load(server, {**alg.server.params, **alg.server.buffers})
+        if self.aux:
+            self.server = server
+            self.server_opt = torch.optim.SGD(server.parameters(), lr=self.lr)
+        else:
+            self.global_server = _state(server)
+            self.servers = [copy.deepcopy(server) for _ in range(m)]
+        sizes = torch.as_tensor(self.data.client_sizes(), dtype=torch.float64)
+        self.weights = sizes / sizes.sum()
+
+    def round(self, t: int) -> None:
+        data, m = self.data, len(self.clients)
+        plan = data.batch_plan(list(range(m)), t, self.epochs, self.batch)
+        counts = plan.weight.sum(-1).long().tolist()
+        steps = plan.steps.tolist()
+        for model in self.clients:
+            _load(model, self.global_client)
+        opts = [torch.optim.SGD(model.parameters(), lr=self.lr) for model in self.clients]
+        if not self.aux:
+            for server in self.servers:
+                _load(server, self.global_server)
+            server_opts = [torch.optim.SGD(s.parameters(), lr=self.lr) for s in self.servers]
+        for s in range(plan.num_steps):
+            uploads = []
+            for c, (model, opt) in enumerate(zip(self.clients, opts, strict=True)):
+                if s >= steps[c]:
+                    continue
+                idx = plan.index[c, s, : counts[c][s]]
+                x, y = data.x_train[idx], data.y_train[idx]
+                z = model.trunk(x)
+                if self.aux:
+                    loss = F.cross_entropy(model.aux(z), y)
+                    opt.zero_grad(set_to_none=True)
+                    loss.backward()
+                    opt.step()
+                    if (s + 1) % self.h == 0:
+                        uploads.append((z.detach(), y))
+                else:
+                    cut = z.detach().requires_grad_(True)
+                    loss = F.cross_entropy(self.servers[c](cut), y)
+                    server_opts[c].zero_grad(set_to_none=True)
+                    loss.backward()
+                    server_opts[c].step()
+                    opt.zero_grad(set_to_none=True)
+                    z.backward(cut.grad)
+                    opt.step()
+            for z, y in uploads:
+                loss = F.cross_entropy(self.server(z), y)
+                self.server_opt.zero_grad(set_to_none=True)
+                loss.backward()
+                self.server_opt.step()
+        self.global_client = _average(self.clients, self.weights)
+        if not self.aux:
+            self.global_server = _average(self.servers, self.weights)
+
+    def state(self) -> Tensors:
+        server = _state(self.server) if self.aux else self.global_server
+        return {**{f"client.{k}": v for k, v in self.global_client.items()}, **_prefixed(server, "server.")}
+
+
+def fedge_split_state(built: Built) -> Tensors:
+    """The fedge split run's global client and server model, named as :meth:`SplitLoop.state`."""
+    alg = built.algorithm
+    client = {**alg.client["params"], **alg.client["buffers"]}
+    return {
+        **_prefixed(client, "client."),
+        **_prefixed({**alg.server.params, **alg.server.buffers}, "server."),
+    }
+
+
+def _prefixed(tensors: Tensors, prefix: str) -> Tensors:
+    return {prefix + k: v for k, v in tensors.items()}
+
+
+def _clone(tensors: Tensors) -> Tensors:
+    return {k: v.detach().clone() for k, v in tensors.items()}
+
+
+def _step(model: nn.Module, opt: torch.optim.Optimizer, x: torch.Tensor, y: torch.Tensor) -> None:
+    loss = F.cross_entropy(model(x), y)
+    opt.zero_grad(set_to_none=True)
+    loss.backward()
+    opt.step()
+
+
+def _epochs(model, opt, data, plan, row: int, counts: list[list[int]], steps: int) -> None:
+    """Client row ``row``'s local steps of ``plan`` (its real rows only)."""
+    for s in range(steps):
+        idx = plan.index[row, s, : counts[row][s]]
+        _step(model, opt, data.x_train[idx], data.y_train[idx])
+
+
+class GossipLoop:
+    """Gossip learning: every client trains its own model, then averages it with ``peers`` random
+    neighbours' trained models (the peers drawn by the run's own seeded sampler)."""
+
+    def __init__(self, built: Built):
+        alg, cfg = built.algorithm, built.config.algorithm
+        self.alg, self.data = alg, built.context.data
+        self.epochs, self.batch = cfg.local_epochs, cfg.batch_size
+        self.opt = cfg.optimizer
+        initial = {**_clone(alg.bank.params), **_clone(alg.bank.buffers)}
+        self.clients = [copy.deepcopy(alg.model) for _ in range(alg.num_clients)]
+        for c, model in enumerate(self.clients):
+            _load(model, {k: v[c] for k, v in initial.items()})
+
+    def round(self, t: int) -> None:
+        n, data, opt = len(self.clients), self.data, self.opt
+        plan = data.batch_plan(list(range(n)), t, self.epochs, self.batch)
+        counts, steps = plan.weight.sum(-1).long().tolist(), plan.steps.tolist()
+        for c, model in enumerate(self.clients):
+            sgd = torch.optim.SGD(
+                model.parameters(), lr=opt.lr, momentum=opt.momentum, weight_decay=opt.weight_decay
+            )
+            _epochs(model, sgd, data, plan, c, counts, steps[c])
+        chosen = self.alg.random_peers(t)
+        trained = [m.state_dict() for m in self.clients]
+        new = []
+        with torch.no_grad():
+            for i in range(n):
+                group = [i, *(j for j in chosen[i].nonzero()[0].tolist() if j != i)]
+                new.append({k: torch.stack([trained[j][k] for j in group]).mean(0) for k in trained[i]})
+            for model, state in zip(self.clients, new, strict=True):
+                _load(model, state)
+
+    def state(self) -> Tensors:
+        states = [m.state_dict() for m in self.clients]
+        return {k: torch.stack([s[k] for s in states]) for k in states[0]}
+
+
+def fedge_bank_state(built: Built) -> Tensors:
+    """Every client's model of a decentralized fedge run, stacked (as :meth:`GossipLoop.state`)."""
+    bank = built.algorithm.bank
+    return {**bank.params, **bank.buffers}
+
+
+class HierarchicalLoop:
+    """HFedAvg: ``E`` edge rounds of ``H`` local steps per client, a plain mean per cell after each, and
+    the cloud's plain mean of the cells after the ``E``-th (the run's own per-step batch plans)."""
+
+    def __init__(self, built: Built):
+        from fedge.algorithms.hierarchical.training import local_steps_plan
+
+        alg, cfg = built.algorithm, built.config.algorithm
+        self.alg, self.cfg, self.plan = alg, cfg, local_steps_plan
+        self.clients = [copy.deepcopy(alg.model) for _ in range(alg.cells.size)]
+        self.global_ = {**_clone(alg.params), **_clone(alg.buffers)}
+
+    def round(self, t: int) -> None:
+        alg, cfg, cells = self.alg, self.cfg, self.alg.cells
+        cell_models = [self.global_] * cells.num_cells
+        uniform = torch.full((cells.per_cell,), 1.0 / cells.per_cell, dtype=torch.float64)
+        for e in range(cfg.edge_rounds):
+            plan = self.plan(alg.data, tuple(range(cells.size)), t, e, cfg.local_steps, cfg.batch_size)
+            counts, steps = plan.weight.sum(-1).long().tolist(), plan.steps.tolist()
+            for c, model in enumerate(self.clients):
+                _load(model, cell_models[c // cells.per_cell])
+                sgd = torch.optim.SGD(model.parameters(), lr=cfg.optimizer.lr)
+                _epochs(model, sgd, alg.data, plan, c, counts, steps[c])
+            cell_models = [
+                _average(self.clients[j * cells.per_cell : (j + 1) * cells.per_cell], uniform)
+                for j in range(cells.num_cells)
+            ]
+        weights = torch.full((cells.num_cells,), 1.0 / cells.num_cells, dtype=torch.float64)
+        self.global_ = {
+            k: sum(w * m[k] for w, m in zip(weights.tolist(), cell_models, strict=True)) for k in self.global_
+        }
+
+    def state(self) -> Tensors:
+        return self.global_
+
+
+def fedge_global_state(built: Built) -> Tensors:
+    """The global model of a hierarchical fedge run."""
+    alg = built.algorithm
+    return {**alg.params, **alg.buffers}
