@@ -28,6 +28,7 @@ from pydantic import (
     ValidationError,
     ValidationInfo,
     field_validator,
+    model_validator,
 )
 
 from fedge.errors import ConfigError
@@ -133,12 +134,31 @@ class ModelConfig(StrictModel):
     options: dict[str, Any] = Field(default_factory=dict)
 
 
-class SGDConfig(StrictModel):
-    """Plain SGD with (optional) momentum and weight decay, PyTorch semantics."""
+class OptimizerConfig(StrictModel):
+    """The local optimizer: SGD (momentum, weight decay) or Adam, each with PyTorch's update rule."""
 
-    lr: Annotated[float, Field(gt=0.0)] = 0.05
-    momentum: Annotated[float, Field(ge=0.0, lt=1.0)] = 0.0
-    weight_decay: Annotated[float, Field(ge=0.0)] = 0.0
+    kind: Literal["sgd", "adam"] = Field(
+        "sgd", description="sgd (torch.optim.SGD) or adam (torch.optim.Adam)"
+    )
+    lr: Annotated[float, Field(gt=0.0, description="step size (eta in the papers)")] = 0.05
+    momentum: Annotated[float, Field(ge=0.0, lt=1.0, description="SGD's heavy-ball momentum (sgd only)")] = (
+        0.0
+    )
+    weight_decay: Annotated[float, Field(ge=0.0, description="L2 penalty added to the gradient")] = 0.0
+    beta1: Annotated[float, Field(ge=0.0, lt=1.0, description="Adam's first-moment decay (adam only)")] = 0.9
+    beta2: Annotated[float, Field(ge=0.0, lt=1.0, description="Adam's second-moment decay (adam only)")] = (
+        0.999
+    )
+    eps: Annotated[float, Field(gt=0.0, description="Adam's denominator floor (adam only)")] = 1e-8
+
+    @model_validator(mode="after")
+    def _settings_of_kind(self) -> OptimizerConfig:
+        if self.kind == "adam" and self.momentum:
+            raise ValueError("momentum is SGD's; Adam uses beta1 and beta2")
+        return self
+
+
+SGDConfig = OptimizerConfig  # the name algorithm configs were written with
 
 
 class AlgorithmConfig(StrictModel):

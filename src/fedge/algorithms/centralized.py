@@ -10,11 +10,11 @@ from fedge.algorithms.base import Algorithm, Context, register
 from fedge.comm import nodes
 from fedge.config import AlgorithmConfig, SGDConfig
 from fedge.engine import (
-    SGD,
     ClientBank,
     buffers_of,
     classification_loss,
     evaluate_model,
+    make_optimizer,
     make_step,
     parameters_of,
 )
@@ -47,7 +47,7 @@ class Centralized(Algorithm):
         super().__init__(ctx, cfg)
         self.data = ctx.data.pooled()
         self.model = ctx.build_model().to(ctx.device)
-        self.sgd = SGD(momentum=cfg.optimizer.momentum, weight_decay=cfg.optimizer.weight_decay)
+        self.sgd = make_optimizer(cfg.optimizer)
         params = parameters_of(self.model)
         self.bank = ClientBank.broadcast([0], params, buffers_of(self.model), self.sgd.init(params))
         self.step = make_step(classification_loss(self.model), self.sgd)

@@ -14,11 +14,11 @@ from fedge.algorithms.base import Algorithm, Context, register
 from fedge.comm import nodes
 from fedge.config import AlgorithmConfig, Fraction, SGDConfig
 from fedge.engine import (
-    SGD,
     ClientBank,
     buffers_of,
     classification_loss,
     evaluate_model,
+    make_optimizer,
     make_step,
     parameters_of,
     weighted_sum,
@@ -71,7 +71,7 @@ class FedAvg(Algorithm):
         self.params = parameters_of(self.model)
         self.buffers = buffers_of(self.model)
         opt = cfg.optimizer
-        self.sgd = SGD(momentum=opt.momentum, weight_decay=opt.weight_decay)
+        self.sgd = make_optimizer(opt)
         self.step = make_step(classification_loss(self.model), self.sgd)
         self.up, self.down = ctx.network.link(cfg.codec_up), ctx.network.link(cfg.codec_down)
         ctx.network.hold(nodes.SERVER, "model", {**self.params, **self.buffers})

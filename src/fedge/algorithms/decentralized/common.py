@@ -35,7 +35,7 @@ from fedge.algorithms.decentralized.topology import TopologyConfig, build_topolo
 from fedge.algorithms.decentralized.view import PeerView
 from fedge.comm import Link, nodes
 from fedge.config import AlgorithmConfig, SGDConfig
-from fedge.engine import SGD, ClientBank, buffers_of, classification_loss, make_step, parameters_of
+from fedge.engine import ClientBank, buffers_of, classification_loss, make_optimizer, make_step, parameters_of
 from fedge.engine.mixing import mix
 from fedge.engine.personal import evaluate_clients, fine_tuned
 from fedge.engine.step import StepFn
@@ -109,7 +109,7 @@ class PeerAlgorithm(Algorithm):
         self.neighbours = torch.as_tensor(self.adjacency, device=ctx.device)
         self.head = self._head_names()
         self.private = self.head if cfg.personal == "head" else set()
-        self.sgd = SGD(momentum=cfg.optimizer.momentum, weight_decay=cfg.optimizer.weight_decay)
+        self.sgd = make_optimizer(cfg.optimizer)
         self.step = make_step(classification_loss(self.model), self.sgd)
         params, buffers = parameters_of(self.model), buffers_of(self.model)
         self.bank = ClientBank.broadcast(range(n), params, buffers)
@@ -248,7 +248,7 @@ class PeerAlgorithm(Algorithm):
         train = {k: v for k, v in params.items() if k in trainable}
         frozen = {k: v for k, v in params.items() if k not in trainable}
         bank = ClientBank(tuple(int(o) for o in owners), train, {**buffers, **frozen, **(extra or {})})
-        bank.opt_state = self.sgd.init(train)
+        bank.opt_state = self.sgd.init(train, rows=len(owners))
         plan = self.ctx.data.batch_plan(bank.clients, t, epochs, cfg.batch_size, cfg.drop_last, purpose)
         samples = plan.weight.sum(dim=(1, 2)).double().cpu().numpy()
         self.work.compute(np.asarray(bank.clients), samples, backward=True)
@@ -322,7 +322,7 @@ class PeerAlgorithm(Algorithm):
                 self.ctx.executor,
                 step or self.step,
                 copies,
-                self.sgd.init(bank.params),
+                self.sgd.init(bank.params, rows=len(bank.clients)),
                 self.ctx.data,
                 self.round,
                 cfg.ft_epochs,

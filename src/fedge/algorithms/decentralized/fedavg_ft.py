@@ -57,7 +57,7 @@ class FedAvgFT(FedAvg):
             self.ctx.executor,
             self.step,
             bank,
-            self.sgd.init(bank.params),
+            self.sgd.init(bank.params, rows=len(bank.clients)),
             data,
             self.round,
             cfg.ft_epochs,

@@ -31,11 +31,11 @@ from fedge.algorithms.hierarchical.training import local_steps_plan, masked_step
 from fedge.comm import nodes
 from fedge.data.federated import FederatedData
 from fedge.engine import (
-    SGD,
     ClientBank,
     buffers_of,
     classification_loss,
     evaluate_model,
+    make_optimizer,
     make_step,
     parameters_of,
 )
@@ -97,7 +97,7 @@ class HierarchicalFL(Algorithm):
         self.data = split_data(ctx, cfg, self.cells)
         self.radio = CellRadio(cfg.radio, self.cells, ctx.seed)
         opt = cfg.optimizer
-        self.sgd = SGD(momentum=opt.momentum, weight_decay=opt.weight_decay)
+        self.sgd = make_optimizer(opt)
         self.step = masked_step(make_step(classification_loss(self.model), self.sgd), self.layout)
         self.link = ctx.network.link("fp32")
         self.model_values = sum(p.numel() for p in self.params.values())
@@ -167,7 +167,7 @@ class HierarchicalFL(Algorithm):
         ctx, cfg, cells = self.ctx, self.cfg, self.cells
         params = {k: v[self.cell_of] for k, v in cell_params.items()}
         buffers = {k: v[self.cell_of] for k, v in cell_buffers.items()}
-        opt_state = {**self.sgd.init(params), **views.client_valid(self.cell_of)}
+        opt_state = {**self.sgd.init(params, rows=cells.size), **views.client_valid(self.cell_of)}
         bank = ClientBank(tuple(range(cells.size)), params, buffers, opt_state)
         for j in range(cells.num_cells):
             payload = _payload(views, j, slice(j, j + 1), cell_params, cell_buffers)
