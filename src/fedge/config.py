@@ -35,6 +35,7 @@ from fedge.errors import ConfigError
 
 Fraction = Annotated[float, Field(gt=0.0, le=1.0)]
 DATASETS = ("digits", "synthetic", "mnist", "fashion-mnist", "cifar10", "cifar100", "femnist")
+CUSTOM_DATA = "custom"  # data handed to fedge.run(train=..., test=...)
 DEFAULT_ALGORITHM = "fedavg"
 PARTITIONERS = ("iid", "dirichlet", "pathological", "shards", "natural", "grouped")
 INT64_MAX = 2**63 - 1
@@ -90,7 +91,7 @@ class StrictModel(BaseModel):
 class DataConfig(StrictModel):
     """Which dataset, from where. Fields after ``download`` apply to some sources only."""
 
-    name: Literal[DATASETS] = "digits"  # type: ignore[valid-type]
+    name: str = Field("digits", description="a built-in dataset (`fedge list`), a registered one, or custom")
     root: Path | None = None
     download: bool = False
     train_limit: PositiveInt | None = None
@@ -101,6 +102,18 @@ class DataConfig(StrictModel):
     num_classes: Annotated[int, Field(ge=2)] = 10
     shape: list[PositiveInt] = Field(default_factory=lambda: [1, 8, 8], min_length=1, max_length=3)
     crop: PositiveInt | None = None  # centre crop of images to crop x crop (CSE-FSL's 24x24 CIFAR input)
+
+    registered: ClassVar[set[str]] = set()  # names added by fedge.register_dataset / entry points
+
+    @field_validator("name")
+    @classmethod
+    def _known_dataset(cls, value: str) -> str:
+        known = (*DATASETS, *sorted(cls.registered), CUSTOM_DATA)
+        if value not in known:
+            near = difflib.get_close_matches(value, known, n=1)
+            hint = f"did you mean {near[0]!r}?" if near else f"known: {', '.join(known)}"
+            raise ValueError(f"unknown dataset {value!r}; {hint}")
+        return value
 
 
 class PartitionConfig(StrictModel):
@@ -129,7 +142,7 @@ class ModelConfig(StrictModel):
     """A splittable model from the zoo, where to cut it, and builder options."""
 
     name: str = "mlp"
-    cut: PositiveInt | None = None
+    cut: PositiveInt | str | None = None
     aux: AuxConfig | None = None
     options: dict[str, Any] = Field(default_factory=dict)
 
@@ -159,6 +172,18 @@ class OptimizerConfig(StrictModel):
 
 
 SGDConfig = OptimizerConfig  # the name algorithm configs were written with
+
+
+class TrainConfig(StrictModel):
+    """The local training loss of every client (the optimizer is the algorithm's: ``algorithm.optimizer``,
+    since algorithms differ in how many they run: split learning has a client and a server optimizer)."""
+
+    loss: Literal["cross_entropy"] = Field(
+        "cross_entropy", description="the per-sample loss; fedge.run(loss=callable) passes any other"
+    )
+    label_smoothing: Annotated[
+        float, Field(ge=0.0, lt=1.0, description="cross-entropy's label smoothing")
+    ] = 0.0
 
 
 class AlgorithmConfig(StrictModel):
@@ -293,6 +318,7 @@ class RunConfig(StrictModel):
     data: DataConfig = Field(default_factory=DataConfig)
     partition: PartitionConfig = Field(default_factory=PartitionConfig)
     model: ModelConfig = Field(default_factory=ModelConfig)
+    train: TrainConfig = Field(default_factory=TrainConfig)
     algorithm: SerializeAsAny[AlgorithmConfig] = Field(
         default_factory=lambda: {"name": DEFAULT_ALGORITHM}, validate_default=True
     )

@@ -50,7 +50,7 @@ class Centralized(Algorithm):
         self.sgd = make_optimizer(cfg.optimizer)
         params = parameters_of(self.model)
         self.bank = ClientBank.broadcast([0], params, buffers_of(self.model), self.sgd.init(params))
-        self.step = make_step(classification_loss(self.model), self.sgd)
+        self.step = make_step(classification_loss(self.model, ctx.criterion), self.sgd)
         ctx.network.hold(nodes.SERVER, "model", {**params, **buffers_of(self.model)})
         self.flops_per_sample = forward_flops(self.model, ctx.data.input_shape)
 

@@ -72,7 +72,7 @@ class FedAvg(Algorithm):
         self.buffers = buffers_of(self.model)
         opt = cfg.optimizer
         self.sgd = make_optimizer(opt)
-        self.step = make_step(classification_loss(self.model), self.sgd)
+        self.step = make_step(classification_loss(self.model, ctx.criterion), self.sgd)
         self.up, self.down = ctx.network.link(cfg.codec_up), ctx.network.link(cfg.codec_down)
         ctx.network.hold(nodes.SERVER, "model", {**self.params, **self.buffers})
         self.flops_per_sample = forward_flops(self.model, ctx.data.input_shape)

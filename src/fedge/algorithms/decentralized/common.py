@@ -110,7 +110,7 @@ class PeerAlgorithm(Algorithm):
         self.head = self._head_names()
         self.private = self.head if cfg.personal == "head" else set()
         self.sgd = make_optimizer(cfg.optimizer)
-        self.step = make_step(classification_loss(self.model), self.sgd)
+        self.step = make_step(classification_loss(self.model, ctx.criterion), self.sgd)
         params, buffers = parameters_of(self.model), buffers_of(self.model)
         self.bank = ClientBank.broadcast(range(n), params, buffers)
         self.dense = ctx.network.link("fp32")  # requests, proxies, losses and dense models

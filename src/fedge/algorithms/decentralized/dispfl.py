@@ -63,6 +63,8 @@ def erk_densities(shapes: dict[str, tuple[int, ...]], density: float) -> dict[st
 class DisPFL(PeerAlgorithm):
     """Sparse personal models: the bank holds masked weights, ``self.masks`` the 0/1 masks per client."""
 
+    takes_loss = False  # its own loss terms are cross-entropy
+
     cfg: DisPFLConfig
     state_fields = (*PeerAlgorithm.state_fields, "masks", "choice")
 

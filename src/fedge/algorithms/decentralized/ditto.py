@@ -40,6 +40,8 @@ class DittoConfig(PeerConfig, HostedConfig):
 class Ditto(PeerAlgorithm):
     """Collaborative bank (mixed with peers) and personal bank (proximal local training)."""
 
+    takes_loss = False  # its own loss terms are cross-entropy
+
     cfg: DittoConfig
     state_fields = (*PeerAlgorithm.state_fields, "personal_bank", "choice")
 

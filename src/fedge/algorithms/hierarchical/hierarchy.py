@@ -98,7 +98,9 @@ class HierarchicalFL(Algorithm):
         self.radio = CellRadio(cfg.radio, self.cells, ctx.seed)
         opt = cfg.optimizer
         self.sgd = make_optimizer(opt)
-        self.step = masked_step(make_step(classification_loss(self.model), self.sgd), self.layout)
+        self.step = masked_step(
+            make_step(classification_loss(self.model, ctx.criterion), self.sgd), self.layout
+        )
         self.link = ctx.network.link("fp32")
         self.model_values = sum(p.numel() for p in self.params.values())
         self.cell_of = torch.as_tensor(self.cells.cell_of, device=ctx.device)

@@ -184,6 +184,7 @@ class LightFedSL(Algorithm):
 
     cfg: FedSLConfig
     state_fields = ("clients", "server", "totals")
+    takes_loss = False
 
     def __init__(self, ctx: Context, cfg: FedSLConfig):
         super().__init__(ctx, cfg)

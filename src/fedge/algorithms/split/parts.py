@@ -17,7 +17,7 @@ from fedge.algorithms.base import Context
 from fedge.config import AuxConfig
 from fedge.engine import buffers_of, parameters_of
 from fedge.errors import ConfigError
-from fedge.models import SplitModel, aux_head, output_shape, split
+from fedge.models import SplitModel, aux_head, block_cut, output_shape, split
 from fedge.rng import global_stream, torch_rng
 from fedge.tensors import Tensors
 
@@ -41,7 +41,7 @@ class SplitParts:
 
 def resolve_cut(ctx: Context, model: SplitModel) -> int:
     """``model.cut``, else the model's paper cut; an error naming ``model.cut`` when there is neither."""
-    cut = ctx.config.model.cut if ctx.config.model.cut is not None else model.default_cut
+    cut = block_cut(model, ctx.config.model.cut) if ctx.config.model.cut is not None else model.default_cut
     if cut is None:
         raise ConfigError(
             "model.cut",
