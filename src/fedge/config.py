@@ -19,6 +19,7 @@ from typing import Annotated, Any, ClassVar, Literal, Union, get_args, get_origi
 
 import yaml
 from pydantic import (
+    AliasChoices,
     BaseModel,
     ConfigDict,
     Field,
@@ -71,11 +72,31 @@ def _check_scalar(value: Any, admitted: set[Any]) -> None:
         raise ValueError("must not contain a NUL character")
 
 
+def keys(*names: str) -> dict[str, Any]:
+    """Field settings for a key with several spellings: the first is the descriptive key configs are
+    written with, the others (the paper's symbol among them) are accepted too. The attribute's own name
+    must be one of them: ``h: int = Field(1, **keys("upload_every", "h"))``."""
+    return {"validation_alias": AliasChoices(*names), "serialization_alias": names[0]}
+
+
+def config_keys(block: type[BaseModel]) -> list[str]:
+    """Every key a config block accepts: each field's descriptive key first, then its other spellings."""
+    found: list[str] = []
+    for name, field in block.model_fields.items():
+        choices = field.validation_alias.choices if isinstance(field.validation_alias, AliasChoices) else []
+        for key in (field.serialization_alias or name, *map(str, choices), name):
+            if key not in found:
+                found.append(key)
+    return found
+
+
 class StrictModel(BaseModel):
     """Base of every config block: unknown keys are errors, assignments are validated, and numbers must be
     finite (``allow_inf_nan=False``)."""
 
-    model_config = ConfigDict(extra="forbid", validate_assignment=True, allow_inf_nan=False)
+    model_config = ConfigDict(
+        extra="forbid", validate_assignment=True, allow_inf_nan=False, use_attribute_docstrings=True
+    )
 
     @field_validator("*", mode="before")
     @classmethod
@@ -142,9 +163,16 @@ class ModelConfig(StrictModel):
     """A splittable model from the zoo, where to cut it, and builder options."""
 
     name: str = "mlp"
-    cut: PositiveInt | str | None = None
+    cut: int | str | None = None
     aux: AuxConfig | None = None
     options: dict[str, Any] = Field(default_factory=dict)
+
+    @field_validator("cut")
+    @classmethod
+    def _positive_cut(cls, value: int | str | None) -> int | str | None:
+        if isinstance(value, int) and value < 1:
+            raise ValueError(f"Input should be greater than 0 (got {value})")
+        return value
 
 
 class OptimizerConfig(StrictModel):
@@ -354,7 +382,7 @@ class RunConfig(StrictModel):
 
     def to_yaml(self) -> str:
         """The resolved config as YAML (paths as strings)."""
-        return yaml.safe_dump(self.model_dump(mode="json"), sort_keys=False)
+        return yaml.safe_dump(self.model_dump(mode="json", by_alias=True), sort_keys=False)
 
 
 def _block_model(annotation: Any) -> type[BaseModel] | None:
@@ -382,12 +410,14 @@ def _keys_at(raw: dict[str, Any], path: tuple[Any, ...]) -> list[str]:
             block = _block_model(field.annotation) if field is not None else None
         if block is None:
             return []
-    return list(block.model_fields)
+    return config_keys(block)
 
 
 def _unknown_key(raw: dict[str, Any], loc: tuple[Any, ...]) -> str:
     """``unknown key``, with the nearest valid key of that block (or the valid keys) as a hint."""
     known = _keys_at(raw, loc[:-1])
+    if str(loc[-1]) in known:
+        return "set twice (under two spellings of one key, such as a descriptive name and its symbol)"
     near = difflib.get_close_matches(str(loc[-1]), known, n=1, cutoff=0.6)
     if near:
         return f"unknown key; did you mean {near[0]!r}?"

@@ -19,6 +19,7 @@ from fedge.algorithms.base import Context, register
 from fedge.algorithms.decentralized.common import PeerAlgorithm, PeerConfig
 from fedge.algorithms.decentralized.hosted import HostedConfig, PeerChoice
 from fedge.comm import nodes
+from fedge.config import keys
 from fedge.engine import ClientBank, make_step
 from fedge.metrics import Evaluation, RoundReport
 from fedge.tensors import Tensors, rows
@@ -30,7 +31,7 @@ class DittoConfig(PeerConfig, HostedConfig):
     """Ditto's proximal strength and personal epochs, plus the host fields (peer choice, AFIND+ knobs)."""
 
     name: Literal["ditto"] = "ditto"
-    lam: Annotated[float, Field(ge=0.0)] = 0.75
+    lam: Annotated[float, Field(ge=0.0)] = Field(0.75, **keys("proximal_weight", "lam", "lambda"))
     personal_epochs: PositiveInt = 1
 
 

@@ -34,7 +34,7 @@ from fedge.algorithms.decentralized.scores import (
     top_k,
 )
 from fedge.algorithms.decentralized.view import PeerView
-from fedge.config import StrictModel
+from fedge.config import StrictModel, keys
 from fedge.rng import numpy_rng, torch_rng
 from fedge.tensors import Tensors
 
@@ -59,10 +59,10 @@ class SelectorConfig(StrictModel):
     aggregation: Literal["boltzmann", "uniform"] = "boltzmann"
     tau: Positive = 0.5
     upsilon: Positive = 0.1
-    gamma: Annotated[float, Field(ge=0.0, le=1.0)] = 0.9
-    t_agg: Positive = 1.0
-    k0: PositiveInt = 10
-    k_min: PositiveInt = 1
+    gamma: Annotated[float, Field(ge=0.0, le=1.0)] = Field(0.9, **keys("loss_smoothing", "gamma"))
+    t_agg: Positive = Field(1.0, **keys("aggregation_temperature", "t_agg"))
+    k0: PositiveInt = Field(10, **keys("first_coreset_size", "k0"))
+    k_min: PositiveInt = Field(1, **keys("min_coreset_size", "k_min"))
     include_self: bool = True
     p_update: Literal["full", "partial"] = "full"
     explore: NonNegativeInt = 10

@@ -25,7 +25,7 @@ from typing import Literal
 
 import numpy as np
 import torch
-from pydantic import PositiveInt
+from pydantic import Field, PositiveInt
 
 from fedge.algorithms.base import Context, register
 from fedge.algorithms.split.clients import State
@@ -34,6 +34,7 @@ from fedge.algorithms.split.parts import trunk_only
 from fedge.algorithms.split.plans import limit_steps
 from fedge.algorithms.split.protocol import LocalLoss, Round
 from fedge.algorithms.split.server import SERVER_STAGE, Served, SharedServer, SplitServer
+from fedge.config import keys
 from fedge.data.federated import BatchPlan
 from fedge.errors import ConfigError
 from fedge.rng import numpy_rng
@@ -44,10 +45,10 @@ class CseFslConfig(AuxHeadConfig):
     """CSE-FSL: upload interval ``h``, incomplete blocks, and the theory variant's trigger, l and z_b step."""
 
     name: Literal["cse_fsl"] = "cse_fsl"
-    h: PositiveInt = 1
+    h: PositiveInt = Field(1, **keys("upload_every", "h"))
     drop_incomplete_block: bool = False
     server_trigger: Literal["every_h_batches", "every_l_rounds"] = "every_h_batches"
-    server_every: PositiveInt = 1
+    server_every: PositiveInt = Field(1, **keys("server_every", "l"))
     zb_step: Literal["aux", "server_backprop"] = "aux"
 
 
