@@ -547,3 +547,94 @@ def load_config(path: Path | None = None, overrides: list[str] | None = None) ->
     for assignment in overrides or []:
         apply_override(raw, assignment)
     return parse_config(raw)
+
+
+def _type_name(annotation: Any) -> str:
+    """A short readable type: ``int > 0``, ``'sgd' | 'adam'``, ``float | none``."""
+    origin = get_origin(annotation)
+    if origin is Annotated:
+        base, *extra = get_args(annotation)
+        bounds = [
+            f"{symbol} {getattr(meta, attr)}"
+            for meta in extra
+            for attr, symbol in (("gt", ">"), ("ge", ">="), ("lt", "<"), ("le", "<="))
+            if getattr(meta, attr, None) is not None
+        ]
+        return " ".join([_type_name(base), *bounds])
+    if origin is Literal:
+        return " | ".join(repr(arg) for arg in get_args(annotation))
+    if origin in (Union, types.UnionType):
+        return " | ".join(_type_name(arg) for arg in get_args(annotation))
+    if origin in (list, dict, tuple):
+        return f"{origin.__name__}[{', '.join(_type_name(arg) for arg in get_args(annotation))}]"
+    if annotation is type(None):
+        return "none"
+    return getattr(annotation, "__name__", str(annotation))
+
+
+def describe_fields(block: type[BaseModel], prefix: str = "") -> list[dict[str, Any]]:
+    """Every key of a config block (nested blocks flattened to dotted keys): its type, default, other
+    spellings and description, for ``fedge list --algorithm``."""
+    rows = []
+    for name, field in block.model_fields.items():
+        key = prefix + (field.serialization_alias or name)
+        nested = _block_model(field.annotation)
+        if nested is not None and field.default_factory is not None:
+            rows.extend(describe_fields(nested, key + "."))
+            continue
+        choices = field.validation_alias.choices if isinstance(field.validation_alias, AliasChoices) else []
+        default = None if field.is_required() else field.get_default(call_default_factory=True)
+        if isinstance(default, BaseModel):
+            default = default.model_dump(mode="json")
+        rows.append(
+            {
+                "key": key,
+                "type": _type_name(
+                    field.metadata and Annotated[(field.annotation, *field.metadata)] or field.annotation
+                ),
+                "default": default,
+                "aliases": [str(c) for c in choices if str(c) != key.rsplit(".", 1)[-1]],
+                "description": field.description or "",
+            }
+        )
+    return rows
+
+
+def _other_spellings(schema: dict[str, Any], block: type[BaseModel]) -> None:
+    """Add to a block's schema the keys its fields also accept (the papers' symbols)."""
+    properties = schema.get("properties", {})
+    for name, field in block.model_fields.items():
+        if isinstance(field.validation_alias, AliasChoices):
+            key = field.serialization_alias or name
+            for other in map(str, field.validation_alias.choices):
+                properties.setdefault(other, {**properties[key], "description": f"another spelling of {key}"})
+
+
+def _blocks(block: type[BaseModel]) -> list[type[BaseModel]]:
+    """``block`` and every config block nested in it."""
+    found = [block]
+    for field in block.model_fields.values():
+        nested = _block_model(field.annotation)
+        if nested is not None and nested not in found:
+            found.extend(b for b in _blocks(nested) if b not in found)
+    return found
+
+
+def json_schema() -> dict[str, Any]:
+    """The JSON Schema of a run config, with ``algorithm`` one of every registered algorithm's block."""
+    schema = RunConfig.model_json_schema(by_alias=True)
+    defs = schema.setdefault("$defs", {})
+    choices = []
+    for name, block in sorted(AlgorithmConfig.registry.items()):
+        sub = block.model_json_schema(by_alias=True, ref_template="#/$defs/{model}")
+        nested = sub.pop("$defs", {})
+        for inner in _blocks(block)[1:]:
+            _other_spellings(nested.get(inner.__name__, {}), inner)
+        _other_spellings(sub, block)
+        defs.update(nested)
+        title = f"algorithm:{name}"
+        defs[title] = sub
+        choices.append({"$ref": f"#/$defs/{title}"})
+    schema["properties"]["algorithm"] = {"description": "the algorithm and its knobs", "anyOf": choices}
+    schema["$schema"] = "https://json-schema.org/draft/2020-12/schema"
+    return schema
