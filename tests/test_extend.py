@@ -8,27 +8,8 @@ import torch
 from torch import nn
 
 import fedge
-from fedge import extend
-from fedge.algorithms import ALGORITHMS
-from fedge.config import AlgorithmConfig, DataConfig
-from fedge.data.sources import SOURCES
+from fedge.config import AlgorithmConfig
 from fedge.errors import ConfigError, DataError
-from fedge.models import MODELS
-
-
-@pytest.fixture
-def registries():
-    """Registries as they were before the test (registrations are process-wide)."""
-    saved = (dict(MODELS), dict(SOURCES), dict(ALGORITHMS), dict(AlgorithmConfig.registry))
-    names, loaded = set(DataConfig.registered), set(extend._LOADED)
-    yield
-    for table, old in zip((MODELS, SOURCES, ALGORITHMS, AlgorithmConfig.registry), saved, strict=True):
-        table.clear()
-        table.update(old)
-    DataConfig.registered.clear()
-    DataConfig.registered.update(names)
-    extend._LOADED.clear()
-    extend._LOADED.update(loaded)
 
 
 def arrays(n: int = 240, classes: int = 3, seed: int = 0) -> tuple[np.ndarray, np.ndarray]:
