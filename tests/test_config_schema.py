@@ -50,3 +50,17 @@ def test_a_descriptive_key_and_its_symbol_are_one_key():
     assert "upload_every: 3" in by_symbol.to_yaml()
     with pytest.raises(fedge.ConfigError, match="^algorithm.h: set twice"):
         fedge.resolve_config({"algorithm": {"name": "cse_fsl", "h": 2, "upload_every": 3}})
+
+
+def test_every_key_of_every_built_in_block_has_a_description():
+    from fedge.algorithms import ALGORITHMS
+    from fedge.config import RunConfig, _blocks
+
+    undescribed = {
+        f"{block.__name__}.{name}"
+        for top in (RunConfig, *(cls.config_class for cls in ALGORITHMS.values()))
+        for block in _blocks(top)
+        for name, field in block.model_fields.items()
+        if not field.description
+    }
+    assert not undescribed, f"add a description (a docstring under the field): {sorted(undescribed)}"

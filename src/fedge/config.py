@@ -114,15 +114,25 @@ class DataConfig(StrictModel):
 
     name: str = Field("digits", description="a built-in dataset (`fedge list`), a registered one, or custom")
     root: Path | None = None
+    """folder of the dataset files (default: the source's own search path)"""
     download: bool = False
+    """download the dataset when its files are missing"""
     train_limit: PositiveInt | None = None
+    """use a seeded random subset of this many training samples"""
     test_limit: PositiveInt | None = None
+    """use a seeded random subset of this many test samples"""
     test_fraction: Annotated[float, Field(gt=0.0, lt=1.0)] = 0.2
+    """share held out for testing where a source (or custom data) has no test split"""
     num_train: PositiveInt = 2000
+    """synthetic: training samples"""
     num_test: PositiveInt = 500
+    """synthetic: test samples"""
     num_classes: Annotated[int, Field(ge=2)] = 10
+    """synthetic: classes"""
     shape: list[PositiveInt] = Field(default_factory=lambda: [1, 8, 8], min_length=1, max_length=3)
-    crop: PositiveInt | None = None  # centre crop of images to crop x crop (CSE-FSL's 24x24 CIFAR input)
+    """synthetic: shape of one sample ([C, H, W] or fewer dimensions)"""
+    crop: PositiveInt | None = None
+    """centre-crop images to crop x crop (CSE-FSL's 24x24 CIFAR input)"""
 
     registered: ClassVar[set[str]] = set()  # names added by fedge.register_dataset / entry points
 
@@ -141,31 +151,47 @@ class PartitionConfig(StrictModel):
     """How training samples are divided among clients, and the size of each client's test set."""
 
     kind: Literal[PARTITIONERS] = "dirichlet"  # type: ignore[valid-type]
+    """the partitioner: iid, dirichlet, pathological, shards, natural (writers) or grouped"""
     num_clients: PositiveInt = 10
+    """number of clients"""
     alpha: Annotated[float, Field(gt=0.0)] = 0.5
+    """dirichlet: concentration (smaller is more skewed)"""
     min_size: Annotated[int, Field(ge=1)] = 10
+    """dirichlet: smallest client training set accepted (redrawn below it)"""
     max_retries: PositiveInt = 100
+    """dirichlet: redraws before giving up on min_size"""
     classes_per_client: PositiveInt = 2
+    """pathological: classes each client holds"""
     shards_per_client: PositiveInt = 2
+    """shards: label-sorted shards each client gets"""
     num_groups: PositiveInt = 4
+    """grouped: groups of clients with disjoint classes"""
     test_size: PositiveInt | None = None
+    """test samples per client, following its label distribution (default: a fair share)"""
 
 
 class AuxConfig(StrictModel):
     """A client-side auxiliary head (split learning with local loss)."""
 
     kind: Literal["linear", "mlp", "cnn_mlp"] = "linear"
+    """linear, mlp (one hidden layer) or cnn_mlp (1x1 conv then linear)"""
     channels: PositiveInt | None = None
+    """cnn_mlp: channels of the 1x1 convolution"""
     hidden: PositiveInt | None = None
+    """mlp: width of the hidden layer"""
 
 
 class ModelConfig(StrictModel):
     """A splittable model from the zoo, where to cut it, and builder options."""
 
     name: str = "mlp"
+    """a zoo model (`fedge list`), a registered one, or custom (fedge.run(model=...))"""
     cut: int | str | None = None
+    """split learning: blocks on the client side, or the name of the last client block"""
     aux: AuxConfig | None = None
+    """split learning with a local loss: the client's auxiliary head (default: linear)"""
     options: dict[str, Any] = Field(default_factory=dict)
+    """the model builder's options (`fedge list` shows each model's)"""
 
     @field_validator("cut")
     @classmethod
@@ -218,6 +244,7 @@ class AlgorithmConfig(StrictModel):
     """Base of every algorithm's own config; ``name`` picks the registered algorithm."""
 
     name: str
+    """the registered algorithm (`fedge list`)"""
     registry: ClassVar[dict[str, type[AlgorithmConfig]]] = {}
 
 
@@ -235,10 +262,15 @@ class EngineConfig(StrictModel):
     """Where and how local training runs."""
 
     executor: Literal["sequential", "batched"] = "batched"
+    """batched (vmap over clients) or sequential (one client at a time); same numbers"""
     device: str = "cpu"
+    """cpu or cuda[:index]"""
     threads: Annotated[int, Field(ge=1, le=1024)] | None = None
-    compile: bool = False  # torch.compile the batched executor's step (first rounds pay compilation)
-    retain_memory: bool = True  # on CPU, keep freed memory for reuse (fedge.engine.host)
+    """torch CPU threads (default: torch's own)"""
+    compile: bool = False
+    """torch.compile the batched executor's step (first rounds pay compilation)"""
+    retain_memory: bool = True
+    """on CPU, keep freed memory for reuse"""
 
 
 class SystemConfig(StrictModel):
@@ -251,17 +283,29 @@ class SystemConfig(StrictModel):
     """
 
     bandwidth_hz: Annotated[float, Field(ge=1.0, le=1e12)] = 5e6
+    """bandwidth of each client's orthogonal sub-channel"""
     client_power_dbm: Annotated[float, Field(ge=-100.0, le=100.0)] = 23.0
+    """client transmit power"""
     server_power_dbm: Annotated[float, Field(ge=-100.0, le=100.0)] = 37.0
+    """server (base station) transmit power"""
     noise_dbm_per_hz: Annotated[float, Field(ge=-300.0, le=0.0)] = -174.0
+    """noise power spectral density"""
     distance_min_m: Annotated[float, Field(ge=1.0, le=1e7)] = 100.0
+    """nearest client distance from the server"""
     distance_max_m: Annotated[float, Field(ge=1.0, le=1e7, validate_default=True)] = 300.0
+    """farthest client distance from the server"""
     distances: Literal["uniform", "linspace"] = "uniform"
+    """client distances drawn uniformly (seeded) or evenly spaced"""
     fading: Literal["none", "rayleigh"] = "none"
+    """small-scale fading on top of path loss: none or Rayleigh (redrawn per round)"""
     client_cpu_hz: Annotated[float, Field(ge=1.0, le=1e15)] = 1e9
+    """client processor speed (our completion: the papers give none)"""
     server_cpu_hz: Annotated[float, Field(ge=1.0, le=1e15)] = 1e11
+    """server processor speed (our completion)"""
     cycles_per_flop: Annotated[float, Field(gt=0.0, le=1e9)] = 1.0
+    """processor cycles per floating-point operation"""
     kappa: Annotated[float, Field(ge=0.0, le=1.0)] = 1e-28
+    """effective switched capacitance: energy kappa f^2 per cycle"""
 
     @field_validator("distance_max_m")
     @classmethod
@@ -275,16 +319,22 @@ class EvalConfig(StrictModel):
     """Evaluation schedule: every ``every`` rounds and always after the last round."""
 
     every: PositiveInt = 1
+    """evaluate every this many rounds (and always after the last)"""
     batch_size: PositiveInt = 2048
+    """samples per evaluation batch (memory only: results do not depend on it)"""
 
 
 class OutputConfig(StrictModel):
     """The results directory ``dir/name`` and what goes in it. ``name`` is one folder name."""
 
     dir: Path = Path("runs")
+    """folder that holds the run directories"""
     name: str | None = None
+    """the run directory's name (default: ALGORITHM-DATASET; -2, -3... when taken)"""
     checkpoint_every: PositiveInt = 1
+    """write a checkpoint every this many rounds (and at the end)"""
     plots: bool = True
+    """draw the accuracy plots at the end"""
 
     @field_validator("dir")
     @classmethod
@@ -321,41 +371,65 @@ class StopConfig(StrictModel):
     """
 
     target_accuracy: Fraction | None = None
+    """stop once an evaluated accuracy reaches this"""
     max_mb: PositiveFloat | dict[str, PositiveFloat] | None = None
+    """stop after this many MB of traffic (all links, or a map by direction or ledger kind)"""
     max_sim_seconds: PositiveFloat | None = None
+    """stop after this much simulated time"""
     patience: PositiveInt | None = None
+    """stop after this many evaluations without improvement by more than min_delta"""
     min_delta: Annotated[float, Field(ge=0.0)] = 0.0
+    """the improvement patience waits for"""
     targets: list[Fraction] = Field(default_factory=list)
+    """accuracy levels whose first round, MB and simulated time the summary reports"""
     on_nonfinite: Literal["error", "continue"] = "error"
+    """a NaN or infinite number stops the run (error) or is recorded (continue)"""
 
 
 class TrackerConfig(StrictModel):
     """One experiment tracker a run reports to (``fedge.tracking``); a plain name is enough."""
 
     name: Literal["tensorboard", "mlflow", "wandb"]
-    project: str | None = None  # W&B project / MLflow experiment (default: "fedge")
-    mode: Literal["online", "offline"] | None = None  # W&B (default: its own, WANDB_MODE)
-    uri: str | None = None  # MLflow tracking URI (default: its own, MLFLOW_TRACKING_URI)
+    """tensorboard, mlflow or wandb"""
+    project: str | None = None
+    """W&B project / MLflow experiment (default: fedge)"""
+    mode: Literal["online", "offline"] | None = None
+    """W&B mode (default: its own, WANDB_MODE)"""
+    uri: str | None = None
+    """MLflow tracking URI (default: its own, MLFLOW_TRACKING_URI)"""
 
 
 class RunConfig(StrictModel):
     """Everything that defines a run."""
 
     seed: int = 0
+    """the run seed: every random stream (data, partition, init, sampling, batches) derives from it"""
     rounds: PositiveInt = 30
+    """global rounds to run (a stop rule may end the run earlier)"""
     data: DataConfig = Field(default_factory=DataConfig)
+    """which dataset and how much of it"""
     partition: PartitionConfig = Field(default_factory=PartitionConfig)
+    """how the training set is divided among clients"""
     model: ModelConfig = Field(default_factory=ModelConfig)
+    """the model, where split learning cuts it, and its auxiliary head"""
     train: TrainConfig = Field(default_factory=TrainConfig)
+    """the local training loss"""
     algorithm: SerializeAsAny[AlgorithmConfig] = Field(
         default_factory=lambda: {"name": DEFAULT_ALGORITHM}, validate_default=True
     )
+    """the algorithm (by name) and its knobs: `fedge list --algorithm NAME`"""
     system: SystemConfig = Field(default_factory=SystemConfig)
+    """the wireless system and compute model behind the simulated clock"""
     engine: EngineConfig = Field(default_factory=EngineConfig)
+    """where and how local training runs (executor, device, threads)"""
     eval: EvalConfig = Field(default_factory=EvalConfig)
+    """when and in what batches the model is evaluated"""
     output: OutputConfig = Field(default_factory=OutputConfig)
+    """the results directory and what goes in it"""
     stop: StopConfig = Field(default_factory=StopConfig)
+    """rules that end a run early, and accuracy targets to time"""
     tracking: list[TrackerConfig] = Field(default_factory=list)
+    """experiment trackers to report to (tensorboard, mlflow, wandb)"""
 
     @field_validator("tracking", mode="before")
     @classmethod

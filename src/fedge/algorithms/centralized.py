@@ -26,10 +26,15 @@ class CentralizedConfig(AlgorithmConfig):
     """Epochs per round, batch size and optimizer of the single learner."""
 
     name: Literal["centralized"] = "centralized"
+    """centralized"""
     epochs_per_round: PositiveInt = 1
+    """passes over the pooled data per round"""
     batch_size: PositiveInt = 32
+    """samples per step"""
     drop_last: bool = False
+    """skip each epoch's short last batch"""
     optimizer: SGDConfig = Field(default_factory=SGDConfig)
+    """the learner's optimizer"""
 
 
 @register("centralized", CentralizedConfig, "Centralized SGD on the pooled training data (the reference)")

@@ -33,13 +33,21 @@ class FedAvgConfig(AlgorithmConfig):
     """FedAvg knobs: participation, local work, optimizer, and the codecs of each direction."""
 
     name: Literal["fedavg"] = "fedavg"
+    """fedavg"""
     fraction: Fraction = 1.0
+    """share of clients sampled each round (at least one)"""
     local_epochs: PositiveInt = 1
+    """passes over the client's data per round"""
     batch_size: PositiveInt = 32
+    """samples per local step"""
     drop_last: bool = False
+    """skip each epoch's short last batch"""
     optimizer: SGDConfig = Field(default_factory=SGDConfig)
+    """the clients' local optimizer (state restarts every round)"""
     codec_up: Literal["fp32", "fp16"] = "fp32"
+    """encoding of the uploaded models"""
     codec_down: Literal["fp32", "fp16"] = "fp32"
+    """encoding of the broadcast model"""
 
 
 def sample_clients(seed: int, round_: int, num_clients: int, fraction: float) -> np.ndarray:

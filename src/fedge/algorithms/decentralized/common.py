@@ -63,16 +63,27 @@ class PeerConfig(AlgorithmConfig):
     """
 
     local_epochs: PositiveInt = 5
+    """passes over the client's data per round"""
     batch_size: PositiveInt = 32
+    """samples per local step"""
     drop_last: bool = False
+    """skip each epoch's short last batch"""
     optimizer: SGDConfig = Field(default_factory=paper_optimizer)
+    """the clients' local optimizer"""
     ft_epochs: NonNegativeInt = 1
+    """fine-tuning epochs of each client's copy before it is evaluated"""
     peers: PositiveInt = 10
+    """neighbours each client talks to per round"""
     topology: TopologyConfig = Field(default_factory=TopologyConfig)
+    """the graph of who may talk to whom"""
     personal: Literal["none", "head"] = "none"
+    """none, or head: the last block stays private to each client"""
     local_update: Literal["joint", "alternating"] = "joint"
+    """joint (all parameters) or alternating (head, then body)"""
     head_epochs: PositiveInt = 1
+    """alternating: epochs on the head before the body"""
     probe_size: Annotated[int, Field(ge=1)] | None = None
+    """samples of the batch a client probes neighbours on (default: the batch size)"""
 
 
 def sample_peers(seed: int, purpose: str, round_: int, allowed: np.ndarray, k: int) -> np.ndarray:

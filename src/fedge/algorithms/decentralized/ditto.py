@@ -31,8 +31,11 @@ class DittoConfig(PeerConfig, HostedConfig):
     """Ditto's proximal strength and personal epochs, plus the host fields (peer choice, AFIND+ knobs)."""
 
     name: Literal["ditto"] = "ditto"
+    """ditto"""
     lam: Annotated[float, Field(ge=0.0)] = Field(0.75, **keys("proximal_weight", "lam", "lambda"))
+    """weight of the personal model's pull towards the collaborative one"""
     personal_epochs: PositiveInt = 1
+    """epochs of personal-model training per round"""
 
 
 @register(

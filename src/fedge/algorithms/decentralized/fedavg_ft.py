@@ -26,10 +26,15 @@ class FedAvgFTConfig(FedAvgConfig):
     """FedAvg's knobs with the AFIND+ paper's defaults, plus the fine-tune epochs before evaluation."""
 
     name: Literal["fedavg_ft"] = "fedavg_ft"  # type: ignore[assignment]
+    """fedavg_ft"""
     fraction: Fraction = 0.1
+    """share of clients sampled each round"""
     local_epochs: PositiveInt = 5
+    """passes over the client's data per round"""
     optimizer: SGDConfig = Field(default_factory=paper_optimizer)
+    """the clients' local optimizer"""
     ft_epochs: NonNegativeInt = 1
+    """fine-tuning epochs of each client's copy before it is evaluated"""
 
 
 @register("fedavg_ft", FedAvgFTConfig, "FedAvg-FT: server FedAvg, each client fine-tunes before its test")

@@ -45,11 +45,17 @@ class CseFslConfig(AuxHeadConfig):
     """CSE-FSL: upload interval ``h``, incomplete blocks, and the theory variant's trigger, l and z_b step."""
 
     name: Literal["cse_fsl"] = "cse_fsl"
+    """cse_fsl"""
     h: PositiveInt = Field(1, **keys("upload_every", "h"))
+    """clients upload smashed data every this many local steps (CSE-FSL's h)"""
     drop_incomplete_block: bool = False
+    """drop a round's last local steps that do not fill a block of h"""
     server_trigger: Literal["every_h_batches", "every_l_rounds"] = "every_h_batches"
+    """the server learns from each upload, or only every l rounds (the theory variant)"""
     server_every: PositiveInt = Field(1, **keys("server_every", "l"))
+    """every_l_rounds: rounds between the server's learning passes (l)"""
     zb_step: Literal["aux", "server_backprop"] = "aux"
+    """the theory variant's z_b step: by the aux head, or by server back-propagation"""
 
 
 @register(
