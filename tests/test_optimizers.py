@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import pytest
 import torch
+from cases import ALGORITHM_NAMES, tiny
 
 import fedge
 from fedge.algorithms.split.parts import composed
@@ -113,3 +114,25 @@ def test_sequential_and_batched_executors_agree(algorithm, optimizer):
     assert gap < AGREEMENT, f"{algorithm}/{optimizer}: executors differ by {gap:.2e}"
     assert losses[0] == pytest.approx(losses[1], abs=AGREEMENT)
     assert losses[0][-1] < losses[0][0]  # it learns
+
+
+def test_adam_in_the_gradient_returning_split_algorithms_agrees_across_executors():
+    states = []
+    for executor in ("sequential", "batched"):
+        block = {"name": "splitfed_v2", "optimizer": OPTIMIZERS["adam"]}
+        built = build_run(fedge.resolve_config(_config(block, executor)))
+        for t in (1, 2):
+            built.round(t)
+        states.append(_state(built))
+    assert max(float((states[0][k] - states[1][k]).abs().max()) for k in states[0]) < AGREEMENT
+
+
+@pytest.mark.parametrize("name", ALGORITHM_NAMES)
+def test_every_algorithm_trains_with_adam_or_says_it_cannot(name, tmp_path):
+    config = tiny(name, tmp_path, rounds=1)
+    config["algorithm"]["optimizer"] = {"kind": "adam", "lr": 0.01}
+    if name in ("light_fedsl", "fedsl"):
+        with pytest.raises(ConfigError, match="^algorithm.optimizer.kind: lightweight FedSL is plain SGD"):
+            fedge.run(config)
+        return
+    assert fedge.run(config).summary["status"] == "finished"

@@ -12,7 +12,7 @@ builds the configured one.
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from typing import Protocol
 
@@ -73,6 +73,8 @@ class Optimizer(Protocol):
 
     def update_(self, params: Tensors, grads: Tensors, state: Tensors, lr: float) -> None: ...
 
+    def select(self, state: Tensors, names: Iterable[str]) -> Tensors: ...
+
 
 @dataclass(frozen=True)
 class SGD:
@@ -89,6 +91,10 @@ class SGD:
         """Optimizer state for ``params``: momentum buffers, or nothing for plain SGD (``rows``: the
         params are stacked with that many rows; momentum buffers have the params' shape either way)."""
         return {name: torch.zeros_like(p) for name, p in params.items()} if self.momentum else {}
+
+    def select(self, state: Tensors, names: Iterable[str]) -> Tensors:
+        """The part of ``state`` that steps the parameters ``names`` (a subset of the model)."""
+        return {name: state[name] for name in names if name in state}
 
     def update(self, params: Tensors, grads: Tensors, state: Tensors, lr: float) -> tuple[Tensors, Tensors]:
         """The updated parameters and optimizer state, as new tensors (the pure form)."""
@@ -150,6 +156,11 @@ class Adam:
         shape = () if rows is None else (rows,)
         state[ADAM_STEP] = torch.zeros(shape, dtype=torch.float64, device=some.device)
         return state
+
+    def select(self, state: Tensors, names: Iterable[str]) -> Tensors:
+        """The moments of the parameters ``names`` and the step count (a subset of the model)."""
+        chosen = {f"{kind}.{name}": state[f"{kind}.{name}"] for kind in "mv" for name in names}
+        return {**chosen, ADAM_STEP: state[ADAM_STEP]}
 
     def _scales(self, count: torch.Tensor, lr: float) -> tuple[torch.Tensor, torch.Tensor]:
         """The step size ``lr / (1 - b1^k)`` and ``sqrt(1 - b2^k)`` at step count ``count``, in float64."""

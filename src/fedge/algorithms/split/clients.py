@@ -80,7 +80,7 @@ class ClientSide(ABC):
         trunk = {k: v for k, v in params.items() if k.startswith("trunk.")}
         z, buffers, pullback = self.executor.forward_with_vjp(self.forward, trunk, buffers, x, counts, keys)
         served = exchange(z, True)
-        trunk_state = {k: v for k, v in opt_state.items() if k in trunk}
+        trunk_state = self.sgd.select(opt_state, trunk)
         out = self.executor.map(
             self.apply,
             (trunk, trunk_state),

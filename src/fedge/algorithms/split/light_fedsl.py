@@ -208,6 +208,8 @@ class LightFedSL(Algorithm):
         ):
             if value:
                 raise ConfigError(f"algorithm.optimizer.{key}", "lightweight FedSL is plain SGD (Eq. 13)")
+        if cfg.optimizer.kind != "sgd":
+            raise ConfigError("algorithm.optimizer.kind", "lightweight FedSL is plain SGD (Eq. 13)")
         self.knobs = self.compression()
         self.parts = build_parts(ctx, with_aux=False)
         self.prunable = prunable_names(self.parts.trunk, "trunk.")
