@@ -61,18 +61,26 @@ def test_the_partitioner_splits_user_data_as_it_splits_built_in_data(tmp_path):
     assert len({len(p) for p in parts}) > 1  # Dirichlet: unequal clients
 
 
-def test_a_custom_loss_is_used_and_the_split_family_refuses_it(tmp_path):
+@pytest.mark.parametrize("algorithm", ["fedavg", "cse_fsl", "splitfed_v1"])
+def test_a_custom_loss_trains_every_part_that_has_a_loss(tmp_path, algorithm):
     x, y = arrays()
     calls = []
 
     def loss(logits, labels):
-        calls.append(1)
-        return nn.functional.cross_entropy(logits, labels, reduction="none")
+        calls.append(logits.shape[-1])
+        ce = nn.functional.cross_entropy(logits, labels, reduction="none")
+        return (1 - torch.exp(-ce)) ** 2 * ce  # the focal loss, gamma = 2
 
-    fedge.run(config(tmp_path), model=mlp(), train=(x, y), loss=loss)
-    assert calls
-    with pytest.raises(ConfigError, match="^train.loss: cse_fsl trains with its own cross-entropy"):
-        fedge.run(config(tmp_path, "cse_fsl"), model=mlp(), train=(x, y), loss=loss)
+    model = mlp()
+    model.cut = 2
+    custom = fedge.run(config(tmp_path, algorithm), model=model, train=(x, y), loss=loss)
+    plain = fedge.run(config(tmp_path, algorithm), model=model, train=(x, y))
+    assert calls and custom.metrics[-1]["train_loss"] != plain.metrics[-1]["train_loss"]
+
+
+def test_algorithms_with_their_own_loss_terms_refuse_another(tmp_path):
+    with pytest.raises(ConfigError, match="^train.loss: ditto trains with its own cross-entropy"):
+        fedge.run(config(tmp_path, "ditto"), model=mlp(), train=arrays(), loss=nn.functional.cross_entropy)
 
 
 def test_a_cut_that_names_no_block_is_one_line(tmp_path):

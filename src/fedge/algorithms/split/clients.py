@@ -121,7 +121,7 @@ class AuxHeadClients(ClientSide):
 
     def __init__(self, parts: SplitParts, sgd: SGD, executor: Executor, post_step: bool, shares_aux: bool):
         super().__init__(parts, sgd, executor)
-        self.local_step = make_aux_step(parts.local, sgd, post_step)
+        self.local_step = make_aux_step(parts.local, sgd, post_step, parts.criterion)
         self.apply = make_apply(sgd, None)
         self.shares_aux = shares_aux
 

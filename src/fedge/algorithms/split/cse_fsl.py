@@ -93,7 +93,9 @@ class CseFsl(LocalLoss):
         return int(per_epoch.max(initial=0)) * cfg.local_epochs
 
     def server_part(self, params: Tensors, buffers: Tensors) -> SplitServer:
-        return SharedServer(self.clients.parts.server, params, buffers, self.server_sgd, None)
+        return SharedServer(
+            self.clients.parts.server, params, buffers, self.server_sgd, None, self.ctx.criterion
+        )
 
     def uploads_at(self, step: int) -> bool:
         return self.cfg.server_trigger == "every_h_batches" and (step + 1) % self.cfg.h == 0

@@ -112,7 +112,6 @@ class SplitLearning(Algorithm):
 
     cfg: SplitConfig
     state_fields = ("client", "server", "local_aux", "totals")
-    takes_loss = False
 
     def __init__(self, ctx: Context, cfg: SplitConfig):
         super().__init__(ctx, cfg)

@@ -39,5 +39,12 @@ class SplitFedV1(GradientReturn):
         cfg = self.cfg
         module = self.clients.parts.server
         return ServerCopies(
-            module, params, buffers, self.server_sgd, cfg.clip_norm, self.ctx.executor, cfg.copies_eval
+            module,
+            params,
+            buffers,
+            self.server_sgd,
+            cfg.clip_norm,
+            self.ctx.executor,
+            cfg.copies_eval,
+            criterion=self.ctx.criterion,
         )

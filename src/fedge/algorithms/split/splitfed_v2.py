@@ -38,4 +38,5 @@ class SplitFedV2(GradientReturn):
     cfg: SplitFedV2Config
 
     def server_part(self, params: Tensors, buffers: Tensors) -> SplitServer:
-        return SharedServer(self.clients.parts.server, params, buffers, self.server_sgd, self.cfg.clip_norm)
+        parts, clip = self.clients.parts, self.cfg.clip_norm
+        return SharedServer(parts.server, params, buffers, self.server_sgd, clip, self.ctx.criterion)
