@@ -6,8 +6,10 @@ import numpy as np
 import pytest
 import torch
 from torch import nn
+from typer.testing import CliRunner
 
 import fedge
+from fedge.cli import app
 from fedge.config import AlgorithmConfig
 from fedge.errors import ConfigError, DataError
 
@@ -137,3 +139,21 @@ def test_a_name_that_collides_with_a_built_in_is_one_line(register, name, regist
     with pytest.raises(ConfigError, match=pattern):
         args = (object, AlgorithmConfig) if kind == "algorithm" else (lambda *a: None,)
         getattr(fedge, register)(name, *args)
+
+
+def test_a_registered_model_too_narrow_for_the_labels_exits_2_from_the_cli(tmp_path, registries):
+    def two_way(input_shape, num_classes):
+        """Always two logits, whatever the data's classes."""
+        return nn.Sequential(nn.Flatten(), nn.Linear(int(np.prod(input_shape)), 2))
+
+    fedge.register_model("two_way", two_way)
+    config = tmp_path / "run.yaml"
+    config.write_text(
+        "data: {name: synthetic, num_classes: 4}\nmodel: {name: two_way}\n"
+        f"output: {{dir: {tmp_path / 'runs'}}}\n"
+    )
+    result = CliRunner().invoke(app, ["run", str(config), "--quiet"])
+    assert result.exit_code == 2
+    message = "they name 4 classes (0..3) but the model outputs shape [2] per sample; it needs 4 logits"
+    assert result.output.strip().splitlines() == [f"error: labels: {message}"]
+    assert not (tmp_path / "runs").exists()

@@ -175,10 +175,10 @@ def build_run(config: RunConfig, force: bool = False, extensions: Extensions | N
     preflight.check(parts, available, force)
     if ext.model is not None:
         factory = user_factory(ext.model)
-        _check_outputs(ext.model, dataset)
     else:
         factory = model_factory(config, dataset.input_shape, dataset.num_classes)
     template = factory()
+    _check_outputs(template, dataset)
     preflight.check(parts + preflight.activation_parts(config, data, template), available, force)
     if config.model.cut is not None:
         split(template, block_cut(template, config.model.cut))

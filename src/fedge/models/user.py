@@ -42,6 +42,10 @@ def as_split_model(module: nn.Module) -> nn.Module:
     (its ``cut`` attribute, if any, becomes the default cut), the module itself otherwise."""
     if isinstance(module, SplitModel):
         return module
+    if any(isinstance(p, nn.parameter.UninitializedParameter) for p in module.parameters()):
+        raise ConfigError(
+            "model", "has lazy (uninitialised) parameters; call it once on a sample batch first"
+        )
     cut = block_cut(module, getattr(module, "cut", None))
     if not isinstance(module, nn.Sequential):
         return module
