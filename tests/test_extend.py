@@ -157,3 +157,10 @@ def test_a_registered_model_too_narrow_for_the_labels_exits_2_from_the_cli(tmp_p
     message = "they name 4 classes (0..3) but the model outputs shape [2] per sample; it needs 4 logits"
     assert result.output.strip().splitlines() == [f"error: labels: {message}"]
     assert not (tmp_path / "runs").exists()
+
+
+def test_a_config_may_be_yaml_text():
+    assert fedge.resolve_config("rounds: 4\nseed: 2").rounds == 4
+    assert fedge.resolve_config("{rounds: 3}").rounds == 3
+    with pytest.raises(ConfigError, match="^nowhere.yaml: cannot read config file"):
+        fedge.resolve_config("nowhere.yaml")

@@ -53,16 +53,24 @@ def config_source(config: str | Path) -> Path:
 
 
 def _yaml_text(config: str | Path | None) -> dict | None:
-    """The mapping a YAML string holds, or ``None`` when ``config`` is a path (or nothing)."""
-    if not isinstance(config, str) or "\n" not in config and ":" not in config or Path(config).exists():
+    """The mapping YAML text holds; ``None`` for a path, ``example:NAME`` or nothing. Text with a line
+    break is YAML; one line is YAML only if it holds a mapping and names no existing file."""
+    if not isinstance(config, str) or "\n" not in config and (":" not in config or _is_file(config)):
         return None
-    if config.startswith(EXAMPLE_PREFIX) and "\n" not in config:
+    if config.startswith(EXAMPLE_PREFIX):
         return None
     try:
         raw = yaml.safe_load(config)
     except yaml.YAMLError:
         return None
     return raw if isinstance(raw, dict) else None
+
+
+def _is_file(text: str) -> bool:
+    try:
+        return Path(text).is_file()
+    except OSError:  # a name too long for the file system: not a file
+        return False
 
 
 def resolve_config(
