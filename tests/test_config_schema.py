@@ -25,6 +25,12 @@ def test_list_algorithm_prints_keys_types_defaults_and_descriptions():
     assert rows["optimizer.lr"]["description"]
 
 
+def test_list_algorithm_shows_the_algorithm_s_own_defaults_of_a_nested_block():
+    result = CliRunner().invoke(app, ["list", "--algorithm", "afind", "--json"])
+    rows = {row["key"]: row["default"] for row in json.loads(result.output)}
+    assert rows["optimizer.lr"] == 0.01 and rows["optimizer.momentum"] == 0.9  # AFIND+'s paper optimizer
+
+
 def test_list_algorithm_with_an_unknown_name_is_one_line_and_exit_2():
     result = CliRunner().invoke(app, ["list", "--algorithm", "cse_fs"])
     assert result.exit_code == 2

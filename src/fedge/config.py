@@ -646,18 +646,24 @@ def _type_name(annotation: Any) -> str:
     return getattr(annotation, "__name__", str(annotation))
 
 
-def describe_fields(block: type[BaseModel], prefix: str = "") -> list[dict[str, Any]]:
+def describe_fields(
+    block: type[BaseModel], prefix: str = "", defaults: BaseModel | None = None
+) -> list[dict[str, Any]]:
     """Every key of a config block (nested blocks flattened to dotted keys): its type, default, other
-    spellings and description, for ``fedge list --algorithm``."""
+    spellings and description, for ``fedge list --algorithm``. ``defaults``: the enclosing block's default
+    for this one (AFIND+'s optimizer defaults differ from the optimizer block's own)."""
     rows = []
     for name, field in block.model_fields.items():
         key = prefix + (field.serialization_alias or name)
+        if defaults is not None:
+            default = getattr(defaults, name)
+        else:
+            default = None if field.is_required() else field.get_default(call_default_factory=True)
         nested = _block_model(field.annotation)
-        if nested is not None and field.default_factory is not None:
-            rows.extend(describe_fields(nested, key + "."))
+        if nested is not None and isinstance(default, nested):
+            rows.extend(describe_fields(nested, key + ".", default))
             continue
         choices = field.validation_alias.choices if isinstance(field.validation_alias, AliasChoices) else []
-        default = None if field.is_required() else field.get_default(call_default_factory=True)
         if isinstance(default, BaseModel):
             default = default.model_dump(mode="json")
         rows.append(

@@ -26,7 +26,7 @@ class CentralizedConfig(AlgorithmConfig):
     """Epochs per round, batch size and optimizer of the single learner."""
 
     name: Literal["centralized"] = "centralized"
-    """centralized"""
+    """the algorithm (`fedge list`)"""
     epochs_per_round: PositiveInt = 1
     """passes over the pooled data per round"""
     batch_size: PositiveInt = 32

@@ -33,7 +33,7 @@ class FedAvgConfig(AlgorithmConfig):
     """FedAvg knobs: participation, local work, optimizer, and the codecs of each direction."""
 
     name: Literal["fedavg"] = "fedavg"
-    """fedavg"""
+    """the algorithm (`fedge list`)"""
     fraction: Fraction = 1.0
     """share of clients sampled each round (at least one)"""
     local_epochs: PositiveInt = 1

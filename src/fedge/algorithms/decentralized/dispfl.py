@@ -37,7 +37,7 @@ class DisPFLConfig(PeerConfig, HostedConfig):
     """Mask density (ERK), the initial prune fraction, plus the host fields (peer choice, AFIND+ knobs)."""
 
     name: Literal["dispfl"] = "dispfl"
-    """dispfl"""
+    """the algorithm (`fedge list`)"""
     density: Annotated[float, Field(gt=0.0, le=1.0)] = 0.5
     """share of weights each client's sparse model keeps (ERK)"""
     anneal: Annotated[float, Field(ge=0.0, lt=1.0)] = 0.5

@@ -31,7 +31,7 @@ class DittoConfig(PeerConfig, HostedConfig):
     """Ditto's proximal strength and personal epochs, plus the host fields (peer choice, AFIND+ knobs)."""
 
     name: Literal["ditto"] = "ditto"
-    """ditto"""
+    """the algorithm (`fedge list`)"""
     lam: Annotated[float, Field(ge=0.0)] = Field(0.75, **keys("proximal_weight", "lam", "lambda"))
     """weight of the personal model's pull towards the collaborative one"""
     personal_epochs: PositiveInt = 1

@@ -26,7 +26,7 @@ class FedAvgFTConfig(FedAvgConfig):
     """FedAvg's knobs with the AFIND+ paper's defaults, plus the fine-tune epochs before evaluation."""
 
     name: Literal["fedavg_ft"] = "fedavg_ft"  # type: ignore[assignment]
-    """fedavg_ft"""
+    """the algorithm (`fedge list`)"""
     fraction: Fraction = 0.1
     """share of clients sampled each round"""
     local_epochs: PositiveInt = 5

@@ -26,7 +26,7 @@ class PensConfig(PeerConfig):
     """PENS's candidates per round (n), models kept (k) and length of the selection phase (T_s)."""
 
     name: Literal["pens"] = "pens"
-    """pens"""
+    """the algorithm (`fedge list`)"""
     candidates: PositiveInt = 10
     """candidate models received per round (n)"""
     keep: PositiveInt = Field(5, validate_default=True)

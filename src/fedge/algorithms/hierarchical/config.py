@@ -88,7 +88,7 @@ class HFedAvgConfig(HierarchicalConfig):
     """Hierarchical FedAvg: every client trains the full model (HIST's baseline, Sec. VI-B1)."""
 
     name: Literal["hfedavg"] = "hfedavg"
-    """hfedavg"""
+    """the algorithm (`fedge list`)"""
 
 
 class HISTConfig(HierarchicalConfig):
@@ -103,7 +103,7 @@ class HISTConfig(HierarchicalConfig):
     """
 
     name: Literal["hist"] = "hist"
-    """hist"""
+    """the algorithm (`fedge list`)"""
     mask_sizes: Literal["uniform", "optimised"] = "uniform"
     """neurons per cell: uniform, or optimised for latency (Eq. 19 / Eq. 36)"""
     size_cap: Annotated[float, Field(ge=1.0)] = 1.5

@@ -45,7 +45,7 @@ class CseFslConfig(AuxHeadConfig):
     """CSE-FSL: upload interval ``h``, incomplete blocks, and the theory variant's trigger, l and z_b step."""
 
     name: Literal["cse_fsl"] = "cse_fsl"
-    """cse_fsl"""
+    """the algorithm (`fedge list`)"""
     h: PositiveInt = Field(1, **keys("upload_every", "h"))
     """clients upload smashed data every this many local steps (CSE-FSL's h)"""
     drop_incomplete_block: bool = False

@@ -21,7 +21,7 @@ class FslAnConfig(AuxHeadConfig, ServerCopiesConfig):
     """FSL_AN: the shared split knobs, ``smashed_from`` and ``copies_eval``."""
 
     name: Literal["fsl_an"] = "fsl_an"
-    """fsl_an"""
+    """the algorithm (`fedge list`)"""
 
 
 @register(

@@ -105,7 +105,7 @@ class LightFedSLConfig(FedSLConfig):
     """
 
     name: Literal["light_fedsl"] = "light_fedsl"
-    """light_fedsl"""
+    """the algorithm (`fedge list`)"""
     final_sparsity: Annotated[float, Field(ge=0.0, lt=1.0)] = 0.35
     """share of client weights pruned by the end of the schedule (rho_f; 0: off)"""
     schedule_rounds: PositiveInt | None = None

@@ -22,7 +22,7 @@ class SplitFedV1Config(GradientReturnConfig, ServerCopiesConfig):
     """FSL_MC: the shared split knobs, optional gradient clipping (off) and ``copies_eval``."""
 
     name: Literal["splitfed_v1"] = "splitfed_v1"
-    """splitfed_v1"""
+    """the algorithm (`fedge list`)"""
 
 
 @register(

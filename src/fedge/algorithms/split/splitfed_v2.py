@@ -22,7 +22,7 @@ class SplitFedV2Config(GradientReturnConfig):
     """FSL_OC: the shared split knobs and gradient clipping at 1.0 by default."""
 
     name: Literal["splitfed_v2"] = "splitfed_v2"
-    """splitfed_v2"""
+    """the algorithm (`fedge list`)"""
     clip_norm: Positive | None = 1.0
     """global-norm clipping of server and client gradients"""
 
