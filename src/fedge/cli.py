@@ -1,4 +1,4 @@
-"""The ``fedge`` command line: run, resume, sweep, compare, report, list, plot, bounds.
+"""The ``fedge`` command line: run, resume, sweep, compare, report, list, schema, plot, bounds.
 
 Bad input (an unknown key, an impossible value, a missing or unwritable file, a damaged checkpoint, a run
 too large for the machine's memory) prints one line ``error: <key or file>: <message>`` and exits with
