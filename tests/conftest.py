@@ -6,6 +6,11 @@ import pytest
 import torch
 
 import fedge.algorithms  # noqa: F401  (fills the algorithm registry for tests that parse configs directly)
+from fedge import extend
+from fedge.algorithms import ALGORITHMS
+from fedge.config import AlgorithmConfig, DataConfig
+from fedge.data.sources import SOURCES
+from fedge.models import MODELS
 
 torch.set_num_threads(1)
 
@@ -28,3 +33,18 @@ def tiny_config(tmp_path) -> dict:
         "algorithm": {"name": "fedavg", "batch_size": 16, "optimizer": {"lr": 0.1}},
         "output": {"dir": str(tmp_path / "runs"), "plots": False},
     }
+
+
+@pytest.fixture
+def registries():
+    """Registries as they were before the test (registrations are process-wide)."""
+    saved = (dict(MODELS), dict(SOURCES), dict(ALGORITHMS), dict(AlgorithmConfig.registry))
+    names, loaded = set(DataConfig.registered), set(extend._LOADED)
+    yield
+    for table, old in zip((MODELS, SOURCES, ALGORITHMS, AlgorithmConfig.registry), saved, strict=True):
+        table.clear()
+        table.update(old)
+    DataConfig.registered.clear()
+    DataConfig.registered.update(names)
+    extend._LOADED.clear()
+    extend._LOADED.update(loaded)

@@ -1,4 +1,11 @@
-"""The Python API: ``fedge.run(config) -> Result`` and ``fedge.resume(run_dir) -> Result``."""
+"""The Python API: ``fedge.run(config) -> Result`` and ``fedge.resume(run_dir) -> Result``.
+
+Both take what a researcher brings beside the config: ``model`` (any ``torch.nn.Module``; for the split
+family an ``nn.Sequential`` whose ``cut`` attribute names the last client-side block by count or name),
+``train`` / ``test`` (a ``torch.utils.data.Dataset`` or an ``(X, y)`` pair of tensors or numpy arrays,
+split among clients by the config's partitioner) and ``loss`` (a per-sample criterion
+``(logits, labels) -> losses``). docs/extending.md walks through them.
+"""
 
 from __future__ import annotations
 
@@ -6,9 +13,16 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from fedge.config import RunConfig, apply_override, load_config, load_raw, parse_config
+import yaml
+from torch import nn
+
+from fedge.config import CUSTOM_DATA, RunConfig, apply_override, load_config, load_raw, parse_config
+from fedge.data.user import UserData
+from fedge.engine import Criterion
 from fedge.errors import ConfigError
-from fedge.runner import Result, open_run, start_run  # the runner fills the algorithm registry
+from fedge.extend import load_entry_points
+from fedge.models import CUSTOM
+from fedge.runner import Extensions, Result, open_run, start_run  # the runner fills the algorithm registry
 
 __all__ = ["Result", "RunConfig", "load_config", "resolve_config", "resume", "run"]
 
@@ -38,18 +52,50 @@ def config_source(config: str | Path) -> Path:
     return path
 
 
+def _yaml_text(config: str | Path | None) -> dict | None:
+    """The mapping YAML text holds; ``None`` for a path, ``example:NAME`` or nothing. Text with a line
+    break is YAML; one line is YAML only if it holds a mapping and names no existing file."""
+    if not isinstance(config, str) or "\n" not in config and (":" not in config or _is_file(config)):
+        return None
+    if config.startswith(EXAMPLE_PREFIX):
+        return None
+    try:
+        raw = yaml.safe_load(config)
+    except yaml.YAMLError:
+        return None
+    return raw if isinstance(raw, dict) else None
+
+
+def _is_file(text: str) -> bool:
+    try:
+        return Path(text).is_file()
+    except OSError:  # a name too long for the file system: not a file
+        return False
+
+
 def resolve_config(
-    config: RunConfig | dict | str | Path | None = None, overrides: list[str] | None = None
+    config: RunConfig | dict | str | Path | None = None,
+    overrides: list[str] | None = None,
+    extensions: Extensions | None = None,
 ) -> RunConfig:
-    """A validated config from a :class:`RunConfig`, a dict, a YAML path or nothing (the quickstart)."""
+    """A validated config from a :class:`RunConfig`, a dict, a YAML path or string, or nothing (the
+    quickstart). With a caller's model or data, ``model.name`` / ``data.name`` say ``custom``."""
+    load_entry_points()
     if isinstance(config, RunConfig):
         raw = config.model_dump(mode="json")
     elif isinstance(config, dict):
         raw = dict(config)
+    elif (text := _yaml_text(config)) is not None:
+        raw = text
     else:
         raw = load_raw(config_source(config) if config is not None else None)
     for assignment in overrides or []:
         apply_override(raw, assignment)
+    ext = extensions or Extensions()
+    if ext.train is not None:
+        raw["data"] = {**(raw.get("data") or {}), "name": CUSTOM_DATA}
+    if ext.model is not None:
+        raw["model"] = {**(raw.get("model") or {}), "name": CUSTOM}
     return parse_config(raw)
 
 
@@ -58,19 +104,40 @@ def run(
     overrides: list[str] | None = None,
     on_round: RoundCallback | None = None,
     force: bool = False,
+    *,
+    model: nn.Module | None = None,
+    train: UserData | None = None,
+    test: UserData | None = None,
+    loss: Criterion | None = None,
 ) -> Result:
     """Run a config to its last round and return its metrics and summary.
 
     ``config`` may be a :class:`RunConfig`, a nested dict, a YAML file path, or ``None`` for the built-in
-    quickstart (FedAvg on scikit-learn's digits), or ``"example:NAME"`` for a shipped example;
+    quickstart (FedAvg on scikit-learn's digits), ``"example:NAME"`` for a shipped example, or YAML text;
     ``overrides`` are dotted ``key=value`` strings; ``on_round(t, row)`` is called after every round;
     ``force`` skips the memory pre-flight. Bad input raises :class:`~fedge.errors.FedgeError` before any
     directory exists; a NaN or infinite number raises :class:`~fedge.errors.Diverged`
-    (``stop.on_nonfinite: error``).
+    (``stop.on_nonfinite: error``). ``model``, ``train`` / ``test`` and ``loss`` replace the config's
+    model, data and loss (module docstring; ``test`` defaults to a seeded ``data.test_fraction`` of
+    ``train``).
     """
-    return start_run(resolve_config(config, overrides), on_round=on_round, force=force).run()
+    ext = Extensions(model, train, test, loss)
+    return start_run(
+        resolve_config(config, overrides, ext), on_round=on_round, force=force, extensions=ext
+    ).run()
 
 
-def resume(run_dir: str | Path, on_round: RoundCallback | None = None, force: bool = False) -> Result:
-    """Continue an interrupted run from its last (verified) checkpoint to the identical result."""
-    return open_run(Path(run_dir), on_round=on_round, force=force).run()
+def resume(
+    run_dir: str | Path,
+    on_round: RoundCallback | None = None,
+    force: bool = False,
+    *,
+    model: nn.Module | None = None,
+    train: UserData | None = None,
+    test: UserData | None = None,
+    loss: Criterion | None = None,
+) -> Result:
+    """Continue an interrupted run from its last (verified) checkpoint to the identical result (a run
+    of a caller's model or data needs the same objects again)."""
+    ext = Extensions(model, train, test, loss)
+    return open_run(Path(run_dir), on_round=on_round, force=force, extensions=ext).run()

@@ -1,4 +1,4 @@
-"""The ``fedge`` command line: run, resume, sweep, compare, report, list, plot, bounds, deploy.
+"""The ``fedge`` command line: run, resume, sweep, compare, report, list, schema, plot, bounds, deploy.
 
 Bad input (an unknown key, an impossible value, a missing or unwritable file, a damaged checkpoint, a run
 too large for the machine's memory) prints one line ``error: <key or file>: <message>`` and exits with
@@ -355,14 +355,63 @@ def report(
     console.print(str(written))
 
 
+def _algorithm_fields(name: str, as_json: bool) -> None:
+    """The keys of one algorithm's config block: type, default, other spellings and description."""
+    import difflib
+
+    import fedge.api  # noqa: F401  (fills the registry)
+    from fedge.config import AlgorithmConfig, describe_fields
+    from fedge.extend import load_entry_points
+
+    with _reported():
+        load_entry_points()
+        known = AlgorithmConfig.registry
+        if name not in known:
+            near = difflib.get_close_matches(name, known, n=1)
+            hint = f"did you mean {near[0]!r}?" if near else f"known: {', '.join(sorted(known))}"
+            raise FedgeError(f"--algorithm: unknown algorithm {name!r}; {hint}")
+    rows = describe_fields(known[name])
+    if as_json:
+        typer.echo(json.dumps(rows, indent=1))
+        return
+    table = Table(title=f"algorithm: {name} (keys of the algorithm block)", title_justify="left")
+    for column in ("key", "type", "default", "description"):
+        table.add_column(column)
+    for row in rows:
+        key = row["key"] + "".join(f" | {alias}" for alias in row["aliases"])
+        table.add_row(
+            f"[bold]{escape(key)}",
+            escape(row["type"]),
+            escape(json.dumps(row["default"])),
+            row["description"],
+        )
+    console.print(table)
+
+
+def _plugins() -> dict[str, dict[str, str]]:
+    """Entry points of installed packages, by kind (names and targets only: nothing is imported)."""
+    from fedge.plugins import GROUPS, discovered
+
+    return {kind: {point.name: point.value for point in discovered(kind)} for kind in GROUPS}
+
+
 @app.command("list")
-def list_components(as_json: AsJson = False) -> None:
-    """Algorithms, datasets, partitioners and models (with their cut points)."""
+def list_components(
+    as_json: AsJson = False,
+    algorithm: Annotated[
+        str | None, typer.Option("--algorithm", help="print this algorithm's config keys, types, defaults")
+    ] = None,
+) -> None:
+    """Algorithms, datasets, partitioners and models (with their cut points), and installed plugins."""
     from fedge.catalog import load
 
+    if algorithm is not None:
+        _algorithm_fields(algorithm, as_json)
+        return
     catalog = load()
+    plugins = _plugins()
     if as_json:
-        typer.echo(json.dumps(catalog, indent=1))
+        typer.echo(json.dumps({**catalog, "plugins": plugins}, indent=1))
         return
     for title in ("algorithms", "datasets", "partitioners"):
         table = Table(title=title, show_header=False, title_justify="left")
@@ -378,6 +427,37 @@ def list_components(as_json: AsJson = False) -> None:
             f"[bold]{model['name']}", model["description"], "x".join(map(str, model["input"])), cuts or "-"
         )
     console.print(table)
+    if any(plugins.values()):
+        table = Table(title="from installed packages (entry points)", title_justify="left")
+        for column in ("kind", "name", "provided by"):
+            table.add_column(column)
+        for kind, points in plugins.items():
+            for name, target in points.items():
+                table.add_row(kind.removesuffix("s"), f"[bold]{escape(name)}", escape(target))
+        console.print(table)
+
+
+@app.command()
+def schema(
+    out: Annotated[
+        Path | None, typer.Option(help="write the schema to this file (default: print it)")
+    ] = None,
+) -> None:
+    """The JSON Schema of a run config (every block, every algorithm), for editors that check YAML."""
+    import fedge.api  # noqa: F401  (fills the registry)
+    from fedge.config import json_schema
+    from fedge.extend import load_entry_points
+
+    with _reported():
+        load_entry_points()
+        text = json.dumps(json_schema(), indent=1) + "\n"
+        if out is None:
+            typer.echo(text, nl=False)
+            return
+        from fedge.results import write_text
+
+        write_text(out, text)
+    console.print(f"wrote {out}")
 
 
 @app.command()

@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import Any
 
 from fedge import results, stop
-from fedge.config import AlgorithmConfig, RunConfig, load_config, parse_config
+from fedge.config import AlgorithmConfig, RunConfig, config_keys, load_config, parse_config
 from fedge.errors import ConfigError, FedgeError
 from fedge.labels import run_labels
 from fedge.plots import AXES, GIB_AXIS, plot_runs
@@ -42,7 +42,7 @@ def retarget(config: RunConfig, name: str) -> tuple[RunConfig, list[str]]:
     known = AlgorithmConfig.registry
     if name not in known:
         raise ConfigError("--algorithms", f"unknown algorithm {name!r}; known: {', '.join(sorted(known))}")
-    fields = known[name].model_fields
+    fields = config_keys(known[name])
     block = config.algorithm.model_dump(mode="json", exclude={"name"}, exclude_unset=True)
     kept = {k: v for k, v in block.items() if k in fields}
     raw = config.model_dump(mode="json")

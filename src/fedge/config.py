@@ -20,6 +20,7 @@ from typing import Annotated, Any, ClassVar, Literal, Union, get_args, get_origi
 import yaml
 from pydantic import (
     AfterValidator,
+    AliasChoices,
     BaseModel,
     ConfigDict,
     Field,
@@ -29,6 +30,7 @@ from pydantic import (
     ValidationError,
     ValidationInfo,
     field_validator,
+    model_validator,
 )
 
 from fedge.errors import ConfigError
@@ -53,6 +55,7 @@ def _codec_name(value: str) -> str:
 
 CodecName = Annotated[str, AfterValidator(_codec_name)]
 DATASETS = ("digits", "synthetic", "mnist", "fashion-mnist", "cifar10", "cifar100", "femnist")
+CUSTOM_DATA = "custom"  # data handed to fedge.run(train=..., test=...)
 DEFAULT_ALGORITHM = "fedavg"
 PARTITIONERS = ("iid", "dirichlet", "pathological", "shards", "natural", "grouped")
 INT64_MAX = 2**63 - 1
@@ -88,11 +91,31 @@ def _check_scalar(value: Any, admitted: set[Any]) -> None:
         raise ValueError("must not contain a NUL character")
 
 
+def keys(*names: str) -> dict[str, Any]:
+    """Field settings for a key with several spellings: the first is the descriptive key configs are
+    written with, the others (the paper's symbol among them) are accepted too. The attribute's own name
+    must be one of them: ``h: int = Field(1, **keys("upload_every", "h"))``."""
+    return {"validation_alias": AliasChoices(*names), "serialization_alias": names[0]}
+
+
+def config_keys(block: type[BaseModel]) -> list[str]:
+    """Every key a config block accepts: each field's descriptive key first, then its other spellings."""
+    found: list[str] = []
+    for name, field in block.model_fields.items():
+        choices = field.validation_alias.choices if isinstance(field.validation_alias, AliasChoices) else []
+        for key in (field.serialization_alias or name, *map(str, choices), name):
+            if key not in found:
+                found.append(key)
+    return found
+
+
 class StrictModel(BaseModel):
     """Base of every config block: unknown keys are errors, assignments are validated, and numbers must be
     finite (``allow_inf_nan=False``)."""
 
-    model_config = ConfigDict(extra="forbid", validate_assignment=True, allow_inf_nan=False)
+    model_config = ConfigDict(
+        extra="forbid", validate_assignment=True, allow_inf_nan=False, use_attribute_docstrings=True
+    )
 
     @field_validator("*", mode="before")
     @classmethod
@@ -108,62 +131,139 @@ class StrictModel(BaseModel):
 class DataConfig(StrictModel):
     """Which dataset, from where. Fields after ``download`` apply to some sources only."""
 
-    name: Literal[DATASETS] = "digits"  # type: ignore[valid-type]
+    name: str = Field("digits", description="a built-in dataset (`fedge list`), a registered one, or custom")
     root: Path | None = None
+    """folder of the dataset files (default: the source's own search path)"""
     download: bool = False
+    """download the dataset when its files are missing"""
     train_limit: PositiveInt | None = None
+    """use a seeded random subset of this many training samples"""
     test_limit: PositiveInt | None = None
+    """use a seeded random subset of this many test samples"""
     test_fraction: Annotated[float, Field(gt=0.0, lt=1.0)] = 0.2
+    """share held out for testing where a source (or custom data) has no test split"""
     num_train: PositiveInt = 2000
+    """synthetic: training samples"""
     num_test: PositiveInt = 500
+    """synthetic: test samples"""
     num_classes: Annotated[int, Field(ge=2)] = 10
+    """synthetic: classes"""
     shape: list[PositiveInt] = Field(default_factory=lambda: [1, 8, 8], min_length=1, max_length=3)
-    crop: PositiveInt | None = None  # centre crop of images to crop x crop (CSE-FSL's 24x24 CIFAR input)
+    """synthetic: shape of one sample ([C, H, W] or fewer dimensions)"""
+    crop: PositiveInt | None = None
+    """centre-crop images to crop x crop (CSE-FSL's 24x24 CIFAR input)"""
+
+    registered: ClassVar[set[str]] = set()  # names added by fedge.register_dataset / entry points
+
+    @field_validator("name")
+    @classmethod
+    def _known_dataset(cls, value: str) -> str:
+        known = (*DATASETS, *sorted(cls.registered), CUSTOM_DATA)
+        if value not in known:
+            near = difflib.get_close_matches(value, known, n=1)
+            hint = f"did you mean {near[0]!r}?" if near else f"known: {', '.join(known)}"
+            raise ValueError(f"unknown dataset {value!r}; {hint}")
+        return value
 
 
 class PartitionConfig(StrictModel):
     """How training samples are divided among clients, and the size of each client's test set."""
 
     kind: Literal[PARTITIONERS] = "dirichlet"  # type: ignore[valid-type]
+    """the partitioner: iid, dirichlet, pathological, shards, natural (writers) or grouped"""
     num_clients: PositiveInt = 10
+    """number of clients"""
     alpha: Annotated[float, Field(gt=0.0)] = 0.5
+    """dirichlet: concentration (smaller is more skewed)"""
     min_size: Annotated[int, Field(ge=1)] = 10
+    """dirichlet: smallest client training set accepted (redrawn below it)"""
     max_retries: PositiveInt = 100
+    """dirichlet: redraws before giving up on min_size"""
     classes_per_client: PositiveInt = 2
+    """pathological: classes each client holds"""
     shards_per_client: PositiveInt = 2
+    """shards: label-sorted shards each client gets"""
     num_groups: PositiveInt = 4
+    """grouped: groups of clients with disjoint classes"""
     test_size: PositiveInt | None = None
+    """test samples per client, following its label distribution (default: a fair share)"""
 
 
 class AuxConfig(StrictModel):
     """A client-side auxiliary head (split learning with local loss)."""
 
     kind: Literal["linear", "mlp", "cnn_mlp"] = "linear"
+    """linear, mlp (one hidden layer) or cnn_mlp (1x1 conv then linear)"""
     channels: PositiveInt | None = None
+    """cnn_mlp: channels of the 1x1 convolution"""
     hidden: PositiveInt | None = None
+    """mlp: width of the hidden layer"""
 
 
 class ModelConfig(StrictModel):
     """A splittable model from the zoo, where to cut it, and builder options."""
 
     name: str = "mlp"
-    cut: PositiveInt | None = None
+    """a zoo model (`fedge list`), a registered one, or custom (fedge.run(model=...))"""
+    cut: int | str | None = None
+    """split learning: blocks on the client side, or the name of the last client block"""
     aux: AuxConfig | None = None
+    """split learning with a local loss: the client's auxiliary head (default: linear)"""
     options: dict[str, Any] = Field(default_factory=dict)
+    """the model builder's options (`fedge list` shows each model's)"""
+
+    @field_validator("cut")
+    @classmethod
+    def _positive_cut(cls, value: int | str | None) -> int | str | None:
+        if isinstance(value, int) and value < 1:
+            raise ValueError(f"Input should be greater than 0 (got {value})")
+        return value
 
 
-class SGDConfig(StrictModel):
-    """Plain SGD with (optional) momentum and weight decay, PyTorch semantics."""
+class OptimizerConfig(StrictModel):
+    """The local optimizer: SGD (momentum, weight decay) or Adam, each with PyTorch's update rule."""
 
-    lr: Annotated[float, Field(gt=0.0)] = 0.05
-    momentum: Annotated[float, Field(ge=0.0, lt=1.0)] = 0.0
-    weight_decay: Annotated[float, Field(ge=0.0)] = 0.0
+    kind: Literal["sgd", "adam"] = Field(
+        "sgd", description="sgd (torch.optim.SGD) or adam (torch.optim.Adam)"
+    )
+    lr: Annotated[float, Field(gt=0.0, description="step size (eta in the papers)")] = 0.05
+    momentum: Annotated[float, Field(ge=0.0, lt=1.0, description="SGD's heavy-ball momentum (sgd only)")] = (
+        0.0
+    )
+    weight_decay: Annotated[float, Field(ge=0.0, description="L2 penalty added to the gradient")] = 0.0
+    beta1: Annotated[float, Field(ge=0.0, lt=1.0, description="Adam's first-moment decay (adam only)")] = 0.9
+    beta2: Annotated[float, Field(ge=0.0, lt=1.0, description="Adam's second-moment decay (adam only)")] = (
+        0.999
+    )
+    eps: Annotated[float, Field(gt=0.0, description="Adam's denominator floor (adam only)")] = 1e-8
+
+    @model_validator(mode="after")
+    def _settings_of_kind(self) -> OptimizerConfig:
+        if self.kind == "adam" and self.momentum:
+            raise ValueError("momentum is SGD's; Adam uses beta1 and beta2")
+        return self
+
+
+SGDConfig = OptimizerConfig  # the name algorithm configs were written with
+
+
+class TrainConfig(StrictModel):
+    """The local training loss of every client (the optimizer is the algorithm's: ``algorithm.optimizer``,
+    since algorithms differ in how many they run: split learning has a client and a server optimizer)."""
+
+    loss: Literal["cross_entropy"] = Field(
+        "cross_entropy", description="the per-sample loss; fedge.run(loss=callable) passes any other"
+    )
+    label_smoothing: Annotated[
+        float, Field(ge=0.0, lt=1.0, description="cross-entropy's label smoothing")
+    ] = 0.0
 
 
 class AlgorithmConfig(StrictModel):
     """Base of every algorithm's own config; ``name`` picks the registered algorithm."""
 
     name: str
+    """the registered algorithm (`fedge list`)"""
     registry: ClassVar[dict[str, type[AlgorithmConfig]]] = {}
 
 
@@ -181,10 +281,15 @@ class EngineConfig(StrictModel):
     """Where and how local training runs."""
 
     executor: Literal["sequential", "batched"] = "batched"
+    """batched (vmap over clients) or sequential (one client at a time); same numbers"""
     device: str = "cpu"
+    """cpu or cuda[:index]"""
     threads: Annotated[int, Field(ge=1, le=1024)] | None = None
-    compile: bool = False  # torch.compile the batched executor's step (first rounds pay compilation)
-    retain_memory: bool = True  # on CPU, keep freed memory for reuse (fedge.engine.host)
+    """torch CPU threads (default: torch's own)"""
+    compile: bool = False
+    """torch.compile the batched executor's step (first rounds pay compilation)"""
+    retain_memory: bool = True
+    """on CPU, keep freed memory for reuse"""
 
 
 class SystemConfig(StrictModel):
@@ -197,17 +302,29 @@ class SystemConfig(StrictModel):
     """
 
     bandwidth_hz: Annotated[float, Field(ge=1.0, le=1e12)] = 5e6
+    """bandwidth of each client's orthogonal sub-channel"""
     client_power_dbm: Annotated[float, Field(ge=-100.0, le=100.0)] = 23.0
+    """client transmit power"""
     server_power_dbm: Annotated[float, Field(ge=-100.0, le=100.0)] = 37.0
+    """server (base station) transmit power"""
     noise_dbm_per_hz: Annotated[float, Field(ge=-300.0, le=0.0)] = -174.0
+    """noise power spectral density"""
     distance_min_m: Annotated[float, Field(ge=1.0, le=1e7)] = 100.0
+    """nearest client distance from the server"""
     distance_max_m: Annotated[float, Field(ge=1.0, le=1e7, validate_default=True)] = 300.0
+    """farthest client distance from the server"""
     distances: Literal["uniform", "linspace"] = "uniform"
+    """client distances drawn uniformly (seeded) or evenly spaced"""
     fading: Literal["none", "rayleigh"] = "none"
+    """small-scale fading on top of path loss: none or Rayleigh (redrawn per round)"""
     client_cpu_hz: Annotated[float, Field(ge=1.0, le=1e15)] = 1e9
+    """client processor speed (our completion: the papers give none)"""
     server_cpu_hz: Annotated[float, Field(ge=1.0, le=1e15)] = 1e11
+    """server processor speed (our completion)"""
     cycles_per_flop: Annotated[float, Field(gt=0.0, le=1e9)] = 1.0
+    """processor cycles per floating-point operation"""
     kappa: Annotated[float, Field(ge=0.0, le=1.0)] = 1e-28
+    """effective switched capacitance: energy kappa f^2 per cycle"""
 
     @field_validator("distance_max_m")
     @classmethod
@@ -221,16 +338,22 @@ class EvalConfig(StrictModel):
     """Evaluation schedule: every ``every`` rounds and always after the last round."""
 
     every: PositiveInt = 1
+    """evaluate every this many rounds (and always after the last)"""
     batch_size: PositiveInt = 2048
+    """samples per evaluation batch (memory only: results do not depend on it)"""
 
 
 class OutputConfig(StrictModel):
     """The results directory ``dir/name`` and what goes in it. ``name`` is one folder name."""
 
     dir: Path = Path("runs")
+    """folder that holds the run directories"""
     name: str | None = None
+    """the run directory's name (default: ALGORITHM-DATASET; -2, -3... when taken)"""
     checkpoint_every: PositiveInt = 1
+    """write a checkpoint every this many rounds (and at the end)"""
     plots: bool = True
+    """draw the accuracy plots at the end"""
 
     @field_validator("dir")
     @classmethod
@@ -267,40 +390,65 @@ class StopConfig(StrictModel):
     """
 
     target_accuracy: Fraction | None = None
+    """stop once an evaluated accuracy reaches this"""
     max_mb: PositiveFloat | dict[str, PositiveFloat] | None = None
+    """stop after this many MB of traffic (all links, or a map by direction or ledger kind)"""
     max_sim_seconds: PositiveFloat | None = None
+    """stop after this much simulated time"""
     patience: PositiveInt | None = None
+    """stop after this many evaluations without improvement by more than min_delta"""
     min_delta: Annotated[float, Field(ge=0.0)] = 0.0
+    """the improvement patience waits for"""
     targets: list[Fraction] = Field(default_factory=list)
+    """accuracy levels whose first round, MB and simulated time the summary reports"""
     on_nonfinite: Literal["error", "continue"] = "error"
+    """a NaN or infinite number stops the run (error) or is recorded (continue)"""
 
 
 class TrackerConfig(StrictModel):
     """One experiment tracker a run reports to (``fedge.tracking``); a plain name is enough."""
 
     name: Literal["tensorboard", "mlflow", "wandb"]
-    project: str | None = None  # W&B project / MLflow experiment (default: "fedge")
-    mode: Literal["online", "offline"] | None = None  # W&B (default: its own, WANDB_MODE)
-    uri: str | None = None  # MLflow tracking URI (default: its own, MLFLOW_TRACKING_URI)
+    """tensorboard, mlflow or wandb"""
+    project: str | None = None
+    """W&B project / MLflow experiment (default: fedge)"""
+    mode: Literal["online", "offline"] | None = None
+    """W&B mode (default: its own, WANDB_MODE)"""
+    uri: str | None = None
+    """MLflow tracking URI (default: its own, MLFLOW_TRACKING_URI)"""
 
 
 class RunConfig(StrictModel):
     """Everything that defines a run."""
 
     seed: int = 0
+    """the run seed: every random stream (data, partition, init, sampling, batches) derives from it"""
     rounds: PositiveInt = 30
+    """global rounds to run (a stop rule may end the run earlier)"""
     data: DataConfig = Field(default_factory=DataConfig)
+    """which dataset and how much of it"""
     partition: PartitionConfig = Field(default_factory=PartitionConfig)
+    """how the training set is divided among clients"""
     model: ModelConfig = Field(default_factory=ModelConfig)
+    """the model, where split learning cuts it, and its auxiliary head"""
+    train: TrainConfig = Field(default_factory=TrainConfig)
+    """the local training loss"""
     algorithm: SerializeAsAny[AlgorithmConfig] = Field(
         default_factory=lambda: {"name": DEFAULT_ALGORITHM}, validate_default=True
     )
+    """the algorithm (by name) and its knobs: `fedge list --algorithm NAME`"""
     system: SystemConfig = Field(default_factory=SystemConfig)
+    """the wireless system and compute model behind the simulated clock"""
     engine: EngineConfig = Field(default_factory=EngineConfig)
+    """where and how local training runs (executor, device, threads)"""
     eval: EvalConfig = Field(default_factory=EvalConfig)
+    """when and in what batches the model is evaluated"""
     output: OutputConfig = Field(default_factory=OutputConfig)
+    """the results directory and what goes in it"""
     stop: StopConfig = Field(default_factory=StopConfig)
+    """rules that end a run early, and accuracy targets to time"""
     tracking: list[TrackerConfig] = Field(default_factory=list)
+    """experiment trackers to report to (tensorboard, mlflow, wandb)"""
 
     @field_validator("tracking", mode="before")
     @classmethod
@@ -327,7 +475,7 @@ class RunConfig(StrictModel):
 
     def to_yaml(self) -> str:
         """The resolved config as YAML (paths as strings)."""
-        return yaml.safe_dump(self.model_dump(mode="json"), sort_keys=False)
+        return yaml.safe_dump(self.model_dump(mode="json", by_alias=True), sort_keys=False)
 
 
 def _block_model(annotation: Any) -> type[BaseModel] | None:
@@ -355,12 +503,14 @@ def _keys_at(raw: dict[str, Any], path: tuple[Any, ...]) -> list[str]:
             block = _block_model(field.annotation) if field is not None else None
         if block is None:
             return []
-    return list(block.model_fields)
+    return config_keys(block)
 
 
 def _unknown_key(raw: dict[str, Any], loc: tuple[Any, ...]) -> str:
     """``unknown key``, with the nearest valid key of that block (or the valid keys) as a hint."""
     known = _keys_at(raw, loc[:-1])
+    if str(loc[-1]) in known:
+        return "set twice (under two spellings of one key, such as a descriptive name and its symbol)"
     near = difflib.get_close_matches(str(loc[-1]), known, n=1, cutoff=0.6)
     if near:
         return f"unknown key; did you mean {near[0]!r}?"
@@ -490,3 +640,100 @@ def load_config(path: Path | None = None, overrides: list[str] | None = None) ->
     for assignment in overrides or []:
         apply_override(raw, assignment)
     return parse_config(raw)
+
+
+def _type_name(annotation: Any) -> str:
+    """A short readable type: ``int > 0``, ``'sgd' | 'adam'``, ``float | none``."""
+    origin = get_origin(annotation)
+    if origin is Annotated:
+        base, *extra = get_args(annotation)
+        bounds = [
+            f"{symbol} {getattr(meta, attr)}"
+            for meta in extra
+            for attr, symbol in (("gt", ">"), ("ge", ">="), ("lt", "<"), ("le", "<="))
+            if getattr(meta, attr, None) is not None
+        ]
+        return " ".join([_type_name(base), *bounds])
+    if origin is Literal:
+        return " | ".join(repr(arg) for arg in get_args(annotation))
+    if origin in (Union, types.UnionType):
+        return " | ".join(_type_name(arg) for arg in get_args(annotation))
+    if origin in (list, dict, tuple):
+        return f"{origin.__name__}[{', '.join(_type_name(arg) for arg in get_args(annotation))}]"
+    if annotation is type(None):
+        return "none"
+    return getattr(annotation, "__name__", str(annotation))
+
+
+def describe_fields(
+    block: type[BaseModel], prefix: str = "", defaults: BaseModel | None = None
+) -> list[dict[str, Any]]:
+    """Every key of a config block (nested blocks flattened to dotted keys): its type, default, other
+    spellings and description, for ``fedge list --algorithm``. ``defaults``: the enclosing block's default
+    for this one (AFIND+'s optimizer defaults differ from the optimizer block's own)."""
+    rows = []
+    for name, field in block.model_fields.items():
+        key = prefix + (field.serialization_alias or name)
+        if defaults is not None:
+            default = getattr(defaults, name)
+        else:
+            default = None if field.is_required() else field.get_default(call_default_factory=True)
+        nested = _block_model(field.annotation)
+        if nested is not None and isinstance(default, nested):
+            rows.extend(describe_fields(nested, key + ".", default))
+            continue
+        choices = field.validation_alias.choices if isinstance(field.validation_alias, AliasChoices) else []
+        if isinstance(default, BaseModel):
+            default = default.model_dump(mode="json")
+        rows.append(
+            {
+                "key": key,
+                "type": _type_name(
+                    field.metadata and Annotated[(field.annotation, *field.metadata)] or field.annotation
+                ),
+                "default": default,
+                "aliases": [str(c) for c in choices if str(c) != key.rsplit(".", 1)[-1]],
+                "description": field.description or "",
+            }
+        )
+    return rows
+
+
+def _other_spellings(schema: dict[str, Any], block: type[BaseModel]) -> None:
+    """Add to a block's schema the keys its fields also accept (the papers' symbols)."""
+    properties = schema.get("properties", {})
+    for name, field in block.model_fields.items():
+        if isinstance(field.validation_alias, AliasChoices):
+            key = field.serialization_alias or name
+            for other in map(str, field.validation_alias.choices):
+                properties.setdefault(other, {**properties[key], "description": f"another spelling of {key}"})
+
+
+def _blocks(block: type[BaseModel]) -> list[type[BaseModel]]:
+    """``block`` and every config block nested in it."""
+    found = [block]
+    for field in block.model_fields.values():
+        nested = _block_model(field.annotation)
+        if nested is not None and nested not in found:
+            found.extend(b for b in _blocks(nested) if b not in found)
+    return found
+
+
+def json_schema() -> dict[str, Any]:
+    """The JSON Schema of a run config, with ``algorithm`` one of every registered algorithm's block."""
+    schema = RunConfig.model_json_schema(by_alias=True)
+    defs = schema.setdefault("$defs", {})
+    choices = []
+    for name, block in sorted(AlgorithmConfig.registry.items()):
+        sub = block.model_json_schema(by_alias=True, ref_template="#/$defs/{model}")
+        nested = sub.pop("$defs", {})
+        for inner in _blocks(block)[1:]:
+            _other_spellings(nested.get(inner.__name__, {}), inner)
+        _other_spellings(sub, block)
+        defs.update(nested)
+        title = f"algorithm:{name}"
+        defs[title] = sub
+        choices.append({"$ref": f"#/$defs/{title}"})
+    schema["properties"]["algorithm"] = {"description": "the algorithm and its knobs", "anyOf": choices}
+    schema["$schema"] = "https://json-schema.org/draft/2020-12/schema"
+    return schema

@@ -92,8 +92,13 @@ def synthetic_data(config: RunConfig) -> Part | None:
     return Part("data", size, f"the synthetic dataset ({samples:,} samples of {shape})")
 
 
-def _model_values(config: RunConfig, input_shape: tuple[int, ...], num_classes: int) -> int:
-    """Values in the model's parameters and buffers, counted on the meta device (nothing allocated)."""
+def _model_values(
+    config: RunConfig, input_shape: tuple[int, ...], num_classes: int, model: nn.Module | None = None
+) -> int:
+    """Values in the model's parameters and buffers, counted on the meta device (nothing allocated);
+    a caller's ``model`` is counted as it is."""
+    if model is not None:
+        return sum(t.numel() for t in (*model.parameters(), *model.buffers()))
     with torch.random.fork_rng(devices=[]), torch.device("meta"):
         model = build_model(config.model.name, input_shape, num_classes, **config.model.options)
     return sum(t.numel() for t in (*model.parameters(), *model.buffers()))
@@ -143,11 +148,12 @@ def _batch_shape(config: RunConfig, data: FederatedData) -> tuple[int, int, int,
     return data.num_clients, steps, batch, key
 
 
-def state_parts(config: RunConfig, data: FederatedData) -> list[Part]:
-    """Data, model, stacked clients and batch plans of a run whose data is loaded, before its model exists."""
-    values = _model_values(config, data.input_shape, data.num_classes)
+def state_parts(config: RunConfig, data: FederatedData, model: nn.Module | None = None) -> list[Part]:
+    """Data, model, stacked clients and batch plans of a run whose data is loaded, before its model exists
+    (or with the caller's ``model``)."""
+    values = _model_values(config, data.input_shape, data.num_classes, model)
     optimizer = getattr(config.algorithm, "optimizer", None)
-    slots = 1 if optimizer is not None and optimizer.momentum > 0 else 0
+    slots = 0 if optimizer is None else 2 if optimizer.kind == "adam" else 1 if optimizer.momentum > 0 else 0
     clients, steps, batch, key = _batch_shape(config, data)
     dataset = data.dataset
     loaded = sum(t.numel() * t.element_size() for t in (dataset.x_train, dataset.y_train, dataset.x_test))

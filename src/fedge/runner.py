@@ -19,20 +19,24 @@ from pathlib import Path
 from typing import Any
 
 import torch
+import torch.nn.functional as F
+from torch import nn
 
 from fedge import checkpoint, divergence, preflight, records, results, stop
 from fedge.algorithms import ALGORITHMS, Algorithm, Context
 from fedge.comm import Ledger, Network
-from fedge.config import RunConfig, load_config
+from fedge.config import CUSTOM_DATA, RunConfig, load_config
+from fedge.data.dataset import Dataset
 from fedge.data.federated import FederatedData
 from fedge.data.partition import partition_test, partition_train
 from fedge.data.sources import load_dataset
-from fedge.engine import NoiseStreams, has_random_layers, make_executor
+from fedge.data.user import UserData, user_dataset
+from fedge.engine import Criterion, NoiseStreams, cross_entropy, has_random_layers, make_executor
 from fedge.engine.host import configure_host
 from fedge.environment import write_environment
-from fedge.errors import CheckpointError, ConfigError, Diverged, FedgeError
+from fedge.errors import CheckpointError, ConfigError, DataError, Diverged, FedgeError
 from fedge.metrics import Evaluation, RoundReport
-from fedge.models import SplitModel, build_model, split
+from fedge.models import SplitModel, block_cut, build_model, output_shape, split, user_factory
 from fedge.plots import plot_run
 from fedge.rng import global_stream, numpy_rng
 from fedge.system import SystemModel
@@ -98,19 +102,63 @@ def model_factory(
     return build
 
 
-def build_run(config: RunConfig, force: bool = False) -> Built:
+@dataclass(frozen=True)
+class Extensions:
+    """What a Python caller brings beside the config: a model, data and a loss (``fedge.run``'s
+    ``model``, ``train``/``test`` and ``loss``); ``None`` keeps the config's own."""
+
+    model: nn.Module | None = None
+    train: UserData | None = None
+    test: UserData | None = None
+    loss: Criterion | None = None
+
+
+def _criterion(config: RunConfig, loss: Criterion | None) -> Criterion:
+    """The per-sample training loss: the caller's, or ``train.loss`` with its label smoothing."""
+    if loss is not None:
+        if not ALGORITHMS[config.algorithm.name].takes_loss:
+            raise ConfigError(
+                "train.loss", f"{config.algorithm.name} trains with its own cross-entropy terms"
+            )
+        return loss
+    smoothing = config.train.label_smoothing
+    if not smoothing:
+        return cross_entropy
+    if not ALGORITHMS[config.algorithm.name].takes_loss:
+        raise ConfigError("train.label_smoothing", f"{config.algorithm.name} trains with plain cross-entropy")
+    return lambda logits, y: F.cross_entropy(logits, y, reduction="none", label_smoothing=smoothing)
+
+
+def _check_outputs(model: nn.Module, dataset: Dataset) -> None:
+    """The model must give one logit per class the labels name (a shape check on the meta device)."""
+    shape = output_shape(model, dataset.input_shape)
+    if len(shape) != 1 or shape[0] < dataset.num_classes:
+        raise DataError(
+            f"labels: they name {dataset.num_classes} classes (0..{dataset.num_classes - 1}) but the model "
+            f"outputs shape {list(shape)} per sample; it needs {dataset.num_classes} logits"
+        )
+
+
+def build_run(config: RunConfig, force: bool = False, extensions: Extensions | None = None) -> Built:
     """Load data, partition it, check the model and build the algorithm; no file is written.
 
     A run whose estimated memory exceeds what is available is refused before the data or the model is
-    allocated, unless ``force``.
+    allocated, unless ``force``. ``extensions`` replace the config's model, data or loss.
     """
+    ext = extensions or Extensions()
     device = _device(config.engine.device)
     if config.engine.compile and config.engine.executor != "batched":
         raise ConfigError("engine.compile", "only the batched executor compiles its step")
+    if ext.train is None and config.data.name == CUSTOM_DATA:
+        raise ConfigError("data.name", "custom data comes from fedge.run(..., train=...); pass train")
+    criterion = _criterion(config, ext.loss)
     available = preflight.available_bytes(device)
     preflight.check([preflight.synthetic_data(config)], available, force)
     configure_host(config.engine.threads, config.engine.retain_memory and device.type == "cpu")
-    dataset = load_dataset(config.data, config.seed)
+    if ext.train is not None:
+        dataset = user_dataset(ext.train, ext.test, config.seed, config.data.test_fraction)
+    else:
+        dataset = load_dataset(config.data, config.seed)
     labels = dataset.y_train.numpy()
     client_train = partition_train(
         labels, config.partition, numpy_rng(config.seed, "partition"), dataset.train_groups
@@ -123,13 +171,17 @@ def build_run(config: RunConfig, force: bool = False) -> Built:
         numpy_rng(config.seed, "partition-test"),
     )
     data = FederatedData(dataset, client_train, client_test, config.seed, device)
-    parts = preflight.state_parts(config, data)
+    parts = preflight.state_parts(config, data, ext.model)
     preflight.check(parts, available, force)
-    factory = model_factory(config, dataset.input_shape, dataset.num_classes)
+    if ext.model is not None:
+        factory = user_factory(ext.model)
+    else:
+        factory = model_factory(config, dataset.input_shape, dataset.num_classes)
     template = factory()
+    _check_outputs(template, dataset)
     preflight.check(parts + preflight.activation_parts(config, data, template), available, force)
     if config.model.cut is not None:
-        split(template, config.model.cut)
+        split(template, block_cut(template, config.model.cut))
     algorithm_cls = ALGORITHMS[config.algorithm.name]
     executor = make_executor(config.engine.executor, compile_step=config.engine.compile)
     if has_random_layers(template):
@@ -143,6 +195,7 @@ def build_run(config: RunConfig, force: bool = False) -> Built:
         system=SystemModel(config.system, data.num_clients, config.seed),
         device=device,
         seed=config.seed,
+        criterion=criterion,
     )
     return Built(config, ctx, algorithm_cls(ctx, config.algorithm))
 
@@ -324,16 +377,20 @@ def summarize(config: RunConfig, rows: list[dict[str, Any]]) -> dict[str, Any]:
     }
 
 
-def start_run(config: RunConfig, on_round=None, force: bool = False) -> Runner:
+def start_run(
+    config: RunConfig, on_round=None, force: bool = False, extensions: Extensions | None = None
+) -> Runner:
     """Validate and build ``config``, then create its run directory (only once the build succeeded)."""
     results.check_output_dir(config.output.dir)
-    built = build_run(config, force)
+    built = build_run(config, force, extensions)
     run_dir = results.create_run_dir(config.output.dir, default_run_name(config), config.to_yaml())
     write_environment(run_dir, str(built.context.device))
     return Runner(built, run_dir, on_round=on_round, lock=results.RunLock(run_dir))
 
 
-def open_run(run_dir: Path, on_round=None, force: bool = False) -> Runner:
+def open_run(
+    run_dir: Path, on_round=None, force: bool = False, extensions: Extensions | None = None
+) -> Runner:
     """A runner that continues the run in ``run_dir`` from its last checkpoint.
 
     Everything is checked before anything in ``run_dir`` changes: the folder can be written and no other
@@ -349,7 +406,7 @@ def open_run(run_dir: Path, on_round=None, force: bool = False) -> Runner:
     lock = results.RunLock(run_dir)
     path = run_dir / results.CHECKPOINT
     saved = checkpoint.load(path, config) if path.is_file() else None
-    runner = Runner(build_run(config, force), run_dir, on_round=on_round, lock=lock)
+    runner = Runner(build_run(config, force, extensions), run_dir, on_round=on_round, lock=lock)
     if saved is not None:
         runner.restore(saved)
     results.remove_temporaries(run_dir)

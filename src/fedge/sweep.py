@@ -41,7 +41,7 @@ import yaml
 from pydantic import Field, PositiveInt, ValidationError
 
 from fedge import results, stop
-from fedge.config import AlgorithmConfig, StrictModel, load_raw, parse_config, split_values
+from fedge.config import AlgorithmConfig, StrictModel, config_keys, load_raw, parse_config, split_values
 from fedge.errors import ConfigError, FedgeError
 from fedge.labels import short_keys
 
@@ -143,7 +143,7 @@ def _retarget(raw: dict[str, Any]) -> list[str]:
     known = AlgorithmConfig.registry.get(block.get("name", "fedavg"))
     if known is None:
         return []
-    dropped = sorted(k for k in block if k not in known.model_fields)
+    dropped = sorted(k for k in block if k not in config_keys(known))
     for key in dropped:
         del block[key]
     return [f"algorithm.{k}" for k in dropped]

@@ -12,7 +12,7 @@ import torch
 from fedge.comm import Ledger, Network
 from fedge.config import AlgorithmConfig, RunConfig, register_algorithm_config
 from fedge.data.federated import FederatedData
-from fedge.engine import Executor
+from fedge.engine import Criterion, Executor, cross_entropy
 from fedge.metrics import Evaluation, RoundReport
 from fedge.models import SplitModel
 from fedge.rng import derive_seed
@@ -33,6 +33,7 @@ class Context:
     system: SystemModel
     device: torch.device
     seed: int
+    criterion: Criterion = cross_entropy  # the per-sample training loss (train.loss, or the API's)
 
     @property
     def ledger(self) -> Ledger:
@@ -67,6 +68,7 @@ class Algorithm(ABC):
     config_class: ClassVar[type[AlgorithmConfig]]
     description: ClassVar[str]
     state_fields: ClassVar[tuple[str, ...]] = ()
+    takes_loss: ClassVar[bool] = True  # trains with ctx.criterion (False: its own cross-entropy terms)
 
     def __init__(self, ctx: Context, cfg: AlgorithmConfig):
         self.ctx = ctx

@@ -10,11 +10,11 @@ from fedge.algorithms.base import Algorithm, Context, register
 from fedge.comm import nodes
 from fedge.config import AlgorithmConfig, SGDConfig
 from fedge.engine import (
-    SGD,
     ClientBank,
     buffers_of,
     classification_loss,
     evaluate_model,
+    make_optimizer,
     make_step,
     parameters_of,
 )
@@ -26,10 +26,15 @@ class CentralizedConfig(AlgorithmConfig):
     """Epochs per round, batch size and optimizer of the single learner."""
 
     name: Literal["centralized"] = "centralized"
+    """the algorithm (`fedge list`)"""
     epochs_per_round: PositiveInt = 1
+    """passes over the pooled data per round"""
     batch_size: PositiveInt = 32
+    """samples per step"""
     drop_last: bool = False
+    """skip each epoch's short last batch"""
     optimizer: SGDConfig = Field(default_factory=SGDConfig)
+    """the learner's optimizer"""
 
 
 @register("centralized", CentralizedConfig, "Centralized SGD on the pooled training data (the reference)")
@@ -47,10 +52,10 @@ class Centralized(Algorithm):
         super().__init__(ctx, cfg)
         self.data = ctx.data.pooled()
         self.model = ctx.build_model().to(ctx.device)
-        self.sgd = SGD(momentum=cfg.optimizer.momentum, weight_decay=cfg.optimizer.weight_decay)
+        self.sgd = make_optimizer(cfg.optimizer)
         params = parameters_of(self.model)
         self.bank = ClientBank.broadcast([0], params, buffers_of(self.model), self.sgd.init(params))
-        self.step = make_step(classification_loss(self.model), self.sgd)
+        self.step = make_step(classification_loss(self.model, ctx.criterion), self.sgd)
         ctx.network.hold(nodes.SERVER, "model", {**params, **buffers_of(self.model)})
         self.flops_per_sample = forward_flops(self.model, ctx.data.input_shape)
 

@@ -14,11 +14,11 @@ from fedge.algorithms.base import Algorithm, Context, register
 from fedge.comm import nodes
 from fedge.config import AlgorithmConfig, Fraction, SGDConfig
 from fedge.engine import (
-    SGD,
     ClientBank,
     buffers_of,
     classification_loss,
     evaluate_model,
+    make_optimizer,
     make_step,
     parameters_of,
     weighted_sum,
@@ -33,13 +33,21 @@ class FedAvgConfig(AlgorithmConfig):
     """FedAvg knobs: participation, local work, optimizer, and the codecs of each direction."""
 
     name: Literal["fedavg"] = "fedavg"
+    """the algorithm (`fedge list`)"""
     fraction: Fraction = 1.0
+    """share of clients sampled each round (at least one)"""
     local_epochs: PositiveInt = 1
+    """passes over the client's data per round"""
     batch_size: PositiveInt = 32
+    """samples per local step"""
     drop_last: bool = False
+    """skip each epoch's short last batch"""
     optimizer: SGDConfig = Field(default_factory=SGDConfig)
+    """the clients' local optimizer (state restarts every round)"""
     codec_up: Literal["fp32", "fp16"] = "fp32"
+    """encoding of the uploaded models"""
     codec_down: Literal["fp32", "fp16"] = "fp32"
+    """encoding of the broadcast model"""
 
 
 def sample_clients(seed: int, round_: int, num_clients: int, fraction: float) -> np.ndarray:
@@ -71,8 +79,8 @@ class FedAvg(Algorithm):
         self.params = parameters_of(self.model)
         self.buffers = buffers_of(self.model)
         opt = cfg.optimizer
-        self.sgd = SGD(momentum=opt.momentum, weight_decay=opt.weight_decay)
-        self.step = make_step(classification_loss(self.model), self.sgd)
+        self.sgd = make_optimizer(opt)
+        self.step = make_step(classification_loss(self.model, ctx.criterion), self.sgd)
         self.up, self.down = ctx.network.link(cfg.codec_up), ctx.network.link(cfg.codec_down)
         ctx.network.hold(nodes.SERVER, "model", {**self.params, **self.buffers})
         self.flops_per_sample = forward_flops(self.model, ctx.data.input_shape)

@@ -12,11 +12,25 @@ from fedge.engine.executors import (
     make_executor,
 )
 from fedge.engine.noise import NoiseStreams, has_random_layers
-from fedge.engine.step import SGD, buffers_of, classification_loss, make_step, parameters_of
+from fedge.engine.step import (
+    SGD,
+    Adam,
+    Criterion,
+    Optimizer,
+    buffers_of,
+    classification_loss,
+    cross_entropy,
+    make_optimizer,
+    make_step,
+    parameters_of,
+)
 
 __all__ = [
     "EXECUTORS",
     "SGD",
+    "Adam",
+    "Criterion",
+    "Optimizer",
     "BatchedExecutor",
     "ClientBank",
     "ClientFailed",
@@ -26,9 +40,11 @@ __all__ = [
     "SequentialExecutor",
     "buffers_of",
     "classification_loss",
+    "cross_entropy",
     "evaluate_model",
     "has_random_layers",
     "make_executor",
+    "make_optimizer",
     "make_step",
     "parameters_of",
     "stack_copies",

@@ -15,12 +15,11 @@ from collections.abc import Callable
 from typing import Any
 
 import torch
-import torch.nn.functional as F
 from torch import nn
 from torch.func import functional_call, grad_and_value
 
 from fedge.engine.executors import ClientFn, Mapped, TwoForms
-from fedge.engine.step import SGD
+from fedge.engine.step import Criterion, Optimizer, cross_entropy
 from fedge.tensors import Tensors
 
 
@@ -30,10 +29,11 @@ def prefixed(tensors: Tensors, prefix: str) -> Tensors:
     return {name[cut:]: t for name, t in tensors.items() if name.startswith(prefix)}
 
 
-def weighted_cross_entropy(logits: torch.Tensor, y: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
-    """Mean cross-entropy over the real rows (``weight`` 1) of a possibly padded batch."""
-    per_sample = F.cross_entropy(logits, y, reduction="none")
-    return (per_sample * weight).sum() / weight.sum().clamp_min(1.0)
+def weighted_loss(
+    logits: torch.Tensor, y: torch.Tensor, weight: torch.Tensor, criterion: Criterion = cross_entropy
+) -> torch.Tensor:
+    """Mean of ``criterion`` (cross-entropy by default) over the real rows (``weight`` 1) of a batch."""
+    return (criterion(logits, y) * weight).sum() / weight.sum().clamp_min(1.0)
 
 
 def clip_global_norm(grads: Tensors, max_norm: float | None) -> Tensors:
@@ -50,7 +50,9 @@ def _clone(tensors: Tensors) -> Tensors:
     return {name: t.clone() for name, t in tensors.items()}
 
 
-def make_aux_step(local: nn.Module, sgd: SGD, post_step: bool) -> ClientFn:
+def make_aux_step(
+    local: nn.Module, sgd: Optimizer, post_step: bool, criterion: Criterion = cross_entropy
+) -> ClientFn:
     """One local step of a client with an auxiliary head (FSL_AN, CSE-FSL; CSE-FSL Eq. 8).
 
     ``local`` has children ``trunk`` (the client part) and ``aux``; state names carry those prefixes.
@@ -64,7 +66,7 @@ def make_aux_step(local: nn.Module, sgd: SGD, post_step: bool) -> ClientFn:
         new_buffers = _clone(buffers)
         z = functional_call(trunk, {**prefixed(params, "trunk."), **prefixed(new_buffers, "trunk.")}, (x,))
         logits = functional_call(aux, {**prefixed(params, "aux."), **prefixed(new_buffers, "aux.")}, (z,))
-        return weighted_cross_entropy(logits, y, weight), (new_buffers, z)
+        return weighted_loss(logits, y, weight, criterion), (new_buffers, z)
 
     def stepping(loss_and_grad: Callable[..., Any]) -> ClientFn:
         def step(params, buffers, opt_state, x, y, weight, lr):
@@ -108,7 +110,7 @@ def make_forward(trunk: nn.Module) -> ClientFn:
     return forward
 
 
-def make_apply(sgd: SGD, clip_norm: float | None) -> ClientFn:
+def make_apply(sgd: Optimizer, clip_norm: float | None) -> ClientFn:
     """Apply a gradient to client parameters: clip its global norm (optional), then one SGD step."""
 
     def apply(params: Tensors, opt_state: Tensors, grads: Tensors, lr):
@@ -119,7 +121,12 @@ def make_apply(sgd: SGD, clip_norm: float | None) -> ClientFn:
 
 
 def make_server_step(
-    server: nn.Module, sgd: SGD, clip_norm: float | None, grad_z: bool, vmappable: bool = True
+    server: nn.Module,
+    sgd: Optimizer,
+    clip_norm: float | None,
+    grad_z: bool,
+    vmappable: bool = True,
+    criterion: Criterion = cross_entropy,
 ) -> ClientFn:
     """One server SGD step on a batch of smashed data (CSE-FSL Eq. 11 / SplitFed's server update).
 
@@ -135,7 +142,7 @@ def make_server_step(
     def loss(params: Tensors, z, buffers: Tensors, y, weight):
         new_buffers = _clone(buffers)
         logits = functional_call(server, {**params, **new_buffers}, (z,))
-        return weighted_cross_entropy(logits, y, weight), new_buffers
+        return weighted_loss(logits, y, weight, criterion), new_buffers
 
     pure_loss_and_grad = grad_and_value(loss, argnums=(0, 1) if grad_z else 0, has_aux=True)
 

@@ -5,20 +5,27 @@ batched executor run the same step under ``torch.func.vmap`` over a leading clie
 :class:`Step` is such a function that also keeps its two halves (the loss and the optimizer), so the
 batched executor can take gradients for all clients at once and then apply the update to the stacked
 state in place (:meth:`SGD.update_`) instead of allocating a second copy of every client's parameters.
+Every optimizer (:class:`SGD`, :class:`Adam`) has the same four members: ``init(params, rows=None)``,
+the pure ``update`` and the in-place ``update_``, which agree bit for bit; :func:`make_optimizer`
+builds the configured one.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
+from typing import Protocol
 
 import torch
 import torch.nn.functional as F
 from torch import nn
 from torch.func import functional_call, grad_and_value
 
+from fedge.config import OptimizerConfig
 from fedge.tensors import Tensors
 
+# (logits, labels) -> the loss of every sample (no reduction): the per-sample training criterion
+Criterion = Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
 LossFn = Callable[[Tensors, Tensors, torch.Tensor, torch.Tensor, torch.Tensor], tuple[torch.Tensor, Tensors]]
 StepFn = Callable[..., tuple[Tensors, Tensors, Tensors, torch.Tensor]]
 
@@ -33,8 +40,13 @@ def buffers_of(module: nn.Module) -> Tensors:
     return {name: b.detach().clone() for name, b in module.named_buffers()}
 
 
-def classification_loss(model: nn.Module) -> LossFn:
-    """Weighted mean cross-entropy of ``model`` evaluated at explicit parameters and buffers.
+def cross_entropy(logits: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+    """Per-sample cross-entropy: the default training criterion."""
+    return F.cross_entropy(logits, y, reduction="none")
+
+
+def classification_loss(model: nn.Module, criterion: Criterion = cross_entropy) -> LossFn:
+    """Weighted mean of ``criterion`` (cross-entropy by default) of ``model`` at explicit parameters.
 
     ``weight`` holds 1 for real samples and 0 for padding; the loss is the mean over real samples, so
     a padded batch gives exactly the gradient of its real rows. Buffers are cloned before the forward
@@ -44,10 +56,24 @@ def classification_loss(model: nn.Module) -> LossFn:
     def loss(params: Tensors, buffers: Tensors, x: torch.Tensor, y: torch.Tensor, weight: torch.Tensor):
         new_buffers = {name: b.clone() for name, b in buffers.items()}
         logits = functional_call(model, {**params, **new_buffers}, (x,))
-        per_sample = F.cross_entropy(logits, y, reduction="none")
+        per_sample = criterion(logits, y)
         return (per_sample * weight).sum() / weight.sum().clamp_min(1.0), new_buffers
 
     return loss
+
+
+class Optimizer(Protocol):
+    """What a local step needs of an optimizer (:class:`SGD`, :class:`Adam`)."""
+
+    def init(self, params: Tensors, rows: int | None = None) -> Tensors: ...
+
+    def update(
+        self, params: Tensors, grads: Tensors, state: Tensors, lr: float
+    ) -> tuple[Tensors, Tensors]: ...
+
+    def update_(self, params: Tensors, grads: Tensors, state: Tensors, lr: float) -> None: ...
+
+    def select(self, state: Tensors, names: Iterable[str]) -> Tensors: ...
 
 
 @dataclass(frozen=True)
@@ -61,9 +87,14 @@ class SGD:
     momentum: float = 0.0
     weight_decay: float = 0.0
 
-    def init(self, params: Tensors) -> Tensors:
-        """Optimizer state for ``params``: momentum buffers, or nothing for plain SGD."""
+    def init(self, params: Tensors, rows: int | None = None) -> Tensors:
+        """Optimizer state for ``params``: momentum buffers, or nothing for plain SGD (``rows``: the
+        params are stacked with that many rows; momentum buffers have the params' shape either way)."""
         return {name: torch.zeros_like(p) for name, p in params.items()} if self.momentum else {}
+
+    def select(self, state: Tensors, names: Iterable[str]) -> Tensors:
+        """The part of ``state`` that steps the parameters ``names`` (a subset of the model)."""
+        return {name: state[name] for name in names if name in state}
 
     def update(self, params: Tensors, grads: Tensors, state: Tensors, lr: float) -> tuple[Tensors, Tensors]:
         """The updated parameters and optimizer state, as new tensors (the pure form)."""
@@ -96,6 +127,84 @@ class SGD:
             p.add_(d, alpha=-lr)
 
 
+ADAM_STEP = "step"  # Adam's per-row step counter in the optimizer state (float64: exact bias corrections)
+
+
+def _leading(count: torch.Tensor, like: torch.Tensor) -> torch.Tensor:
+    """``count`` (one value per row, or one value) shaped to broadcast against ``like``."""
+    return count.reshape(count.shape + (1,) * (like.dim() - count.dim()))
+
+
+@dataclass(frozen=True)
+class Adam:
+    """Adam (Kingma and Ba, 2015) with ``torch.optim.Adam``'s rule (L2 weight decay, no AMSGrad).
+
+    ``d = g + wd * p``; ``m = b1 m + (1 - b1) d``; ``v = b2 v + (1 - b2) d^2``; with the step count
+    ``k``: ``p = p - lr / (1 - b1^k) * m / (sqrt(v) / sqrt(1 - b2^k) + eps)``. The state holds ``m.NAME``,
+    ``v.NAME`` and the step count of each row (so clients that took different numbers of steps carry
+    their own bias corrections, on either executor).
+    """
+
+    betas: tuple[float, float] = (0.9, 0.999)
+    eps: float = 1e-8
+    weight_decay: float = 0.0
+
+    def init(self, params: Tensors, rows: int | None = None) -> Tensors:
+        """Zero moments and a zero step count (one per row when ``params`` are stacked ``rows`` high)."""
+        some = next(iter(params.values()))
+        state = {f"{kind}.{name}": torch.zeros_like(p) for kind in "mv" for name, p in params.items()}
+        shape = () if rows is None else (rows,)
+        state[ADAM_STEP] = torch.zeros(shape, dtype=torch.float64, device=some.device)
+        return state
+
+    def select(self, state: Tensors, names: Iterable[str]) -> Tensors:
+        """The moments of the parameters ``names`` and the step count (a subset of the model)."""
+        chosen = {f"{kind}.{name}": state[f"{kind}.{name}"] for kind in "mv" for name in names}
+        return {**chosen, ADAM_STEP: state[ADAM_STEP]}
+
+    def _scales(self, count: torch.Tensor, lr: float) -> tuple[torch.Tensor, torch.Tensor]:
+        """The step size ``lr / (1 - b1^k)`` and ``sqrt(1 - b2^k)`` at step count ``count``, in float64."""
+        beta1, beta2 = self.betas
+        return lr / (1 - beta1**count), torch.sqrt(1 - beta2**count)
+
+    def update(self, params: Tensors, grads: Tensors, state: Tensors, lr: float) -> tuple[Tensors, Tensors]:
+        """The updated parameters and optimizer state, as new tensors (the pure form)."""
+        beta1, beta2 = self.betas
+        count = state[ADAM_STEP] + 1
+        step_size, root = self._scales(count, lr)
+        new_params, new_state = {}, {ADAM_STEP: count}
+        for name, p in params.items():
+            d = grads[name].add(p, alpha=self.weight_decay) if self.weight_decay else grads[name]
+            m = state[f"m.{name}"].lerp(d, 1 - beta1)
+            v = state[f"v.{name}"].mul(beta2).addcmul(d, d, value=1 - beta2)
+            denom = v.sqrt().div(_leading(root, p).to(p.dtype)).add(self.eps)
+            new_params[name] = p.sub(m.div(denom).mul(_leading(step_size, p).to(p.dtype)))
+            new_state[f"m.{name}"], new_state[f"v.{name}"] = m, v
+        return new_params, new_state
+
+    @torch.no_grad()
+    def update_(self, params: Tensors, grads: Tensors, state: Tensors, lr: float) -> None:
+        """:meth:`update` in place (``grads`` used as scratch), the same kernels in the same order."""
+        beta1, beta2 = self.betas
+        count = state[ADAM_STEP].add_(1)
+        step_size, root = self._scales(count, lr)
+        for name, p in params.items():
+            d = grads[name]
+            if self.weight_decay:
+                d.add_(p, alpha=self.weight_decay)
+            m = state[f"m.{name}"].lerp_(d, 1 - beta1)
+            v = state[f"v.{name}"].mul_(beta2).addcmul_(d, d, value=1 - beta2)
+            denom = v.sqrt().div_(_leading(root, p).to(p.dtype)).add_(self.eps)
+            p.sub_(m.div(denom).mul_(_leading(step_size, p).to(p.dtype)))
+
+
+def make_optimizer(cfg: OptimizerConfig) -> SGD | Adam:
+    """The optimizer a config block names (its ``lr`` is passed per call, as it may decay)."""
+    if cfg.kind == "adam":
+        return Adam(betas=(cfg.beta1, cfg.beta2), eps=cfg.eps, weight_decay=cfg.weight_decay)
+    return SGD(momentum=cfg.momentum, weight_decay=cfg.weight_decay)
+
+
 @dataclass(frozen=True)
 class Step:
     """One local step of ``loss_fn`` followed by ``optimizer``: a pure :data:`StepFn`.
@@ -105,7 +214,7 @@ class Step:
     """
 
     loss_fn: LossFn
-    optimizer: SGD
+    optimizer: Optimizer
 
     def gradients(
         self, params: Tensors, buffers: Tensors, x: torch.Tensor, y: torch.Tensor, weight: torch.Tensor
@@ -138,6 +247,6 @@ class Step:
         return new_params, new_buffers, new_state, loss
 
 
-def make_step(loss_fn: LossFn, optimizer: SGD) -> Step:
+def make_step(loss_fn: LossFn, optimizer: Optimizer) -> Step:
     """One local step: ``(params, buffers, opt_state, x, y, weight, lr)`` to the same state and the loss."""
     return Step(loss_fn, optimizer)

@@ -8,6 +8,7 @@ from typing import Any, get_type_hints
 
 import torch
 from pydantic import TypeAdapter, ValidationError
+from torch import nn
 
 from fedge.errors import ConfigError
 from fedge.models.base import SplitModel
@@ -15,9 +16,10 @@ from fedge.models.cnn import build_cifar_cnn, build_cnn2, build_cnn4, build_lene
 from fedge.models.cse import build_cse_cifar, build_cse_femnist
 from fedge.models.mlp import build_fcnn, build_mlp
 from fedge.models.resnet import build_resnet18
+from fedge.models.user import as_split_model
 from fedge.models.vgg import build_vgg
 
-Builder = Callable[..., SplitModel]
+Builder = Callable[..., nn.Module]  # zoo builders return a SplitModel
 
 MODELS: dict[str, Builder] = {
     "mlp": build_mlp,
@@ -60,12 +62,12 @@ def build_model(name: str, input_shape: tuple[int, ...], num_classes: int, **opt
     global RNG (the caller seeds it)."""
     if name not in MODELS:
         raise ConfigError("model.name", f"unknown model {name!r}; known: {', '.join(MODELS)}")
-    return MODELS[name](tuple(input_shape), num_classes, **_validate_options(name, options))
+    return as_split_model(MODELS[name](tuple(input_shape), num_classes, **_validate_options(name, options)))
 
 
 def model_descriptions() -> dict[str, str]:
     """One line per model: the first line of its builder's docstring."""
-    return {name: inspect.getdoc(builder).splitlines()[0] for name, builder in MODELS.items()}
+    return {name: (inspect.getdoc(builder) or name).splitlines()[0] for name, builder in MODELS.items()}
 
 
 def model_cut_points(name: str, input_shape: tuple[int, ...], num_classes: int) -> list[tuple[int, str]]:

@@ -33,7 +33,9 @@ class AfindConfig(PeerConfig, SelectorConfig):
     """AFIND+ = the FedAvg-FT backbone plus the selector's knobs, and who trains what (``neighbor_mode``)."""
 
     name: Literal["afind"] = "afind"
+    """the algorithm (`fedge list`)"""
     neighbor_mode: Literal["literal", "standard"] = "literal"
+    """literal (a neighbour trains a copy of the requester's model) or standard"""
 
 
 @register(

@@ -40,7 +40,7 @@ from fedge.algorithms.decentralized.view import PeerView
 from fedge.comm import Link, nodes
 from fedge.config import AlgorithmConfig, CodecName, SGDConfig
 from fedge.data.federated import FederatedData
-from fedge.engine import SGD, ClientBank, buffers_of, classification_loss, make_step, parameters_of
+from fedge.engine import ClientBank, buffers_of, classification_loss, make_optimizer, make_step, parameters_of
 from fedge.engine.mixing import mix
 from fedge.engine.personal import evaluate_clients, fine_tuned
 from fedge.engine.step import StepFn
@@ -70,19 +70,33 @@ class PeerConfig(AlgorithmConfig):
     """
 
     local_epochs: PositiveInt = 5
+    """passes over the client's data per round"""
     batch_size: PositiveInt = 32
+    """samples per local step"""
     drop_last: bool = False
+    """skip each epoch's short last batch"""
     optimizer: SGDConfig = Field(default_factory=paper_optimizer)
+    """the clients' local optimizer"""
     ft_epochs: NonNegativeInt = 1
+    """fine-tuning epochs of each client's copy before it is evaluated"""
     peers: PositiveInt = 10
+    """neighbours each client talks to per round"""
     topology: TopologyConfig = Field(default_factory=TopologyConfig)
+    """the graph of who may talk to whom"""
     personal: Literal["none", "head"] = "none"
+    """none, or head: the last block stays private to each client"""
     local_update: Literal["joint", "alternating"] = "joint"
+    """joint (all parameters) or alternating (head, then body)"""
     head_epochs: PositiveInt = 1
+    """alternating: epochs on the head before the body"""
     probe_size: Annotated[int, Field(ge=1)] | None = None
+    """samples of the batch a client probes neighbours on (default: the batch size)"""
     codec_model: CodecName = "fp32"
+    """encoding of the models peers send each other"""
     codec_request: CodecName = "fp32"
+    """encoding of the models requesters send for probing"""
     codec_proxy: CodecName = "fp32"
+    """encoding of gradient proxies and losses"""
 
 
 def sample_peers(seed: int, purpose: str, round_: int, allowed: np.ndarray, k: int) -> np.ndarray:
@@ -120,8 +134,8 @@ class PeerAlgorithm(Algorithm):
         self.neighbours = torch.as_tensor(self.adjacency, device=ctx.device)
         self.head = self._head_names()
         self.private = self.head if cfg.personal == "head" else set()
-        self.sgd = SGD(momentum=cfg.optimizer.momentum, weight_decay=cfg.optimizer.weight_decay)
-        self.step = make_step(classification_loss(self.model), self.sgd)
+        self.sgd = make_optimizer(cfg.optimizer)
+        self.step = make_step(classification_loss(self.model, ctx.criterion), self.sgd)
         params, buffers = parameters_of(self.model), buffers_of(self.model)
         self.bank = ClientBank.broadcast(range(n), params, buffers)
         self.requests = ctx.network.link(cfg.codec_request)  # models sent for probing
@@ -260,7 +274,7 @@ class PeerAlgorithm(Algorithm):
         train = {k: v for k, v in params.items() if k in trainable}
         frozen = {k: v for k, v in params.items() if k not in trainable}
         bank = ClientBank(tuple(int(o) for o in owners), train, {**buffers, **frozen, **(extra or {})})
-        bank.opt_state = self.sgd.init(train)
+        bank.opt_state = self.sgd.init(train, rows=len(owners))
         plan = self.train_data.batch_plan(bank.clients, t, epochs, cfg.batch_size, cfg.drop_last, purpose)
         samples = plan.weight.sum(dim=(1, 2)).double().cpu().numpy()
         self.work.compute(np.asarray(bank.clients), samples, backward=True)
@@ -347,7 +361,7 @@ class PeerAlgorithm(Algorithm):
                 self.ctx.executor,
                 step or self.step,
                 copies,
-                self.sgd.init(bank.params),
+                self.sgd.init(bank.params, rows=len(bank.clients)),
                 self.train_data,
                 self.round,
                 cfg.ft_epochs,

@@ -38,8 +38,11 @@ class DisPFLConfig(PeerConfig, HostedConfig):
     """Mask density (ERK), the initial prune fraction, plus the host fields (peer choice, AFIND+ knobs)."""
 
     name: Literal["dispfl"] = "dispfl"
+    """the algorithm (`fedge list`)"""
     density: Annotated[float, Field(gt=0.0, le=1.0)] = 0.5
+    """share of weights each client's sparse model keeps (ERK)"""
     anneal: Annotated[float, Field(ge=0.0, lt=1.0)] = 0.5
+    """initial share of the kept weights pruned and regrown, annealed to 0"""
 
 
 def erk_densities(shapes: dict[str, tuple[int, ...]], density: float) -> dict[str, float]:
@@ -63,6 +66,8 @@ def erk_densities(shapes: dict[str, tuple[int, ...]], density: float) -> dict[st
 )
 class DisPFL(PeerAlgorithm):
     """Sparse personal models: the bank holds masked weights, ``self.masks`` the 0/1 masks per client."""
+
+    takes_loss = False  # its own loss terms are cross-entropy
 
     cfg: DisPFLConfig
     state_fields = (*PeerAlgorithm.state_fields, "masks", "choice")

@@ -19,6 +19,7 @@ from fedge.algorithms.base import Context, register
 from fedge.algorithms.decentralized.common import PeerAlgorithm, PeerConfig
 from fedge.algorithms.decentralized.hosted import HostedConfig, PeerChoice
 from fedge.comm import nodes
+from fedge.config import keys
 from fedge.engine import ClientBank, make_step
 from fedge.metrics import Evaluation, RoundReport
 from fedge.tensors import Tensors, rows
@@ -30,8 +31,11 @@ class DittoConfig(PeerConfig, HostedConfig):
     """Ditto's proximal strength and personal epochs, plus the host fields (peer choice, AFIND+ knobs)."""
 
     name: Literal["ditto"] = "ditto"
-    lam: Annotated[float, Field(ge=0.0)] = 0.75
+    """the algorithm (`fedge list`)"""
+    lam: Annotated[float, Field(ge=0.0)] = Field(0.75, **keys("proximal_weight", "lam", "lambda"))
+    """weight of the personal model's pull towards the collaborative one"""
     personal_epochs: PositiveInt = 1
+    """epochs of personal-model training per round"""
 
 
 @register(
@@ -39,6 +43,8 @@ class DittoConfig(PeerConfig, HostedConfig):
 )
 class Ditto(PeerAlgorithm):
     """Collaborative bank (mixed with peers) and personal bank (proximal local training)."""
+
+    takes_loss = False  # its own loss terms are cross-entropy
 
     cfg: DittoConfig
     state_fields = (*PeerAlgorithm.state_fields, "personal_bank", "choice")

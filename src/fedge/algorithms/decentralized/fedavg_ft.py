@@ -26,10 +26,15 @@ class FedAvgFTConfig(FedAvgConfig):
     """FedAvg's knobs with the AFIND+ paper's defaults, plus the fine-tune epochs before evaluation."""
 
     name: Literal["fedavg_ft"] = "fedavg_ft"  # type: ignore[assignment]
+    """the algorithm (`fedge list`)"""
     fraction: Fraction = 0.1
+    """share of clients sampled each round"""
     local_epochs: PositiveInt = 5
+    """passes over the client's data per round"""
     optimizer: SGDConfig = Field(default_factory=paper_optimizer)
+    """the clients' local optimizer"""
     ft_epochs: NonNegativeInt = 1
+    """fine-tuning epochs of each client's copy before it is evaluated"""
 
 
 @register("fedavg_ft", FedAvgFTConfig, "FedAvg-FT: server FedAvg, each client fine-tunes before its test")
@@ -57,7 +62,7 @@ class FedAvgFT(FedAvg):
             self.ctx.executor,
             self.step,
             bank,
-            self.sgd.init(bank.params),
+            self.sgd.init(bank.params, rows=len(bank.clients)),
             data,
             self.round,
             cfg.ft_epochs,

@@ -29,8 +29,11 @@ class FedericoConfig(PeerConfig):
     """Exploration probability and the EMA coefficient of the loss estimates."""
 
     name: Literal["federico"] = "federico"
+    """the algorithm (`fedge list`)"""
     epsilon: Unit = 0.3
+    """probability of exploring a random neighbour"""
     ema: Annotated[float, Field(ge=0.0, lt=1.0)] = 0.5
+    """EMA coefficient of the neighbours' loss estimates"""
 
 
 @register(

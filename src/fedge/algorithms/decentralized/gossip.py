@@ -22,6 +22,7 @@ class GossipConfig(PeerConfig):
     """The backbone's knobs; ``peers`` neighbours per client and round."""
 
     name: Literal["gossip"] = "gossip"
+    """the algorithm (`fedge list`)"""
 
 
 @register("gossip", GossipConfig, "Gossip: random neighbours each round, uniform model averaging")

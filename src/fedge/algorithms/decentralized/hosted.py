@@ -27,7 +27,9 @@ class HostedConfig(StrictModel):
     """Fields a host algorithm adds: how it picks peers, and AFIND+'s knobs when it uses AFIND+."""
 
     peer_selection: Literal["random", "afind"] = "random"
+    """random peers, or AFIND+'s selection"""
     afind: SelectorConfig = Field(default_factory=SelectorConfig)
+    """AFIND+'s knobs when peer_selection is afind"""
 
 
 class PeerChoice:

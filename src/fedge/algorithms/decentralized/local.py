@@ -15,6 +15,7 @@ class LocalConfig(PeerConfig):
     """The backbone's knobs; ``peers`` and ``topology`` are accepted (for comparisons) and unused."""
 
     name: Literal["local"] = "local"
+    """the algorithm (`fedge list`)"""
 
 
 @register("local", LocalConfig, "Local: each client trains alone, no communication (fine-tuned evaluation)")

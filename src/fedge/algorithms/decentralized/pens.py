@@ -26,9 +26,13 @@ class PensConfig(PeerConfig):
     """PENS's candidates per round (n), models kept (k) and length of the selection phase (T_s)."""
 
     name: Literal["pens"] = "pens"
+    """the algorithm (`fedge list`)"""
     candidates: PositiveInt = 10
+    """candidate models received per round (n)"""
     keep: PositiveInt = Field(5, validate_default=True)
+    """models kept from the candidates (k)"""
     selection_rounds: PositiveInt | None = None
+    """length of the selection phase (T_s; default: 10% of the run)"""
 
     @field_validator("keep")
     @classmethod

@@ -32,9 +32,13 @@ class TopologyConfig(StrictModel):
     """Which graph links the clients; ``p`` is for ``partial``, ``degree`` for ``regular``."""
 
     kind: Literal["full", "partial", "ring", "regular"] = "full"
+    """full, partial (connected Erdos-Renyi), ring or regular"""
     p: Annotated[float, Field(gt=0.0, le=1.0)] = 0.5
+    """partial: edge probability"""
     degree: PositiveInt = 4
+    """regular: neighbours per client"""
     max_retries: PositiveInt = 100
+    """redraws until the random graph is connected"""
 
 
 def is_connected(adjacency: np.ndarray) -> bool:

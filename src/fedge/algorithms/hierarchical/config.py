@@ -25,17 +25,27 @@ class RadioConfig(StrictModel):
     """
 
     bandwidth_hz: PositiveFloat = 9e6
+    """uplink bandwidth"""
     snr_db: list[float] = Field(default_factory=lambda: [30.0, 40.0], min_length=1)
+    """SNR of each group of cells"""
     cpu_ghz: list[tuple[PositiveFloat, PositiveFloat]] = Field(
         default_factory=lambda: [(1.0, 2.0), (2.0, 4.0)], min_length=1
     )
+    """per group, the [low, high] range of client CPU frequencies"""
     antennas: PositiveInt = 10
+    """edge server antennas (AirComp beamforming)"""
     cycles_per_step: PositiveFloat = 1e6
+    """CPU cycles of one local step on the full model"""
     subcarrier_hz: PositiveFloat = 15e3
+    """AirComp: OFDM subcarrier spacing"""
     symbol_s: PositiveFloat = 1.0 / 14e3
+    """AirComp: OFDM symbol duration"""
     noise_model: Literal["paper", "real_part"] = "paper"
+    """AirComp noise as the paper writes it, or its real part"""
     power_normalisation: Literal["paper", "tight"] = "paper"
+    """AirComp power scaling as the paper's, or tight (full client power)"""
     beamformer_restarts: Annotated[int, Field(ge=0)] = 4
+    """random restarts of the receive beamformer search"""
 
     @field_validator("cpu_ghz")
     @classmethod
@@ -55,18 +65,31 @@ class HierarchicalConfig(AlgorithmConfig):
     """
 
     cells: PositiveInt = 2
+    """edge servers (cells); clients are split evenly among them"""
     edge_rounds: PositiveInt = 5
+    """edge aggregations per global round (E)"""
     local_steps: PositiveInt = 20
+    """local steps between edge aggregations (H)"""
     batch_size: PositiveInt = 50
+    """samples per local step"""
     optimizer: SGDConfig = Field(default_factory=lambda: SGDConfig(lr=0.01))
+    """the clients' local optimizer"""
     split: Split = "fully_noniid"
+    """fully_noniid shards, cell_iid shards, or the run's partition block"""
     shards_per_client: PositiveInt = 2
+    """shards each client gets in the paper's splits"""
     aggregation: Literal["oma", "aircomp"] = "oma"
+    """edge aggregation by OMA (digital, TDMA) or AirComp (over the air)"""
     radio: RadioConfig = Field(default_factory=RadioConfig)
+    """HIST's wireless system"""
     codec_up: CodecName = "fp32"
+    """encoding of client-to-edge uploads (OMA only: AirComp's uplink is analogue)"""
     codec_down: CodecName = "fp32"
+    """encoding of edge-to-client broadcasts"""
     codec_edge_up: CodecName = "fp32"
+    """encoding of edge-to-cloud submodel uploads"""
     codec_edge_down: CodecName = "fp32"
+    """encoding of cloud-to-edge broadcasts"""
 
     @field_validator("codec_up")
     @classmethod
@@ -80,6 +103,7 @@ class HFedAvgConfig(HierarchicalConfig):
     """Hierarchical FedAvg: every client trains the full model (HIST's baseline, Sec. VI-B1)."""
 
     name: Literal["hfedavg"] = "hfedavg"
+    """the algorithm (`fedge list`)"""
 
 
 class HISTConfig(HierarchicalConfig):
@@ -94,7 +118,12 @@ class HISTConfig(HierarchicalConfig):
     """
 
     name: Literal["hist"] = "hist"
+    """the algorithm (`fedge list`)"""
     mask_sizes: Literal["uniform", "optimised"] = "uniform"
+    """neurons per cell: uniform, or optimised for latency (Eq. 19 / Eq. 36)"""
     size_cap: Annotated[float, Field(ge=1.0)] = 1.5
+    """optimised: at most this many times the uniform share per cell"""
     solver: Literal["greedy", "milp"] = "greedy"
+    """optimised: greedy, or the MILP reference (scipy)"""
     form: Literal["compact", "masked"] = "compact"
+    """compact (narrow tensors per cell) or masked (full size): the same update"""

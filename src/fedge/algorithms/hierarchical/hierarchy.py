@@ -33,11 +33,11 @@ from fedge.algorithms.hierarchical.training import local_steps_plan, masked_step
 from fedge.comm import Link, nodes, state_bits
 from fedge.data.federated import FederatedData
 from fedge.engine import (
-    SGD,
     ClientBank,
     buffers_of,
     classification_loss,
     evaluate_model,
+    make_optimizer,
     make_step,
     parameters_of,
 )
@@ -135,8 +135,8 @@ class HierarchicalFL(Algorithm):
         self.data = split_data(ctx, cfg, self.cells)
         self.radio = CellRadio(cfg.radio, self.cells, ctx.seed)
         opt = cfg.optimizer
-        self.sgd = SGD(momentum=opt.momentum, weight_decay=opt.weight_decay)
-        self.plain_step = make_step(classification_loss(self.model), self.sgd)
+        self.sgd = make_optimizer(opt)
+        self.plain_step = make_step(classification_loss(self.model, ctx.criterion), self.sgd)
         self.step = masked_step(self.plain_step, self.layout)
         network = ctx.network
         self.up, self.down = network.link(cfg.codec_up), network.link(cfg.codec_down)
@@ -232,7 +232,7 @@ class HierarchicalFL(Algorithm):
                 )
         params = {k: v[self.cell_of] for k, v in start_params.items()}
         buffers = {k: v[self.cell_of] for k, v in start_buffers.items()}
-        opt_state = {**self.sgd.init(params), **views.client_valid(self.cell_of)}
+        opt_state = {**self.sgd.init(params, rows=cells.size), **views.client_valid(self.cell_of)}
         bank = ClientBank(tuple(range(cells.size)), params, buffers, opt_state)
         plan = local_steps_plan(self.data, bank.clients, t, e, cfg.local_steps, cfg.batch_size)
         self.model.train()

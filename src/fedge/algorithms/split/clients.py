@@ -80,7 +80,7 @@ class ClientSide(ABC):
         trunk = {k: v for k, v in params.items() if k.startswith("trunk.")}
         z, buffers, pullback = self.executor.forward_with_vjp(self.forward, trunk, buffers, x, counts, keys)
         served = exchange(z, True)
-        trunk_state = {k: v for k, v in opt_state.items() if k in trunk}
+        trunk_state = self.sgd.select(opt_state, trunk)
         out = self.executor.map(
             self.apply,
             (trunk, trunk_state),
@@ -121,7 +121,7 @@ class AuxHeadClients(ClientSide):
 
     def __init__(self, parts: SplitParts, sgd: SGD, executor: Executor, post_step: bool, shares_aux: bool):
         super().__init__(parts, sgd, executor)
-        self.local_step = make_aux_step(parts.local, sgd, post_step)
+        self.local_step = make_aux_step(parts.local, sgd, post_step, parts.criterion)
         self.apply = make_apply(sgd, None)
         self.shares_aux = shares_aux
 

@@ -59,27 +59,49 @@ class SplitConfig(AlgorithmConfig):
 
     name: str
     batch_size: PositiveInt = 10
+    """samples per local step"""
     local_epochs: PositiveInt = 1
+    """passes over the client's data per round"""
     local_steps: PositiveInt | None = None
+    """exactly this many local steps per round instead (the theory paper's K)"""
     drop_last: bool = False
+    """skip each epoch's short last batch"""
     optimizer: SGDConfig = Field(default_factory=SGDConfig)
+    """optimizer of the client trunk (and aux head)"""
     server_optimizer: SGDConfig | None = None
+    """optimizer of the server part (default: the client's settings)"""
     lr_decay: Annotated[float, Field(gt=0.0, le=1.0)] = 1.0
+    """both step sizes times this every lr_decay_every rounds"""
     lr_decay_every: PositiveInt = 10
+    """rounds between step-size decays"""
     participation: Literal["full", "without_replacement", "with_replacement"] = "full"
+    """full, without_replacement or with_replacement sampling of clients"""
     clients_per_round: PositiveInt | None = None
+    """clients drawn per round when sampling"""
     duplicates: Literal["independent", "merge"] = "independent"
+    """with replacement: independent runs per draw, or merged by multiplicity"""
     aggregation: Literal["size", "uniform"] = "size"
+    """client models weighted by training-set size or uniformly"""
     aggregate_divisor: Literal["draws", "all_clients"] = "draws"
+    """divide by the participants (draws) or by all clients (Algorithm 1's box)"""
     agg_every: PositiveInt | None = None
+    """aggregate every this many local steps inside a round (default: once, at its end)"""
     server_order: Literal["round_robin", "random", "client_after_client", "arrival"] = "round_robin"
+    """queue order at a shared server: round_robin, random, client_after_client or arrival (simulated)"""
     arrival_jitter_s: Annotated[float, Field(ge=0.0)] = 0.0
+    """arrival order: upper end of the seeded uniform jitter added to each upload's arrival (s)"""
     server_lr_divide_by_m: bool = False
+    """server step size divided by the number of clients"""
     global_lr: Positive = 1.0
+    """step from the old global client model towards the average (1: plain averaging)"""
     freeze_client_after: PositiveInt | None = None
+    """clients stop learning after this round (an ablation)"""
     init: Literal["torch_default", "normal0.05"] = "torch_default"
+    """torch_default, or normal0.05 (every weight ~ N(0, 0.05^2), the authors' code)"""
     codec_up: CodecName = "fp32"
+    """encoding of smashed data, labels and model uploads"""
     codec_down: CodecName = "fp32"
+    """encoding of gradients and model downloads"""
 
     @field_validator("aggregate_divisor")
     @classmethod
@@ -95,6 +117,7 @@ class GradientReturnConfig(SplitConfig):
     naming a threshold)."""
 
     clip_norm: Positive | None = None
+    """global-norm clipping of server and client gradients (default: none)"""
 
 
 class AuxHeadConfig(SplitConfig):
@@ -105,7 +128,9 @@ class AuxHeadConfig(SplitConfig):
     never sent, never averaged (an ablation; the default averages it with the trunk, CSE-FSL Eq. 14)."""
 
     smashed_from: Literal["pre_step", "post_step"] = "pre_step"
+    """smashed data from the local step's forward pass (pre_step) or one after it"""
     aggregate_aux: bool = True
+    """average the aux heads with the trunks (false: each stays local)"""
 
 
 class ServerCopiesConfig(SplitConfig):
@@ -114,3 +139,4 @@ class ServerCopiesConfig(SplitConfig):
     average (``avg``) or with the first participant's copy before averaging (``copy0``)."""
 
     copies_eval: Literal["avg", "copy0"] = "avg"
+    """evaluate with the averaged server copy (avg) or the first participant's (copy0)"""

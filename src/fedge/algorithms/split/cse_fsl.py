@@ -25,7 +25,7 @@ from typing import Literal
 
 import numpy as np
 import torch
-from pydantic import PositiveInt
+from pydantic import Field, PositiveInt
 
 from fedge.algorithms.base import Context, register
 from fedge.algorithms.split.clients import State
@@ -34,6 +34,7 @@ from fedge.algorithms.split.parts import trunk_only
 from fedge.algorithms.split.plans import limit_steps
 from fedge.algorithms.split.protocol import LocalLoss, Round
 from fedge.algorithms.split.server import SERVER_STAGE, Served, SharedServer, SplitServer
+from fedge.config import keys
 from fedge.data.federated import BatchPlan
 from fedge.errors import ConfigError
 from fedge.rng import numpy_rng
@@ -44,11 +45,17 @@ class CseFslConfig(AuxHeadConfig):
     """CSE-FSL: upload interval ``h``, incomplete blocks, and the theory variant's trigger, l and z_b step."""
 
     name: Literal["cse_fsl"] = "cse_fsl"
-    h: PositiveInt = 1
+    """the algorithm (`fedge list`)"""
+    h: PositiveInt = Field(1, **keys("upload_every", "h"))
+    """clients upload smashed data every this many local steps (CSE-FSL's h)"""
     drop_incomplete_block: bool = False
+    """drop a round's last local steps that do not fill a block of h"""
     server_trigger: Literal["every_h_batches", "every_l_rounds"] = "every_h_batches"
-    server_every: PositiveInt = 1
+    """the server learns from each upload, or only every l rounds (the theory variant)"""
+    server_every: PositiveInt = Field(1, **keys("server_every", "l"))
+    """every_l_rounds: rounds between the server's learning passes (l)"""
     zb_step: Literal["aux", "server_backprop"] = "aux"
+    """the theory variant's z_b step: by the aux head, or by server back-propagation"""
 
 
 @register(
@@ -86,7 +93,9 @@ class CseFsl(LocalLoss):
         return int(per_epoch.max(initial=0)) * cfg.local_epochs
 
     def server_part(self, params: Tensors, buffers: Tensors) -> SplitServer:
-        return SharedServer(self.clients.parts.server, params, buffers, self.server_sgd, None)
+        return SharedServer(
+            self.clients.parts.server, params, buffers, self.server_sgd, None, self.ctx.criterion
+        )
 
     def uploads_at(self, step: int) -> bool:
         return self.cfg.server_trigger == "every_h_batches" and (step + 1) % self.cfg.h == 0

@@ -17,6 +17,7 @@ class TraditionalFedSLConfig(FedSLConfig):
     """Traditional FedSL: batch size, step size, initialisation and codecs only."""
 
     name: Literal["fedsl"] = "fedsl"
+    """the algorithm (`fedge list`)"""
 
 
 @register(

@@ -21,6 +21,7 @@ class FslAnConfig(AuxHeadConfig, ServerCopiesConfig):
     """FSL_AN: the shared split knobs, ``smashed_from`` and ``copies_eval``."""
 
     name: Literal["fsl_an"] = "fsl_an"
+    """the algorithm (`fedge list`)"""
 
 
 @register(
@@ -36,5 +37,12 @@ class FslAn(LocalLoss):
     def server_part(self, params: Tensors, buffers: Tensors) -> SplitServer:
         module, cfg = self.clients.parts.server, self.cfg
         return ServerCopies(
-            module, params, buffers, self.server_sgd, None, self.ctx.executor, cfg.copies_eval
+            module,
+            params,
+            buffers,
+            self.server_sgd,
+            None,
+            self.ctx.executor,
+            cfg.copies_eval,
+            criterion=self.ctx.criterion,
         )

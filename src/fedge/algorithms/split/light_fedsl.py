@@ -85,14 +85,23 @@ class FedSLConfig(AlgorithmConfig):
 
     name: str
     batch_size: PositiveInt = 32
+    """samples per client and round (a round is one step)"""
     drop_last: bool = False
+    """skip each epoch's short last batch"""
     optimizer: SGDConfig = Field(default_factory=SGDConfig)
+    """one constant SGD step size for client and server (no momentum, no decay)"""
     init: Literal["torch_default", "normal0.05"] = "torch_default"
+    """torch_default, or normal0.05 (every weight ~ N(0, 0.05^2))"""
     codec_up: Literal["fp32", "fp16"] = "fp32"
+    """encoding of uploads (smashed data, labels)"""
     codec_down: Literal["fp32", "fp16"] = "fp32"
+    """encoding of downloads (gradients)"""
     model_codec: Literal["fp32", "fp16", "sparse"] = "fp32"
+    """encoding of client-model uploads and broadcasts: fp32, fp16 or sparse"""
     server_order: Literal["parallel", "arrival"] = "parallel"
+    """the simulated clock: parallel service, or a FIFO queue in simulated arrival order"""
     arrival_jitter_s: Annotated[float, Field(ge=0.0)] = 0.0
+    """arrival order: upper end of the seeded uniform jitter added to each upload's arrival (s)"""
 
 
 class LightFedSLConfig(FedSLConfig):
@@ -108,12 +117,19 @@ class LightFedSLConfig(FedSLConfig):
     """
 
     name: Literal["light_fedsl"] = "light_fedsl"
+    """the algorithm (`fedge list`)"""
     final_sparsity: Annotated[float, Field(ge=0.0, lt=1.0)] = 0.35
+    """share of client weights pruned by the end of the schedule (rho_f; 0: off)"""
     schedule_rounds: PositiveInt | None = None
+    """round at which pruning reaches final_sparsity (T; default: the run's rounds)"""
     quant_bits: Annotated[int, Field(ge=1, le=32)] | None = 8
+    """bits per client-gradient entry (q; null or 32: full precision)"""
     quant_granularity: Literal["vector", "tensor"] = "vector"
+    """one quantisation range for the whole gradient (vector) or per tensor"""
     cut_dropout: Annotated[float, Field(ge=0.0, lt=1.0)] = 0.3
+    """dropout rate of the cut-layer output (p), mask from a shared seed"""
     agg_interval: PositiveInt = 5
+    """client models are averaged every this many rounds (I)"""
 
 
 @dataclass(frozen=True)
@@ -194,6 +210,7 @@ class LightFedSL(Algorithm):
 
     cfg: FedSLConfig
     state_fields = ("clients", "server", "totals")
+    takes_loss = False
 
     def __init__(self, ctx: Context, cfg: FedSLConfig):
         super().__init__(ctx, cfg)
@@ -203,6 +220,8 @@ class LightFedSL(Algorithm):
         ):
             if value:
                 raise ConfigError(f"algorithm.optimizer.{key}", "lightweight FedSL is plain SGD (Eq. 13)")
+        if cfg.optimizer.kind != "sgd":
+            raise ConfigError("algorithm.optimizer.kind", "lightweight FedSL is plain SGD (Eq. 13)")
         self.knobs = self.compression()
         self.parts = build_parts(ctx, with_aux=False)
         self.prunable = prunable_names(self.parts.trunk, "trunk.")

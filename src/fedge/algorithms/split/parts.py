@@ -15,9 +15,9 @@ from torch import nn
 
 from fedge.algorithms.base import Context
 from fedge.config import AuxConfig
-from fedge.engine import buffers_of, parameters_of
+from fedge.engine import Criterion, buffers_of, cross_entropy, parameters_of
 from fedge.errors import ConfigError
-from fedge.models import SplitModel, aux_head, output_shape, split
+from fedge.models import SplitModel, aux_head, block_cut, output_shape, split
 from fedge.rng import global_stream, torch_rng
 from fedge.tensors import Tensors
 
@@ -33,6 +33,7 @@ class SplitParts:
     input_shape: tuple[int, ...]
     smashed_shape: tuple[int, ...]
     cut: int
+    criterion: Criterion = cross_entropy  # the training loss of the aux head and the server part
 
     @property
     def has_aux(self) -> bool:
@@ -41,7 +42,7 @@ class SplitParts:
 
 def resolve_cut(ctx: Context, model: SplitModel) -> int:
     """``model.cut``, else the model's paper cut; an error naming ``model.cut`` when there is neither."""
-    cut = ctx.config.model.cut if ctx.config.model.cut is not None else model.default_cut
+    cut = block_cut(model, ctx.config.model.cut) if ctx.config.model.cut is not None else model.default_cut
     if cut is None:
         raise ConfigError(
             "model.cut",
@@ -67,7 +68,8 @@ def build_parts(ctx: Context, with_aux: bool) -> SplitParts:
         with global_stream(ctx.seed, "aux-init"):
             head = aux_head(spec.kind, shape, ctx.data.num_classes, spec.channels, spec.hidden)
         children["aux"] = head.to(ctx.device)
-    return SplitParts(model, trunk, server, nn.Sequential(children), tuple(ctx.data.input_shape), shape, cut)
+    local = nn.Sequential(children)
+    return SplitParts(model, trunk, server, local, tuple(ctx.data.input_shape), shape, cut, ctx.criterion)
 
 
 def initial_state(parts: SplitParts, init: str, seed: int) -> tuple[Tensors, Tensors, Tensors, Tensors]:

@@ -35,7 +35,7 @@ from fedge.algorithms.split.plans import round_plan
 from fedge.algorithms.split.server import SERVER_STAGE, CutBatch, Served, SplitServer
 from fedge.comm import FloatCodec, nodes, state_bits
 from fedge.data.federated import BatchPlan
-from fedge.engine import SGD, ClientBank, evaluate_model, stack_copies, weighted_sum
+from fedge.engine import ClientBank, evaluate_model, make_optimizer, stack_copies, weighted_sum
 from fedge.engine.noise import RowKeys
 from fedge.errors import ConfigError
 from fedge.metrics import Evaluation, RoundReport
@@ -124,8 +124,8 @@ class SplitLearning(Algorithm):
         if cfg.agg_every is not None and cfg.server_order == "client_after_client":
             raise ConfigError("algorithm.agg_every", "needs server_order round_robin or random")
         client_opt, server_opt = cfg.optimizer, cfg.server_optimizer or cfg.optimizer
-        self.client_sgd = SGD(momentum=client_opt.momentum, weight_decay=client_opt.weight_decay)
-        self.server_sgd = SGD(momentum=server_opt.momentum, weight_decay=server_opt.weight_decay)
+        self.client_sgd = make_optimizer(client_opt)
+        self.server_sgd = make_optimizer(server_opt)
         self.clients = self.client_side()
         self.parts = self.clients.parts
         client, client_buffers, server, server_buffers = initial_state(self.parts, cfg.init, ctx.seed)

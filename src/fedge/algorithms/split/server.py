@@ -30,7 +30,7 @@ import torch
 from torch import nn
 
 from fedge.comm import state_bits
-from fedge.engine import SGD, Executor, stack_copies, weighted_sum
+from fedge.engine import SGD, Criterion, Executor, cross_entropy, stack_copies, weighted_sum
 from fedge.engine.noise import keyed_noise
 from fedge.engine.split import make_server_step
 from fedge.tensors import Tensors, rows
@@ -124,12 +124,13 @@ class ServerCopies(SplitServer):
         clip_norm: float | None,
         executor: Executor,
         evaluate_with: str = "avg",
+        criterion: Criterion = cross_entropy,
     ):
         super().__init__(params, buffers, sgd)
         self.executor = executor
         self.evaluate_with = evaluate_with
         self.steps = {
-            grad: make_server_step(module, sgd, clip_norm, grad, vmappable=True) for grad in (False, True)
+            grad: make_server_step(module, sgd, clip_norm, grad, True, criterion) for grad in (False, True)
         }
         self.copies: tuple[Tensors, Tensors, Tensors] = ({}, {}, {})
         self.first_copy: tuple[Tensors, Tensors] | None = None
@@ -203,12 +204,18 @@ class SharedServer(SplitServer):
     state_fields = (*SplitServer.state_fields, "opt_state")
 
     def __init__(
-        self, module: nn.Module, params: Tensors, buffers: Tensors, sgd: SGD, clip_norm: float | None
+        self,
+        module: nn.Module,
+        params: Tensors,
+        buffers: Tensors,
+        sgd: SGD,
+        clip_norm: float | None,
+        criterion: Criterion = cross_entropy,
     ):
         super().__init__(params, buffers, sgd)
         self.opt_state = sgd.init(params)
         self.steps = {
-            grad: make_server_step(module, sgd, clip_norm, grad, vmappable=False) for grad in (False, True)
+            grad: make_server_step(module, sgd, clip_norm, grad, False, criterion) for grad in (False, True)
         }
 
     def begin(self, count: int) -> None:

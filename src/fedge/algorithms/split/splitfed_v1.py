@@ -22,6 +22,7 @@ class SplitFedV1Config(GradientReturnConfig, ServerCopiesConfig):
     """FSL_MC: the shared split knobs, optional gradient clipping (off) and ``copies_eval``."""
 
     name: Literal["splitfed_v1"] = "splitfed_v1"
+    """the algorithm (`fedge list`)"""
 
 
 @register(
@@ -38,5 +39,12 @@ class SplitFedV1(GradientReturn):
         cfg = self.cfg
         module = self.clients.parts.server
         return ServerCopies(
-            module, params, buffers, self.server_sgd, cfg.clip_norm, self.ctx.executor, cfg.copies_eval
+            module,
+            params,
+            buffers,
+            self.server_sgd,
+            cfg.clip_norm,
+            self.ctx.executor,
+            cfg.copies_eval,
+            criterion=self.ctx.criterion,
         )

@@ -22,7 +22,9 @@ class SplitFedV2Config(GradientReturnConfig):
     """FSL_OC: the shared split knobs and gradient clipping at 1.0 by default."""
 
     name: Literal["splitfed_v2"] = "splitfed_v2"
+    """the algorithm (`fedge list`)"""
     clip_norm: Positive | None = 1.0
+    """global-norm clipping of server and client gradients"""
 
 
 @register(
@@ -36,4 +38,5 @@ class SplitFedV2(GradientReturn):
     cfg: SplitFedV2Config
 
     def server_part(self, params: Tensors, buffers: Tensors) -> SplitServer:
-        return SharedServer(self.clients.parts.server, params, buffers, self.server_sgd, self.cfg.clip_norm)
+        parts, clip = self.clients.parts, self.cfg.clip_norm
+        return SharedServer(parts.server, params, buffers, self.server_sgd, clip, self.ctx.criterion)

@@ -47,7 +47,9 @@ _DESCRIPTIONS = {
 
 def source_descriptions() -> dict[str, str]:
     """One line per source, for ``fedge list``."""
-    return {name: _DESCRIPTIONS[name] for name in SOURCES}
+    return {
+        name: _DESCRIPTIONS.get(name) or (SOURCES[name].__doc__ or name).splitlines()[0] for name in SOURCES
+    }
 
 
 def _subset(n: int, limit: int | None, rng: np.random.Generator) -> np.ndarray | None:
