@@ -166,6 +166,8 @@ class EngineConfig(StrictModel):
     threads: Annotated[int, Field(ge=1, le=1024)] | None = None
     compile: bool = False  # torch.compile the batched executor's step (first rounds pay compilation)
     retain_memory: bool = True  # on CPU, keep freed memory for reuse (fedge.engine.host)
+    # seconds a collective waits for the other ranks of a torchrun-launched run (docs/scale-out.md)
+    dist_timeout: Annotated[float, Field(gt=0.0, le=86400.0)] = 300.0
 
 
 class SystemConfig(StrictModel):
