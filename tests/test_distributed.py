@@ -37,7 +37,13 @@ def base(tmp_path: Path, **algorithm) -> dict:
     return {
         "seed": 5,
         "rounds": 3,
-        "data": {"name": "synthetic", "num_train": 360, "num_test": 120, "shape": [1, 6, 6], "num_classes": 4},
+        "data": {
+            "name": "synthetic",
+            "num_train": 360,
+            "num_test": 120,
+            "shape": [1, 6, 6],
+            "num_classes": 4,
+        },
         "partition": {"kind": "dirichlet", "num_clients": 6, "alpha": 0.5, "min_size": 8},
         "model": {"name": "mlp", "options": {"hidden": [16]}},
         "algorithm": algorithm,
@@ -48,6 +54,19 @@ def base(tmp_path: Path, **algorithm) -> dict:
 def configs(tmp_path: Path) -> dict[str, dict]:
     return {
         "fedavg": base(tmp_path, name="fedavg", batch_size=16, fraction=0.7, optimizer={"lr": 0.1}),
+        "hist": base(
+            tmp_path, name="hist", cells=3, split="partition", edge_rounds=2, local_steps=2, batch_size=8
+        ),
+        "hfedavg": base(
+            tmp_path,
+            name="hfedavg",
+            cells=3,
+            split="partition",
+            edge_rounds=1,
+            local_steps=2,
+            batch_size=8,
+            aggregation="aircomp",
+        ),  # fmt: skip
     }
 
 
@@ -71,8 +90,12 @@ def launch(world: int, jobs: list[tuple[dict, str]], timeout: float = 120.0) -> 
         for r in range(world)
     ]
     errors = [p.communicate(timeout=timeout)[1] for p in procs]
-    for p, err in zip(procs, errors, strict=True):
-        assert p.returncode == 0, err[-3000:]
+    failed = [
+        f"rank {r}: {err[-2000:]}"
+        for r, (p, err) in enumerate(zip(procs, errors, strict=True))
+        if p.returncode
+    ]
+    assert not failed, "\n".join(failed)
 
 
 @pytest.fixture(scope="module")
@@ -108,7 +131,7 @@ def final_state(run_dir: Path) -> np.ndarray:
     return np.concatenate(flat_state(saved.state["algorithm"]))
 
 
-@pytest.mark.parametrize("name", ["fedavg"])
+@pytest.mark.parametrize("name", ["fedavg", "hist", "hfedavg"])
 def test_two_ranks_twice_bit_identical_and_match_one_process(runs, name):
     root = runs[name]
     two_a, two_b, one = (root / f"{name}-{tag}" for tag in ("a", "b", "single"))
@@ -122,7 +145,7 @@ def test_two_ranks_twice_bit_identical_and_match_one_process(runs, name):
 
 def test_only_rank_zero_writes(runs):
     names = sorted(p.name for p in runs["fedavg"].iterdir())
-    assert names == ["fedavg-a", "fedavg-b", "fedavg-single"]
+    assert names == sorted(f"{name}-{tag}" for name in runs for tag in ("a", "b", "single"))
 
 
 @pytest.mark.parametrize("total,size", [(7, 2), (2, 3), (10, 4), (0, 2)])

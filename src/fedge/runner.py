@@ -306,12 +306,14 @@ class Runner:
         summary = {**summarize(self.config, self.rows), **records.ledger_summary(self.built.context.ledger)}
         summary.update(status="finished", first_nonfinite=self.nonfinite)
         if not self.group.writes:
+            self.group.barrier()  # rank 0 has written the results when any rank returns
             return Result(self.run_dir, self.config, self.rows, summary)
         results.write_jsonl(self.run_dir / results.METRICS, self.rows)
         results.write_text(self.run_dir / results.LEDGER, self.built.context.ledger.to_csv())
         results.write_json(self.run_dir / results.SUMMARY, summary)
         if self.config.output.plots:
             plot_run(self.run_dir, self.rows, self.run_dir.name)
+        self.group.barrier()
         return Result(self.run_dir, self.config, self.rows, summary)
 
 

@@ -9,6 +9,7 @@ becomes a one-line :class:`DistError` instead of a hang or a traceback.
 
 from __future__ import annotations
 
+import atexit
 import os
 from collections.abc import Callable
 from datetime import timedelta
@@ -103,17 +104,31 @@ class TorchGroup(Group):
             )
         self.rank = dist.get_rank()
         self.size = dist.get_world_size()
+        self.failed = False
+        atexit.register(self.close)
         self.device = torch.device("cuda", torch.cuda.current_device()) if cuda else torch.device("cpu")
 
     def _call(self, what: str, fn: Callable[[], T]) -> T:
         try:
             return fn()
         except (RuntimeError, ValueError, ConnectionError) as error:
+            self.failed = True
             first = str(error).strip().splitlines()[0] if str(error).strip() else type(error).__name__
             raise DistError(
                 f"distributed: rank {self.rank}: {what} failed: a peer process stopped or did"
                 f" not answer within engine.dist_timeout={self.timeout_s:g}s ({first[:200]})"
             ) from None
+
+    def close(self) -> None:
+        """At exit: wait for the other ranks (unless one failed), then take the group down cleanly."""
+        if not self.dist.is_initialized():
+            return
+        if not self.failed:
+            try:
+                self.dist.barrier()
+            except RuntimeError:
+                return
+        self.dist.destroy_process_group()
 
     def sum_tensors(self, tensors: Tensors) -> Tensors:
         out: dict[str, torch.Tensor] = {}

@@ -47,22 +47,31 @@ def send_shard(
             round_, src, dst, kind, payload, stacked=True, lengths=lengths, keep=keep,
             seeds=None if seeds is None else list(seeds),
         )  # fmt: skip
-    scratch = Ledger()
-    sent = Link(scratch, link.codec).send(
-        round_, _local(src, shard), _local(dst, shard), kind, payload, stacked=True, lengths=lengths,
-        keep=keep, seeds=None if seeds is None else list(seeds),
-    )  # fmt: skip
-    state = scratch.state_dict()
-    names, columns = state["nodes"], state["columns"]
-    mine = (
-        [names[i] for i in columns["src"]],
-        [names[i] for i in columns["dst"]],
-        np.asarray(columns["bits"], dtype=np.int64),
-        np.asarray(sent.bits, dtype=np.int64),
+    mine: tuple[list[str], list[str], np.ndarray, np.ndarray] = (
+        [],
+        [],
+        np.zeros(0, np.int64),
+        np.zeros(0, np.int64),
     )
+    received = payload  # a rank without rows in this send sends nothing
+    if len(shard):
+        scratch = Ledger()
+        sent = Link(scratch, link.codec).send(
+            round_, _local(src, shard), _local(dst, shard), kind, payload, stacked=True, lengths=lengths,
+            keep=keep, seeds=None if seeds is None else list(seeds),
+        )  # fmt: skip
+        state = scratch.state_dict()
+        names, columns = state["nodes"], state["columns"]
+        mine = (
+            [names[i] for i in columns["src"]],
+            [names[i] for i in columns["dst"]],
+            np.asarray(columns["bits"], dtype=np.int64),
+            np.asarray(sent.bits, dtype=np.int64),
+        )
+        received = sent.payload
     parts = group.all_objects(mine)
     senders = [name for part in parts for name in part[0]]
     receivers = [name for part in parts for name in part[1]]
     if senders:
         link.ledger.record(round_, senders, receivers, kind, np.concatenate([part[2] for part in parts]))
-    return Sent(sent.payload, np.concatenate([part[3] for part in parts]))
+    return Sent(received, np.concatenate([part[3] for part in parts]))
