@@ -12,6 +12,7 @@ import os
 import socket
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import numpy as np
@@ -154,3 +155,46 @@ def test_shards_cover_rows_in_rank_order(total, size):
         shards = [split(total, r, size) for r in range(size)]
         assert [i for s in shards for i in range(s.start, s.stop)] == list(range(total))
         assert max(map(len, shards)) - min(map(len, shards)) <= 1
+
+
+@pytest.mark.slow
+def test_a_killed_rank_stops_the_other_and_resume_on_one_process_finishes_the_same(tmp_path):
+    """SIGKILL rank 1 mid-run: rank 0 exits within the timeout with one line and a non-zero code, the last
+    complete checkpoint stays, and resuming on one process ends where an uninterrupted run ends."""
+    cfg = base(tmp_path, name="fedavg", batch_size=16, optimizer={"lr": 0.1})
+    cfg.update(rounds=150, engine={"dist_timeout": 20})
+    cfg["output"].update(checkpoint_every=2, name="killed")
+    path = tmp_path / "run.yaml"
+    path.write_text(json.dumps(cfg))
+    env = {**os.environ, "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(free_port()), "OMP_NUM_THREADS": "1"}
+    env["PYTHONPATH"] = os.pathsep.join([str(Path(fedge.__file__).parents[1]), env.get("PYTHONPATH", "")])
+    procs = [
+        subprocess.Popen(
+            [sys.executable, "-m", "fedge", "run", str(path), "-q"],
+            env={**env, "RANK": str(r), "LOCAL_RANK": str(r), "WORLD_SIZE": "2"},
+            stderr=subprocess.PIPE,
+            text=True,
+        )
+        for r in range(2)
+    ]
+    metrics = tmp_path / "runs" / "killed" / "metrics.jsonl"
+    deadline = time.monotonic() + 120
+    while not (metrics.exists() and len(metrics.read_text().splitlines()) >= 5):
+        assert time.monotonic() < deadline and procs[0].poll() is None
+        time.sleep(0.05)
+    procs[1].kill()
+    killed_at = time.monotonic()
+    stderr = procs[0].communicate(timeout=60)[1]
+    assert time.monotonic() - killed_at < 20 + 10
+    assert procs[0].returncode not in (0, None)
+    lines = [line for line in stderr.splitlines() if line.strip()]
+    assert len(lines) == 1 and lines[0].startswith("error: distributed: rank 0:"), stderr[-2000:]
+    procs[1].communicate()
+    run_dir = metrics.parent
+    kept = checkpoint.load(run_dir / "checkpoint.pt", load_config(run_dir / "config.yaml"))
+    assert 2 <= kept.state["round"] < 150
+    resumed = fedge.resume(run_dir)
+    reference = fedge.run(cfg, ["output.name=reference"])
+    assert (run_dir / "ledger.csv").read_text() == (reference.run_dir / "ledger.csv").read_text()
+    assert np.abs(final_state(run_dir) - final_state(reference.run_dir)).max() <= 1e-5
+    assert [r["round"] for r in resumed.metrics] == list(range(1, 151))
