@@ -68,6 +68,8 @@ def configs(tmp_path: Path) -> dict[str, dict]:
             batch_size=8,
             aggregation="aircomp",
         ),  # fmt: skip
+        "gossip": base(tmp_path, name="gossip", local_epochs=1, batch_size=16, peers=2),
+        "afind": base(tmp_path, name="afind", local_epochs=1, batch_size=16, k0=2),
     }
 
 
@@ -132,7 +134,7 @@ def final_state(run_dir: Path) -> np.ndarray:
     return np.concatenate(flat_state(saved.state["algorithm"]))
 
 
-@pytest.mark.parametrize("name", ["fedavg", "hist", "hfedavg"])
+@pytest.mark.parametrize("name", ["fedavg", "hist", "hfedavg", "gossip", "afind"])
 def test_two_ranks_twice_bit_identical_and_match_one_process(runs, name):
     root = runs[name]
     two_a, two_b, one = (root / f"{name}-{tag}" for tag in ("a", "b", "single"))

@@ -231,6 +231,33 @@ class PeerAlgorithm(Algorithm):
         epochs = cfg.local_epochs - cfg.head_epochs
         return self._train(params, buffers, owners, t, epochs, body, step, extra, purpose)
 
+    def train_sharded(
+        self, params: Tensors, buffers: Tensors, owners: Sequence[int], t: int
+    ) -> tuple[Tensors, Tensors, torch.Tensor]:
+        """:meth:`train_rows` with the rows split over the run's processes (docs/scale-out.md).
+
+        Each rank trains a contiguous share of the rows; the trained rows are gathered in row order (the
+        peer models every client may receive) and the compute tally of the round is summed over ranks
+        (sample counts: exact), so every rank holds the same rows and charges the clock the same work.
+        In one process this is :meth:`train_rows`.
+        """
+        group = self.ctx.group
+        if not group.distributed:
+            return self.train_rows(params, buffers, owners, t)
+        part = group.share(len(owners))
+        before = {"forward": self.work.forward.copy(), "backward": self.work.backward.copy()}
+        new_p, new_b, losses = self.train_rows(
+            {k: v[part.rows] for k, v in params.items()},
+            {k: v[part.rows] for k, v in buffers.items()},
+            list(owners)[part.rows],
+            t,
+        )
+        done = {k: torch.from_numpy(getattr(self.work, k) - v) for k, v in before.items()}
+        for key, total in group.sum_tensors(done).items():
+            setattr(self.work, key, before[key] + total.numpy())
+        gathered = group.gather_rows({**new_p, **new_b, "\0loss": losses})
+        return {k: gathered[k] for k in new_p}, {k: gathered[k] for k in new_b}, gathered["\0loss"]
+
     def _train(
         self,
         params: Tensors,
