@@ -123,7 +123,7 @@ def parse_args(argv: list[str] | None = None) -> tuple[argparse.Namespace, list[
     parser.add_argument(
         "--samples", type=int, default=60, help="training samples per client (with replacement)"
     )
-    parser.add_argument("--hidden", type=int, default=100, help="width of the MLP's hidden layer")
+    parser.add_argument("--hidden", type=int, default=128, help="width of the MLP's hidden layer")
     parser.add_argument("--batch-size", type=int, default=32)
     parser.add_argument("--dataset", default="mnist", choices=("mnist", "synthetic"))
     parser.add_argument("--procs", type=int, default=2)

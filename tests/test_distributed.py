@@ -70,7 +70,16 @@ def configs(tmp_path: Path) -> dict[str, dict]:
         ),  # fmt: skip
         "gossip": base(tmp_path, name="gossip", local_epochs=1, batch_size=16, peers=2),
         "afind": base(tmp_path, name="afind", local_epochs=1, batch_size=16, k0=2),
+        **{name: split_config(tmp_path, name) for name in ("splitfed_v1", "cse_fsl", "light_fedsl")},
     }
+
+
+def split_config(tmp_path: Path, name: str) -> dict:
+    """A split-family run (cut after the first block); these run replicated on every rank."""
+    config = base(tmp_path, name=name, **({"h": 2} if name == "cse_fsl" else {}))
+    config["model"]["cut"] = 1
+    config["rounds"] = 2
+    return config
 
 
 def free_port() -> int:
@@ -134,7 +143,9 @@ def final_state(run_dir: Path) -> np.ndarray:
     return np.concatenate(flat_state(saved.state["algorithm"]))
 
 
-@pytest.mark.parametrize("name", ["fedavg", "hist", "hfedavg", "gossip", "afind"])
+@pytest.mark.parametrize(
+    "name", ["fedavg", "hist", "hfedavg", "gossip", "afind", "splitfed_v1", "cse_fsl", "light_fedsl"]
+)
 def test_two_ranks_twice_bit_identical_and_match_one_process(runs, name):
     root = runs[name]
     two_a, two_b, one = (root / f"{name}-{tag}" for tag in ("a", "b", "single"))

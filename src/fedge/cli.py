@@ -188,6 +188,8 @@ def run(
 
     config, overrides = _split_config_argument(config, overrides)
     if procs > 1:
+        with _reported():
+            fedge.resolve_config(config, overrides)  # bad input: one line here, not one per rank
         flags = ["--quiet"] * quiet + ["--force"] * force
         return _launch(procs, ["run", *([config] if config else []), *overrides, *flags])
     with _reported():
