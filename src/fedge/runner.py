@@ -107,6 +107,10 @@ def build_run(config: RunConfig, force: bool = False) -> Built:
     """
     device = _device(config.engine.device)
     group = current_group(config.engine.dist_timeout, device.type == "cuda")
+    if group.size > config.partition.num_clients:
+        raise ConfigError(
+            "partition.num_clients", f"fewer clients than the {group.size} processes of the run"
+        )
     if group.distributed and device.type == "cuda":
         device = torch.device("cuda", torch.cuda.current_device())  # one GPU per local rank
     if config.engine.compile and config.engine.executor != "batched":

@@ -24,6 +24,7 @@ from fedge.engine import (
     parameters_of,
     weighted_sum,
 )
+from fedge.errors import ConfigError
 from fedge.metrics import Evaluation, RoundReport
 from fedge.rng import numpy_rng
 from fedge.system import forward_flops, parallel_clients, training_flops
@@ -77,6 +78,9 @@ class FedAvg(Algorithm):
         self.up, self.down = ctx.network.link(cfg.codec_up), ctx.network.link(cfg.codec_down)
         ctx.network.hold(nodes.SERVER, "model", {**self.params, **self.buffers})
         self.flops_per_sample = forward_flops(self.model, ctx.data.input_shape)
+        cohort = len(sample_clients(ctx.seed, 1, ctx.data.num_clients, cfg.fraction))
+        if cohort < ctx.group.size:
+            raise ConfigError("algorithm.fraction", f"{cohort} participants for {ctx.group.size} processes")
 
     def run_round(self, t: int) -> RoundReport:
         ctx, cfg, group = self.ctx, self.cfg, self.ctx.group

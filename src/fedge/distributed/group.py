@@ -120,15 +120,10 @@ class TorchGroup(Group):
             ) from None
 
     def close(self) -> None:
-        """At exit: wait for the other ranks (unless one failed), then take the group down cleanly."""
-        if not self.dist.is_initialized():
-            return
-        if not self.failed:
-            try:
-                self.dist.barrier()
-            except RuntimeError:
-                return
-        self.dist.destroy_process_group()
+        """At exit: take the group down cleanly (runs end with a barrier, so no peer is still waiting;
+        after a failure there is nobody left to tell)."""
+        if self.dist.is_initialized() and not self.failed:
+            self.dist.destroy_process_group()
 
     def sum_tensors(self, tensors: Tensors) -> Tensors:
         out: dict[str, torch.Tensor] = {}
