@@ -88,7 +88,7 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-def launch(world: int, jobs: list[tuple[dict, str]], timeout: float = 120.0) -> None:
+def launch(world: int, jobs: list[tuple[dict, str]], timeout: float = 600.0) -> None:
     """Run ``jobs`` (config, run name) one after another on ``world`` rank processes of one group."""
     env = {**os.environ, "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(free_port()), "OMP_NUM_THREADS": "1"}
     env["PYTHONPATH"] = os.pathsep.join([str(Path(fedge.__file__).parents[1]), env.get("PYTHONPATH", "")])
