@@ -2,10 +2,11 @@
 
 A 10,000-client FedAvg round of an MLP on MNIST, 60 samples per client drawn with replacement from the
 training set, one thread per rank: the round's wall time on one process and on ``--procs`` processes
-(speed-up; the fastest of ``--rounds`` rounds of each), and each rank's peak resident memory against the
-single process's (the stacked client state is split over the ranks; the dataset and torch itself are not). Each configuration runs in fresh child
-processes, side by side in one invocation, and ``/proc/loadavg`` is recorded before and after (the
-timings mean little on a busy machine). ``python -m benchmarks.scale_out [--clients N] [--procs K]``.
+(speed-up; the fastest of ``--rounds`` rounds of each), and each rank's peak resident memory against
+the single process's (the stacked client state is split over the ranks; the dataset and torch itself
+are not). Each configuration runs in fresh child processes, side by side in one invocation, and
+``/proc/loadavg`` is recorded before and after (the timings mean little on a busy machine).
+``python -m benchmarks.scale_out [--clients N] [--procs K]``.
 """
 
 from __future__ import annotations
