@@ -59,3 +59,17 @@ def test_profile_prints_the_operators_of_a_round(capsys):
     assert profile.main(["tiny", "--threads", "1", "--rows", "3"]) == 0
     out = capsys.readouterr().out
     assert out.startswith("tiny: ") and "aten::" in out
+
+
+@pytest.mark.slow
+def test_scale_out_harness_reports_ratios_on_a_small_round(tmp_path):
+    from benchmarks import scale_out
+
+    out = tmp_path / "scale-out.json"
+    argv = ["--clients", "40", "--samples", "12", "--hidden", "8", "--dataset", "synthetic", "--rounds", "1"]
+    assert scale_out.main([*argv, "--out", str(out)]) == 0
+    report = json.loads(out.read_text())
+    assert report["speedup"] > 0 and 0 < report["peak_rss_ratio_per_rank"] < 2
+    assert len(report["ranks_2"]["peak_rss"]) == 2
+    assert report["checksum_difference"] < 1e-4  # the same round on one process and on two
+    assert report["loadavg_before"]
