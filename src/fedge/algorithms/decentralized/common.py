@@ -35,6 +35,7 @@ from fedge.algorithms.decentralized.topology import TopologyConfig, build_topolo
 from fedge.algorithms.decentralized.view import PeerView
 from fedge.comm import Link, nodes
 from fedge.config import AlgorithmConfig, SGDConfig
+from fedge.distributed.evaluate import evaluate_clients_sharded
 from fedge.engine import SGD, ClientBank, buffers_of, classification_loss, make_step, parameters_of
 from fedge.engine.mixing import mix
 from fedge.engine.personal import evaluate_clients, fine_tuned
@@ -340,8 +341,20 @@ class PeerAlgorithm(Algorithm):
     def evaluate_bank(
         self, bank: ClientBank, step: StepFn | None = None, extra: Tensors | None = None
     ) -> Evaluation:
-        """Fine-tune a copy of every client's model ``ft_epochs`` epochs, then test it on its own test set."""
-        cfg = self.cfg
+        """Fine-tune a copy of every client's model ``ft_epochs`` epochs, then test it on its own test set.
+
+        With several processes each fine-tunes and tests a block of the clients (docs/scale-out.md).
+        """
+        cfg, group = self.cfg, self.ctx.group
+        shard = group.block(len(bank))
+        if group.distributed:
+            block = shard.rows
+            bank = ClientBank(
+                bank.clients[block],
+                {k: v[block] for k, v in bank.params.items()},
+                {k: v[block] for k, v in bank.buffers.items()},
+            )
+            extra = None if extra is None else {k: v[block] for k, v in extra.items()}
         if cfg.ft_epochs:
             self.model.train()
             copies = ClientBank(bank.clients, dict(bank.params), {**bank.buffers, **(extra or {})})
@@ -359,4 +372,8 @@ class PeerAlgorithm(Algorithm):
             )
             own_buffers = {k: v for k, v in bank.buffers.items() if k not in (extra or {})}
             bank.adopt(bank.params, own_buffers, owned=False)
+        if group.distributed:
+            return evaluate_clients_sharded(
+                group, self.model, bank, self.ctx.data, shard, self.ctx.config.eval.batch_size
+            )
         return evaluate_clients(self.model, bank, self.ctx.data, self.ctx.config.eval.batch_size)
