@@ -73,3 +73,17 @@ def test_family_summary_takes_the_larger_target_of_loop_over_3_and_the_peak_floo
     assert result["batched_fraction_of_peak"] == 70e9 / 2.5 / 50e9
     slow_peak = summarize(off, None, peak=10.0)
     assert slow_peak["target_seconds"] == 10.0 and slow_peak["target_met"]
+
+
+@pytest.mark.slow
+def test_scale_out_harness_reports_ratios_on_a_small_round(tmp_path):
+    from benchmarks import scale_out
+
+    out = tmp_path / "scale-out.json"
+    argv = ["--clients", "40", "--samples", "12", "--hidden", "8", "--dataset", "synthetic", "--rounds", "1"]
+    assert scale_out.main([*argv, "--out", str(out)]) == 0
+    report = json.loads(out.read_text())
+    assert report["speedup"] > 0 and 0 < report["peak_rss_ratio_per_rank"] < 2
+    assert len(report["ranks_2"]["peak_rss"]) == 2
+    assert report["checksum_difference"] < 1e-4  # the same round on one process and on two
+    assert report["loadavg_before"]

@@ -30,6 +30,7 @@ RANKS = {
     "system": 4,
     "comm": 5,
     "engine": 6,
+    "distributed": 6,
     "algorithms": 7,
     "results": 8,
     "plots": 8,

@@ -153,20 +153,52 @@ Quiet = Annotated[bool, typer.Option("--quiet", "-q", help="no progress output")
 AsJson = Annotated[bool, typer.Option("--json", help="print JSON instead of a table")]
 
 
+Procs = Annotated[
+    int,
+    typer.Option(
+        "--procs", min=1, help="run as this many processes on this host (torchrun; docs/scale-out.md)"
+    ),
+]
+
+
+def _launch(procs: int, argv: list[str]) -> None:
+    """Run ``fedge ARGV`` as ``procs`` ranks and exit with their outcome (exit code 1 if a rank failed)."""
+    from fedge.distributed.launch import run_local
+
+    failed = run_local(procs, argv)
+    if failed is not None:
+        raise _fail(f"distributed: {failed}", 1)
+
+
+def _rank_zero() -> bool:
+    """Whether this process prints: a plain run, or rank 0 of a launched one."""
+    from fedge.distributed.group import launched_rank
+
+    return launched_rank() == 0
+
+
 @app.command()
 def run(
     config: ConfigArgument = None,
     overrides: Overrides = None,
     quiet: Quiet = False,
     force: Annotated[bool, typer.Option("--force", help=FORCE_HELP)] = False,
+    procs: Procs = 1,
 ) -> None:
     """Run a config (or the built-in quickstart) and write its results directory."""
     from fedge.runner import start_run
 
     config, overrides = _split_config_argument(config, overrides)
+    if procs > 1:
+        with _reported():
+            fedge.resolve_config(config, overrides)  # bad input: one line here, not one per rank
+        flags = ["--quiet"] * quiet + ["--force"] * force
+        return _launch(procs, ["run", *([config] if config else []), *overrides, *flags])
     with _reported():
-        result = _run_with_progress(start_run(fedge.resolve_config(config, overrides), force=force), quiet)
-    _print_summary(result)
+        runner = start_run(fedge.resolve_config(config, overrides), force=force)
+        result = _run_with_progress(runner, quiet or not _rank_zero())
+    if _rank_zero():
+        _print_summary(result)
 
 
 @app.command()
@@ -174,13 +206,17 @@ def resume(
     run_dir: Annotated[Path, typer.Argument(help="a run directory with config.yaml and checkpoint.pt")],
     quiet: Quiet = False,
     force: Annotated[bool, typer.Option("--force", help=FORCE_HELP)] = False,
+    procs: Procs = 1,
 ) -> None:
     """Continue an interrupted run from its last checkpoint to the identical result."""
     from fedge.runner import open_run
 
+    if procs > 1:
+        return _launch(procs, ["resume", str(run_dir), *(["--quiet"] * quiet), *(["--force"] * force)])
     with _reported():
-        result = _run_with_progress(open_run(run_dir, force=force), quiet)
-    _print_summary(result)
+        result = _run_with_progress(open_run(run_dir, force=force), quiet or not _rank_zero())
+    if _rank_zero():
+        _print_summary(result)
 
 
 def _seed_list(text: str | None) -> list[int] | None:

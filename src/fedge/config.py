@@ -290,6 +290,8 @@ class EngineConfig(StrictModel):
     """torch.compile the batched executor's step (first rounds pay compilation)"""
     retain_memory: bool = True
     """on CPU, keep freed memory for reuse"""
+    dist_timeout: Annotated[float, Field(gt=0.0, le=86400.0)] = 300.0
+    """seconds a collective waits for the other ranks of a torchrun-launched run"""
 
 
 class SystemConfig(StrictModel):

@@ -31,6 +31,7 @@ from fedge.data.federated import FederatedData
 from fedge.data.partition import partition_test, partition_train
 from fedge.data.sources import load_dataset
 from fedge.data.user import UserData, user_dataset
+from fedge.distributed import Group, current_group, launched_rank
 from fedge.engine import Criterion, NoiseStreams, cross_entropy, has_random_layers, make_executor
 from fedge.engine.host import configure_host
 from fedge.environment import write_environment
@@ -147,6 +148,13 @@ def build_run(config: RunConfig, force: bool = False, extensions: Extensions | N
     """
     ext = extensions or Extensions()
     device = _device(config.engine.device)
+    group = current_group(config.engine.dist_timeout, device.type == "cuda")
+    if group.size > config.partition.num_clients:
+        raise ConfigError(
+            "partition.num_clients", f"fewer clients than the {group.size} processes of the run"
+        )
+    if group.distributed and device.type == "cuda":
+        device = torch.device("cuda", torch.cuda.current_device())  # one GPU per local rank
     if config.engine.compile and config.engine.executor != "batched":
         raise ConfigError("engine.compile", "only the batched executor compiles its step")
     if ext.train is None and config.data.name == CUSTOM_DATA:
@@ -196,6 +204,7 @@ def build_run(config: RunConfig, force: bool = False, extensions: Extensions | N
         device=device,
         seed=config.seed,
         criterion=criterion,
+        group=group,
     )
     return Built(config, ctx, algorithm_cls(ctx, config.algorithm))
 
@@ -244,6 +253,11 @@ class Runner:
     def config(self) -> RunConfig:
         return self.built.config
 
+    @property
+    def group(self) -> Group:
+        """The run's processes; only rank 0 writes the run directory (docs/scale-out.md)."""
+        return self.built.context.group
+
     def _checkpoint(self, t: int, wall: float) -> None:
         state = {
             "round": t,
@@ -254,7 +268,9 @@ class Runner:
             "wall_seconds": wall,
             "nonfinite": self.nonfinite,
         }
-        checkpoint.save(self.run_dir / results.CHECKPOINT, state, self.config, t)
+        if self.group.writes:
+            checkpoint.save(self.run_dir / results.CHECKPOINT, state, self.config, t)
+        self.group.barrier()  # every rank has the checkpoint's round done before any goes on
         self.checkpointed = t
 
     def restore(self, saved: checkpoint.Checkpoint) -> None:
@@ -287,7 +303,8 @@ class Runner:
         summary.update(
             status="diverged", reason=f"round {t}: {what}", last_checkpoint_round=self.checkpointed
         )
-        results.write_json(self.run_dir / results.SUMMARY, summary)
+        if self.group.writes:
+            results.write_json(self.run_dir / results.SUMMARY, summary)
         return Diverged(self.run_dir, t, what, self.checkpointed)
 
     def run(self) -> Result:
@@ -307,7 +324,10 @@ class Runner:
         cfg, ledger = self.config, self.built.context.ledger
         began = time.perf_counter() - self.wall_offset
         self.stopped = stop.check(cfg.stop, self.rows)  # a resumed run may have stopped already
-        tracking = Tracking(cfg, self.run_dir, self.start)
+        writes = self.group.writes
+        tracking = Tracking(
+            cfg if writes else cfg.model_copy(update={"tracking": []}), self.run_dir, self.start
+        )
         try:
             for t in range(self.start + 1, cfg.rounds + 1):
                 if self.stopped:
@@ -317,18 +337,20 @@ class Runner:
                 costs = {**_communication(ledger), "sim_seconds": clock.seconds, "sim_joules": clock.joules}
                 due = t % cfg.eval.every == 0 or t == cfg.rounds or stop.over_budget(cfg.stop, costs)
                 row = {"round": t, **(self.built.evaluate(t).row() if due else {}), **round_metrics, **costs}
-                row.update(records.round_costs(ledger), wall_seconds=time.perf_counter() - began)
+                wall = self.group.broadcast(time.perf_counter() - began)  # rank 0's clock: one stop decision
+                row.update(records.round_costs(ledger), wall_seconds=wall)
                 what = self._nonfinite(row)
                 if what is not None and cfg.stop.on_nonfinite == "error":
                     raise self._diverged(t, what)
                 self.nonfinite = self.nonfinite or (None if what is None else f"round {t}: {what}")
                 self.rows.append(row)
-                results.write_jsonl(self.run_dir / results.METRICS, self.rows)
+                if writes:
+                    results.write_jsonl(self.run_dir / results.METRICS, self.rows)
                 self.stopped = stop.check(cfg.stop, self.rows)
                 if t % cfg.output.checkpoint_every == 0 or t == cfg.rounds or self.stopped:
-                    self._checkpoint(t, time.perf_counter() - began)
+                    self._checkpoint(t, wall)
                 tracking.log(row)
-                if self.on_round is not None:
+                if self.on_round is not None and writes:
                     self.on_round(t, row)
             result = self.finish()
             tracking.finish(result.summary)
@@ -340,11 +362,15 @@ class Runner:
         """Write summary, ledger and plots of a run that reached its last round."""
         summary = {**summarize(self.config, self.rows), **records.ledger_summary(self.built.context.ledger)}
         summary.update(status="finished", first_nonfinite=self.nonfinite)
+        if not self.group.writes:
+            self.group.barrier()  # rank 0 has written the results when any rank returns
+            return Result(self.run_dir, self.config, self.rows, summary)
         results.write_jsonl(self.run_dir / results.METRICS, self.rows)
         results.write_text(self.run_dir / results.LEDGER, self.built.context.ledger.to_csv())
         results.write_json(self.run_dir / results.SUMMARY, summary)
         if self.config.output.plots:
             plot_run(self.run_dir, self.rows, self.run_dir.name)
+        self.group.barrier()
         return Result(self.run_dir, self.config, self.rows, summary)
 
 
@@ -381,11 +407,17 @@ def start_run(
     config: RunConfig, on_round=None, force: bool = False, extensions: Extensions | None = None
 ) -> Runner:
     """Validate and build ``config``, then create its run directory (only once the build succeeded)."""
-    results.check_output_dir(config.output.dir)
+    if launched_rank() == 0:
+        results.check_output_dir(config.output.dir)
     built = build_run(config, force, extensions)
-    run_dir = results.create_run_dir(config.output.dir, default_run_name(config), config.to_yaml())
-    write_environment(run_dir, str(built.context.device))
-    return Runner(built, run_dir, on_round=on_round, lock=results.RunLock(run_dir))
+    group = built.context.group
+    run_dir = None
+    if group.writes:
+        run_dir = results.create_run_dir(config.output.dir, default_run_name(config), config.to_yaml())
+        write_environment(run_dir, str(built.context.device))
+    run_dir = group.broadcast(run_dir)
+    lock = results.RunLock(run_dir) if group.writes else None
+    return Runner(built, run_dir, on_round=on_round, lock=lock)
 
 
 def open_run(
@@ -402,13 +434,16 @@ def open_run(
     if not config_path.is_file():
         raise FedgeError(f"{run_dir}: not a run directory (no {results.CONFIG})")
     config = load_config(config_path)
-    results.check_writable(run_dir)
-    lock = results.RunLock(run_dir)
+    writes = launched_rank() == 0  # every rank reads the run directory, only rank 0 changes it
+    if writes:
+        results.check_writable(run_dir)
+    lock = results.RunLock(run_dir) if writes else None
     path = run_dir / results.CHECKPOINT
     saved = checkpoint.load(path, config) if path.is_file() else None
     runner = Runner(build_run(config, force, extensions), run_dir, on_round=on_round, lock=lock)
     if saved is not None:
         runner.restore(saved)
-    results.remove_temporaries(run_dir)
-    write_environment(run_dir, str(runner.built.context.device))
+    if writes:
+        results.remove_temporaries(run_dir)
+        write_environment(run_dir, str(runner.built.context.device))
     return runner

@@ -12,6 +12,7 @@ import torch
 from fedge.comm import Ledger, Network
 from fedge.config import AlgorithmConfig, RunConfig, register_algorithm_config
 from fedge.data.federated import FederatedData
+from fedge.distributed import SINGLE, Group
 from fedge.engine import Criterion, Executor, cross_entropy
 from fedge.metrics import Evaluation, RoundReport
 from fedge.models import SplitModel
@@ -23,7 +24,8 @@ from fedge.tensors import on_device
 @dataclass
 class Context:
     """What an algorithm is built from: data, a model factory, the engine, the network (links and the
-    ledger behind them), the wireless system (with its simulated clock), the device and the seed."""
+    ledger behind them), the wireless system (with its simulated clock), the device, the seed and the
+    process group its clients are sharded over."""
 
     config: RunConfig
     data: FederatedData
@@ -34,6 +36,7 @@ class Context:
     device: torch.device
     seed: int
     criterion: Criterion = cross_entropy  # the per-sample training loss (train.loss, or the API's)
+    group: Group = SINGLE  # the run's processes (docs/scale-out.md); one process unless launched as ranks
 
     @property
     def ledger(self) -> Ledger:

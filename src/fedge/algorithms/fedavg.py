@@ -13,16 +13,18 @@ from pydantic import Field, PositiveInt
 from fedge.algorithms.base import Algorithm, Context, register
 from fedge.comm import nodes
 from fedge.config import AlgorithmConfig, Fraction, SGDConfig
+from fedge.distributed import send_shard
+from fedge.distributed.evaluate import evaluate_sharded
 from fedge.engine import (
     ClientBank,
     buffers_of,
     classification_loss,
-    evaluate_model,
     make_optimizer,
     make_step,
     parameters_of,
     weighted_sum,
 )
+from fedge.errors import ConfigError
 from fedge.metrics import Evaluation, RoundReport
 from fedge.rng import numpy_rng
 from fedge.system import forward_flops, parallel_clients, training_flops
@@ -84,22 +86,27 @@ class FedAvg(Algorithm):
         self.up, self.down = ctx.network.link(cfg.codec_up), ctx.network.link(cfg.codec_down)
         ctx.network.hold(nodes.SERVER, "model", {**self.params, **self.buffers})
         self.flops_per_sample = forward_flops(self.model, ctx.data.input_shape)
+        cohort = len(sample_clients(ctx.seed, 1, ctx.data.num_clients, cfg.fraction))
+        if cohort < ctx.group.size:
+            raise ConfigError("algorithm.fraction", f"{cohort} participants for {ctx.group.size} processes")
 
     def run_round(self, t: int) -> RoundReport:
-        ctx, cfg = self.ctx, self.cfg
+        ctx, cfg, group = self.ctx, self.cfg, self.ctx.group
         clients = sample_clients(ctx.seed, t, ctx.data.num_clients, cfg.fraction)
         receivers = nodes.clients(clients)
         model = {**self.params, **floating(self.buffers)}
         down = self.down.send(t, nodes.SERVER, receivers, "model_down", model)
         params = {k: down.payload[k] for k in self.params}
         buffers = {k: down.payload.get(k, v) for k, v in self.buffers.items()}
-        bank = ClientBank.broadcast(clients, params, buffers, self.sgd.init(params))
-        plan = ctx.data.batch_plan(clients, t, cfg.local_epochs, cfg.batch_size, cfg.drop_last)
+        shard = group.share(len(clients))  # this process's participants (all of them in one process)
+        mine = shard.take(clients)
+        bank = ClientBank.broadcast(mine, params, buffers, self.sgd.init(params))
+        plan = ctx.data.batch_plan(mine, t, cfg.local_epochs, cfg.batch_size, cfg.drop_last)
         self.model.train()
         losses = ctx.executor.train(self.step, bank, plan, ctx.data, cfg.optimizer.lr)
         trained = {**bank.params, **floating(bank.buffers)}
-        up = self.up.send(t, receivers, nodes.SERVER, "model_up", trained, stacked=True)
-        samples = plan.weight.sum(dim=(1, 2)).cpu().numpy()
+        up = send_shard(group, self.up, t, receivers, nodes.SERVER, "model_up", trained, shard)
+        samples = group.gather_array(plan.weight.sum(dim=(1, 2)).cpu().numpy())
         ctx.system.clock.advance(
             *parallel_clients(
                 ctx.system.download(clients, np.repeat(down.bits, len(clients)), t),
@@ -108,15 +115,24 @@ class FedAvg(Algorithm):
             )
         )
         sizes = torch.as_tensor(ctx.data.client_sizes(clients), dtype=torch.float64)
-        weights = (sizes / sizes.sum()).to(ctx.device)
-        self.params = weighted_sum({k: up.payload[k] for k in bank.params}, weights)
-        self.buffers = weighted_sum({k: up.payload.get(k, v) for k, v in bank.buffers.items()}, weights)
+        weights = (sizes / sizes.sum())[shard.rows].to(ctx.device)
+        stacked = {k: up.payload[k] for k in bank.params}
+        stacked.update({k: up.payload.get(k, v) for k, v in bank.buffers.items()})
+        averaged = group.sum_tensors(weighted_sum(stacked, weights))  # one all-reduce per dtype
+        self.params = {k: averaged[k] for k in self.params}
+        self.buffers = {k: averaged[k] for k in self.buffers}
         ctx.network.hold(receivers, "model", {**self.params, **self.buffers})
-        train_loss = float((losses.double().cpu() * weights.cpu()).sum())
+        train_loss = group.sum_float(float((losses.double().cpu() * weights.cpu()).sum()))
         return RoundReport(train_loss, {"participants": len(clients)})
 
     def evaluate(self) -> Evaluation:
         data = self.ctx.data
-        return evaluate_model(
-            self.model, self.params, self.buffers, data.x_test, data.y_test, self.ctx.config.eval.batch_size
+        return evaluate_sharded(
+            self.ctx.group,
+            self.model,
+            self.params,
+            self.buffers,
+            data.x_test,
+            data.y_test,
+            self.ctx.config.eval.batch_size,
         )

@@ -104,6 +104,11 @@ def evaluate_clients(
     acc, loss = evaluate_rows(
         model, bank.params, bank.buffers, data.x_test, data.y_test, index, weight, max_samples
     )
+    return client_summary(acc, loss)
+
+
+def client_summary(acc: torch.Tensor, loss: torch.Tensor) -> Evaluation:
+    """The evaluation of per-client accuracies and losses: their means, the accuracies' spread and minimum."""
     acc = acc.double()
     return Evaluation(
         float(acc.mean()),

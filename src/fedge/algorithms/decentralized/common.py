@@ -40,6 +40,7 @@ from fedge.algorithms.decentralized.view import PeerView
 from fedge.comm import Link, nodes
 from fedge.config import AlgorithmConfig, CodecName, SGDConfig
 from fedge.data.federated import FederatedData
+from fedge.distributed.evaluate import evaluate_clients_sharded
 from fedge.engine import ClientBank, buffers_of, classification_loss, make_optimizer, make_step, parameters_of
 from fedge.engine.mixing import mix
 from fedge.engine.personal import evaluate_clients, fine_tuned
@@ -257,6 +258,33 @@ class PeerAlgorithm(Algorithm):
         epochs = cfg.local_epochs - cfg.head_epochs
         return self._train(params, buffers, owners, t, epochs, body, step, extra, purpose)
 
+    def train_sharded(
+        self, params: Tensors, buffers: Tensors, owners: Sequence[int], t: int
+    ) -> tuple[Tensors, Tensors, torch.Tensor]:
+        """:meth:`train_rows` with the rows split over the run's processes (docs/scale-out.md).
+
+        Each rank trains a contiguous share of the rows; the trained rows are gathered in row order (the
+        peer models every client may receive) and the compute tally of the round is summed over ranks
+        (sample counts: exact), so every rank holds the same rows and charges the clock the same work.
+        In one process this is :meth:`train_rows`.
+        """
+        group = self.ctx.group
+        if not group.distributed:
+            return self.train_rows(params, buffers, owners, t)
+        part = group.share(len(owners))
+        before = {"forward": self.work.forward.copy(), "backward": self.work.backward.copy()}
+        new_p, new_b, losses = self.train_rows(
+            {k: v[part.rows] for k, v in params.items()},
+            {k: v[part.rows] for k, v in buffers.items()},
+            list(owners)[part.rows],
+            t,
+        )
+        done = {k: torch.from_numpy(getattr(self.work, k) - v) for k, v in before.items()}
+        for key, total in group.sum_tensors(done).items():
+            setattr(self.work, key, before[key] + total.numpy())
+        gathered = group.gather_rows({**new_p, **new_b, "\0loss": losses})
+        return {k: gathered[k] for k in new_p}, {k: gathered[k] for k in new_b}, gathered["\0loss"]
+
     def _train(
         self,
         params: Tensors,
@@ -352,8 +380,20 @@ class PeerAlgorithm(Algorithm):
     def evaluate_bank(
         self, bank: ClientBank, step: StepFn | None = None, extra: Tensors | None = None
     ) -> Evaluation:
-        """Fine-tune a copy of every client's model ``ft_epochs`` epochs, then test it on its own test set."""
-        cfg = self.cfg
+        """Fine-tune a copy of every client's model ``ft_epochs`` epochs, then test it on its own test set.
+
+        With several processes each fine-tunes and tests a block of the clients (docs/scale-out.md).
+        """
+        cfg, group = self.cfg, self.ctx.group
+        shard = group.block(len(bank))
+        if group.distributed:
+            block = shard.rows
+            bank = ClientBank(
+                bank.clients[block],
+                {k: v[block] for k, v in bank.params.items()},
+                {k: v[block] for k, v in bank.buffers.items()},
+            )
+            extra = None if extra is None else {k: v[block] for k, v in extra.items()}
         if cfg.ft_epochs:
             self.model.train()
             copies = ClientBank(bank.clients, dict(bank.params), {**bank.buffers, **(extra or {})})
@@ -371,4 +411,8 @@ class PeerAlgorithm(Algorithm):
             )
             own_buffers = {k: v for k, v in bank.buffers.items() if k not in (extra or {})}
             bank.adopt(bank.params, own_buffers, owned=False)
+        if group.distributed:
+            return evaluate_clients_sharded(
+                group, self.model, bank, self.ctx.data, shard, self.ctx.config.eval.batch_size
+            )
         return evaluate_clients(self.model, bank, self.ctx.data, self.ctx.config.eval.batch_size)

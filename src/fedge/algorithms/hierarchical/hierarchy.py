@@ -32,11 +32,12 @@ from fedge.algorithms.hierarchical.submodel import CellViews, Tensors
 from fedge.algorithms.hierarchical.training import local_steps_plan, masked_step
 from fedge.comm import Link, nodes, state_bits
 from fedge.data.federated import FederatedData
+from fedge.distributed import Shard, send_shard
+from fedge.distributed.evaluate import evaluate_sharded
 from fedge.engine import (
     ClientBank,
     buffers_of,
     classification_loss,
-    evaluate_model,
     make_optimizer,
     make_step,
     parameters_of,
@@ -56,6 +57,29 @@ def _cell_mean(stacked: Tensors, cells: Cells) -> Tensors:
     for name, t in stacked.items():
         grouped = t.reshape(cells.num_cells, cells.per_cell, *t.shape[1:])
         out[name] = grouped.mean(dim=1) if t.is_floating_point() else grouped.max(dim=1).values
+    return out
+
+
+def cell_part(mine: Shard, rows: slice) -> Shard:
+    """The clients of ``mine`` within a cell's ``rows``, counted from the cell's first client."""
+    start = min(max(mine.start, rows.start), rows.stop)
+    stop = max(min(mine.stop, rows.stop), start)
+    return Shard(start - rows.start, stop - rows.start, rows.stop - rows.start)
+
+
+def cell_sums(stacked: Tensors, cell_of: torch.Tensor, cells: Cells) -> Tensors:
+    """This process's share of each cell's client mean (``[cells, ...]``): its rows' sum over the cell
+    size; integer tensors take the maximum (the lowest integer where a cell has no rows here)."""
+    out = {}
+    for name, t in stacked.items():
+        shape = (cells.num_cells, *t.shape[1:])
+        if t.is_floating_point():
+            out[name] = (
+                torch.zeros(shape, dtype=t.dtype, device=t.device).index_add_(0, cell_of, t) / cells.per_cell
+            )
+        else:
+            low = torch.full(shape, torch.iinfo(t.dtype).min, dtype=t.dtype, device=t.device)
+            out[name] = low.index_reduce_(0, cell_of, t, "amax")
     return out
 
 
@@ -217,7 +241,9 @@ class HierarchicalFL(Algorithm):
         cell_buffers: Tensors,
     ) -> tuple[Tensors, Tensors, torch.Tensor, list[float]]:
         """Edge round ``e`` of global round ``t`` in every cell: broadcast, local steps, edge aggregation."""
-        ctx, cfg, cells = self.ctx, self.cfg, self.cells
+        ctx, cfg, cells, group = self.ctx, self.cfg, self.cells, self.ctx.group
+        mine = group.share(cells.size)  # this process's clients (all of them in one process)
+        cell_of = self.cell_of[mine.rows]
         start_params, start_buffers = cell_params, cell_buffers  # what the clients decode
         for j in range(cells.num_cells):
             payload = _payload(views, j, slice(j, j + 1), cell_params, cell_buffers)
@@ -230,11 +256,13 @@ class HierarchicalFL(Algorithm):
                 start_params, start_buffers = _received(
                     views, j, slice(j, j + 1), start_params, start_buffers, decoded
                 )
-        params = {k: v[self.cell_of] for k, v in start_params.items()}
-        buffers = {k: v[self.cell_of] for k, v in start_buffers.items()}
-        opt_state = {**self.sgd.init(params, rows=cells.size), **views.client_valid(self.cell_of)}
-        bank = ClientBank(tuple(range(cells.size)), params, buffers, opt_state)
-        plan = local_steps_plan(self.data, bank.clients, t, e, cfg.local_steps, cfg.batch_size)
+        params = {k: v[cell_of] for k, v in start_params.items()}
+        buffers = {k: v[cell_of] for k, v in start_buffers.items()}
+        opt_state = {**self.sgd.init(params, rows=len(cell_of)), **views.client_valid(cell_of)}
+        bank = ClientBank(tuple(range(mine.start, mine.stop)), params, buffers, opt_state)
+        plan = local_steps_plan(
+            self.data, bank.clients, t, e, cfg.local_steps, cfg.batch_size, cohort=range(cells.size)
+        )
         self.model.train()
         # every slot real (equal cells, compact form): masking multiplies by one, so the plain step, which
         # the executors run on their fast paths, gives the same numbers
@@ -245,15 +273,26 @@ class HierarchicalFL(Algorithm):
         uploaded, uploaded_buffers = bank.params, bank.buffers  # what the edge servers decode
         for j in range(cells.num_cells):
             rows = slice(j * cells.per_cell, (j + 1) * cells.per_cell)
-            payload = _payload(views, j, rows, bank.params, bank.buffers)
-            up = self.up.send(t, self.nodes[rows], nodes.edge(j), kind, payload, stacked=True)
+            part = cell_part(mine, rows)  # this process's clients of cell j
+            local = slice(part.start + rows.start - mine.start, part.stop + rows.start - mine.start)
+            payload = _payload(views, j, local, bank.params, bank.buffers)
+            up = send_shard(group, self.up, t, self.nodes[rows], nodes.edge(j), kind, payload, part)
             self.client_up_bits[rows] += up.bits
             self.cell_up_bits[j] = up.bits.max(initial=0)
-            if not self.up.codec.lossless:
-                uploaded, uploaded_buffers = _received(views, j, rows, uploaded, uploaded_buffers, up.payload)
-        new_params, new_buffers = _cell_mean(uploaded, cells), _cell_mean(uploaded_buffers, cells)
+            if not self.up.codec.lossless and len(part):
+                uploaded, uploaded_buffers = _received(
+                    views, j, local, uploaded, uploaded_buffers, up.payload
+                )
+        if group.distributed:  # one all-reduce of the cells' partial sums (per dtype)
+            means = group.sum_tensors(cell_sums(uploaded | uploaded_buffers, cell_of, cells))
+            new_params = {k: means[k] for k in bank.params}
+            new_buffers = {k: means[k] for k in bank.buffers}
+            mean_loss = torch.tensor(group.sum_float(float(loss.double().sum())) / cells.size)
+        else:
+            new_params, new_buffers = _cell_mean(uploaded, cells), _cell_mean(uploaded_buffers, cells)
+            mean_loss = loss.mean()
         mses = self._over_the_air(t, e, views, new_params) if cfg.aggregation == "aircomp" else []
-        return new_params, new_buffers, loss.mean(), mses
+        return new_params, new_buffers, mean_loss, mses
 
     def _over_the_air(self, t: int, e: int, views: CellViews, cell_params: Tensors) -> list[float]:
         """Turn each cell's exact client mean into its AirComp estimate (Eq. 26-27), in place.
@@ -352,7 +391,8 @@ class HierarchicalFL(Algorithm):
             network.hold([self.nodes[c] for c in self.cells.members(j)], "model", int(bits))
 
     def evaluate(self) -> Evaluation:
-        return evaluate_model(
+        return evaluate_sharded(
+            self.ctx.group,
             self.model,
             self.params,
             self.buffers,

@@ -35,14 +35,21 @@ def masked_step(step: StepFn, layout: tuple[HiddenLayer, ...]) -> StepFn:
 
 
 def local_steps_plan(
-    data: FederatedData, clients: Sequence[int], round_: int, edge_round: int, steps: int, batch_size: int
+    data: FederatedData,
+    clients: Sequence[int],
+    round_: int,
+    edge_round: int,
+    steps: int,
+    batch_size: int,
+    cohort: Sequence[int] | None = None,
 ) -> BatchPlan:
     """``steps`` minibatches per client from a stream reshuffled every epoch (H counts steps, HIST Eq. 5).
 
     Epochs come from the stream ``("hist-batches-<edge_round>", round_, client, epoch)``; full batches
-    only when every client has at least one, otherwise each epoch ends with its short batch.
+    only when every client of the ``cohort`` (default: ``clients``; all clients when a process trains a
+    shard of them) has at least one, otherwise each epoch ends with its short batch.
     """
-    sizes = data.client_sizes(clients)
+    sizes = data.client_sizes(clients if cohort is None else cohort)
     drop_last = bool(sizes.min() >= batch_size)
     smallest = int(sizes.min())
     per_epoch = smallest // batch_size if drop_last else max(1, math.ceil(smallest / batch_size))

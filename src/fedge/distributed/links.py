@@ -1,0 +1,77 @@
+"""A stacked send of one rank's rows whose ledger entries are the whole cohort's, in cohort order.
+
+Each rank encodes and counts only the rows it trained, through a copy of the link bound to a scratch
+ledger; the ranks then exchange their entries (node names and integer bits) and every rank records all
+of them in rank order, which is row order (shards are contiguous). So the ledger on every rank is the
+one a single process writes, bit for bit, and the bits per row of the whole cohort are known everywhere
+(the simulated clock needs them).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import numpy as np
+import torch
+
+from fedge.comm import Ledger
+from fedge.comm.link import Link, Nodes, Sent
+from fedge.distributed.group import Group
+from fedge.distributed.shards import Shard
+from fedge.tensors import Tensors
+
+
+def _local(nodes: Nodes, shard: Shard) -> Nodes:
+    return nodes if isinstance(nodes, str) else list(nodes)[shard.start : shard.stop]
+
+
+def send_shard(
+    group: Group,
+    link: Link,
+    round_: int,
+    src: Nodes,
+    dst: Nodes,
+    kind: str,
+    payload: Tensors,
+    shard: Shard,
+    *,
+    lengths: np.ndarray | torch.Tensor | None = None,
+    keep: torch.Tensor | None = None,
+    seeds: Sequence[int] | None = None,
+) -> Sent:
+    """``link.send(..., stacked=True)`` of rows ``shard`` of a cohort; ``src``/``dst`` name the whole
+    cohort's senders and receivers. Returns the shard's received rows and the bits of *every* cohort row.
+    """
+    if not group.distributed:
+        return link.send(
+            round_, src, dst, kind, payload, stacked=True, lengths=lengths, keep=keep,
+            seeds=None if seeds is None else list(seeds),
+        )  # fmt: skip
+    mine: tuple[list[str], list[str], np.ndarray, np.ndarray] = (
+        [],
+        [],
+        np.zeros(0, np.int64),
+        np.zeros(0, np.int64),
+    )
+    received = payload  # a rank without rows in this send sends nothing
+    if len(shard):
+        scratch = Ledger()
+        sent = Link(scratch, link.codec).send(
+            round_, _local(src, shard), _local(dst, shard), kind, payload, stacked=True, lengths=lengths,
+            keep=keep, seeds=None if seeds is None else list(seeds),
+        )  # fmt: skip
+        state = scratch.state_dict()
+        names, columns = state["nodes"], state["columns"]
+        mine = (
+            [names[i] for i in columns["src"]],
+            [names[i] for i in columns["dst"]],
+            np.asarray(columns["bits"], dtype=np.int64),
+            np.asarray(sent.bits, dtype=np.int64),
+        )
+        received = sent.payload
+    parts = group.all_objects(mine)
+    senders = [name for part in parts for name in part[0]]
+    receivers = [name for part in parts for name in part[1]]
+    if senders:
+        link.ledger.record(round_, senders, receivers, kind, np.concatenate([part[2] for part in parts]))
+    return Sent(received, np.concatenate([part[3] for part in parts]))

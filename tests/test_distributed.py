@@ -1,0 +1,213 @@
+"""Scale-out: the same run on 2 gloo ranks (CPU processes) against one process (docs/scale-out.md).
+
+One launch of two rank processes runs every config twice (``a`` and ``b``), so the start-up of torch is
+paid once; the single-process runs happen here. World size 2 twice: bit-identical metrics; world size 2
+against 1: identical ledgers and final parameters within 1e-5.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+
+import fedge
+from fedge import checkpoint
+from fedge.config import load_config
+from fedge.distributed import balanced, blocks
+
+WORKER = """
+import json, sys, torch
+torch.set_num_threads(1)
+import fedge
+for config, name in json.loads(sys.argv[1]):
+    fedge.run(config, [f"output.name={name}"])
+"""
+
+
+def base(tmp_path: Path, **algorithm) -> dict:
+    """A small synthetic run: 6 clients of unequal size, 3 rounds, every round evaluated."""
+    return {
+        "seed": 5,
+        "rounds": 3,
+        "data": {
+            "name": "synthetic",
+            "num_train": 360,
+            "num_test": 120,
+            "shape": [1, 6, 6],
+            "num_classes": 4,
+        },
+        "partition": {"kind": "dirichlet", "num_clients": 6, "alpha": 0.5, "min_size": 8},
+        "model": {"name": "mlp", "options": {"hidden": [16]}},
+        "algorithm": algorithm,
+        "output": {"dir": str(tmp_path / "runs"), "plots": False},
+    }
+
+
+def configs(tmp_path: Path) -> dict[str, dict]:
+    return {
+        "fedavg": base(tmp_path, name="fedavg", batch_size=16, fraction=0.7, optimizer={"lr": 0.1}),
+        "hist": base(
+            tmp_path, name="hist", cells=3, split="partition", edge_rounds=2, local_steps=2, batch_size=8
+        ),
+        "hfedavg": base(
+            tmp_path,
+            name="hfedavg",
+            cells=3,
+            split="partition",
+            edge_rounds=1,
+            local_steps=2,
+            batch_size=8,
+            aggregation="aircomp",
+        ),  # fmt: skip
+        "gossip": base(tmp_path, name="gossip", local_epochs=1, batch_size=16, peers=2),
+        "afind": base(tmp_path, name="afind", local_epochs=1, batch_size=16, k0=2),
+        **{name: split_config(tmp_path, name) for name in ("splitfed_v1", "cse_fsl", "light_fedsl")},
+    }
+
+
+def split_config(tmp_path: Path, name: str) -> dict:
+    """A split-family run (cut after the first block); these run replicated on every rank."""
+    config = base(tmp_path, name=name, **({"h": 2} if name == "cse_fsl" else {}))
+    config["model"]["cut"] = 1
+    config["rounds"] = 2
+    return config
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def launch(world: int, jobs: list[tuple[dict, str]], timeout: float = 600.0) -> None:
+    """Run ``jobs`` (config, run name) one after another on ``world`` rank processes of one group."""
+    env = {**os.environ, "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(free_port()), "OMP_NUM_THREADS": "1"}
+    env["PYTHONPATH"] = os.pathsep.join([str(Path(fedge.__file__).parents[1]), env.get("PYTHONPATH", "")])
+    procs = [
+        subprocess.Popen(
+            [sys.executable, "-c", WORKER, json.dumps(jobs)],
+            env={**env, "RANK": str(r), "LOCAL_RANK": str(r), "WORLD_SIZE": str(world)},
+            stderr=subprocess.PIPE,
+            text=True,
+        )
+        for r in range(world)
+    ]
+    errors = [p.communicate(timeout=timeout)[1] for p in procs]
+    failed = [
+        f"rank {r}: {err[-2000:]}"
+        for r, (p, err) in enumerate(zip(procs, errors, strict=True))
+        if p.returncode
+    ]
+    assert not failed, "\n".join(failed)
+
+
+@pytest.fixture(scope="module")
+def runs(tmp_path_factory) -> dict[str, Path]:
+    tmp = tmp_path_factory.mktemp("dist")
+    cases = configs(tmp)
+    launch(2, [(cfg, f"{name}-{copy}") for name, cfg in cases.items() for copy in "ab"])
+    for name, cfg in cases.items():
+        fedge.run(cfg, [f"output.name={name}-single"])
+    return {name: tmp / "runs" for name in cases}
+
+
+def rows(run_dir: Path) -> list[dict]:
+    out = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+    for row in out:
+        row.pop("wall_seconds")
+    return out
+
+
+def flat_state(value) -> list[np.ndarray]:
+    """Every floating tensor of a (nested) state, in a fixed order."""
+    if isinstance(value, torch.Tensor):
+        return [value.double().numpy().ravel()] if value.is_floating_point() else []
+    if isinstance(value, dict):
+        return [a for key in sorted(value) for a in flat_state(value[key])]
+    if isinstance(value, list | tuple):
+        return [a for item in value for a in flat_state(item)]
+    return []
+
+
+def final_state(run_dir: Path) -> np.ndarray:
+    saved = checkpoint.load(run_dir / "checkpoint.pt", load_config(run_dir / "config.yaml"))
+    return np.concatenate(flat_state(saved.state["algorithm"]))
+
+
+@pytest.mark.parametrize(
+    "name", ["fedavg", "hist", "hfedavg", "gossip", "afind", "splitfed_v1", "cse_fsl", "light_fedsl"]
+)
+def test_two_ranks_twice_bit_identical_and_match_one_process(runs, name):
+    root = runs[name]
+    two_a, two_b, one = (root / f"{name}-{tag}" for tag in ("a", "b", "single"))
+    assert rows(two_a) == rows(two_b)
+    assert (two_a / "ledger.csv").read_text() == (one / "ledger.csv").read_text()
+    assert (two_a / "ledger.csv").read_text() == (two_b / "ledger.csv").read_text()
+    assert np.abs(final_state(two_a) - final_state(one)).max() <= 1e-5
+    assert [r["accuracy"] for r in rows(two_a)] == pytest.approx([r["accuracy"] for r in rows(one)], abs=0.02)
+    assert rows(two_a)[-1]["bits_up"] == rows(one)[-1]["bits_up"]
+
+
+def test_only_rank_zero_writes(runs):
+    names = sorted(p.name for p in runs["fedavg"].iterdir())
+    assert names == sorted(f"{name}-{tag}" for name in runs for tag in ("a", "b", "single"))
+
+
+@pytest.mark.parametrize("total,size", [(7, 2), (2, 3), (10, 4), (0, 2)])
+def test_shards_cover_rows_in_rank_order(total, size):
+    for split in (balanced, blocks):
+        shards = [split(total, r, size) for r in range(size)]
+        assert [i for s in shards for i in range(s.start, s.stop)] == list(range(total))
+        assert max(map(len, shards)) - min(map(len, shards)) <= 1
+
+
+@pytest.mark.slow
+def test_a_killed_rank_stops_the_other_and_resume_on_one_process_finishes_the_same(tmp_path):
+    """SIGKILL rank 1 mid-run: rank 0 exits within the timeout with one line and a non-zero code, the last
+    complete checkpoint stays, and resuming on one process ends where an uninterrupted run ends."""
+    cfg = base(tmp_path, name="fedavg", batch_size=16, optimizer={"lr": 0.1})
+    cfg.update(rounds=150, engine={"dist_timeout": 20})
+    cfg["output"].update(checkpoint_every=2, name="killed")
+    path = tmp_path / "run.yaml"
+    path.write_text(json.dumps(cfg))
+    env = {**os.environ, "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(free_port()), "OMP_NUM_THREADS": "1"}
+    env["PYTHONPATH"] = os.pathsep.join([str(Path(fedge.__file__).parents[1]), env.get("PYTHONPATH", "")])
+    procs = [
+        subprocess.Popen(
+            [sys.executable, "-m", "fedge", "run", str(path), "-q"],
+            env={**env, "RANK": str(r), "LOCAL_RANK": str(r), "WORLD_SIZE": "2"},
+            stderr=subprocess.PIPE,
+            text=True,
+        )
+        for r in range(2)
+    ]
+    metrics = tmp_path / "runs" / "killed" / "metrics.jsonl"
+    deadline = time.monotonic() + 120
+    while not (metrics.exists() and len(metrics.read_text().splitlines()) >= 5):
+        assert time.monotonic() < deadline and procs[0].poll() is None
+        time.sleep(0.05)
+    procs[1].kill()
+    killed_at = time.monotonic()
+    stderr = procs[0].communicate(timeout=60)[1]
+    assert time.monotonic() - killed_at < 20 + 10
+    assert procs[0].returncode not in (0, None)
+    lines = [line for line in stderr.splitlines() if line.strip()]
+    assert len(lines) == 1 and lines[0].startswith("error: distributed: rank 0:"), stderr[-2000:]
+    procs[1].communicate()
+    run_dir = metrics.parent
+    kept = checkpoint.load(run_dir / "checkpoint.pt", load_config(run_dir / "config.yaml"))
+    assert 2 <= kept.state["round"] < 150
+    resumed = fedge.resume(run_dir)
+    reference = fedge.run(cfg, ["output.name=reference"])
+    assert (run_dir / "ledger.csv").read_text() == (reference.run_dir / "ledger.csv").read_text()
+    assert np.abs(final_state(run_dir) - final_state(reference.run_dir)).max() <= 1e-5
+    assert [r["round"] for r in resumed.metrics] == list(range(1, 151))
