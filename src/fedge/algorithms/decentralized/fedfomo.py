@@ -49,14 +49,18 @@ class FomoSelectorConfig(SelectorConfig):
     """AFIND+'s knobs as FedFomo uses them: selection only, FedFomo's weights replace Eq. 16's."""
 
     aggregation: Literal["uniform"] = "uniform"
+    """fixed: FedFomo's own weights mix the peers AFIND+ selects"""
 
 
 class FedFomoConfig(PeerConfig, HostedConfig):
     """The validation share FedFomo scores peers on, plus the host fields (peer choice, AFIND+ knobs)."""
 
     name: Literal["fedfomo"] = "fedfomo"
+    """the algorithm (`fedge list`)"""
     val_fraction: Annotated[float, Field(gt=0.0, lt=1.0)] = 0.2
+    """share of each client's training data held out to score peer models"""
     afind: FomoSelectorConfig = Field(default_factory=FomoSelectorConfig)
+    """AFIND+'s selection knobs, used when peer_selection is afind"""
 
 
 def fomo_weights(
