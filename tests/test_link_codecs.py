@@ -11,6 +11,7 @@ import math
 import numpy as np
 import pytest
 import torch
+from cases import tiny
 
 from fedge.comm import Ledger, Network, get_codec, sparse_bits
 from fedge.config import parse_config
@@ -41,21 +42,11 @@ def shared_values(model) -> int:
 
 
 def peer_config(tmp_path, **algorithm) -> dict:
-    return {
-        "seed": 3,
-        "rounds": 2,
-        "data": {
-            "name": "synthetic",
-            "num_train": 240,
-            "num_test": 120,
-            "shape": [1, 6, 6],
-            "num_classes": 4,
-        },
-        "partition": {"kind": "iid", "num_clients": 4},
-        "model": {"name": "mlp", "options": {"hidden": [12, 8]}},
-        "algorithm": {"local_epochs": 1, "batch_size": 16, "peers": 2, **algorithm},
-        "output": {"dir": str(tmp_path / "runs"), "plots": False},
-    }
+    """The suite's tiny synthetic run with a two-layer MLP and two peers per client."""
+    config = tiny(algorithm["name"], tmp_path / "runs")
+    config["model"]["options"]["hidden"] = [12, 8]
+    config["algorithm"] = {"local_epochs": 1, "batch_size": 16, "peers": 2, **algorithm}
+    return config
 
 
 def hier_config(tmp_path, **algorithm) -> dict:
