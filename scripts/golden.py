@@ -62,6 +62,25 @@ CHANGED_BY_DESIGN: list[tuple[tuple[str, ...], frozenset[str] | None, str]] = [
         "lightweight FedSL's masks are the aggregated model's non-zero pattern instead of all ones, so "
         "pruned weights stay pruned after an aggregation",
     ),
+    (
+        (
+            "splitfed_v1-mnist",
+            "cse_fsl-mnist",
+            "cse_fsl-batched",
+            "cse_fsl-theory-batched",
+            "cse_fsl-post-step-batched",
+            "splitfed_v1-batched",
+            "splitfed_v1-replacement-batched",
+            "splitfed_v2-batched",
+            "splitfed_v2-client_after_client-batched",
+            "fsl_an-local-aux-batched",
+            "fsl_an-no-dropout-batched",
+            "hfedavg-lenet-cell_iid-batched",
+        ),
+        None,
+        "the batched executor convolves each client on its own (the sequential executor's kernel calls) "
+        "instead of one grouped convolution: rounding of convolutional models on the batched executor",
+    ),
 ]
 
 

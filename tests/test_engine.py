@@ -24,7 +24,7 @@ from fedge.engine import (
     make_step,
     parameters_of,
 )
-from fedge.engine.convolution import conv2d_unfolded, conv_as_matmul
+from fedge.engine.convolution import per_client_conv
 from fedge.engine.host import available_cores, configure_host, retain_freed_memory
 from fedge.errors import ConfigError
 from fedge.runner import build_run
@@ -246,27 +246,46 @@ def test_compiled_batched_step_agrees(build):
     assert_agree(seq, bat, seq_loss, bat_loss)
 
 
-@pytest.mark.parametrize("options", [{}, {"stride": 2, "padding": 1}, {"stride": (1, 2), "padding": (2, 0)}])
-def test_unfolded_convolution_equals_conv2d(options):
+CONV_OPTIONS = [{}, {"stride": 2, "padding": 1}, {"stride": (1, 2), "padding": (2, 0), "dilation": 2}]
+
+
+def _conv_loss(w, b, x, options):
+    """A conv -> ReLU -> max-pool loss of one client's weights ``w``, ``b`` and batch ``x``."""
+    y = nn.functional.conv2d(x, w, b, **options)
+    return nn.functional.max_pool2d(torch.relu(y), 2).square().sum()
+
+
+@pytest.mark.parametrize("options", CONV_OPTIONS)
+def test_per_client_conv_under_vmap_is_each_clients_own_convolution(options):
     gen = torch.Generator().manual_seed(0)
-    x, w, b = torch.randn(3, 2, 9, 7, generator=gen), torch.randn(4, 2, 3, 2, generator=gen), torch.randn(4)
-    expected = nn.functional.conv2d(x, w, b, **options)
-    assert torch.allclose(conv2d_unfolded(x, w, b, **options), expected, atol=1e-5)
+    w, b = torch.randn(3, 4, 2, 3, 3, generator=gen), torch.randn(3, 4, generator=gen)
+    x = torch.randn(3, 5, 2, 12, 11, generator=gen)
+    with per_client_conv():
+        got = vmap(grad(_conv_loss, argnums=(0, 1, 2)), in_dims=(0, 0, 0, None))(w, b, x, options)
+    for c in range(3):  # plain autograd on one client: the sequential executor's computation, bit for bit
+        leaves = [t[c].clone().requires_grad_(True) for t in (w, b, x)]
+        expected = torch.autograd.grad(_conv_loss(*leaves, options), leaves)
+        for g, e in zip(got, expected, strict=True):
+            assert torch.equal(g[c], e)
 
 
-def test_conv_as_matmul_rewrites_first_layers_under_vmap_and_leaves_the_rest():
-    gen = torch.Generator().manual_seed(0)
-    weights, xs = torch.randn(3, 4, 1, 3, 3, generator=gen), torch.randn(3, 5, 1, 8, 8, generator=gen)
+def test_per_client_conv_inside_vjp_and_with_shared_weights():
+    gen = torch.Generator().manual_seed(1)
+    w, x = torch.randn(4, 3, 1, 5, 5, generator=gen), torch.randn(4, 6, 1, 10, 10, generator=gen)
 
-    def loss(w, x):
-        return nn.functional.conv2d(x, w, padding=1).square().sum()
+    def smashed(weights):
+        return vmap(lambda w_, x_: torch.relu(nn.functional.conv2d(x_, w_)))(weights, x)
 
-    expected = vmap(grad(loss))(weights, xs)
-    with conv_as_matmul():
-        got = vmap(grad(loss))(weights, xs)
-        dilated = nn.functional.conv2d(xs[0], weights[0], dilation=2)  # not covered: runs unchanged
-    assert torch.allclose(got, expected, rtol=1e-4, atol=1e-3)
-    assert torch.equal(dilated, nn.functional.conv2d(xs[0], weights[0], dilation=2))
+    expected, pullback = torch.func.vjp(smashed, w)
+    with per_client_conv():
+        got, got_pullback = torch.func.vjp(smashed, w)
+        shared = vmap(lambda x_: nn.functional.conv2d(x_, w[0]))(x)  # one weight for every client
+        same = nn.functional.conv2d(x[0], w[0], padding="same")  # string padding: runs unchanged
+    cotangent = torch.randn(expected.shape, generator=gen)
+    assert torch.allclose(got, expected, atol=1e-5)
+    assert torch.allclose(got_pullback(cotangent)[0], pullback(cotangent)[0], rtol=1e-5, atol=1e-4)
+    assert torch.equal(shared, nn.functional.conv2d(x.flatten(0, 1), w[0]).unflatten(0, (4, 6)))
+    assert torch.equal(same, nn.functional.conv2d(x[0], w[0], padding="same"))
 
 
 def test_compile_is_refused_for_the_sequential_executor(tiny_config):

@@ -1,20 +1,24 @@
-"""First-layer 2-d convolution as one matrix product per client, for training many clients under vmap.
+"""2-d convolutions with per-client weights under ``vmap``: one plain convolution per client.
 
-Under ``torch.func.vmap`` with per-client weights, ``conv2d`` becomes one grouped convolution with a
-group per client. On CPU the weight gradient of that grouped convolution, for a first layer (few input
-channels, a large image), is both a little slower than the same arithmetic as matrix products and far
-more fragile when other processes compete for the cores: measured on 2 cores for LeNet-5's first layer
-(100 clients x 32 MNIST images, forward and weight gradient), 0.071 s grouped against 0.062 s as below
-on an idle machine, but 3.3 s against 0.30 s while other jobs kept the machine loaded; a whole W2
-FedAvg round went from 3.6 s to 3.1 s idle, and from about 80 s to 25 s under that load.
+Under ``torch.func.vmap`` with per-client weights, PyTorch turns ``conv2d`` into one grouped
+convolution over a ``[N, clients * C, H, W]`` layout. On CPU that is the slow way to train many small
+convolutional clients, for three measured reasons (LeNet-5 on MNIST, 100 clients x 32 images, one
+thread, 2-core AMD EPYC):
 
-:func:`conv_as_matmul` rewrites those calls as patches (a strided view of the input, laid out once as
-a ``[C_in * kh * kw, N * positions]`` matrix) times the weight matrix, which vmap turns into one
-batched matrix product over clients, each client's product a single large GEMM. Only convolutions
-whose input needs no gradient (the data entering the first layer) are rewritten: for later layers the
-grouped convolution was the fastest of those measured (``F.unfold``, whose CPU kernel loops over
-samples; strided patches, whose backward has no batching rule; an index gather). Same arithmetic,
-different summation order.
+* the grouped kernel is slower than the plain convolution of each client: forward 24 ms against 15 ms
+  for the first layer, 22 ms against 9 ms for the second; its weight gradient was also fragile when
+  other processes loaded the cores (0.07 s per step idle, 3.3 s loaded);
+* its output layout is not the one the following layers take: a max-pool under vmap merges the client
+  dimension into the batch dimension, so every pooling copied the whole activation into
+  ``[clients * N, C, H, W]`` and the next convolution copied it back;
+* a whole CSE-FSL round (W4 of ``benchmarks.families``) went from 6.9 s to 4.5 s with the rewrite
+  below, and a FedAvg LeNet-5 round (W2 of ``benchmarks.engine``) from 4.6 s to 3.5 s.
+
+:class:`PerClientConv2d` is ``F.conv2d`` with its own vmap rule: each client's convolution, forward and
+backward, is the very kernel call the sequential executor makes for that client (so the results are
+bit-identical to it), and the output is stacked client-first, ``[clients, N, C, H, W]``, which pooling,
+activations and dense layers take without a copy. :class:`per_client_conv` routes every ``conv2d`` of
+a block of code through it; the batched executor wraps its vmapped steps in it.
 """
 
 from __future__ import annotations
@@ -27,67 +31,119 @@ import torch.nn.functional as F
 from torch.overrides import TorchFunctionMode
 
 Pair = int | tuple[int, int]
+NAMES = ("input", "weight", "bias", "stride", "padding", "dilation", "groups")
 
 
 def _pair(value: Pair) -> tuple[int, int]:
     return (value, value) if isinstance(value, int) else (int(value[0]), int(value[1]))
 
 
-def conv2d_unfolded(
-    x: torch.Tensor,
-    weight: torch.Tensor,
-    bias: torch.Tensor | None = None,
-    stride: Pair = 1,
-    padding: Pair = 0,
-) -> torch.Tensor:
-    """``F.conv2d`` (one group, no dilation, numeric padding) of a ``[N, C, H, W]`` batch as one GEMM.
-
-    The patches are a strided view of the (padded) input; one copy lays them out as a
-    ``[C_in * kh * kw, N * positions]`` matrix, so each client's convolution is a single large product.
-    """
-    n = x.shape[0]
-    out_channels, in_channels, kh, kw = weight.shape
-    (sh, sw), (ph, pw) = _pair(stride), _pair(padding)
-    if ph or pw:
-        x = F.pad(x, (pw, pw, ph, ph))
-    patches = x.unfold(2, kh, sh).unfold(3, kw, sw)  # [N, C_in, out_h, out_w, kh, kw], a view
-    out_h, out_w = patches.shape[2], patches.shape[3]
-    columns = patches.permute(1, 4, 5, 0, 2, 3).reshape(in_channels * kh * kw, n * out_h * out_w)
-    out = weight.reshape(out_channels, -1) @ columns  # [C_out, N * positions]
-    if bias is not None:
-        out = out + bias.reshape(out_channels, 1)
-    return out.reshape(out_channels, n, out_h, out_w).transpose(0, 1)
+def _client_first(t: torch.Tensor, dim: int | None, size: int) -> torch.Tensor:
+    """``t`` with its client dimension first (expanded to ``size`` clients where it has none)."""
+    return t.movedim(dim, 0) if dim is not None else t.expand(size, *t.shape)
 
 
-NAMES = ("input", "weight", "bias", "stride", "padding", "dilation", "groups")
+class PerClientConv2d(torch.autograd.Function):
+    """``F.conv2d`` whose vmap rule runs one convolution per client (see the module's docstring)."""
+
+    generate_vmap_rule = False
+
+    @staticmethod
+    def forward(x, weight, bias, stride, padding, dilation, groups):  # noqa: ANN001, ANN205 - autograd API
+        return F.conv2d(x, weight, bias, stride, padding, dilation, groups)
+
+    @staticmethod
+    def setup_context(ctx, inputs, output):  # noqa: ANN001, ANN205
+        x, weight, bias, *geometry = inputs
+        ctx.save_for_backward(x, weight)
+        ctx.has_bias = bias is not None
+        ctx.geometry = geometry
+
+    @staticmethod
+    def backward(ctx, grad_out):  # noqa: ANN001, ANN205
+        x, weight = ctx.saved_tensors
+        wanted = ctx.needs_input_grad
+        mask = (wanted[0], wanted[1], ctx.has_bias and wanted[2])
+        grads = _PerClientConvGrad.apply(grad_out, x, weight, mask, *ctx.geometry)
+        return (*grads, None, None, None, None)
+
+    @staticmethod
+    def vmap(info, in_dims, x, weight, bias, stride, padding, dilation, groups):  # noqa: ANN001, ANN205
+        x_dim, w_dim, b_dim = in_dims[:3]
+        if w_dim is None and b_dim is None:  # shared weights: one convolution over every client's samples
+            x = x.movedim(x_dim, 0)
+            out = F.conv2d(x.flatten(0, 1), weight, bias, stride, padding, dilation, groups)
+            return out.unflatten(0, x.shape[:2]), 0
+        size = info.batch_size
+        x, weight = _client_first(x, x_dim, size), _client_first(weight, w_dim, size)
+        bias = None if bias is None else _client_first(bias, b_dim, size)
+        outs = [
+            F.conv2d(x[c], weight[c], None if bias is None else bias[c], stride, padding, dilation, groups)
+            for c in range(size)
+        ]
+        return torch.stack(outs), 0
 
 
-def _unfolded_arguments(args: tuple[Any, ...], kwargs: dict[str, Any]) -> dict[str, Any] | None:
-    """The arguments of :func:`conv2d_unfolded` for a ``conv2d`` call it covers, else None.
+class _PerClientConvGrad(torch.autograd.Function):
+    """The gradients of :class:`PerClientConv2d` (input, weight, bias, as ``mask`` asks); under vmap one
+    ``convolution_backward`` per client, the call autograd makes for one client's convolution."""
 
-    Covered: a batched ``[N, C, H, W]`` input that needs no gradient (the data, into the first layer),
-    one group, no dilation, numeric padding.
-    """
-    bound = dict(zip(NAMES, args, strict=False)) | kwargs
-    x, padding, dilation = bound["input"], bound.get("padding", 0), bound.get("dilation", 1)
-    if x.dim() != 4 or x.requires_grad or bound.get("groups", 1) != 1 or isinstance(padding, str):
-        return None
-    if _pair(dilation) != (1, 1):
-        return None
-    return {k: bound[k] for k in ("input", "weight", "bias", "stride", "padding") if k in bound}
+    generate_vmap_rule = False
+
+    @staticmethod
+    def forward(grad_out, x, weight, mask, stride, padding, dilation, groups):  # noqa: ANN001, ANN205
+        return _convolution_backward(grad_out, x, weight, mask, stride, padding, dilation, groups)
+
+    @staticmethod
+    def setup_context(ctx, inputs, output):  # noqa: ANN001, ANN205
+        pass
+
+    @staticmethod
+    def backward(ctx, *grads):  # noqa: ANN001, ANN205
+        raise NotImplementedError("second derivatives of a per-client convolution are not supported")
+
+    @staticmethod
+    def vmap(info, in_dims, grad_out, x, weight, mask, stride, padding, dilation, groups):  # noqa: ANN001, ANN205
+        size = info.batch_size
+        grad_out, x, weight = (
+            _client_first(t, d, size) for t, d in zip((grad_out, x, weight), in_dims[:3], strict=True)
+        )
+        per_client = [
+            _convolution_backward(grad_out[c], x[c], weight[c], mask, stride, padding, dilation, groups)
+            for c in range(size)
+        ]
+        stacked = tuple(
+            torch.stack([grads[i] for grads in per_client]) if wanted else None
+            for i, wanted in enumerate(mask)
+        )
+        return stacked, tuple(None if g is None else 0 for g in stacked)
 
 
-class conv_as_matmul(TorchFunctionMode):  # noqa: N801 - used like a function: ``with conv_as_matmul():``
-    """Within this context, ``torch.conv2d`` / ``F.conv2d`` calls run as :func:`conv2d_unfolded`.
+def _convolution_backward(grad_out, x, weight, mask, stride, padding, dilation, groups):  # noqa: ANN001, ANN202
+    """``aten.convolution_backward`` of ``F.conv2d`` for the ``(input, weight, bias)`` grads in ``mask``."""
+    return torch.ops.aten.convolution_backward(
+        grad_out, x, weight, [weight.shape[0]] if mask[2] else None, stride, padding, dilation, False,
+        [0, 0], groups, list(mask),
+    )  # fmt: skip
 
-    Calls it does not cover (groups, dilation, string padding, unbatched input) run unchanged.
+
+class per_client_conv(TorchFunctionMode):  # noqa: N801 - used like a function: ``with per_client_conv():``
+    """Within this context, ``torch.conv2d`` / ``F.conv2d`` calls run as :class:`PerClientConv2d`.
+
+    Calls with string padding (``"same"``, ``"valid"``) run unchanged.
     """
 
     def __torch_function__(
         self, func: Callable[..., Any], types: Any, args: tuple[Any, ...] = (), kwargs: dict | None = None
     ) -> Any:
         kwargs = kwargs or {}
-        covered = _unfolded_arguments(args, kwargs) if func is torch.conv2d else None
-        if covered is None:
+        if func is not torch.conv2d:
             return func(*args, **kwargs)
-        return conv2d_unfolded(covered.pop("input"), **covered)
+        bound = dict(zip(NAMES, args, strict=False)) | kwargs
+        padding = bound.get("padding", 0)
+        if isinstance(padding, str):
+            return func(*args, **kwargs)
+        return PerClientConv2d.apply(
+            bound["input"], bound["weight"], bound.get("bias"), _pair(bound.get("stride", 1)), _pair(padding),
+            _pair(bound.get("dilation", 1)), bound.get("groups", 1),
+        )  # fmt: skip
