@@ -194,6 +194,7 @@ class SequentialExecutor(Executor):
         grid = None if keys is None else keys.grid(plan.num_steps)
         losses = torch.zeros(len(bank), device=data.device)
         in_place = isinstance(step, Step)
+        real = _real_rows(plan)
         for r in range(len(bank)):
             params, buffers, opt_state = (rows(tensors, r) for tensors in source)
             if in_place:  # the client's own copy, stepped in place
@@ -201,9 +202,8 @@ class SequentialExecutor(Executor):
             total = torch.zeros((), device=data.device)
             steps = int(plan.steps[r])
             for s in range(steps):
-                idx = plan.client_batch(r, s)
+                idx, weight = real(r, s)
                 x, y = data.x_train[idx], data.y_train[idx]
-                weight = torch.ones(len(idx), device=data.device)
                 noise = keyed_noise(None if grid is None else grid[r, s])
                 with _failing(f"client {bank.clients[r]}", f"local step {s}"), noise:
                     if in_place:
@@ -250,6 +250,22 @@ class SequentialExecutor(Executor):
             }
 
         return z.detach(), {name: b.detach() for name, b in out.state[0].items()}, pullback
+
+
+def _real_rows(plan: BatchPlan) -> Callable[[int, int], tuple[torch.Tensor, torch.Tensor]]:
+    """``(r, s) ->`` the sample indices and (all-one) weights of row ``r``'s real samples at step ``s``.
+
+    Plans pad only at the end of a batch (a short last batch, steps past a client's end), so the real
+    samples are a prefix and a slice of the plan finds them without a boolean gather per step; a plan
+    padded elsewhere is read with :meth:`BatchPlan.client_batch`.
+    """
+    real = plan.weight > 0
+    counts = real.sum(dim=-1)
+    width = plan.index.shape[-1]
+    if not bool((real == (torch.arange(width, device=real.device) < counts[..., None])).all()):
+        return lambda r, s: (idx := plan.client_batch(r, s), torch.ones(len(idx), device=idx.device))
+    sizes = counts.tolist()
+    return lambda r, s: (plan.index[r, s, : sizes[r][s]], plan.weight[r, s, : sizes[r][s]])
 
 
 def _keyed(fn: Callable[..., Any]) -> Callable[..., Any]:
