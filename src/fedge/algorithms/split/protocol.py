@@ -26,7 +26,7 @@ import torch
 
 from fedge.algorithms.base import Algorithm, Context
 from fedge.algorithms.split.arrival import Timeline
-from fedge.algorithms.split.clients import AuxHeadClients, ClientSide, GradientClients, LocalStep, State
+from fedge.algorithms.split.clients import AuxHeadClients, ClientSide, GradientClients, State
 from fedge.algorithms.split.config import AuxHeadConfig, GradientReturnConfig, SplitConfig
 from fedge.algorithms.split.latency import count_flops, round_cost
 from fedge.algorithms.split.participation import Draws, aggregation_weights, check_participation, draw
@@ -336,13 +336,15 @@ class SplitLearning(Algorithm):
                 return self._exchange(rnd, row_ids, z, y, counts, s, grad_z, server_keys, subset)
 
             client_keys = None if own_keys is None else own_keys.at(s)
-            step: LocalStep = self.clients.step(
-                state, (x, y[mine], every[mine]), counts[mine], rnd.lr_client, client_keys, exchange,
-                self.uploads_at(s),
-            )  # fmt: skip
+            upload, own = self.uploads_at(s), counts[mine]
+            if bool(own.any()):
+                batch = (x, y[mine], every[mine])
+                step = self.clients.step(state, batch, own, rnd.lr_client, client_keys, exchange, upload)
+            else:  # sharded: this process's rows idle at this step while others' step
+                step = self.clients.idle(state, index.shape[2], exchange, upload)
             state = step.state
             rnd.tally.computed(row_ids, counts)
-            rnd.tally.trained(own_ids, counts[mine], step.loss)
+            rnd.tally.trained(own_ids, own, step.loss)
             if (
                 self.cfg.agg_every is not None
                 and (s + 1) % self.cfg.agg_every == 0
@@ -385,27 +387,12 @@ class SplitLearning(Algorithm):
         shard = rnd.shard if subset is None else balanced(len(row_ids), 0, 1)
         mine, lengths = shard.rows, counts[shard.rows]
         senders = [rnd.nodes[int(r)] for r in row_ids]
+        group, server = rnd.group, nodes.SERVER
         smashed = send_shard(
-            rnd.group,
-            self.up,
-            t,
-            senders,
-            nodes.SERVER,
-            "smashed_up",
-            {"z": z.detach()},
-            shard,
-            lengths=lengths,
+            group, self.up, t, senders, server, "smashed_up", {"z": z.detach()}, shard, lengths=lengths
         )
         labels = send_shard(
-            rnd.group,
-            self.labels,
-            t,
-            senders,
-            nodes.SERVER,
-            "labels_up",
-            {"y": y[mine]},
-            shard,
-            lengths=lengths,
+            group, self.labels, t, senders, server, "labels_up", {"y": y[mine]}, shard, lengths=lengths
         )
         at = row_ids.cpu().numpy()
         np.add.at(tally.up_bits, at, smashed.bits + labels.bits)
@@ -422,9 +409,8 @@ class SplitLearning(Algorithm):
         if not grad_z:
             return served
         grads = send_shard(
-            rnd.group, self.down, t, nodes.SERVER, senders, "grad_down", {"g": served.grad_z}, shard,
-            lengths=lengths,
-        )  # fmt: skip
+            group, self.down, t, server, senders, "grad_down", {"g": served.grad_z}, shard, lengths=lengths
+        )
         np.add.at(tally.down_bits, at, grads.bits)
         if rnd.timeline is not None and finish is not None:
             back = grads.bits[sending]
@@ -443,17 +429,17 @@ class SplitLearning(Algorithm):
         answer (a single serving rank would take as long, the others waiting at the next collective).
         Server copies are independent: each process serves its own rows' copies.
         """
-        mine, tally, lr = shard.rows, rnd.tally, rnd.lr_server
-        if self.server.in_turn:
-            whole = batch._replace(z=rnd.group.gather_rows({"z": batch.z})["z"])
-            served = self.server.serve(whole, lr, grad_z, order)
-            tally.server_loss += float(served.loss.sum())
-            return Served(served.loss[mine], None if served.grad_z is None else served.grad_z[mine])
-        keys = None if batch.keys is None else batch.keys[mine]
-        own = batch._replace(y=batch.y[mine], counts=batch.counts[mine], keys=keys)
-        served = self.server.serve(own, lr, grad_z, order)
-        tally.server_loss += float(served.loss.sum())
-        return served
+        mine, shared = shard.rows, self.server.in_turn
+        if shared:
+            batch = batch._replace(z=rnd.group.gather_rows({"z": batch.z})["z"])
+        else:
+            keys = None if batch.keys is None else batch.keys[mine]
+            batch = batch._replace(y=batch.y[mine], counts=batch.counts[mine], keys=keys)
+        served = self.server.serve(batch, rnd.lr_server, grad_z, order)
+        rnd.tally.server_loss += float(served.loss.sum())
+        if not shared:
+            return served
+        return Served(served.loss[mine], None if served.grad_z is None else served.grad_z[mine])
 
     def _arrivals(
         self,

@@ -145,7 +145,11 @@ class ServerCopies(SplitServer):
         self.copies = tuple(stack_copies(tensors, count) for tensors in state)
 
     def serve(self, batch: CutBatch, lr: float, grad_z: bool, order: list[int]) -> Served:
+        """Step every sending row's copy on its batch; rows that send nothing (all of them, for a process
+        whose rows idle at a step of a sharded round) keep their copies and get zeros."""
         z, counts = batch.z, batch.counts
+        if not bool(counts.any()):
+            return Served(torch.zeros(len(counts), device=z.device), torch.zeros_like(z) if grad_z else None)
         copies = self.copies if batch.rows is None else tuple(rows(t, batch.rows) for t in self.copies)
         weight = (torch.arange(z.shape[1], device=z.device)[None, :] < counts[:, None]).to(z)
         out = self.executor.map(
