@@ -6,8 +6,10 @@ training set, one thread per rank: the round's wall time on one process and on `
 the single process's (the stacked client state is split over the ranks; the dataset and torch itself
 are not). ``--algorithm cse_fsl`` times a CSE-FSL round instead (the MLP cut after its hidden layer,
 every client a participant, an upload every ``--h`` batches); its shared server steps on every rank.
-Each configuration runs in fresh child processes, side by side in one invocation, and
-``/proc/loadavg`` is recorded before and after (the timings mean little on a busy machine).
+Each rank's CPU time in the round is reported too (a waiting rank sleeps), which shows how the work
+divides even where other jobs make the wall times noise. Each configuration runs in fresh child
+processes, side by side in one invocation, and ``/proc/loadavg`` is recorded before and after (the
+timings mean little on a busy machine).
 ``python -m benchmarks.scale_out [--clients N] [--procs K] [--algorithm cse_fsl]``.
 """
 
@@ -90,21 +92,23 @@ def child(args: argparse.Namespace) -> None:
     resample(built.context.data, args.samples)
     built_peak = peak_rss_bytes()
     reset_peak_rss()  # from here on: the round's own peak
-    times = []
+    times, cpu = [], []
     for t in range(1, args.rounds + 1):
         group.barrier()
-        start = time.perf_counter()
+        start, start_cpu = time.perf_counter(), time.process_time()
         report = built.round(t)
+        cpu.append(time.process_time() - start_cpu)
         group.barrier()
         times.append(time.perf_counter() - start)
     total = checksum(built.algorithm.state_dict())
-    peaks = group.all_objects((max(built_peak, peak_rss_bytes()), peak_rss_bytes()))
+    peaks = group.all_objects((max(built_peak, peak_rss_bytes()), peak_rss_bytes(), min(cpu)))
     if group.writes:
         figures = {
             "seconds": min(times),  # the least disturbed round
             "round_seconds": times,
             "peak_rss": [p[0] for p in peaks],  # the whole process: start-up, data and the round
             "round_peak_rss": [p[1] for p in peaks],  # during the round only
+            "cpu_seconds": [p[2] for p in peaks],  # each rank's CPU time in its least costly round
             "train_loss": report.train_loss,
             "checksum": total,
         }
@@ -188,6 +192,7 @@ def main(argv: list[str] | None = None) -> int:
         "speedup": one["seconds"] / many["seconds"],
         "peak_rss_ratio_per_rank": max(many["peak_rss"]) / one["peak_rss"][0],
         "round_peak_rss_ratio_per_rank": max(many["round_peak_rss"]) / one["round_peak_rss"][0],
+        "cpu_ratio_per_rank": max(many["cpu_seconds"]) / one["cpu_seconds"][0],
         "checksum_difference": abs(one["checksum"] - many["checksum"]),
     }
     args.out.parent.mkdir(parents=True, exist_ok=True)
@@ -200,7 +205,8 @@ def main(argv: list[str] | None = None) -> int:
         f"speed-up {report['speedup']:.2f}x; peak RSS per rank "
         f"{report['peak_rss_ratio_per_rank']:.2f}x of the single process "
         f"({one['peak_rss'][0] / 2**20:.0f} MiB -> {', '.join(mib)} MiB; round only "
-        f"{report['round_peak_rss_ratio_per_rank']:.2f}x); loadavg {before} -> {report['loadavg_after']}"
+        f"{report['round_peak_rss_ratio_per_rank']:.2f}x); CPU time per rank "
+        f"{report['cpu_ratio_per_rank']:.2f}x; loadavg {before} -> {report['loadavg_after']}"
     )
     return 0
 
