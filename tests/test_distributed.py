@@ -2,7 +2,8 @@
 
 One launch of two rank processes runs every config twice (``a`` and ``b``), so the start-up of torch is
 paid once; the single-process runs happen here. World size 2 twice: bit-identical metrics; world size 2
-against 1: identical ledgers and final parameters within 1e-5.
+against 1: identical ledgers and final parameters within 1e-5. The rank processes record how many rows
+each executor call of a split run saw, which shows that each rank trained only its share.
 """
 
 from __future__ import annotations
@@ -25,12 +26,26 @@ from fedge.config import load_config
 from fedge.distributed import balanced, blocks
 
 WORKER = """
-import json, sys, torch
+import json, os, sys, torch
 torch.set_num_threads(1)
 import fedge
+from fedge.engine.executors import BatchedExecutor, SequentialExecutor
+seen = {}
+def counting(map_):
+    def wrapped(self, fn, state, batch, shared, counts, *args, **kwargs):
+        stage = kwargs.get("stage", args[2] if len(args) > 2 else "map")
+        seen[stage] = max(seen.get(stage, 0), int(counts.shape[0]))
+        return map_(self, fn, state, batch, shared, counts, *args, **kwargs)
+    return wrapped
+for executor in (BatchedExecutor, SequentialExecutor):
+    executor.map = counting(executor.map)
 for config, name in json.loads(sys.argv[1]):
+    seen.clear()
     fedge.run(config, [f"output.name={name}"])
+    with open(os.path.join(sys.argv[2], f"{name}.rank{os.environ['RANK']}.json"), "w") as f:
+        json.dump(seen, f)
 """
+SPLIT = ["splitfed_v1", "splitfed_v2", "fsl_an", "cse_fsl", "light_fedsl"]
 
 
 def base(tmp_path: Path, **algorithm) -> dict:
@@ -70,15 +85,27 @@ def configs(tmp_path: Path) -> dict[str, dict]:
         ),  # fmt: skip
         "gossip": base(tmp_path, name="gossip", local_epochs=1, batch_size=16, peers=2),
         "afind": base(tmp_path, name="afind", local_epochs=1, batch_size=16, k0=2),
-        **{name: split_config(tmp_path, name) for name in ("splitfed_v1", "cse_fsl", "light_fedsl")},
+        **{name: split_config(tmp_path, name) for name in SPLIT},
     }
 
 
+SPLIT_OPTIONS = {
+    "cse_fsl": {"h": 2, "server_order": "random"},
+    "splitfed_v2": {"server_order": "arrival", "arrival_jitter_s": 0.01},
+    "fsl_an": {"aggregate_aux": False, "agg_every": 2},
+    "splitfed_v1": {"participation": "with_replacement", "clients_per_round": 6},
+}
+
+
 def split_config(tmp_path: Path, name: str) -> dict:
-    """A split-family run (cut after the first block); these run replicated on every rank."""
-    config = base(tmp_path, name=name, **({"h": 2} if name == "cse_fsl" else {}))
+    """A split-family run (cut after the first block), sharded 3 + 3 clients over two ranks; a few
+    options that change who waits for whom (queue order, arrival times, local aux heads, mid-round
+    aggregation, a client drawn twice)."""
+    config = base(tmp_path, name=name, **SPLIT_OPTIONS.get(name, {}))
     config["model"]["cut"] = 1
     config["rounds"] = 2
+    if name in ("splitfed_v1", "fsl_an"):  # refuses calls without an active row: ranks idle in turn
+        config["engine"] = {"executor": "sequential"}
     return config
 
 
@@ -88,13 +115,14 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-def launch(world: int, jobs: list[tuple[dict, str]], timeout: float = 600.0) -> None:
-    """Run ``jobs`` (config, run name) one after another on ``world`` rank processes of one group."""
+def launch(world: int, jobs: list[tuple[dict, str]], seen: Path, timeout: float = 600.0) -> None:
+    """Run ``jobs`` (config, run name) one after another on ``world`` rank processes of one group; each
+    rank writes the most rows per executor stage of each run to ``seen``."""
     env = {**os.environ, "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(free_port()), "OMP_NUM_THREADS": "1"}
     env["PYTHONPATH"] = os.pathsep.join([str(Path(fedge.__file__).parents[1]), env.get("PYTHONPATH", "")])
     procs = [
         subprocess.Popen(
-            [sys.executable, "-c", WORKER, json.dumps(jobs)],
+            [sys.executable, "-c", WORKER, json.dumps(jobs), str(seen)],
             env={**env, "RANK": str(r), "LOCAL_RANK": str(r), "WORLD_SIZE": str(world)},
             stderr=subprocess.PIPE,
             text=True,
@@ -114,7 +142,8 @@ def launch(world: int, jobs: list[tuple[dict, str]], timeout: float = 600.0) -> 
 def runs(tmp_path_factory) -> dict[str, Path]:
     tmp = tmp_path_factory.mktemp("dist")
     cases = configs(tmp)
-    launch(2, [(cfg, f"{name}-{copy}") for name, cfg in cases.items() for copy in "ab"])
+    (tmp / "seen").mkdir()
+    launch(2, [(cfg, f"{name}-{copy}") for name, cfg in cases.items() for copy in "ab"], tmp / "seen")
     for name, cfg in cases.items():
         fedge.run(cfg, [f"output.name={name}-single"])
     return {name: tmp / "runs" for name in cases}
@@ -143,9 +172,7 @@ def final_state(run_dir: Path) -> np.ndarray:
     return np.concatenate(flat_state(saved.state["algorithm"]))
 
 
-@pytest.mark.parametrize(
-    "name", ["fedavg", "hist", "hfedavg", "gossip", "afind", "splitfed_v1", "cse_fsl", "light_fedsl"]
-)
+@pytest.mark.parametrize("name", ["fedavg", "hist", "hfedavg", "gossip", "afind", *SPLIT])
 def test_two_ranks_twice_bit_identical_and_match_one_process(runs, name):
     root = runs[name]
     two_a, two_b, one = (root / f"{name}-{tag}" for tag in ("a", "b", "single"))
@@ -155,6 +182,16 @@ def test_two_ranks_twice_bit_identical_and_match_one_process(runs, name):
     assert np.abs(final_state(two_a) - final_state(one)).max() <= 1e-5
     assert [r["accuracy"] for r in rows(two_a)] == pytest.approx([r["accuracy"] for r in rows(one)], abs=0.02)
     assert rows(two_a)[-1]["bits_up"] == rows(one)[-1]["bits_up"]
+
+
+@pytest.mark.parametrize("name", SPLIT)
+def test_split_ranks_train_only_their_share(runs, name):
+    """Every executor call of a split run (client steps, server copies) on either rank saw 3 rows, the
+    rank's share of the 6 participants; one process sees all 6."""
+    seen = runs[name].parent / "seen"
+    for rank in (0, 1):
+        stages = json.loads((seen / f"{name}-a.rank{rank}.json").read_text())
+        assert stages and set(stages.values()) == {3}, stages
 
 
 def test_only_rank_zero_writes(runs):

@@ -128,7 +128,7 @@ def test_pruning_follows_the_schedule_persists_and_restarts_after_aggregation():
         history.append((metrics, zero_sets(algorithm), algorithm.evaluate()["model_sparsity"]))
         if t < 4:  # every client pruned exactly round(rho_t N) weights
             expected = round(sparsity_target(t, 8, 0.6) * n) / n
-            assert algorithm._sparsities() == pytest.approx([expected] * 4)
+            assert algorithm._sparsities(algorithm.clients["params"]) == pytest.approx([expected] * 4)
     for t in (1, 2):  # pruned weights stay zero (masked, quantized updates) until the aggregation
         for before, after in zip(history[t - 1][1], history[t][1], strict=True):
             assert before <= after
@@ -149,17 +149,21 @@ def test_pruned_weights_stay_pruned_over_a_long_run(monkeypatch, interval):
     algorithm = b.algorithm
     n = sum(algorithm.clients["params"][name][0].numel() for name in algorithm.prunable)
 
-    def nonzeros() -> torch.Tensor:
-        params = algorithm.clients["params"]
+    def nonzeros(params: dict[str, torch.Tensor]) -> torch.Tensor:
         return sum((params[name] != 0).flatten(1).sum(1) for name in algorithm.prunable)
 
     trained: list[torch.Tensor] = []
     aggregate = algorithm._aggregate
-    monkeypatch.setattr(algorithm, "_aggregate", lambda t: (trained.append(nonzeros()), aggregate(t))[1])
+
+    def counted(t: int, state: dict) -> tuple:
+        trained.append(nonzeros(state["params"]))
+        return aggregate(t, state)
+
+    monkeypatch.setattr(algorithm, "_aggregate", counted)
     previous = None
     for t in range(1, rounds + 1):
         algorithm.run_round(t)
-        counts = trained.pop() if trained else nonzeros()
+        counts = trained.pop() if trained else nonzeros(algorithm.clients["params"])
         target = round(sparsity_target(t, schedule, 0.5) * n)
         assert (n - counts >= target).all(), (t, counts.tolist(), target)
         if t > schedule:

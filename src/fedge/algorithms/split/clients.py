@@ -41,6 +41,7 @@ class ClientSide(ABC):
 
     has_aux: bool
     shares_aux: bool
+    returns_gradient: bool  # every step exchanges with the server and gets the cut-layer gradient back
 
     def __init__(self, parts: SplitParts, sgd: SGD, executor: Executor):
         self.parts = parts
@@ -61,6 +62,17 @@ class ClientSide(ABC):
     ) -> LocalStep:
         """Step on ``batch`` = (x, y, 0/1 weight) rows; ``upload`` says whether this step talks to the
         server (SplitFed always does)."""
+
+    def idle(self, state: State, width: int, exchange: Exchange, upload: bool) -> LocalStep:
+        """A step in which none of the rows has a sample while other processes' rows step (a sharded
+        round): nothing is computed, but the step's exchange still takes place, since every process
+        takes part in its collectives, with rows that send nothing (``width``: the batch size)."""
+        first = next(iter(state[0].values()))
+        rows = first.shape[0]
+        if upload or self.returns_gradient:
+            shape = (rows, width, *self.parts.smashed_shape)
+            exchange(torch.zeros(shape, dtype=first.dtype, device=first.device), self.returns_gradient)
+        return LocalStep(state, torch.zeros(rows, device=first.device))
 
     def backprop_step(
         self,
@@ -100,6 +112,7 @@ class GradientClients(ClientSide):
 
     has_aux = False
     shares_aux = False
+    returns_gradient = True
 
     def __init__(self, parts: SplitParts, sgd: SGD, executor: Executor, clip_norm: float | None):
         super().__init__(parts, sgd, executor)
@@ -118,6 +131,7 @@ class AuxHeadClients(ClientSide):
     """
 
     has_aux = True
+    returns_gradient = False
 
     def __init__(self, parts: SplitParts, sgd: SGD, executor: Executor, post_step: bool, shares_aux: bool):
         super().__init__(parts, sgd, executor)

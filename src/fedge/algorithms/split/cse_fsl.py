@@ -115,7 +115,8 @@ class CseFsl(LocalLoss):
         return limit_steps(plan, limits)
 
     def _server_batches(self, rnd: Round) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-        """One fresh batch per row for the server pass: inputs, labels, real-row counts."""
+        """One fresh batch per row for the server pass: sample indices, labels, real-row counts (every
+        row's, on every process: each row's draw comes from its own stream)."""
         data, width = self.ctx.data, self.cfg.batch_size
         index = np.zeros((len(rnd.draws), width), dtype=np.int64)
         counts = np.zeros(len(rnd.draws), dtype=np.int64)
@@ -127,16 +128,18 @@ class CseFsl(LocalLoss):
             index[r, : len(chosen)] = chosen
             counts[r] = len(chosen)
         index_t = torch.from_numpy(index).to(data.device)
-        return data.x_train[index_t], data.y_train[index_t], torch.from_numpy(counts).to(data.device)
+        return index_t, data.y_train[index_t], torch.from_numpy(counts).to(data.device)
 
     def server_pass(self, rnd: Round, exchange: Callable[..., Served]) -> tuple[State, np.ndarray]:
         """The every-l-rounds server pass (the SplitFed convergence paper's Algorithm 1): each row's fresh
-        batch through the just-broadcast trunk to the server, with or without the z_b step."""
+        batch through the just-broadcast trunk to the server, with or without the z_b step. The client
+        side runs this process's rows (``rnd.shard``); the exchange sees every row's labels and counts."""
         if not self.server_round(rnd.t):
             return super().server_pass(rnd, exchange)
-        x, y, counts = self._server_batches(rnd)
-        keys = rnd.keys
-        client_keys = None if keys is None else keys.at(-1)
+        index, y, counts = self._server_batches(rnd)
+        mine, keys = rnd.shard.rows, rnd.keys
+        x, own_counts = self.ctx.data.x_train[index[mine]], counts[mine]
+        client_keys = None if keys is None else keys.at(-1)[mine]
         server_keys = None if keys is None else keys.at(-1, SERVER_STAGE)
 
         def serve(z: torch.Tensor, grad_z: bool) -> Served:
@@ -151,7 +154,7 @@ class CseFsl(LocalLoss):
                     (buffers,),
                     (x,),
                     (),
-                    counts,
+                    own_counts,
                     (trunk_only(params),),
                     client_keys,
                     "forward",
@@ -159,6 +162,6 @@ class CseFsl(LocalLoss):
             serve(out.per_sample[0], False)
             return (params, out.state[0], opt_state), samples
         step = self.clients.backprop_step(
-            (params, buffers, opt_state), x, counts, rnd.lr_client, client_keys, serve
+            (params, buffers, opt_state), x, own_counts, rnd.lr_client, client_keys, serve
         )
         return step.state, samples

@@ -52,7 +52,10 @@ from fedge.comm import apply_dropout, dropout_mask, nodes
 from fedge.comm.quantize import quantize_dict
 from fedge.config import AlgorithmConfig, SGDConfig
 from fedge.data.federated import BatchPlan, FederatedData
-from fedge.engine import SGD, evaluate_model, stack_copies, weighted_sum
+from fedge.distributed import send_shard
+from fedge.distributed.evaluate import evaluate_sharded
+from fedge.engine import SGD, stack_copies, weighted_sum
+from fedge.engine.noise import RowKeys
 from fedge.engine.split import make_forward
 from fedge.errors import ConfigError
 from fedge.metrics import Evaluation, RoundReport
@@ -236,7 +239,10 @@ class LightFedSL(Algorithm):
                 {name: torch.ones_like(client[name], dtype=torch.bool) for name in self.prunable}, n
             ),
         }
-        self.server = MeanGradientServer(self.parts.server, server, server_buffers, SGD(), None, ctx.executor)
+        self.shard = ctx.group.block(n)  # this process's clients (all of them in one process)
+        self.server = MeanGradientServer(
+            self.parts.server, server, server_buffers, SGD(), None, ctx.executor, group=ctx.group
+        )
         self.forward = make_forward(self.parts.trunk)
         self.batches = StepBatches(ctx.data, cfg.batch_size, cfg.drop_last)
         network = ctx.network
@@ -260,38 +266,53 @@ class LightFedSL(Algorithm):
     # ----- one round ---------------------------------------------------------------------------------
 
     def run_round(self, t: int) -> RoundReport:
-        ctx, knobs, lr = self.ctx, self.knobs, self.cfg.optimizer.lr
+        """One step of every client, sharded: this process runs its own clients' (``self.shard``) trunks,
+        server copies and updates; sends are sharded, so the ledger and every client's bits are whole
+        everywhere. The clients' state ends the round whole on every process: averaged (all-reduce) in
+        an aggregation round, gathered otherwise."""
+        ctx, knobs, lr, group = self.ctx, self.knobs, self.cfg.optimizer.lr, self.ctx.group
+        shard, mine, n = self.shard, self.shard.rows, len(self.nodes)
         rho = sparsity_target(t, knobs.schedule_rounds, knobs.final_sparsity)
         self.parts.model.train()
         index, weight = self.batches(t)
         counts = (weight > 0).sum(dim=1)
-        x, y = ctx.data.x_train[index], ctx.data.y_train[index]
-        before = self._sparsities()
-        params, buffers = self.clients["params"], self.clients["buffers"]
-        keys = ctx.executor.phase_keys(range(len(self.nodes)))
+        x, y = ctx.data.x_train[index[mine]], ctx.data.y_train[index[mine]]
+        before = self._sparsities(self.clients["params"])
+        params = {k: v[mine] for k, v in self.clients["params"].items()}
+        buffers = {k: v[mine] for k, v in self.clients["buffers"].items()}
+        every = ctx.executor.phase_keys(range(n))
+        keys = None if every is None else RowKeys(every.base[mine])
+        own = counts[mine]
         z, new_buffers, pullback = ctx.executor.forward_with_vjp(
-            self.forward, params, buffers, x, counts, None if keys is None else keys.at(0)
+            self.forward, params, buffers, x, own, None if keys is None else keys.at(0)
         )
-        keep = self._cut_masks(t, counts, z)
+        keep = self._cut_masks(t, own, z, shard.start)
         dropped = apply_dropout(z.detach(), keep, knobs.cut_dropout)
-        smashed = self.up.send(
-            t, self.nodes, nodes.SERVER, "smashed_up", {"z": dropped}, stacked=True, keep=keep
+        smashed = send_shard(
+            group, self.up, t, self.nodes, nodes.SERVER, "smashed_up", {"z": dropped}, shard, keep=keep
         )
-        labels = self.labels.send(
-            t, self.nodes, nodes.SERVER, "labels_up", {"y": y}, stacked=True, lengths=counts
+        labels = send_shard(
+            group, self.labels, t, self.nodes, nodes.SERVER, "labels_up", {"y": y}, shard, lengths=own
         )
         server_keys = None if keys is None else keys.at(0, SERVER_STAGE)
-        batch = CutBatch(None, smashed.payload["z"], y, counts, server_keys)
-        served = self.server.serve(batch, lr, True, list(range(len(self.nodes))))
+        batch = CutBatch(None, smashed.payload["z"], y, own, server_keys, cohort=n)
+        served = self.server.serve(batch, lr, True, list(range(len(own))))
         returned = {"g": served.grad_z * keep.to(served.grad_z)}
-        grad = self.down.send(t, nodes.SERVER, self.nodes, "grad_down", returned, stacked=True, keep=keep)
-        up_bits, down_bits, loss = smashed.bits + labels.bits, grad.bits, served.loss
+        grad = send_shard(
+            group, self.down, t, nodes.SERVER, self.nodes, "grad_down", returned, shard, keep=keep
+        )
+        up_bits, down_bits = smashed.bits + labels.bits, grad.bits
+        loss = group.gather_rows({"loss": served.loss})["loss"]
         grads = pullback(apply_dropout(grad.payload["g"], keep, knobs.cut_dropout))
-        self.clients["params"] = self._client_update(t, rho, params, grads, lr)
-        self.clients["buffers"] = new_buffers
-        after = self._sparsities()
+        params, masks = self._client_update(t, rho, params, grads, lr)
+        trained = {"params": params, "buffers": new_buffers, "masks": masks}
         aggregated = t % knobs.agg_interval == 0
-        model_bits = self._aggregate(t) if aggregated else None
+        if aggregated:
+            after = group.gather_array(self._sparsities(params))
+            model_bits = self._aggregate(t, trained)
+        else:
+            self.clients = self._gathered(trained)
+            after, model_bits = self._sparsities(self.clients["params"]), None
         self._client_storage()
         comm, agg, seconds, wait = self._advance_clock(t, counts, before, up_bits, down_bits, model_bits)
         queue = {} if wait is None else {"queue_wait_s": wait}
@@ -311,36 +332,40 @@ class LightFedSL(Algorithm):
             },
         )
 
-    def _cut_masks(self, t: int, counts: torch.Tensor, z: torch.Tensor) -> torch.Tensor:
-        """0/1 keep masks of the cut-layer entries, ``[K, batch, ...]``, from each client's shared stream.
+    def _cut_masks(self, t: int, counts: torch.Tensor, z: torch.Tensor, first: int) -> torch.Tensor:
+        """0/1 keep masks of the cut-layer entries, ``[K, batch, ...]``, from each client's shared stream;
+        row i is client ``first + i``.
 
         Drawn per client on its real rows (padding rows stay 0), so both executors use the same masks.
         """
         keep = torch.zeros_like(z)
         p = self.knobs.cut_dropout
-        for k, count in enumerate(counts.tolist()):
+        for i, count in enumerate(counts.tolist()):
             if count:
-                gen = torch_rng(self.ctx.seed, "cut-dropout", t, k, device=z.device)
-                keep[k, :count] = dropout_mask((count, *z.shape[2:]), p, gen, device=z.device).to(z)
+                gen = torch_rng(self.ctx.seed, "cut-dropout", t, first + i, device=z.device)
+                keep[i, :count] = dropout_mask((count, *z.shape[2:]), p, gen, device=z.device).to(z)
         return keep
 
-    def _client_update(self, t: int, rho: float, params: Tensors, grads: Tensors, lr: float) -> Tensors:
-        """Prune where the sparsity is below ``rho``, mask, quantize and take the SGD step (Eqs. 8-13).
+    def _client_update(
+        self, t: int, rho: float, params: Tensors, grads: Tensors, lr: float
+    ) -> tuple[Tensors, Tensors]:
+        """Prune where the sparsity is below ``rho``, mask, quantize and take the SGD step (Eqs. 8-13) for
+        this process's clients (``params`` and ``grads`` hold their rows); returns their new parameters
+        and masks.
 
         The importance uses this round's gradient at the unpruned weights (pruning follows the backward
         pass). A client that does not prune keeps its mask, so its pruned weights stay zero.
         """
-        knobs = self.knobs
-        masks = {name: mask.clone() for name, mask in self.clients["masks"].items()}
+        knobs, first = self.knobs, self.shard.start
+        masks = {name: mask[self.shard.rows].clone() for name, mask in self.clients["masks"].items()}
         if rho > 0:
             count = round(rho * sum(params[name][0].numel() for name in self.prunable))
-            for k in range(len(self.nodes)):
+            for k in range(len(self.shard)):
                 weights = {name: params[name][k] for name in self.prunable}
                 if sparsity(weights) < rho:
                     fresh = importance_mask(weights, {name: grads[name][k] for name in self.prunable}, count)
                     for name, mask in fresh.items():
                         masks[name][k] = mask.bool()
-        self.clients["masks"] = masks
         params, grads = dict(params), dict(grads)
         for name, mask in masks.items():
             params[name] = params[name] * mask.to(params[name])
@@ -350,15 +375,26 @@ class LightFedSL(Algorithm):
                 quantize_dict(
                     {name: g[k] for name, g in grads.items()},
                     knobs.quant_bits,
-                    torch_rng(self.ctx.seed, "client-quantizer", t, k, device=self.ctx.device),
+                    torch_rng(self.ctx.seed, "client-quantizer", t, first + k, device=self.ctx.device),
                     knobs.quant_granularity,
                 )
-                for k in range(len(self.nodes))
+                for k in range(len(self.shard))
             ]
             grads = {name: torch.stack([r[name] for r in rows]) for name in grads}
-        return {name: p - lr * grads[name] for name, p in params.items()}
+        return {name: p - lr * grads[name] for name, p in params.items()}, masks
 
-    def _aggregate(self, t: int) -> tuple[np.ndarray, np.ndarray]:
+    def _gathered(self, trained: dict[str, Tensors]) -> dict[str, Tensors]:
+        """Every client's state from each process's rows of it (rank order is client order); masks
+        travel as bytes."""
+        group = self.ctx.group
+        masks = group.gather_rows({k: m.to(torch.uint8) for k, m in trained["masks"].items()})
+        return {
+            "params": group.gather_rows(trained["params"]),
+            "buffers": group.gather_rows(trained["buffers"]),
+            "masks": {k: m.bool() for k, m in masks.items()},
+        }
+
+    def _aggregate(self, t: int, trained: dict[str, Tensors]) -> tuple[np.ndarray, np.ndarray]:
         """Upload every trunk, average uniformly (BatchNorm buffers too), broadcast, and recompute the masks
         as the non-zero pattern of the mean.
 
@@ -366,16 +402,20 @@ class LightFedSL(Algorithm):
         whenever the mean already sits at the target count (no pruning triggers then); a mask taken from
         the mean keeps its zeros masked, and the importance sort ranks them first when the next trigger
         prunes further, so masks stay nested. Returns the upload and broadcast bits per client.
+
+        ``trained`` holds this process's clients (``self.shard``): it uploads and sums them, one
+        all-reduce adds the sums, and every process then holds every client's state.
         """
-        n = len(self.nodes)
-        params, buffers = self.clients["params"], self.clients["buffers"]
-        up = self.models.send(
-            t, self.nodes, nodes.SERVER, "model_up", {**params, **floating(buffers)}, stacked=True
-        )
+        n, group, shard = len(self.nodes), self.ctx.group, self.shard
+        params, buffers = trained["params"], trained["buffers"]
+        sent = {**params, **floating(buffers)}
+        up = send_shard(group, self.models, t, self.nodes, nodes.SERVER, "model_up", sent, shard)
         self.ctx.network.hold(nodes.SERVER, "client_models", int(up.bits.sum()))
-        uniform = torch.full((n,), 1.0 / n, dtype=torch.float64, device=self.ctx.device)
-        mean_params = weighted_sum({k: up.payload[k] for k in params}, uniform)
-        mean_buffers = weighted_sum({k: up.payload.get(k, v) for k, v in buffers.items()}, uniform)
+        uniform = torch.full((len(shard),), 1.0 / n, dtype=torch.float64, device=self.ctx.device)
+        received = {k: up.payload.get(k, v) for k, v in {**params, **buffers}.items()}
+        summed = group.sum_tensors(weighted_sum(received, uniform))
+        mean_params = {k: summed[k] for k in params}
+        mean_buffers = {k: summed[k] for k in buffers}
         mean = {**mean_params, **floating(mean_buffers)}
         down = self.models.send(t, nodes.SERVER, self.nodes, "model_down", mean)
         down_bits = np.repeat(down.bits, n)
@@ -384,8 +424,10 @@ class LightFedSL(Algorithm):
             "params": params,
             "buffers": stack_copies({k: down.payload.get(k, v) for k, v in mean_buffers.items()}, n),
             "masks": {
-                name: params[name] != 0 if self.knobs.final_sparsity > 0 else torch.ones_like(mask)
-                for name, mask in self.clients["masks"].items()
+                name: params[name] != 0
+                if self.knobs.final_sparsity > 0
+                else torch.ones_like(params[name], dtype=torch.bool)
+                for name in self.clients["masks"]
             },
         }
         return up.bits, down_bits
@@ -428,13 +470,13 @@ class LightFedSL(Algorithm):
         system.clock.advance(seconds + agg, joules)
         return comm, agg, seconds + agg, wait
 
-    def _sparsities(self) -> np.ndarray:
-        """Each client's realised sparsity (exact zeros over its prunable weights)."""
-        params = self.clients["params"]
+    def _sparsities(self, params: Tensors) -> np.ndarray:
+        """Each row's realised sparsity (exact zeros over its prunable weights) of stacked ``params``."""
+        rows = next(iter(params.values())).shape[0]
         return np.array(
             [
                 sparsity({name: params[name][k] for name in self.prunable}) if self.prunable else 0.0
-                for k in range(len(self.nodes))
+                for k in range(rows)
             ]
         )
 
@@ -462,8 +504,9 @@ class LightFedSL(Algorithm):
         data, client = self.ctx.data, self.client
         params = composed(client["params"], self.server.params)
         buffers = composed(client["buffers"], self.server.buffers)
-        evaluation = evaluate_model(
-            self.parts.model, params, buffers, data.x_test, data.y_test, self.ctx.config.eval.batch_size
-        )
+        evaluation = evaluate_sharded(
+            self.ctx.group, self.parts.model, params, buffers, data.x_test, data.y_test,
+            self.ctx.config.eval.batch_size,
+        )  # fmt: skip
         prunable = {name: client["params"][name] for name in self.prunable}
         return evaluation.with_extra(model_sparsity=sparsity(prunable) if prunable else 0.0)

@@ -26,7 +26,7 @@ import torch
 
 from fedge.algorithms.base import Algorithm, Context
 from fedge.algorithms.split.arrival import Timeline
-from fedge.algorithms.split.clients import AuxHeadClients, ClientSide, GradientClients, LocalStep, State
+from fedge.algorithms.split.clients import AuxHeadClients, ClientSide, GradientClients, State
 from fedge.algorithms.split.config import AuxHeadConfig, GradientReturnConfig, SplitConfig
 from fedge.algorithms.split.latency import count_flops, round_cost
 from fedge.algorithms.split.participation import Draws, aggregation_weights, check_participation, draw
@@ -35,7 +35,9 @@ from fedge.algorithms.split.plans import round_plan
 from fedge.algorithms.split.server import SERVER_STAGE, CutBatch, Served, SplitServer
 from fedge.comm import FloatCodec, nodes, state_bits
 from fedge.data.federated import BatchPlan
-from fedge.engine import ClientBank, evaluate_model, make_optimizer, stack_copies, weighted_sum
+from fedge.distributed import SINGLE, Group, Shard, balanced, send_shard
+from fedge.distributed.evaluate import evaluate_sharded
+from fedge.engine import ClientBank, make_optimizer, stack_copies, weighted_sum
 from fedge.engine.noise import RowKeys
 from fedge.errors import ConfigError
 from fedge.metrics import Evaluation, RoundReport
@@ -67,8 +69,17 @@ class Tally:
 
     def local_step(self, row_ids: torch.Tensor, counts: torch.Tensor, loss: torch.Tensor) -> None:
         """Rows ``row_ids`` took a local step on ``counts`` samples with loss ``loss``."""
-        active = (counts > 0).to(self.loss_sum)
+        self.computed(row_ids, counts)
+        self.trained(row_ids, counts, loss)
+
+    def computed(self, row_ids: torch.Tensor, counts: torch.Tensor) -> None:
+        """Rows ``row_ids`` computed a local step on ``counts`` samples (known for every row everywhere:
+        the batch plans come from the seed)."""
         np.add.at(self.client_samples, row_ids.cpu().numpy(), counts.cpu().numpy())
+
+    def trained(self, row_ids: torch.Tensor, counts: torch.Tensor, loss: torch.Tensor) -> None:
+        """Rows ``row_ids`` trained on loss ``loss`` (known only where the rows trained)."""
+        active = (counts > 0).to(self.loss_sum)
         self.loss_sum.index_add_(0, row_ids, loss.detach().to(self.loss_sum) * active)
         self.loss_steps.index_add_(0, row_ids, active)
 
@@ -81,7 +92,11 @@ class Tally:
 @dataclass
 class Round:
     """One round's participants: their draws and node names, aggregation weights, step sizes, stacked
-    client state (a row per draw), noise keys and running figures."""
+    client state, noise keys and running figures.
+
+    ``group`` is the processes the rows are sharded over (``SINGLE``: this process runs every row); the
+    stacked state holds this process's rows (:attr:`shard`), everything else is the whole cohort's.
+    """
 
     t: int
     draws: Draws
@@ -93,6 +108,12 @@ class Round:
     keys: RowKeys | None
     tally: Tally
     timeline: Timeline | None = None  # the simulated queue of ``server_order: arrival``
+    group: Group = SINGLE
+
+    @property
+    def shard(self) -> Shard:
+        """The rows this process trains: a contiguous block of the cohort (all of it in one process)."""
+        return self.group.share(len(self.draws))
 
     def state(self, subset: torch.Tensor | None) -> State:
         """The stacked state of the rows ``subset`` (all rows for None)."""
@@ -160,8 +181,8 @@ class SplitLearning(Algorithm):
         return plan
 
     def server_pass(self, rnd: Round, exchange: Callable[..., Served]) -> tuple[State, np.ndarray]:
-        """Server work before the local steps (CSE-FSL's every-l-rounds pass): the rows' new state and
-        the samples each row's client computed on. None here."""
+        """Server work before the local steps (CSE-FSL's every-l-rounds pass): the new state of this
+        process's rows and the samples each row of the round computed on. None here."""
         return rnd.state(None), np.zeros(len(rnd.draws))
 
     # ----- the round ---------------------------------------------------------------------------------
@@ -192,23 +213,37 @@ class SplitLearning(Algorithm):
         for subset in every_row.split(1) if one_by_one else [None]:
             self._local_steps(rnd, plan, subset)
         self._aggregate(rnd)
+        self._add_up_losses(rnd)
         self._hold(count, rnd.nodes)
         self._advance_clock(rnd)
         return self._report(rnd)
 
+    def sharding(self, count: int) -> Group:
+        """The processes a round of ``count`` rows is sharded over (docs/scale-out.md): the run's group, or
+        ``SINGLE`` (every process runs the whole round) with ``server_order: client_after_client``, where
+        one shared model learns from each client's whole run in turn so that every process would wait
+        for the clients of the processes before it, and in a round with fewer rows than processes."""
+        group = self.ctx.group
+        if group.distributed and self.cfg.server_order != "client_after_client" and count >= group.size:
+            return group
+        return SINGLE
+
     def _begin(self, t: int) -> Round:
-        """Round ``t``'s participants with the global client model broadcast to them."""
+        """Round ``t``'s participants with the global client model broadcast to them; every process draws
+        the same cohort and noise keys and holds the state of its own rows."""
         ctx, cfg = self.ctx, self.cfg
         m = ctx.data.num_clients
         draws = draw(ctx.seed, t, m, cfg.participation, cfg.clients_per_round, cfg.duplicates)
         sizes = ctx.data.client_sizes(draws.clients)
         weights = aggregation_weights(draws, sizes, cfg.aggregation, cfg.aggregate_divisor, m)
         lr_client, lr_server = self.learning_rates(t)
-        rows = ClientBank(tuple(int(c) for c in draws.clients), {})
+        group = self.sharding(len(draws))
+        mine = group.share(len(draws)).take(draws.clients)
+        rows = ClientBank(tuple(int(c) for c in mine), {})
         keys = ctx.executor.phase_keys(draws.clients)
         rnd = Round(
             t, draws, nodes.clients(draws.clients), weights.to(ctx.device), lr_client, lr_server, rows, keys,
-            Tally.zeros(len(draws), ctx.device),
+            Tally.zeros(len(draws), ctx.device), group=group,
         )  # fmt: skip
         self.parts.model.train()
         self.parts.local.train()
@@ -216,9 +251,24 @@ class SplitLearning(Algorithm):
         if cfg.server_order == "arrival":
             down = ctx.system.download(draws.clients, rnd.tally.down_bits, t)
             rnd.timeline = Timeline.start(down.seconds, rnd.tally.down_bits)
-        opt_state = stack_copies(self.client_sgd.init(self.client["params"]), len(draws))
+        opt_state = stack_copies(self.client_sgd.init(self.client["params"]), len(mine))
         rows.adopt(rows.params, rows.buffers, opt_state, owned=False)
         return rnd
+
+    def _add_up_losses(self, rnd: Round) -> None:
+        """On several processes, the rows' training losses (and the server copies' losses) are known only
+        where the rows trained: one all-reduce adds them up. Other processes contribute zeros for a row,
+        so each row's figures come out exact; the copies' loss total is a sum of per-process sums."""
+        if not rnd.group.distributed:
+            return
+        tally = rnd.tally
+        figures = {"loss_sum": tally.loss_sum, "loss_steps": tally.loss_steps}
+        if not self.server.in_turn:
+            figures["server_loss"] = torch.tensor([tally.server_loss], dtype=torch.float64)
+        summed = rnd.group.sum_tensors(figures)
+        tally.loss_sum, tally.loss_steps = summed["loss_sum"], summed["loss_steps"]
+        if not self.server.in_turn:
+            tally.server_loss = float(summed["server_loss"][0])
 
     def _advance_clock(self, rnd: Round) -> None:
         """The round's simulated latency and energy from its per-row bits and samples."""
@@ -260,31 +310,41 @@ class SplitLearning(Algorithm):
         return RoundReport(tally.mean_loss(rnd.weights), figures)
 
     def _local_steps(self, rnd: Round, plan: BatchPlan, subset: torch.Tensor | None) -> None:
-        """Every local step of the rows ``subset`` (all rows for None), with its server traffic."""
+        """Every local step of the rows ``subset`` (all rows for None), with its server traffic.
+
+        Sharded over processes, this process steps its own rows (``rnd.shard``); every process walks the
+        whole plan, so all of them reach each step's exchange and know every row's sample counts.
+        """
         data = self.ctx.data
         index, weight = (
             (plan.index, plan.weight) if subset is None else (plan.index[subset], plan.weight[subset])
         )
         row_ids = torch.arange(index.shape[0], device=index.device) if subset is None else subset
         keys = rnd.keys if rnd.keys is None or subset is None else rnd.keys.rows(subset)
+        mine = rnd.shard.rows if subset is None else slice(None)
+        own_ids, own_keys = row_ids[mine], None if keys is None else RowKeys(keys.base[mine])
         state = rnd.state(subset)
         for s in range(index.shape[1]):
-            w = weight[:, s]
-            counts = (w > 0).sum(dim=1)
+            every = weight[:, s]
+            counts = (every > 0).sum(dim=1)
             if not bool(counts.any()):
                 continue
-            x, y = data.x_train[index[:, s]], data.y_train[index[:, s]]
+            x, y = data.x_train[index[mine, s]], data.y_train[index[:, s]]
 
             def exchange(z: torch.Tensor, grad_z: bool, y=y, counts=counts, s=s) -> Served:
                 server_keys = None if keys is None else keys.at(s, SERVER_STAGE)
                 return self._exchange(rnd, row_ids, z, y, counts, s, grad_z, server_keys, subset)
 
-            client_keys = None if keys is None else keys.at(s)
-            step: LocalStep = self.clients.step(
-                state, (x, y, w), counts, rnd.lr_client, client_keys, exchange, self.uploads_at(s)
-            )
+            client_keys = None if own_keys is None else own_keys.at(s)
+            upload, own = self.uploads_at(s), counts[mine]
+            if bool(own.any()):
+                batch = (x, y[mine], every[mine])
+                step = self.clients.step(state, batch, own, rnd.lr_client, client_keys, exchange, upload)
+            else:  # sharded: this process's rows idle at this step while others' step
+                step = self.clients.idle(state, index.shape[2], exchange, upload)
             state = step.state
-            rnd.tally.local_step(row_ids, counts, step.loss)
+            rnd.tally.computed(row_ids, counts)
+            rnd.tally.trained(own_ids, own, step.loss)
             if (
                 self.cfg.agg_every is not None
                 and (s + 1) % self.cfg.agg_every == 0
@@ -316,32 +376,40 @@ class SplitLearning(Algorithm):
         subset: torch.Tensor | None = None,
     ) -> Served:
         """Upload a step's smashed data and labels, let the server serve them, return its answer with the
-        cut-layer gradients as the clients receive them (zero for rows that sent nothing)."""
+        cut-layer gradients as the clients receive them (zero for rows that sent nothing).
+
+        ``row_ids`` are the exchange's rows of the round, ``y``, ``counts`` and ``keys`` theirs; ``z`` holds
+        this process's share of them (:attr:`Round.shard`; all of them in one process), and the answer
+        is for that share. Sends are sharded (:func:`~fedge.distributed.send_shard`), so every process
+        records the whole exchange in the ledger and knows every row's bits.
+        """
         t, tally = rnd.t, rnd.tally
+        shard = rnd.shard if subset is None else balanced(len(row_ids), 0, 1)
+        mine, lengths = shard.rows, counts[shard.rows]
         senders = [rnd.nodes[int(r)] for r in row_ids]
-        smashed = self.up.send(
-            t, senders, nodes.SERVER, "smashed_up", {"z": z.detach()}, stacked=True, lengths=counts
+        group, server = rnd.group, nodes.SERVER
+        smashed = send_shard(
+            group, self.up, t, senders, server, "smashed_up", {"z": z.detach()}, shard, lengths=lengths
         )
-        labels = self.labels.send(
-            t, senders, nodes.SERVER, "labels_up", {"y": y}, stacked=True, lengths=counts
+        labels = send_shard(
+            group, self.labels, t, senders, server, "labels_up", {"y": y[mine]}, shard, lengths=lengths
         )
         at = row_ids.cpu().numpy()
         np.add.at(tally.up_bits, at, smashed.bits + labels.bits)
         np.add.at(tally.server_samples, at, counts.cpu().numpy())
         sending = torch.nonzero(counts > 0).flatten().tolist()
-        batch = CutBatch(subset, smashed.payload["z"], y, counts, keys)
         order, finish = self.queue_order(t, step, sending), None
         if rnd.timeline is not None:
             bits = (smashed.bits + labels.bits)[sending]
             queued, finish = self._arrivals(rnd, rnd.timeline, at[sending], bits, counts, sending)
             order = [sending[i] for i in queued]
-        served = self.server.serve(batch, rnd.lr_server, grad_z, order)
-        tally.server_loss += float(served.loss.sum())
+        batch = CutBatch(subset, smashed.payload["z"], y, counts, keys)
+        served = self._serve(rnd, batch, shard, grad_z, order)
         tally.uploads += len(sending)
         if not grad_z:
             return served
-        grads = self.down.send(
-            t, nodes.SERVER, senders, "grad_down", {"g": served.grad_z}, stacked=True, lengths=counts
+        grads = send_shard(
+            group, self.down, t, server, senders, "grad_down", {"g": served.grad_z}, shard, lengths=lengths
         )
         np.add.at(tally.down_bits, at, grads.bits)
         if rnd.timeline is not None and finish is not None:
@@ -350,6 +418,28 @@ class SplitLearning(Algorithm):
             rnd.timeline.ready[at[sending]] = finish + received
             rnd.timeline.down_bits[at[sending]] += back
         return Served(served.loss, grads.payload["g"])
+
+    def _serve(self, rnd: Round, batch: CutBatch, shard: Shard, grad_z: bool, order: list[int]) -> Served:
+        """The server's answer to rows ``shard`` of ``batch`` (whose ``z`` holds only those rows); its loss
+        enters the round's tally.
+
+        One shared model must take every row in queue order: the processes' smashed rows are gathered
+        (rank order is row order) and every process takes the same server steps on the same batch, so
+        the model stays identical everywhere without a broadcast, and a process then keeps its own rows'
+        answer (a single serving rank would take as long, the others waiting at the next collective).
+        Server copies are independent: each process serves its own rows' copies.
+        """
+        mine, shared = shard.rows, self.server.in_turn
+        if shared:
+            batch = batch._replace(z=rnd.group.gather_rows({"z": batch.z})["z"])
+        else:
+            keys = None if batch.keys is None else batch.keys[mine]
+            batch = batch._replace(y=batch.y[mine], counts=batch.counts[mine], keys=keys)
+        served = self.server.serve(batch, rnd.lr_server, grad_z, order)
+        rnd.tally.server_loss += float(served.loss.sum())
+        if not shared:
+            return served
+        return Served(served.loss[mine], None if served.grad_z is None else served.grad_z[mine])
 
     def _arrivals(
         self,
@@ -385,7 +475,8 @@ class SplitLearning(Algorithm):
         """Broadcast the global client model (and aux head) to every row; start the server's period.
 
         Unshared aux heads stay on their clients: each row starts from its client's own head (the
-        initial one on a first visit) and nothing about them is sent.
+        initial one on a first visit) and nothing about them is sent. Every process sends the whole
+        broadcast (one encoding for all rows) and stacks its own rows.
         """
         params, buffers = self.client["params"], self.client["buffers"]
         received: Tensors = {}
@@ -395,11 +486,12 @@ class SplitLearning(Algorithm):
                 down = self.down.send(rnd.t, nodes.SERVER, rnd.nodes, f"{name}_down", sent)
                 rnd.tally.down_bits += down.bits[0]
                 received.update(down.payload)
-        count = len(rnd.draws)
+        mine = rnd.shard.take(rnd.draws.clients)
+        count = len(mine)
         stacked = stack_copies({k: received.get(k, v) for k, v in params.items()}, count)
         if not self.clients.shares_aux:
             for name in aux_only(params):
-                own = [self.local_aux.get(int(c), params)[name] for c in rnd.draws.clients]
+                own = [self.local_aux.get(int(c), params)[name] for c in mine]
                 stacked[name] = torch.stack(own)
         rnd.rows.adopt(
             stacked, stack_copies({k: received.get(k, v) for k, v in buffers.items()}, count), owned=False
@@ -411,27 +503,32 @@ class SplitLearning(Algorithm):
 
         The new global client model is ``old + global_lr * (average - old)`` (the SplitFed convergence
         paper's eta_g; 1 is the plain average). Unshared aux heads are kept per client (the mean of its
-        rows' heads).
+        rows' heads). Sharded, each process uploads and sums its own rows and one all-reduce adds the
+        sums (as FedAvg); the unshared aux heads are gathered, so every process keeps every client's.
         """
+        group, shard = rnd.group, rnd.shard
         uploaded: Tensors = {}
         for name, part in self._exchanged():
             sent = {**part(rnd.rows.params), **floating(part(rnd.rows.buffers))}
             if sent:
-                up = self.up.send(rnd.t, rnd.nodes, nodes.SERVER, f"{name}_up", sent, stacked=True)
+                up = send_shard(group, self.up, rnd.t, rnd.nodes, nodes.SERVER, f"{name}_up", sent, shard)
                 rnd.tally.up_bits += up.bits
                 uploaded.update(up.payload)
         params = {k: uploaded.get(k, v) for k, v in rnd.rows.params.items()}
         buffers = {k: uploaded.get(k, v) for k, v in rnd.rows.buffers.items()}
-        average = weighted_sum(params, rnd.weights)
+        weights = rnd.weights[shard.rows]
+        average = group.sum_tensors({**weighted_sum(params, weights), **weighted_sum(buffers, weights)})
         old, step = self.client["params"], self.cfg.global_lr
-        new_params = {k: v if step == 1.0 else old[k] + step * (v - old[k]) for k, v in average.items()}
+        new_params = {k: average[k] if step == 1.0 else old[k] + step * (average[k] - old[k]) for k in params}
         if not self.clients.shares_aux:
+            heads = aux_only(params)
+            heads = group.gather_rows(heads) if heads else heads
             for client in np.unique(rnd.draws.clients):
                 mine = torch.as_tensor(np.flatnonzero(rnd.draws.clients == client), device=self.ctx.device)
-                self.local_aux[int(client)] = {k: params[k][mine].mean(dim=0) for k in aux_only(params)}
+                self.local_aux[int(client)] = {k: heads[k][mine].mean(dim=0) for k in heads}
             new_params.update(aux_only(old))
-        self.client = {"params": new_params, "buffers": weighted_sum(buffers, rnd.weights)}
-        self.server.aggregate(rnd.weights / rnd.weights.sum())
+        self.client = {"params": new_params, "buffers": {k: average[k] for k in buffers}}
+        self.server.aggregate(weights / rnd.weights.sum(), group)
 
     def _hold(self, count: int, participants: list[str]) -> None:
         """Server: its model(s) and the ``count`` client uploads it averages; participants: trunk, aux."""
@@ -450,16 +547,19 @@ class SplitLearning(Algorithm):
 
     def evaluate(self) -> Evaluation:
         """The composed model (averaged trunk + server model) on the global test set; with a shared aux
-        head also the accuracy of trunk + aux head."""
-        data, batch = self.ctx.data, self.ctx.config.eval.batch_size
+        head also the accuracy of trunk + aux head. On several processes each scores a block of the test
+        rows (:func:`~fedge.distributed.evaluate.evaluate_sharded`)."""
+        data, batch, group = self.ctx.data, self.ctx.config.eval.batch_size, self.ctx.group
         client = self.client
         server_params, server_buffers = self.server.evaluation_model()
         params = composed(client["params"], server_params)
         buffers = composed(client["buffers"], server_buffers)
-        evaluation = evaluate_model(self.parts.model, params, buffers, data.x_test, data.y_test, batch)
+        evaluation = evaluate_sharded(
+            group, self.parts.model, params, buffers, data.x_test, data.y_test, batch
+        )
         if self.clients.has_aux and self.clients.shares_aux:
-            aux = evaluate_model(
-                self.parts.local, client["params"], client["buffers"], data.x_test, data.y_test, batch
+            aux = evaluate_sharded(
+                group, self.parts.local, client["params"], client["buffers"], data.x_test, data.y_test, batch
             )
             evaluation = evaluation.with_extra(aux_accuracy=aux.accuracy, aux_loss=aux.loss)
         return evaluation

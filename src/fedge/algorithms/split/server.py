@@ -30,6 +30,7 @@ import torch
 from torch import nn
 
 from fedge.comm import state_bits
+from fedge.distributed import SINGLE, Group
 from fedge.engine import SGD, Criterion, Executor, cross_entropy, stack_copies, weighted_sum
 from fedge.engine.noise import keyed_noise
 from fedge.engine.split import make_server_step
@@ -41,13 +42,16 @@ SERVER_STAGE = 1  # noise stage of server-side draws (the client part uses stage
 class CutBatch(NamedTuple):
     """What reaches the server at one local step: rows ``rows`` of the round (None: all of them), their
     smashed data ``z`` ``[R, B, ...]`` and labels ``y`` ``[R, B]`` (row r's first ``counts[r]`` entries
-    real; 0 = the row sends nothing), and each row's noise key for the server's random layers."""
+    real; 0 = the row sends nothing), and each row's noise key for the server's random layers. ``cohort``
+    is the number of rows of the whole cohort when the batch holds only one process's share of them (0:
+    the batch is the whole cohort)."""
 
     rows: torch.Tensor | None
     z: torch.Tensor
     y: torch.Tensor
     counts: torch.Tensor
     keys: torch.Tensor | None = None
+    cohort: int = 0
 
 
 class Served(NamedTuple):
@@ -83,8 +87,9 @@ class SplitServer(ABC):
         into ``batch``) in the order a single server model processes them."""
 
     @abstractmethod
-    def aggregate(self, weights: torch.Tensor) -> None:
-        """End an aggregation period; ``weights`` (summing to 1) weigh the round's rows."""
+    def aggregate(self, weights: torch.Tensor, group: Group = SINGLE) -> None:
+        """End an aggregation period; ``weights`` (summing to 1 over the whole cohort) weigh the rows this
+        process holds, and ``group`` adds up the processes' partial sums (docs/scale-out.md)."""
 
     @abstractmethod
     def models_held(self, count: int) -> int:
@@ -140,7 +145,11 @@ class ServerCopies(SplitServer):
         self.copies = tuple(stack_copies(tensors, count) for tensors in state)
 
     def serve(self, batch: CutBatch, lr: float, grad_z: bool, order: list[int]) -> Served:
+        """Step every sending row's copy on its batch; rows that send nothing (all of them, for a process
+        whose rows idle at a step of a sharded round) keep their copies and get zeros."""
         z, counts = batch.z, batch.counts
+        if not bool(counts.any()):
+            return Served(torch.zeros(len(counts), device=z.device), torch.zeros_like(z) if grad_z else None)
         copies = self.copies if batch.rows is None else tuple(rows(t, batch.rows) for t in self.copies)
         weight = (torch.arange(z.shape[1], device=z.device)[None, :] < counts[:, None]).to(z)
         out = self.executor.map(
@@ -160,11 +169,15 @@ class ServerCopies(SplitServer):
                     full[name] = full[name].index_put((batch.rows,), value)
         return Served(out.per_client[0], out.per_sample[0] if grad_z else None)
 
-    def aggregate(self, weights: torch.Tensor) -> None:
+    def aggregate(self, weights: torch.Tensor, group: Group = SINGLE) -> None:
+        """The copies' weighted average: each process sums its own copies, one all-reduce adds the sums;
+        the first participant's copy (``copy0``) comes from rank 0, which holds the cohort's first row."""
         params, buffers, _ = self.copies
         if self.evaluate_with == "copy0":
-            self.first_copy = (rows(params, 0), rows(buffers, 0))
-        self.params, self.buffers = weighted_sum(params, weights), weighted_sum(buffers, weights)
+            self.first_copy = group.broadcast((rows(params, 0), rows(buffers, 0)))
+        average = group.sum_tensors({**weighted_sum(params, weights), **weighted_sum(buffers, weights)})
+        self.params = {name: average[name] for name in params}
+        self.buffers = {name: average[name] for name in buffers}
 
     def models_held(self, count: int) -> int:
         return count
@@ -179,14 +192,31 @@ class MeanGradientServer(ServerCopies):
     All rows are served at the same weights (as parallel copies, so either executor runs them) and
     averaged uniformly at once, BatchNorm statistics too, so the statistics never mix clients within a
     batch. With plain SGD averaging the stepped copies is the step with the mean gradient (Eq. 6 = Eq. 7).
+    The order of the rows does not matter, so on several processes each serves its own clients' rows
+    (a batch of one share, ``cohort`` rows in all) and ``group`` adds up the partial averages.
     """
+
+    def __init__(
+        self,
+        module: nn.Module,
+        params: Tensors,
+        buffers: Tensors,
+        sgd: SGD,
+        clip_norm: float | None,
+        executor: Executor,
+        group: Group = SINGLE,
+    ):
+        super().__init__(module, params, buffers, sgd, clip_norm, executor)
+        self.group = group
 
     def serve(self, batch: CutBatch, lr: float, grad_z: bool, order: list[int]) -> Served:
         count = len(batch.counts)
         self.begin(count)
         served = super().serve(batch, lr, grad_z, order)
-        uniform = torch.full((count,), 1.0 / count, dtype=torch.float64, device=batch.z.device)
-        self.aggregate(uniform)
+        uniform = torch.full(
+            (count,), 1.0 / (batch.cohort or count), dtype=torch.float64, device=batch.z.device
+        )
+        self.aggregate(uniform, self.group)
         return served
 
     def models_held(self, count: int) -> int:
@@ -237,7 +267,7 @@ class SharedServer(SplitServer):
         self.params, self.buffers, self.opt_state = params, buffers, opt_state
         return Served(loss, grads)
 
-    def aggregate(self, weights: torch.Tensor) -> None:
+    def aggregate(self, weights: torch.Tensor, group: Group = SINGLE) -> None:
         """Nothing to average: the one model already learned from everyone."""
 
     def models_held(self, count: int) -> int:
