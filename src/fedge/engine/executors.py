@@ -31,7 +31,7 @@ from __future__ import annotations
 
 from abc import ABC, abstractmethod
 from collections.abc import Callable, Iterator, Sequence
-from contextlib import contextmanager
+from contextlib import AbstractContextManager, contextmanager, nullcontext
 from dataclasses import dataclass
 from typing import Any, NamedTuple
 
@@ -288,12 +288,19 @@ def _vmapped(fn: Callable[..., Any], in_dims: tuple, keyed: bool, compile_step: 
     return torch.compile(mapped, dynamic=False) if compile_step else mapped
 
 
+def _convolutions(compile_step: bool) -> Callable[[], AbstractContextManager[Any]]:
+    """Per-client convolutions for eager vmapped steps; a compiled step keeps PyTorch's own (the
+    compiler does not trace a custom function's vmap rule)."""
+    return nullcontext if compile_step else per_client_conv
+
+
 def _step_kernel(step: Step, keyed: bool, compile_step: bool) -> Kernel:
     """Vmapped gradients of all clients, then the optimizer's in-place update of the stacked state."""
     gradients = _vmapped(step.gradients, (0,) * 5, keyed, compile_step)
+    kernels = _convolutions(compile_step)
 
     def run(params, buffers, opt_state, x, y, weight, lr, keys):
-        with per_client_conv():
+        with kernels():
             args = (params, buffers, x, y, weight)
             grads, loss, new_buffers = gradients(keys, *args) if keyed else gradients(*args)
         step.optimizer.update_(params, grads, opt_state, lr)
@@ -306,9 +313,10 @@ def _step_kernel(step: Step, keyed: bool, compile_step: bool) -> Kernel:
 def _generic_kernel(step: StepFn, keyed: bool, compile_step: bool) -> Kernel:
     """Any pure step function under vmap; its new state is copied into the stacked state."""
     stepped = _vmapped(step, (0, 0, 0, 0, 0, 0, None), keyed, compile_step)
+    kernels = _convolutions(compile_step)
 
     def run(params, buffers, opt_state, x, y, weight, lr, keys):
-        with per_client_conv():
+        with kernels():
             args = (params, buffers, opt_state, x, y, weight, lr)
             new_params, new_buffers, new_state, loss = stepped(keys, *args) if keyed else stepped(*args)
         for targets, values in ((params, new_params), (buffers, new_buffers), (opt_state, new_state)):
