@@ -3,7 +3,8 @@
 Personalised FL measures each client's model on that client's test set and reports the unweighted mean
 over clients. With the clients' models stacked (a :class:`~fedge.engine.ClientBank`), the per-row sample
 sets are padded to a common length with 0/1 weights and all rows are evaluated together under
-``torch.func.vmap`` (in chunks bounded by a sample budget). The same routine scores any row on any
+``torch.func.vmap`` (in chunks bounded by a sample budget; convolutions one per client, the faster
+kernel on CPU, see :mod:`fedge.engine.convolution`). The same routine scores any row on any
 client's samples (a neighbour's model on my data), which is what peer-selection rules need.
 Fine-tuning before evaluation (FedAvg-FT, the backbone of the decentralized family) trains a copy of the
 bank through the run's executor.
@@ -21,6 +22,7 @@ from torch.func import functional_call, vmap
 
 from fedge.data.federated import FederatedData
 from fedge.engine.bank import ClientBank
+from fedge.engine.convolution import per_client_conv
 from fedge.engine.executors import Executor
 from fedge.engine.step import StepFn
 from fedge.metrics import Evaluation
@@ -72,13 +74,14 @@ def evaluate_rows(
         for start in range(0, rows, chunk):
             part = slice(start, start + chunk)
             ix = index[part]
-            c, s = batched(
-                {k: v[part] for k, v in params.items()},
-                {k: v[part] for k, v in buffers.items()},
-                x[ix],
-                y[ix],
-                weight[part],
-            )
+            with per_client_conv():
+                c, s = batched(
+                    {k: v[part] for k, v in params.items()},
+                    {k: v[part] for k, v in buffers.items()},
+                    x[ix],
+                    y[ix],
+                    weight[part],
+                )
             correct.append(c)
             loss.append(s)
     finally:
