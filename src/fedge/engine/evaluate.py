@@ -5,8 +5,8 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 from torch import nn
-from torch.func import functional_call
 
+from fedge.engine.bind import call_at
 from fedge.metrics import Evaluation
 from fedge.tensors import Tensors
 
@@ -23,7 +23,7 @@ def evaluate_model(
     try:
         for start in range(0, len(y), batch_size):
             xb, yb = x[start : start + batch_size], y[start : start + batch_size]
-            logits = functional_call(model, {**params, **buffers}, (xb,))
+            logits = call_at(model, {**params, **buffers}, (xb,))
             loss_sum += float(F.cross_entropy(logits, yb, reduction="sum"))
             correct += int((logits.argmax(dim=1) == yb).sum())
     finally:

@@ -18,10 +18,11 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 from torch import nn
-from torch.func import functional_call, vmap
+from torch.func import vmap
 
 from fedge.data.federated import FederatedData
 from fedge.engine.bank import ClientBank
+from fedge.engine.bind import call_at
 from fedge.engine.convolution import per_client_conv
 from fedge.engine.executors import Executor
 from fedge.engine.step import StepFn
@@ -60,7 +61,7 @@ def evaluate_rows(
     rows, length = index.shape
 
     def one(p: Tensors, b: Tensors, xb: torch.Tensor, yb: torch.Tensor, wb: torch.Tensor):
-        logits = functional_call(model, {**p, **b}, (xb,))
+        logits = call_at(model, {**p, **b}, (xb,))
         loss = F.cross_entropy(logits, yb, reduction="none")
         correct = (logits.argmax(dim=1) == yb).to(loss.dtype)
         return (correct * wb).sum(), (loss * wb).sum()

@@ -16,8 +16,9 @@ from typing import Any
 
 import torch
 from torch import nn
-from torch.func import functional_call, grad_and_value
+from torch.func import grad_and_value
 
+from fedge.engine.bind import call_at
 from fedge.engine.executors import ClientFn, Mapped, TwoForms
 from fedge.engine.step import Criterion, Optimizer, cross_entropy
 from fedge.tensors import Tensors
@@ -64,8 +65,8 @@ def make_aux_step(
 
     def loss(params: Tensors, buffers: Tensors, x, y, weight):
         new_buffers = _clone(buffers)
-        z = functional_call(trunk, {**prefixed(params, "trunk."), **prefixed(new_buffers, "trunk.")}, (x,))
-        logits = functional_call(aux, {**prefixed(params, "aux."), **prefixed(new_buffers, "aux.")}, (z,))
+        z = call_at(trunk, {**prefixed(params, "trunk."), **prefixed(new_buffers, "trunk.")}, (x,))
+        logits = call_at(aux, {**prefixed(params, "aux."), **prefixed(new_buffers, "aux.")}, (z,))
         return weighted_loss(logits, y, weight, criterion), (new_buffers, z)
 
     def stepping(loss_and_grad: Callable[..., Any]) -> ClientFn:
@@ -74,7 +75,7 @@ def make_aux_step(
             new_params, new_state = sgd.update(params, grads, opt_state, lr)
             if post_step:
                 scratch = _clone(prefixed(new_buffers, "trunk."))
-                z = functional_call(trunk, {**prefixed(new_params, "trunk."), **scratch}, (x,))
+                z = call_at(trunk, {**prefixed(new_params, "trunk."), **scratch}, (x,))
             return Mapped((new_params, new_buffers, new_state), (value.detach(),), (z.detach(),))
 
         return step
@@ -104,7 +105,7 @@ def make_forward(trunk: nn.Module) -> ClientFn:
 
     def forward(buffers: Tensors, params: Tensors, x):
         new_buffers = _clone(buffers)
-        z = functional_call(trunk, {**prefixed(params, "trunk."), **prefixed(new_buffers, "trunk.")}, (x,))
+        z = call_at(trunk, {**prefixed(params, "trunk."), **prefixed(new_buffers, "trunk.")}, (x,))
         return Mapped((new_buffers,), (), (z,))
 
     return forward
@@ -141,7 +142,7 @@ def make_server_step(
 
     def loss(params: Tensors, z, buffers: Tensors, y, weight):
         new_buffers = _clone(buffers)
-        logits = functional_call(server, {**params, **new_buffers}, (z,))
+        logits = call_at(server, {**params, **new_buffers}, (z,))
         return weighted_loss(logits, y, weight, criterion), new_buffers
 
     pure_loss_and_grad = grad_and_value(loss, argnums=(0, 1) if grad_z else 0, has_aux=True)

@@ -19,9 +19,10 @@ from typing import Protocol
 import torch
 import torch.nn.functional as F
 from torch import nn
-from torch.func import functional_call, grad_and_value
+from torch.func import grad_and_value
 
 from fedge.config import OptimizerConfig
+from fedge.engine.bind import call_at
 from fedge.tensors import Tensors
 
 # (logits, labels) -> the loss of every sample (no reduction): the per-sample training criterion
@@ -55,7 +56,7 @@ def classification_loss(model: nn.Module, criterion: Criterion = cross_entropy) 
 
     def loss(params: Tensors, buffers: Tensors, x: torch.Tensor, y: torch.Tensor, weight: torch.Tensor):
         new_buffers = {name: b.clone() for name, b in buffers.items()}
-        logits = functional_call(model, {**params, **new_buffers}, (x,))
+        logits = call_at(model, {**params, **new_buffers}, (x,))
         per_sample = criterion(logits, y)
         return (per_sample * weight).sum() / weight.sum().clamp_min(1.0), new_buffers
 
