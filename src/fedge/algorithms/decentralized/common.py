@@ -25,7 +25,7 @@ components see the host through a :class:`~fedge.algorithms.decentralized.view.P
 from __future__ import annotations
 
 from abc import abstractmethod
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Annotated, ClassVar, Literal
 
 import numpy as np
@@ -51,6 +51,11 @@ from fedge.models import split
 from fedge.rng import numpy_rng
 from fedge.system import forward_flops
 from fedge.tensors import Tensors, floating, rows
+
+Trained = tuple[Tensors, Tensors, torch.Tensor]
+"""Trained params, buffers and per-row losses of a set of rows."""
+TrainFn = Callable[[Tensors, Tensors, Sequence[int], Tensors | None], Trained]
+"""A local update of rows: ``(params, buffers, owners, extra) -> (params, buffers, losses)``."""
 
 
 def paper_optimizer() -> SGDConfig:
@@ -259,25 +264,36 @@ class PeerAlgorithm(Algorithm):
         return self._train(params, buffers, owners, t, epochs, body, step, extra, purpose)
 
     def train_sharded(
-        self, params: Tensors, buffers: Tensors, owners: Sequence[int], t: int
+        self,
+        params: Tensors,
+        buffers: Tensors,
+        owners: Sequence[int],
+        t: int,
+        extra: Tensors | None = None,
+        train: TrainFn | None = None,
     ) -> tuple[Tensors, Tensors, torch.Tensor]:
-        """:meth:`train_rows` with the rows split over the run's processes (docs/scale-out.md).
+        """:meth:`train_rows` (or ``train``) with the rows split over the run's processes (docs/scale-out.md).
 
-        Each rank trains a contiguous share of the rows; the trained rows are gathered in row order (the
-        peer models every client may receive) and the compute tally of the round is summed over ranks
-        (sample counts: exact), so every rank holds the same rows and charges the clock the same work.
-        In one process this is :meth:`train_rows`.
+        Each rank trains a contiguous share of the rows (and of the per-row ``extra`` constants); the
+        trained rows and their losses are gathered in row order (the peer models every client may
+        receive) and the compute tally of the round is summed over ranks (sample counts: exact), so
+        every rank holds the same rows and charges the clock the same work. Noise keys and batch plans
+        are per client, so a row trains as it would in one process. ``train(params, buffers, owners,
+        extra)`` replaces the round's local update (Ditto's personal models). In one process this is
+        the unsplit call.
         """
+        train = train or (lambda p, b, o, e: self.train_rows(p, b, o, t, extra=e))
         group = self.ctx.group
         if not group.distributed:
-            return self.train_rows(params, buffers, owners, t)
+            return train(params, buffers, owners, extra)
         part = group.share(len(owners))
+
+        def mine(tensors: Tensors) -> Tensors:
+            return {k: v[part.rows] for k, v in tensors.items()}
+
         before = {"forward": self.work.forward.copy(), "backward": self.work.backward.copy()}
-        new_p, new_b, losses = self.train_rows(
-            {k: v[part.rows] for k, v in params.items()},
-            {k: v[part.rows] for k, v in buffers.items()},
-            list(owners)[part.rows],
-            t,
+        new_p, new_b, losses = train(
+            mine(params), mine(buffers), list(owners)[part.rows], None if extra is None else mine(extra)
         )
         done = {k: torch.from_numpy(getattr(self.work, k) - v) for k, v in before.items()}
         for key, total in group.sum_tensors(done).items():

@@ -168,7 +168,7 @@ class DisPFL(PeerAlgorithm):
         batches = self.probes(t)
         plan = self.choice.begin(t, batches)
         start_p, start_b = self.rows(own)
-        params, buffers, losses = self.train_rows(start_p, start_b, own.tolist(), t, extra=self._extra())
+        params, buffers, losses = self.train_sharded(start_p, start_b, own.tolist(), t, extra=self._extra())
         params = self._apply(params)
         alpha = self._evolve(t, params, buffers, batches)
         params = self._apply(params)

@@ -71,7 +71,7 @@ class Federico(PeerAlgorithm):
         n = self.num_clients
         own = torch.arange(n, device=self.ctx.device)
         params, buffers = self.rows(own)
-        params, buffers, losses = self.train_rows(params, buffers, own.tolist(), t)
+        params, buffers, losses = self.train_sharded(params, buffers, own.tolist(), t)
         chosen = self._choose(t)
         eye = torch.eye(n, dtype=torch.bool, device=own.device)
         scored = chosen | eye

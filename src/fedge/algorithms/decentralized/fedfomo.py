@@ -149,7 +149,7 @@ class FedFomo(PeerAlgorithm):
         weights = self.weights(received)
         moved_p, moved_b = self.mixed(weights, self.bank.params, self.bank.buffers)
         own = list(range(self.num_clients))
-        params, buffers, losses = self.train_rows(moved_p, moved_b, own, t)
+        params, buffers, losses = self.train_sharded(moved_p, moved_b, own, t)
         self.bank.adopt(params, buffers, owned=False)
         metrics = self.choice.end(t, plan)
         kept = torch.diagonal(weights) == 1.0

@@ -61,7 +61,7 @@ class Pens(PeerAlgorithm):
     def peer_round(self, t: int) -> RoundReport:
         own = torch.arange(self.num_clients, device=self.ctx.device)
         params, buffers = self.rows(own)
-        params, buffers, losses = self.train_rows(params, buffers, own.tolist(), t)
+        params, buffers, losses = self.train_sharded(params, buffers, own.tolist(), t)
         if t <= self.phase_rounds:
             candidates = torch.as_tensor(self.random_peers(t, self.cfg.candidates), device=own.device)
             i, j = candidates.nonzero(as_tuple=True)
