@@ -15,12 +15,14 @@ import subprocess
 import sys
 import time
 from pathlib import Path
+from unittest import mock
 
 import numpy as np
 import pytest
 import torch
 
 import fedge
+import fedge.algorithms.decentralized.common as peer
 from fedge import checkpoint
 from fedge.config import load_config
 from fedge.distributed import balanced, blocks
@@ -45,6 +47,13 @@ def counting_train(train):
 for executor in (BatchedExecutor, SequentialExecutor):
     executor.map = counting(executor.map)
     executor.train = counting_train(executor.train)
+import fedge.algorithms.decentralized.common as peer
+scoring = peer.pair_losses
+def scored(*args, **kwargs):
+    out = scoring(*args, **kwargs)
+    seen["scored"] = seen.get("scored", 0) + len(out)
+    return out
+peer.pair_losses = scored
 for config, name in json.loads(sys.argv[1]):
     seen.clear()
     fedge.run(config, [f"output.name={name}"])
@@ -169,7 +178,10 @@ def runs(tmp_path_factory) -> dict[str, Path]:
     (tmp / "seen").mkdir()
     launch(2, [(cfg, f"{name}-{copy}") for name, cfg in cases.items() for copy in "ab"], tmp / "seen")
     for name, cfg in cases.items():
-        fedge.run(cfg, [f"output.name={name}-single"])
+        with mock.patch.object(peer, "pair_losses", wraps=peer.pair_losses) as scoring:
+            fedge.run(cfg, [f"output.name={name}-single"])
+        pairs = sum(len(call.args[4][0]) for call in scoring.call_args_list)
+        (tmp / "seen" / f"{name}-single.json").write_text(json.dumps({"scored": pairs}))
     return {name: tmp / "runs" for name in cases}
 
 
@@ -206,6 +218,8 @@ def test_two_ranks_twice_bit_identical_and_match_one_process(runs, name):
     assert np.abs(final_state(two_a) - final_state(one)).max() <= 1e-5
     assert [r["accuracy"] for r in rows(two_a)] == pytest.approx([r["accuracy"] for r in rows(one)], abs=0.02)
     assert rows(two_a)[-1]["bits_up"] == rows(one)[-1]["bits_up"]
+    if name in PEER:
+        assert [r["sim_seconds"] for r in rows(two_a)] == [r["sim_seconds"] for r in rows(one)]
 
 
 @pytest.mark.parametrize("name", [*SPLIT, "gossip", *(p for p in PEER if p != "fedavg_ft")])
@@ -216,7 +230,18 @@ def test_ranks_train_only_their_share(runs, name):
     seen = runs[name].parent / "seen"
     for rank in (0, 1):
         stages = json.loads((seen / f"{name}-a.rank{rank}.json").read_text())
+        stages.pop("scored", None)
         assert stages and set(stages.values()) == {3}, stages
+
+
+@pytest.mark.parametrize("name", ["pens", "federico", "fedfomo"])
+def test_ranks_score_only_their_share(runs, name):
+    """The received models' probe or validation losses: each rank scores a share of the pairs, and the
+    shares add up to the pairs one process scores."""
+    seen = runs[name].parent / "seen"
+    ranks = [json.loads((seen / f"{name}-a.rank{rank}.json").read_text())["scored"] for rank in (0, 1)]
+    single = json.loads((seen / f"{name}-single.json").read_text())["scored"]
+    assert sum(ranks) == single and 0 < min(ranks) <= max(ranks) < single, (ranks, single)
 
 
 def test_only_rank_zero_writes(runs):

@@ -283,23 +283,53 @@ class PeerAlgorithm(Algorithm):
         the unsplit call.
         """
         train = train or (lambda p, b, o, e: self.train_rows(p, b, o, t, extra=e))
-        group = self.ctx.group
-        if not group.distributed:
+        if not self.ctx.group.distributed:
             return train(params, buffers, owners, extra)
-        part = group.share(len(owners))
 
-        def mine(tensors: Tensors) -> Tensors:
-            return {k: v[part.rows] for k, v in tensors.items()}
+        def share(rows: slice) -> Tensors:
+            def mine(tensors: Tensors) -> Tensors:
+                return {k: v[rows] for k, v in tensors.items()}
 
+            new_p, new_b, losses = train(
+                mine(params), mine(buffers), list(owners)[rows], None if extra is None else mine(extra)
+            )
+            return {**new_p, **new_b, "\0loss": losses}
+
+        gathered = self.on_shards(len(owners), share)
+        return {k: gathered[k] for k in params}, {k: gathered[k] for k in buffers}, gathered["\0loss"]
+
+    def losses_sharded(
+        self,
+        params: Tensors,
+        buffers: Tensors,
+        pairs: tuple[torch.Tensor, torch.Tensor, torch.Tensor],
+        batches: ProbeBatches,
+    ) -> torch.Tensor:
+        """:meth:`losses_on` with the pairs split over the run's processes (each pair's forward pass is
+        independent of the others): the scoring of received models by PENS, FedeRiCo and FedFomo."""
+        if not self.ctx.group.distributed:
+            return self.losses_on(params, buffers, pairs, batches)
+
+        def share(rows: slice) -> Tensors:
+            return {
+                "loss": self.losses_on(
+                    params, buffers, (pairs[0][rows], pairs[1][rows], pairs[2][rows]), batches
+                )
+            }
+
+        return self.on_shards(len(pairs[0]), share)["loss"]
+
+    def on_shards(self, total: int, work: Callable[[slice], Tensors]) -> Tensors:
+        """``work`` on this rank's contiguous share of ``total`` rows; its tensors (rows in dimension 0)
+        gathered in row order, and the compute it tallied summed over ranks (sample counts: exact), so
+        every rank holds every row and charges the clock the same work (docs/scale-out.md)."""
+        group = self.ctx.group
         before = {"forward": self.work.forward.copy(), "backward": self.work.backward.copy()}
-        new_p, new_b, losses = train(
-            mine(params), mine(buffers), list(owners)[part.rows], None if extra is None else mine(extra)
-        )
+        out = work(group.share(total).rows)
         done = {k: torch.from_numpy(getattr(self.work, k) - v) for k, v in before.items()}
-        for key, total in group.sum_tensors(done).items():
-            setattr(self.work, key, before[key] + total.numpy())
-        gathered = group.gather_rows({**new_p, **new_b, "\0loss": losses})
-        return {k: gathered[k] for k in new_p}, {k: gathered[k] for k in new_b}, gathered["\0loss"]
+        for key, summed in group.sum_tensors(done).items():
+            setattr(self.work, key, before[key] + summed.numpy())
+        return group.gather_rows(out)
 
     def _train(
         self,

@@ -66,7 +66,7 @@ class Pens(PeerAlgorithm):
             candidates = torch.as_tensor(self.random_peers(t, self.cfg.candidates), device=own.device)
             i, j = candidates.nonzero(as_tuple=True)
             scores = torch.full(candidates.shape, float("inf"), dtype=torch.float64, device=own.device)
-            scores[i, j] = self.losses_on(params, buffers, (j, i, i), self.probes(t)).double()
+            scores[i, j] = self.losses_sharded(params, buffers, (j, i, i), self.probes(t)).double()
             chosen = top_k(-scores, candidates, self.cfg.keep)
             self.counts += chosen.long()
             self.send_models(t, candidates)
