@@ -203,9 +203,13 @@ def flat_state(value) -> list[np.ndarray]:
     return []
 
 
-def final_state(run_dir: Path) -> np.ndarray:
+def algorithm_state(run_dir: Path) -> dict:
     saved = checkpoint.load(run_dir / "checkpoint.pt", load_config(run_dir / "config.yaml"))
-    return np.concatenate(flat_state(saved.state["algorithm"]))
+    return saved.state["algorithm"]
+
+
+def final_state(run_dir: Path) -> np.ndarray:
+    return np.concatenate(flat_state(algorithm_state(run_dir)))
 
 
 @pytest.mark.parametrize("name", ["fedavg", "hist", "hfedavg", "gossip", "afind", *PEER, *SPLIT])
@@ -220,6 +224,9 @@ def test_two_ranks_twice_bit_identical_and_match_one_process(runs, name):
     assert rows(two_a)[-1]["bits_up"] == rows(one)[-1]["bits_up"]
     if name in PEER:
         assert [r["sim_seconds"] for r in rows(two_a)] == [r["sim_seconds"] for r in rows(one)]
+    if name == "dispfl":  # evolved a share per rank, gathered: the same masks as one process
+        masks = [algorithm_state(run)["masks"] for run in (two_a, one)]
+        assert all(torch.equal(masks[0][k], masks[1][k]) for k in masks[1])
 
 
 @pytest.mark.parametrize("name", [*SPLIT, "gossip", *(p for p in PEER if p != "fedavg_ft")])
