@@ -129,7 +129,7 @@ class FedFomo(PeerAlgorithm):
 
     def weights(self, received: torch.Tensor) -> torch.Tensor:
         """FedFomo's mixing weights of the current models: validation losses and distances of the received
-        pairs (i's own loss included), evaluated for all pairs in one batched call."""
+        pairs (i's own loss included), evaluated for all pairs in one batched call (a share per process)."""
         n, device = self.num_clients, received.device
         own = torch.arange(n, device=device)
         i, j = received.nonzero(as_tuple=True)
