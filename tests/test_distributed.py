@@ -3,7 +3,7 @@
 One launch of two rank processes runs every config twice (``a`` and ``b``), so the start-up of torch is
 paid once; the single-process runs happen here. World size 2 twice: bit-identical metrics; world size 2
 against 1: identical ledgers and final parameters within 1e-5. The rank processes record how many rows
-each executor call of a split run saw, which shows that each rank trained only its share.
+each executor call saw, which shows that each rank trained only its share.
 """
 
 from __future__ import annotations
@@ -15,12 +15,14 @@ import subprocess
 import sys
 import time
 from pathlib import Path
+from unittest import mock
 
 import numpy as np
 import pytest
 import torch
 
 import fedge
+import fedge.algorithms.decentralized.common as peer
 from fedge import checkpoint
 from fedge.config import load_config
 from fedge.distributed import balanced, blocks
@@ -37,8 +39,21 @@ def counting(map_):
         seen[stage] = max(seen.get(stage, 0), int(counts.shape[0]))
         return map_(self, fn, state, batch, shared, counts, *args, **kwargs)
     return wrapped
+def counting_train(train):
+    def wrapped(self, step, bank, *args, **kwargs):
+        seen["train"] = max(seen.get("train", 0), len(bank.clients))
+        return train(self, step, bank, *args, **kwargs)
+    return wrapped
 for executor in (BatchedExecutor, SequentialExecutor):
     executor.map = counting(executor.map)
+    executor.train = counting_train(executor.train)
+import fedge.algorithms.decentralized.common as peer
+scoring = peer.pair_losses
+def scored(*args, **kwargs):
+    out = scoring(*args, **kwargs)
+    seen["scored"] = seen.get("scored", 0) + len(out)
+    return out
+peer.pair_losses = scored
 for config, name in json.loads(sys.argv[1]):
     seen.clear()
     fedge.run(config, [f"output.name={name}"])
@@ -46,6 +61,7 @@ for config, name in json.loads(sys.argv[1]):
         json.dump(seen, f)
 """
 SPLIT = ["splitfed_v1", "splitfed_v2", "fsl_an", "cse_fsl", "light_fedsl"]
+PEER = ["local", "pens", "federico", "ditto", "dispfl", "fedfomo", "fedavg_ft"]
 
 
 def base(tmp_path: Path, **algorithm) -> dict:
@@ -85,6 +101,7 @@ def configs(tmp_path: Path) -> dict[str, dict]:
         ),  # fmt: skip
         "gossip": base(tmp_path, name="gossip", local_epochs=1, batch_size=16, peers=2),
         "afind": base(tmp_path, name="afind", local_epochs=1, batch_size=16, k0=2),
+        **{name: peer_config(tmp_path, name) for name in PEER},
         **{name: split_config(tmp_path, name) for name in SPLIT},
     }
 
@@ -107,6 +124,22 @@ def split_config(tmp_path: Path, name: str) -> dict:
     if name in ("splitfed_v1", "fsl_an"):  # refuses calls without an active row: ranks idle in turn
         config["engine"] = {"executor": "sequential"}
     return config
+
+
+PEER_OPTIONS = {
+    "pens": {"candidates": 3, "keep": 2, "selection_rounds": 1},  # rounds 2-3: phase 2
+    "ditto": {"peer_selection": "afind", "afind": {"k0": 2}},
+    "fedavg_ft": {"fraction": 0.7},
+}
+
+
+def peer_config(tmp_path: Path, name: str) -> dict:
+    """A decentralized-family run (and FedAvg-FT, whose evaluation is per client): one local epoch,
+    two peers, 3 + 3 training rows and evaluated clients per rank."""
+    options = {"local_epochs": 1, "batch_size": 16, **PEER_OPTIONS.get(name, {})}
+    if name != "fedavg_ft":
+        options["peers"] = 2
+    return base(tmp_path, name=name, **options)
 
 
 def free_port() -> int:
@@ -145,7 +178,10 @@ def runs(tmp_path_factory) -> dict[str, Path]:
     (tmp / "seen").mkdir()
     launch(2, [(cfg, f"{name}-{copy}") for name, cfg in cases.items() for copy in "ab"], tmp / "seen")
     for name, cfg in cases.items():
-        fedge.run(cfg, [f"output.name={name}-single"])
+        with mock.patch.object(peer, "pair_losses", wraps=peer.pair_losses) as scoring:
+            fedge.run(cfg, [f"output.name={name}-single"])
+        pairs = sum(len(call.args[4][0]) for call in scoring.call_args_list)
+        (tmp / "seen" / f"{name}-single.json").write_text(json.dumps({"scored": pairs}))
     return {name: tmp / "runs" for name in cases}
 
 
@@ -167,12 +203,16 @@ def flat_state(value) -> list[np.ndarray]:
     return []
 
 
-def final_state(run_dir: Path) -> np.ndarray:
+def algorithm_state(run_dir: Path) -> dict:
     saved = checkpoint.load(run_dir / "checkpoint.pt", load_config(run_dir / "config.yaml"))
-    return np.concatenate(flat_state(saved.state["algorithm"]))
+    return saved.state["algorithm"]
 
 
-@pytest.mark.parametrize("name", ["fedavg", "hist", "hfedavg", "gossip", "afind", *SPLIT])
+def final_state(run_dir: Path) -> np.ndarray:
+    return np.concatenate(flat_state(algorithm_state(run_dir)))
+
+
+@pytest.mark.parametrize("name", ["fedavg", "hist", "hfedavg", "gossip", "afind", *PEER, *SPLIT])
 def test_two_ranks_twice_bit_identical_and_match_one_process(runs, name):
     root = runs[name]
     two_a, two_b, one = (root / f"{name}-{tag}" for tag in ("a", "b", "single"))
@@ -182,16 +222,33 @@ def test_two_ranks_twice_bit_identical_and_match_one_process(runs, name):
     assert np.abs(final_state(two_a) - final_state(one)).max() <= 1e-5
     assert [r["accuracy"] for r in rows(two_a)] == pytest.approx([r["accuracy"] for r in rows(one)], abs=0.02)
     assert rows(two_a)[-1]["bits_up"] == rows(one)[-1]["bits_up"]
+    if name in PEER:
+        assert [r["sim_seconds"] for r in rows(two_a)] == [r["sim_seconds"] for r in rows(one)]
+    if name == "dispfl":  # evolved a share per rank, gathered: the same masks as one process
+        masks = [algorithm_state(run)["masks"] for run in (two_a, one)]
+        assert all(torch.equal(masks[0][k], masks[1][k]) for k in masks[1])
 
 
-@pytest.mark.parametrize("name", SPLIT)
-def test_split_ranks_train_only_their_share(runs, name):
-    """Every executor call of a split run (client steps, server copies) on either rank saw 3 rows, the
-    rank's share of the 6 participants; one process sees all 6."""
+@pytest.mark.parametrize("name", [*SPLIT, "gossip", *(p for p in PEER if p != "fedavg_ft")])
+def test_ranks_train_only_their_share(runs, name):
+    """Every executor call on either rank saw 3 rows, the rank's share of the 6 participants or clients:
+    the split family's client steps and server copies, the decentralized family's local training (Ditto's
+    personal models too) and evaluation fine-tunes."""
     seen = runs[name].parent / "seen"
     for rank in (0, 1):
         stages = json.loads((seen / f"{name}-a.rank{rank}.json").read_text())
+        stages.pop("scored", None)
         assert stages and set(stages.values()) == {3}, stages
+
+
+@pytest.mark.parametrize("name", ["pens", "federico", "fedfomo"])
+def test_ranks_score_only_their_share(runs, name):
+    """The received models' probe or validation losses: each rank scores a share of the pairs, and the
+    shares add up to the pairs one process scores."""
+    seen = runs[name].parent / "seen"
+    ranks = [json.loads((seen / f"{name}-a.rank{rank}.json").read_text())["scored"] for rank in (0, 1)]
+    single = json.loads((seen / f"{name}-single.json").read_text())["scored"]
+    assert sum(ranks) == single and 0 < min(ranks) <= max(ranks) < single, (ranks, single)
 
 
 def test_only_rank_zero_writes(runs):

@@ -25,7 +25,7 @@ components see the host through a :class:`~fedge.algorithms.decentralized.view.P
 from __future__ import annotations
 
 from abc import abstractmethod
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Annotated, ClassVar, Literal
 
 import numpy as np
@@ -51,6 +51,11 @@ from fedge.models import split
 from fedge.rng import numpy_rng
 from fedge.system import forward_flops
 from fedge.tensors import Tensors, floating, rows
+
+Trained = tuple[Tensors, Tensors, torch.Tensor]
+"""Trained params, buffers and per-row losses of a set of rows."""
+TrainFn = Callable[[Tensors, Tensors, Sequence[int], Tensors | None], Trained]
+"""A local update of rows: ``(params, buffers, owners, extra) -> (params, buffers, losses)``."""
 
 
 def paper_optimizer() -> SGDConfig:
@@ -259,31 +264,72 @@ class PeerAlgorithm(Algorithm):
         return self._train(params, buffers, owners, t, epochs, body, step, extra, purpose)
 
     def train_sharded(
-        self, params: Tensors, buffers: Tensors, owners: Sequence[int], t: int
+        self,
+        params: Tensors,
+        buffers: Tensors,
+        owners: Sequence[int],
+        t: int,
+        extra: Tensors | None = None,
+        train: TrainFn | None = None,
     ) -> tuple[Tensors, Tensors, torch.Tensor]:
-        """:meth:`train_rows` with the rows split over the run's processes (docs/scale-out.md).
+        """:meth:`train_rows` (or ``train``) with the rows split over the run's processes (docs/scale-out.md).
 
-        Each rank trains a contiguous share of the rows; the trained rows are gathered in row order (the
-        peer models every client may receive) and the compute tally of the round is summed over ranks
-        (sample counts: exact), so every rank holds the same rows and charges the clock the same work.
-        In one process this is :meth:`train_rows`.
+        Each rank trains a contiguous share of the rows (and of the per-row ``extra`` constants); the
+        trained rows and their losses are gathered in row order (the peer models every client may
+        receive) and the compute tally of the round is summed over ranks (sample counts: exact), so
+        every rank holds the same rows and charges the clock the same work. Noise keys and batch plans
+        are per client, so a row trains as it would in one process. ``train(params, buffers, owners,
+        extra)`` replaces the round's local update (Ditto's personal models). In one process this is
+        the unsplit call.
         """
+        train = train or (lambda p, b, o, e: self.train_rows(p, b, o, t, extra=e))
+        if not self.ctx.group.distributed:
+            return train(params, buffers, owners, extra)
+
+        def share(rows: slice) -> Tensors:
+            def mine(tensors: Tensors) -> Tensors:
+                return {k: v[rows] for k, v in tensors.items()}
+
+            new_p, new_b, losses = train(
+                mine(params), mine(buffers), list(owners)[rows], None if extra is None else mine(extra)
+            )
+            return {**new_p, **new_b, "\0loss": losses}
+
+        gathered = self.on_shards(len(owners), share)
+        return {k: gathered[k] for k in params}, {k: gathered[k] for k in buffers}, gathered["\0loss"]
+
+    def losses_sharded(
+        self,
+        params: Tensors,
+        buffers: Tensors,
+        pairs: tuple[torch.Tensor, torch.Tensor, torch.Tensor],
+        batches: ProbeBatches,
+    ) -> torch.Tensor:
+        """:meth:`losses_on` with the pairs split over the run's processes (each pair's forward pass is
+        independent of the others): the scoring of received models by PENS, FedeRiCo and FedFomo."""
+        if not self.ctx.group.distributed:
+            return self.losses_on(params, buffers, pairs, batches)
+
+        def share(rows: slice) -> Tensors:
+            return {
+                "loss": self.losses_on(
+                    params, buffers, (pairs[0][rows], pairs[1][rows], pairs[2][rows]), batches
+                )
+            }
+
+        return self.on_shards(len(pairs[0]), share)["loss"]
+
+    def on_shards(self, total: int, work: Callable[[slice], Tensors]) -> Tensors:
+        """``work`` on this rank's contiguous share of ``total`` rows; its tensors (rows in dimension 0)
+        gathered in row order, and the compute it tallied summed over ranks (sample counts: exact), so
+        every rank holds every row and charges the clock the same work (docs/scale-out.md)."""
         group = self.ctx.group
-        if not group.distributed:
-            return self.train_rows(params, buffers, owners, t)
-        part = group.share(len(owners))
         before = {"forward": self.work.forward.copy(), "backward": self.work.backward.copy()}
-        new_p, new_b, losses = self.train_rows(
-            {k: v[part.rows] for k, v in params.items()},
-            {k: v[part.rows] for k, v in buffers.items()},
-            list(owners)[part.rows],
-            t,
-        )
+        out = work(group.share(total).rows)
         done = {k: torch.from_numpy(getattr(self.work, k) - v) for k, v in before.items()}
-        for key, total in group.sum_tensors(done).items():
-            setattr(self.work, key, before[key] + total.numpy())
-        gathered = group.gather_rows({**new_p, **new_b, "\0loss": losses})
-        return {k: gathered[k] for k in new_p}, {k: gathered[k] for k in new_b}, gathered["\0loss"]
+        for key, summed in group.sum_tensors(done).items():
+            setattr(self.work, key, before[key] + summed.numpy())
+        return group.gather_rows(out)
 
     def _train(
         self,

@@ -121,9 +121,9 @@ class DisPFL(PeerAlgorithm):
         loss = (F.cross_entropy(logits, y, reduction="none") * w).sum() / w.sum().clamp_min(1.0)
         return loss, {**state, **masks}
 
-    def _dense_grads(self, params: Tensors, buffers: Tensors, batches: ProbeBatches) -> Tensors:
-        """Gradient of each client's loss on its probe batch w.r.t. its (masked) weights, dense (a forward
-        and backward pass by every client on its own probe batch)."""
+    def _dense_grads(self, params: Tensors, buffers: Tensors, batches: ProbeBatches, rows: slice) -> Tensors:
+        """Gradient of each client ``rows``'s loss on its probe batch w.r.t. its (masked) weights, dense (a
+        forward and backward pass by every client on its own probe batch)."""
 
         def one(p: Tensors, b: Tensors, ix: torch.Tensor, w: torch.Tensor) -> Tensors:
             def loss(q: Tensors) -> torch.Tensor:
@@ -133,25 +133,52 @@ class DisPFL(PeerAlgorithm):
 
             return grad(loss)({k: p[k] for k in self.masks})
 
-        self.count_probes(torch.arange(self.num_clients, device=self.ctx.device), batches, backward=True)
+        clients = torch.arange(self.num_clients, device=self.ctx.device)[rows]
+        self.count_probes(clients, batches, backward=True)
         self.model.eval()
         try:
-            return vmap(one)(params, buffers, batches.index, batches.weight)
+            return vmap(one)(
+                {k: v[rows] for k, v in params.items()},
+                {k: v[rows] for k, v in buffers.items()},
+                batches.index[rows],
+                batches.weight[rows],
+            )
         finally:
             self.model.train()
 
     def _evolve(self, t: int, params: Tensors, buffers: Tensors, batches: ProbeBatches) -> float:
         """Prune the ``alpha_t`` smallest active weights per layer and regrow as many by gradient;
-        returns ``alpha_t``."""
+        returns ``alpha_t``. Every client's masks evolve on their own, so with several processes each rank
+        evolves a share of the clients and the masks are gathered in client order (as 0/1 bytes)."""
         alpha = 0.5 * self.cfg.anneal * (1.0 + math.cos(math.pi * t / self.ctx.config.rounds))
-        grads = self._dense_grads(params, buffers, batches)
-        for name, mask in self.masks.items():
+        if not self.ctx.group.distributed:
+            self.masks = self._evolved(alpha, params, buffers, batches, slice(None))
+            return alpha
+
+        def share(rows: slice) -> Tensors:
+            if rows.stop == rows.start:  # fewer clients than ranks: nothing to evolve here
+                return {k: m[rows].to(torch.uint8) for k, m in self.masks.items()}
+            masks = self._evolved(alpha, params, buffers, batches, rows)
+            return {k: m.to(torch.uint8) for k, m in masks.items()}
+
+        self.masks = {k: m.bool() for k, m in self.on_shards(self.num_clients, share).items()}
+        return alpha
+
+    def _evolved(
+        self, alpha: float, params: Tensors, buffers: Tensors, batches: ProbeBatches, rows: slice
+    ) -> Tensors:
+        """The masks of clients ``rows`` after pruning and regrowing a fraction ``alpha`` of them."""
+        grads = self._dense_grads(params, buffers, batches, rows)
+        out = {}
+        for name, full in self.masks.items():
+            mask = full[rows]
             flat = mask.reshape(len(mask), -1)
             active = int(flat[0].sum())
             count = min(int(alpha * active), flat.shape[1] - active)
             if count <= 0:
+                out[name] = mask
                 continue
-            weight = params[name].reshape(len(mask), -1).abs()
+            weight = params[name][rows].reshape(len(mask), -1).abs()
             pruned = torch.topk(
                 torch.where(flat, weight, torch.full_like(weight, math.inf)), count, largest=False
             )
@@ -160,15 +187,15 @@ class DisPFL(PeerAlgorithm):
             score = grads[name].reshape(len(mask), -1).abs()
             grown = torch.topk(torch.where(flat, torch.full_like(score, -math.inf), score), count)
             new.scatter_(1, grown.indices, True)
-            self.masks[name] = new.reshape(mask.shape)
-        return alpha
+            out[name] = new.reshape(mask.shape)
+        return out
 
     def peer_round(self, t: int) -> RoundReport:
         own = torch.arange(self.num_clients, device=self.ctx.device)
         batches = self.probes(t)
         plan = self.choice.begin(t, batches)
         start_p, start_b = self.rows(own)
-        params, buffers, losses = self.train_rows(start_p, start_b, own.tolist(), t, extra=self._extra())
+        params, buffers, losses = self.train_sharded(start_p, start_b, own.tolist(), t, extra=self._extra())
         params = self._apply(params)
         alpha = self._evolve(t, params, buffers, batches)
         params = self._apply(params)

@@ -79,22 +79,21 @@ class Ditto(PeerAlgorithm):
         batches = self.probes(t)
         plan = self.choice.begin(t, batches)
         start_p, start_b = self.rows(own)
-        params, buffers, losses = self.train_rows(start_p, start_b, own.tolist(), t)
+        params, buffers, losses = self.train_sharded(start_p, start_b, own.tolist(), t)
         weights = self.choice.weights(plan, params, buffers, batches)
         self.bank.adopt(*self.mixed(weights, params, buffers), owned=False)
         metrics = self.choice.end(t, plan)
         anchors = {ANCHOR + k: v for k, v in start_p.items()}
         personal = self.personal_bank
-        personal_params, personal_buffers, personal_losses = self._train(
+        personal_params, personal_buffers, personal_losses = self.train_sharded(
             personal.params,
             personal.buffers,
             own.tolist(),
             t,
-            self.cfg.personal_epochs,
-            set(personal.params),
-            self.prox_step,
             anchors,
-            "personal",
+            lambda p, b, o, e: self._train(
+                p, b, o, t, self.cfg.personal_epochs, set(p), self.prox_step, e, "personal"
+            ),
         )
         personal.adopt(personal_params, personal_buffers, owned=False)
         return RoundReport(
