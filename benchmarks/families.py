@@ -32,6 +32,7 @@ from torch.utils.flop_counter import FlopCounterMode
 from benchmarks.loops import (
     GossipLoop,
     HierarchicalLoop,
+    HistLoop,
     SplitLoop,
     Tensors,
     fedge_bank_state,
@@ -128,7 +129,7 @@ FAMILIES: dict[str, Family] = {
             "HIST and HFedAvg, 60 clients, FCNN 784-300-10, N = 4, E = 5, H = 20, batch 50",
             60,
             (
-                Entry("hist", _hierarchical("hist"), None, fedge_global_state),
+                Entry("hist", _hierarchical("hist"), HistLoop, fedge_global_state),
                 Entry("hfedavg", _hierarchical("hfedavg"), HierarchicalLoop, fedge_global_state),
             ),
         ),

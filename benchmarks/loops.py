@@ -11,10 +11,14 @@ from __future__ import annotations
 
 import copy
 
+import numpy as np
 import torch
 import torch.nn.functional as F
 from torch import nn
 
+from fedge.algorithms.hierarchical.masks import draw_owners, uniform_owner_sizes
+from fedge.algorithms.hierarchical.training import local_steps_plan
+from fedge.rng import numpy_rng
 from fedge.runner import Built
 
 Tensors = dict[str, torch.Tensor]
@@ -240,3 +244,72 @@ def fedge_global_state(built: Built) -> Tensors:
     """The global model of a hierarchical fedge run."""
     alg = built.algorithm
     return {**alg.params, **alg.buffers}
+
+
+def _dense(fan_in: int, width: int, fan_out: int) -> nn.Sequential:
+    """A cell's submodel as a small dense net: flatten, ``fan_in -> width``, ReLU, ``width -> fan_out``."""
+    return nn.Sequential(nn.Flatten(), nn.Linear(fan_in, width), nn.ReLU(), nn.Linear(width, fan_out))
+
+
+class HistLoop:
+    """HIST on a one-hidden-layer FCNN: each round the hidden units are split at random into ``N`` disjoint
+    groups (the run's own seeded draw), every client of cell ``j`` trains a dense ``fan_in -> s_j -> fan_out``
+    net holding only cell ``j``'s units, ``E`` edge rounds of ``H`` steps with a plain mean per cell after
+    each; the cloud writes each cell's units back and averages what no unit owns (the output bias).
+
+    Uniform mask sizes, OMA with fp32 links and no dropout: what W7 runs.
+    """
+
+    def __init__(self, built: Built):
+        alg, cfg = built.algorithm, built.config.algorithm
+        if len(alg.layout) != 1 or cfg.mask_sizes != "uniform" or cfg.aggregation != "oma":
+            raise ValueError("HistLoop covers one hidden layer, uniform mask sizes and OMA")
+        if cfg.optimizer.kind != "sgd" or any(isinstance(m, nn.Dropout) for m in alg.model.modules()):
+            raise ValueError("HistLoop trains with plain SGD and no dropout")
+        layer = alg.layout[0]
+        self.names = (*layer.rows, layer.column, layer.consumer + ".bias")
+        if set(alg.params) != set(self.names) or alg.buffers:
+            raise ValueError(f"HistLoop expects exactly the parameters {self.names}")
+        self.alg, self.cfg, self.layer = alg, cfg, layer
+        self.sizes = uniform_owner_sizes(alg.layout, alg.cells.num_cells)
+        per_cell = alg.cells.per_cell
+        self.clients = [
+            _dense(layer.fan_in, int(self.sizes[c // per_cell]), layer.fan_out) for c in range(alg.cells.size)
+        ]
+        self.global_ = _clone(alg.params)
+
+    def _groups(self, t: int) -> list[torch.Tensor]:
+        """Each cell's hidden units in round ``t`` (sorted ids), from the run's seeded permutation."""
+        alg = self.alg
+        owner = draw_owners(alg.layout, self.sizes, numpy_rng(alg.ctx.seed, "hist-masks", t))[0]
+        return [torch.as_tensor(np.flatnonzero(owner == j)) for j in range(alg.cells.num_cells)]
+
+    def round(self, t: int) -> None:
+        alg, cfg, cells, opt = self.alg, self.cfg, self.alg.cells, self.cfg.optimizer
+        w1, b1, w2, b2 = (self.global_[k] for k in self.names)
+        groups = self._groups(t)
+        cell_models = [
+            {"1.weight": w1[ids], "1.bias": b1[ids], "3.weight": w2[:, ids], "3.bias": b2} for ids in groups
+        ]
+        uniform = torch.full((cells.per_cell,), 1.0 / cells.per_cell, dtype=torch.float64)
+        for e in range(cfg.edge_rounds):
+            plan = local_steps_plan(alg.data, tuple(range(cells.size)), t, e, cfg.local_steps, cfg.batch_size)
+            counts, steps = plan.weight.sum(-1).long().tolist(), plan.steps.tolist()
+            for c, model in enumerate(self.clients):
+                _load(model, cell_models[c // cells.per_cell])
+                sgd = torch.optim.SGD(
+                    model.parameters(), lr=opt.lr, momentum=opt.momentum, weight_decay=opt.weight_decay
+                )
+                _epochs(model, sgd, alg.data, plan, c, counts, steps[c])
+            cell_models = [
+                _average(self.clients[j * cells.per_cell : (j + 1) * cells.per_cell], uniform)
+                for j in range(cells.num_cells)
+            ]
+        w1, b1, w2 = torch.empty_like(w1), torch.empty_like(b1), torch.empty_like(w2)
+        for ids, cell in zip(groups, cell_models, strict=True):
+            w1[ids], b1[ids], w2[:, ids] = cell["1.weight"], cell["1.bias"], cell["3.weight"]
+        b2 = torch.stack([cell["3.bias"] for cell in cell_models]).mean(0)
+        self.global_ = dict(zip(self.names, (w1, b1, w2, b2), strict=True))
+
+    def state(self) -> Tensors:
+        return self.global_
