@@ -30,6 +30,7 @@ import torch
 from torch.utils.flop_counter import FlopCounterMode
 
 from benchmarks.loops import (
+    AfindLoop,
     GossipLoop,
     HierarchicalLoop,
     HistLoop,
@@ -120,7 +121,7 @@ FAMILIES: dict[str, Family] = {
             "AFIND+ and gossip, 100 clients x 600 MNIST, MLP 784-200-10, full graph, 1 local epoch, batch 32",
             100,
             (
-                Entry("afind", _peer("afind", k0=10), None, fedge_bank_state),
+                Entry("afind", _peer("afind", k0=10), AfindLoop, fedge_bank_state),
                 Entry("gossip", _peer("gossip"), GossipLoop, fedge_bank_state),
             ),
         ),

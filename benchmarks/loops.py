@@ -313,3 +313,122 @@ class HistLoop:
 
     def state(self) -> Tensors:
         return self.global_
+
+
+_AFIND_SETTINGS = {  # what AfindLoop implements (W6 runs these, all AFIND+ defaults)
+    "neighbor_mode": "literal",
+    "selection": "threshold",
+    "aggregation": "boltzmann",
+    "p_update": "full",
+    "proxy": "gradient",
+    "entropy_set": "coreset",
+    "entropy_reduce": "sum",
+    "normalize": "sigmoid",
+    "confidence_direction": "literal",
+    "dp": None,
+    "personal": "none",
+    "local_update": "joint",
+    "codec_model": "fp32",
+}
+
+
+class AfindLoop:
+    """AFIND+ (literal mode, W6's settings): per-client modules, probed and trained one pair at a time.
+
+    Each round every client ``i`` takes, at its current model, the gradient of the proxy layer on its own
+    probe batch and on each neighbour ``k``'s (the run's probe batches), scores ``sim[i, k]`` = cosine,
+    ``p[i] = softmax(sim[i] / upsilon)`` over its neighbours, and picks the coreset: the top ``k0`` in the
+    first round, then every ``k`` with ``p[i, k] >= theta_i`` (top ``k_min`` if none). A copy of ``i``'s model
+    is trained on each chosen neighbour's data and ``i``'s own on its own (the run's batch plans); ``i``
+    mixes them with Boltzmann weights of the smoothed losses ``(1 - gamma) post + gamma pre`` on the data
+    holder's probe batch, itself included. ``theta`` for the next round follows from the coreset's
+    similarities (``tau (1 - sigmoid(h))``, ``h`` the entropy of ``(sim + 1) / 2``).
+    """
+
+    def __init__(self, built: Built):
+        alg, cfg = built.algorithm, built.config.algorithm
+        unsupported = {k: v for k, v in _AFIND_SETTINGS.items() if getattr(cfg, k) != v}
+        if unsupported or cfg.optimizer.kind != "sgd" or not cfg.include_self:
+            raise ValueError(f"AfindLoop covers W6's AFIND+ settings only, not {unsupported}")
+        self.alg, self.cfg, self.data = alg, cfg, alg.train_data
+        initial = {**_clone(alg.bank.params), **_clone(alg.bank.buffers)}
+        self.clients = [copy.deepcopy(alg.model) for _ in range(alg.num_clients)]
+        for c, model in enumerate(self.clients):
+            _load(model, {k: v[c] for k, v in initial.items()})
+        self.workers: list[nn.Module] = []  # models a requester's copies train in, reused every round
+        self.proxy = alg.selector.prober.proxy_names  # the run's proxy layer (the featurizer's last Linear)
+        n = alg.num_clients
+        self.available = alg.neighbours.cpu()
+        self.sim = torch.zeros(n, n, dtype=torch.float64)
+        self.theta = torch.full((n,), cfg.tau / 2, dtype=torch.float64)
+        self.started = False
+
+    def _probe(self, model: nn.Module, x: torch.Tensor, y: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """The proxy layer's gradient of ``model``'s loss on a probe batch, and the loss."""
+        params = dict(model.named_parameters())
+        loss = F.cross_entropy(model(x), y)
+        grads = torch.autograd.grad(loss, [params[k] for k in self.proxy])
+        return torch.cat([g.reshape(-1) for g in grads]), loss.detach()
+
+    def _select(self, p: torch.Tensor) -> torch.Tensor:
+        """The coreset ``[n, n]``: top ``k0`` first, then ``p >= theta`` (top ``k_min`` where none is)."""
+        available, cfg = self.available, self.cfg
+        masked = p.masked_fill(~available, -torch.inf)
+        ranks = torch.argsort(torch.argsort(-masked, dim=1, stable=True), dim=1)  # ties: lower index first
+        if not self.started:
+            return available & (ranks < cfg.k0)
+        chosen = available & (p >= self.theta[:, None])
+        empty = ~chosen.any(dim=1) & available.any(dim=1)
+        return torch.where(empty[:, None], available & (ranks < cfg.k_min), chosen)
+
+    def round(self, t: int) -> None:
+        cfg, data, n = self.cfg, self.data, len(self.clients)
+        batches = self.alg.probes(t)
+        sizes = batches.weight.sum(dim=1).long().tolist()
+        probe = [
+            (data.x_train[batches.index[k, :m]], data.y_train[batches.index[k, :m]])
+            for k, m in enumerate(sizes)
+        ]
+        pre = torch.full((n, n), torch.nan, dtype=torch.float64)
+        for i, model in enumerate(self.clients):
+            model.eval()
+            mine, pre[i, i] = self._probe(model, *probe[i])
+            ks = self.available[i].nonzero()[:, 0]
+            if len(ks):
+                theirs, losses = zip(*(self._probe(model, *probe[k]) for k in ks.tolist()), strict=True)
+                theirs = torch.stack(theirs)
+                norms = theirs.norm(dim=1).double() * mine.norm().double()
+                self.sim[i, ks] = ((theirs @ mine).double() / norms.clamp_min(1e-30)).clamp(-1.0, 1.0)
+                pre[i, ks] = torch.stack(losses).double()
+        p = torch.softmax((self.sim / cfg.upsilon).masked_fill(~self.available, -torch.inf), dim=1)
+        chosen = self._select(p.nan_to_num(0.0))
+        plan = data.batch_plan(list(range(n)), t, cfg.local_epochs, cfg.batch_size, cfg.drop_last)
+        counts, steps = plan.weight.sum(-1).long().tolist(), plan.steps.tolist()
+        opt = cfg.optimizer
+        for i, model in enumerate(self.clients):
+            group = [i, *chosen[i].nonzero()[:, 0].tolist()]  # its own data, then each chosen holder's
+            while len(self.workers) < len(group):
+                self.workers.append(copy.deepcopy(model))
+            post = []
+            for worker, j in zip(self.workers, group, strict=False):
+                _load(worker, model.state_dict())
+                worker.train()
+                sgd = torch.optim.SGD(
+                    worker.parameters(), lr=opt.lr, momentum=opt.momentum, weight_decay=opt.weight_decay
+                )
+                _epochs(worker, sgd, data, plan, j, counts, steps[j])
+                worker.eval()
+                with torch.no_grad():
+                    post.append(F.cross_entropy(worker(probe[j][0]), probe[j][1]))
+            smoothed = (1.0 - cfg.gamma) * torch.stack(post).double() + cfg.gamma * pre[i, group]
+            weights = torch.softmax(-smoothed / cfg.t_agg, dim=0)
+            _load(model, _average(self.workers[: len(group)], weights))
+            model.train()
+        e = ((self.sim + 1.0) / 2.0).clamp(1e-8, 1.0 - 1e-8)
+        h = torch.where(chosen, -e * torch.log(e), torch.zeros_like(e)).sum(dim=1)
+        self.theta = cfg.tau * (1.0 - torch.sigmoid(h))
+        self.started = True
+
+    def state(self) -> Tensors:
+        states = [m.state_dict() for m in self.clients]
+        return {k: torch.stack([s[k] for s in states]) for k in states[0]}

@@ -121,3 +121,29 @@ def test_hierarchical_loops_agree_with_fedge_after_a_round(name):
         run = _small_run(algorithm, executor)
         run.round(1)
         assert _max_diff(fedge_global_state(run), loop.state()) < 1e-6
+
+
+def test_afind_loop_agrees_with_fedge_over_three_rounds():
+    """Round 1 takes every neighbour (the cold-start top ``k0``), rounds 2-3 the adaptive threshold."""
+    from benchmarks.families import _max_diff
+    from benchmarks.loops import AfindLoop, fedge_bank_state
+
+    algorithm = {
+        "name": "afind",
+        "k0": 3,
+        "local_epochs": 1,
+        "batch_size": 8,
+        "optimizer": {"lr": 0.1, "momentum": 0.5},
+        "ft_epochs": 0,
+        "topology": {"kind": "full"},
+    }
+    loop = AfindLoop(_small_run(algorithm, "batched"))
+    runs = [_small_run(algorithm, executor) for executor in ("batched", "sequential")]
+    start = {k: v.clone() for k, v in loop.state().items()}
+    for t in (1, 2, 3):
+        loop.round(t)
+        for run in runs:
+            run.round(t)
+            assert _max_diff(fedge_bank_state(run), loop.state()) < 1e-6
+    assert _max_diff(start, loop.state()) > 1e-2
+    assert runs[0].algorithm.selector.previous.sum(dim=1).tolist() != [3] * 4  # the threshold chose
