@@ -30,8 +30,10 @@ import torch
 from torch.utils.flop_counter import FlopCounterMode
 
 from benchmarks.loops import (
+    AfindLoop,
     GossipLoop,
     HierarchicalLoop,
+    HistLoop,
     SplitLoop,
     Tensors,
     fedge_bank_state,
@@ -119,7 +121,7 @@ FAMILIES: dict[str, Family] = {
             "AFIND+ and gossip, 100 clients x 600 MNIST, MLP 784-200-10, full graph, 1 local epoch, batch 32",
             100,
             (
-                Entry("afind", _peer("afind", k0=10), None, fedge_bank_state),
+                Entry("afind", _peer("afind", k0=10), AfindLoop, fedge_bank_state),
                 Entry("gossip", _peer("gossip"), GossipLoop, fedge_bank_state),
             ),
         ),
@@ -128,7 +130,7 @@ FAMILIES: dict[str, Family] = {
             "HIST and HFedAvg, 60 clients, FCNN 784-300-10, N = 4, E = 5, H = 20, batch 50",
             60,
             (
-                Entry("hist", _hierarchical("hist"), None, fedge_global_state),
+                Entry("hist", _hierarchical("hist"), HistLoop, fedge_global_state),
                 Entry("hfedavg", _hierarchical("hfedavg"), HierarchicalLoop, fedge_global_state),
             ),
         ),

@@ -87,3 +87,63 @@ def test_scale_out_harness_reports_ratios_on_a_small_round(tmp_path):
     assert len(report["ranks_2"]["peak_rss"]) == 2
     assert report["checksum_difference"] < 1e-4  # the same round on one process and on two
     assert report["loadavg_before"]
+
+
+def _small_run(algorithm: dict, executor: str):
+    """A 4-client run on a tiny synthetic set (an MLP 36-16-4) for the loop agreement tests."""
+    from fedge.api import resolve_config
+    from fedge.runner import build_run
+
+    raw = {
+        "seed": 5,
+        "data": {"name": "synthetic", "num_train": 240, "num_test": 40, "shape": [1, 6, 6], "num_classes": 4},
+        "partition": {"kind": "iid", "num_clients": 4},
+        "model": {"name": "mlp", "options": {"hidden": [16]}},
+        "engine": {"executor": executor, "threads": 1},
+        "output": {"plots": False},
+        "algorithm": algorithm,
+    }
+    return build_run(resolve_config(raw, []))
+
+
+@pytest.mark.parametrize("name", ["hist", "hfedavg"])
+def test_hierarchical_loops_agree_with_fedge_after_a_round(name):
+    from benchmarks.families import _max_diff
+    from benchmarks.loops import HierarchicalLoop, HistLoop, fedge_global_state
+
+    algorithm = {"name": name, "cells": 2, "edge_rounds": 2, "local_steps": 3, "batch_size": 8}
+    algorithm["optimizer"] = {"lr": 0.1}
+    loop = {"hist": HistLoop, "hfedavg": HierarchicalLoop}[name](_small_run(algorithm, "batched"))
+    start = {k: v.clone() for k, v in loop.state().items()}
+    loop.round(1)
+    assert _max_diff(start, loop.state()) > 1e-2  # it trained
+    for executor in ("batched", "sequential"):
+        run = _small_run(algorithm, executor)
+        run.round(1)
+        assert _max_diff(fedge_global_state(run), loop.state()) < 1e-6
+
+
+def test_afind_loop_agrees_with_fedge_over_three_rounds():
+    """Round 1 takes every neighbour (the cold-start top ``k0``), rounds 2-3 the adaptive threshold."""
+    from benchmarks.families import _max_diff
+    from benchmarks.loops import AfindLoop, fedge_bank_state
+
+    algorithm = {
+        "name": "afind",
+        "k0": 3,
+        "local_epochs": 1,
+        "batch_size": 8,
+        "optimizer": {"lr": 0.1, "momentum": 0.5},
+        "ft_epochs": 0,
+        "topology": {"kind": "full"},
+    }
+    loop = AfindLoop(_small_run(algorithm, "batched"))
+    runs = [_small_run(algorithm, executor) for executor in ("batched", "sequential")]
+    start = {k: v.clone() for k, v in loop.state().items()}
+    for t in (1, 2, 3):
+        loop.round(t)
+        for run in runs:
+            run.round(t)
+            assert _max_diff(fedge_bank_state(run), loop.state()) < 1e-6
+    assert _max_diff(start, loop.state()) > 1e-2
+    assert runs[0].algorithm.selector.previous.sum(dim=1).tolist() != [3] * 4  # the threshold chose
