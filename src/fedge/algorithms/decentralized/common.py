@@ -181,6 +181,7 @@ class PeerAlgorithm(Algorithm):
             request=self.request_models,
             reply=self.send_models,
             report=self.exchange,
+            shards=self.on_shards,
         )
 
     def count_probes(self, clients: torch.Tensor, batches: ProbeBatches, backward: bool) -> None:
