@@ -269,10 +269,11 @@ def test_ranks_train_only_their_share(runs, name):
         assert stages and set(stages.values()) == {3}, stages
 
 
-@pytest.mark.parametrize("name", ["pens", "federico", "fedfomo"])
+@pytest.mark.parametrize("name", ["pens", "federico", "fedfomo", *AFIND, "ditto"])
 def test_ranks_score_only_their_share(runs, name):
-    """The received models' probe or validation losses: each rank scores a share of the pairs, and the
-    shares add up to the pairs one process scores."""
+    """The received models' probe or validation losses (AFIND+'s losses before and after training, Ditto's
+    with AFIND+): each rank scores a share of the pairs, and the shares add up to the pairs one process
+    scores."""
     seen = runs[name].parent / "seen"
     ranks = [json.loads((seen / f"{name}-a.rank{rank}.json").read_text())["scored"] for rank in (0, 1)]
     single = json.loads((seen / f"{name}-single.json").read_text())["scored"]

@@ -33,7 +33,7 @@ class PeerView:
     - ``current()``: the clients' params and buffers now (row i = client i).
     - ``shared(tensors)``: the tensors that travel (not private, not integer counters).
     - ``losses_on(params, buffers, pairs, batches)``: probe-batch losses of rows, counted as forward work
-      of the clients whose batch they use.
+      of the clients whose batch they use (split over the run's processes, gathered in row order).
     - ``random_peers(t, k)``: ``k`` uniform random neighbours of every client in round ``t``.
     - ``count_probes(clients, batches, backward)``: each of ``clients`` ran one probe on its probe batch
       (a forward pass, and a backward pass for a gradient proxy).
