@@ -9,6 +9,7 @@ import numpy as np
 import pytest
 import torch
 
+from fedge.algorithms.decentralized import probes
 from fedge.algorithms.decentralized.probes import Prober, probe_batches, proxy_layer
 from fedge.algorithms.decentralized.scores import (
     adaptive_threshold,
@@ -22,6 +23,7 @@ from fedge.algorithms.decentralized.scores import (
 )
 from fedge.data.dataset import Dataset
 from fedge.data.federated import FederatedData
+from fedge.distributed import Shard
 from fedge.engine import buffers_of, parameters_of
 from fedge.engine.bank import stack_copies
 from fedge.engine.mixing import masked_mix, mix, uniform_rows
@@ -215,8 +217,8 @@ def test_uniform_rows_include_self_and_keep_lonely_clients_alone():
     assert math.isclose(float(w[2, 0]), 1.0)
 
 
-@pytest.mark.parametrize("clip", [None, 0.5])
-def test_dense_and_pairwise_probes_agree_with_private_heads(clip):
+def four_clients_with_private_heads():
+    """A prober over 4 perturbed MLP rows with private heads, their data and probe batches."""
     gen = torch.Generator().manual_seed(3)
     x, y = torch.randn(60, 1, 4, 4, generator=gen), torch.randint(0, 3, (60,), generator=gen)
     parts = [np.arange(i * 15, (i + 1) * 15) for i in range(4)]
@@ -231,6 +233,12 @@ def test_dense_and_pairwise_probes_agree_with_private_heads(clip):
     head = {"out.linear.weight", "out.linear.bias"}
     prober = Prober(model, (1, 4, 4), proxy_layer(model, None), head, "gradient")
     batches = probe_batches(data, 0, 1, 8)
+    return prober, params, buffers, data, batches
+
+
+@pytest.mark.parametrize("clip", [None, 0.5])
+def test_dense_and_pairwise_probes_agree_with_private_heads(clip):
+    prober, params, buffers, data, batches = four_clients_with_private_heads()
     own = torch.arange(4)
     mine, _ = prober.proxies(params, buffers, own, own, own, data, batches, clip)
     dense_sim, dense_loss = prober.similarities(params, buffers, mine, data, batches, clip)
@@ -242,3 +250,34 @@ def test_dense_and_pairwise_probes_agree_with_private_heads(clip):
     assert torch.allclose(dense_sim.flatten(), cosine(mine[i], theirs), atol=1e-6)
     assert torch.allclose(dense_loss.flatten(), loss.double(), atol=1e-6)
     assert torch.allclose(dense_sim.diagonal(), torch.ones(4, dtype=torch.float64), atol=1e-6)
+
+
+@pytest.mark.parametrize("chunk_rows", [1, 3])
+def test_probe_rows_of_a_share_are_the_rows_of_one_call_noise_included(monkeypatch, chunk_rows):
+    """A process's share of requesters (``requesters``) gets the rows, and the DP noise, of one call."""
+    prober, params, buffers, data, batches = four_clients_with_private_heads()
+    per_requester = 4 * prober.dim * (2 + batches.index.shape[1])
+    monkeypatch.setattr(probes, "CHUNK_FLOATS", per_requester * chunk_rows)
+    own = torch.arange(4)
+    mine, _ = prober.proxies(params, buffers, own, own, own, data, batches, 0.5)
+
+    def similarities(rows: slice | None = None):
+        part = mine if rows is None else mine[rows]
+        noise = (5.0, torch.Generator().manual_seed(9))  # large: other noise would change every cosine
+        return prober.similarities(params, buffers, part, data, batches, 0.5, noise, rows)
+
+    whole = similarities()
+    for cut in (1, 3):
+        halves = [similarities(slice(0, cut)), similarities(slice(cut, 4))]
+        for k in (0, 1):
+            assert torch.allclose(torch.cat([h[k] for h in halves]), whole[k], atol=1e-6)
+    assert similarities(slice(2, 2))[0].shape == (0, 4)
+
+
+def test_dp_noise_of_a_share_is_that_share_of_the_whole_draw():
+    summed, count = torch.randn(7, 5), torch.full((7,), 4)
+    whole = gaussian_mechanism(summed, count, 1.0, 2.0, torch.Generator().manual_seed(1))
+    part = gaussian_mechanism(
+        summed[2:5], count[2:5], 1.0, 2.0, torch.Generator().manual_seed(1), Shard(2, 5, 7)
+    )
+    assert torch.equal(part, whole[2:5])

@@ -24,6 +24,7 @@ import torch
 import fedge
 import fedge.algorithms.decentralized.common as peer
 from fedge import checkpoint
+from fedge.algorithms.decentralized.probes import Prober
 from fedge.config import load_config
 from fedge.distributed import balanced, blocks
 
@@ -54,6 +55,14 @@ def scored(*args, **kwargs):
     seen["scored"] = seen.get("scored", 0) + len(out)
     return out
 peer.pair_losses = scored
+from fedge.algorithms.decentralized.probes import Prober
+def probing(method):
+    def wrapped(self, params, buffers, rows, *args, **kwargs):
+        seen["probed"] = seen.get("probed", 0) + len(rows)
+        return method(self, params, buffers, rows, *args, **kwargs)
+    return wrapped
+Prober.similarities = probing(Prober.similarities)
+Prober.proxies = probing(Prober.proxies)
 for config, name in json.loads(sys.argv[1]):
     seen.clear()
     fedge.run(config, [f"output.name={name}"])
@@ -62,6 +71,7 @@ for config, name in json.loads(sys.argv[1]):
 """
 SPLIT = ["splitfed_v1", "splitfed_v2", "fsl_an", "cse_fsl", "light_fedsl"]
 PEER = ["local", "pens", "federico", "ditto", "dispfl", "fedfomo", "fedavg_ft"]
+AFIND = ["afind", "afind_dp", "afind_pairs"]  # nested vmap, with DP noise, pair by pair with DP noise
 
 
 def base(tmp_path: Path, **algorithm) -> dict:
@@ -101,6 +111,17 @@ def configs(tmp_path: Path) -> dict[str, dict]:
         ),  # fmt: skip
         "gossip": base(tmp_path, name="gossip", local_epochs=1, batch_size=16, peers=2),
         "afind": base(tmp_path, name="afind", local_epochs=1, batch_size=16, k0=2),
+        "afind_dp": base(tmp_path, name="afind", local_epochs=1, batch_size=16, k0=2, dp={"sigma": 1.0}),
+        "afind_pairs": base(
+            tmp_path,
+            name="afind",
+            local_epochs=1,
+            batch_size=16,
+            peers=2,
+            neighbor_mode="standard",
+            topology={"kind": "ring"},
+            dp={"sigma": 1.0},
+        ),  # 12 of 30 pairs: probed pair by pair
         **{name: peer_config(tmp_path, name) for name in PEER},
         **{name: split_config(tmp_path, name) for name in SPLIT},
     }
@@ -178,10 +199,17 @@ def runs(tmp_path_factory) -> dict[str, Path]:
     (tmp / "seen").mkdir()
     launch(2, [(cfg, f"{name}-{copy}") for name, cfg in cases.items() for copy in "ab"], tmp / "seen")
     for name, cfg in cases.items():
-        with mock.patch.object(peer, "pair_losses", wraps=peer.pair_losses) as scoring:
+        with (
+            mock.patch.object(peer, "pair_losses", wraps=peer.pair_losses) as scoring,
+            mock.patch.object(
+                Prober, "similarities", autospec=True, side_effect=Prober.similarities
+            ) as dense,
+            mock.patch.object(Prober, "proxies", autospec=True, side_effect=Prober.proxies) as pairwise,
+        ):
             fedge.run(cfg, [f"output.name={name}-single"])
         pairs = sum(len(call.args[4][0]) for call in scoring.call_args_list)
-        (tmp / "seen" / f"{name}-single.json").write_text(json.dumps({"scored": pairs}))
+        probed = sum(len(call.args[3]) for call in [*dense.call_args_list, *pairwise.call_args_list])
+        (tmp / "seen" / f"{name}-single.json").write_text(json.dumps({"scored": pairs, "probed": probed}))
     return {name: tmp / "runs" for name in cases}
 
 
@@ -212,7 +240,7 @@ def final_state(run_dir: Path) -> np.ndarray:
     return np.concatenate(flat_state(algorithm_state(run_dir)))
 
 
-@pytest.mark.parametrize("name", ["fedavg", "hist", "hfedavg", "gossip", "afind", *PEER, *SPLIT])
+@pytest.mark.parametrize("name", ["fedavg", "hist", "hfedavg", "gossip", *AFIND, *PEER, *SPLIT])
 def test_two_ranks_twice_bit_identical_and_match_one_process(runs, name):
     root = runs[name]
     two_a, two_b, one = (root / f"{name}-{tag}" for tag in ("a", "b", "single"))
@@ -222,7 +250,7 @@ def test_two_ranks_twice_bit_identical_and_match_one_process(runs, name):
     assert np.abs(final_state(two_a) - final_state(one)).max() <= 1e-5
     assert [r["accuracy"] for r in rows(two_a)] == pytest.approx([r["accuracy"] for r in rows(one)], abs=0.02)
     assert rows(two_a)[-1]["bits_up"] == rows(one)[-1]["bits_up"]
-    if name in PEER:
+    if name in PEER or name in AFIND:
         assert [r["sim_seconds"] for r in rows(two_a)] == [r["sim_seconds"] for r in rows(one)]
     if name == "dispfl":  # evolved a share per rank, gathered: the same masks as one process
         masks = [algorithm_state(run)["masks"] for run in (two_a, one)]
@@ -237,18 +265,32 @@ def test_ranks_train_only_their_share(runs, name):
     seen = runs[name].parent / "seen"
     for rank in (0, 1):
         stages = json.loads((seen / f"{name}-a.rank{rank}.json").read_text())
-        stages.pop("scored", None)
+        stages.pop("scored", None), stages.pop("probed", None)
         assert stages and set(stages.values()) == {3}, stages
 
 
-@pytest.mark.parametrize("name", ["pens", "federico", "fedfomo"])
+@pytest.mark.parametrize("name", ["pens", "federico", "fedfomo", *AFIND, "ditto"])
 def test_ranks_score_only_their_share(runs, name):
-    """The received models' probe or validation losses: each rank scores a share of the pairs, and the
-    shares add up to the pairs one process scores."""
+    """The received models' probe or validation losses (AFIND+'s losses before and after training, Ditto's
+    with AFIND+): each rank scores a share of the pairs, and the shares add up to the pairs one process
+    scores."""
     seen = runs[name].parent / "seen"
     ranks = [json.loads((seen / f"{name}-a.rank{rank}.json").read_text())["scored"] for rank in (0, 1)]
     single = json.loads((seen / f"{name}-single.json").read_text())["scored"]
     assert sum(ranks) == single and 0 < min(ranks) <= max(ranks) < single, (ranks, single)
+
+
+@pytest.mark.parametrize("name", [*AFIND, "ditto"])
+def test_ranks_probe_only_their_share(runs, name):
+    """AFIND+'s probes (each requester's own proxy, then its rows of the similarity matrix or its probed
+    pairs; Ditto selects with AFIND+): each rank probes for its 3 of the 6 requesters, and the shares
+    add up to what one process probes."""
+    seen = runs[name].parent / "seen"
+    ranks = [json.loads((seen / f"{name}-a.rank{rank}.json").read_text())["probed"] for rank in (0, 1)]
+    single = json.loads((seen / f"{name}-single.json").read_text())["probed"]
+    assert sum(ranks) == single and 0 < min(ranks) <= max(ranks) < single, (ranks, single)
+    if name != "afind_pairs":  # a nested vmap over the requesters: exactly half each
+        assert ranks[0] == ranks[1], ranks
 
 
 def test_only_rank_zero_writes(runs):

@@ -74,7 +74,7 @@ class Afind(PeerAlgorithm):
         smoothed = torch.full_like(plan.pre, float("nan"))
         if self.cfg.aggregation == "boltzmann":
             rows = torch.arange(len(holder), device=own.device)
-            post = self.losses_on(params, buffers, (rows, rows, holder), batches).double()
+            post = self.losses_sharded(params, buffers, (rows, rows, holder), batches).double()
             smoothed[requester, holder] = self.selector.smoothed(plan.pre[requester, holder], post)
         dp = self.cfg.dp  # the holder reports its loss, then sends a noisy update
         if dp is not None and dp.target == "update" and len(i):

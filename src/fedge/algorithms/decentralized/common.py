@@ -175,12 +175,13 @@ class PeerAlgorithm(Algorithm):
             private=frozenset(self.private),
             current=lambda: (self.bank.params, self.bank.buffers),
             shared=self.shared,
-            losses_on=self.losses_on,
+            losses_on=self.losses_sharded,
             random_peers=self.random_peers,
             count_probes=self.count_probes,
             request=self.request_models,
             reply=self.send_models,
             report=self.exchange,
+            shards=self.on_shards,
         )
 
     def count_probes(self, clients: torch.Tensor, batches: ProbeBatches, backward: bool) -> None:
@@ -306,7 +307,8 @@ class PeerAlgorithm(Algorithm):
         batches: ProbeBatches,
     ) -> torch.Tensor:
         """:meth:`losses_on` with the pairs split over the run's processes (each pair's forward pass is
-        independent of the others): the scoring of received models by PENS, FedeRiCo and FedFomo."""
+        independent of the others): the scoring of received models by PENS, FedeRiCo and FedFomo, and
+        AFIND+'s probe losses before and after training (Eq. 15)."""
         if not self.ctx.group.distributed:
             return self.losses_on(params, buffers, pairs, batches)
 

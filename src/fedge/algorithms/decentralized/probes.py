@@ -179,6 +179,7 @@ class Prober:
         batches: ProbeBatches,
         clip: float | None = None,
         noise: tuple[float, torch.Generator] | None = None,
+        requesters: slice | None = None,
     ) -> tuple[torch.Tensor, torch.Tensor]:
         """Every requester i against every holder k: ``cos(reference[i], proxy(i, k))`` and the probe loss.
 
@@ -187,8 +188,14 @@ class Prober:
         path when most pairs are probed. With ``clip`` the holders' proxies are clipped per example and
         summed; ``noise = (std, generator)`` then adds Gaussian noise of that std per coordinate before
         dividing by the batch size (the DP mechanism of ``scores.gaussian_mechanism``).
+
+        ``requesters`` (a slice of the n clients) computes only those rows (``[len, n]``; ``reference``
+        then holds those requesters' references): a rank's share under torchrun. The noise is still drawn
+        chunk by chunk from the first row on, so every row gets the numbers one call over all rows gives.
         """
-        n = len(reference)
+        n = len(batches.weight)  # holders; requesters of the whole matrix
+        requesters = requesters or slice(0, n)
+        first = requesters.start
         private_p = {k: v for k, v in params.items() if k in self.private}
         private_b = {k: v for k, v in buffers.items() if k in self.private}
         x, y, w = data.x_train[batches.index], data.y_train[batches.index], batches.weight
@@ -212,21 +219,27 @@ class Prober:
         was_training = self.model.training
         self.model.eval()
         try:
-            for start in range(0, n, chunk):
-                rows = slice(start, min(start + chunk, n))
-                size = rows.stop - rows.start
-                if noise is not None:
+            for start in range(0, min(n, requesters.stop), chunk):  # one process's chunks
+                stop = min(start + chunk, n)
+                rows = slice(max(start, first), min(stop, requesters.stop))
+                if noise is not None:  # drawn for the whole chunk, then this share's rows taken
                     std, generator = noise
-                    eps = torch.randn((size, n, self.dim), generator=generator).to(x.device) * std
+                    eps = torch.randn((stop - start, n, self.dim), generator=generator)
+                    eps = eps[rows.start - start : rows.stop - start].to(x.device) * std
                 else:
-                    eps = torch.zeros(size, device=x.device)
+                    eps = torch.zeros(max(rows.stop - rows.start, 0), device=x.device)
+                if rows.stop <= rows.start:
+                    continue
                 sp = {k: v[rows] for k, v in params.items() if k not in self.private}
                 sb = {k: v[rows] for k, v in buffers.items() if k not in self.private}
-                sim, loss = outer(sp, sb, reference[rows], eps)
+                sim, loss = outer(sp, sb, reference[rows.start - first : rows.stop - first], eps)
                 sims.append(sim.detach())
                 losses.append(loss.detach())
         finally:
             self.model.train(was_training)
+        if not sims:
+            empty = torch.zeros(0, n, dtype=torch.float64, device=x.device)
+            return empty, empty.clone()
         return torch.cat(sims).double(), torch.cat(losses).double()
 
 

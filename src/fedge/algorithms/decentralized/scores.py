@@ -13,6 +13,8 @@ from typing import Literal
 
 import torch
 
+from fedge.distributed.shards import Shard
+
 EPS = 1e-8
 
 
@@ -109,15 +111,23 @@ def clip_rows(values: torch.Tensor, bound: float) -> torch.Tensor:
 
 
 def gaussian_mechanism(
-    summed: torch.Tensor, count: torch.Tensor, clip: float, sigma: float, generator: torch.Generator
+    summed: torch.Tensor,
+    count: torch.Tensor,
+    clip: float,
+    sigma: float,
+    generator: torch.Generator,
+    rows: Shard | None = None,
 ) -> torch.Tensor:
     """AFIND+ Table 4's Gaussian mechanism: ``(sum of clipped values + N(0, sigma^2 clip^2 I)) / L`` per row.
 
     ``summed`` is ``[R, D]`` (each row a sum of per-example values already clipped to ``clip``), ``count``
     the batch size ``L`` of each row. The noise added to each mean therefore has std ``sigma*clip/L``.
+    With ``rows``, ``summed`` holds only those rows of a ``rows.total``-row matrix (a rank's share): the
+    whole matrix's noise is drawn and those rows taken, so each row gets the same noise as in one call.
     """
-    noise = torch.randn(summed.shape, generator=generator, dtype=summed.dtype, device="cpu")
-    noise = noise.to(summed.device) * (sigma * clip)
+    total = len(summed) if rows is None else rows.total
+    noise = torch.randn((total, *summed.shape[1:]), generator=generator, dtype=summed.dtype, device="cpu")
+    noise = (noise if rows is None else noise[rows.rows]).to(summed.device) * (sigma * clip)
     return (summed + noise) / count.reshape(-1, 1).to(summed.dtype).clamp_min(1.0)
 
 

@@ -35,6 +35,7 @@ from fedge.algorithms.decentralized.scores import (
 )
 from fedge.algorithms.decentralized.view import PeerView
 from fedge.config import StrictModel, keys
+from fedge.distributed.shards import Shard
 from fedge.rng import numpy_rng, torch_rng
 from fedge.tensors import Tensors
 
@@ -160,7 +161,9 @@ class AfindSelector:
         """Probe the round's pairs at the requesters' current models and update the scores.
 
         Returns the probed pairs and the pre-training losses ``F_k(w_i, beta_k)`` on k's probe batch
-        (``[n, n]``, NaN where not probed; the diagonal holds each client's own loss).
+        (``[n, n]``, NaN where not probed; the diagonal holds each client's own loss). The probes are
+        split by requester over the run's processes (:meth:`probe_rows`, one gather); the scores are
+        then updated on every process from the same matrices, and the probe sends counted on each.
         """
         view, n = self.view, self.view.num_clients
         device = self.available.device
@@ -168,28 +171,11 @@ class AfindSelector:
         pre = torch.full((n, n), float("nan"), dtype=torch.float64, device=device)
         if not probed.any():
             return probed, pre
-        (params, buffers), data = view.current(), view.data
-        own = torch.arange(n, device=device)
-        dp = self.cfg.dp if self.cfg.dp is not None and self.cfg.dp.target == "proxy" else None
-        clip = None if dp is None else dp.clip  # own proxy clipped alike; only the shared ones get noise
-        mine, own_loss = self.prober.proxies(params, buffers, own, own, own, data, batches, clip)
-        generator = torch_rng(view.seed, "dp-noise", t)
+        measured = view.shards(n, lambda rows: {"probe": self.probe_rows(t, rows, probed, batches)})["probe"]
         i, k = probed.nonzero(as_tuple=True)
-        backward = self.cfg.proxy == "gradient"
-        view.count_probes(own, batches, backward)  # each client's own proxy, then every holder's probes
-        view.count_probes(k, batches, backward)
-        if 2 * len(i) >= n * (n - 1):  # most pairs: one nested vmap over requesters x holders
-            noise = None if dp is None else (dp.sigma * dp.clip, generator)
-            sim, loss = self.prober.similarities(params, buffers, mine, data, batches, clip, noise)
-            self.sim[i, k], pre[i, k] = sim[i, k], loss[i, k]
-        else:
-            theirs, loss = self.prober.proxies(params, buffers, i, k, k, data, batches, clip)
-            if dp is not None:
-                count = batches.weight[k].sum(dim=1)
-                theirs = gaussian_mechanism(theirs, count, dp.clip, dp.sigma, generator)
-            self.sim[i, k] = cosine(mine[i], theirs)
-            pre[i, k] = loss.double()
-        pre[own, own] = own_loss.double()
+        own = torch.arange(n, device=device)
+        self.sim[i, k], pre[i, k] = measured[i, 0, k], measured[i, 1, k]
+        pre[own, own] = measured[own, 1, own]
         if self.cfg.p_update == "full" or not self.started:
             self.p = full_scores(self.sim, self.available, self.cfg.upsilon)
         else:
@@ -197,6 +183,46 @@ class AfindSelector:
         view.request(t, probed)
         view.report(t, probed, "proxy", {"proxy": torch.zeros(self.prober.dim)})
         return probed, pre
+
+    def probe_rows(self, t: int, rows: slice, probed: torch.Tensor, batches: ProbeBatches) -> torch.Tensor:
+        """The requesters ``rows``' probes: ``[len, 2, n]`` float64, similarities then losses, each
+        requester's own loss on the diagonal (entries of unprobed pairs are meaningless).
+
+        Each requester's own proxy, then its probed holders': one nested vmap over the rows' requesters
+        and every holder when most pairs are probed, else pair by pair. The DP noise is drawn for the
+        whole round as one process draws it and the rows' part taken, so any split gives the same numbers.
+        """
+        view, n = self.view, self.view.num_clients
+        (params, buffers), data = view.current(), view.data
+        device = self.available.device
+        dp = self.cfg.dp if self.cfg.dp is not None and self.cfg.dp.target == "proxy" else None
+        clip = None if dp is None else dp.clip  # own proxy clipped alike; only the shared ones get noise
+        own = torch.arange(n, device=device)[rows]
+        mine, own_loss = self.prober.proxies(params, buffers, own, own, own, data, batches, clip)
+        generator = torch_rng(view.seed, "dp-noise", t)
+        i, k = probed.nonzero(as_tuple=True)  # row-major: the rows' pairs are one contiguous run
+        bounds = torch.tensor([rows.start, rows.stop], device=device)
+        first, last = (int(b) for b in torch.searchsorted(i, bounds))
+        backward = self.cfg.proxy == "gradient"
+        view.count_probes(own, batches, backward)  # each client's own proxy, then every holder's probes
+        view.count_probes(k[first:last], batches, backward)
+        local = torch.arange(len(own), device=device)
+        out = torch.zeros(len(own), 2, n, dtype=torch.float64, device=device)
+        if 2 * len(i) >= n * (n - 1):  # most pairs: one nested vmap over requesters x holders
+            noise = None if dp is None else (dp.sigma * dp.clip, generator)
+            sim, loss = self.prober.similarities(params, buffers, mine, data, batches, clip, noise, rows)
+            out[:, 0], out[:, 1] = sim, loss
+        elif last > first:
+            ri, rk = i[first:last], k[first:last]
+            theirs, loss = self.prober.proxies(params, buffers, ri, rk, rk, data, batches, clip)
+            if dp is not None:
+                count = batches.weight[rk].sum(dim=1)
+                share = Shard(first, last, len(i))
+                theirs = gaussian_mechanism(theirs, count, dp.clip, dp.sigma, generator, share)
+            out[ri - rows.start, 0, rk] = cosine(mine[ri - rows.start], theirs).double()
+            out[ri - rows.start, 1, rk] = loss.double()
+        out[local, 1, own] = own_loss.double()
+        return out
 
     # ----- selection and weights ------------------------------------------------------------------
     def select(self, t: int) -> tuple[torch.Tensor, int]:

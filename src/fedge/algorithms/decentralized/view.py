@@ -2,9 +2,10 @@
 
 AFIND+'s selector and the hosts' peer choice need the graph, what probing reads (model, data, private
 names, the clients' current rows), probe losses, random peers, a way to count their probe work for the
-simulated clock, and three kinds of sends. :class:`PeerView` names exactly those;
-``PeerAlgorithm.view()`` builds it. The callables read the host's state when called (its bank and
-links may change between rounds), so a view built once stays valid for the whole run.
+simulated clock, three kinds of sends and a way to split work over the run's processes.
+:class:`PeerView` names exactly those; ``PeerAlgorithm.view()`` builds it. The callables read the
+host's state when called (its bank and links may change between rounds), so a view built once stays
+valid for the whole run.
 """
 
 from __future__ import annotations
@@ -32,13 +33,16 @@ class PeerView:
     - ``current()``: the clients' params and buffers now (row i = client i).
     - ``shared(tensors)``: the tensors that travel (not private, not integer counters).
     - ``losses_on(params, buffers, pairs, batches)``: probe-batch losses of rows, counted as forward work
-      of the clients whose batch they use.
+      of the clients whose batch they use (split over the run's processes, gathered in row order).
     - ``random_peers(t, k)``: ``k`` uniform random neighbours of every client in round ``t``.
     - ``count_probes(clients, batches, backward)``: each of ``clients`` ran one probe on its probe batch
       (a forward pass, and a backward pass for a gradient proxy).
     - ``request(t, pairs)``: requester i sends its shared model to j for every ``pairs[i, j]``.
     - ``reply(t, pairs)``: j sends its trained model back to i, encoded as the host sends models.
     - ``report(t, pairs, kind, message)``: j sends i a small dense message (a proxy, a loss).
+    - ``shards(total, work)``: ``work(rows)`` on this process's contiguous share of ``total`` rows, its
+      tensors gathered in row order and its compute tally summed (``PeerAlgorithm.on_shards``; in one
+      process, all rows): how a selector splits its probes over the run's processes.
     The senders return the number of transfers.
     """
 
@@ -55,6 +59,7 @@ class PeerView:
     request: Callable[[int, torch.Tensor], int]
     reply: Callable[[int, torch.Tensor], int]
     report: Callable[[int, torch.Tensor, str, Tensors], int]
+    shards: Callable[[int, Callable[[slice], Tensors]], Tensors]
 
     @property
     def num_clients(self) -> int:
