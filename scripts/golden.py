@@ -81,6 +81,12 @@ CHANGED_BY_DESIGN: list[tuple[tuple[str, ...], frozenset[str] | None, str]] = [
         "the batched executor convolves each client on its own (the sequential executor's kernel calls) "
         "instead of one grouped convolution: rounding of convolutional models on the batched executor",
     ),
+    (
+        ("afind-fashion-mnist", "afind-sequential", "afind-batched", "ditto-afind-*", "dispfl-afind-*"),
+        frozenset({"theta_mean"}),
+        "AFIND+'s cosines of a linear proxy come from the layer's inputs and output gradients instead of "
+        "the formed gradient: rounding of the similarities (the threshold's mean), same selections",
+    ),
 ]
 
 

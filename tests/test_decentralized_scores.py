@@ -252,6 +252,22 @@ def test_dense_and_pairwise_probes_agree_with_private_heads(clip):
     assert torch.allclose(dense_sim.diagonal(), torch.ones(4, dtype=torch.float64), atol=1e-6)
 
 
+def test_linear_proxy_cosines_equal_the_formed_gradients_cosines():
+    """The fast path (a linear proxy's cosine from its inputs and output gradients) against forming each
+    pair's proxy gradient, on a proxy layer fed by an earlier layer, with private heads."""
+    prober, params, buffers, data, batches = four_clients_with_private_heads()
+    assert prober.linear is not None and prober.linear.in_features == 8
+    own = torch.arange(4)
+    mine, _ = prober.proxies(params, buffers, own, own, own, data, batches)
+    fast = prober.similarities(params, buffers, mine, data, batches)
+    linear, prober.linear = prober.linear, None
+    formed = prober.similarities(params, buffers, mine, data, batches)
+    prober.linear = linear
+    assert not torch.allclose(fast[0], torch.ones_like(fast[0]), atol=1e-3)  # cosines that differ
+    assert torch.allclose(fast[0], formed[0], atol=1e-6)
+    assert torch.equal(fast[1], formed[1])
+
+
 @pytest.mark.parametrize("chunk_rows", [1, 3])
 def test_probe_rows_of_a_share_are_the_rows_of_one_call_noise_included(monkeypatch, chunk_rows):
     """A process's share of requesters (``requesters``) gets the rows, and the DP noise, of one call."""
