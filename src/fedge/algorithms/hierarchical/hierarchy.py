@@ -264,8 +264,8 @@ class HierarchicalFL(Algorithm):
             self.data, bank.clients, t, e, cfg.local_steps, cfg.batch_size, cohort=range(cells.size)
         )
         self.model.train()
-        # every slot real (equal cells, compact form): masking multiplies by one, so the plain step, which
-        # the executors run on their fast paths, gives the same numbers
+        # every slot real (equal cells, compact form): masking multiplies by one, so the plain step gives
+        # the same numbers without the multiplications
         padded = any(not bool(v.all()) for v in views.valid)
         step = self.step if padded else self.plain_step
         loss = ctx.executor.train(step, bank, plan, self.data, cfg.optimizer.lr)

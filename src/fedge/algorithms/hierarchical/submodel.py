@@ -40,6 +40,16 @@ def mask_columns(tensor: torch.Tensor, valid: torch.Tensor) -> torch.Tensor:
     return tensor * valid.unsqueeze(-2).to(tensor.dtype)
 
 
+def apply_valid_(params: Tensors, layout: tuple[HiddenLayer, ...], valid: list[torch.Tensor]) -> None:
+    """:func:`apply_valid` in place: the same products, written into ``params``' own tensors."""
+    for layer, v in zip(layout, valid, strict=True):
+        for name in layer.rows:
+            rows_ = params[name]
+            rows_.mul_(v.reshape(*v.shape, *([1] * (rows_.dim() - v.dim()))).to(rows_.dtype))
+        column = params[layer.column]
+        column.mul_(v.unsqueeze(-2).to(column.dtype))
+
+
 def average(stacked: torch.Tensor) -> torch.Tensor:
     """Mean over the leading dimension, written ``x_0 + mean(x - x_0)`` so that identical copies average to
     themselves bit-exactly; integer tensors (counters) take the max."""

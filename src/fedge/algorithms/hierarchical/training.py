@@ -1,37 +1,64 @@
 """Local training inside a cell: the masked SGD step (Eq. 5) and the batch plan of ``H`` local steps.
 
-The masked step runs the engine's pure step and then zeroes every slot a client's cell does not hold, so
-the update is ``p_j * grad`` at ``p_j * x`` (Eq. 5). The per-client slot masks travel in the optimizer
-state -- the one per-client slot both executors carry through unchanged -- so all clients of all cells
-train in one executor call, each on its own cell's submodel.
+The masked step is the engine's step with an optimizer that zeroes every slot a client's cell does not
+hold after each update, so the update is ``p_j * grad`` at ``p_j * x`` (Eq. 5). The per-client slot
+masks travel in the optimizer state -- the one per-client slot both executors carry through unchanged
+-- so all clients of all cells train in one executor call, each on its own cell's submodel.
 """
 
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
 
 import torch
 
 from fedge.algorithms.hierarchical.masks import HiddenLayer
-from fedge.algorithms.hierarchical.submodel import VALID, apply_valid
+from fedge.algorithms.hierarchical.submodel import VALID, apply_valid, apply_valid_
 from fedge.data.federated import BatchPlan, FederatedData
-from fedge.engine.step import StepFn
+from fedge.engine.step import Optimizer, Step
+from fedge.tensors import Tensors
 
 
-def masked_step(step: StepFn, layout: tuple[HiddenLayer, ...]) -> StepFn:
-    """``step`` restricted to each client's submodel; the plain ``step`` when nothing is partitioned."""
-    if not layout:
-        return step
+@dataclass(frozen=True)
+class MaskedOptimizer:
+    """``inner``'s update followed by zeroing every slot the client's cell does not hold (Eq. 5).
 
-    def wrapped(params, buffers, opt_state, x, y, weight, lr):
-        valid = [opt_state[f"{VALID}{i}"] for i in range(len(layout))]
-        inner = {k: v for k, v in opt_state.items() if not k.startswith(VALID)}
-        new_params, new_buffers, new_inner, loss = step(params, buffers, inner, x, y, weight, lr)
+    The slot masks ride in the optimizer state under :data:`VALID` names and pass through unchanged.
+    Being an optimizer (with the in-place ``update_``) rather than a wrapped step function keeps a
+    masked step a :class:`~fedge.engine.step.Step`, which both executors run on their fast paths
+    (in-place update of the stacked state) as they run the plain step for equal cells.
+    """
+
+    inner: Optimizer
+    layout: tuple[HiddenLayer, ...]
+
+    def _split(self, state: Tensors) -> tuple[list[torch.Tensor], Tensors]:
+        valid = [state[f"{VALID}{i}"] for i in range(len(self.layout))]
+        return valid, {k: v for k, v in state.items() if not k.startswith(VALID)}
+
+    def init(self, params: Tensors, rows: int | None = None) -> Tensors:
+        return self.inner.init(params, rows)
+
+    def select(self, state: Tensors, names: Iterable[str]) -> Tensors:
+        return self.inner.select(state, names)
+
+    def update(self, params: Tensors, grads: Tensors, state: Tensors, lr: float) -> tuple[Tensors, Tensors]:
+        valid, inner = self._split(state)
+        new_params, new_inner = self.inner.update(params, grads, inner, lr)
         masks = {f"{VALID}{i}": v for i, v in enumerate(valid)}
-        return apply_valid(new_params, layout, valid), new_buffers, {**new_inner, **masks}, loss
+        return apply_valid(new_params, self.layout, valid), {**new_inner, **masks}
 
-    return wrapped
+    def update_(self, params: Tensors, grads: Tensors, state: Tensors, lr: float) -> None:
+        valid, inner = self._split(state)
+        self.inner.update_(params, grads, inner, lr)
+        apply_valid_(params, self.layout, valid)
+
+
+def masked_step(step: Step, layout: tuple[HiddenLayer, ...]) -> Step:
+    """``step`` restricted to each client's submodel; the plain ``step`` when nothing is partitioned."""
+    return Step(step.loss_fn, MaskedOptimizer(step.optimizer, layout)) if layout else step
 
 
 def local_steps_plan(
