@@ -84,14 +84,29 @@ class LinearProxy:
         return self.in_features * self.out_features
 
 
-def linear_proxy(model: nn.Module, proxy_names: Sequence[str]) -> LinearProxy | None:
-    """The linear layer whose parameters ``proxy_names`` are, if they are one (else None)."""
+def linear_proxy(
+    model: nn.Module, proxy_names: Sequence[str], input_shape: tuple[int, ...]
+) -> LinearProxy | None:
+    """The linear layer whose parameters ``proxy_names`` are, if they are one and it takes one row per
+    sample (``[batch, in_features]``, checked on one zero sample); else None."""
     layer_name = proxy_names[0].rpartition(".")[0]
     layer = model.get_submodule(layer_name)
     if not isinstance(layer, nn.Linear):
         return None
     own = [f"{layer_name}.{n}" for n, _ in layer.named_parameters()]
     if list(proxy_names) != own or own[0] != f"{layer_name}.weight":
+        return None
+    dims: list[int] = []
+    handle = layer.register_forward_hook(lambda module, inputs, output: dims.append(inputs[0].dim()))
+    was_training = model.training
+    model.eval()  # no BatchNorm statistics move
+    try:
+        with torch.no_grad():
+            model(torch.zeros(1, *input_shape, device=layer.weight.device))
+    finally:
+        handle.remove()
+        model.train(was_training)
+    if dims != [2]:
         return None
     return LinearProxy(layer_name, layer.in_features, layer.out_features, layer.bias is not None)
 
@@ -124,7 +139,7 @@ class Prober:
         else:
             sizes = dict(model.named_parameters())
             self.dim = sum(sizes[k].numel() for k in self.proxy_names)
-        self.linear = linear_proxy(model, self.proxy_names) if kind == "gradient" else None
+        self.linear = linear_proxy(model, self.proxy_names, input_shape) if kind == "gradient" else None
 
     def _gather(self, stacked: Tensors, shared_from: torch.Tensor, private_from: torch.Tensor) -> Tensors:
         return gather(stacked, self.private, shared_from, private_from)
