@@ -410,3 +410,27 @@ def test_without_the_allocator_switch_chunks_stay_within_reused_blocks(monkeypat
     assert BatchedExecutor(chunk_bytes=8 * grads).chunk_size(bank, plan, data) == 2
     monkeypatch.setattr(executors, "retaining_memory", lambda: True)
     assert BatchedExecutor(chunk_bytes=8 * grads).chunk_size(bank, plan, data) == 8
+
+
+def test_call_at_is_functional_call_and_restores_the_module():
+    from torch.func import functional_call
+
+    from fedge.engine.bind import call_at
+
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(4, 3), nn.BatchNorm1d(3), nn.Linear(3, 2))
+    tensors = {k: v.detach().clone() + 1 for k, v in model.state_dict().items()}
+    twin = {k: v.clone() for k, v in tensors.items()}
+    before = {k: v.clone() for k, v in model.state_dict().items()}
+    x = torch.randn(5, 4)
+    assert torch.equal(call_at(model, tensors, (x,)), functional_call(model, twin, (x,)))
+    assert torch.equal(tensors["1.running_mean"], twin["1.running_mean"])  # BatchNorm's update landed here
+    assert not torch.equal(tensors["1.running_mean"], before["1.running_mean"])
+    assert all(torch.equal(v, before[k]) for k, v in model.state_dict().items())  # the module is untouched
+    with pytest.raises(RuntimeError):
+        call_at(model, tensors, (torch.randn(5, 7),))  # a failing call still puts the module back
+    assert all(torch.equal(v, before[k]) for k, v in model.state_dict().items())
+    tied = nn.Sequential(nn.Linear(3, 3, bias=False), nn.Linear(3, 3, bias=False))
+    tied[1].weight = tied[0].weight  # tied weights: functional_call's own handling
+    weight = {"0.weight": torch.eye(3) * 2}
+    assert torch.equal(call_at(tied, weight, (torch.ones(1, 3),)), torch.full((1, 3), 4.0))
