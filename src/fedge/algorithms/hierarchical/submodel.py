@@ -30,24 +30,32 @@ Form = Literal["compact", "masked"]
 VALID = "hist.valid."  # per-client slot masks ride in the optimizer state under these names
 
 
+def _row_factor(tensor: torch.Tensor, valid: torch.Tensor) -> torch.Tensor:
+    """``valid`` (``[..., w]``) as 0/1 factors over the slots of ``tensor`` (``[..., w, *rest]``)."""
+    return valid.reshape(*valid.shape, *([1] * (tensor.dim() - valid.dim()))).to(tensor.dtype)
+
+
+def _column_factor(tensor: torch.Tensor, valid: torch.Tensor) -> torch.Tensor:
+    """``valid`` (``[..., w]``) as 0/1 factors over the columns of ``tensor`` (``[..., out, w]``)."""
+    return valid.unsqueeze(-2).to(tensor.dtype)
+
+
 def mask_rows(tensor: torch.Tensor, valid: torch.Tensor) -> torch.Tensor:
     """Zero the slots of ``tensor`` (``[..., w, *rest]``) where ``valid`` (``[..., w]``) is 0."""
-    return tensor * valid.reshape(*valid.shape, *([1] * (tensor.dim() - valid.dim()))).to(tensor.dtype)
+    return tensor * _row_factor(tensor, valid)
 
 
 def mask_columns(tensor: torch.Tensor, valid: torch.Tensor) -> torch.Tensor:
     """Zero the columns of ``tensor`` (``[..., out, w]``) where ``valid`` (``[..., w]``) is 0."""
-    return tensor * valid.unsqueeze(-2).to(tensor.dtype)
+    return tensor * _column_factor(tensor, valid)
 
 
 def apply_valid_(params: Tensors, layout: tuple[HiddenLayer, ...], valid: list[torch.Tensor]) -> None:
     """:func:`apply_valid` in place: the same products, written into ``params``' own tensors."""
     for layer, v in zip(layout, valid, strict=True):
         for name in layer.rows:
-            rows_ = params[name]
-            rows_.mul_(v.reshape(*v.shape, *([1] * (rows_.dim() - v.dim()))).to(rows_.dtype))
-        column = params[layer.column]
-        column.mul_(v.unsqueeze(-2).to(column.dtype))
+            params[name].mul_(_row_factor(params[name], v))
+        params[layer.column].mul_(_column_factor(params[layer.column], v))
 
 
 def average(stacked: torch.Tensor) -> torch.Tensor:
