@@ -48,6 +48,7 @@ from fedge.runner import Built, build_run
 ROOT = Path(__file__).resolve().parents[1]
 SAMPLES_PER_CLIENT = 600
 TARGET_SPEEDUP = 3.0
+CPU = torch.device("cpu")
 PEAK_SHARE = 0.7
 
 LENET_SPLIT = {"model": {"name": "lenet5", "cut": 2, "aux": {"kind": "linear"}}}
@@ -138,13 +139,15 @@ FAMILIES: dict[str, Family] = {
 }
 
 
-def run_config(entry: Entry, clients: int, executor: str, retain: bool, seed: int) -> Built:
+def run_config(
+    entry: Entry, clients: int, executor: str, retain: bool, seed: int, device: str = "cpu"
+) -> Built:
     """Build the fedge run of ``entry`` with ``clients`` clients of 600 MNIST samples each."""
     raw = {
         "seed": seed,
         "data": {"name": "mnist", "train_limit": clients * SAMPLES_PER_CLIENT, "test_limit": 1000},
         "partition": {"kind": "iid", "num_clients": clients},
-        "engine": {"executor": executor, "threads": 1, "retain_memory": retain},
+        "engine": {"executor": executor, "threads": 1, "retain_memory": retain, "device": device},
         "output": {"plots": False},
         **entry.raw,
     }
@@ -156,16 +159,21 @@ def _max_diff(a: Tensors, b: Tensors) -> float:
 
 
 def measure_entry(
-    entry: Entry, clients: int, repeats: int, retain: bool, columns: tuple[str, ...], seed: int
+    entry: Entry,
+    clients: int,
+    repeats: int,
+    retain: bool,
+    columns: tuple[str, ...],
+    seed: int,
+    device: torch.device = CPU,
 ):
     """Round times of ``columns`` (loop, batched, sequential), interleaved; agreement and FLOPs of round 1."""
-    device = torch.device("cpu")
     runs: dict[str, Any] = {}
     for name in columns:
         if name in ("batched", "sequential"):
-            runs[name] = run_config(entry, clients, name, retain, seed)
+            runs[name] = run_config(entry, clients, name, retain, seed, str(device))
     if "loop" in columns:
-        runs["loop"] = entry.loop(run_config(entry, clients, "batched", retain, seed))
+        runs["loop"] = entry.loop(run_config(entry, clients, "batched", retain, seed, str(device)))
 
     def step(name: str) -> Callable[[int], object]:
         return runs[name].round
@@ -230,9 +238,11 @@ def run_family(family: Family, args: argparse.Namespace, peak: float) -> dict[st
         print(f"  {family.name} {entry.algorithm} ({clients} clients)", file=sys.stderr, flush=True)
         columns = ("loop", "batched", "sequential") if entry.loop else ("batched", "sequential")
         loads = [load_average()]
-        off = measure_entry(entry, clients, args.repeats, False, columns, args.seed)
+        device = torch.device(args.device)
+        off = measure_entry(entry, clients, args.repeats, False, columns, args.seed, device)
         loads.append(load_average())
-        on = _child(family.name, entry.algorithm, args) if args.allocator_on and entry.loop else None
+        switch = args.allocator_on and entry.loop and device.type == "cpu"  # glibc's allocator: CPU only
+        on = _child(family.name, entry.algorithm, args) if switch else None
         loads.append(load_average())
         out["algorithms"][entry.algorithm] = summarize(off, on, peak) | {"load_average": loads}
     return out
@@ -297,6 +307,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--repeats", type=int, default=2, help="timed rounds per column (median reported)")
     parser.add_argument("--clients", type=int, help="clients of W4-W7 (default: the issue's sizes)")
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--device", default="cpu", help="cpu, cuda, cuda:1, ... (W4-W7; W8 runs on the CPU)")
     parser.add_argument(
         "--no-allocator-on", dest="allocator_on", action="store_false", help="skip the switch-on child"
     )
@@ -322,7 +333,7 @@ def main(argv: list[str] | None = None) -> int:
     if unknown:
         print(f"unknown workload(s) {', '.join(unknown)}; known: W4, W5, W6, W7, W8", file=sys.stderr)
         return 2
-    device = torch.device("cpu")
+    device = torch.device(args.device)
     peak = matmul_peak(device)["gflops"]
     report: dict[str, Any] = {
         "machine": machine(device),

@@ -24,7 +24,7 @@ from fedge.engine import (
     make_step,
     parameters_of,
 )
-from fedge.engine.convolution import per_client_conv
+from fedge.engine.convolution import PerClientConv2d, per_client_conv
 from fedge.engine.host import available_cores, configure_host, retain_freed_memory
 from fedge.errors import ConfigError
 from fedge.runner import build_run
@@ -286,6 +286,18 @@ def test_per_client_conv_inside_vjp_and_with_shared_weights():
     assert torch.allclose(got_pullback(cotangent)[0], pullback(cotangent)[0], rtol=1e-5, atol=1e-4)
     assert torch.equal(shared, nn.functional.conv2d(x.flatten(0, 1), w[0]).unflatten(0, (4, 6)))
     assert torch.equal(same, nn.functional.conv2d(x[0], w[0], padding="same"))
+
+
+def test_per_client_conv_leaves_other_devices_to_pytorchs_grouped_rule(monkeypatch):
+    """Only CPU convolutions run one per client; elsewhere (meta stands in for CUDA) PyTorch's rule stays."""
+    calls = []
+    monkeypatch.setattr(PerClientConv2d, "apply", lambda *args: calls.append(args) or torch.zeros(1))
+    w, x = torch.randn(4, 3, 1, 5, 5, device="meta"), torch.randn(4, 6, 1, 10, 10, device="meta")
+    with per_client_conv():
+        out = vmap(lambda w_, x_: nn.functional.conv2d(x_, w_))(w, x)
+        vmap(lambda w_, x_: nn.functional.conv2d(x_, w_))(torch.zeros(w.shape), torch.zeros(x.shape))
+    assert out.shape == (4, 6, 3, 6, 6) and out.device.type == "meta"
+    assert len(calls) == 1 and calls[0][0].device.type == "cpu"
 
 
 def test_compile_is_refused_for_the_sequential_executor(tiny_config):

@@ -31,6 +31,10 @@ import torch.nn.functional as F
 from torch.overrides import TorchFunctionMode
 
 Pair = int | tuple[int, int]
+PER_CLIENT_DEVICES = frozenset({"cpu"})
+"""Devices whose convolutions run one per client. On CUDA, PyTorch's own vmap rule stays: one grouped
+cuDNN launch for every client, where a per-client loop would launch a kernel per client and layer
+(``python -m benchmarks.conv --device cuda`` measures both; docs/performance.md has the figures)."""
 NAMES = ("input", "weight", "bias", "stride", "padding", "dilation", "groups")
 
 
@@ -130,7 +134,8 @@ def _convolution_backward(grad_out, x, weight, mask, stride, padding, dilation, 
 class per_client_conv(TorchFunctionMode):  # noqa: N801 - used like a function: ``with per_client_conv():``
     """Within this context, ``torch.conv2d`` / ``F.conv2d`` calls run as :class:`PerClientConv2d`.
 
-    Calls with string padding (``"same"``, ``"valid"``) run unchanged.
+    Calls with string padding (``"same"``, ``"valid"``) and calls on devices outside
+    :data:`PER_CLIENT_DEVICES` run unchanged.
     """
 
     def __torch_function__(
@@ -141,7 +146,7 @@ class per_client_conv(TorchFunctionMode):  # noqa: N801 - used like a function: 
             return func(*args, **kwargs)
         bound = dict(zip(NAMES, args, strict=False)) | kwargs
         padding = bound.get("padding", 0)
-        if isinstance(padding, str):
+        if isinstance(padding, str) or bound["input"].device.type not in PER_CLIENT_DEVICES:
             return func(*args, **kwargs)
         return PerClientConv2d.apply(
             bound["input"], bound["weight"], bound.get("bias"), _pair(bound.get("stride", 1)), _pair(padding),

@@ -86,7 +86,8 @@ class Tally:
     def mean_loss(self, weights: torch.Tensor) -> float:
         """The rows' mean training loss, weighted like the aggregation."""
         per_row = (self.loss_sum / self.loss_steps.clamp_min(1)).double().cpu()
-        return float((per_row * weights.cpu() / weights.sum()).sum())
+        weights = weights.cpu()
+        return float((per_row * weights / weights.sum()).sum())
 
 
 @dataclass
