@@ -4,6 +4,7 @@ latency to a target accuracy with optimised vs uniform mask sizes (Fig. 6 / Eq. 
     python examples/hist_experiments.py table1  [--rounds 30] [--cells 2 4] [--targets 0.7 0.8]
     python examples/hist_experiments.py aircomp [--rounds 15] [--snr -20 -10 10] [--steps 20]
     python examples/hist_experiments.py latency [--rounds 20] [--target 0.75]
+    python examples/hist_experiments.py table1 --seeds 1,2,3 --dataset mnist   # a set of runs per seed
 
 Every run starts from ``examples/hist-fmnist.yaml`` or ``examples/hist-aircomp.yaml`` plus dotted
 overrides (``--set key=value`` adds more, e.g. ``--set model.name=lenet5`` for the paper's Table I model),
@@ -251,21 +252,26 @@ def main() -> None:
     )
     parser.add_argument("--steps", type=int, default=20, help="local steps H (aircomp, latency commands)")
     parser.add_argument("--set", nargs="*", default=[], help="more dotted config overrides")
-    parser.add_argument("--seed", type=int, default=None, help="the runs' seed (default: the config's)")
+    parser.add_argument(
+        "--seeds",
+        type=lambda text: [int(v) for v in text.split(",")],
+        default=None,
+        help="comma-separated seeds, each a full set of runs under OUT/s<seed> (default: the config's seed)",
+    )
     parser.add_argument("--dataset", default=None, help="data.name (default: the config's fashion-mnist)")
     parser.add_argument("--out", type=Path, default=Path("runs/hist-experiments"))
     parser.add_argument("--threads", type=int, default=1)
     parser.add_argument("--reuse", action="store_true", help="read runs whose OUT/<run>.jsonl already answer")
     args = parser.parse_args()
-    args.set = [
-        *([f"seed={args.seed}"] if args.seed is not None else []),
-        *([f"data.name={args.dataset}"] if args.dataset else []),
-        *args.set,
-    ]
     torch.set_num_threads(args.threads)
-    table = {"table1": table1, "aircomp": aircomp, "latency": latency}[args.command](args)
-    (args.out / f"{args.command}.md").write_text(table + "\n")
-    print(table)
+    command = {"table1": table1, "aircomp": aircomp, "latency": latency}[args.command]
+    overrides, out = [*([f"data.name={args.dataset}"] if args.dataset else []), *args.set], args.out
+    for seed in args.seeds or [None]:
+        args.set = [*([f"seed={seed}"] if seed is not None else []), *overrides]
+        args.out = out if seed is None else out / f"s{seed}"
+        table = command(args)
+        (args.out / f"{args.command}.md").write_text(table + "\n")
+        print(table if seed is None else f"seed {seed}\n{table}")
 
 
 if __name__ == "__main__":

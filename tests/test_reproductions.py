@@ -16,7 +16,7 @@ EXAMPLES = Path(__file__).parents[1] / "examples"
 
 
 @pytest.mark.parametrize(
-    ("name", "runs"), [("afind-factors", 144), ("afind-closest", 27), ("hist-lenet-table1", 8)]
+    ("name", "runs"), [("afind-factors", 144), ("afind-closest", 36), ("hist-lenet-table1", 8)]
 )
 def test_reproduction_sweeps_validate_every_cell(name, runs):
     base, spec = load_sweep(f"example:sweeps/{name}")
