@@ -235,6 +235,8 @@ def run_family(family: Family, args: argparse.Namespace, peak: float) -> dict[st
     clients = args.clients or family.clients
     out: dict[str, Any] = {"description": family.description, "clients": clients, "algorithms": {}}
     for entry in family.entries:
+        if args.algorithms and entry.algorithm not in args.algorithms:
+            continue
         print(f"  {family.name} {entry.algorithm} ({clients} clients)", file=sys.stderr, flush=True)
         columns = ("loop", "batched", "sequential") if entry.loop else ("batched", "sequential")
         loads = [load_average()]
@@ -307,6 +309,11 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--repeats", type=int, default=2, help="timed rounds per column (median reported)")
     parser.add_argument("--clients", type=int, help="clients of W4-W7 (default: the issue's sizes)")
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument(
+        "--algorithms",
+        type=lambda text: text.split(","),
+        help="only these algorithms of the workloads (e.g. gossip,hist)",
+    )
     parser.add_argument("--device", default="cpu", help="cpu, cuda, cuda:1, ... (W4-W7; W8 runs on the CPU)")
     parser.add_argument(
         "--no-allocator-on", dest="allocator_on", action="store_false", help="skip the switch-on child"
