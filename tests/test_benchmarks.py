@@ -147,3 +147,25 @@ def test_afind_loop_agrees_with_fedge_over_three_rounds():
             assert _max_diff(fedge_bank_state(run), loop.state()) < 1e-6
     assert _max_diff(start, loop.state()) > 1e-2
     assert runs[0].algorithm.selector.previous.sum(dim=1).tolist() != [3] * 4  # the threshold chose
+
+
+def test_family_benchmark_runs_only_the_algorithms_asked_for(tmp_path, capsys):
+    from benchmarks import families
+
+    out = tmp_path / "families.json"
+    argv = ["--workloads", "W7", "--algorithms", "hist", "--clients", "4", "--repeats", "1"]
+    assert families.main([*argv, "--no-allocator-on", "--device", "cpu", "--out", str(out)]) == 0
+    report = json.loads(out.read_text())
+    hist = report["workloads"]["W7"]["algorithms"]
+    assert set(hist) == {"hist"}  # HFedAvg, W7's other algorithm, was left out
+    assert hist["hist"]["allocator_off"]["agreement_max_abs_after_round_1"]["loop_vs_batched"] < 1e-5
+    assert report["machine"]["device"] == "cpu" and "hist" in capsys.readouterr().out
+
+
+def test_conv_benchmark_times_both_rules(capsys):
+    from benchmarks import conv
+
+    assert conv.main(["--clients", "2", "--batch", "2", "--repeats", "1"]) == 0
+    report = json.loads(capsys.readouterr().out)
+    assert report["per_client_seconds"] > 0 and report["grouped_seconds"] > 0
+    assert report["grouped_over_per_client"] == report["grouped_seconds"] / report["per_client_seconds"]
