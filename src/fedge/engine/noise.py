@@ -15,8 +15,8 @@ other random functions are left to torch's global generator, which the runner se
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Sequence
-from contextlib import contextmanager
+from collections.abc import Sequence
+from contextlib import AbstractContextManager, nullcontext
 from dataclasses import dataclass
 
 import torch
@@ -82,15 +82,11 @@ def _dropout_arguments(args: tuple, kwargs: dict) -> tuple[torch.Tensor, float, 
     return bound["input"], float(bound.get("p", 0.5)), bool(bound.get("training", True))
 
 
-@contextmanager
-def keyed_noise(key: torch.Tensor | None) -> Iterator[None]:
+def keyed_noise(key: torch.Tensor | None) -> AbstractContextManager:
     """Inside the block, dropout draws its masks from ``key`` (a 32-bit value; a batched one under
-    ``vmap``). ``None`` leaves torch's own dropout in place."""
-    if key is None:
-        yield
-        return
-    with _KeyedDropout(key):
-        yield
+    ``vmap``). ``None`` leaves torch's own dropout in place (a no-op context, cheap enough to enter at
+    every local step)."""
+    return nullcontext() if key is None else _KeyedDropout(key)
 
 
 def has_random_layers(model: nn.Module) -> bool:
