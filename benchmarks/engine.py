@@ -87,7 +87,9 @@ def run_workload(workload: Workload, args: argparse.Namespace) -> dict[str, Any]
     initial = (_clone(alg.params), _clone(alg.buffers))
     executors: dict[str, Executor] = {"batched": BatchedExecutor(), "sequential": SequentialExecutor()}
     if args.compile:
-        executors["batched_compiled"] = BatchedExecutor(compile_step=True)
+        executors["batched_compiled"] = BatchedExecutor(compile_step=True, fused=False)
+    if args.autograd:
+        executors["batched_autograd"] = BatchedExecutor(fused=False)
 
     def fedavg_round(executor: Executor) -> Callable[[int], object]:
         def run(t: int) -> object:
@@ -173,6 +175,8 @@ def _ratios(seconds: dict[str, float | None]) -> dict[str, float]:
             ratios[f"{name}_over_batched"] = seconds[name] / batched
     if seconds.get("batched_compiled"):
         ratios["compiled_over_centralized"] = seconds["batched_compiled"] / seconds["centralized"]
+    if seconds.get("batched_autograd"):
+        ratios["autograd_over_batched"] = seconds["batched_autograd"] / batched
     return ratios
 
 
@@ -242,13 +246,20 @@ def table(report: dict[str, Any]) -> str:
     """The report as two plain-text tables: times and ratios, then FLOPs and memory."""
     peak = report["matmul_peak_gflops"]
     lines = [
-        f"{'':4} {'batched':>9} {'compiled':>9} {'sequent.':>9} {'central.':>9} {'flower':>9}"
+        f"{'':4} {'batched':>9} {'compiled':>9} {'autograd':>9} {'sequent.':>9} {'central.':>9} {'flower':>9}"
         f"   {'b/cent':>7} {'seq/b':>7} {'flwr/b':>7}   (seconds per round; ratios; sequential and"
         " centralized at the faster of 1 and --threads threads)"
     ]
     for name, w in report["workloads"].items():
         s, r = w["seconds"], w["ratios"]
-        times = (s["batched"], s.get("batched_compiled"), s["sequential"], s["centralized"], s.get("flower"))
+        times = (
+            s["batched"],
+            s.get("batched_compiled"),
+            s.get("batched_autograd"),
+            s["sequential"],
+            s["centralized"],
+            s.get("flower"),
+        )
         ratios = (
             r["batched_over_centralized"],
             r.get("sequential_over_batched"),
@@ -293,6 +304,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--threads", type=int, default=available_cores(), help="torch intra-op threads")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--compile", action="store_true", help="also time the batched step compiled")
+    parser.add_argument(
+        "--autograd", action="store_true", help="also time the batched step on vmapped autograd (fused off)"
+    )
     parser.add_argument("--compile-warmup", type=int, default=2, help="extra compiled rounds before timing")
     parser.add_argument("--no-flower", dest="flower", action="store_false", help="skip the Flower column")
     parser.add_argument("--flower-rounds", type=int, default=4, help="Flower rounds (the first is not timed)")

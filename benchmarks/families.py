@@ -140,14 +140,21 @@ FAMILIES: dict[str, Family] = {
 
 
 def run_config(
-    entry: Entry, clients: int, executor: str, retain: bool, seed: int, device: str = "cpu"
+    entry: Entry,
+    clients: int,
+    executor: str,
+    retain: bool,
+    seed: int,
+    device: str = "cpu",
+    fused: bool = True,
 ) -> Built:
     """Build the fedge run of ``entry`` with ``clients`` clients of 600 MNIST samples each."""
+    engine = {"executor": executor, "threads": 1, "retain_memory": retain, "device": device, "fused": fused}
     raw = {
         "seed": seed,
         "data": {"name": "mnist", "train_limit": clients * SAMPLES_PER_CLIENT, "test_limit": 1000},
         "partition": {"kind": "iid", "num_clients": clients},
-        "engine": {"executor": executor, "threads": 1, "retain_memory": retain, "device": device},
+        "engine": engine,
         "output": {"plots": False},
         **entry.raw,
     }
@@ -167,11 +174,14 @@ def measure_entry(
     seed: int,
     device: torch.device = CPU,
 ):
-    """Round times of ``columns`` (loop, batched, sequential), interleaved; agreement and FLOPs of round 1."""
+    """Round times of ``columns`` (loop, batched, sequential, batched_autograd: the batched executor with
+    ``engine.fused`` off), interleaved; agreement and FLOPs of round 1."""
     runs: dict[str, Any] = {}
     for name in columns:
         if name in ("batched", "sequential"):
             runs[name] = run_config(entry, clients, name, retain, seed, str(device))
+        elif name == "batched_autograd":
+            runs[name] = run_config(entry, clients, "batched", retain, seed, str(device), fused=False)
     if "loop" in columns:
         runs["loop"] = entry.loop(run_config(entry, clients, "batched", retain, seed, str(device)))
 
@@ -239,6 +249,7 @@ def run_family(family: Family, args: argparse.Namespace, peak: float) -> dict[st
             continue
         print(f"  {family.name} {entry.algorithm} ({clients} clients)", file=sys.stderr, flush=True)
         columns = ("loop", "batched", "sequential") if entry.loop else ("batched", "sequential")
+        columns += ("batched_autograd",) if args.autograd else ()
         loads = [load_average()]
         device = torch.device(args.device)
         off = measure_entry(entry, clients, args.repeats, False, columns, args.seed, device)
@@ -263,6 +274,8 @@ def summarize(off: dict[str, Any], on: dict[str, Any] | None, peak: float) -> di
         result["target_seconds"] = max(loop / TARGET_SPEEDUP, floor)
         result["target_met"] = batched <= result["target_seconds"]
     result["sequential_over_batched"] = s["sequential"] / batched
+    if "batched_autograd" in s:
+        result["fused_speedup"] = s["batched_autograd"] / batched
     if flops:
         result["executed_gflop"] = flops / 1e9
         result["batched_fraction_of_peak"] = flops / batched / (peak * 1e9)
@@ -294,6 +307,7 @@ def table(report: dict[str, Any]) -> str:
                 f" {_f(r.get('speedup_vs_loop_allocator_on'), 'x'):>6}"
                 f" {_f(100 * r.get('batched_fraction_of_peak', 0.0), '', 1):>6} {agree:8.1e}"
                 f"  {'met' if r.get('target_met') else 'missed'} (<= {_f(r.get('target_seconds'))} s)"
+                + (f"; fused {r['fused_speedup']:.2f}x autograd" if "fused_speedup" in r else "")
             )
     return "\n".join(lines + population)
 
@@ -315,6 +329,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         help="only these algorithms of the workloads (e.g. gossip,hist)",
     )
     parser.add_argument("--device", default="cpu", help="cpu, cuda, cuda:1, ... (W4-W7; W8 runs on the CPU)")
+    parser.add_argument(
+        "--autograd", action="store_true", help="also time the batched executor with engine.fused off"
+    )
     parser.add_argument(
         "--no-allocator-on", dest="allocator_on", action="store_false", help="skip the switch-on child"
     )

@@ -288,6 +288,8 @@ class EngineConfig(StrictModel):
     """torch CPU threads (default: torch's own)"""
     compile: bool = False
     """torch.compile the batched executor's step (first rounds pay compilation)"""
+    fused: bool = True
+    """batched executor: train dense networks (Linear/ReLU, cross-entropy, SGD) with fused stacked kernels"""
     retain_memory: bool = True
     """on CPU, keep freed memory for reuse"""
     dist_timeout: Annotated[float, Field(gt=0.0, le=86400.0)] = 300.0

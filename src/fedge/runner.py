@@ -191,7 +191,9 @@ def build_run(config: RunConfig, force: bool = False, extensions: Extensions | N
     if config.model.cut is not None:
         split(template, block_cut(template, config.model.cut))
     algorithm_cls = ALGORITHMS[config.algorithm.name]
-    executor = make_executor(config.engine.executor, compile_step=config.engine.compile)
+    executor = make_executor(
+        config.engine.executor, compile_step=config.engine.compile, fused=config.engine.fused
+    )
     if has_random_layers(template):
         executor.noise = NoiseStreams(config.seed, device)
     ctx = Context(

@@ -133,7 +133,7 @@ def context(
         config=config,
         data=data,
         build_model=build_model,
-        executor=make_executor(config.engine.executor),
+        executor=make_executor(config.engine.executor, fused=config.engine.fused),
         network=Network(Ledger(), config.seed),
         system=SystemModel(config.system, data.num_clients, config.seed),
         device=device,

@@ -18,6 +18,9 @@ How the batched executor stays close to the hardware's speed:
 * Clients are trained in equal chunks whose gradients stay under ``chunk_bytes``, so a round's peak
   memory stays near the stacked state itself however many clients train; clients are independent
   during local training, so chunking does not change any number.
+* A dense network (``Linear`` and ``ReLU`` layers, cross-entropy, SGD) skips autograd altogether: a
+  hand-written stacked kernel folds each layer's update into its weight-gradient product, so no step
+  allocates a gradient (:mod:`fedge.engine.dense`; ``fused=False`` turns it off).
 * Optionally the vmapped gradient is compiled with ``torch.compile`` (``compile_step``).
 
 Besides whole local epochs of one step function (:meth:`Executor.train`), an executor maps any pure
@@ -42,6 +45,7 @@ from torch.func import vjp, vmap
 from fedge.data.federated import BatchPlan, FederatedData
 from fedge.engine.bank import ClientBank
 from fedge.engine.convolution import per_client_conv
+from fedge.engine.dense import DenseKernel, dense_kernel
 from fedge.engine.host import REUSED_BLOCK_BYTES, release_free_memory, retaining_memory
 from fedge.engine.noise import NoiseStreams, RowKeys, keyed_noise
 from fedge.engine.step import Step, StepFn
@@ -341,22 +345,34 @@ class BatchedExecutor(Executor):
     every step (measured on W1, allocator off: chunks of 50 clients about 35 % faster than one chunk of
     100). ``compile_step`` compiles the vmapped step with
     ``torch.compile`` (one compiled kernel per step object, kept for the executor's lifetime; the first
-    rounds pay the compilation).
+    rounds pay the compilation). With ``fused`` (the default) a dense network's SGD step runs as
+    :class:`~fedge.engine.dense.DenseKernel` instead of vmapped autograd, compiled or not: the same
+    gradients, rounded once less per weight (numbers agree with the sequential executor to about 1e-8
+    per step rather than bit for bit).
     """
 
     name = "batched"
 
     def __init__(
-        self, compile_step: bool = False, chunk_clients: int | None = None, chunk_bytes: int = CHUNK_BYTES
+        self,
+        compile_step: bool = False,
+        chunk_clients: int | None = None,
+        chunk_bytes: int = CHUNK_BYTES,
+        fused: bool = True,
     ):
         if chunk_clients is not None and chunk_clients < 1:
             raise ValueError("chunk_clients must be at least 1")
         self.compile_step = compile_step
         self.chunk_clients = chunk_clients
         self.chunk_bytes = chunk_bytes
+        self.fused = fused
         self._compiled: dict[tuple[StepFn, bool], Kernel] = {}
 
-    def _kernel(self, step: StepFn, keyed: bool) -> Kernel:
+    def _kernel(self, step: StepFn, keyed: bool, sample_shape: tuple[int, ...], trained: Tensors) -> Kernel:
+        if self.fused and not keyed and isinstance(step, Step):
+            fused = dense_kernel(step, sample_shape, trained)
+            if fused is not None:
+                return fused
         build = _step_kernel if isinstance(step, Step) else _generic_kernel
         if not self.compile_step:
             return build(step, keyed, False)
@@ -364,11 +380,16 @@ class BatchedExecutor(Executor):
             self._compiled[step, keyed] = build(step, keyed, True)
         return self._compiled[step, keyed]
 
-    def chunk_size(self, bank: ClientBank, plan: BatchPlan, data: FederatedData) -> int:
-        """Clients per chunk: ``chunk_clients``, or equal chunks whose gradients fit in ``chunk_bytes``."""
+    def chunk_size(
+        self, bank: ClientBank, plan: BatchPlan, data: FederatedData, kernel: Kernel | None = None
+    ) -> int:
+        """Clients per chunk: ``chunk_clients``, or equal chunks whose gradients fit in ``chunk_bytes``
+        (every client at once for a :class:`~fedge.engine.dense.DenseKernel`, which makes no gradient)."""
         if self.chunk_clients is not None:
             return self.chunk_clients
         count = len(bank)
+        if isinstance(kernel, DenseKernel):
+            return max(count, 1)
         grads = sum(t[0].numel() * t.element_size() for t in bank.params.values())
         budget = self.chunk_bytes if retaining_memory() else min(self.chunk_bytes, REUSED_BLOCK_BYTES)
         fits = max(1, budget // max(1, grads))
@@ -387,8 +408,8 @@ class BatchedExecutor(Executor):
         destination = _destination(bank)
         keys = self.phase_keys(bank.clients)
         grid = None if keys is None else keys.grid(plan.num_steps)
-        kernel = self._kernel(step, keyed=grid is not None)
-        size = min(self.chunk_size(bank, plan, data), max(count, 1))
+        kernel = self._kernel(step, grid is not None, tuple(data.x_train.shape[1:]), bank.params)
+        size = min(self.chunk_size(bank, plan, data, kernel), max(count, 1))
         x_buffer = data.x_train.new_empty((size * plan.index.shape[2], *data.x_train.shape[1:]))
         totals = torch.zeros(count, device=data.device)
         for start in range(0, count, size):
@@ -587,8 +608,8 @@ class _failing(AbstractContextManager):  # noqa: N801 - used like a function: ``
 EXECUTORS: dict[str, type[Executor]] = {"sequential": SequentialExecutor, "batched": BatchedExecutor}
 
 
-def make_executor(name: str, compile_step: bool = False) -> Executor:
-    """The executor registered as ``name``; ``compile_step`` applies to the batched executor."""
+def make_executor(name: str, compile_step: bool = False, fused: bool = True) -> Executor:
+    """The executor registered as ``name``; ``compile_step`` and ``fused`` apply to the batched executor."""
     if name == "batched":
-        return BatchedExecutor(compile_step=compile_step)
+        return BatchedExecutor(compile_step=compile_step, fused=fused)
     return EXECUTORS[name]()

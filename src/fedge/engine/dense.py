@@ -1,0 +1,193 @@
+"""Stacked dense networks trained by hand-written kernels, the SGD update fused into the gradient product.
+
+Most of the papers' small models are chains of fully connected layers (an MLP, HIST's FCNN). Trained
+for many clients at once under ``vmap`` and ``grad``, every step writes a weight gradient as large as
+the stacked parameters, then reads it back with the parameters to update them: with a hundred clients
+that is tens of megabytes per step that leave the cache, and without the allocator switch
+(:mod:`fedge.engine.host`) each of those temporaries is mapped and zero-filled anew.
+
+For a model that is only ``Linear``, ``ReLU`` and ``Flatten`` layers (in nested ``nn.Sequential``
+containers, as fedge's models and a caller's ``nn.Sequential`` are), trained with the weighted-mean
+cross-entropy of :func:`~fedge.engine.step.classification_loss` and :class:`~fedge.engine.step.SGD`,
+:func:`dense_kernel` writes the forward and backward passes out with batched matrix products over the
+client dimension and folds each layer's update into its weight-gradient product:
+``W <- W - lr * dY^T X`` is one ``baddbmm`` into ``W`` (into the momentum buffer with momentum), so no
+step allocates a gradient of the parameters' size and each weight is read and written once.
+
+The kernel computes the same gradients as autograd (the same formulas: softmax minus one-hot, the
+ReLU's mask, ``dY^T X`` and ``dY W``), but a fused product rounds once where autograd's product and
+separate update round twice, so its numbers agree with the sequential executor's up to rounding (about
+1e-8 after a step), not bit for bit. ``engine.fused: false`` keeps the vmapped autograd step.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Iterator
+from dataclasses import dataclass
+
+import torch
+from torch import nn
+
+from fedge.engine.step import SGD, ClassificationLoss, Step, cross_entropy
+from fedge.tensors import Tensors
+
+
+@dataclass(frozen=True)
+class Linear:
+    """A fully connected layer of the chain: its parameters' names in the stacked state."""
+
+    weight: str
+    bias: str | None
+
+
+@dataclass(frozen=True)
+class Relu:
+    """A ReLU of the chain."""
+
+
+@dataclass(frozen=True)
+class Flatten:
+    """A flatten of every per-sample dimension into one (``nn.Flatten()``'s default)."""
+
+
+Layer = Linear | Relu | Flatten
+
+
+def _leaves(module: nn.Module, prefix: str) -> Iterator[tuple[str, nn.Module]]:
+    """The modules a (nested) ``nn.Sequential`` applies, in order, with their parameter-name prefixes."""
+    if type(module) is nn.Sequential or (isinstance(module, nn.Sequential) and _plain_forward(module)):
+        for name, child in module.named_children():
+            yield from _leaves(child, f"{prefix}{name}.")
+    else:
+        yield prefix, module
+
+
+def _plain_forward(module: nn.Module) -> bool:
+    """Whether a subclass of ``nn.Sequential`` keeps its forward (applies its children in order)."""
+    return type(module).forward is nn.Sequential.forward
+
+
+def dense_layers(model: nn.Module) -> tuple[Layer, ...] | None:
+    """The model as a chain of :data:`Layer` s, or None when it is anything else (then autograd runs it).
+
+    Accepted: ``Linear``, ``ReLU``, ``Flatten`` over every per-sample dimension, ``Identity`` and a
+    ``Dropout`` with ``p = 0``, nested in ``nn.Sequential`` containers whose forward is the sequential
+    one; a model without buffers whose chain has at least one ``Linear``.
+    """
+    if any(True for _ in model.buffers()):
+        return None
+    layers: list[Layer] = []
+    for prefix, leaf in _leaves(model, ""):
+        if type(leaf) is nn.Linear:
+            layers.append(Linear(f"{prefix}weight", None if leaf.bias is None else f"{prefix}bias"))
+        elif type(leaf) is nn.ReLU:
+            layers.append(Relu())
+        elif type(leaf) is nn.Flatten and leaf.start_dim == 1 and leaf.end_dim == -1:
+            layers.append(Flatten())
+        elif type(leaf) is nn.Identity or (type(leaf) is nn.Dropout and leaf.p == 0):
+            continue
+        else:
+            return None
+    return tuple(layers) if any(isinstance(layer, Linear) for layer in layers) else None
+
+
+@dataclass(frozen=True)
+class DenseKernel:
+    """One SGD step of a dense chain for stacked clients, in place: the executor's ``Kernel``.
+
+    Called as ``(params, buffers, opt_state, x, y, weight, lr, keys)`` with tensors stacked over the
+    active clients (``x``: ``[clients, batch, ...]``); updates ``params`` and ``opt_state`` in place and
+    returns each client's loss (the weighted mean cross-entropy of its batch, before the step).
+    """
+
+    layers: tuple[Layer, ...]
+    optimizer: SGD
+
+    @torch.no_grad()
+    def __call__(self, params, buffers, opt_state, x, y, weight, lr, keys) -> torch.Tensor:
+        h, fresh = x, False  # fresh: h is this step's own temporary (a ReLU may overwrite it)
+        saved: list[torch.Tensor] = []  # each Linear's input, each ReLU's output
+        for layer in self.layers:
+            if isinstance(layer, Linear):
+                saved.append(h)
+                w = params[layer.weight].transpose(1, 2)
+                h = (
+                    torch.bmm(h, w)
+                    if layer.bias is None
+                    else torch.baddbmm(params[layer.bias][:, None], h, w)
+                )
+                fresh = True
+            elif isinstance(layer, Relu):
+                h = h.relu_() if fresh else torch.relu(h)
+                saved.append(h)
+            else:
+                h = h.flatten(2)
+        log_p = torch.log_softmax(h, dim=-1)
+        picked = log_p.gather(-1, y[..., None]).squeeze(-1)
+        scale = weight / weight.sum(dim=1, keepdim=True).clamp_min(1.0)
+        loss = -(picked * scale).sum(dim=1)
+        grad = log_p.exp_()  # d loss / d logits = (softmax - one-hot) * weight / sum(weight)
+        grad.scatter_add_(-1, y[..., None], -torch.ones_like(picked)[..., None])
+        grad.mul_(scale[..., None])
+        first_linear = next(i for i, layer in enumerate(self.layers) if isinstance(layer, Linear))
+        for i in range(len(self.layers) - 1, first_linear - 1, -1):
+            layer = self.layers[i]
+            if isinstance(layer, Relu):
+                grad = torch.ops.aten.threshold_backward(grad, saved.pop(), 0)  # autograd's own ReLU backward
+            elif isinstance(
+                layer, Linear
+            ):  # (a Flatten past the first Linear sees [clients, batch, features])
+                inputs = saved.pop()
+                below = torch.bmm(grad, params[layer.weight]) if i > first_linear else None
+                self._update(params, opt_state, layer, grad, inputs, lr)
+                grad = below
+        return loss
+
+    def _update(
+        self,
+        params: Tensors,
+        state: Tensors,
+        layer: Linear,
+        grad: torch.Tensor,
+        inputs: torch.Tensor,
+        lr: float,
+    ) -> None:
+        """SGD on one layer with its gradients ``grad^T inputs`` (weight) and ``sum grad`` (bias), fused."""
+        opt = self.optimizer
+        weight = params[layer.weight]
+        product = (grad.transpose(1, 2), inputs)
+        if opt.momentum:  # m <- mu m + (dY^T X + wd W), the decay of m inside the product
+            buffer = state[layer.weight].baddbmm_(*product, beta=opt.momentum)
+            if opt.weight_decay:
+                buffer.add_(weight, alpha=opt.weight_decay)
+            weight.add_(buffer, alpha=-lr)
+        else:
+            weight.baddbmm_(*product, beta=1.0 - lr * opt.weight_decay, alpha=-lr)
+        if layer.bias is None:
+            return
+        bias = params[layer.bias]
+        step = grad.sum(dim=1)
+        if opt.weight_decay:
+            step.add_(bias, alpha=opt.weight_decay)
+        if opt.momentum:
+            step = state[layer.bias].mul_(opt.momentum).add_(step)
+        bias.add_(step, alpha=-lr)
+
+
+def dense_kernel(step: Step, sample_shape: tuple[int, ...], trained: Iterable[str]) -> DenseKernel | None:
+    """The fused kernel of ``step`` for inputs of ``sample_shape`` per sample, training the parameters
+    ``trained``; None unless it is SGD on the weighted-mean cross-entropy of a dense chain
+    (:func:`dense_layers`) whose first ``Linear`` sees flat samples (they are flat already, or a
+    ``Flatten`` comes first), every parameter of it trained (a step that trains a part, such as a
+    personalised head, runs on autograd)."""
+    loss, optimizer = step.loss_fn, step.optimizer
+    if not (isinstance(loss, ClassificationLoss) and loss.criterion is cross_entropy):
+        return None
+    if type(optimizer) is not SGD:
+        return None
+    layers = dense_layers(loss.model)
+    if layers is None or not (len(sample_shape) == 1 or isinstance(layers[0], Flatten)):
+        return None
+    if set(trained) != {name for name, _ in loss.model.named_parameters()}:
+        return None
+    return DenseKernel(layers, optimizer)

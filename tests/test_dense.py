@@ -1,0 +1,149 @@
+"""The fused dense kernel: which models take it, and that it trains as autograd does."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from torch import nn
+
+from fedge.engine import (
+    SGD,
+    Adam,
+    BatchedExecutor,
+    ClientBank,
+    SequentialExecutor,
+    classification_loss,
+    make_step,
+)
+from fedge.engine.dense import DenseKernel, Flatten, Linear, Relu, dense_kernel, dense_layers
+from fedge.engine.step import buffers_of, parameters_of
+from fedge.models.cnn import build_lenet5
+from fedge.models.mlp import build_fcnn, build_mlp
+from tests.test_engine import make_data, max_diff
+
+
+def test_fedge_dense_models_are_chains_named_like_their_parameters():
+    model = build_mlp((1, 6, 6), 3, hidden=(12, 5))
+    layers = dense_layers(model)
+    assert layers == (
+        Flatten(),
+        Linear("fc1.linear.weight", "fc1.linear.bias"),
+        Relu(),
+        Linear("fc2.linear.weight", "fc2.linear.bias"),
+        Relu(),
+        Linear("out.linear.weight", "out.linear.bias"),
+    )
+    names = {name for name, _ in model.named_parameters()}
+    assert names == {n for layer in layers if isinstance(layer, Linear) for n in (layer.weight, layer.bias)}
+    assert dense_layers(build_fcnn((1, 28, 28), 10)) is not None
+
+
+class Doubled(nn.Sequential):
+    def forward(self, x):  # not the sequential forward: must not be read as a chain
+        return 2 * super().forward(x)
+
+
+@pytest.mark.parametrize(
+    "model",
+    [
+        build_lenet5((1, 28, 28), 10),
+        build_fcnn((1, 28, 28), 10, dropout=0.5),
+        nn.Sequential(nn.Flatten(), nn.Linear(36, 8), nn.BatchNorm1d(8), nn.Linear(8, 3)),
+        nn.Sequential(nn.Flatten(), nn.Linear(36, 8), nn.Tanh(), nn.Linear(8, 3)),
+        Doubled(nn.Flatten(), nn.Linear(36, 3)),
+        nn.Sequential(nn.Flatten(), nn.ReLU()),
+    ],
+    ids=["lenet5", "dropout", "batchnorm", "tanh", "own-forward", "no-linear"],
+)
+def test_other_models_are_left_to_autograd(model):
+    assert dense_layers(model) is None
+
+
+def mlp(bias: bool = True) -> nn.Module:
+    torch.manual_seed(0)
+    return nn.Sequential(
+        nn.Flatten(),
+        nn.Linear(36, 12, bias=bias),
+        nn.ReLU(),
+        nn.Dropout(0.0),
+        nn.Linear(12, 7),
+        nn.ReLU(),
+        nn.Linear(7, 3),
+    )
+
+
+def test_kernel_is_chosen_only_for_sgd_cross_entropy_on_every_parameter():
+    model = mlp()
+    names = [name for name, _ in model.named_parameters()]
+    sgd_step = make_step(classification_loss(model), SGD(momentum=0.9))
+    assert isinstance(dense_kernel(sgd_step, (1, 6, 6), names), DenseKernel)
+    assert dense_kernel(make_step(classification_loss(model), Adam()), (1, 6, 6), names) is None
+    squared = classification_loss(model, lambda logits, y: (logits**2).sum(-1))
+    assert dense_kernel(make_step(squared, SGD()), (1, 6, 6), names) is None
+    assert dense_kernel(sgd_step, (1, 6, 6), names[:-2]) is None  # a head trained alone
+    no_flatten = nn.Sequential(nn.Linear(36, 3))
+    flat = [name for name, _ in no_flatten.named_parameters()]
+    assert dense_kernel(make_step(classification_loss(no_flatten), SGD()), (36,), flat) is not None
+    assert dense_kernel(make_step(classification_loss(no_flatten), SGD()), (1, 6, 6), flat) is None
+
+
+@pytest.mark.parametrize("bias", [True, False])
+@pytest.mark.parametrize("sgd", [SGD(), SGD(momentum=0.9), SGD(weight_decay=0.01), SGD(0.5, 0.01)])
+def test_fused_training_agrees_with_autograd_and_the_sequential_executor(sgd, bias):
+    model = mlp(bias)
+    data = make_data([11, 24, 7, 16])  # unequal clients: short batches and finished clients
+    clients = list(range(data.num_clients))
+    plan = data.batch_plan(clients, 1, 2, 8)
+    step = make_step(classification_loss(model), sgd)
+    params, buffers = parameters_of(model), buffers_of(model)
+    results = {}
+    executors = {
+        "sequential": SequentialExecutor(),
+        "autograd": BatchedExecutor(fused=False),
+        "fused": BatchedExecutor(chunk_clients=3),
+    }
+    for name, executor in executors.items():
+        bank = ClientBank.broadcast(clients, params, buffers, sgd.init(params))
+        tensors = dict(bank.params)
+        results[name] = (bank, executor.train(step, bank, plan, data, 0.1))
+        if name == "fused":
+            assert all(bank.params[k] is tensors[k] for k in tensors)  # trained in place
+    fused, fused_loss = results["fused"]
+    for name in ("sequential", "autograd"):
+        bank, loss = results[name]
+        assert max_diff(bank.params, fused.params) < 1e-6
+        if sgd.momentum:
+            assert max_diff(bank.opt_state, fused.opt_state) < 1e-6
+        assert torch.allclose(loss, fused_loss, atol=1e-6)
+    moved = max_diff(fused.params, {k: v.expand_as(fused.params[k]) for k, v in params.items()})
+    assert moved > 1e-2  # it trained
+
+
+def test_config_switch_reaches_the_executor():
+    from fedge.api import resolve_config
+    from fedge.runner import build_run
+
+    raw = {
+        "rounds": 1,
+        "data": {"name": "synthetic", "num_train": 120, "num_test": 40, "shape": [1, 6, 6], "num_classes": 3},
+        "partition": {"kind": "iid", "num_clients": 4},
+        "model": {"name": "mlp", "options": {"hidden": [8]}},
+        "algorithm": {"name": "fedavg", "batch_size": 10},
+        "output": {"plots": False},
+    }
+    assert build_run(resolve_config(raw, [])).context.executor.fused
+    assert not build_run(resolve_config(raw, ["engine.fused=false"])).context.executor.fused
+
+
+def test_the_batched_executor_trains_a_dense_step_with_the_kernel_in_one_chunk():
+    model = mlp()
+    data = make_data([11, 24, 7, 16])
+    clients = list(range(data.num_clients))
+    plan = data.batch_plan(clients, 1, 1, 8)
+    params = parameters_of(model)
+    bank = ClientBank.broadcast(clients, params, {}, {})
+    step = make_step(classification_loss(model), SGD())
+    kernel = BatchedExecutor()._kernel(step, False, (1, 6, 6), params)
+    assert isinstance(kernel, DenseKernel)
+    assert BatchedExecutor(chunk_bytes=1).chunk_size(bank, plan, data, kernel) == 4  # no gradient to bound
+    assert not isinstance(BatchedExecutor(fused=False)._kernel(step, False, (1, 6, 6), params), DenseKernel)
