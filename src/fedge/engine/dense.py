@@ -156,10 +156,11 @@ class DenseKernel:
         opt = self.optimizer
         weight = params[layer.weight]
         product = (grad.transpose(1, 2), inputs)
-        if opt.momentum:  # m <- mu m + (dY^T X + wd W), the decay of m inside the product
-            buffer = state[layer.weight].baddbmm_(*product, beta=opt.momentum)
+        if opt.momentum:
+            buffer = state[layer.weight].mul_(opt.momentum)
             if opt.weight_decay:
                 buffer.add_(weight, alpha=opt.weight_decay)
+            buffer.baddbmm_(*product)  # (a beta = momentum inside the product measured slower)
             weight.add_(buffer, alpha=-lr)
         else:
             weight.baddbmm_(*product, beta=1.0 - lr * opt.weight_decay, alpha=-lr)
