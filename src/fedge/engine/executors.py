@@ -170,8 +170,13 @@ def _destination(bank: ClientBank) -> State:
     )
 
 
-def _cloned(tensors: Tensors) -> Tensors:
-    return {name: t.clone() for name, t in tensors.items()}
+def _row_holding(targets: Tensors, values: Tensors, r: int) -> Tensors:
+    """Row ``r`` of ``targets`` as views, holding ``values`` (copied unless they are that row already)."""
+    row = rows(targets, r)
+    for name, view in row.items():
+        if values[name].data_ptr() != view.data_ptr():
+            view.copy_(values[name])
+    return row
 
 
 def _copy_into(targets: Tensors, values: Tensors) -> None:
@@ -182,8 +187,8 @@ def _copy_into(targets: Tensors, values: Tensors) -> None:
 class SequentialExecutor(Executor):
     """Reference executor: a Python loop over clients and their real batches.
 
-    A :class:`~fedge.engine.step.Step` runs on plain autograd and updates a copy of the client's state
-    in place (:meth:`Step.eager_gradients`, :meth:`SGD.update_`): the same numbers as the pure step, at
+    A :class:`~fedge.engine.step.Step` runs on plain autograd and updates the client's row of the
+    trained state in place (:meth:`Step.eager_gradients`, :meth:`SGD.update_`): the same numbers as the pure step, at
     the cost of a hand-written PyTorch loop rather than of ``torch.func``'s transforms.
     """
 
@@ -201,8 +206,11 @@ class SequentialExecutor(Executor):
         real = _real_rows(plan)
         for r in range(len(bank)):
             params, buffers, opt_state = (rows(tensors, r) for tensors in source)
-            if in_place:  # the client's own copy, stepped in place
-                params, opt_state = _cloned(params), _cloned(opt_state)
+            if in_place:  # stepped in place in the destination's row (a view: nothing to copy back)
+                params, opt_state = (
+                    _row_holding(target, values, r)
+                    for target, values in ((destination[0], params), (destination[2], opt_state))
+                )
             total = torch.zeros((), device=data.device)
             steps = int(plan.steps[r])
             for s in range(steps):
@@ -217,7 +225,9 @@ class SequentialExecutor(Executor):
                         params, buffers, opt_state, loss = step(params, buffers, opt_state, x, y, weight, lr)
                 total = total + loss
             losses[r] = total / max(steps, 1)
-            for targets, values in zip(destination, (params, buffers, opt_state), strict=True):
+            new_state = zip(destination, (params, buffers, opt_state), strict=True)
+            copies = [(destination[1], buffers)] if in_place else new_state  # in place: only buffers are new
+            for targets, values in copies:
                 _copy_into(rows(targets, r), values)
         if not bank.owned:
             bank.adopt(*destination, owned=False)
