@@ -188,8 +188,9 @@ class SequentialExecutor(Executor):
     """Reference executor: a Python loop over clients and their real batches.
 
     A :class:`~fedge.engine.step.Step` runs on plain autograd and updates the client's row of the
-    trained state in place (:meth:`Step.eager_gradients`, :meth:`SGD.update_`): the same numbers as the pure step, at
-    the cost of a hand-written PyTorch loop rather than of ``torch.func``'s transforms.
+    trained state in place (:meth:`Step.eager_gradients`, :meth:`SGD.update_`): the same numbers as
+    the pure step, at the cost of a hand-written PyTorch loop rather than of ``torch.func``'s
+    transforms.
     """
 
     name = "sequential"
