@@ -72,12 +72,13 @@ def mlp(bias: bool = True) -> nn.Module:
     )
 
 
-def test_kernel_is_chosen_only_for_sgd_cross_entropy_on_every_parameter():
+def test_kernel_is_chosen_for_cross_entropy_on_every_parameter():
     model = mlp()
     names = [name for name, _ in model.named_parameters()]
     sgd_step = make_step(classification_loss(model), SGD(momentum=0.9))
-    assert isinstance(dense_kernel(sgd_step, (1, 6, 6), names), DenseKernel)
-    assert dense_kernel(make_step(classification_loss(model), Adam()), (1, 6, 6), names) is None
+    assert dense_kernel(sgd_step, (1, 6, 6), names).fused  # the update inside the products
+    adam = dense_kernel(make_step(classification_loss(model), Adam()), (1, 6, 6), names)
+    assert isinstance(adam, DenseKernel) and not adam.fused  # gradients in scratch buffers, then Adam
     squared = classification_loss(model, lambda logits, y: (logits**2).sum(-1))
     assert dense_kernel(make_step(squared, SGD()), (1, 6, 6), names) is None
     assert dense_kernel(sgd_step, (1, 6, 6), names[:-2]) is None  # a head trained alone
@@ -88,13 +89,16 @@ def test_kernel_is_chosen_only_for_sgd_cross_entropy_on_every_parameter():
 
 
 @pytest.mark.parametrize("bias", [True, False])
-@pytest.mark.parametrize("sgd", [SGD(), SGD(momentum=0.9), SGD(weight_decay=0.01), SGD(0.5, 0.01)])
-def test_fused_training_agrees_with_autograd_and_the_sequential_executor(sgd, bias):
+@pytest.mark.parametrize(
+    "optimizer",
+    [SGD(), SGD(momentum=0.9), SGD(weight_decay=0.01), SGD(0.5, 0.01), Adam(), Adam(weight_decay=0.01)],
+)
+def test_fused_training_agrees_with_autograd_and_the_sequential_executor(optimizer, bias):
     model = mlp(bias)
     data = make_data([11, 24, 7, 16])  # unequal clients: short batches and finished clients
     clients = list(range(data.num_clients))
     plan = data.batch_plan(clients, 1, 2, 8)
-    step = make_step(classification_loss(model), sgd)
+    step = make_step(classification_loss(model), optimizer)
     params, buffers = parameters_of(model), buffers_of(model)
     results = {}
     executors = {
@@ -103,7 +107,7 @@ def test_fused_training_agrees_with_autograd_and_the_sequential_executor(sgd, bi
         "fused": BatchedExecutor(chunk_clients=3),
     }
     for name, executor in executors.items():
-        bank = ClientBank.broadcast(clients, params, buffers, sgd.init(params))
+        bank = ClientBank.broadcast(clients, params, buffers, optimizer.init(params))
         tensors = dict(bank.params)
         results[name] = (bank, executor.train(step, bank, plan, data, 0.1))
         if name == "fused":
@@ -112,7 +116,7 @@ def test_fused_training_agrees_with_autograd_and_the_sequential_executor(sgd, bi
     for name in ("sequential", "autograd"):
         bank, loss = results[name]
         assert max_diff(bank.params, fused.params) < 1e-6
-        if sgd.momentum:
+        if bank.opt_state:
             assert max_diff(bank.opt_state, fused.opt_state) < 1e-6
         assert torch.allclose(loss, fused_loss, atol=1e-6)
     moved = max_diff(fused.params, {k: v.expand_as(fused.params[k]) for k, v in params.items()})
@@ -147,3 +151,19 @@ def test_the_batched_executor_trains_a_dense_step_with_the_kernel_in_one_chunk()
     assert isinstance(kernel, DenseKernel)
     assert BatchedExecutor(chunk_bytes=1).chunk_size(bank, plan, data, kernel) == 4  # no gradient to bound
     assert not isinstance(BatchedExecutor(fused=False)._kernel(step, False, (1, 6, 6), params), DenseKernel)
+
+
+def test_gradients_for_other_optimizers_reuse_the_first_steps_buffers():
+    model = mlp()
+    params = {k: v.expand(4, *v.shape).clone() for k, v in parameters_of(model).items()}
+    adam = Adam()
+    state = adam.init(params, rows=4)
+    kernel = dense_kernel(make_step(classification_loss(model), adam), (1, 6, 6), params)
+    x, y, weight = torch.randn(4, 5, 1, 6, 6), torch.randint(0, 3, (4, 5)), torch.ones(4, 5)
+    kernel(params, {}, state, x, y, weight, 0.1, None)
+    held = {name: t.data_ptr() for name, t in kernel.scratch.items()}
+    assert held.keys() == params.keys()
+    prefix = {k: v[:2] for k, v in params.items()}
+    kernel(prefix, {}, {k: v[:2] for k, v in state.items()}, x[:2], y[:2], weight[:2], 0.1, None)
+    assert {name: t.data_ptr() for name, t in kernel.scratch.items()} == held  # no new gradient
+    assert state["step"].tolist() == [2.0, 2.0, 1.0, 1.0]

@@ -23,12 +23,12 @@ separate update round twice, so its numbers agree with the sequential executor's
 from __future__ import annotations
 
 from collections.abc import Iterable, Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import torch
 from torch import nn
 
-from fedge.engine.step import SGD, ClassificationLoss, Step, cross_entropy
+from fedge.engine.step import SGD, ClassificationLoss, Optimizer, Step, cross_entropy
 from fedge.tensors import Tensors
 
 
@@ -93,15 +93,26 @@ def dense_layers(model: nn.Module) -> tuple[Layer, ...] | None:
 
 @dataclass(frozen=True)
 class DenseKernel:
-    """One SGD step of a dense chain for stacked clients, in place: the executor's ``Kernel``.
+    """One optimizer step of a dense chain for stacked clients, in place: the executor's ``Kernel``.
 
     Called as ``(params, buffers, opt_state, x, y, weight, lr, keys)`` with tensors stacked over the
     active clients (``x``: ``[clients, batch, ...]``); updates ``params`` and ``opt_state`` in place and
     returns each client's loss (the weighted mean cross-entropy of its batch, before the step).
+
+    With plain :class:`SGD` each layer's update is folded into its weight-gradient product. Any other
+    optimizer (Adam, or an SGD wrapped to mask its update) needs the gradient itself: it is written
+    into ``scratch``, buffers allocated at the first step (the one with the most active clients) and
+    reused by every later step of the executor's call, then the optimizer's in-place ``update_`` runs.
     """
 
     layers: tuple[Layer, ...]
-    optimizer: SGD
+    optimizer: Optimizer
+    scratch: dict[str, torch.Tensor] = field(default_factory=dict, compare=False)
+
+    @property
+    def fused(self) -> bool:
+        """Whether the update is folded into the products (plain SGD) rather than given gradients."""
+        return type(self.optimizer) is SGD
 
     @torch.no_grad()
     def __call__(self, params, buffers, opt_state, x, y, weight, lr, keys) -> torch.Tensor:
@@ -111,11 +122,8 @@ class DenseKernel:
             if isinstance(layer, Linear):
                 saved.append(h)
                 w = params[layer.weight].transpose(1, 2)
-                h = (
-                    torch.bmm(h, w)
-                    if layer.bias is None
-                    else torch.baddbmm(params[layer.bias][:, None], h, w)
-                )
+                bias = None if layer.bias is None else params[layer.bias]
+                h = torch.bmm(h, w) if bias is None else torch.baddbmm(bias[:, None], h, w)
                 fresh = True
             elif isinstance(layer, Relu):
                 h = h.relu_() if fresh else torch.relu(h)
@@ -129,21 +137,37 @@ class DenseKernel:
         grad = log_p.exp_()  # d loss / d logits = (softmax - one-hot) * weight / sum(weight)
         grad.scatter_add_(-1, y[..., None], -torch.ones_like(picked)[..., None])
         grad.mul_(scale[..., None])
+        grads: Tensors = {}
         first_linear = next(i for i, layer in enumerate(self.layers) if isinstance(layer, Linear))
         for i in range(len(self.layers) - 1, first_linear - 1, -1):
-            layer = self.layers[i]
+            layer = self.layers[i]  # (a Flatten past the first Linear sees [clients, batch, features])
             if isinstance(layer, Relu):
-                grad = torch.ops.aten.threshold_backward(grad, saved.pop(), 0)  # autograd's own ReLU backward
-            elif isinstance(
-                layer, Linear
-            ):  # (a Flatten past the first Linear sees [clients, batch, features])
+                grad = torch.ops.aten.threshold_backward(grad, saved.pop(), 0)  # autograd's ReLU backward
+            elif isinstance(layer, Linear):
                 inputs = saved.pop()
                 below = torch.bmm(grad, params[layer.weight]) if i > first_linear else None
-                self._update(params, opt_state, layer, grad, inputs, lr)
+                if self.fused:
+                    self._sgd(params, opt_state, layer, grad, inputs, lr)
+                else:
+                    self._gradients(grads, params, layer, grad, inputs)
                 grad = below
+        if not self.fused:
+            self.optimizer.update_(params, grads, opt_state, lr)
         return loss
 
-    def _update(
+    def _gradients(
+        self, grads: Tensors, params: Tensors, layer: Linear, grad: torch.Tensor, inputs: torch.Tensor
+    ) -> None:
+        """One layer's gradients, ``grad^T inputs`` and ``sum grad``, written into the scratch buffers."""
+        count = grad.shape[0]
+        for name in (layer.weight, layer.bias):
+            if name is not None and (name not in self.scratch or self.scratch[name].shape[0] < count):
+                self.scratch[name] = torch.empty_like(params[name])
+        grads[layer.weight] = torch.bmm(grad.transpose(1, 2), inputs, out=self.scratch[layer.weight][:count])
+        if layer.bias is not None:
+            grads[layer.bias] = torch.sum(grad, dim=1, out=self.scratch[layer.bias][:count])
+
+    def _sgd(
         self,
         params: Tensors,
         state: Tensors,
@@ -176,19 +200,17 @@ class DenseKernel:
 
 
 def dense_kernel(step: Step, sample_shape: tuple[int, ...], trained: Iterable[str]) -> DenseKernel | None:
-    """The fused kernel of ``step`` for inputs of ``sample_shape`` per sample, training the parameters
-    ``trained``; None unless it is SGD on the weighted-mean cross-entropy of a dense chain
-    (:func:`dense_layers`) whose first ``Linear`` sees flat samples (they are flat already, or a
+    """The kernel of ``step`` for inputs of ``sample_shape`` per sample, training the parameters
+    ``trained``; None unless it is an optimizer step on the weighted-mean cross-entropy of a dense
+    chain (:func:`dense_layers`) whose first ``Linear`` sees flat samples (they are flat already, or a
     ``Flatten`` comes first), every parameter of it trained (a step that trains a part, such as a
     personalised head, runs on autograd)."""
-    loss, optimizer = step.loss_fn, step.optimizer
+    loss = step.loss_fn
     if not (isinstance(loss, ClassificationLoss) and loss.criterion is cross_entropy):
-        return None
-    if type(optimizer) is not SGD:
         return None
     layers = dense_layers(loss.model)
     if layers is None or not (len(sample_shape) == 1 or isinstance(layers[0], Flatten)):
         return None
     if set(trained) != {name for name, _ in loss.model.named_parameters()}:
         return None
-    return DenseKernel(layers, optimizer)
+    return DenseKernel(layers, step.optimizer)
