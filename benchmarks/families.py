@@ -95,10 +95,17 @@ def _peer(name: str, **algorithm: Any) -> dict[str, Any]:
     }
 
 
-def _hierarchical(name: str) -> dict[str, Any]:
+def _hierarchical(name: str, **algorithm: Any) -> dict[str, Any]:
     return {
         "model": {"name": "fcnn"},
-        "algorithm": {"name": name, "cells": 4, "edge_rounds": 5, "local_steps": 20, "batch_size": 50},
+        "algorithm": {
+            "name": name,
+            "cells": 4,
+            "edge_rounds": 5,
+            "local_steps": 20,
+            "batch_size": 50,
+            **algorithm,
+        },
     }
 
 
@@ -128,11 +135,14 @@ FAMILIES: dict[str, Family] = {
         ),
         Family(
             "W7",
-            "HIST and HFedAvg, 60 clients, FCNN 784-300-10, N = 4, E = 5, H = 20, batch 50",
+            "HIST (uniform and optimised sizes) and HFedAvg, 60 clients, FCNN 784-300-10, N = 4, E = 5,"
+            " H = 20, batch 50",
             60,
             (
                 Entry("hist", _hierarchical("hist"), HistLoop, fedge_global_state),
                 Entry("hfedavg", _hierarchical("hfedavg"), HierarchicalLoop, fedge_global_state),
+                # unequal cells (latency-optimal sizes): the masked step; no loop written for it
+                Entry("hist_optimised", _hierarchical("hist", mask_sizes="optimised")),
             ),
         ),
     )

@@ -1,4 +1,4 @@
-"""Stacked dense networks trained by hand-written kernels, the SGD update fused into the gradient product.
+"""Stacked dense networks trained by hand-written kernels, with no gradient allocated per step.
 
 Most of the papers' small models are chains of fully connected layers (an MLP, HIST's FCNN). Trained
 for many clients at once under ``vmap`` and ``grad``, every step writes a weight gradient as large as
@@ -7,12 +7,13 @@ that is tens of megabytes per step that leave the cache, and without the allocat
 (:mod:`fedge.engine.host`) each of those temporaries is mapped and zero-filled anew.
 
 For a model that is only ``Linear``, ``ReLU`` and ``Flatten`` layers (in nested ``nn.Sequential``
-containers, as fedge's models and a caller's ``nn.Sequential`` are), trained with the weighted-mean
-cross-entropy of :func:`~fedge.engine.step.classification_loss` and :class:`~fedge.engine.step.SGD`,
-:func:`dense_kernel` writes the forward and backward passes out with batched matrix products over the
-client dimension and folds each layer's update into its weight-gradient product:
+containers, as fedge's models and a caller's ``nn.Sequential`` are), trained on the weighted-mean
+cross-entropy of :func:`~fedge.engine.step.classification_loss`, :func:`dense_kernel` writes the
+forward and backward passes out with batched matrix products over the client dimension. With plain
+:class:`~fedge.engine.step.SGD` each layer's update is folded into its weight-gradient product:
 ``W <- W - lr * dY^T X`` is one ``baddbmm`` into ``W`` (into the momentum buffer with momentum), so no
-step allocates a gradient of the parameters' size and each weight is read and written once.
+gradient exists at all and each weight is read and written once. Any other optimizer (Adam, HIST's
+masked SGD) gets its gradients in buffers allocated once per executor call and reused by every step.
 
 The kernel computes the same gradients as autograd (the same formulas: softmax minus one-hot, the
 ReLU's mask, ``dY^T X`` and ``dY W``), but a fused product rounds once where autograd's product and
