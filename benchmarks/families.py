@@ -142,7 +142,9 @@ FAMILIES: dict[str, Family] = {
                 Entry("hist", _hierarchical("hist"), HistLoop, fedge_global_state),
                 Entry("hfedavg", _hierarchical("hfedavg"), HierarchicalLoop, fedge_global_state),
                 # unequal cells (latency-optimal sizes): the masked step; no loop written for it
-                Entry("hist_optimised", _hierarchical("hist", mask_sizes="optimised")),
+                Entry(
+                    "hist_optimised", _hierarchical("hist", mask_sizes="optimised"), None, fedge_global_state
+                ),
             ),
         ),
     )
@@ -310,13 +312,18 @@ def table(report: dict[str, Any]) -> str:
                 )
                 continue
             s = r["allocator_off"]["seconds"]
-            agree = max(r["allocator_off"]["agreement_max_abs_after_round_1"].values(), default=0.0)
+            agreements = r["allocator_off"]["agreement_max_abs_after_round_1"].values()
+            agree = f"{max(agreements):8.1e}" if agreements else "-"
             lines.append(
                 f"{name:4} {alg:12} {_f(s.get('loop')):>7} {_f(s['batched']):>8} {_f(s['sequential']):>7}"
                 f" {_f(r.get('speedup_vs_loop'), 'x'):>7} {_f(r.get('sequential_speedup_vs_loop'), 'x'):>6}"
                 f" {_f(r.get('speedup_vs_loop_allocator_on'), 'x'):>6}"
-                f" {_f(100 * r.get('batched_fraction_of_peak', 0.0), '', 1):>6} {agree:8.1e}"
-                f"  {'met' if r.get('target_met') else 'missed'} (<= {_f(r.get('target_seconds'))} s)"
+                f" {_f(100 * r.get('batched_fraction_of_peak', 0.0), '', 1):>6} {agree:>8}  "
+                + (
+                    f"{'met' if r['target_met'] else 'missed'} (<= {_f(r['target_seconds'])} s)"
+                    if "target_met" in r
+                    else "no loop"
+                )
                 + (f"; fused {r['fused_speedup']:.2f}x autograd" if "fused_speedup" in r else "")
             )
     return "\n".join(lines + population)
