@@ -270,3 +270,18 @@ def test_vmap_functional_call_over_stacked_clients_matches_each_client(name, tra
         torch.testing.assert_close(batched[i], client(x[i]))
         for key, buffer in client.named_buffers():
             torch.testing.assert_close(buffers[key][i], buffer)
+
+
+def test_conv_blocks_pool_before_relu_with_the_same_values_and_gradients():
+    from fedge.models.cnn import build_lenet5
+
+    block = build_lenet5((1, 28, 28), 10).conv1
+    assert list(block._modules) == ["conv", "pool", "relu"]
+    x = torch.randn(8, 1, 28, 28, generator=torch.Generator().manual_seed(3))
+    paper_order = torch.nn.Sequential(block.conv, block.relu, block.pool)
+    out, reference = block(x), paper_order(x)
+    assert torch.equal(out, reference) and bool((reference == 0).any())  # some windows are all negative
+    upstream = torch.randn_like(out)
+    grads = torch.autograd.grad(out, [block.conv.weight, block.conv.bias], upstream)
+    expected = torch.autograd.grad(paper_order(x), [block.conv.weight, block.conv.bias], upstream)
+    assert all(torch.equal(a, b) for a, b in zip(grads, expected, strict=True))

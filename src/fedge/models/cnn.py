@@ -1,7 +1,8 @@
 """Small plain CNNs: LeNet-5 and the CIFAR-10 CNN (HIST), AFIND+'s two-layer and four-layer CNNs.
 
 Every conv is followed by ReLU and a 2x2 max-pool (unpadded, except the CIFAR CNN's 3x3 convs with padding
-1); flatten sizes follow from the input shape.
+1); flatten sizes follow from the input shape. The ReLU is applied after the pool: an unpadded max-pool
+commutes with ReLU, values and gradients alike, and the ReLU then runs on a quarter of the values.
 """
 
 from __future__ import annotations
@@ -15,8 +16,14 @@ from fedge.models.layers import FeatureMap, Probability, block, maybe_dropout
 
 
 def _conv_pool(fm: FeatureMap, channels: int, kernel: int, padding: int = 0) -> nn.Sequential:
-    """Conv (valid unless ``padding``), ReLU, 2x2 max-pool."""
-    return block(conv=fm.conv(channels, kernel, padding=padding), relu=nn.ReLU(), pool=fm.max_pool(2))
+    """Conv (valid unless ``padding``), ReLU, 2x2 max-pool, computed as conv, pool, ReLU.
+
+    ``relu(maxpool(x)) == maxpool(relu(x))`` exactly (the maximum of a window is positive exactly when
+    ReLU keeps it), and so are the gradients: both send a window's gradient to its largest input when
+    that input is positive, and nothing otherwise. Pooling first makes the ReLU and its gradient four
+    times cheaper (a conv block's ReLU was about a tenth of a LeNet-5 round).
+    """
+    return block(conv=fm.conv(channels, kernel, padding=padding), pool=fm.max_pool(2), relu=nn.ReLU())
 
 
 def build_lenet5(input_shape: tuple[int, ...], num_classes: int, *, dropout: Probability = 0.0) -> SplitModel:
