@@ -16,7 +16,7 @@ from fedge.engine import (
     make_step,
 )
 from fedge.engine.dense import DenseKernel, Flatten, Linear, Relu, dense_kernel, dense_layers
-from fedge.engine.step import buffers_of, parameters_of
+from fedge.engine.step import buffers_of, cross_entropy, parameters_of
 from fedge.models.cnn import build_lenet5
 from fedge.models.mlp import build_fcnn, build_mlp
 from tests.test_engine import make_data, max_diff
@@ -167,3 +167,39 @@ def test_gradients_for_other_optimizers_reuse_the_first_steps_buffers():
     kernel(prefix, {}, {k: v[:2] for k, v in state.items()}, x[:2], y[:2], weight[:2], 0.1, None)
     assert {name: t.data_ptr() for name, t in kernel.scratch.items()} == held  # no new gradient
     assert state["step"].tolist() == [2.0, 2.0, 1.0, 1.0]
+
+
+@pytest.mark.parametrize("optimizer", [SGD(momentum=0.9, weight_decay=0.01), Adam()])
+def test_a_dense_shared_split_server_steps_by_the_kernel_as_autograd_does(optimizer):
+    from fedge.algorithms.split.server import CutBatch, SharedServer
+
+    torch.manual_seed(0)
+    server = nn.Sequential(nn.Flatten(), nn.Linear(12, 8), nn.ReLU(), nn.Linear(8, 3))
+    params = parameters_of(server)
+    generator = torch.Generator().manual_seed(1)
+    batches = [
+        CutBatch(None, torch.randn(3, 5, 3, 2, 2, generator=generator), torch.randint(0, 3, (3, 5)), counts)
+        for counts in (torch.tensor([5, 2, 0]), torch.tensor([4, 5, 5]))
+    ]
+    answers = {}
+    for fused in (False, True):
+        shared = SharedServer(server, params, {}, optimizer, None, fused=fused)
+        answers[fused] = [shared.serve(batch, 0.1, True, [2, 0, 1]) for batch in batches], shared
+    (autograd, reference), (kernel, shared) = answers[False], answers[True]
+    assert isinstance(shared.kernels[(3, 2, 2)], DenseKernel)  # the kernel served
+    for a, b in zip(autograd, kernel, strict=True):
+        assert torch.allclose(a.loss, b.loss, atol=1e-6) and torch.allclose(a.grad_z, b.grad_z, atol=1e-7)
+    assert max_diff(reference.params, shared.params) < 1e-6
+    assert max_diff(reference.opt_state, shared.opt_state) < 1e-6
+    assert max_diff(params, shared.params) > 1e-3  # it trained, on its own copies
+    assert float(kernel[0].grad_z[2].abs().sum()) == 0.0  # a row that sent nothing gets nothing
+
+
+def test_a_server_with_anything_but_flatten_before_its_first_linear_keeps_autograd():
+    from fedge.engine.dense import server_kernel
+
+    relu_first = nn.Sequential(nn.Flatten(), nn.ReLU(), nn.Linear(12, 3))
+    assert server_kernel(relu_first, SGD(), cross_entropy, (3, 2, 2)) is None
+    convolutional = nn.Sequential(nn.Conv2d(3, 2, 1), nn.Flatten(), nn.Linear(8, 3))
+    assert server_kernel(convolutional, SGD(), cross_entropy, (3, 2, 2)) is None
+    assert server_kernel(nn.Sequential(nn.Flatten(), nn.Linear(12, 3)), SGD(), cross_entropy, (3, 2, 2))

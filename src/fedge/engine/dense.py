@@ -23,7 +23,7 @@ separate update round twice, so its numbers agree with the sequential executor's
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
 
 import torch
@@ -115,8 +115,22 @@ class DenseKernel:
         """Whether the update is folded into the products (plain SGD) rather than given gradients."""
         return type(self.optimizer) is SGD
 
-    @torch.no_grad()
     def __call__(self, params, buffers, opt_state, x, y, weight, lr, keys) -> torch.Tensor:
+        return self.step(params, opt_state, x, y, weight, lr)[0]
+
+    @torch.no_grad()
+    def step(
+        self,
+        params: Tensors,
+        opt_state: Tensors,
+        x: torch.Tensor,
+        y: torch.Tensor,
+        weight: torch.Tensor,
+        lr: float,
+        input_grad: bool = False,
+    ) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """The step in place; each client's loss and, with ``input_grad``, the loss's gradient with
+        respect to ``x`` at the parameters before the step (what a split server sends back)."""
         h, fresh = x, False  # fresh: h is this step's own temporary (a ReLU may overwrite it)
         saved: list[torch.Tensor] = []  # each Linear's input, each ReLU's output
         for layer in self.layers:
@@ -146,7 +160,7 @@ class DenseKernel:
                 grad = torch.ops.aten.threshold_backward(grad, saved.pop(), 0)  # autograd's ReLU backward
             elif isinstance(layer, Linear):
                 inputs = saved.pop()
-                below = torch.bmm(grad, params[layer.weight]) if i > first_linear else None
+                below = torch.bmm(grad, params[layer.weight]) if i > first_linear or input_grad else None
                 if self.fused:
                     self._sgd(params, opt_state, layer, grad, inputs, lr)
                 else:
@@ -154,7 +168,7 @@ class DenseKernel:
                 grad = below
         if not self.fused:
             self.optimizer.update_(params, grads, opt_state, lr)
-        return loss
+        return loss, None if grad is None else grad.view(x.shape)
 
     def _gradients(
         self, grads: Tensors, params: Tensors, layer: Linear, grad: torch.Tensor, inputs: torch.Tensor
@@ -215,3 +229,20 @@ def dense_kernel(step: Step, sample_shape: tuple[int, ...], trained: Iterable[st
     if set(trained) != {name for name, _ in loss.model.named_parameters()}:
         return None
     return DenseKernel(layers, step.optimizer)
+
+
+def server_kernel(
+    module: nn.Module,
+    optimizer: Optimizer,
+    criterion: Callable[..., torch.Tensor],
+    sample_shape: tuple[int, ...],
+) -> DenseKernel | None:
+    """The kernel of a split-learning server part that steps on smashed data of ``sample_shape`` and may
+    send back the cut-layer gradient: :func:`dense_kernel` of its loss and optimizer, provided nothing
+    but a ``Flatten`` comes before its first ``Linear`` (the input gradient is the first product's)."""
+    names = [name for name, _ in module.named_parameters()]
+    kernel = dense_kernel(Step(ClassificationLoss(module, criterion), optimizer), sample_shape, names)
+    if kernel is None:
+        return None
+    first = next(i for i, layer in enumerate(kernel.layers) if isinstance(layer, Linear))
+    return kernel if all(isinstance(layer, Flatten) for layer in kernel.layers[:first]) else None

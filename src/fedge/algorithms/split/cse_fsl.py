@@ -93,9 +93,8 @@ class CseFsl(LocalLoss):
         return int(per_epoch.max(initial=0)) * cfg.local_epochs
 
     def server_part(self, params: Tensors, buffers: Tensors) -> SplitServer:
-        return SharedServer(
-            self.clients.parts.server, params, buffers, self.server_sgd, None, self.ctx.criterion
-        )
+        server, fused = self.clients.parts.server, self.ctx.config.engine.fused
+        return SharedServer(server, params, buffers, self.server_sgd, None, self.ctx.criterion, fused)
 
     def uploads_at(self, step: int) -> bool:
         return self.cfg.server_trigger == "every_h_batches" and (step + 1) % self.cfg.h == 0

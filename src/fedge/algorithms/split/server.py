@@ -32,6 +32,7 @@ from torch import nn
 from fedge.comm import state_bits
 from fedge.distributed import SINGLE, Group
 from fedge.engine import SGD, Criterion, Executor, cross_entropy, stack_copies, weighted_sum
+from fedge.engine.dense import DenseKernel, server_kernel
 from fedge.engine.noise import keyed_noise
 from fedge.engine.split import make_server_step
 from fedge.tensors import Tensors, rows
@@ -227,7 +228,11 @@ class SharedServer(SplitServer):
     """One server model for all participants; a step's uploads are served one after another in ``order``.
 
     Its steps use plain autograd (one batch at a time: half the per-call overhead of ``torch.func``) and
-    its optimizer state persists across rounds.
+    its optimizer state persists across rounds. With ``fused`` a dense server part (``Linear`` and
+    ``ReLU`` after a ``Flatten``, cross-entropy, no clipping, no random layers) steps by
+    :class:`~fedge.engine.dense.DenseKernel` instead, as one client of a stack: the same gradients
+    without an autograd graph, rounded once less per weight with SGD. The server is the same object on
+    either executor, so both executors still agree exactly.
     """
 
     in_turn = True
@@ -241,17 +246,57 @@ class SharedServer(SplitServer):
         sgd: SGD,
         clip_norm: float | None,
         criterion: Criterion = cross_entropy,
+        fused: bool = False,
     ):
         super().__init__(params, buffers, sgd)
         self.opt_state = sgd.init(params)
         self.steps = {
             grad: make_server_step(module, sgd, clip_norm, grad, False, criterion) for grad in (False, True)
         }
+        self.dense = (module, criterion) if fused and clip_norm is None else None
+        self.kernels: dict[tuple[int, ...], DenseKernel | None] = {}
 
     def begin(self, count: int) -> None:
         """Nothing to prepare: the one model carries on."""
 
+    def _kernel(self, batch: CutBatch) -> DenseKernel | None:
+        """The dense kernel for this batch's smashed-data shape, or None (autograd steps)."""
+        if self.dense is None or batch.keys is not None:
+            return None
+        shape = tuple(batch.z.shape[2:])
+        if shape not in self.kernels:
+            module, criterion = self.dense
+            self.kernels[shape] = server_kernel(module, self.sgd, criterion, shape)
+        return self.kernels[shape]
+
+    def _serve_dense(
+        self, kernel: DenseKernel, batch: CutBatch, lr: float, grad_z: bool, order: list[int]
+    ) -> Served:
+        """:meth:`serve` by the dense kernel, stepping private copies of the state in place (as a stack
+        of one: the kernel's views add a leading dimension of size 1)."""
+        z, y, counts = batch.z, batch.y, batch.counts
+        loss = torch.zeros(len(counts), device=z.device)
+        grads = torch.zeros_like(z) if grad_z else None
+        params = {name: t.clone() for name, t in self.params.items()}
+        opt_state = {name: t.clone() for name, t in self.opt_state.items()}
+        stacked_params = {name: t.unsqueeze(0) for name, t in params.items()}
+        stacked_state = {name: t.unsqueeze(0) for name, t in opt_state.items()}
+        for r in order:
+            c = int(counts[r])
+            ones = torch.ones(1, c, device=z.device)
+            step_loss, grad = kernel.step(
+                stacked_params, stacked_state, z[r : r + 1, :c], y[r : r + 1, :c], ones, lr, grad_z
+            )
+            loss[r] = step_loss[0]
+            if grad_z:
+                grads[r, :c] = grad[0]
+        self.params, self.opt_state = params, opt_state
+        return Served(loss, grads)
+
     def serve(self, batch: CutBatch, lr: float, grad_z: bool, order: list[int]) -> Served:
+        kernel = self._kernel(batch)
+        if kernel is not None:
+            return self._serve_dense(kernel, batch, lr, grad_z, order)
         z, y, counts = batch.z, batch.y, batch.counts
         loss = torch.zeros(len(counts), device=z.device)
         grads = torch.zeros_like(z) if grad_z else None

@@ -39,4 +39,5 @@ class SplitFedV2(GradientReturn):
 
     def server_part(self, params: Tensors, buffers: Tensors) -> SplitServer:
         parts, clip = self.clients.parts, self.cfg.clip_norm
-        return SharedServer(parts.server, params, buffers, self.server_sgd, clip, self.ctx.criterion)
+        fused = self.ctx.config.engine.fused
+        return SharedServer(parts.server, params, buffers, self.server_sgd, clip, self.ctx.criterion, fused)
