@@ -289,7 +289,7 @@ class EngineConfig(StrictModel):
     compile: bool = False
     """torch.compile the batched executor's step (first rounds pay compilation)"""
     fused: bool = True
-    """batched executor: dense networks (Linear/ReLU, cross-entropy) skip autograd and compile"""
+    """dense networks (Linear/ReLU, cross-entropy) skip autograd: batched clients, split's shared server"""
     retain_memory: bool = True
     """on CPU, keep freed memory for reuse"""
     dist_timeout: Annotated[float, Field(gt=0.0, le=86400.0)] = 300.0

@@ -14,6 +14,8 @@ forward and backward passes out with batched matrix products over the client dim
 ``W <- W - lr * dY^T X`` is one ``baddbmm`` into ``W`` (into the momentum buffer with momentum), so no
 gradient exists at all and each weight is read and written once. Any other optimizer (Adam, HIST's
 masked SGD) gets its gradients in buffers allocated once per executor call and reused by every step.
+Split learning's shared server steps its dense part by the same kernel, as a stack of one client, and
+takes the cut-layer gradient from the first layer's product (:func:`server_kernel`).
 
 The kernel computes the same gradients as autograd (the same formulas: softmax minus one-hot, the
 ReLU's mask, ``dY^T X`` and ``dY W``), but a fused product rounds once where autograd's product and
