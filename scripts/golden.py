@@ -124,6 +124,11 @@ ROUNDED_BY_DESIGN: list[tuple[tuple[str, ...], float, str]] = [
         "weight-gradient product): one rounding less per weight and step than vmapped autograd (losses "
         "move by about 1e-7; fedavg-mnist's round 8 classifies one of 10,000 test images differently)",
     ),
+    (
+        ("cse_fsl-sequential", "cse_fsl-theory-sequential", "cse_fsl-post-step-sequential"),
+        1e-5,
+        "CSE-FSL's shared server steps its dense part by the fused kernel instead of autograd: rounding",
+    ),
 ]
 
 
