@@ -25,13 +25,13 @@ separate update round twice, so its numbers agree with the sequential executor's
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
 
 import torch
 from torch import nn
 
-from fedge.engine.step import SGD, ClassificationLoss, Optimizer, Step, cross_entropy
+from fedge.engine.step import SGD, ClassificationLoss, Criterion, Optimizer, Step, cross_entropy
 from fedge.tensors import Tensors
 
 
@@ -236,7 +236,7 @@ def dense_kernel(step: Step, sample_shape: tuple[int, ...], trained: Iterable[st
 def server_kernel(
     module: nn.Module,
     optimizer: Optimizer,
-    criterion: Callable[..., torch.Tensor],
+    criterion: Criterion,
     sample_shape: tuple[int, ...],
 ) -> DenseKernel | None:
     """The kernel of a split-learning server part that steps on smashed data of ``sample_shape`` and may
