@@ -58,7 +58,7 @@ Layer = Linear | Relu | Flatten
 
 def _leaves(module: nn.Module, prefix: str) -> Iterator[tuple[str, nn.Module]]:
     """The modules a (nested) ``nn.Sequential`` applies, in order, with their parameter-name prefixes."""
-    if type(module) is nn.Sequential or (isinstance(module, nn.Sequential) and _plain_forward(module)):
+    if isinstance(module, nn.Sequential) and _plain_forward(module):
         for name, child in module.named_children():
             yield from _leaves(child, f"{prefix}{name}.")
     else:
