@@ -274,7 +274,8 @@ class HistLoop:
         self.sizes = uniform_owner_sizes(alg.layout, alg.cells.num_cells)
         per_cell = alg.cells.per_cell
         self.clients = [
-            _dense(layer.fan_in, int(self.sizes[c // per_cell]), layer.fan_out) for c in range(alg.cells.size)
+            _dense(layer.fan_in, int(self.sizes[c // per_cell]), layer.fan_out).to(alg.ctx.device)
+            for c in range(alg.cells.size)
         ]
         self.global_ = _clone(alg.params)
 
@@ -282,7 +283,8 @@ class HistLoop:
         """Each cell's hidden units in round ``t`` (sorted ids), from the run's seeded permutation."""
         alg = self.alg
         owner = draw_owners(alg.layout, self.sizes, numpy_rng(alg.ctx.seed, "hist-masks", t))[0]
-        return [torch.as_tensor(np.flatnonzero(owner == j)) for j in range(alg.cells.num_cells)]
+        ids = [np.flatnonzero(owner == j) for j in range(alg.cells.num_cells)]
+        return [torch.as_tensor(group, device=alg.ctx.device) for group in ids]
 
     def round(self, t: int) -> None:
         alg, cfg, cells, opt = self.alg, self.cfg, self.alg.cells, self.cfg.optimizer
@@ -357,10 +359,10 @@ class AfindLoop:
             _load(model, {k: v[c] for k, v in initial.items()})
         self.workers: list[nn.Module] = []  # models a requester's copies train in, reused every round
         self.proxy = alg.selector.prober.proxy_names  # the run's proxy layer (the featurizer's last Linear)
-        n = alg.num_clients
-        self.available = alg.neighbours.cpu()
-        self.sim = torch.zeros(n, n, dtype=torch.float64)
-        self.theta = torch.full((n,), cfg.tau / 2, dtype=torch.float64)
+        n, device = alg.num_clients, alg.ctx.device  # the selection's tensors live beside the models
+        self.available = alg.neighbours.to(device)
+        self.sim = torch.zeros(n, n, dtype=torch.float64, device=device)
+        self.theta = torch.full((n,), cfg.tau / 2, dtype=torch.float64, device=device)
         self.started = False
 
     def _probe(self, model: nn.Module, x: torch.Tensor, y: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -389,7 +391,7 @@ class AfindLoop:
             (data.x_train[batches.index[k, :m]], data.y_train[batches.index[k, :m]])
             for k, m in enumerate(sizes)
         ]
-        pre = torch.full((n, n), torch.nan, dtype=torch.float64)
+        pre = torch.full((n, n), torch.nan, dtype=torch.float64, device=self.sim.device)
         for i, model in enumerate(self.clients):
             model.eval()
             mine, pre[i, i] = self._probe(model, *probe[i])

@@ -281,11 +281,11 @@ class SharedServer(SplitServer):
         opt_state = {name: t.clone() for name, t in self.opt_state.items()}
         stacked_params = {name: t.unsqueeze(0) for name, t in params.items()}
         stacked_state = {name: t.unsqueeze(0) for name, t in opt_state.items()}
+        sizes, ones = counts.tolist(), torch.ones(1, z.shape[1], device=z.device)  # no sync inside the loop
         for r in order:
-            c = int(counts[r])
-            ones = torch.ones(1, c, device=z.device)
+            c = sizes[r]
             step_loss, grad = kernel.step(
-                stacked_params, stacked_state, z[r : r + 1, :c], y[r : r + 1, :c], ones, lr, grad_z
+                stacked_params, stacked_state, z[r : r + 1, :c], y[r : r + 1, :c], ones[:, :c], lr, grad_z
             )
             loss[r] = step_loss[0]
             if grad_z:
@@ -301,11 +301,11 @@ class SharedServer(SplitServer):
         loss = torch.zeros(len(counts), device=z.device)
         grads = torch.zeros_like(z) if grad_z else None
         params, buffers, opt_state = self.params, self.buffers, self.opt_state
+        sizes, ones = counts.tolist(), torch.ones(z.shape[1], device=z.device)  # no sync inside the loop
         for r in order:
-            c = int(counts[r])
-            ones = torch.ones(c, device=z.device)
+            c = sizes[r]
             with keyed_noise(None if batch.keys is None else batch.keys[r]):
-                out = self.steps[grad_z](params, buffers, opt_state, z[r, :c], y[r, :c], ones, lr)
+                out = self.steps[grad_z](params, buffers, opt_state, z[r, :c], y[r, :c], ones[:c], lr)
             (params, buffers, opt_state), (loss[r],) = out.state, out.per_client
             if grad_z:
                 grads[r, :c] = out.per_sample[0]
