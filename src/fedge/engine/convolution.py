@@ -79,11 +79,11 @@ class PerClientConv2d(torch.autograd.Function):
             out = F.conv2d(x.flatten(0, 1), weight, bias, stride, padding, dilation, groups)
             return out.unflatten(0, x.shape[:2]), 0
         size = info.batch_size
-        x, weight = _client_first(x, x_dim, size), _client_first(weight, w_dim, size)
-        bias = None if bias is None else _client_first(bias, b_dim, size)
+        xs, weights = _client_first(x, x_dim, size).unbind(0), _client_first(weight, w_dim, size).unbind(0)
+        biases = (None,) * size if bias is None else _client_first(bias, b_dim, size).unbind(0)
         outs = [
-            F.conv2d(x[c], weight[c], None if bias is None else bias[c], stride, padding, dilation, groups)
-            for c in range(size)
+            F.conv2d(*client, stride, padding, dilation, groups)
+            for client in zip(xs, weights, biases, strict=True)
         ]
         return torch.stack(outs), 0
 
@@ -109,12 +109,13 @@ class _PerClientConvGrad(torch.autograd.Function):
     @staticmethod
     def vmap(info, in_dims, grad_out, x, weight, mask, stride, padding, dilation, groups):  # noqa: ANN001, ANN205
         size = info.batch_size
-        grad_out, x, weight = (
-            _client_first(t, d, size) for t, d in zip((grad_out, x, weight), in_dims[:3], strict=True)
+        tensors = (grad_out, x, weight)
+        clients = zip(
+            *(_client_first(t, d, size).unbind(0) for t, d in zip(tensors, in_dims[:3], strict=True)),
+            strict=True,
         )
         per_client = [
-            _convolution_backward(grad_out[c], x[c], weight[c], mask, stride, padding, dilation, groups)
-            for c in range(size)
+            _convolution_backward(*client, mask, stride, padding, dilation, groups) for client in clients
         ]
         stacked = tuple(
             torch.stack([grads[i] for grads in per_client]) if wanted else None
