@@ -24,8 +24,9 @@ from fedge.engine import (
     make_step,
     parameters_of,
 )
-from fedge.engine.convolution import PerClientConv2d, per_client_conv
+from fedge.engine.convolution import PerClientConv2d
 from fedge.engine.host import available_cores, configure_host, retain_freed_memory
+from fedge.engine.kernels import batched_kernels
 from fedge.errors import ConfigError
 from fedge.runner import build_run
 
@@ -260,7 +261,7 @@ def test_per_client_conv_under_vmap_is_each_clients_own_convolution(options):
     gen = torch.Generator().manual_seed(0)
     w, b = torch.randn(3, 4, 2, 3, 3, generator=gen), torch.randn(3, 4, generator=gen)
     x = torch.randn(3, 5, 2, 12, 11, generator=gen)
-    with per_client_conv():
+    with batched_kernels():
         got = vmap(grad(_conv_loss, argnums=(0, 1, 2)), in_dims=(0, 0, 0, None))(w, b, x, options)
     for c in range(3):  # plain autograd on one client: the sequential executor's computation, bit for bit
         leaves = [t[c].clone().requires_grad_(True) for t in (w, b, x)]
@@ -277,7 +278,7 @@ def test_per_client_conv_inside_vjp_and_with_shared_weights():
         return vmap(lambda w_, x_: torch.relu(nn.functional.conv2d(x_, w_)))(weights, x)
 
     expected, pullback = torch.func.vjp(smashed, w)
-    with per_client_conv():
+    with batched_kernels():
         got, got_pullback = torch.func.vjp(smashed, w)
         shared = vmap(lambda x_: nn.functional.conv2d(x_, w[0]))(x)  # one weight for every client
         same = nn.functional.conv2d(x[0], w[0], padding="same")  # string padding: runs unchanged
@@ -293,7 +294,7 @@ def test_per_client_conv_leaves_other_devices_to_pytorchs_grouped_rule(monkeypat
     calls = []
     monkeypatch.setattr(PerClientConv2d, "apply", lambda *args: calls.append(args) or torch.zeros(1))
     w, x = torch.randn(4, 3, 1, 5, 5, device="meta"), torch.randn(4, 6, 1, 10, 10, device="meta")
-    with per_client_conv():
+    with batched_kernels():
         out = vmap(lambda w_, x_: nn.functional.conv2d(x_, w_))(w, x)
         vmap(lambda w_, x_: nn.functional.conv2d(x_, w_))(torch.zeros(w.shape), torch.zeros(x.shape))
     assert out.shape == (4, 6, 3, 6, 6) and out.device.type == "meta"

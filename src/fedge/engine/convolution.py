@@ -17,18 +17,16 @@ thread, 2-core AMD EPYC):
 :class:`PerClientConv2d` is ``F.conv2d`` with its own vmap rule: each client's convolution, forward and
 backward, is the very kernel call the sequential executor makes for that client (so the results are
 bit-identical to it), and the output is stacked client-first, ``[clients, N, C, H, W]``, which pooling,
-activations and dense layers take without a copy. :class:`per_client_conv` routes every ``conv2d`` of
-a block of code through it; the batched executor wraps its vmapped steps in it.
+activations and dense layers take without a copy. :class:`fedge.engine.kernels.batched_kernels` routes
+every ``conv2d`` of a block of code through it; the batched executor wraps its vmapped steps in it.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable
 from typing import Any
 
 import torch
 import torch.nn.functional as F
-from torch.overrides import TorchFunctionMode
 
 Pair = int | tuple[int, int]
 PER_CLIENT_DEVICES = frozenset({"cpu"})
@@ -132,24 +130,14 @@ def _convolution_backward(grad_out, x, weight, mask, stride, padding, dilation, 
     )  # fmt: skip
 
 
-class per_client_conv(TorchFunctionMode):  # noqa: N801 - used like a function: ``with per_client_conv():``
-    """Within this context, ``torch.conv2d`` / ``F.conv2d`` calls run as :class:`PerClientConv2d`.
-
-    Calls with string padding (``"same"``, ``"valid"``) and calls on devices outside
-    :data:`PER_CLIENT_DEVICES` run unchanged.
-    """
-
-    def __torch_function__(
-        self, func: Callable[..., Any], types: Any, args: tuple[Any, ...] = (), kwargs: dict | None = None
-    ) -> Any:
-        kwargs = kwargs or {}
-        if func is not torch.conv2d:
-            return func(*args, **kwargs)
-        bound = dict(zip(NAMES, args, strict=False)) | kwargs
-        padding = bound.get("padding", 0)
-        if isinstance(padding, str) or bound["input"].device.type not in PER_CLIENT_DEVICES:
-            return func(*args, **kwargs)
-        return PerClientConv2d.apply(
-            bound["input"], bound["weight"], bound.get("bias"), _pair(bound.get("stride", 1)), _pair(padding),
-            _pair(bound.get("dilation", 1)), bound.get("groups", 1),
-        )  # fmt: skip
+def conv2d_per_client(args: tuple[Any, ...], kwargs: dict[str, Any]) -> torch.Tensor | None:
+    """``torch.conv2d(*args, **kwargs)`` as :class:`PerClientConv2d`, or None where it stays PyTorch's:
+    string padding (``"same"``, ``"valid"``), or an input outside :data:`PER_CLIENT_DEVICES`."""
+    bound = dict(zip(NAMES, args, strict=False)) | kwargs
+    padding = bound.get("padding", 0)
+    if isinstance(padding, str) or bound["input"].device.type not in PER_CLIENT_DEVICES:
+        return None
+    return PerClientConv2d.apply(
+        bound["input"], bound["weight"], bound.get("bias"), _pair(bound.get("stride", 1)), _pair(padding),
+        _pair(bound.get("dilation", 1)), bound.get("groups", 1),
+    )  # fmt: skip

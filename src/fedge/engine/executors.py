@@ -45,9 +45,9 @@ from torch.func import vjp, vmap
 
 from fedge.data.federated import BatchPlan, FederatedData
 from fedge.engine.bank import ClientBank
-from fedge.engine.convolution import per_client_conv
 from fedge.engine.dense import DenseKernel, dense_kernel
 from fedge.engine.host import REUSED_BLOCK_BYTES, release_free_memory, retaining_memory
+from fedge.engine.kernels import batched_kernels
 from fedge.engine.noise import NoiseStreams, RowKeys, keyed_noise
 from fedge.engine.step import Step, StepFn
 from fedge.tensors import Tensors, rows
@@ -298,7 +298,7 @@ def _vmapped(fn: Callable[..., Any], in_dims: tuple, keyed: bool, compile_step: 
 def _convolutions(compile_step: bool) -> Callable[[], AbstractContextManager[Any]]:
     """Per-client convolutions for eager vmapped steps; a compiled step keeps PyTorch's own (the
     compiler does not trace a custom function's vmap rule)."""
-    return nullcontext if compile_step else per_client_conv
+    return nullcontext if compile_step else batched_kernels
 
 
 def _step_kernel(step: Step, keyed: bool, compile_step: bool) -> Kernel:
@@ -453,7 +453,7 @@ class BatchedExecutor(Executor):
         mapped = _vmapped(fn, in_dims, keyed, False)
         size = self.map_chunk_size(batch, len(counts))
         outs = []
-        with per_client_conv():
+        with batched_kernels():
             for start in range(0, len(counts), size):
                 part = slice(start, start + size)
                 args = (*(_each_row(t, part) for t in (*state, *inputs, *batch)), *shared)

@@ -23,8 +23,8 @@ from torch.func import vmap
 from fedge.data.federated import FederatedData
 from fedge.engine.bank import ClientBank
 from fedge.engine.bind import call_at
-from fedge.engine.convolution import per_client_conv
 from fedge.engine.executors import Executor
+from fedge.engine.kernels import batched_kernels
 from fedge.engine.step import StepFn
 from fedge.metrics import Evaluation
 from fedge.tensors import Tensors
@@ -75,7 +75,7 @@ def evaluate_rows(
         for start in range(0, rows, chunk):
             part = slice(start, start + chunk)
             ix = index[part]
-            with per_client_conv():
+            with batched_kernels():
                 c, s = batched(
                     {k: v[part] for k, v in params.items()},
                     {k: v[part] for k, v in buffers.items()},
