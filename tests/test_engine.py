@@ -447,3 +447,30 @@ def test_call_at_is_functional_call_and_restores_the_module():
     tied[1].weight = tied[0].weight  # tied weights: functional_call's own handling
     weight = {"0.weight": torch.eye(3) * 2}
     assert torch.equal(call_at(tied, weight, (torch.ones(1, 3),)), torch.full((1, 3), 4.0))
+
+
+def test_per_client_conv_under_autograd_of_a_vmapped_forward_takes_no_client_by_index():
+    """Split learning's client pullback is autograd over a vmapped forward: taking a client's tensors by
+    index would record a select whose backward zero-fills a whole stack per client."""
+    from torch.utils._python_dispatch import TorchDispatchMode
+
+    class Ops(TorchDispatchMode):
+        def __init__(self):
+            super().__init__()
+            self.names: list[str] = []
+
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            self.names.append(func.__name__)
+            return func(*args, **(kwargs or {}))
+
+    w = torch.randn(4, 3, 1, 5, 5, requires_grad=True)
+    x = torch.randn(4, 6, 1, 10, 10)
+    with batched_kernels():
+        z = vmap(lambda w_, x_: nn.functional.conv2d(x_, w_))(w, x)
+    ops = Ops()
+    with ops:
+        (g,) = torch.autograd.grad(z, w, torch.ones_like(z))
+    plain = vmap(lambda w_, x_: nn.functional.conv2d(x_, w_))(w, x)  # PyTorch's grouped rule
+    (expected,) = torch.autograd.grad(plain, w, torch.ones_like(plain))
+    assert torch.allclose(g, expected, rtol=1e-5, atol=1e-5)
+    assert not any(name.startswith("select_backward") for name in ops.names)
