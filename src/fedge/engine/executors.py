@@ -295,16 +295,16 @@ def _vmapped(fn: Callable[..., Any], in_dims: tuple, keyed: bool, compile_step: 
     return torch.compile(mapped, dynamic=False) if compile_step else mapped
 
 
-def _convolutions(compile_step: bool) -> Callable[[], AbstractContextManager[Any]]:
-    """Per-client convolutions for eager vmapped steps; a compiled step keeps PyTorch's own (the
-    compiler does not trace a custom function's vmap rule)."""
+def _kernels(compile_step: bool) -> Callable[[], AbstractContextManager[Any]]:
+    """fedge's CPU kernels (per-client convolutions, pooling as maxima) for eager vmapped steps; a
+    compiled step keeps PyTorch's own (the compiler does not trace a custom function's vmap rule)."""
     return nullcontext if compile_step else batched_kernels
 
 
 def _step_kernel(step: Step, keyed: bool, compile_step: bool) -> Kernel:
     """Vmapped gradients of all clients, then the optimizer's in-place update of the stacked state."""
     gradients = _vmapped(step.gradients, (0,) * 5, keyed, compile_step)
-    kernels = _convolutions(compile_step)
+    kernels = _kernels(compile_step)
 
     def run(params, buffers, opt_state, x, y, weight, lr, keys):
         with kernels():
@@ -320,7 +320,7 @@ def _step_kernel(step: Step, keyed: bool, compile_step: bool) -> Kernel:
 def _generic_kernel(step: StepFn, keyed: bool, compile_step: bool) -> Kernel:
     """Any pure step function under vmap; its new state is copied into the stacked state."""
     stepped = _vmapped(step, (0, 0, 0, 0, 0, 0, None), keyed, compile_step)
-    kernels = _convolutions(compile_step)
+    kernels = _kernels(compile_step)
 
     def run(params, buffers, opt_state, x, y, weight, lr, keys):
         with kernels():
