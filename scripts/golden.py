@@ -129,6 +129,12 @@ ROUNDED_BY_DESIGN: list[tuple[tuple[str, ...], float, str]] = [
         1e-5,
         "CSE-FSL's shared server steps its dense part by the fused kernel instead of autograd: rounding",
     ),
+    (
+        ("splitfed_v1-sequential",),
+        1e-5,
+        "SplitFed v1's server copies step their dense part together by the fused kernel instead of the "
+        "executor's map: rounding",
+    ),
 ]
 
 

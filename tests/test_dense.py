@@ -186,13 +186,48 @@ def test_a_dense_shared_split_server_steps_by_the_kernel_as_autograd_does(optimi
         shared = SharedServer(server, params, {}, optimizer, None, fused=fused)
         answers[fused] = [shared.serve(batch, 0.1, True, [2, 0, 1]) for batch in batches], shared
     (autograd, reference), (kernel, shared) = answers[False], answers[True]
-    assert isinstance(shared.kernels[(3, 2, 2)], DenseKernel)  # the kernel served
+    assert isinstance(shared.dense.by_shape[(3, 2, 2)], DenseKernel)  # the kernel served
     for a, b in zip(autograd, kernel, strict=True):
         assert torch.allclose(a.loss, b.loss, atol=1e-6) and torch.allclose(a.grad_z, b.grad_z, atol=1e-7)
     assert max_diff(reference.params, shared.params) < 1e-6
     assert max_diff(reference.opt_state, shared.opt_state) < 1e-6
     assert max_diff(params, shared.params) > 1e-3  # it trained, on its own copies
     assert float(kernel[0].grad_z[2].abs().sum()) == 0.0  # a row that sent nothing gets nothing
+
+
+@pytest.mark.parametrize("optimizer", [SGD(momentum=0.9, weight_decay=0.01), Adam()])
+@pytest.mark.parametrize("shard", [None, (1, 3, 4)])
+def test_dense_server_copies_step_by_the_kernel_as_the_executors_map_does(optimizer, shard):
+    """SplitFed v1's copies: the sending rows step together; a row that sends nothing keeps its copy
+    and gets nothing; a process's share of the rows (``shard``) updates only those copies."""
+    from fedge.algorithms.split.server import CutBatch, ServerCopies
+
+    torch.manual_seed(0)
+    server = nn.Sequential(nn.Flatten(), nn.Linear(12, 8), nn.ReLU(), nn.Linear(8, 3))
+    params = parameters_of(server)
+    rows = None if shard is None else torch.tensor(shard)
+    count = 3 if shard is None else len(shard)
+    generator = torch.Generator().manual_seed(1)
+    z, y = torch.randn(count, 5, 3, 2, 2, generator=generator), torch.randint(0, 3, (count, 5))
+    batches = [CutBatch(rows, z, y, n) for n in (torch.tensor([5, 2, 0]), torch.tensor([4, 5, 5]))]
+    answers = {}
+    for fused in (False, True):
+        copies = ServerCopies(server, params, {}, optimizer, None, BatchedExecutor(), fused=fused)
+        copies.begin(5 if shard else count)
+        answers[fused] = [copies.serve(batch, 0.1, True, []) for batch in batches], copies
+    (autograd, reference), (kernel, fused_copies) = answers[False], answers[True]
+    assert isinstance(fused_copies.dense.by_shape[(3, 2, 2)], DenseKernel)
+    for a, b in zip(autograd, kernel, strict=True):
+        assert torch.allclose(a.loss, b.loss, atol=1e-6) and torch.allclose(a.grad_z, b.grad_z, atol=1e-7)
+    for ours, theirs in zip(fused_copies.copies, reference.copies, strict=True):
+        assert not ours or max_diff(ours, theirs) < 1e-6  # (no buffers)
+    assert float(kernel[0].loss[2]) == 0.0 and float(kernel[0].grad_z[2].abs().sum()) == 0.0
+    trained = [0, 1, 2] if shard is None else list(shard)
+    untouched = [r for r in range(5 if shard else count) if r not in trained]
+    stepped = fused_copies.copies[0]
+    for name, start in params.items():
+        assert all(torch.equal(stepped[name][r], start) for r in untouched)
+        assert not torch.equal(stepped[name][trained[0]], start)
 
 
 def test_a_server_with_anything_but_flatten_before_its_first_linear_keeps_autograd():

@@ -45,4 +45,5 @@ class FslAn(LocalLoss):
             self.ctx.executor,
             cfg.copies_eval,
             criterion=self.ctx.criterion,
+            fused=self.ctx.config.engine.fused,
         )

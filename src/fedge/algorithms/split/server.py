@@ -63,6 +63,24 @@ class Served(NamedTuple):
     grad_z: torch.Tensor | None
 
 
+class DenseKernels:
+    """The dense kernel (:func:`~fedge.engine.dense.server_kernel`) of a server part, one per shape of
+    smashed data; None where the part is not a dense chain or the batch carries noise keys (its random
+    layers need autograd)."""
+
+    def __init__(self, module: nn.Module, sgd: SGD, criterion: Criterion):
+        self.module, self.sgd, self.criterion = module, sgd, criterion
+        self.by_shape: dict[tuple[int, ...], DenseKernel | None] = {}
+
+    def for_batch(self, batch: CutBatch) -> DenseKernel | None:
+        if batch.keys is not None:
+            return None
+        shape = tuple(batch.z.shape[2:])
+        if shape not in self.by_shape:
+            self.by_shape[shape] = server_kernel(self.module, self.sgd, self.criterion, shape)
+        return self.by_shape[shape]
+
+
 class SplitServer(ABC):
     """The server part: its model(s), how a cut batch is served, aggregation and storage.
 
@@ -115,6 +133,11 @@ class SplitServer(ABC):
 class ServerCopies(SplitServer):
     """One server copy per participant row, served in parallel through the executor's map.
 
+    With ``fused`` a dense server part (as for :class:`SharedServer`) steps all sending copies at once
+    by :class:`~fedge.engine.dense.DenseKernel`, in place and on either executor, so both still agree
+    exactly; against the vmapped autograd step its numbers differ by rounding only (SGD's update is
+    folded into the weight-gradient product).
+
     ``evaluate_with`` chooses the server model of evaluation: the average of the copies (``avg``) or the
     first participant's copy before averaging (``copy0``).
     """
@@ -131,6 +154,7 @@ class ServerCopies(SplitServer):
         executor: Executor,
         evaluate_with: str = "avg",
         criterion: Criterion = cross_entropy,
+        fused: bool = False,
     ):
         super().__init__(params, buffers, sgd)
         self.executor = executor
@@ -138,6 +162,7 @@ class ServerCopies(SplitServer):
         self.steps = {
             grad: make_server_step(module, sgd, clip_norm, grad, True, criterion) for grad in (False, True)
         }
+        self.dense = DenseKernels(module, sgd, criterion) if fused and clip_norm is None else None
         self.copies: tuple[Tensors, Tensors, Tensors] = ({}, {}, {})
         self.first_copy: tuple[Tensors, Tensors] | None = None
 
@@ -151,8 +176,11 @@ class ServerCopies(SplitServer):
         z, counts = batch.z, batch.counts
         if not bool(counts.any()):
             return Served(torch.zeros(len(counts), device=z.device), torch.zeros_like(z) if grad_z else None)
-        copies = self.copies if batch.rows is None else tuple(rows(t, batch.rows) for t in self.copies)
         weight = (torch.arange(z.shape[1], device=z.device)[None, :] < counts[:, None]).to(z)
+        kernel = None if self.dense is None else self.dense.for_batch(batch)
+        if kernel is not None:
+            return self._serve_dense(kernel, batch, weight, lr, grad_z)
+        copies = self.copies if batch.rows is None else tuple(rows(t, batch.rows) for t in self.copies)
         out = self.executor.map(
             self.steps[grad_z],
             copies,
@@ -169,6 +197,32 @@ class ServerCopies(SplitServer):
                 for name, value in part.items():
                     full[name] = full[name].index_put((batch.rows,), value)
         return Served(out.per_client[0], out.per_sample[0] if grad_z else None)
+
+    def _serve_dense(
+        self, kernel: DenseKernel, batch: CutBatch, weight: torch.Tensor, lr: float, grad_z: bool
+    ) -> Served:
+        """:meth:`serve` by the dense kernel: the sending rows' copies step together, in place (gathered
+        and written back where some rows send nothing or the batch holds a process's share)."""
+        params, _, opt_state = self.copies
+        z, y, counts = batch.z, batch.y, batch.counts
+        sending = counts > 0
+        if batch.rows is None and bool(sending.all()):
+            return Served(*kernel.step(params, opt_state, z, y, weight, lr, grad_z))
+        at = torch.nonzero(sending).flatten()
+        held = at if batch.rows is None else batch.rows[at]
+        part_params = {name: t[held] for name, t in params.items()}
+        part_state = {name: t[held] for name, t in opt_state.items()}
+        part_loss, part_grad = kernel.step(part_params, part_state, z[at], y[at], weight[at], lr, grad_z)
+        for full, part in ((params, part_params), (opt_state, part_state)):
+            for name, value in part.items():
+                full[name][held] = value
+        loss = torch.zeros(len(counts), device=z.device)
+        loss[at] = part_loss
+        if not grad_z:
+            return Served(loss, None)
+        grads = torch.zeros_like(z)
+        grads[at] = part_grad
+        return Served(loss, grads)
 
     def aggregate(self, weights: torch.Tensor, group: Group = SINGLE) -> None:
         """The copies' weighted average: each process sums its own copies, one all-reduce adds the sums;
@@ -253,21 +307,10 @@ class SharedServer(SplitServer):
         self.steps = {
             grad: make_server_step(module, sgd, clip_norm, grad, False, criterion) for grad in (False, True)
         }
-        self.dense = (module, criterion) if fused and clip_norm is None else None
-        self.kernels: dict[tuple[int, ...], DenseKernel | None] = {}
+        self.dense = DenseKernels(module, sgd, criterion) if fused and clip_norm is None else None
 
     def begin(self, count: int) -> None:
         """Nothing to prepare: the one model carries on."""
-
-    def _kernel(self, batch: CutBatch) -> DenseKernel | None:
-        """The dense kernel for this batch's smashed-data shape, or None (autograd steps)."""
-        if self.dense is None or batch.keys is not None:
-            return None
-        shape = tuple(batch.z.shape[2:])
-        if shape not in self.kernels:
-            module, criterion = self.dense
-            self.kernels[shape] = server_kernel(module, self.sgd, criterion, shape)
-        return self.kernels[shape]
 
     def _serve_dense(
         self, kernel: DenseKernel, batch: CutBatch, lr: float, grad_z: bool, order: list[int]
@@ -294,7 +337,7 @@ class SharedServer(SplitServer):
         return Served(loss, grads)
 
     def serve(self, batch: CutBatch, lr: float, grad_z: bool, order: list[int]) -> Served:
-        kernel = self._kernel(batch)
+        kernel = None if self.dense is None else self.dense.for_batch(batch)
         if kernel is not None:
             return self._serve_dense(kernel, batch, lr, grad_z, order)
         z, y, counts = batch.z, batch.y, batch.counts

@@ -47,4 +47,5 @@ class SplitFedV1(GradientReturn):
             self.ctx.executor,
             cfg.copies_eval,
             criterion=self.ctx.criterion,
+            fused=self.ctx.config.engine.fused,
         )
