@@ -130,10 +130,15 @@ ROUNDED_BY_DESIGN: list[tuple[tuple[str, ...], float, str]] = [
         "CSE-FSL's shared server steps its dense part by the fused kernel instead of autograd: rounding",
     ),
     (
-        ("splitfed_v1-sequential",),
+        (
+            "splitfed_v1-sequential",
+            "splitfed_v1-replacement-sequential",
+            "fsl_an-local-aux-sequential",
+            "fsl_an-no-dropout-sequential",
+        ),
         1e-5,
-        "SplitFed v1's server copies step their dense part together by the fused kernel instead of the "
-        "executor's map: rounding",
+        "SplitFed v1's and FSL_AN's server copies step their dense part together by the fused kernel "
+        "instead of the executor's map: rounding",
     ),
 ]
 
