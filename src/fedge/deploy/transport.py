@@ -11,6 +11,7 @@ from __future__ import annotations
 import logging
 import time
 from dataclasses import dataclass, field
+from typing import Any, Protocol
 
 import numpy as np
 from flwr.app import ArrayRecord, ConfigRecord, Message, MetricRecord, RecordDict
@@ -189,3 +190,21 @@ class GridTransport:
         self.carried.append(
             {"round": round_, "src": src, "dst": dst, "kind": name, "bytes": record.count_bytes()}
         )
+
+
+class Transport(Protocol):
+    """What a deployed round needs of the network (:class:`fedge.deploy.transport.GridTransport`)."""
+
+    dropped: dict[int, dict[int, str]]
+
+    def drop(self, round_: int, client: int, reason: str) -> None: ...
+
+    def exchange(
+        self, round_: int, message_type: str, outgoing: dict[int, Outgoing], specs: dict[int, Any]
+    ) -> dict[int, Reply]: ...
+
+
+def dropout_figures(transport: Transport, t: int) -> dict[str, Any]:
+    """The metrics fields of round t's dropouts: how many, and which nodes."""
+    lost = sorted(transport.dropped.get(t, {}))
+    return {"dropped": len(lost), "dropped_nodes": [nodes.client(c) for c in lost]}

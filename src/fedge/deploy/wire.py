@@ -12,6 +12,8 @@ from flwr.app import Array, ArrayRecord
 from fedge.tensors import Tensors
 
 WIRE_DTYPES = {"fp32": np.float32, "fp16": np.float16}  # what each codec puts on the air
+LABELS = np.dtype(np.int64)
+F32 = np.dtype(np.float32)
 
 
 class Rejected(ValueError):
