@@ -83,8 +83,9 @@ class Link:
         self.seed = seed
         self._sends: dict[tuple[int, str], int] = {}  # sends of each (round, kind) so far
 
-    def _seeds(self, round_: int, kind: str, rows: int) -> list[int]:
-        """One seed per payload row for a stochastic codec's draws in this send."""
+    def row_seeds(self, round_: int, kind: str, rows: int) -> list[int]:
+        """One seed per payload row for a stochastic codec's draws in the next send of ``kind`` in
+        ``round_`` (each call counts as that send: a second send of one kind draws other noise)."""
         if self._sends and next(iter(self._sends))[0] != round_:
             self._sends.clear()
         occurrence = self._sends.get((round_, kind), 0)
@@ -118,7 +119,7 @@ class Link:
         """
         if seeds is None and self.codec.stochastic:
             rows = next(iter(payload.values())).shape[0] if stacked and payload else 1
-            seeds = self._seeds(round_, kind, rows)
+            seeds = self.row_seeds(round_, kind, rows)
         received = self.codec.encode(payload, stacked, seeds)
         if not stacked:
             nonzeros = nonzero_counts(payload, False) if self.codec.counts_nonzeros else None
@@ -148,7 +149,7 @@ class Link:
         algorithms that count a kind's transfers from one message (every row costs the same) but must
         hand each receiver its sender's own decoded row."""
         rows = next(iter(payload.values())).shape[0] if payload else 0
-        seeds = self._seeds(round_, kind, rows) if self.codec.stochastic else None
+        seeds = self.row_seeds(round_, kind, rows) if self.codec.stochastic else None
         return self.codec.encode(payload, True, seeds)
 
     def store(self, nodes: Nodes, kind: str, payload: Tensors, *, stacked: bool = False) -> np.ndarray:

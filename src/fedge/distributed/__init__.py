@@ -7,12 +7,16 @@ rows a rank trains, and the group's collectives put the rows' results back toget
 process would have them.
 """
 
+from fedge.distributed.cohort import SINGLE_PROCESS, Cohort, Cohorts
 from fedge.distributed.group import SINGLE, DistError, Group, TorchGroup, current_group, launched_rank
-from fedge.distributed.links import send_shard
+from fedge.distributed.links import send_rows, send_shard
 from fedge.distributed.shards import Shard, balanced, blocks
 
 __all__ = [
     "SINGLE",
+    "SINGLE_PROCESS",
+    "Cohort",
+    "Cohorts",
     "DistError",
     "Group",
     "Shard",
@@ -21,5 +25,6 @@ __all__ = [
     "blocks",
     "current_group",
     "launched_rank",
+    "send_rows",
     "send_shard",
 ]
