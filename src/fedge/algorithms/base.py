@@ -25,7 +25,7 @@ from fedge.tensors import on_device
 class Context:
     """What an algorithm is built from: data, a model factory, the engine, the network (links and the
     ledger behind them), the wireless system (with its simulated clock), the device, the seed and the
-    process group its clients are sharded over."""
+    cohorts (which rows of a set of participants this process runs)."""
 
     config: RunConfig
     data: FederatedData
