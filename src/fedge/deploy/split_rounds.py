@@ -9,9 +9,11 @@ import torch
 from fedge.algorithms.split.cse_fsl import CseFsl
 from fedge.algorithms.split.participation import Draws, aggregation_weights
 from fedge.algorithms.split.plans import round_plan
-from fedge.algorithms.split.protocol import Round, SplitLearning, Tally
-from fedge.algorithms.split.server import SERVER_STAGE, SharedServer
+from fedge.algorithms.split.protocol import SplitLearning
+from fedge.algorithms.split.round import Round
+from fedge.algorithms.split.server import SERVER_STAGE, CutBatch, SharedServer
 from fedge.algorithms.split.splitfed_v2 import SplitFedV2
+from fedge.algorithms.split.tally import Tally
 from fedge.deploy.transport import Outgoing, Reply, Transport, dropout_figures
 from fedge.deploy.wire import LABELS, WIRE_DTYPES, Spec, expect, wire_dtype
 from fedge.engine import ClientBank
@@ -80,7 +82,7 @@ class DeployedSplit(SplitLearning):
             raise FedgeError(f"round {rnd.t}: no client replied ({self.transport.dropped.get(rnd.t)})")
         cfg, ctx = self.cfg, self.ctx
         keep = torch.tensor(alive, device=ctx.device)
-        draws = Draws(rnd.draws.clients[alive], rnd.draws.occurrence[alive])
+        draws = Draws(rnd.draws.clients[alive], rnd.draws.occurrence[alive], rnd.draws.multiplicity[alive])
         sizes = ctx.data.client_sizes(draws.clients)
         weights = aggregation_weights(
             draws, sizes, cfg.aggregation, cfg.aggregate_divisor, ctx.data.num_clients
@@ -95,7 +97,7 @@ class DeployedSplit(SplitLearning):
         keys = None if rnd.keys is None else rnd.keys.rows(keep)
         return Round(
             rnd.t, draws, [rnd.nodes[r] for r in alive], weights.to(ctx.device), rnd.lr_client, rnd.lr_server,
-            bank, keys, tally,
+            bank, keys, tally, ctx.cohorts.whole(len(alive)),
         )  # fmt: skip
 
     def _stacked_cut(self, rnd: Round, width: int, parts: dict[int, tuple[torch.Tensor, torch.Tensor]]):
@@ -138,7 +140,7 @@ class DeployedCseFsl(DeployedSplit, CseFsl):
             raise ConfigError("algorithm.aggregate_aux", "a deployed run needs the aux head averaged")
 
     def run_round(self, t: int) -> RoundReport:
-        rnd = self._begin(t)
+        rnd = self.begin(t)
         plan = self._plan(rnd)
         row_of = {int(c): r for r, c in enumerate(rnd.draws.clients)}
         up = wire_dtype(self.cfg.codec_up)
@@ -190,7 +192,7 @@ class DeployedCseFsl(DeployedSplit, CseFsl):
                 offsets[r] += c
             z, y = self._stacked_cut(rnd, plan.index.shape[2], cut)
             keys = None if rnd.keys is None else rnd.keys.at(s, SERVER_STAGE)
-            self._exchange(rnd, every_row, z, y, counts, s, False, keys)
+            self.exchange(rnd, every_row, CutBatch(None, z, y, counts, keys), s, False)
 
 
 def _aux_problem(reply: Reply, weight: torch.Tensor, upload_steps: list[int]) -> str | None:
@@ -215,7 +217,7 @@ class DeployedSplitFedV2(DeployedSplit, SplitFedV2):
     round brings the trained client model back)."""
 
     def run_round(self, t: int) -> RoundReport:
-        rnd = self._begin(t)
+        rnd = self.begin(t)
         plan = self._plan(rnd)
         weight = plan.weight.sum(dim=2).to(torch.int64)  # [rows, steps]
         last = [
@@ -261,7 +263,8 @@ class DeployedSplitFedV2(DeployedSplit, SplitFedV2):
             counts = torch.tensor([int(weight[r, s]) if r in cut else 0 for r in range(len(clients))])
             z, y = self._stacked_cut(rnd, plan.index.shape[2], cut)
             keys = None if rnd.keys is None else rnd.keys.at(s, SERVER_STAGE)
-            served = self._exchange(rnd, every_row, z, y, counts.to(self.ctx.device), s, True, keys)
+            batch = CutBatch(None, z, y, counts.to(self.ctx.device), keys)
+            served = self.exchange(rnd, every_row, batch, s, True)
             rnd.tally.local_step(every_row, counts.to(self.ctx.device), served.loss)
             grads = {
                 clients[r]: Outgoing(

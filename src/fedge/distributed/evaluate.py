@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+import numpy as np
 import torch
 from torch import nn
 
 from fedge.data.federated import FederatedData
+from fedge.distributed.cohort import Cohort
 from fedge.distributed.group import Group
 from fedge.distributed.shards import Shard
 from fedge.engine import ClientBank, evaluate_model
@@ -26,6 +28,21 @@ def evaluate_sharded(
     part = evaluate_model(model, params, buffers, x[shard.rows], y[shard.rows], batch_size)
     counts = group.gather_array([round(part.accuracy * len(shard))])
     loss = group.sum_float(part.loss * len(shard))
+    total = max(len(y), 1)
+    return Evaluation(int(counts.sum()) / total, loss / total)
+
+
+def evaluate_cohort(
+    cohort: Cohort, model: nn.Module, params: Tensors, buffers: Tensors, x: torch.Tensor, y: torch.Tensor,
+    batch_size: int,
+) -> Evaluation:  # fmt: skip
+    """:func:`evaluate_sharded` for algorithms that see cohorts: ``cohort`` (``Cohorts.of(len(y))``) says
+    which test rows this process scores."""
+    if not cohort.spread:
+        return evaluate_model(model, params, buffers, x, y, batch_size)
+    part = evaluate_model(model, params, buffers, x[cohort.rows], y[cohort.rows], batch_size)
+    counts = cohort.gather_array(np.array([round(part.accuracy * len(cohort))]))
+    loss = cohort.sum_float(part.loss * len(cohort))
     total = max(len(y), 1)
     return Evaluation(int(counts.sum()) / total, loss / total)
 
