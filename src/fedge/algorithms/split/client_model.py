@@ -8,6 +8,8 @@ head (the initial one on a first visit), nothing about them is sent, and each cl
 its rows' heads. On several processes every process sends the whole broadcast (one encoding for all
 rows) and stacks its own rows; each uploads and sums its own rows and one all-reduce adds the sums (as
 FedAvg); unshared heads are gathered, so every process keeps every client's.
+
+Evaluation composes the global client model with the server's model (:func:`evaluate_split`).
 """
 
 from __future__ import annotations
@@ -17,10 +19,13 @@ from collections.abc import Callable
 import numpy as np
 import torch
 
-from fedge.algorithms.split.parts import aux_only, trunk_only
+from fedge.algorithms.base import Context
+from fedge.algorithms.split.parts import SplitParts, aux_only, composed, trunk_only
 from fedge.algorithms.split.round import Round
 from fedge.comm import Link, Network, nodes, state_bits
+from fedge.distributed.evaluate import evaluate_cohort
 from fedge.engine import stack_copies, weighted_sum
+from fedge.metrics import Evaluation
 from fedge.tensors import Tensors, floating
 
 Part = Callable[[Tensors], Tensors]
@@ -103,3 +108,21 @@ class ClientModels:
         network.hold(participants, "model", trunk_bits)
         if aux_bits:
             network.hold(participants, "aux", aux_bits)
+
+
+def evaluate_split(
+    ctx: Context, parts: SplitParts, client: ClientState, server: tuple[Tensors, Tensors], aux: bool
+) -> Evaluation:
+    """The global client model composed with the server's evaluation ``server`` (parameters, buffers) on
+    the global test set; with ``aux`` also the accuracy and loss of trunk + aux head. On several
+    processes each scores a block of the test rows."""
+    data, batch = ctx.data, ctx.config.eval.batch_size
+    test = ctx.cohorts.of(len(data.y_test))
+    params, buffers = composed(client["params"], server[0]), composed(client["buffers"], server[1])
+    evaluation = evaluate_cohort(test, parts.model, params, buffers, data.x_test, data.y_test, batch)
+    if not aux:
+        return evaluation
+    local = evaluate_cohort(
+        test, parts.local, client["params"], client["buffers"], data.x_test, data.y_test, batch
+    )
+    return evaluation.with_extra(aux_accuracy=local.accuracy, aux_loss=local.loss)

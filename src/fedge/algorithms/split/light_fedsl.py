@@ -43,9 +43,11 @@ import torch
 from fedge.algorithms.base import Algorithm, Context, register
 from fedge.algorithms.split.arrival import serve_queue
 from fedge.algorithms.split.copies import MeanGradientServer
+from fedge.algorithms.split.fedsl_averaging import Averaging
 from fedge.algorithms.split.fedsl_batches import StepBatches
 from fedge.algorithms.split.fedsl_client import ClientUpdate, cut_masks
 from fedge.algorithms.split.fedsl_config import Compression, FedSLConfig, LightFedSLConfig
+from fedge.algorithms.split.fedsl_latency import aggregation_latency, cut_latency
 from fedge.algorithms.split.latency import count_flops
 from fedge.algorithms.split.parts import build_parts, composed, initial_state
 from fedge.algorithms.split.pruning import prunable_names, sparsity, sparsity_target
@@ -58,7 +60,7 @@ from fedge.engine.split import make_forward
 from fedge.errors import ConfigError
 from fedge.metrics import Evaluation, RoundReport
 from fedge.rng import numpy_rng
-from fedge.system import PhaseCost, SystemModel, parallel_clients, training_flops
+from fedge.system import PhaseCost, parallel_clients, training_flops
 from fedge.tensors import Tensors, floating
 
 __all__ = [
@@ -78,28 +80,6 @@ class CutStep(NamedTuple):
     loss: torch.Tensor
     up_bits: np.ndarray
     down_bits: np.ndarray
-
-
-def cut_latency(
-    system: SystemModel,
-    round_: int,
-    batch: int,
-    smashed_values: int,
-    p: float,
-    value_bits: int = 32,
-    label_bits: int = 32,
-) -> float:
-    """Fig. 4's per-round latency as we read it, in expectation: slowest client's smashed data (a ``1 - p``
-    share of ``smashed_values`` per sample) and labels up, plus the gradient of the kept values down."""
-    kept = batch * smashed_values * (1.0 - p) * value_bits
-    link = system.link(round_)
-    return float(((kept + batch * label_bits) / link.up_bps + kept / link.down_bps).max())
-
-
-def aggregation_latency(system: SystemModel, round_: int, model_bits: float) -> float:
-    """``T_agg``: the slowest client-model upload, then the broadcast to the slowest receiver."""
-    link = system.link(round_)
-    return float(model_bits / link.up_bps.min() + model_bits / link.down_bps.min())
 
 
 @register(
@@ -150,6 +130,8 @@ class LightFedSL(Algorithm):
         self.labels, self.models = network.link(LABEL_CODEC), network.link(cfg.model_codec)
         self.flops = count_flops(self.parts)
         self.nodes = nodes.clients(range(n))
+        pruned = self.knobs.final_sparsity > 0
+        self.averaging = Averaging(network, self.models, self.cohort, self.nodes, pruned)
         self.totals = {"comm_seconds": 0.0, "agg_seconds": 0.0}
         network.hold(nodes.SERVER, "server_model", self.server.storage_bits(n))
         self._client_storage()
@@ -228,50 +210,14 @@ class LightFedSL(Algorithm):
         return CutStep(params, new_buffers, grads, loss, smashed.bits + labels.bits, grad.bits)
 
     def _gathered(self, trained: dict[str, Tensors]) -> dict[str, Tensors]:
-        """Every client's state from each process's rows of it (cohort order is client order); masks
-        travel as bytes."""
-        cohort = self.cohort
-        masks = cohort.gather({k: m.to(torch.uint8) for k, m in trained["masks"].items()})
-        return {
-            "params": cohort.gather(trained["params"]),
-            "buffers": cohort.gather(trained["buffers"]),
-            "masks": {k: m.bool() for k, m in masks.items()},
-        }
+        """Every client's state from each process's rows of it."""
+        return self.averaging.gathered(trained)
 
     def _aggregate(self, t: int, trained: dict[str, Tensors]) -> tuple[np.ndarray, np.ndarray]:
-        """Upload every trunk, average uniformly (BatchNorm buffers too), broadcast, and recompute the masks
-        as the non-zero pattern of the mean.
-
-        Resetting the masks to all ones would let the first unmasked gradient revive every pruned weight
-        whenever the mean already sits at the target count (no pruning triggers then); a mask taken from
-        the mean keeps its zeros masked, and the importance sort ranks them first when the next trigger
-        prunes further, so masks stay nested. Returns the upload and broadcast bits per client.
-
-        ``trained`` holds this process's clients: it uploads and sums them, one all-reduce adds the
-        sums, and every process then holds every client's state.
-        """
-        n, cohort = len(self.nodes), self.cohort
-        params, buffers = trained["params"], trained["buffers"]
-        sent = {**params, **floating(buffers)}
-        up = cohort.send(self.models, t, self.nodes, nodes.SERVER, "model_up", sent)
-        self.ctx.network.hold(nodes.SERVER, "client_models", int(up.bits.sum()))
-        uniform = torch.full((len(cohort),), 1.0 / n, dtype=torch.float64, device=self.ctx.device)
-        received = {k: up.payload.get(k, v) for k, v in {**params, **buffers}.items()}
-        summed = cohort.sum(weighted_sum(received, uniform))
-        mean_params, mean_buffers = {k: summed[k] for k in params}, {k: summed[k] for k in buffers}
-        mean = {**mean_params, **floating(mean_buffers)}
-        down = self.models.send(t, nodes.SERVER, self.nodes, "model_down", mean)
-        params = stack_copies({k: down.payload[k] for k in mean_params}, n)
-        pruned = self.knobs.final_sparsity > 0
-        self.clients = {
-            "params": params,
-            "buffers": stack_copies({k: down.payload.get(k, v) for k, v in mean_buffers.items()}, n),
-            "masks": {
-                name: params[name] != 0 if pruned else torch.ones_like(params[name], dtype=torch.bool)
-                for name in self.clients["masks"]
-            },
-        }
-        return up.bits, np.repeat(down.bits, n)
+        """Step 4 (Eq. 14, :class:`~fedge.algorithms.split.fedsl_client.Averaging`): every client then
+        holds the mean; returns the upload and broadcast bits per client."""
+        self.clients, up_bits, down_bits = self.averaging(t, trained, list(self.clients["masks"]))
+        return up_bits, down_bits
 
     def _advance_clock(
         self,

@@ -20,22 +20,21 @@ from abc import abstractmethod
 import numpy as np
 
 from fedge.algorithms.base import Algorithm, Context
-from fedge.algorithms.split.client_model import ClientModels, Part
+from fedge.algorithms.split.client_model import ClientModels, Part, evaluate_split
 from fedge.algorithms.split.clients import AuxHeadClients, ClientSide, GradientClients, State
 from fedge.algorithms.split.config import AuxHeadConfig, GradientReturnConfig, SplitConfig
 from fedge.algorithms.split.exchange import ServerExchange
 from fedge.algorithms.split.latency import count_flops, round_cost
 from fedge.algorithms.split.order import server_order
-from fedge.algorithms.split.participation import aggregation_weights, check_participation, draw
-from fedge.algorithms.split.parts import build_parts, composed, initial_state
-from fedge.algorithms.split.plans import round_plan
+from fedge.algorithms.split.participation import check_participation, participants
+from fedge.algorithms.split.parts import build_parts, initial_state
+from fedge.algorithms.split.plans import round_plan, step_sizes
 from fedge.algorithms.split.round import Round
 from fedge.algorithms.split.server import SplitServer
 from fedge.algorithms.split.steps import LocalSteps
 from fedge.algorithms.split.tally import Tally
 from fedge.comm import nodes
 from fedge.data.federated import BatchPlan
-from fedge.distributed.evaluate import evaluate_cohort
 from fedge.engine import ClientBank, make_optimizer, stack_copies
 from fedge.errors import ConfigError
 from fedge.metrics import Evaluation, RoundReport
@@ -102,40 +101,35 @@ class SplitLearning(Algorithm):
     # ----- the round ---------------------------------------------------------------------------------
 
     def run_round(self, t: int) -> RoundReport:
-        rnd, cfg = self.begin(t), self.cfg  # draw the participants and broadcast the client model
-        plan = round_plan(self.ctx.data, rnd.draws, t, cfg.batch_size, cfg.local_epochs, cfg.local_steps,
-                          cfg.drop_last)  # fmt: skip
+        rnd = self.begin(t)  # draw the participants, broadcast the client model
         state, samples = self.server_pass(rnd)
         rnd.keep(None, state)
         rnd.tally.client_samples += samples
-        plan = self.step_limits(t, plan)
+        plan = self.plan(rnd)
         for subset in self.exchange.order.passes(len(rnd.draws), self.ctx.device):
-            self.local_steps(rnd, plan, subset)
-        self._aggregate(rnd)
+            self.local_steps(rnd, plan, subset)  # local steps, each with its server exchange
+        self._aggregate(rnd)  # upload and average the client models (and server copies)
         rnd.tally.add_up(rnd.cohort, server_losses=not self.server.in_turn)
         self._hold(len(rnd.draws), rnd.nodes)
         self._advance_clock(rnd)
         return self._report(rnd)
 
     def learning_rates(self, t: int) -> tuple[float, float]:
-        """Client and server step sizes in round t (decayed; server optionally divided by m; the client's
-        0 after ``freeze_client_after``, which keeps the server's objective fixed)."""
+        """Client and server step sizes in round t (:func:`~fedge.algorithms.split.plans.step_sizes`)."""
+        return step_sizes(self.cfg, t, self.ctx.data.num_clients)
+
+    def plan(self, rnd: Round) -> BatchPlan:
+        """The round's local steps: every row's batches, after the algorithm's cuts."""
         cfg = self.cfg
-        decay = cfg.lr_decay ** ((t - 1) // cfg.lr_decay_every)
-        server = (cfg.server_optimizer or cfg.optimizer).lr * decay
-        if cfg.server_lr_divide_by_m:
-            server /= self.ctx.data.num_clients
-        frozen = cfg.freeze_client_after is not None and t > cfg.freeze_client_after
-        return 0.0 if frozen else cfg.optimizer.lr * decay, server
+        plan = round_plan(self.ctx.data, rnd.draws, rnd.t, cfg.batch_size, cfg.local_epochs, cfg.local_steps,
+                          cfg.drop_last)  # fmt: skip
+        return self.step_limits(rnd.t, plan)
 
     def begin(self, t: int) -> Round:
         """Round ``t``'s participants with the global client model broadcast to them; every process draws
         the same cohort and noise keys and holds the state of its own rows."""
-        ctx, cfg = self.ctx, self.cfg
-        m = ctx.data.num_clients
-        draws = draw(ctx.seed, t, m, cfg.participation, cfg.clients_per_round, cfg.duplicates)
-        weights = aggregation_weights(draws, ctx.data.client_sizes(draws.clients), cfg.aggregation,
-                                      cfg.aggregate_divisor, m)  # fmt: skip
+        ctx = self.ctx
+        draws, weights = participants(ctx.seed, t, ctx.data, self.cfg)
         cohort = self.exchange.order.cohort(ctx.cohorts, len(draws))
         rows = ClientBank(tuple(int(c) for c in cohort.take(draws.clients)), {})
         rnd = Round(
@@ -173,20 +167,8 @@ class SplitLearning(Algorithm):
         return training_flops(self.flops.trunk + self.flops.aux, samples)
 
     def _report(self, rnd: Round) -> RoundReport:
-        """The round's training loss and traffic figures; the run's totals move on."""
-        tally = rnd.tally
-        self.totals["uploads"] += tally.uploads
-        self.totals["server_steps"] += tally.uploads
-        figures = {
-            "server_loss": tally.server_loss / max(tally.uploads, 1),
-            "participants": len(rnd.draws),
-            "uploads": tally.uploads,
-            "uploads_total": self.totals["uploads"],
-            "server_steps_total": self.totals["server_steps"],
-            "lr": rnd.lr_client,
-            **self.exchange.order.figures(rnd),
-        }
-        return RoundReport(tally.mean_loss(rnd.weights), figures)
+        """The round's training loss and traffic figures (the queue's too); the run's totals move on."""
+        return rnd.report(self.totals, self.exchange.order.figures(rnd))
 
     # ----- the client model's way down and up --------------------------------------------------------
 
@@ -216,19 +198,9 @@ class SplitLearning(Algorithm):
 
     def evaluate(self) -> Evaluation:
         """The composed model (averaged trunk + server model) on the global test set; with a shared aux
-        head also the accuracy of trunk + aux head. On several processes each scores a block of the test
-        rows."""
-        data, batch, client = self.ctx.data, self.ctx.config.eval.batch_size, self.client
-        test = self.ctx.cohorts.of(len(data.y_test))
-        server_params, server_buffers = self.server.evaluation_model()
-        params = composed(client["params"], server_params)
-        buffers = composed(client["buffers"], server_buffers)
-        evaluation = evaluate_cohort(test, self.parts.model, params, buffers, data.x_test, data.y_test, batch)
-        if self.clients.has_aux and self.clients.shares_aux:
-            aux = evaluate_cohort(test, self.parts.local, client["params"], client["buffers"], data.x_test,
-                                  data.y_test, batch)  # fmt: skip
-            evaluation = evaluation.with_extra(aux_accuracy=aux.accuracy, aux_loss=aux.loss)
-        return evaluation
+        head also trunk + aux head (:func:`~fedge.algorithms.split.client_model.evaluate_split`)."""
+        aux = self.clients.has_aux and self.clients.shares_aux
+        return evaluate_split(self.ctx, self.parts, self.client, self.server.evaluation_model(), aux)
 
 
 class GradientReturn(SplitLearning):

@@ -14,6 +14,7 @@ from fedge.algorithms.split.tally import Tally
 from fedge.distributed import Cohort
 from fedge.engine import ClientBank
 from fedge.engine.noise import RowKeys
+from fedge.metrics import RoundReport
 from fedge.tensors import rows
 
 
@@ -52,3 +53,19 @@ class Round:
         for full, part in zip((self.rows.params, self.rows.buffers, self.rows.opt_state), state, strict=True):
             for name, value in part.items():
                 full[name] = full[name].index_put((subset,), value)
+
+    def report(self, totals: dict[str, int], extra: dict[str, float]) -> RoundReport:
+        """The round's training loss and traffic figures, with ``extra``; the run's ``totals`` move on."""
+        tally = self.tally
+        totals["uploads"] += tally.uploads
+        totals["server_steps"] += tally.uploads
+        figures = {
+            "server_loss": tally.server_loss / max(tally.uploads, 1),
+            "participants": len(self.draws),
+            "uploads": tally.uploads,
+            "uploads_total": totals["uploads"],
+            "server_steps_total": totals["server_steps"],
+            "lr": self.lr_client,
+            **extra,
+        }
+        return RoundReport(tally.mean_loss(self.weights), figures)
