@@ -28,6 +28,13 @@ from fedge.comm import FloatCodec, Network, nodes
 from fedge.distributed import Cohort, Cohorts
 
 
+class Uploaded(NamedTuple):
+    """A step's cut batch as the server received it, and the bits each exchange row sent."""
+
+    batch: CutBatch
+    bits: np.ndarray
+
+
 class ServerExchange:
     """The cut links (``smashed_up``, ``labels_up``, ``grad_down``), the server part behind them and its
     queue policy."""
@@ -105,9 +112,3 @@ class ServerExchange:
         """The round's rows have their models: start the server's queue."""
         self.order.begin(rnd)
 
-
-class Uploaded(NamedTuple):
-    """A step's cut batch as the server received it, and the bits each exchange row sent."""
-
-    batch: CutBatch
-    bits: np.ndarray

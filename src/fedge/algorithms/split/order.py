@@ -37,7 +37,8 @@ class Queued(NamedTuple):
 
 
 class ServerOrder:
-    """The ``round_robin`` policy and the interface of every other: uploads are served in row order."""
+    """A server-order policy; by default a step's uploads are served in row order, and a round's rows
+    run together."""
 
     def cohort(self, cohorts: Cohorts, count: int) -> Cohort:
         """The rows of a round of ``count`` rows this process runs (docs/scale-out.md): a block of them
@@ -67,7 +68,8 @@ class ServerOrder:
         return {}
 
 
-RoundRobin = ServerOrder
+class RoundRobin(ServerOrder):
+    """A step's uploads in row order (the default policy)."""
 
 
 class RandomOrder(ServerOrder):
