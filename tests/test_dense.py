@@ -203,7 +203,8 @@ def test_a_dense_shared_split_server_steps_by_the_kernel_as_autograd_does(optimi
 def test_dense_server_copies_step_by_the_kernel_as_the_executors_map_does(optimizer, shard):
     """SplitFed v1's copies: the sending rows step together; a row that sends nothing keeps its copy
     and gets nothing; a process's share of the rows (``shard``) updates only those copies."""
-    from fedge.algorithms.split.server import CutBatch, ServerCopies
+    from fedge.algorithms.split.copies import ServerCopies
+    from fedge.algorithms.split.server import CutBatch
 
     torch.manual_seed(0)
     server = nn.Sequential(nn.Flatten(), nn.Linear(12, 8), nn.ReLU(), nn.Linear(8, 3))

@@ -206,7 +206,6 @@ def build_run(config: RunConfig, force: bool = False, extensions: Extensions | N
         device=device,
         seed=config.seed,
         criterion=criterion,
-        group=group,
         cohorts=Cohorts(group),
     )
     return Built(config, ctx, algorithm_cls(ctx, config.algorithm))
@@ -259,7 +258,7 @@ class Runner:
     @property
     def group(self) -> Group:
         """The run's processes; only rank 0 writes the run directory (docs/scale-out.md)."""
-        return self.built.context.group
+        return self.built.context.cohorts.group
 
     def _checkpoint(self, t: int, wall: float) -> None:
         state = {
@@ -413,7 +412,7 @@ def start_run(
     if launched_rank() == 0:
         results.check_output_dir(config.output.dir)
     built = build_run(config, force, extensions)
-    group = built.context.group
+    group = built.context.cohorts.group
     run_dir = None
     if group.writes:
         run_dir = results.create_run_dir(config.output.dir, default_run_name(config), config.to_yaml())

@@ -12,7 +12,7 @@ import torch
 from fedge.comm import Ledger, Network
 from fedge.config import AlgorithmConfig, RunConfig, register_algorithm_config
 from fedge.data.federated import FederatedData
-from fedge.distributed import SINGLE, SINGLE_PROCESS, Cohorts, Group
+from fedge.distributed import SINGLE_PROCESS, Cohorts
 from fedge.engine import Criterion, Executor, cross_entropy
 from fedge.metrics import Evaluation, RoundReport
 from fedge.models import SplitModel
@@ -36,7 +36,6 @@ class Context:
     device: torch.device
     seed: int
     criterion: Criterion = cross_entropy  # the per-sample training loss (train.loss, or the API's)
-    group: Group = SINGLE  # the run's processes (docs/scale-out.md); one process unless launched as ranks
     cohorts: Cohorts = SINGLE_PROCESS  # which rows this process runs, and how they come back together
 
     @property

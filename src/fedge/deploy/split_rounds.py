@@ -1,17 +1,32 @@
-"""The server side of the deployed split-learning algorithms (CSE-FSL, SplitFed v2): the simulated
-split round with each row's client side on its SuperNode (see :mod:`fedge.deploy.rounds`)."""
+"""The deployed split-learning algorithms (CSE-FSL, SplitFed v2): the simulated split round, unchanged,
+with its local steps run on the SuperNodes (see :mod:`fedge.deploy.rounds`).
+
+The round (:meth:`~fedge.algorithms.split.protocol.SplitLearning.run_round`) is inherited whole: the
+draw, the broadcast through the links, the aggregation, the clock and the report are the simulation's.
+What a deployed class plugs in is its local steps: instead of stepping the rows here, it sends each
+row's client work to its node and feeds what comes back through the round's server exchange
+(:class:`~fedge.algorithms.split.exchange.ServerExchange`), so the server side, its queue order and
+the ledger are the simulation's too. Rows whose node did not answer (or answered something that does
+not fit the round) leave the round before the aggregation, their weights renormalised over the rest.
+"""
 
 from __future__ import annotations
+
+from abc import abstractmethod
 
 import numpy as np
 import torch
 
+from fedge.algorithms.base import Context
+from fedge.algorithms.split.config import SplitConfig
 from fedge.algorithms.split.cse_fsl import CseFsl
 from fedge.algorithms.split.participation import Draws, aggregation_weights
-from fedge.algorithms.split.plans import round_plan
-from fedge.algorithms.split.protocol import Round, SplitLearning, Tally
-from fedge.algorithms.split.server import SERVER_STAGE, SharedServer
+from fedge.algorithms.split.protocol import SplitLearning
+from fedge.algorithms.split.round import Round
+from fedge.algorithms.split.server import SERVER_STAGE, CutBatch, Served, SharedServer
 from fedge.algorithms.split.splitfed_v2 import SplitFedV2
+from fedge.algorithms.split.tally import Tally
+from fedge.data.federated import BatchPlan
 from fedge.deploy.transport import Outgoing, Reply, Transport, dropout_figures
 from fedge.deploy.wire import LABELS, WIRE_DTYPES, Spec, expect, wire_dtype
 from fedge.engine import ClientBank
@@ -19,12 +34,23 @@ from fedge.errors import ConfigError, FedgeError
 from fedge.metrics import RoundReport
 from fedge.tensors import Tensors, floating, rows
 
+Cut = dict[int, tuple[torch.Tensor, torch.Tensor]]  # a step's smashed data and labels, by row
+
 
 class DeployedSplit(SplitLearning):
     """The split round with each row's client side on its node. Supported: one row per client, no
     aggregation inside a round, a shared server model fed per step (``round_robin`` or ``random``)."""
 
     transport: Transport
+
+    def __init__(self, ctx: Context, cfg: SplitConfig):
+        super().__init__(ctx, cfg)
+        self.local_steps = self.remote_steps
+
+    @abstractmethod
+    def remote_steps(self, rnd: Round, plan: BatchPlan, subset: torch.Tensor | None) -> None:
+        """The round's local steps on the nodes (``subset`` is None: the server is fed per step): the
+        rows' trained client models into ``rnd``, and the rows that did not come back out of it."""
 
     def check_deployable(self) -> None:
         """Refuse settings the deployed round does not carry out, naming the key."""
@@ -41,8 +67,12 @@ class DeployedSplit(SplitLearning):
             if codec not in WIRE_DTYPES:
                 raise ConfigError(f"algorithm.{key}", f"{codec!r} cannot be deployed; use fp32 or fp16")
 
+    def _report(self, rnd: Round) -> RoundReport:
+        report = super()._report(rnd)
+        return RoundReport(report.train_loss, {**report.extra, **dropout_figures(self.transport, rnd.t)})
+
     def _broadcast(self, rnd: Round) -> dict[str, tuple[Tensors, np.dtype]]:
-        """What ``_download`` delivered to every row, by record name (``model_down``, ``aux_down``)."""
+        """What the broadcast delivered to every row, by record name (``model_down``, ``aux_down``)."""
         params, buffers = rows(rnd.rows.params, 0), rows(rnd.rows.buffers, 0)
         out = {}
         for name, part in self._exchanged():
@@ -72,56 +102,41 @@ class DeployedSplit(SplitLearning):
                     target[k] = target[k].index_put((torch.tensor([r]),), v.to(target[k]).unsqueeze(0))
         rnd.rows.adopt(params, buffers, rnd.rows.opt_state, owned=False)
 
-    def _survivors(self, rnd: Round, alive: list[int]) -> Round:
-        """The round restricted to the rows ``alive`` (weights renormalised over them)."""
+    def _keep_only(self, rnd: Round, alive: list[int]) -> None:
+        """Restrict the round to the rows ``alive`` (weights renormalised over them)."""
         if len(alive) == len(rnd.draws):
-            return rnd
+            return
         if not alive:
             raise FedgeError(f"round {rnd.t}: no client replied ({self.transport.dropped.get(rnd.t)})")
-        cfg, ctx = self.cfg, self.ctx
+        cfg, ctx, old, d = self.cfg, self.ctx, rnd.tally, rnd.draws
         keep = torch.tensor(alive, device=ctx.device)
-        draws = Draws(rnd.draws.clients[alive], rnd.draws.occurrence[alive])
-        sizes = ctx.data.client_sizes(draws.clients)
-        weights = aggregation_weights(
-            draws, sizes, cfg.aggregation, cfg.aggregate_divisor, ctx.data.num_clients
-        )
+        draws = Draws(d.clients[alive], d.occurrence[alive], d.multiplicity[alive])
+        sizes, m = ctx.data.client_sizes(draws.clients), ctx.data.num_clients
+        weights = aggregation_weights(draws, sizes, cfg.aggregation, cfg.aggregate_divisor, m)
         bank = ClientBank(tuple(int(c) for c in draws.clients), {})
         bank.adopt(*(rows(s, keep) for s in rnd.state(None)), owned=False)
-        old = rnd.tally
-        tally = Tally(
+        rnd.tally = Tally(
             old.up_bits[alive], old.down_bits[alive], old.client_samples[alive], old.server_samples[alive],
             old.loss_sum[keep], old.loss_steps[keep], old.server_loss, old.uploads,
         )  # fmt: skip
-        keys = None if rnd.keys is None else rnd.keys.rows(keep)
-        return Round(
-            rnd.t, draws, [rnd.nodes[r] for r in alive], weights.to(ctx.device), rnd.lr_client, rnd.lr_server,
-            bank, keys, tally,
-        )  # fmt: skip
+        rnd.keys = None if rnd.keys is None else rnd.keys.rows(keep)
+        rnd.draws, rnd.nodes, rnd.rows = draws, [rnd.nodes[r] for r in alive], bank
+        rnd.weights, rnd.cohort = weights.to(ctx.device), ctx.cohorts.whole(len(alive))
+        rnd.timeline = None if rnd.timeline is None else rnd.timeline.only(alive)
 
-    def _stacked_cut(self, rnd: Round, width: int, parts: dict[int, tuple[torch.Tensor, torch.Tensor]]):
-        """Smashed data and labels of one step as the simulation stacks them: [rows, width, ...], real rows
-        first, zeros elsewhere."""
-        shape = next(iter(parts.values()))[0].shape[1:]
-        z = torch.zeros(len(rnd.draws), width, *shape, device=self.ctx.device)
-        y = torch.zeros(len(rnd.draws), width, dtype=torch.int64, device=self.ctx.device)
-        for r, (zr, yr) in parts.items():
-            z[r, : len(zr)] = zr.to(z)
-            y[r, : len(yr)] = yr.to(y)
-        return z, y
-
-    def _finish(self, rnd: Round) -> RoundReport:
-        self._aggregate(rnd)
-        self._hold(len(rnd.draws), rnd.nodes)
-        self._advance_clock(rnd)
-        report = self._report(rnd)
-        return RoundReport(report.train_loss, {**report.extra, **dropout_figures(self.transport, rnd.t)})
-
-    def _plan(self, rnd: Round):
-        cfg = self.cfg
-        plan = round_plan(
-            self.ctx.data, rnd.draws, rnd.t, cfg.batch_size, cfg.local_epochs, cfg.local_steps, cfg.drop_last
-        )
-        return self.step_limits(rnd.t, plan)
+    def _serve(self, rnd: Round, step: int, width: int, cut: Cut, grad_z: bool) -> Served:
+        """Feed step ``step``'s uploads (``cut``, by row) to the round's server exchange, stacked as the
+        simulation stacks them: ``[rows, width, ...]``, real rows first, zeros elsewhere."""
+        count, device = len(rnd.draws), self.ctx.device
+        shape = next(iter(cut.values()))[0].shape[1:]
+        z = torch.zeros(count, width, *shape, device=device)
+        y = torch.zeros(count, width, dtype=torch.int64, device=device)
+        counts = torch.zeros(count, dtype=torch.int64, device=device)
+        for r, (zr, yr) in cut.items():
+            z[r, : len(zr)], y[r, : len(yr)], counts[r] = zr.to(z), yr.to(y), len(zr)
+        keys = None if rnd.keys is None else rnd.keys.at(step, SERVER_STAGE)
+        every_row = torch.arange(count, device=device)
+        return self.exchange(rnd, every_row, CutBatch(None, z, y, counts, keys), step, grad_z)
 
 
 class DeployedCseFsl(DeployedSplit, CseFsl):
@@ -137,35 +152,32 @@ class DeployedCseFsl(DeployedSplit, CseFsl):
         if not self.cfg.aggregate_aux:
             raise ConfigError("algorithm.aggregate_aux", "a deployed run needs the aux head averaged")
 
-    def run_round(self, t: int) -> RoundReport:
-        rnd = self._begin(t)
-        plan = self._plan(rnd)
+    def remote_steps(self, rnd: Round, plan: BatchPlan, subset: torch.Tensor | None) -> None:
         row_of = {int(c): r for r, c in enumerate(rnd.draws.clients)}
-        up = wire_dtype(self.cfg.codec_up)
         steps = {"loss": Spec(None, np.dtype(np.float32)), "counts": Spec(None, LABELS)}
         steps |= {"upload_steps": Spec(None, LABELS), "upload_counts": Spec(None, LABELS)}
         spec = {
             **self._upload_specs(rnd),
-            "smashed_up": {"z": Spec(None, up)},
+            "smashed_up": {"z": Spec(None, wire_dtype(self.cfg.codec_up))},
             "labels_up": {"y": Spec(None, LABELS)},
             "steps": steps,
         }
         outgoing = {c: Outgoing(self._broadcast(rnd)) for c in row_of}
-        replies = self.transport.exchange(t, "train", outgoing, {c: spec for c in row_of})
+        replies = self.transport.exchange(rnd.t, "train", outgoing, {c: spec for c in row_of})
         weight = plan.weight.sum(dim=2)  # [rows, steps] real samples
+        upload_steps = [s for s in range(plan.num_steps) if self.uploads_at(s)]
         accepted = {}
         for c, reply in replies.items():
-            r = row_of[c]
-            reason = _aux_problem(reply, weight[r], [s for s in range(plan.num_steps) if self.uploads_at(s)])
+            reason = _aux_problem(reply, weight[row_of[c]], upload_steps)
             if reason is None:
-                accepted[r] = reply
+                accepted[row_of[c]] = reply
             else:
-                self.transport.drop(t, c, f"train: rejected: {reason}")
+                self.transport.drop(rnd.t, c, f"train: rejected: {reason}")
         self._replay(rnd, plan, accepted)
         self._keep_uploads(rnd, {r: a.records for r, a in accepted.items()})
-        return self._finish(self._survivors(rnd, sorted(accepted)))
+        self._keep_only(rnd, sorted(accepted))
 
-    def _replay(self, rnd: Round, plan, accepted: dict[int, Reply]) -> None:
+    def _replay(self, rnd: Round, plan: BatchPlan, accepted: dict[int, Reply]) -> None:
         """The local steps' figures and, per upload step, the server's steps on the rows' uploads."""
         every_row = torch.arange(len(rnd.draws), device=self.ctx.device)
         offsets = {r: 0 for r in accepted}
@@ -183,14 +195,10 @@ class DeployedCseFsl(DeployedSplit, CseFsl):
             cut = {}
             for r, reply in accepted.items():
                 c, at = int(counts[r]), offsets[r]
-                cut[r] = (
-                    reply.records["smashed_up"]["z"][at : at + c],
-                    reply.records["labels_up"]["y"][at : at + c],
-                )
+                records = reply.records
+                cut[r] = (records["smashed_up"]["z"][at : at + c], records["labels_up"]["y"][at : at + c])
                 offsets[r] += c
-            z, y = self._stacked_cut(rnd, plan.index.shape[2], cut)
-            keys = None if rnd.keys is None else rnd.keys.at(s, SERVER_STAGE)
-            self._exchange(rnd, every_row, z, y, counts, s, False, keys)
+            self._serve(rnd, s, plan.index.shape[2], cut, False)
 
 
 def _aux_problem(reply: Reply, weight: torch.Tensor, upload_steps: list[int]) -> str | None:
@@ -214,70 +222,68 @@ class DeployedSplitFedV2(DeployedSplit, SplitFedV2):
     carries the model down) and ``train.apply_gradients`` (the returned cut-layer gradient; the last of a
     round brings the trained client model back)."""
 
-    def run_round(self, t: int) -> RoundReport:
-        rnd = self._begin(t)
-        plan = self._plan(rnd)
-        weight = plan.weight.sum(dim=2).to(torch.int64)  # [rows, steps]
-        last = [
-            int(torch.nonzero(weight[r]).max()) if bool(weight[r].any()) else -1
-            for r in range(len(rnd.draws))
-        ]
-        clients = [int(c) for c in rnd.draws.clients]
-        alive, started, uploads = set(range(len(clients))), set(), {}
-        every_row = torch.arange(len(clients), device=self.ctx.device)
-        up, down = wire_dtype(self.cfg.codec_up), wire_dtype(self.cfg.codec_down)
+    def remote_steps(self, rnd: Round, plan: BatchPlan, subset: torch.Tensor | None) -> None:
+        weight = plan.weight.sum(dim=2).to(torch.int64)  # [rows, steps] real samples
+        last = [int(torch.nonzero(w).max()) if bool(w.any()) else -1 for w in weight]
+        alive, started, uploads = set(range(len(rnd.draws))), set(), {}
         for s in range(plan.num_steps):
             active = [r for r in sorted(alive) if int(weight[r, s]) > 0]
             if not active:
                 continue
-            outgoing = {
-                clients[r]: Outgoing({} if r in started else self._broadcast(rnd), {"step": s})
-                for r in active
-            }
-            specs = {
-                clients[r]: {
-                    "smashed_up": {"z": Spec(None, up)},
-                    "labels_up": {"y": Spec((int(weight[r, s]),), LABELS)},
-                }
-                for r in active
-            }
-            replies = self.transport.exchange(t, "query.smashed", outgoing, specs)
-            started.update(active)
-            cut = {}
-            for r in active:
-                reply = replies.get(clients[r])
-                if reply is None:
-                    alive.discard(r)
-                    continue
-                if len(reply.records["smashed_up"]["z"]) != int(weight[r, s]):
-                    self.transport.drop(
-                        t, clients[r], f"query.smashed: rejected: not {int(weight[r, s])} rows"
-                    )
-                    alive.discard(r)
-                    continue
-                cut[r] = (reply.records["smashed_up"]["z"], reply.records["labels_up"]["y"])
+            cut = self._smashed(rnd, s, {r: int(weight[r, s]) for r in active}, started, alive)
             if not cut:
                 continue
-            counts = torch.tensor([int(weight[r, s]) if r in cut else 0 for r in range(len(clients))])
-            z, y = self._stacked_cut(rnd, plan.index.shape[2], cut)
-            keys = None if rnd.keys is None else rnd.keys.at(s, SERVER_STAGE)
-            served = self._exchange(rnd, every_row, z, y, counts.to(self.ctx.device), s, True, keys)
-            rnd.tally.local_step(every_row, counts.to(self.ctx.device), served.loss)
-            grads = {
-                clients[r]: Outgoing(
-                    {"grad_down": ({"g": served.grad_z[r, : int(counts[r])]}, down)},
-                    {"step": s, "final": s == last[r]},
-                )
-                for r in cut
-            }
-            final_spec = self._upload_specs(rnd)
-            specs = {clients[r]: final_spec if s == last[r] else {} for r in cut}
-            applied = self.transport.exchange(t, "train.apply_gradients", grads, specs)
-            for r in cut:
-                if clients[r] not in applied:
-                    alive.discard(r)
-                elif s == last[r]:
-                    uploads[r] = applied[clients[r]].records
-        alive &= set(uploads) | {r for r in range(len(clients)) if last[r] < 0}
+            served = self._serve(rnd, s, plan.index.shape[2], cut, True)
+            counts = [len(cut[r][0]) if r in cut else 0 for r in range(len(rnd.draws))]
+            every_row = torch.arange(len(rnd.draws), device=self.ctx.device)
+            rnd.tally.local_step(every_row, torch.tensor(counts, device=self.ctx.device), served.loss)
+            uploads |= self._apply(rnd, s, served, {r: len(cut[r][0]) for r in cut}, last, alive)
+        alive &= set(uploads) | {r for r in range(len(rnd.draws)) if last[r] < 0}
         self._keep_uploads(rnd, uploads)
-        return self._finish(self._survivors(rnd, sorted(alive)))
+        self._keep_only(rnd, sorted(alive))
+
+    def _smashed(
+        self, rnd: Round, s: int, sizes: dict[int, int], started: set[int], alive: set[int]
+    ) -> Cut:
+        """``query.smashed`` of step ``s`` to the rows ``sizes`` (their sample counts): their smashed data
+        and labels; rows that do not answer, or answer with other counts, leave ``alive``."""
+        clients, t = [int(c) for c in rnd.draws.clients], rnd.t
+        up = wire_dtype(self.cfg.codec_up)
+        outgoing = {
+            clients[r]: Outgoing({} if r in started else self._broadcast(rnd), {"step": s}) for r in sizes
+        }
+        specs = {
+            clients[r]: {"smashed_up": {"z": Spec(None, up)}, "labels_up": {"y": Spec((c,), LABELS)}}
+            for r, c in sizes.items()
+        }
+        replies = self.transport.exchange(t, "query.smashed", outgoing, specs)
+        started.update(sizes)
+        cut = {}
+        for r, c in sizes.items():
+            reply = replies.get(clients[r])
+            if reply is not None and len(reply.records["smashed_up"]["z"]) != c:
+                self.transport.drop(t, clients[r], f"query.smashed: rejected: not {c} rows")
+                reply = None
+            if reply is None:
+                alive.discard(r)
+            else:
+                cut[r] = (reply.records["smashed_up"]["z"], reply.records["labels_up"]["y"])
+        return cut
+
+    def _apply(
+        self, rnd: Round, s: int, served: Served, sizes: dict[int, int], last: list[int], alive: set[int]
+    ) -> dict[int, dict[str, Tensors]]:
+        """``train.apply_gradients`` of step ``s`` to the rows ``sizes``: the uploaded client models of
+        the rows whose last step it was; rows that do not answer leave ``alive``."""
+        clients, down = [int(c) for c in rnd.draws.clients], wire_dtype(self.cfg.codec_down)
+        grads = {
+            clients[r]: Outgoing(
+                {"grad_down": ({"g": served.grad_z[r, :c]}, down)}, {"step": s, "final": s == last[r]}
+            )
+            for r, c in sizes.items()
+        }
+        final_spec = self._upload_specs(rnd)
+        specs = {clients[r]: final_spec if s == last[r] else {} for r in sizes}
+        applied = self.transport.exchange(rnd.t, "train.apply_gradients", grads, specs)
+        alive -= {r for r in sizes if clients[r] not in applied}
+        return {r: applied[clients[r]].records for r in sizes if clients[r] in applied and s == last[r]}

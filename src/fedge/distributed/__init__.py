@@ -10,7 +10,7 @@ from the seed; :mod:`fedge.distributed.shards` says which rows a rank runs.
 
 from fedge.distributed.cohort import SINGLE_PROCESS, Cohort, Cohorts
 from fedge.distributed.group import SINGLE, DistError, Group, TorchGroup, current_group, launched_rank
-from fedge.distributed.links import send_rows, send_shard
+from fedge.distributed.links import send_rows
 from fedge.distributed.shards import Shard, balanced, blocks
 
 __all__ = [
@@ -27,5 +27,4 @@ __all__ = [
     "current_group",
     "launched_rank",
     "send_rows",
-    "send_shard",
 ]

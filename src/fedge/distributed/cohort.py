@@ -189,6 +189,11 @@ class Cohorts:
         self._group = group
 
     @property
+    def group(self) -> Group:
+        """The process group under the cohorts: the runner's (who writes, barriers), never an algorithm's."""
+        return self._group
+
+    @property
     def processes(self) -> int:
         """How many processes share the run's rows."""
         return self._group.size

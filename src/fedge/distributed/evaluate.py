@@ -8,7 +8,6 @@ from torch import nn
 
 from fedge.data.federated import FederatedData
 from fedge.distributed.cohort import Cohort, Cohorts
-from fedge.distributed.group import Group
 from fedge.engine import ClientBank, evaluate_model
 from fedge.engine.personal import client_summary, client_test_sets, evaluate_rows
 from fedge.metrics import Evaluation
@@ -44,12 +43,3 @@ def evaluate_clients_on(
     )  # fmt: skip
     gathered = cohort.gather({"accuracy": acc, "loss": loss})
     return client_summary(gathered["accuracy"], gathered["loss"])
-
-
-def evaluate_sharded(
-    group: Group, model: nn.Module, params: Tensors, buffers: Tensors, x: torch.Tensor, y: torch.Tensor,
-    batch_size: int,
-) -> Evaluation:  # fmt: skip
-    """:func:`evaluate_model_on` the processes of ``group`` (the name the split family calls until it moves
-    to cohorts)."""
-    return evaluate_model_on(Cohorts(group), model, params, buffers, x, y, batch_size)

@@ -18,7 +18,6 @@ from typing import Any, TypeVar
 import numpy as np
 import torch
 
-from fedge.distributed.shards import Shard, balanced, blocks
 from fedge.errors import FedgeError
 from fedge.tensors import Tensors
 
@@ -43,14 +42,6 @@ class Group:
     def writes(self) -> bool:
         """Whether this process writes the run directory (rank 0 only)."""
         return self.rank == 0
-
-    def share(self, total: int) -> Shard:
-        """This rank's contiguous share of a round's cohort of ``total`` rows (stateless algorithms)."""
-        return balanced(total, self.rank, self.size)
-
-    def block(self, num_clients: int) -> Shard:
-        """This rank's static block of client ids for the whole run (stateful algorithms)."""
-        return blocks(num_clients, self.rank, self.size)
 
     def sum_tensors(self, tensors: Tensors) -> Tensors:
         """Element-wise sum over ranks of floating tensors, maximum of integer ones (one call per dtype)."""

@@ -77,5 +77,3 @@ def send_rows(
         link.ledger.record(round_, senders, receivers, kind, np.concatenate([part[2] for part in parts]))
     return Sent(received, np.concatenate([part[3] for part in parts]))
 
-
-send_shard = send_rows  # the name algorithms import until they move to cohorts (fedge.distributed.cohort)

@@ -146,18 +146,7 @@ def make_server_step(
         return weighted_loss(logits, y, weight, criterion), new_buffers
 
     pure_loss_and_grad = grad_and_value(loss, argnums=(0, 1) if grad_z else 0, has_aux=True)
-
-    def eager_loss_and_grad(params, z, buffers, y, weight):
-        leaves = {name: p.detach().requires_grad_(True) for name, p in params.items()}
-        inputs = [*leaves.values()]
-        if grad_z:
-            z = z.detach().requires_grad_(True)
-            inputs.append(z)
-        with torch.enable_grad():
-            value, new_buffers = loss(leaves, z, buffers, y, weight)
-            grads = torch.autograd.grad(value, inputs)
-        param_grads = dict(zip(leaves, grads[: len(leaves)], strict=True))
-        return ((param_grads, grads[-1]) if grad_z else param_grads), (value, new_buffers)
+    eager_loss_and_grad = _eager_server_grad(loss, grad_z)
 
     def stepping(loss_and_grad: Callable[..., Any]) -> ClientFn:
         def step(params, buffers, opt_state, z, y, weight, lr):
@@ -175,3 +164,22 @@ def make_server_step(
     if vmappable:
         return TwoForms(stepping(pure_loss_and_grad), stepping(eager_loss_and_grad))
     return stepping(eager_loss_and_grad)
+
+
+def _eager_server_grad(loss: Callable[..., Any], grad_z: bool) -> Callable[..., Any]:
+    """The server step's ``grad_and_value`` on plain autograd: gradients in the parameters (and with
+    ``grad_z`` in the smashed data ``z``), the loss and the new buffers."""
+
+    def call(params: Tensors, z, buffers: Tensors, y, weight):
+        leaves = {name: p.detach().requires_grad_(True) for name, p in params.items()}
+        inputs = [*leaves.values()]
+        if grad_z:
+            z = z.detach().requires_grad_(True)
+            inputs.append(z)
+        with torch.enable_grad():
+            value, new_buffers = loss(leaves, z, buffers, y, weight)
+            grads = torch.autograd.grad(value, inputs)
+        param_grads = dict(zip(leaves, grads[: len(leaves)], strict=True))
+        return ((param_grads, grads[-1]) if grad_z else param_grads), (value, new_buffers)
+
+    return call

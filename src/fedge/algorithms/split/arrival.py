@@ -61,6 +61,13 @@ class Timeline:
         return cls(np.asarray(download_seconds, dtype=np.float64).copy(), zeros[0], zeros[1],
                    np.asarray(download_bits, dtype=np.float64).copy(), zeros[2])  # fmt: skip
 
+    def only(self, rows: list[int]) -> Timeline:
+        """The timeline of the rows ``rows`` alone (a round that lost the others)."""
+        return Timeline(
+            self.ready[rows], self.computed[rows], self.up_bits[rows], self.down_bits[rows], self.wait[rows],
+            self.server_free, self.exchanges,
+        )  # fmt: skip
+
     def arrive(
         self, rows: np.ndarray, compute_s: np.ndarray, upload_s: np.ndarray, jitter_s: np.ndarray
     ) -> np.ndarray:

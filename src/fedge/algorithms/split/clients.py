@@ -64,9 +64,10 @@ class ClientSide(ABC):
         server (SplitFed always does)."""
 
     def idle(self, state: State, width: int, exchange: Exchange, upload: bool) -> LocalStep:
-        """A step in which none of the rows has a sample while other processes' rows step (a sharded
-        round): nothing is computed, but the step's exchange still takes place, since every process
-        takes part in its collectives, with rows that send nothing (``width``: the batch size)."""
+        """A step in which none of the rows has a sample while other processes' rows step (a round
+        spread over processes): nothing is computed, but the step's exchange still takes place, since
+        every process takes part in its collectives, with rows that send nothing (``width``: the batch
+        size)."""
         first = next(iter(state[0].values()))
         rows = first.shape[0]
         if upload or self.returns_gradient:

@@ -20,7 +20,6 @@ Three presets (docs/split.md): ``cse_fsl_original`` is the default; ``analysis_p
 
 from __future__ import annotations
 
-from collections.abc import Callable
 from typing import Literal
 
 import numpy as np
@@ -32,8 +31,9 @@ from fedge.algorithms.split.clients import State
 from fedge.algorithms.split.config import AuxHeadConfig
 from fedge.algorithms.split.parts import trunk_only
 from fedge.algorithms.split.plans import limit_steps
-from fedge.algorithms.split.protocol import LocalLoss, Round
-from fedge.algorithms.split.server import SERVER_STAGE, Served, SharedServer, SplitServer
+from fedge.algorithms.split.protocol import LocalLoss
+from fedge.algorithms.split.round import Round
+from fedge.algorithms.split.server import SERVER_STAGE, CutBatch, Served, SharedServer, SplitServer
 from fedge.config import keys
 from fedge.data.federated import BatchPlan
 from fedge.errors import ConfigError
@@ -129,20 +129,22 @@ class CseFsl(LocalLoss):
         index_t = torch.from_numpy(index).to(data.device)
         return index_t, data.y_train[index_t], torch.from_numpy(counts).to(data.device)
 
-    def server_pass(self, rnd: Round, exchange: Callable[..., Served]) -> tuple[State, np.ndarray]:
+    def server_pass(self, rnd: Round) -> tuple[State, np.ndarray]:
         """The every-l-rounds server pass (the SplitFed convergence paper's Algorithm 1): each row's fresh
         batch through the just-broadcast trunk to the server, with or without the z_b step. The client
-        side runs this process's rows (``rnd.shard``); the exchange sees every row's labels and counts."""
+        side runs this process's rows (the round's cohort); the exchange sees every row's labels and
+        counts."""
         if not self.server_round(rnd.t):
-            return super().server_pass(rnd, exchange)
+            return super().server_pass(rnd)
         index, y, counts = self._server_batches(rnd)
-        mine, keys = rnd.shard.rows, rnd.keys
+        mine, keys = rnd.cohort.rows, rnd.keys
         x, own_counts = self.ctx.data.x_train[index[mine]], counts[mine]
         client_keys = None if keys is None else keys.at(-1)[mine]
         server_keys = None if keys is None else keys.at(-1, SERVER_STAGE)
+        every_row = torch.arange(len(rnd.draws), device=self.ctx.device)
 
         def serve(z: torch.Tensor, grad_z: bool) -> Served:
-            return exchange(z, y, counts, -1, grad_z, server_keys)
+            return self.exchange(rnd, every_row, CutBatch(None, z, y, counts, server_keys), -1, grad_z)
 
         params, buffers, opt_state = rnd.state(None)
         samples = counts.cpu().numpy()

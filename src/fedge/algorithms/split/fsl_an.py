@@ -12,8 +12,9 @@ from typing import Literal
 
 from fedge.algorithms.base import register
 from fedge.algorithms.split.config import AuxHeadConfig, ServerCopiesConfig
+from fedge.algorithms.split.copies import ServerCopies
 from fedge.algorithms.split.protocol import LocalLoss
-from fedge.algorithms.split.server import ServerCopies, SplitServer
+from fedge.algorithms.split.server import SplitServer
 from fedge.tensors import Tensors
 
 

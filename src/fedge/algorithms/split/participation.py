@@ -13,6 +13,8 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
+from fedge.algorithms.split.config import SplitConfig
+from fedge.data.federated import FederatedData
 from fedge.errors import ConfigError
 from fedge.rng import numpy_rng
 
@@ -84,3 +86,11 @@ def aggregation_weights(
             raise ConfigError("algorithm.aggregate_divisor", "all_clients needs aggregation=uniform")
         return torch.as_tensor(raw / num_clients)
     return torch.as_tensor(raw / raw.sum())
+
+
+def participants(seed: int, t: int, data: FederatedData, cfg: SplitConfig) -> tuple[Draws, torch.Tensor]:
+    """Round ``t``'s draws under ``cfg``'s participation and their aggregation weights."""
+    m = data.num_clients
+    draws = draw(seed, t, m, cfg.participation, cfg.clients_per_round, cfg.duplicates)
+    sizes = data.client_sizes(draws.clients)
+    return draws, aggregation_weights(draws, sizes, cfg.aggregation, cfg.aggregate_divisor, m)

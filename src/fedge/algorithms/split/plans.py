@@ -1,4 +1,4 @@
-"""Batch plans of a round's draws: one row per draw, local epochs or exactly K steps.
+"""Batch plans of a round's draws (one row per draw, local epochs or exactly K steps), and its step sizes.
 
 Rows come from :meth:`FederatedData.batch_plan`, so a client's first run in a round sees the same
 batches as under FedAvg or centralized training (stream ``"batches"``); a repeated draw of the same
@@ -12,6 +12,7 @@ import math
 import numpy as np
 import torch
 
+from fedge.algorithms.split.config import SplitConfig
 from fedge.algorithms.split.participation import Draws
 from fedge.data.federated import BatchPlan, FederatedData
 
@@ -76,3 +77,14 @@ def round_plan(
     if steps is not None:
         plan = limit_steps(plan, np.full(len(draws), steps))
     return plan
+
+
+def step_sizes(cfg: SplitConfig, t: int, num_clients: int) -> tuple[float, float]:
+    """Client and server step sizes in round t (decayed; server optionally divided by m; the client's
+    0 after ``freeze_client_after``, which keeps the server's objective fixed)."""
+    decay = cfg.lr_decay ** ((t - 1) // cfg.lr_decay_every)
+    server = (cfg.server_optimizer or cfg.optimizer).lr * decay
+    if cfg.server_lr_divide_by_m:
+        server /= num_clients
+    frozen = cfg.freeze_client_after is not None and t > cfg.freeze_client_after
+    return 0.0 if frozen else cfg.optimizer.lr * decay, server

@@ -1,0 +1,114 @@
+"""The server exchange: what crosses the cut at one local step, and the server's answer.
+
+Participants upload their smashed data (``smashed_up``) and labels (``labels_up``, on a link of their own
+so that label-free figures such as CSE-FSL's Table V can be read off), the server part serves them in
+the order the round's :class:`~fedge.algorithms.split.order.ServerOrder` gives, and for SplitFed the
+cut-layer gradients go back (``grad_down``). Every bit and sample lands in the round's tally.
+
+The round's rows may be spread over processes (the round's cohort): each process sends its own rows,
+and the cohort's sends record the whole exchange in every process's ledger, so every row's bits are
+known everywhere. One shared server model takes every row: the processes' smashed rows are gathered
+(cohort order is row order) and every process takes the same server steps on the same batch, so the
+model stays identical everywhere without a broadcast, and a process then keeps its own rows' answer (a
+single serving process would take as long, the others waiting at the next collective). Server copies
+are independent: each process serves its own rows' copies.
+"""
+
+from __future__ import annotations
+
+from typing import NamedTuple
+
+import numpy as np
+import torch
+
+from fedge.algorithms.split.order import ServerOrder
+from fedge.algorithms.split.round import Round
+from fedge.algorithms.split.server import CutBatch, Served, SplitServer
+from fedge.comm import FloatCodec, Network, nodes
+from fedge.distributed import Cohort, Cohorts
+
+
+class Uploaded(NamedTuple):
+    """A step's cut batch as the server received it, and the bits each exchange row sent."""
+
+    batch: CutBatch
+    bits: np.ndarray
+
+
+class ServerExchange:
+    """The cut links (``smashed_up``, ``labels_up``, ``grad_down``), the server part behind them and its
+    queue policy."""
+
+    def __init__(
+        self,
+        network: Network,
+        codecs: tuple[str, str],
+        server: SplitServer,
+        order: ServerOrder,
+        cohorts: Cohorts,
+    ):
+        self.up, self.down = network.link(codecs[0]), network.link(codecs[1])
+        # labels are integers: a dense float codec carries them exactly, a lossy one would corrupt them
+        self.labels = self.up if isinstance(self.up.codec, FloatCodec) else network.link("fp32")
+        self.server, self.order, self.cohorts = server, order, cohorts
+
+    def __call__(self, rnd: Round, row_ids: torch.Tensor, batch: CutBatch, step: int, grad_z: bool) -> Served:
+        """Upload local step ``step``'s cut batch of rows ``row_ids`` of the round, let the server serve
+        it, and return its answer with the cut-layer gradients as the clients receive them (zero for rows
+        that sent nothing).
+
+        ``batch.y``, ``counts`` and ``keys`` are every exchange row's; ``batch.z`` holds this process's
+        rows of them (the round's cohort; all of them in one process, or in a pass of one row,
+        ``batch.rows``), and the answer is for those rows.
+        """
+        cohort = rnd.cohort if batch.rows is None else self.cohorts.whole(len(row_ids))
+        senders = [rnd.nodes[int(r)] for r in row_ids]
+        at, lengths = row_ids.cpu().numpy(), batch.counts[cohort.rows]
+        sent = self._upload(rnd, cohort, senders, batch, lengths)
+        rnd.tally.served(at, sent.bits, batch.counts)
+        queued = self.order.queue(rnd, step, at, sent.bits, batch.counts)
+        served = self._serve(rnd, cohort, sent.batch, grad_z, queued.order)
+        rnd.tally.uploads += len(queued.order)
+        if not grad_z:
+            return served
+        grads = cohort.send(
+            self.down, rnd.t, nodes.SERVER, senders, "grad_down", {"g": served.grad_z}, lengths=lengths
+        )
+        np.add.at(rnd.tally.down_bits, at, grads.bits)
+        if queued.finish is not None:
+            self.order.returned(rnd, at, queued, grads.bits)
+        return Served(served.loss, grads.payload["g"])
+
+    def _upload(
+        self, rnd: Round, cohort: Cohort, senders: list[str], batch: CutBatch, lengths: torch.Tensor
+    ) -> Uploaded:
+        """Send this process's rows' smashed data and labels; the batch as the server receives it and
+        every exchange row's bits."""
+        t, mine = rnd.t, cohort.rows
+        smashed = cohort.send(
+            self.up, t, senders, nodes.SERVER, "smashed_up", {"z": batch.z.detach()}, lengths=lengths
+        )
+        labels = cohort.send(
+            self.labels, t, senders, nodes.SERVER, "labels_up", {"y": batch.y[mine]}, lengths=lengths
+        )
+        return Uploaded(batch._replace(z=smashed.payload["z"]), smashed.bits + labels.bits)
+
+    def _serve(self, rnd: Round, cohort: Cohort, batch: CutBatch, grad_z: bool, order: list[int]) -> Served:
+        """The server's answer to this process's rows of ``batch`` (whose ``z`` holds only those rows);
+        its loss enters the round's tally."""
+        mine, shared = cohort.rows, self.server.in_turn
+        if shared:
+            batch = batch._replace(z=cohort.gather({"z": batch.z})["z"])
+        else:
+            keys = None if batch.keys is None else batch.keys[mine]
+            batch = batch._replace(y=batch.y[mine], counts=batch.counts[mine], keys=keys)
+        served = self.server.serve(batch, rnd.lr_server, grad_z, order)
+        rnd.tally.server_loss += float(served.loss.sum())
+        if not shared:
+            return served
+        return Served(served.loss[mine], None if served.grad_z is None else served.grad_z[mine])
+
+    def begin(self, rnd: Round) -> None:
+        """The round's rows have their models: start the server's queue."""
+        self.order.begin(rnd)
+

@@ -1,0 +1,71 @@
+"""Lightweight FedSL's client states between rounds: gathered from the processes after a plain round, or
+averaged every I rounds (Eq. 14)."""
+
+from __future__ import annotations
+
+import numpy as np
+import torch
+
+from fedge.comm import Link, Network, nodes
+from fedge.distributed import Cohort
+from fedge.engine import stack_copies, weighted_sum
+from fedge.tensors import Tensors, floating
+
+States = dict[str, Tensors]  # stacked "params", "buffers" and "masks" of clients
+
+
+class Averaging:
+    """Upload every trunk through ``link``, average uniformly (BatchNorm buffers too), broadcast, and
+    recompute the masks as the non-zero pattern of the mean (``pruned``; all ones otherwise).
+
+    Resetting the masks to all ones would let the first unmasked gradient revive every pruned weight
+    whenever the mean already sits at the target count (no pruning triggers then); a mask taken from the
+    mean keeps its zeros masked, and the importance sort ranks them first when the next trigger prunes
+    further, so masks stay nested.
+
+    The trained states hold the clients this process runs (``cohort``): it uploads and sums them, one
+    all-reduce adds the sums, and every process then holds every client's state.
+    """
+
+    def __init__(self, network: Network, link: Link, cohort: Cohort, clients: list[str], pruned: bool):
+        self.network, self.link, self.cohort = network, link, cohort
+        self.clients, self.pruned = clients, pruned
+
+    def __call__(
+        self, t: int, trained: States, mask_names: list[str]
+    ) -> tuple[States, np.ndarray, np.ndarray]:
+        """Every client's state after the averaging of round ``t``; the upload and broadcast bits per
+        client."""
+        n, cohort = len(self.clients), self.cohort
+        params, buffers = trained["params"], trained["buffers"]
+        sent = {**params, **floating(buffers)}
+        up = cohort.send(self.link, t, self.clients, nodes.SERVER, "model_up", sent)
+        self.network.hold(nodes.SERVER, "client_models", int(up.bits.sum()))
+        device = next(iter(params.values())).device
+        uniform = torch.full((len(cohort),), 1.0 / n, dtype=torch.float64, device=device)
+        received = {k: up.payload.get(k, v) for k, v in {**params, **buffers}.items()}
+        summed = cohort.sum(weighted_sum(received, uniform))
+        mean_params, mean_buffers = {k: summed[k] for k in params}, {k: summed[k] for k in buffers}
+        mean = {**mean_params, **floating(mean_buffers)}
+        down = self.link.send(t, nodes.SERVER, self.clients, "model_down", mean)
+        params = stack_copies({k: down.payload[k] for k in mean_params}, n)
+        states = {
+            "params": params,
+            "buffers": stack_copies({k: down.payload.get(k, v) for k, v in mean_buffers.items()}, n),
+            "masks": {
+                name: params[name] != 0 if self.pruned else torch.ones_like(params[name], dtype=torch.bool)
+                for name in mask_names
+            },
+        }
+        return states, up.bits, np.repeat(down.bits, n)
+
+    def gathered(self, trained: States) -> States:
+        """Every client's state from each process's rows of it (cohort order is client order); masks
+        travel as bytes."""
+        cohort = self.cohort
+        masks = cohort.gather({k: m.to(torch.uint8) for k, m in trained["masks"].items()})
+        return {
+            "params": cohort.gather(trained["params"]),
+            "buffers": cohort.gather(trained["buffers"]),
+            "masks": {k: m.bool() for k, m in masks.items()},
+        }

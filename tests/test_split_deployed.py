@@ -1,0 +1,141 @@
+"""The deployed split rounds without the runtime: the server side of ``fedge deploy`` (the simulated
+round with its local steps on the nodes) against nodes that answer in this process. It must end with the
+simulation's model and ledger; a node that stops answering leaves the round, which completes on the
+others."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+pytest.importorskip("flwr")
+
+from fedge.api import resolve_config  # noqa: E402
+from fedge.deploy.node import Node  # noqa: E402
+from fedge.deploy.split_rounds import DeployedCseFsl, DeployedSplitFedV2  # noqa: E402
+from fedge.deploy.transport import Outgoing, Reply  # noqa: E402
+from fedge.runner import build_run  # noqa: E402
+
+CLIENTS = 3
+ALGORITHMS = {
+    "cse_fsl": ({"name": "cse_fsl", "h": 2, "local_steps": 4, "batch_size": 32}, DeployedCseFsl),
+    "splitfed_v2": ({"name": "splitfed_v2", "local_steps": 2, "batch_size": 32}, DeployedSplitFedV2),
+}
+
+
+def config(algorithm: str):
+    return resolve_config(
+        {
+            "seed": 3,
+            "rounds": 2,
+            "data": {"name": "digits"},
+            "partition": {"kind": "iid", "num_clients": CLIENTS},
+            "model": {"name": "mlp", "options": {"hidden": [32]}, "cut": 1},
+            "algorithm": ALGORITHMS[algorithm][0],
+            "engine": {"executor": "sequential", "threads": 1},
+        }
+    )
+
+
+class Loopback:
+    """A transport whose nodes run in this process; client ``silent`` stops answering in round ``after``."""
+
+    def __init__(self, cfg, silent: int | None = None, after: int = 0):
+        self.nodes = {c: Node(cfg, c) for c in range(CLIENTS)}
+        self.state: dict[int, tuple] = {}
+        self.silent, self.after = silent, after
+        self.dropped: dict[int, dict[int, str]] = {}
+
+    def drop(self, round_: int, client: int, reason: str) -> None:
+        self.dropped.setdefault(round_, {})[client] = reason
+
+    def exchange(
+        self, round_: int, message_type: str, outgoing: dict[int, Outgoing], specs: dict
+    ) -> dict[int, Reply]:
+        replies = {}
+        for c, out in outgoing.items():
+            if c == self.silent and round_ >= self.after:
+                self.drop(round_, c, "no reply")
+                continue
+            received = {name: tensors for name, (tensors, _) in out.records.items()}
+            replies[c] = Reply(self._answer(c, round_, message_type, out, received), {}, 0.0)
+        return replies
+
+    def _answer(self, c: int, t: int, message_type: str, out: Outgoing, received: dict) -> dict:
+        """What node ``c`` sends back, as the client app computes it (fp32: the wire changes nothing)."""
+        node = self.nodes[c]
+        if message_type == "train":
+            return node.aux_round(t, node.split_start(received))[1]
+        step = int(out.config["step"])
+        if message_type == "query.smashed":
+            if received:
+                self.state[c] = node.split_start(received)
+            return node.smashed(t, step, self.state[c])[0]
+        self.state[c], _ = node.apply_gradients(t, step, self.state[c], received["grad_down"]["g"])
+        return node.split_upload(self.state[c]) if out.config["final"] else {}
+
+
+def run_both(algorithm: str, **silence) -> tuple:
+    """Two rounds simulated and deployed: each side's algorithm, context and round reports."""
+    cfg = config(algorithm)
+    simulated = build_run(cfg)
+    ctx = build_run(cfg).context
+    deployed = ALGORITHMS[algorithm][1](ctx, cfg.algorithm)
+    deployed.check_deployable()
+    deployed.transport = Loopback(cfg, **silence)
+    sides = {"simulated": (simulated.algorithm, simulated.context), "deployed": (deployed, ctx)}
+    reports: dict[str, list] = {name: [] for name in sides}
+    for t in (1, 2):
+        for name, (algorithm_, context) in sides.items():
+            context.start("train", t)
+            reports[name].append(algorithm_.run_round(t))
+    return sides, reports
+
+
+def client_model(algorithm) -> dict[str, torch.Tensor]:
+    return {**algorithm.client["params"], **algorithm.server.params}
+
+
+@pytest.mark.parametrize("algorithm", list(ALGORITHMS))
+def test_deployed_round_equals_the_simulation(algorithm):
+    sides, reports = run_both(algorithm)
+    (sim, sim_ctx), (dep, dep_ctx) = sides["simulated"], sides["deployed"]
+    want, got = client_model(sim), client_model(dep)
+    assert got.keys() == want.keys()
+    assert max(float((got[k] - want[k]).abs().max()) for k in want) <= 1e-5
+    assert _entries(dep_ctx) == _entries(sim_ctx)
+    for simulated, deployed in zip(reports["simulated"], reports["deployed"], strict=True):
+        assert deployed.train_loss == pytest.approx(simulated.train_loss, abs=1e-5)
+        assert deployed.extra["participants"] == simulated.extra["participants"] == CLIENTS
+        assert deployed.extra["dropped"] == 0
+
+
+@pytest.mark.parametrize("algorithm", list(ALGORITHMS))
+def test_a_silent_node_leaves_its_rounds_and_the_others_complete_them(algorithm):
+    sides, reports = run_both(algorithm, silent=2, after=2)
+    first, second = reports["deployed"]
+    assert first.extra["dropped"] == 0 and first.extra["participants"] == CLIENTS
+    assert second.extra["dropped_nodes"] == ["client:2"] and second.extra["participants"] == CLIENTS - 1
+    assert torch.isfinite(torch.tensor(second.train_loss))
+    dep, ctx = sides["deployed"]
+    assert all(torch.isfinite(v).all() for v in client_model(dep).values())
+    uploaded = [n for n, kind in zip(*_senders(ctx, 2), strict=True) if kind == "model_up"]
+    assert sorted(uploaded) == ["client:0", "client:1"]
+
+
+def _senders(ctx, round_: int) -> tuple[list[str], list[str]]:
+    """The senders and kinds of round ``round_``'s ledger entries."""
+    state = ctx.ledger.state_dict()
+    names, kinds, columns = state["nodes"], state["kinds"], state["columns"]
+    at = [i for i, r in enumerate(columns["round"]) if r == round_]
+    return [names[columns["src"][i]] for i in at], [kinds[columns["kind"][i]] for i in at]
+
+
+def _entries(ctx) -> list[tuple]:
+    """Every ledger entry as (round, sender, receiver, kind, bits)."""
+    state = ctx.ledger.state_dict()
+    names, kinds, c = state["nodes"], state["kinds"], state["columns"]
+    return [
+        (int(c["round"][i]), names[c["src"][i]], names[c["dst"][i]], kinds[c["kind"][i]], int(c["bits"][i]))
+        for i in range(len(c["round"]))
+    ]
