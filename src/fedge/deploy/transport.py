@@ -164,14 +164,18 @@ class GridTransport:
             time.sleep(POLL_SECONDS)
         return replies
 
-    @staticmethod
-    def _problem(reply: Message | None, specs: dict[str, dict[str, Spec]]) -> str | None:
+    @classmethod
+    def _problem(cls, reply: Message | None, specs: dict[str, dict[str, Spec]]) -> str | None:
         """Why a reply is unusable (None: it is fine)."""
         if reply is None:
             return "no reply within the round timeout"
         if reply.has_error():
             return f"error reply {reply.error.code}: {reply.error.reason}"
-        records = reply.content.array_records
+        return cls.problem(dict(reply.content.array_records), specs)
+
+    @staticmethod
+    def problem(records: dict[str, ArrayRecord], specs: dict[str, dict[str, Spec]]) -> str | None:
+        """Why a reply's records are unusable: other record names, or an array failing its check."""
         if set(records) != set(specs):
             return f"records {sorted(records)}, expected {sorted(specs)}"
         try:
