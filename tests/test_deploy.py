@@ -1,8 +1,10 @@
 """fedge on Flower's Deployment Runtime: a SuperLink and three SuperNodes as separate processes over
-gRPC on loopback. A deployed run must end with the simulated run's model and ledger; a SuperNode killed
-mid-run drops out of its rounds while the run completes; under TLS with node authentication an unknown
-key cannot join. The runtime tests carry the ``deploy`` marker (CI's second step); the payload checks
-run wherever Flower is installed."""
+gRPC on loopback. Every deployable algorithm's run must end with the simulated run's model and ledger;
+a SuperNode killed mid-run drops out of its rounds while the run completes (FedAvg, Gossip); under TLS
+with node authentication an unknown key cannot join; refused algorithms fail in one line. The runtime
+tests carry the ``deploy`` marker (CI's second step); the payload checks and the in-process loopback
+runs (the same records, node code and checks without the runtime's processes) run wherever Flower is
+installed."""
 
 from __future__ import annotations
 
@@ -23,7 +25,11 @@ from flwr.app import Array, ArrayRecord  # noqa: E402
 from fedge import checkpoint, run  # noqa: E402
 from fedge.api import resolve_config  # noqa: E402
 from fedge.deploy.launch import Federation, Tls  # noqa: E402
+from fedge.deploy.loopback import LoopbackTransport  # noqa: E402
+from fedge.deploy.rounds import REFUSED, deployed_class  # noqa: E402
+from fedge.deploy.server_app import run_deployed  # noqa: E402
 from fedge.deploy.wire import Rejected, check, expect, from_record, to_record  # noqa: E402
+from fedge.errors import ConfigError  # noqa: E402
 from fedge.tensors import Tensors  # noqa: E402
 
 NODES = 3
@@ -34,8 +40,17 @@ ALGORITHMS = {
     "cse_fsl": {"name": "cse_fsl", "h": 2, "local_steps": 4, "batch_size": 32},
     "splitfed_v2": {"name": "splitfed_v2", "local_steps": 1, "batch_size": 32},
     "hfedavg": {"name": "hfedavg", "cells": 2, "edge_rounds": 2, "local_steps": 2, "split": "partition"},
-    "hist": {"name": "hist", "cells": 2, "edge_rounds": 2, "local_steps": 2, "split": "partition"},
-}
+    "hist": {
+        "name": "hist", "cells": 2, "edge_rounds": 2, "local_steps": 2, "split": "partition",
+        "aggregation": "aircomp",
+    },
+    **{
+        name: {"name": name, "local_epochs": 1, "batch_size": 64, "peers": 2}
+        for name in ("afind", "local", "gossip", "pens", "federico", "dispfl", "fedfomo")
+    },
+    "fedavg_ft": {"name": "fedavg_ft", "batch_size": 64},
+    "ditto": {"name": "ditto", "local_epochs": 2, "local_update": "alternating", "batch_size": 64, "peers": 2},
+}  # fmt: skip
 ROUNDS = {"hfedavg": 1, "hist": 1}  # two edge rounds
 
 
@@ -100,14 +115,13 @@ def test_records_round_trip_and_malformed_replies_are_rejected_with_the_reason()
 # ----- the runtime -----------------------------------------------------------------------------------
 
 
-@pytest.mark.deploy
-@pytest.mark.parametrize("algorithm", list(ALGORITHMS))
-def test_deployed_run_equals_the_simulation(federation, tmp_path, algorithm):
-    cfg = config(tmp_path, algorithm, rounds=ROUNDS.get(algorithm, 2))
-    deployed = federation.run(cfg, round_timeout=300)
-    simulated = run(
-        cfg.model_copy(update={"output": cfg.output.model_copy(update={"dir": str(tmp_path / "sim")})})
-    )
+def simulate(cfg, tmp_path: Path):
+    """The simulated run of ``cfg`` (in its own output folder)."""
+    return run(cfg.model_copy(update={"output": cfg.output.model_copy(update={"dir": str(tmp_path / "sim")})}))
+
+
+def assert_equal_runs(deployed: Path, simulated, algorithm: str) -> None:
+    """The deployed run has the simulation's model, ledger and files; the runtime's record is whole."""
     got = tensors_of(checkpoint.load(deployed / "checkpoint.pt").state["algorithm"])
     want = tensors_of(checkpoint.load(simulated.run_dir / "checkpoint.pt").state["algorithm"])
     assert got.keys() == want.keys()
@@ -115,13 +129,70 @@ def test_deployed_run_equals_the_simulation(federation, tmp_path, algorithm):
     assert (deployed / "ledger.csv").read_text() == (simulated.run_dir / "ledger.csv").read_text()
     assert {p.name for p in simulated.run_dir.iterdir()} <= {p.name for p in deployed.iterdir()}
     summary = json.loads((deployed / "deploy.json").read_text())
-    logical = sum(k["ledger_bits"] for k in summary["kinds"].values() if "logical" in k.get("note", ""))
-    assert summary["ledger_bits"] + logical == simulated.summary["bits_up"] + simulated.summary["bits_down"]
-    assert 0 < summary["overhead_percent"] < 15  # npy headers and key names on top of the values
+    s = simulated.summary
+    assert summary["ledger_bits"] == {"up": s["bits_up"], "down": s["bits_down"], "peer": s["bits_peer"]}
+    if s["bits_peer"]:  # the relay's cost: every peer message up to the SuperLink and down again
+        assert summary["relay"]["relayed_bits"] == 2 * s["bits_peer"]
+    else:
+        assert "relay" not in summary
+    if algorithm == "fedavg":  # fp32 rows carry the model plus their batch plan: a few percent more
+        assert 1.0 < summary["carried_bits"]["up"] / s["bits_up"] < 1.15
     timings = [json.loads(line) for line in (deployed / "nodes.jsonl").read_text().splitlines()]
     trained = range(2) if algorithm in ROUNDS else range(NODES)  # 2 cells of 1: client 2 idles
     assert {t["node"] for t in timings} == {f"client:{c}" for c in trained}
     assert all(t["seconds"] >= t["compute_seconds"] > 0 for t in timings)
+
+
+# ----- in process: the deployed rounds over the loopback transport ------------------------------------
+
+
+@pytest.mark.parametrize("algorithm", ["fedavg", "hist", "gossip", "ditto"])
+def test_a_loopback_deployment_equals_the_simulation(tmp_path, algorithm):
+    cfg = config(tmp_path, algorithm, rounds=ROUNDS.get(algorithm, 2))
+    deployed = run_deployed(cfg, lambda n: LoopbackTransport(cfg, n))
+    assert_equal_runs(deployed.run_dir, simulate(cfg, tmp_path), algorithm)
+
+
+@pytest.mark.parametrize("algorithm", ["fedavg", "gossip"])
+def test_a_client_lost_from_round_two_keeps_its_rows_and_is_named_in_the_metrics(tmp_path, algorithm):
+    """The rule: a client that does not train keeps the rows it was sent (it did not move), its loss is
+    the mean of the others'; the metrics row names it."""
+    cfg = config(tmp_path, algorithm, rounds=2)
+    lost = run_deployed(cfg, lambda n: LoopbackTransport(cfg, n, silent=frozenset({2}), silent_from=2))
+    rows = lost.metrics
+    assert [r["dropped_nodes"] for r in rows] == [[], ["client:2"]] and rows[1]["dropped"] == 1
+    assert all(np.isfinite(r["train_loss"]) and np.isfinite(r["accuracy"]) for r in rows)
+    whole = run_deployed(
+        cfg.model_copy(update={"output": cfg.output.model_copy(update={"dir": str(tmp_path / "whole")})}),
+        lambda n: LoopbackTransport(cfg, n),
+    )
+    state = checkpoint.load(lost.run_dir / "checkpoint.pt").state["algorithm"]
+    other = checkpoint.load(whole.run_dir / "checkpoint.pt").state["algorithm"]
+    if algorithm == "gossip":  # client 2 kept round 1's mixed row; the others mixed it in unchanged
+        ours, theirs = state["bank"]["params"], other["bank"]["params"]
+        assert all(not torch.equal(ours[k], theirs[k]) for k in ours)
+    else:
+        assert all(not torch.equal(state["params"][k], other["params"][k]) for k in state["params"])
+    dropped = json.loads((lost.run_dir / "deploy.json").read_text())["dropped"]
+    assert list(dropped) == ["2"] and "no reply" in dropped["2"]["2"]
+
+
+@pytest.mark.parametrize("algorithm", sorted(REFUSED))
+def test_refused_algorithms_fail_in_one_line_naming_why(algorithm):
+    with pytest.raises(ConfigError, match=r"algorithm\.name.*cannot be deployed: ") as caught:
+        deployed_class(algorithm)
+    assert "\n" not in str(caught.value)
+
+
+# ----- the runtime -----------------------------------------------------------------------------------
+
+
+@pytest.mark.deploy
+@pytest.mark.parametrize("algorithm", list(ALGORITHMS))
+def test_deployed_run_equals_the_simulation(federation, tmp_path, algorithm):
+    cfg = config(tmp_path, algorithm, rounds=ROUNDS.get(algorithm, 2))
+    deployed = federation.run(cfg, round_timeout=300)
+    assert_equal_runs(deployed, simulate(cfg, tmp_path), algorithm)
 
 
 @pytest.mark.deploy
