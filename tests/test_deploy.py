@@ -45,11 +45,14 @@ ALGORITHMS = {
         "aggregation": "aircomp",
     },
     **{
-        name: {"name": name, "local_epochs": 1, "batch_size": 64, "peers": 2}
+        name: {"name": name, "local_epochs": 1, "batch_size": 64, "peers": 2, "ft_epochs": 0}
         for name in ("afind", "local", "gossip", "pens", "federico", "dispfl", "fedfomo")
     },
     "fedavg_ft": {"name": "fedavg_ft", "batch_size": 64},
-    "ditto": {"name": "ditto", "local_epochs": 2, "local_update": "alternating", "batch_size": 64, "peers": 2},
+    "ditto": {
+        "name": "ditto", "local_epochs": 2, "local_update": "alternating", "batch_size": 64, "peers": 2,
+        "ft_epochs": 0,
+    },
 }  # fmt: skip
 ROUNDS = {"hfedavg": 1, "hist": 1}  # two edge rounds
 
@@ -117,7 +120,9 @@ def test_records_round_trip_and_malformed_replies_are_rejected_with_the_reason()
 
 def simulate(cfg, tmp_path: Path):
     """The simulated run of ``cfg`` (in its own output folder)."""
-    return run(cfg.model_copy(update={"output": cfg.output.model_copy(update={"dir": str(tmp_path / "sim")})}))
+    return run(
+        cfg.model_copy(update={"output": cfg.output.model_copy(update={"dir": str(tmp_path / "sim")})})
+    )
 
 
 def assert_equal_runs(deployed: Path, simulated, algorithm: str) -> None:
@@ -195,10 +200,10 @@ def test_deployed_run_equals_the_simulation(federation, tmp_path, algorithm):
     assert_equal_runs(deployed, simulate(cfg, tmp_path), algorithm)
 
 
-@pytest.mark.deploy
-def test_a_supernode_killed_in_round_two_drops_out_and_the_run_completes(federation, tmp_path):
-    """Last test on the shared federation: it kills one of its nodes."""
-    cfg = config(tmp_path, "fedavg", rounds=3)
+def killed_in_round_two(federation: Federation, tmp_path: Path, algorithm: str) -> list[dict]:
+    """Deploy 3 rounds of ``algorithm``, kill client 2's SuperNode once round 1 is recorded; the run's
+    metrics rows (the run must complete, and round 3 must run without client 2)."""
+    cfg = config(tmp_path, algorithm, rounds=3)
     outcome: dict[str, object] = {}
 
     def deploy() -> None:
@@ -209,7 +214,7 @@ def test_a_supernode_killed_in_round_two_drops_out_and_the_run_completes(federat
 
     worker = threading.Thread(target=deploy)
     worker.start()
-    metrics = tmp_path / "runs" / "fedavg-digits" / "metrics.jsonl"
+    metrics = tmp_path / "runs" / f"{algorithm}-digits" / "metrics.jsonl"
     while worker.is_alive() and not (metrics.is_file() and metrics.read_text().strip()):
         time.sleep(0.2)
     federation.kill_node("node2")  # round 1 is recorded: round 2 is under way
@@ -217,11 +222,28 @@ def test_a_supernode_killed_in_round_two_drops_out_and_the_run_completes(federat
     assert "error" not in outcome, outcome.get("error")
     rows = [json.loads(line) for line in (outcome["run_dir"] / "metrics.jsonl").read_text().splitlines()]
     assert [r["round"] for r in rows] == [1, 2, 3] and rows[0]["dropped"] == 0
-    assert rows[2]["dropped_nodes"] == ["client:2"] and rows[2]["participants"] == 2
+    assert rows[2]["dropped_nodes"] == ["client:2"] and rows[2]["dropped"] == 1
     assert all(r["dropped_nodes"] in ([], ["client:2"]) for r in rows[1:])
-    assert np.isfinite(rows[2]["accuracy"])
+    assert all(np.isfinite(r["accuracy"]) and np.isfinite(r["train_loss"]) for r in rows)
     dropped = json.loads((outcome["run_dir"] / "deploy.json").read_text())["dropped"]
-    assert "2" in dropped["3"] and "no reply" in dropped["3"]["2"] or "error reply" in dropped["3"]["2"]
+    assert "no reply" in dropped["3"]["2"] or "error reply" in dropped["3"]["2"]
+    return rows
+
+
+@pytest.mark.deploy
+def test_a_supernode_killed_in_round_two_drops_out_and_the_fedavg_run_completes(federation, tmp_path):
+    """Last test on the shared federation: it kills one of its nodes."""
+    killed_in_round_two(federation, tmp_path, "fedavg")
+
+
+@pytest.mark.deploy
+def test_a_supernode_killed_in_round_two_drops_out_and_the_gossip_run_completes(tmp_path):
+    """A decentralized round: client 2 keeps its rows, its peers mix them in (a federation of its own)."""
+    with Federation(tmp_path / "home").start() as fed:
+        for client in range(NODES):
+            fed.add_node(client, NODES)
+        rows = killed_in_round_two(fed, tmp_path, "gossip")
+    assert rows[2]["mb_peer"] > rows[1]["mb_peer"] > rows[0]["mb_peer"]  # peers still send to client 2
 
 
 @pytest.mark.deploy
@@ -236,3 +258,24 @@ def test_tls_with_node_authentication_refuses_an_unknown_key(tmp_path):
         deployed = fed.run(config(tmp_path, "fedavg", rounds=1, clients=1), round_timeout=300)
     rows = (deployed / "metrics.jsonl").read_text().splitlines()
     assert len(rows) == 1 and json.loads(rows[0])["dropped"] == 0
+
+
+def test_fedge_deploy_refuses_in_one_line_and_prints_the_run_summary(tmp_path, capsys):
+    from typer.testing import CliRunner
+
+    from fedge.cli import app
+    from fedge.cli_deploy import print_deployed
+
+    path = tmp_path / "centralized.yaml"
+    path.write_text("rounds: 1\ndata: {name: digits}\nalgorithm: {name: centralized}\n")
+    refused = CliRunner().invoke(app, ["deploy", str(path)])
+    assert refused.exit_code == 2
+    assert refused.output.startswith("error: algorithm.name") and "no clients" in refused.output
+    cfg = config(tmp_path, "gossip")
+    print_deployed(run_deployed(cfg, lambda n: LoopbackTransport(cfg, n)).run_dir)
+    shown = capsys.readouterr().out
+    assert (
+        "fedge · gossip on digits" in shown
+        and "peer_model (peer)" in shown
+        and "carried on the runtime" in shown
+    )

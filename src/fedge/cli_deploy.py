@@ -39,6 +39,11 @@ def deploy(
     except FedgeError as error:
         errors.print(f"[bold red]error:[/] {error}", highlight=False, markup=True)
         raise typer.Exit(code=EXIT_BAD_INPUT) from None
+    print_deployed(run_dir)
+
+
+def print_deployed(run_dir: Path) -> None:
+    """The summary ``fedge run`` prints, then what the runtime carried and who dropped out."""
     from fedge.cli import _print_summary  # the run command's table (imported here: cli imports this module)
 
     _print_summary(_result(run_dir))

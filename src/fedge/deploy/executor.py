@@ -85,7 +85,10 @@ class RemoteExecutor(Executor):
             index = torch.as_tensor(np.flatnonzero(owners == client))
             sent = {name: _take(t, index) for name, t in zip(STATE, state, strict=True)}
             records = {name: (t, None) for name, t in sent.items()}
-            records["plan"] = (_take({"index": plan.index, "weight": plan.weight, "steps": plan.steps}, index), None)
+            records["plan"] = (
+                _take({"index": plan.index, "weight": plan.weight, "steps": plan.steps}, index),
+                None,
+            )
             if keys is not None:
                 records["keys"] = (_take({"base": keys.base}, index), None)
             outgoing[client] = Outgoing(records, config)
@@ -105,7 +108,9 @@ class RemoteExecutor(Executor):
     ) -> torch.Tensor:
         """The bank holds the trained rows (an untrained client's rows as sent); each row's loss."""
         if not replies:
-            raise FedgeError(f"round {self.round}: no client trained ({self.transport.dropped.get(self.round)})")
+            raise FedgeError(
+                f"round {self.round}: no client trained ({self.transport.dropped.get(self.round)})"
+            )
         new = tuple({k: v.clone() for k, v in tensors.items()} for tensors in state)
         losses = torch.full((len(bank),), float("nan"), device=device)
         for client, reply in replies.items():
@@ -129,4 +134,3 @@ class RemoteExecutor(Executor):
     def map(self, fn, state, batch, shared, counts, inputs=(), keys=None, stage="map") -> Mapped:
         """In the server app, on the run's own executor (split learning's per-batch work)."""
         return self.local.map(fn, state, batch, shared, counts, inputs, keys, stage)
-

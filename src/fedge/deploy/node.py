@@ -82,14 +82,18 @@ class Node:
 
     # ----- rows of any executor call (the remote executor) ------------------------------------------
 
-    def train_rows(self, received: dict[str, Tensors], config: dict) -> tuple[dict[str, Tensors], dict[str, float]]:
+    def train_rows(
+        self, received: dict[str, Tensors], config: dict
+    ) -> tuple[dict[str, Tensors], dict[str, float]]:
         """Train the rows the server sent (its executor's ``train`` call, for this client's rows only)
         with this node's executor, the step function and data set the config names, and the server's
         noise keys; the trained rows and their losses."""
         alg = self.algorithm
         ctx = self.built.context
         if int(config["client"]) != self.client:
-            raise ConfigError("partition-id", f"rows of client {config['client']} sent to client {self.client}")
+            raise ConfigError(
+                "partition-id", f"rows of client {config['client']} sent to client {self.client}"
+            )
         began = time.perf_counter()
         plan = received["plan"]
         count = len(plan["steps"])
