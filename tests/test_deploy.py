@@ -29,7 +29,9 @@ from fedge.deploy.loopback import LoopbackTransport  # noqa: E402
 from fedge.deploy.rounds import REFUSED, deployed_class  # noqa: E402
 from fedge.deploy.server_app import run_deployed  # noqa: E402
 from fedge.deploy.wire import Rejected, check, expect, from_record, to_record  # noqa: E402
-from fedge.errors import ConfigError  # noqa: E402
+from fedge.engine import ClientBank  # noqa: E402
+from fedge.errors import ConfigError, FedgeError  # noqa: E402
+from fedge.runner import build_run  # noqa: E402
 from fedge.tensors import Tensors  # noqa: E402
 
 NODES = 3
@@ -180,6 +182,21 @@ def test_a_client_lost_from_round_two_keeps_its_rows_and_is_named_in_the_metrics
         assert all(not torch.equal(state["params"][k], other["params"][k]) for k in state["params"])
     dropped = json.loads((lost.run_dir / "deploy.json").read_text())["dropped"]
     assert list(dropped) == ["2"] and "no reply" in dropped["2"]["2"]
+
+
+def test_the_remote_executor_refuses_what_would_not_run_on_the_nodes(tmp_path):
+    """A step function the algorithm does not hold cannot be named to a node; per-batch ``map`` work
+    would run in the server app: both fail naming why."""
+    cfg = config(tmp_path, "fedavg")
+    built = build_run(cfg)
+    algorithm = deployed_class("fedavg")(built.context, cfg.algorithm)
+    algorithm.attach(LoopbackTransport(cfg, NODES))
+    executor = algorithm.ctx.executor
+    bank = ClientBank.broadcast([0], algorithm.params, algorithm.buffers)
+    with pytest.raises(FedgeError, match="does not hold"):
+        executor.train(lambda *a: a, bank, None, built.context.data, 0.1)
+    with pytest.raises(FedgeError, match="per-batch client work"):
+        executor.map(None, (), (), (), torch.ones(1))
 
 
 @pytest.mark.parametrize("algorithm", sorted(REFUSED))

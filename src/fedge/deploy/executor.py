@@ -56,15 +56,14 @@ def _take(tensors: Tensors, index: torch.Tensor) -> Tensors:
 
 
 class RemoteExecutor(Executor):
-    """Trains each row of a bank on its client's node through ``transport``; ``map`` stays in the
-    server app (``local``: the run's own executor, whose noise root this one shares)."""
+    """Trains each row of a bank on its client's node through ``transport`` (``local``: the run's own
+    executor, whose noise root this one shares and draws the rows' keys from)."""
 
     name = "remote"
 
     def __init__(self, algorithm: Any, transport: Transport, local: Executor):
         self.algorithm = algorithm
         self.transport = transport
-        self.local = local
         self.noise = local.noise
         self.round = 0
         self.untrained: dict[int, set[int]] = {}
@@ -111,7 +110,10 @@ class RemoteExecutor(Executor):
             raise FedgeError(
                 f"round {self.round}: no client trained ({self.transport.dropped.get(self.round)})"
             )
-        new = tuple({k: v.clone() for k, v in tensors.items()} for tensors in state)
+        owned = (
+            bank.owned
+        )  # trained in place; otherwise the bank gets new tensors and the given stay as they are
+        new = state if owned else tuple({k: v.clone() for k, v in tensors.items()} for tensors in state)
         losses = torch.full((len(bank),), float("nan"), device=device)
         for client, reply in replies.items():
             index = index_of[client]
@@ -123,14 +125,14 @@ class RemoteExecutor(Executor):
         if missing:
             self.untrained.setdefault(self.round, set()).update(missing)
             losses = torch.where(torch.isnan(losses), losses.nanmean(), losses)
-        if bank.owned:
-            for targets, values in zip(state, new, strict=True):
-                for k, target in targets.items():
-                    target.copy_(values[k])
-        else:
+        if not owned:
             bank.adopt(*new, owned=False)
         return losses
 
     def map(self, fn, state, batch, shared, counts, inputs=(), keys=None, stage="map") -> Mapped:
-        """In the server app, on the run's own executor (split learning's per-batch work)."""
-        return self.local.map(fn, state, batch, shared, counts, inputs, keys, stage)
+        """Refused: ``map`` is per-batch client work on batch tensors the caller already holds, which
+        would run here, in the server app, not on the nodes (split learning's rounds)."""
+        raise FedgeError(
+            f"{type(self.algorithm).__name__} maps per-batch client work ({stage}): the remote executor "
+            "trains whole local phases only"
+        )

@@ -14,9 +14,10 @@ from __future__ import annotations
 from typing import Any
 
 from fedge.algorithms import ALGORITHMS
+from fedge.comm import nodes
 from fedge.deploy.executor import RemoteExecutor
 from fedge.deploy.split_rounds import DeployedCseFsl, DeployedSplitFedV2
-from fedge.deploy.transport import Transport, dropout_figures
+from fedge.deploy.transport import Transport
 from fedge.errors import ConfigError
 from fedge.metrics import RoundReport
 
@@ -51,9 +52,12 @@ class DeployedRounds:
         self.ctx.executor = RemoteExecutor(self, transport, self.ctx.executor)
 
     def run_round(self, t: int) -> RoundReport:
-        self.ctx.executor.round = t
+        executor: RemoteExecutor = self.ctx.executor
+        executor.round = t
         report = super().run_round(t)
-        return RoundReport(report.train_loss, {**report.extra, **dropout_figures(self.transport, t)})
+        lost = sorted(executor.untrained.get(t, ()))
+        figures = {"dropped": len(lost), "dropped_nodes": [nodes.client(c) for c in lost]}
+        return RoundReport(report.train_loss, {**report.extra, **figures})
 
 
 def refusal(name: str) -> str | None:
