@@ -55,6 +55,11 @@ def _take(tensors: Tensors, index: torch.Tensor) -> Tensors:
     return {k: v[index.to(v.device)] for k, v in tensors.items()}
 
 
+def _narrow(index: torch.Tensor) -> torch.Tensor:
+    """Sample indices as int32 on the wire where they fit (half the bytes of the plan's int64)."""
+    return index.to(torch.int32) if index.numel() and int(index.max()) < 2**31 else index
+
+
 class RemoteExecutor(Executor):
     """Trains each row of a bank on its client's node through ``transport`` (``local``: the run's own
     executor, whose noise root this one shares and draws the rows' keys from)."""
@@ -78,16 +83,14 @@ class RemoteExecutor(Executor):
             "lr": float(lr),
         }
         state = (bank.params, bank.buffers, bank.opt_state)
+        batches = {"index": _narrow(plan.index), "weight": plan.weight, "steps": plan.steps}
         owners = np.asarray(bank.clients, dtype=np.int64)
         outgoing, specs, index_of = {}, {}, {}
         for client in dict.fromkeys(int(c) for c in owners):
             index = torch.as_tensor(np.flatnonzero(owners == client))
             sent = {name: _take(t, index) for name, t in zip(STATE, state, strict=True)}
             records = {name: (t, None) for name, t in sent.items()}
-            records["plan"] = (
-                _take({"index": plan.index, "weight": plan.weight, "steps": plan.steps}, index),
-                None,
-            )
+            records["plan"] = (_take(batches, index), None)
             if keys is not None:
                 records["keys"] = (_take({"base": keys.base}, index), None)
             outgoing[client] = Outgoing(records, config)

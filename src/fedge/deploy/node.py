@@ -99,7 +99,7 @@ class Node:
         count = len(plan["steps"])
         clients = (self.client,) * count
         bank = ClientBank(clients, received["params"], received["buffers"], received["opt_state"], owned=True)
-        batches = BatchPlan(clients, plan["index"], plan["weight"], plan["steps"])
+        batches = BatchPlan(clients, plan["index"].long(), plan["weight"], plan["steps"])
         step, data = resolve(alg, str(config["step"])), resolve(alg, str(config["data"]))
         executor = ctx.executor
         executor.noise = GivenKeys(received["keys"]["base"]) if "keys" in received else None
