@@ -24,6 +24,7 @@ from fedge.tensors import Tensors
 
 log = logging.getLogger("fedge.deploy")
 POLL_SECONDS = 0.05
+HELLO_SECONDS = 15.0  # how long one pass of the join waits for hello replies
 Scalar = int | float | str | bool
 
 
@@ -63,33 +64,41 @@ class GridTransport:
         self.dropped: dict[int, dict[int, str]] = {}
 
     def connect(self, wait: float) -> None:
-        """Ask every connected node for its ``partition-id`` until each of the run's clients has one."""
+        """Ask every connected node for its ``partition-id`` until each of the run's clients has one.
+
+        A node that does not answer within ``HELLO_SECONDS`` (one that died, whose id the SuperLink
+        still lists) is asked again on the next pass, so it never holds up the nodes that do answer."""
         deadline = time.monotonic() + wait
-        asked: set[int] = set()
+        refused: set[int] = set()
         while len(self.node_of) < self.num_clients:
-            new = [n for n in self.grid.get_node_ids() if n not in asked]
-            if new:
-                asked.update(new)
-                hello = [Message(RecordDict({}), dst_node_id=n, message_type="query.hello") for n in new]
-                for reply in self._gather(hello, deadline - time.monotonic()).values():
-                    self._register(reply)
             if time.monotonic() > deadline:
                 have = sorted(self.node_of)
                 raise FedgeError(f"only clients {have} of {self.num_clients} joined within {wait:.0f} s")
-            time.sleep(0.5)
+            known = set(self.node_of.values()) | refused
+            waiting = [n for n in self.grid.get_node_ids() if n not in known]
+            if not waiting:
+                time.sleep(0.5)
+                continue
+            hello = [Message(RecordDict({}), dst_node_id=n, message_type="query.hello") for n in waiting]
+            limit = min(HELLO_SECONDS, deadline - time.monotonic())
+            for reply in self._gather(hello, limit).values():
+                if not self._register(reply):
+                    refused.add(reply.metadata.src_node_id)
 
-    def _register(self, reply: Message) -> None:
+    def _register(self, reply: Message) -> bool:
+        """Record the client a hello reply names; False for a node refused for good."""
         if reply.has_error():
-            return
+            return True  # an unreachable node: asked again on the next pass
         config = reply.content.config_records["node"]
         client, count = int(config["partition-id"]), int(config["num-partitions"])
         if count != self.num_clients or not 0 <= client < count:
             log.warning("node %s refused: partition %s of %s", reply.metadata.src_node_id, client, count)
-            return
+            return False
         if client in self.node_of:
             log.warning("node %s refused: client %s already has a node", reply.metadata.src_node_id, client)
-            return
+            return False
         self.node_of[client] = reply.metadata.src_node_id
+        return True
 
     def exchange(
         self,
