@@ -24,7 +24,6 @@ from fedge.tensors import Tensors
 
 log = logging.getLogger("fedge.deploy")
 POLL_SECONDS = 0.05
-HELLO_SECONDS = 15.0  # how long one pass of the join waits for hello replies
 Scalar = int | float | str | bool
 
 
@@ -66,39 +65,37 @@ class GridTransport:
     def connect(self, wait: float) -> None:
         """Ask every connected node for its ``partition-id`` until each of the run's clients has one.
 
-        A node that does not answer within ``HELLO_SECONDS`` (one that died, whose id the SuperLink
-        still lists) is asked again on the next pass, so it never holds up the nodes that do answer."""
+        Each node is asked once and its reply collected whenever it comes, so a node that never answers
+        (one that died, whose id the SuperLink still lists for a while) holds up no other."""
         deadline = time.monotonic() + wait
-        refused: set[int] = set()
+        asked: set[int] = set()
+        pending: set[str] = set()
         while len(self.node_of) < self.num_clients:
             if time.monotonic() > deadline:
                 have = sorted(self.node_of)
                 raise FedgeError(f"only clients {have} of {self.num_clients} joined within {wait:.0f} s")
-            known = set(self.node_of.values()) | refused
-            waiting = [n for n in self.grid.get_node_ids() if n not in known]
-            if not waiting:
-                time.sleep(0.5)
-                continue
-            hello = [Message(RecordDict({}), dst_node_id=n, message_type="query.hello") for n in waiting]
-            limit = min(HELLO_SECONDS, deadline - time.monotonic())
-            for reply in self._gather(hello, limit).values():
-                if not self._register(reply):
-                    refused.add(reply.metadata.src_node_id)
+            new = [n for n in self.grid.get_node_ids() if n not in asked]
+            if new:
+                asked.update(new)
+                hello = [Message(RecordDict({}), dst_node_id=n, message_type="query.hello") for n in new]
+                pending.update(self.grid.push_messages(hello))
+            for reply in self.grid.pull_messages(list(pending)) if pending else ():
+                pending.discard(reply.metadata.reply_to_message_id)
+                self._register(reply)
+            time.sleep(0.5)
 
-    def _register(self, reply: Message) -> bool:
-        """Record the client a hello reply names; False for a node refused for good."""
+    def _register(self, reply: Message) -> None:
         if reply.has_error():
-            return True  # an unreachable node: asked again on the next pass
+            return
         config = reply.content.config_records["node"]
         client, count = int(config["partition-id"]), int(config["num-partitions"])
         if count != self.num_clients or not 0 <= client < count:
             log.warning("node %s refused: partition %s of %s", reply.metadata.src_node_id, client, count)
-            return False
+            return
         if client in self.node_of:
             log.warning("node %s refused: client %s already has a node", reply.metadata.src_node_id, client)
-            return False
+            return
         self.node_of[client] = reply.metadata.src_node_id
-        return True
 
     def exchange(
         self,
@@ -161,17 +158,6 @@ class GridTransport:
             if len(answers) < len(by_id):
                 time.sleep(POLL_SECONDS)
         return answers
-
-    def _gather(self, messages: list[Message], timeout: float) -> dict[str, Message]:
-        """Replies to ``messages`` within ``timeout`` seconds (no check: the hello exchange)."""
-        ids = list(self.grid.push_messages(messages))
-        deadline = time.monotonic() + max(timeout, 0.0)
-        replies: dict[str, Message] = {}
-        while len(replies) < len(ids) and time.monotonic() < deadline:
-            for reply in self.grid.pull_messages([i for i in ids if i not in replies]):
-                replies[reply.metadata.reply_to_message_id] = reply
-            time.sleep(POLL_SECONDS)
-        return replies
 
     @classmethod
     def _problem(cls, reply: Message | None, specs: dict[str, dict[str, Spec]]) -> str | None:
