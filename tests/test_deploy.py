@@ -1,8 +1,10 @@
 """fedge on Flower's Deployment Runtime: a SuperLink and three SuperNodes as separate processes over
-gRPC on loopback. A deployed run must end with the simulated run's model and ledger; a SuperNode killed
-mid-run drops out of its rounds while the run completes; under TLS with node authentication an unknown
-key cannot join. The runtime tests carry the ``deploy`` marker (CI's second step); the payload checks
-run wherever Flower is installed."""
+gRPC on loopback. Every deployable algorithm's run must end with the simulated run's model and ledger;
+a SuperNode killed mid-run drops out of its rounds while the run completes (FedAvg, Gossip); under TLS
+with node authentication an unknown key cannot join; refused algorithms fail in one line. The runtime
+tests carry the ``deploy`` marker (CI's second step); the payload checks and the in-process loopback
+runs (the same records, node code and checks without the runtime's processes) run wherever Flower is
+installed."""
 
 from __future__ import annotations
 
@@ -23,20 +25,40 @@ from flwr.app import Array, ArrayRecord  # noqa: E402
 from fedge import checkpoint, run  # noqa: E402
 from fedge.api import resolve_config  # noqa: E402
 from fedge.deploy.launch import Federation, Tls  # noqa: E402
+from fedge.deploy.loopback import LoopbackTransport  # noqa: E402
+from fedge.deploy.rounds import REFUSED, deployed_class  # noqa: E402
+from fedge.deploy.server_app import run_deployed  # noqa: E402
 from fedge.deploy.wire import Rejected, check, expect, from_record, to_record  # noqa: E402
+from fedge.engine import ClientBank  # noqa: E402
+from fedge.errors import ConfigError, FedgeError  # noqa: E402
+from fedge.runner import build_run  # noqa: E402
 from fedge.tensors import Tensors  # noqa: E402
 
 NODES = 3
 # A killed node costs its rounds this long; raise it on a heavily loaded machine (normal replies slower).
-KILL_TIMEOUT = float(os.environ.get("FEDGE_DEPLOY_ROUND_TIMEOUT", "30"))
+# Round 3 finds the killed node unavailable at once (missed heartbeats), so only round 2 waits it out.
+KILL_TIMEOUT = float(os.environ.get("FEDGE_DEPLOY_ROUND_TIMEOUT", "60"))
 ALGORITHMS = {
     "fedavg": {"name": "fedavg", "batch_size": 64},
     "cse_fsl": {"name": "cse_fsl", "h": 2, "local_steps": 4, "batch_size": 32},
     "splitfed_v2": {"name": "splitfed_v2", "local_steps": 1, "batch_size": 32},
     "hfedavg": {"name": "hfedavg", "cells": 2, "edge_rounds": 2, "local_steps": 2, "split": "partition"},
-    "hist": {"name": "hist", "cells": 2, "edge_rounds": 2, "local_steps": 2, "split": "partition"},
-}
-ROUNDS = {"hfedavg": 1, "hist": 1}  # two edge rounds
+    "hist": {
+        "name": "hist", "cells": 2, "edge_rounds": 2, "local_steps": 2, "split": "partition",
+        "aggregation": "aircomp",
+    },
+    **{
+        name: {"name": name, "local_epochs": 1, "batch_size": 64, "peers": 2, "ft_epochs": 0}
+        for name in ("afind", "local", "gossip", "pens", "federico", "dispfl", "fedfomo")
+    },
+    "fedavg_ft": {"name": "fedavg_ft", "batch_size": 64},
+    "ditto": {
+        "name": "ditto", "local_epochs": 2, "local_update": "alternating", "batch_size": 64, "peers": 2,
+        "ft_epochs": 0,
+    },
+}  # fmt: skip
+ROUNDS = {"hfedavg": 1, "hist": 1, "ditto": 1}  # two edge rounds; Ditto's three training phases a round
+HIERARCHICAL = ("hfedavg", "hist")
 
 
 def config(tmp: Path, algorithm: str, rounds: int = 2, clients: int = NODES):
@@ -100,14 +122,15 @@ def test_records_round_trip_and_malformed_replies_are_rejected_with_the_reason()
 # ----- the runtime -----------------------------------------------------------------------------------
 
 
-@pytest.mark.deploy
-@pytest.mark.parametrize("algorithm", list(ALGORITHMS))
-def test_deployed_run_equals_the_simulation(federation, tmp_path, algorithm):
-    cfg = config(tmp_path, algorithm, rounds=ROUNDS.get(algorithm, 2))
-    deployed = federation.run(cfg, round_timeout=300)
-    simulated = run(
+def simulate(cfg, tmp_path: Path):
+    """The simulated run of ``cfg`` (in its own output folder)."""
+    return run(
         cfg.model_copy(update={"output": cfg.output.model_copy(update={"dir": str(tmp_path / "sim")})})
     )
+
+
+def assert_equal_runs(deployed: Path, simulated, algorithm: str) -> None:
+    """The deployed run has the simulation's model, ledger and files; the runtime's record is whole."""
     got = tensors_of(checkpoint.load(deployed / "checkpoint.pt").state["algorithm"])
     want = tensors_of(checkpoint.load(simulated.run_dir / "checkpoint.pt").state["algorithm"])
     assert got.keys() == want.keys()
@@ -115,19 +138,91 @@ def test_deployed_run_equals_the_simulation(federation, tmp_path, algorithm):
     assert (deployed / "ledger.csv").read_text() == (simulated.run_dir / "ledger.csv").read_text()
     assert {p.name for p in simulated.run_dir.iterdir()} <= {p.name for p in deployed.iterdir()}
     summary = json.loads((deployed / "deploy.json").read_text())
-    logical = sum(k["ledger_bits"] for k in summary["kinds"].values() if "logical" in k.get("note", ""))
-    assert summary["ledger_bits"] + logical == simulated.summary["bits_up"] + simulated.summary["bits_down"]
-    assert 0 < summary["overhead_percent"] < 15  # npy headers and key names on top of the values
+    s = simulated.summary
+    assert summary["ledger_bits"] == {"up": s["bits_up"], "down": s["bits_down"], "peer": s["bits_peer"]}
+    if s["bits_peer"]:  # the relay's cost: every peer message up to the SuperLink and down again
+        assert summary["relay"]["relayed_bits"] == 2 * s["bits_peer"]
+    else:
+        assert "relay" not in summary
+    if algorithm == "fedavg":  # fp32 rows carry the model plus their batch plan: a few percent more
+        assert 1.0 < summary["carried_bits"]["up"] / s["bits_up"] < 1.15
     timings = [json.loads(line) for line in (deployed / "nodes.jsonl").read_text().splitlines()]
-    trained = range(2) if algorithm in ROUNDS else range(NODES)  # 2 cells of 1: client 2 idles
+    trained = range(2) if algorithm in HIERARCHICAL else range(NODES)  # 2 cells of 1: client 2 idles
     assert {t["node"] for t in timings} == {f"client:{c}" for c in trained}
     assert all(t["seconds"] >= t["compute_seconds"] > 0 for t in timings)
 
 
+# ----- in process: the deployed rounds over the loopback transport ------------------------------------
+
+
+@pytest.mark.parametrize("algorithm", ["fedavg", "hist", "gossip", "ditto"])
+def test_a_loopback_deployment_equals_the_simulation(tmp_path, algorithm):
+    cfg = config(tmp_path, algorithm, rounds=ROUNDS.get(algorithm, 2))
+    deployed = run_deployed(cfg, lambda n: LoopbackTransport(cfg, n))
+    assert_equal_runs(deployed.run_dir, simulate(cfg, tmp_path), algorithm)
+
+
+@pytest.mark.parametrize("algorithm", ["fedavg", "gossip"])
+def test_a_client_lost_from_round_two_keeps_its_rows_and_is_named_in_the_metrics(tmp_path, algorithm):
+    """The rule: a client that does not train keeps the rows it was sent (it did not move), its loss is
+    the mean of the others'; the metrics row names it."""
+    cfg = config(tmp_path, algorithm, rounds=2)
+    lost = run_deployed(cfg, lambda n: LoopbackTransport(cfg, n, silent=frozenset({2}), silent_from=2))
+    rows = lost.metrics
+    assert [r["dropped_nodes"] for r in rows] == [[], ["client:2"]] and rows[1]["dropped"] == 1
+    assert all(np.isfinite(r["train_loss"]) and np.isfinite(r["accuracy"]) for r in rows)
+    whole = run_deployed(
+        cfg.model_copy(update={"output": cfg.output.model_copy(update={"dir": str(tmp_path / "whole")})}),
+        lambda n: LoopbackTransport(cfg, n),
+    )
+    state = checkpoint.load(lost.run_dir / "checkpoint.pt").state["algorithm"]
+    other = checkpoint.load(whole.run_dir / "checkpoint.pt").state["algorithm"]
+    if algorithm == "gossip":  # client 2 kept round 1's mixed row; the others mixed it in unchanged
+        ours, theirs = state["bank"]["params"], other["bank"]["params"]
+        assert all(not torch.equal(ours[k], theirs[k]) for k in ours)
+    else:
+        assert all(not torch.equal(state["params"][k], other["params"][k]) for k in state["params"])
+    dropped = json.loads((lost.run_dir / "deploy.json").read_text())["dropped"]
+    assert list(dropped) == ["2"] and "no reply" in dropped["2"]["2"]
+
+
+def test_the_remote_executor_refuses_what_would_not_run_on_the_nodes(tmp_path):
+    """A step function the algorithm does not hold cannot be named to a node; per-batch ``map`` work
+    would run in the server app: both fail naming why."""
+    cfg = config(tmp_path, "fedavg")
+    built = build_run(cfg)
+    algorithm = deployed_class("fedavg")(built.context, cfg.algorithm)
+    algorithm.attach(LoopbackTransport(cfg, NODES))
+    executor = algorithm.ctx.executor
+    bank = ClientBank.broadcast([0], algorithm.params, algorithm.buffers)
+    with pytest.raises(FedgeError, match="does not hold"):
+        executor.train(lambda *a: a, bank, None, built.context.data, 0.1)
+    with pytest.raises(FedgeError, match="per-batch client work"):
+        executor.map(None, (), (), (), torch.ones(1))
+
+
+@pytest.mark.parametrize("algorithm", sorted(REFUSED))
+def test_refused_algorithms_fail_in_one_line_naming_why(algorithm):
+    with pytest.raises(ConfigError, match=r"algorithm\.name.*cannot be deployed: ") as caught:
+        deployed_class(algorithm)
+    assert "\n" not in str(caught.value)
+
+
+# ----- the runtime -----------------------------------------------------------------------------------
+
+
 @pytest.mark.deploy
-def test_a_supernode_killed_in_round_two_drops_out_and_the_run_completes(federation, tmp_path):
-    """Last test on the shared federation: it kills one of its nodes."""
-    cfg = config(tmp_path, "fedavg", rounds=3)
+@pytest.mark.parametrize("algorithm", list(ALGORITHMS))
+def test_deployed_run_equals_the_simulation(federation, tmp_path, algorithm):
+    cfg = config(tmp_path, algorithm, rounds=ROUNDS.get(algorithm, 2))
+    deployed = federation.run(cfg, round_timeout=300)
+    assert_equal_runs(deployed, simulate(cfg, tmp_path), algorithm)
+
+
+def killed_in_round_two(federation: Federation, tmp_path: Path, algorithm: str) -> list[dict]:
+    """Deploy 3 rounds of ``algorithm``, kill client 2's SuperNode once round 1 is recorded; the run's
+    metrics rows (the run must complete, and round 3 must run without client 2)."""
+    cfg = config(tmp_path, algorithm, rounds=3)
     outcome: dict[str, object] = {}
 
     def deploy() -> None:
@@ -138,7 +233,7 @@ def test_a_supernode_killed_in_round_two_drops_out_and_the_run_completes(federat
 
     worker = threading.Thread(target=deploy)
     worker.start()
-    metrics = tmp_path / "runs" / "fedavg-digits" / "metrics.jsonl"
+    metrics = tmp_path / "runs" / f"{algorithm}-digits" / "metrics.jsonl"
     while worker.is_alive() and not (metrics.is_file() and metrics.read_text().strip()):
         time.sleep(0.2)
     federation.kill_node("node2")  # round 1 is recorded: round 2 is under way
@@ -146,11 +241,27 @@ def test_a_supernode_killed_in_round_two_drops_out_and_the_run_completes(federat
     assert "error" not in outcome, outcome.get("error")
     rows = [json.loads(line) for line in (outcome["run_dir"] / "metrics.jsonl").read_text().splitlines()]
     assert [r["round"] for r in rows] == [1, 2, 3] and rows[0]["dropped"] == 0
-    assert rows[2]["dropped_nodes"] == ["client:2"] and rows[2]["participants"] == 2
+    assert rows[2]["dropped_nodes"] == ["client:2"] and rows[2]["dropped"] == 1
     assert all(r["dropped_nodes"] in ([], ["client:2"]) for r in rows[1:])
-    assert np.isfinite(rows[2]["accuracy"])
+    assert all(np.isfinite(r["accuracy"]) and np.isfinite(r["train_loss"]) for r in rows)
     dropped = json.loads((outcome["run_dir"] / "deploy.json").read_text())["dropped"]
-    assert "2" in dropped["3"] and "no reply" in dropped["3"]["2"] or "error reply" in dropped["3"]["2"]
+    assert "no reply" in dropped["3"]["2"] or "error reply" in dropped["3"]["2"]
+    return rows
+
+
+@pytest.mark.deploy
+def test_a_supernode_killed_in_round_two_drops_out_and_the_gossip_run_completes(federation, tmp_path):
+    """A decentralized round: client 2 keeps its rows, its peers mix them in. Its node is started again
+    afterwards (the SuperLink may still list the dead one: joining must not wait for it)."""
+    rows = killed_in_round_two(federation, tmp_path, "gossip")
+    assert rows[2]["mb_peer"] > rows[1]["mb_peer"] > rows[0]["mb_peer"]  # peers still send to client 2
+    federation.add_node(2, NODES)
+
+
+@pytest.mark.deploy
+def test_a_supernode_killed_in_round_two_drops_out_and_the_fedavg_run_completes(federation, tmp_path):
+    """Last test on the shared federation: it kills one of its nodes."""
+    killed_in_round_two(federation, tmp_path, "fedavg")
 
 
 @pytest.mark.deploy
@@ -165,3 +276,24 @@ def test_tls_with_node_authentication_refuses_an_unknown_key(tmp_path):
         deployed = fed.run(config(tmp_path, "fedavg", rounds=1, clients=1), round_timeout=300)
     rows = (deployed / "metrics.jsonl").read_text().splitlines()
     assert len(rows) == 1 and json.loads(rows[0])["dropped"] == 0
+
+
+def test_fedge_deploy_refuses_in_one_line_and_prints_the_run_summary(tmp_path, capsys):
+    from typer.testing import CliRunner
+
+    from fedge.cli import app
+    from fedge.cli_deploy import print_deployed
+
+    path = tmp_path / "centralized.yaml"
+    path.write_text("rounds: 1\ndata: {name: digits}\nalgorithm: {name: centralized}\n")
+    refused = CliRunner().invoke(app, ["deploy", str(path)])
+    assert refused.exit_code == 2
+    assert refused.output.startswith("error: algorithm.name") and "no clients" in refused.output
+    cfg = config(tmp_path, "gossip")
+    print_deployed(run_deployed(cfg, lambda n: LoopbackTransport(cfg, n)).run_dir)
+    shown = capsys.readouterr().out
+    assert (
+        "fedge · gossip on digits" in shown
+        and "peer_model (peer)" in shown
+        and "carried on the runtime" in shown
+    )

@@ -18,7 +18,10 @@ from typing import Annotated
 import typer
 from rich.console import Console
 
-from fedge.errors import EXIT_BAD_INPUT, ConfigError, FedgeError
+from fedge import results
+from fedge.config import load_config
+from fedge.errors import EXIT_BAD_INPUT, FedgeError
+from fedge.runner import Result
 
 
 def deploy(
@@ -36,10 +39,27 @@ def deploy(
     except FedgeError as error:
         errors.print(f"[bold red]error:[/] {error}", highlight=False, markup=True)
         raise typer.Exit(code=EXIT_BAD_INPUT) from None
-    summary = json.loads((run_dir / "deploy.json").read_text())
-    bits = f"ledger {summary['ledger_bits']:,} bits, carried {summary['carried_bits']:,} bits"
-    overhead = f"(overhead {summary['overhead_percent']:.2f} %)"
-    Console().print(f"deployed run: {run_dir}\n{bits} {overhead}, dropped: {summary['dropped'] or 'none'}")
+    print_deployed(run_dir)
+
+
+def print_deployed(run_dir: Path) -> None:
+    """The summary ``fedge run`` prints, then what the runtime carried and who dropped out."""
+    from fedge.cli import _print_summary  # the run command's table (imported here: cli imports this module)
+
+    _print_summary(_result(run_dir))
+    deployed = json.loads((run_dir / "deploy.json").read_text())
+    carried = deployed["carried_bits"]
+    Console().print(
+        f"carried on the runtime: {carried['down']:,} bits down, {carried['up']:,} bits up "
+        f"(deploy.json); dropped: {deployed['dropped'] or 'none'}"
+    )
+
+
+def _result(run_dir: Path) -> Result:
+    """A finished run as its directory holds it."""
+    summary = json.loads((run_dir / results.SUMMARY).read_text())
+    metrics = results.read_jsonl(run_dir / results.METRICS)
+    return Result(run_dir, load_config(run_dir / results.CONFIG), metrics, summary)
 
 
 def _deploy(config: str, overrides: list[str], tls: bool, round_timeout: float, join_timeout: float,
@@ -48,16 +68,14 @@ def _deploy(config: str, overrides: list[str], tls: bool, round_timeout: float, 
         raise FedgeError("deploy: Flower is not installed; pip install 'fedge[deploy]'")
     from fedge.api import resolve_config
     from fedge.deploy.launch import Federation, Tls
-    from fedge.deploy.rounds import DEPLOYED
+    from fedge.deploy.rounds import deployed_class
     from fedge.runner import build_run
 
     cfg = resolve_config(config, overrides)
-    if cfg.algorithm.name not in DEPLOYED:
-        known = ", ".join(sorted(DEPLOYED))
-        raise ConfigError("algorithm.name", f"{cfg.algorithm.name!r} cannot be deployed; deployable: {known}")
+    deployed = deployed_class(cfg.algorithm.name)  # a refused algorithm fails here, in one line
     built = build_run(cfg)  # bad input fails here, before any process starts
     clients = built.context.data.num_clients
-    DEPLOYED[cfg.algorithm.name](built.context, cfg.algorithm).check_deployable()
+    deployed(built.context, cfg.algorithm).check_deployable()
     home = Path(home or tempfile.mkdtemp(prefix="fedge-flwr-")).resolve()
     material = Tls.create(home / "tls") if tls else None
     with Federation(home, tls=material).start() as federation:

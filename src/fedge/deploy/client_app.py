@@ -52,20 +52,24 @@ def hello(msg: Message, context: Context) -> Message:
     return Message(RecordDict({"node": ConfigRecord(node)}), reply_to=msg)
 
 
+@app.train("rows")
+def train_rows(msg: Message, context: Context) -> Message:
+    """Rows of one executor call of the server's round (any algorithm the remote executor deploys),
+    trained on this node; they travel back as they are (fp32: the server's links apply the codecs)."""
+    node = _node(context)
+    config = dict(msg.content.config_records["config"])
+    records, metrics = node.train_rows(_received(msg), config)
+    content = RecordDict({name: to_record(t) for name, t in records.items()})
+    content["metrics"] = MetricRecord(metrics)
+    return Message(content, reply_to=msg)
+
+
 @app.train()
 def train(msg: Message, context: Context) -> Message:
-    """A whole round's local work: FedAvg's local epochs, or an aux-head split round (CSE-FSL)."""
+    """CSE-FSL: a whole aux-head split round's local work."""
     node = _node(context)
     t = int(msg.content.config_records["config"]["round"])
-    received = _received(msg)
-    if node.algorithm.name == "fedavg":
-        trained, metrics = node.fedavg_train(t, received["model_down"])
-        return _reply(msg, node, {"model_up": trained}, metrics)
-    if node.algorithm.name in ("hfedavg", "hist"):
-        e = int(msg.content.config_records["config"]["edge_round"])
-        trained, metrics = node.edge_train(t, e, received["model_down"], received["opt"])
-        return _reply(msg, node, {"model_up": trained}, metrics)
-    _, records, metrics = node.aux_round(t, node.split_start(received))
+    _, records, metrics = node.aux_round(t, node.split_start(_received(msg)))
     return _reply(msg, node, records, metrics)
 
 

@@ -10,14 +10,12 @@ caller, which keeps it in the node's Flower context. Floating tensors travel in 
 from __future__ import annotations
 
 import time
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 import numpy as np
 import torch
 
-from fedge.algorithms.fedavg import FedAvg
-from fedge.algorithms.hierarchical.hierarchy import HierarchicalFL
-from fedge.algorithms.hierarchical.training import local_steps_plan
 from fedge.algorithms.split.participation import draw
 from fedge.algorithms.split.plans import round_plan
 from fedge.algorithms.split.protocol import GradientReturn, SplitLearning
@@ -25,6 +23,7 @@ from fedge.algorithms.split.server import Served
 from fedge.comm.registry import get_codec
 from fedge.config import RunConfig
 from fedge.data.federated import BatchPlan
+from fedge.deploy.executor import resolve
 from fedge.deploy.wire import wire_dtype
 from fedge.engine import ClientBank, stack_copies
 from fedge.engine.noise import RowKeys
@@ -33,6 +32,17 @@ from fedge.runner import Built, build_run
 from fedge.tensors import Tensors, floating, rows
 
 State = tuple[Tensors, Tensors, Tensors]  # one row of params, buffers, optimizer state
+
+
+class GivenKeys:
+    """A node's noise root for one executor call: the row keys the server's stream drew (a node never
+    draws keys of its own, so its dropout masks are the simulation's)."""
+
+    def __init__(self, base: torch.Tensor):
+        self.base = base
+
+    def next_phase(self, clients: Sequence[int]) -> RowKeys:
+        return RowKeys(self.base)
 
 
 @dataclass
@@ -70,55 +80,34 @@ class Node:
         """The dtype of what this node sends up (its up codec's; the hierarchical links are fp32)."""
         return wire_dtype(getattr(self.algorithm.cfg, "codec_up", "fp32"))
 
-    # ----- FedAvg ------------------------------------------------------------------------------------
+    # ----- rows of any executor call (the remote executor) ------------------------------------------
 
-    def fedavg_train(self, t: int, model: Tensors) -> tuple[Tensors, dict[str, float]]:
-        """FedAvg's local epochs from the received model; the trained model as the up codec sends it."""
-        alg: FedAvg = self.algorithm
-        ctx, cfg = self.built.context, alg.cfg
+    def train_rows(
+        self, received: dict[str, Tensors], config: dict
+    ) -> tuple[dict[str, Tensors], dict[str, float]]:
+        """Train the rows the server sent (its executor's ``train`` call, for this client's rows only)
+        with this node's executor, the step function and data set the config names, and the server's
+        noise keys; the trained rows and their losses."""
+        alg = self.algorithm
+        ctx = self.built.context
+        if int(config["client"]) != self.client:
+            raise ConfigError(
+                "partition-id", f"rows of client {config['client']} sent to client {self.client}"
+            )
         began = time.perf_counter()
-        params = {k: model[k] for k in alg.params}
-        buffers = {k: model.get(k, v) for k, v in alg.buffers.items()}
-        bank = ClientBank.broadcast(np.array([self.client]), params, buffers, alg.sgd.init(params))
-        plan = ctx.data.batch_plan([self.client], t, cfg.local_epochs, cfg.batch_size, cfg.drop_last)
+        plan = received["plan"]
+        count = len(plan["steps"])
+        clients = (self.client,) * count
+        bank = ClientBank(clients, received["params"], received["buffers"], received["opt_state"], owned=True)
+        batches = BatchPlan(clients, plan["index"].long(), plan["weight"], plan["steps"])
+        step, data = resolve(alg, str(config["step"])), resolve(alg, str(config["data"]))
+        executor = ctx.executor
+        executor.noise = GivenKeys(received["keys"]["base"]) if "keys" in received else None
         alg.model.train()
-        ctx.start("train", t)
-        losses = ctx.executor.train(alg.step, bank, plan, ctx.data, cfg.optimizer.lr)
-        trained = rows({**bank.params, **floating(bank.buffers)}, 0)
-        sent = get_codec(cfg.codec_up).encode(trained, False, None)
-        metrics = {
-            "loss": float(losses[0]),
-            "samples": float(plan.weight.sum()),
-            "compute_seconds": time.perf_counter() - began,
-        }
-        return sent, metrics
-
-    # ----- HIST / HFedAvg ---------------------------------------------------------------------------
-
-    def edge_train(
-        self, t: int, e: int, model: Tensors, opt_state: Tensors
-    ) -> tuple[Tensors, dict[str, float]]:
-        """Edge round ``e`` of round ``t``: H local steps from the cell's model (and HIST's masks, which
-        travel in the optimizer state); the trained model as it goes up to the edge server."""
-        alg: HierarchicalFL = self.algorithm
-        ctx, cfg = self.built.context, alg.cfg
-        began = time.perf_counter()
-        params = {k: model[k] for k in alg.params}
-        buffers = {k: model.get(k, v) for k, v in alg.buffers.items()}
-        state = (stack_copies(params, 1), stack_copies(buffers, 1), stack_copies(opt_state, 1))
-        bank = ClientBank((self.client,), *state)
-        everyone = range(alg.cells.size)
-        plan = local_steps_plan(alg.data, everyone, t, e, cfg.local_steps, cfg.batch_size)
-        row = slice(self.client, self.client + 1)
-        mine = BatchPlan((self.client,), plan.index[row], plan.weight[row], plan.steps[row])
-        alg.model.train()
-        ctx.start("train", t)
-        for _ in range(e):  # the earlier edge rounds' noise phases
-            ctx.executor.phase_keys(everyone)
-        losses = ctx.executor.train(alg.step, bank, mine, alg.data, cfg.optimizer.lr)
-        trained = rows({**bank.params, **floating(bank.buffers)}, 0)
-        metrics = {"loss": float(losses[0]), "compute_seconds": time.perf_counter() - began}
-        return trained, metrics
+        losses = executor.train(step, bank, batches, data, float(config["lr"]))
+        records = {"params": bank.params, "buffers": bank.buffers, "opt_state": bank.opt_state}
+        records["losses"] = {"loss": losses.float()}
+        return records, {"compute_seconds": time.perf_counter() - began}
 
     # ----- split learning ----------------------------------------------------------------------------
 

@@ -10,6 +10,7 @@ ArrayRecord carried) and ``deploy.json`` (bits by kind in the ledger next to the
 from __future__ import annotations
 
 import logging
+from collections.abc import Callable
 from typing import Any
 
 import yaml
@@ -17,11 +18,11 @@ from flwr.app import Context
 from flwr.serverapp import Grid, ServerApp
 
 from fedge import results
+from fedge.comm import nodes
 from fedge.config import RunConfig, parse_config
-from fedge.deploy.rounds import DEPLOYED
+from fedge.deploy.rounds import DeployedRounds, deployed_class
 from fedge.deploy.transport import GridTransport
 from fedge.environment import write_environment
-from fedge.errors import ConfigError
 from fedge.runner import Built, Result, Runner, build_run, default_run_name
 
 log = logging.getLogger("fedge.deploy")
@@ -34,25 +35,30 @@ app = ServerApp()
 def main(grid: Grid, context: Context) -> None:
     settings = context.run_config
     config = parse_config(yaml.safe_load(str(settings["config"])))
-    result = run_deployed(grid, config, float(settings["round-timeout"]), float(settings["join-timeout"]))
+    round_timeout, join_timeout = float(settings["round-timeout"]), float(settings["join-timeout"])
+
+    def connect(num_clients: int) -> GridTransport:
+        transport = GridTransport(grid, num_clients, round_timeout)
+        transport.connect(join_timeout)
+        return transport
+
+    result = run_deployed(config, connect)
     log.info("fedge run finished: %s", result.run_dir)
 
 
-def run_deployed(grid: Grid, config: RunConfig, round_timeout: float, join_timeout: float) -> Result:
-    """Run ``config`` with its clients on the Grid's SuperNodes; write the run directory."""
-    if config.algorithm.name not in DEPLOYED:
-        known = ", ".join(sorted(DEPLOYED))
-        raise ConfigError(
-            "algorithm.name", f"{config.algorithm.name!r} cannot be deployed; deployable: {known}"
-        )
+def run_deployed(config: RunConfig, connect: Callable[[int], GridTransport]) -> Result:
+    """Run ``config`` with its clients' work on the nodes of ``connect(num_clients)``'s transport; write
+    the run directory."""
+    deployed = deployed_class(config.algorithm.name)
     results.check_output_dir(config.output.dir)
-    simulated = build_run(config)
-    ctx = simulated.context
-    algorithm = DEPLOYED[config.algorithm.name](ctx, config.algorithm)
+    ctx = build_run(config).context
+    algorithm = deployed(ctx, config.algorithm)
     algorithm.check_deployable()
-    transport = GridTransport(grid, ctx.data.num_clients, round_timeout)
-    transport.connect(join_timeout)
-    algorithm.transport = transport
+    transport = connect(ctx.data.num_clients)
+    if isinstance(algorithm, DeployedRounds):
+        algorithm.attach(transport)
+    else:
+        algorithm.transport = transport
     run_dir = results.create_run_dir(config.output.dir, default_run_name(config), config.to_yaml())
     write_environment(run_dir, str(ctx.device))
     runner = Runner(Built(config, ctx, algorithm), run_dir, lock=results.RunLock(run_dir))
@@ -72,34 +78,39 @@ def _csv(rows: list[dict[str, Any]]) -> str:
 
 
 def deploy_summary(totals: dict[tuple[str, str], int], transport: GridTransport) -> dict[str, Any]:
-    """Per transfer kind: the ledger's bits, the bits of the ArrayRecords carried, and the overhead (%);
-    the totals cover the kinds both count (not the edge tier's logical transfers, nor carried
-    bookkeeping such as per-step losses)."""
-    ledger: dict[str, int] = {}
-    for (kind, _), bits in totals.items():
-        ledger[kind] = ledger.get(kind, 0) + int(bits)
-    carried: dict[str, int] = {}
+    """What the ledger counted next to what the runtime carried.
+
+    ``ledger``: bits per transfer kind and direction, as the simulation counts them (the algorithm's
+    links, with their codecs). ``carried``: bits of the ArrayRecords per record name and direction
+    (``down``: server app to node, ``up``: node to server app); a training exchange carries the rows in
+    fp32 with their batch plan and noise keys, so carried and counted bits differ by design. ``relay``:
+    the decentralized family's peer messages reach their receivers through the SuperLink; relayed
+    one by one, each would be carried up to the SuperLink and down again (twice its ledger bits),
+    while the server app mixes the trained rows the nodes send up and sends each node its rows down.
+    """
+    ledger: dict[str, dict[str, int]] = {}
+    for (kind, way), bits in sorted(totals.items()):
+        ledger.setdefault(kind, {})[way] = int(bits)
+    carried: dict[str, dict[str, int]] = {}
     for row in transport.carried:
-        carried[row["kind"]] = carried.get(row["kind"], 0) + 8 * int(row["bytes"])
-    kinds = {}
-    for kind in sorted(set(ledger) | set(carried)):
-        bits, wire = ledger.get(kind, 0), carried.get(kind, 0)
-        overhead = 100.0 * (wire - bits) / bits if bits and wire else None
-        kinds[kind] = {"ledger_bits": bits, "carried_bits": wire, "overhead_percent": overhead}
-        if bits and not wire:
-            kinds[kind]["note"] = "not carried: a logical tier inside the server app"
-        elif not bits:
-            kinds[kind]["note"] = "carried only: state or bookkeeping the ledger does not count"
-    both = [v for v in kinds.values() if v["ledger_bits"] and v["carried_bits"]]
-    total_ledger = sum(v["ledger_bits"] for v in both)
-    total_carried = sum(v["carried_bits"] for v in both)
-    return {
-        "kinds": kinds,
-        "ledger_bits": total_ledger,
-        "carried_bits": total_carried,
-        "overhead_percent": 100.0 * (total_carried - total_ledger) / total_ledger if total_ledger else None,
-        "dropped": {
-            str(t): {str(c): why for c, why in lost.items()} for t, lost in transport.dropped.items()
-        },
-        "nodes": {str(c): n for c, n in sorted(transport.node_of.items())},
+        way = "down" if row["src"] == nodes.SERVER else "up"
+        entry = carried.setdefault(str(row["kind"]), {"down": 0, "up": 0})
+        entry[way] += 8 * int(row["bytes"])
+    by_way = {way: sum(b for (_, w), b in totals.items() if w == way) for way in ("up", "down", "peer")}
+    summary: dict[str, Any] = {
+        "ledger": ledger,
+        "ledger_bits": by_way,
+        "carried": carried,
+        "carried_bits": {way: sum(c[way] for c in carried.values()) for way in ("down", "up")},
     }
+    if by_way["peer"]:
+        summary["relay"] = {
+            "peer_ledger_bits": by_way["peer"],
+            "relayed_bits": 2 * by_way["peer"],
+            "note": "peer messages relayed one by one: each carried up to the SuperLink and down again",
+        }
+    summary["dropped"] = {
+        str(t): {str(c): why for c, why in lost.items()} for t, lost in transport.dropped.items()
+    }
+    summary["nodes"] = {str(c): n for c, n in sorted(transport.node_of.items())}
+    return summary

@@ -63,19 +63,25 @@ class GridTransport:
         self.dropped: dict[int, dict[int, str]] = {}
 
     def connect(self, wait: float) -> None:
-        """Ask every connected node for its ``partition-id`` until each of the run's clients has one."""
+        """Ask every connected node for its ``partition-id`` until each of the run's clients has one.
+
+        Each node is asked once and its reply collected whenever it comes, so a node that never answers
+        (one that died, whose id the SuperLink still lists for a while) holds up no other."""
         deadline = time.monotonic() + wait
         asked: set[int] = set()
+        pending: set[str] = set()
         while len(self.node_of) < self.num_clients:
+            if time.monotonic() > deadline:
+                have = sorted(self.node_of)
+                raise FedgeError(f"only clients {have} of {self.num_clients} joined within {wait:.0f} s")
             new = [n for n in self.grid.get_node_ids() if n not in asked]
             if new:
                 asked.update(new)
                 hello = [Message(RecordDict({}), dst_node_id=n, message_type="query.hello") for n in new]
-                for reply in self._gather(hello, deadline - time.monotonic()).values():
-                    self._register(reply)
-            if time.monotonic() > deadline:
-                have = sorted(self.node_of)
-                raise FedgeError(f"only clients {have} of {self.num_clients} joined within {wait:.0f} s")
+                pending.update(self.grid.push_messages(hello))
+            for reply in self.grid.pull_messages(list(pending)) if pending else ():
+                pending.discard(reply.metadata.reply_to_message_id)
+                self._register(reply)
             time.sleep(0.5)
 
     def _register(self, reply: Message) -> None:
@@ -153,25 +159,18 @@ class GridTransport:
                 time.sleep(POLL_SECONDS)
         return answers
 
-    def _gather(self, messages: list[Message], timeout: float) -> dict[str, Message]:
-        """Replies to ``messages`` within ``timeout`` seconds (no check: the hello exchange)."""
-        ids = list(self.grid.push_messages(messages))
-        deadline = time.monotonic() + max(timeout, 0.0)
-        replies: dict[str, Message] = {}
-        while len(replies) < len(ids) and time.monotonic() < deadline:
-            for reply in self.grid.pull_messages([i for i in ids if i not in replies]):
-                replies[reply.metadata.reply_to_message_id] = reply
-            time.sleep(POLL_SECONDS)
-        return replies
-
-    @staticmethod
-    def _problem(reply: Message | None, specs: dict[str, dict[str, Spec]]) -> str | None:
+    @classmethod
+    def _problem(cls, reply: Message | None, specs: dict[str, dict[str, Spec]]) -> str | None:
         """Why a reply is unusable (None: it is fine)."""
         if reply is None:
             return "no reply within the round timeout"
         if reply.has_error():
             return f"error reply {reply.error.code}: {reply.error.reason}"
-        records = reply.content.array_records
+        return cls.problem(dict(reply.content.array_records), specs)
+
+    @staticmethod
+    def problem(records: dict[str, ArrayRecord], specs: dict[str, dict[str, Spec]]) -> str | None:
+        """Why a reply's records are unusable: other record names, or an array failing its check."""
         if set(records) != set(specs):
             return f"records {sorted(records)}, expected {sorted(specs)}"
         try:
