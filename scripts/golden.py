@@ -16,6 +16,15 @@ those of the code before the change.
 
     python scripts/golden.py record --suite examples
     python scripts/golden.py check --suite all
+
+The committed recordings come from one machine; another processor may round differently. Before a
+refactor on another machine, record a baseline of the code as it is into a folder of your own and compare
+against it after: ``--baseline DIR`` reads and writes the recordings there and compares exactly, without
+the by-design lists (they describe changes since the committed recording); ``--ignore FIELD ...`` leaves
+fields out of that comparison, for an intended change.
+
+    python scripts/golden.py record --baseline /tmp/golden-before
+    python scripts/golden.py check --baseline /tmp/golden-before
 """
 
 from __future__ import annotations
@@ -479,13 +488,15 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--suite", choices=["examples", "algorithms", "all"], default="all")
     parser.add_argument("--only", nargs="*", help="case names (default: every case of the suite)")
     parser.add_argument("--tolerance", type=float, default=0.0, help="relative tolerance of check")
+    parser.add_argument("--baseline", type=Path, help="recordings folder of this machine (exact check)")
+    parser.add_argument("--ignore", nargs="*", default=[], help="fields left out of a baseline check")
     args = parser.parse_args(argv)
     import torch
 
     torch.set_num_threads(1)
     failed = 0
     for suite, cases in suites(args.suite).items():
-        path = GOLDEN / f"{suite}.json"
+        path = (args.baseline or GOLDEN) / f"{suite}.json"
         stored = json.loads(path.read_text()) if path.exists() else {}
         for case in cases:
             if args.only and case.name not in args.only:
@@ -503,11 +514,13 @@ def main(argv: list[str] | None = None) -> int:
                 failed += 1
                 continue
             changed, reasons = by_design(case.name)
+            if args.baseline:
+                changed, reasons = frozenset(args.ignore), ["--ignore"]
             if changed is None:
                 print(f"changed  {suite}/{case.name} by design: {reasons[0]}", flush=True)
                 continue
             expected = stored[case.name]
-            allowed, rounded = rounding(case.name)
+            allowed, rounded = (0.0, []) if args.baseline else rounding(case.name)
             tolerance = max(args.tolerance, allowed)
             diffs = differences(without(expected["rows"], changed), got["rows"], tolerance, "rows")
             diffs += differences(without(expected["summary"], changed), got["summary"], tolerance, "summary")
@@ -525,6 +538,11 @@ def main(argv: list[str] | None = None) -> int:
             path.write_text(json.dumps(stored, indent=1, sort_keys=True) + "\n")
     if args.action == "check":
         print("all same" if not failed else f"{failed} case(s) differ")
+        if failed and not args.baseline:
+            print(
+                "(if the code before your change differs too, this processor rounds unlike the recording's:"
+                " compare against a --baseline of this machine, see --help)"
+            )
     return 1 if failed else 0
 
 
