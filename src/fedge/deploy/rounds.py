@@ -26,7 +26,7 @@ from fedge.deploy.wire import F32, WIRE_DTYPES, expect, wire_dtype
 from fedge.engine import ClientBank, weighted_sum
 from fedge.errors import ConfigError, FedgeError
 from fedge.metrics import RoundReport
-from fedge.system import parallel_clients, training_flops
+from fedge.system import star_round, training_flops
 from fedge.tensors import floating, rows
 
 
@@ -57,13 +57,8 @@ class DeployedFedAvg(FedAvg):
         trained = {k: torch.stack([a.records["model_up"][k] for a in answers]).to(ctx.device) for k in model}
         up = self.up.send(t, nodes.clients(alive), nodes.SERVER, "model_up", trained, stacked=True)
         samples = np.array([a.metrics["samples"] for a in answers])
-        ctx.system.clock.advance(
-            *parallel_clients(
-                ctx.system.download(alive, np.repeat(down.bits, len(alive)), t),
-                ctx.system.client_compute(training_flops(self.flops_per_sample, samples)),
-                ctx.system.upload(alive, up.bits, t),
-            )
-        )
+        flops = training_flops(self.flops_per_sample, samples)
+        ctx.system.charge(star_round(ctx.system, t, alive, flops, ctx.ledger.round_traffic(t)))
         sizes = torch.as_tensor(ctx.data.client_sizes(alive), dtype=torch.float64)
         weights = (sizes / sizes.sum()).to(ctx.device)
         kept = {k: v.expand(len(alive), *v.shape) for k, v in self.buffers.items()}  # counters stay home

@@ -28,7 +28,7 @@ from fedge.algorithms.base import Algorithm, Context
 from fedge.algorithms.split.arrival import Timeline
 from fedge.algorithms.split.clients import AuxHeadClients, ClientSide, GradientClients, State
 from fedge.algorithms.split.config import AuxHeadConfig, GradientReturnConfig, SplitConfig
-from fedge.algorithms.split.latency import count_flops, round_cost
+from fedge.algorithms.split.flops import count_flops
 from fedge.algorithms.split.participation import Draws, aggregation_weights, check_participation, draw
 from fedge.algorithms.split.parts import aux_only, build_parts, composed, initial_state, trunk_only
 from fedge.algorithms.split.plans import round_plan
@@ -42,7 +42,7 @@ from fedge.engine.noise import RowKeys
 from fedge.errors import ConfigError
 from fedge.metrics import Evaluation, RoundReport
 from fedge.rng import numpy_rng
-from fedge.system import training_flops
+from fedge.system import SplitWork, arrival_round, split_round, training_flops
 from fedge.tensors import Tensors, floating, rows
 
 Part = Callable[[Tensors], Tensors]
@@ -272,22 +272,20 @@ class SplitLearning(Algorithm):
             tally.server_loss = float(summed["server_loss"][0])
 
     def _advance_clock(self, rnd: Round) -> None:
-        """The round's simulated latency and energy from its per-row bits and samples."""
-        tally, system = rnd.tally, self.ctx.system
-        per_row = (tally.up_bits, tally.down_bits, tally.client_samples, tally.server_samples)
-        seconds, joules = round_cost(
-            system, rnd.t, rnd.draws.clients, *per_row, self.flops, self.server.in_turn
-        )
-        timeline = rnd.timeline
-        if timeline is not None:
-            clients, t = rnd.draws.clients, rnd.t
-            rest = (
-                system.client_compute(self._client_flops(tally.client_samples - timeline.computed)).seconds
-                + system.upload(clients, tally.up_bits - timeline.up_bits, t).seconds
-                + system.download(clients, tally.down_bits - timeline.down_bits, t).seconds
-            )
-            seconds = timeline.end(rest)
-        system.clock.advance(seconds, joules)
+        """The round's simulated latency and energy from its per-row bits and samples (per row, not per
+        node: a client drawn twice is two participants on the clock)."""
+        tally, system, clients, timeline = rnd.tally, self.ctx.system, rnd.draws.clients, rnd.timeline
+        server = training_flops(self.flops.server, tally.server_samples)
+        client = self._client_flops(tally.client_samples)
+        work = SplitWork(clients, tally.up_bits, tally.down_bits, client, server)
+        if timeline is None:
+            system.charge(split_round(system, rnd.t, work, self.server.in_turn))
+            return
+        unplaced = SplitWork(
+            clients, tally.up_bits - timeline.up_bits, tally.down_bits - timeline.down_bits,
+            self._client_flops(tally.client_samples - timeline.computed), np.zeros(len(clients)),
+        )  # fmt: skip
+        system.charge(arrival_round(system, rnd.t, work, unplaced, timeline.ready, timeline.server_free))
 
     def _client_flops(self, samples: np.ndarray) -> np.ndarray:
         """Training FLOPs of the client side (trunk and aux head) over ``samples`` samples per row."""
