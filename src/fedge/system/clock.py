@@ -9,6 +9,8 @@ follow from the per-node figures. The system model (:mod:`fedge.system.rounds`) 
 
 from __future__ import annotations
 
+import csv
+import io
 from collections import defaultdict
 from dataclasses import dataclass, field
 
@@ -95,6 +97,22 @@ class Clock:
     def node_joules(self) -> dict[str, float]:
         """Joules so far per node."""
         return {node: sum(phases.values()) for node, phases in self.joules_by_node.items()}
+
+    def top_nodes(self, count: int) -> dict[str, float]:
+        """The ``count`` nodes that spent the most joules so far, most first (ties by name)."""
+        spent = self.node_joules()
+        return {node: spent[node] for node in sorted(spent, key=lambda n: (-spent[n], n))[:count]}
+
+    def to_csv(self) -> str:
+        """Every node's joules so far as CSV text ``node,tier,joules,<phase>...`` (most first)."""
+        phases = list(self.joules_by_phase())
+        out = io.StringIO()
+        writer = csv.writer(out)
+        writer.writerow(["node", "tier", "joules", *phases])
+        for node, joules in self.top_nodes(len(self.joules_by_node)).items():
+            mine = self.joules_by_node[node]
+            writer.writerow([node, tier(node), repr(joules), *(repr(mine.get(p, 0.0)) for p in phases)])
+        return out.getvalue()
 
     def breakdown(self) -> dict[str, dict[str, float]]:
         """The cumulative breakdown a metrics row carries: seconds and joules by phase, joules by tier."""
