@@ -46,10 +46,7 @@ from fedge.config import SystemConfig, load_raw  # noqa: E402
 from fedge.models import build_model, output_shape, split  # noqa: E402
 from fedge.records import evaluated  # noqa: E402
 from fedge.sweep import SweepSpec, run_sweep  # noqa: E402
-from fedge.system import (
-    SystemModel,  # noqa: E402
-    cut_latency,  # noqa: E402
-)
+from fedge.system import SystemModel, cut_latency  # noqa: E402
 
 BASE = Path(__file__).with_name("light-fedsl-digits.yaml")
 OFF = {"final_sparsity": 0.0, "quant_bits": None, "cut_dropout": 0.0, "agg_interval": 1}
