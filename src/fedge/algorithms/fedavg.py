@@ -108,7 +108,7 @@ class FedAvg(Algorithm):
         up = send_shard(group, self.up, t, receivers, nodes.SERVER, "model_up", trained, shard)
         samples = group.gather_array(plan.weight.sum(dim=(1, 2)).cpu().numpy())
         flops = training_flops(self.flops_per_sample, samples)
-        ctx.system.charge(star_round(ctx.system, t, clients, flops, ctx.ledger.round_traffic(t)))
+        ctx.system.charge(star_round(ctx.system, t, clients, flops, ctx.network.traffic(t)))
         sizes = torch.as_tensor(ctx.data.client_sizes(clients), dtype=torch.float64)
         weights = (sizes / sizes.sum())[shard.rows].to(ctx.device)
         stacked = {k: up.payload[k] for k in bank.params}

@@ -58,7 +58,7 @@ class DeployedFedAvg(FedAvg):
         up = self.up.send(t, nodes.clients(alive), nodes.SERVER, "model_up", trained, stacked=True)
         samples = np.array([a.metrics["samples"] for a in answers])
         flops = training_flops(self.flops_per_sample, samples)
-        ctx.system.charge(star_round(ctx.system, t, alive, flops, ctx.ledger.round_traffic(t)))
+        ctx.system.charge(star_round(ctx.system, t, alive, flops, ctx.network.traffic(t)))
         sizes = torch.as_tensor(ctx.data.client_sizes(alive), dtype=torch.float64)
         weights = (sizes / sizes.sum()).to(ctx.device)
         kept = {k: v.expand(len(alive), *v.shape) for k, v in self.buffers.items()}  # counters stay home

@@ -158,7 +158,7 @@ class PeerAlgorithm(Algorithm):
         self.work = RoundWork(self.num_clients)
         report = self.peer_round(t)
         flops = self.work.flops(self.flops_per_sample)
-        self.ctx.system.charge(peer_round(self.ctx.system, t, flops, self.ctx.ledger.round_traffic(t)))
+        self.ctx.system.charge(peer_round(self.ctx.system, t, flops, self.ctx.network.traffic(t)))
         return report
 
     @abstractmethod
