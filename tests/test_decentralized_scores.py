@@ -23,7 +23,6 @@ from fedge.algorithms.decentralized.scores import (
 )
 from fedge.data.dataset import Dataset
 from fedge.data.federated import FederatedData
-from fedge.distributed import Shard
 from fedge.engine import buffers_of, parameters_of
 from fedge.engine.bank import stack_copies
 from fedge.engine.mixing import masked_mix, mix, uniform_rows
@@ -293,7 +292,5 @@ def test_probe_rows_of_a_share_are_the_rows_of_one_call_noise_included(monkeypat
 def test_dp_noise_of_a_share_is_that_share_of_the_whole_draw():
     summed, count = torch.randn(7, 5), torch.full((7,), 4)
     whole = gaussian_mechanism(summed, count, 1.0, 2.0, torch.Generator().manual_seed(1))
-    part = gaussian_mechanism(
-        summed[2:5], count[2:5], 1.0, 2.0, torch.Generator().manual_seed(1), Shard(2, 5, 7)
-    )
+    part = gaussian_mechanism(summed[2:5], count[2:5], 1.0, 2.0, torch.Generator().manual_seed(1), 2, 7)
     assert torch.equal(part, whole[2:5])

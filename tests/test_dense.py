@@ -113,11 +113,14 @@ def test_fused_training_agrees_with_autograd_and_the_sequential_executor(optimiz
         if name == "fused":
             assert all(bank.params[k] is tensors[k] for k in tensors)  # trained in place
     fused, fused_loss = results["fused"]
+    # Adam divides each coordinate by the root of its second moment, which magnifies the GEMMs' rounding:
+    # on an AVX-512 Xeon the parameters differ by 1.7e-6 after 4 steps, on an AMD EPYC by less than 1e-6
+    tolerance = 1e-5 if isinstance(optimizer, Adam) else 1e-6
     for name in ("sequential", "autograd"):
         bank, loss = results[name]
-        assert max_diff(bank.params, fused.params) < 1e-6
+        assert max_diff(bank.params, fused.params) < tolerance
         if bank.opt_state:
-            assert max_diff(bank.opt_state, fused.opt_state) < 1e-6
+            assert max_diff(bank.opt_state, fused.opt_state) < tolerance
         assert torch.allclose(loss, fused_loss, atol=1e-6)
     moved = max_diff(fused.params, {k: v.expand_as(fused.params[k]) for k, v in params.items()})
     assert moved > 1e-2  # it trained

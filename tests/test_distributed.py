@@ -3,7 +3,8 @@
 One launch of two rank processes runs every config twice (``a`` and ``b``), so the start-up of torch is
 paid once; the single-process runs happen here. World size 2 twice: bit-identical metrics; world size 2
 against 1: identical ledgers and final parameters within 1e-5. The rank processes record how many rows
-each executor call saw, which shows that each rank trained only its share.
+each executor call saw, which shows that each rank trained only its rows. Stochastic codecs (the q4
+quantizer, random sparsification) have their own launch: their noise must be one process's on 2 ranks.
 """
 
 from __future__ import annotations
@@ -26,7 +27,8 @@ import fedge.algorithms.decentralized.common as peer
 from fedge import checkpoint
 from fedge.algorithms.decentralized.probes import Prober
 from fedge.config import load_config
-from fedge.distributed import balanced, blocks
+from fedge.distributed import Cohorts
+from fedge.distributed.group import Group
 
 WORKER = """
 import json, os, sys, torch
@@ -192,10 +194,28 @@ def launch(world: int, jobs: list[tuple[dict, str]], seen: Path, timeout: float 
     assert not failed, "\n".join(failed)
 
 
-@pytest.fixture(scope="module")
-def runs(tmp_path_factory) -> dict[str, Path]:
-    tmp = tmp_path_factory.mktemp("dist")
-    cases = configs(tmp)
+def codec_configs(tmp_path: Path) -> dict[str, dict]:
+    """Stochastic codecs on 2 ranks: HIST's sharded uplink (each rank encodes its clients' rows, a cell
+    spans both ranks, and every edge round sends ``model_up`` once per cell: several sends of one kind
+    in a round) with the q4 quantizer and with random sparsification, and gossip's peer models with q4
+    (decoded for every sender on every rank)."""
+    hist = {
+        "name": "hist",
+        "cells": 3,
+        "split": "partition",
+        "edge_rounds": 2,
+        "local_steps": 2,
+        "batch_size": 8,
+    }
+    return {
+        "hist_q4": base(tmp_path, **hist, codec_up="q4"),
+        "hist_randk": base(tmp_path, **hist, codec_up="randk:0.5", codec_down="q4"),
+        "gossip_q4": base(tmp_path, name="gossip", local_epochs=1, batch_size=16, peers=2, codec_model="q4"),
+    }
+
+
+def launch_and_run(tmp: Path, cases: dict[str, dict]) -> dict[str, Path]:
+    """``cases`` twice on 2 ranks (one launch) and once in this process; the runs' root per case."""
     (tmp / "seen").mkdir()
     launch(2, [(cfg, f"{name}-{copy}") for name, cfg in cases.items() for copy in "ab"], tmp / "seen")
     for name, cfg in cases.items():
@@ -211,6 +231,18 @@ def runs(tmp_path_factory) -> dict[str, Path]:
         probed = sum(len(call.args[3]) for call in [*dense.call_args_list, *pairwise.call_args_list])
         (tmp / "seen" / f"{name}-single.json").write_text(json.dumps({"scored": pairs, "probed": probed}))
     return {name: tmp / "runs" for name in cases}
+
+
+@pytest.fixture(scope="module")
+def runs(tmp_path_factory) -> dict[str, Path]:
+    tmp = tmp_path_factory.mktemp("dist")
+    return launch_and_run(tmp, configs(tmp))
+
+
+@pytest.fixture(scope="module")
+def codec_runs(tmp_path_factory) -> dict[str, Path]:
+    tmp = tmp_path_factory.mktemp("codecs")
+    return launch_and_run(tmp, codec_configs(tmp))
 
 
 def rows(run_dir: Path) -> list[dict]:
@@ -293,17 +325,39 @@ def test_ranks_probe_only_their_share(runs, name):
         assert ranks[0] == ranks[1], ranks
 
 
+@pytest.mark.parametrize("name", ["hist_q4", "hist_randk", "gossip_q4"])
+def test_stochastic_codecs_on_two_ranks_draw_one_process_noise(codec_runs, name):
+    """The same ledger and final model as one process: each rank draws its rows' noise from the link's
+    seeds for the whole cohort (another draw would move the model by far more than 1e-5)."""
+    root = codec_runs[name]
+    two_a, two_b, one = (root / f"{name}-{tag}" for tag in ("a", "b", "single"))
+    assert rows(two_a) == rows(two_b)
+    assert (two_a / "ledger.csv").read_text() == (one / "ledger.csv").read_text()
+    assert np.abs(final_state(two_a) - final_state(one)).max() <= 1e-5
+    assert [r["sim_seconds"] for r in rows(two_a)] == [r["sim_seconds"] for r in rows(one)]
+    assert [r["train_loss"] for r in rows(two_a)] == pytest.approx(
+        [r["train_loss"] for r in rows(one)], abs=1e-5
+    )
+
+
 def test_only_rank_zero_writes(runs):
     names = sorted(p.name for p in runs["fedavg"].iterdir())
     assert names == sorted(f"{name}-{tag}" for name in runs for tag in ("a", "b", "single"))
 
 
+class Rank(Group):
+    """Rank ``rank`` of ``size`` (its rows only; no collective is called here)."""
+
+    def __init__(self, rank: int, size: int):
+        self.rank, self.size = rank, size
+
+
 @pytest.mark.parametrize("total,size", [(7, 2), (2, 3), (10, 4), (0, 2)])
-def test_shards_cover_rows_in_rank_order(total, size):
-    for split in (balanced, blocks):
-        shards = [split(total, r, size) for r in range(size)]
-        assert [i for s in shards for i in range(s.start, s.stop)] == list(range(total))
-        assert max(map(len, shards)) - min(map(len, shards)) <= 1
+def test_cohorts_cover_rows_in_rank_order(total, size):
+    for kind in ("of", "clients"):
+        cohorts = [getattr(Cohorts(Rank(r, size)), kind)(total) for r in range(size)]
+        assert [i for c in cohorts for i in range(c.start, c.stop)] == list(range(total))
+        assert max(map(len, cohorts)) - min(map(len, cohorts)) <= 1
 
 
 @pytest.mark.slow

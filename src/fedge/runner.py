@@ -31,7 +31,7 @@ from fedge.data.federated import FederatedData
 from fedge.data.partition import partition_test, partition_train
 from fedge.data.sources import load_dataset
 from fedge.data.user import UserData, user_dataset
-from fedge.distributed import Group, current_group, launched_rank
+from fedge.distributed import Cohorts, Group, current_group, launched_rank
 from fedge.engine import Criterion, NoiseStreams, cross_entropy, has_random_layers, make_executor
 from fedge.engine.host import configure_host
 from fedge.environment import write_environment
@@ -210,6 +210,7 @@ def build_run(config: RunConfig, force: bool = False, extensions: Extensions | N
         seed=config.seed,
         criterion=criterion,
         group=group,
+        cohorts=Cohorts(group),
     )
     return Built(config, ctx, algorithm_cls(ctx, config.algorithm))
 

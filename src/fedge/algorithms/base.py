@@ -12,7 +12,7 @@ import torch
 from fedge.comm import Ledger, Network
 from fedge.config import AlgorithmConfig, RunConfig, register_algorithm_config
 from fedge.data.federated import FederatedData
-from fedge.distributed import SINGLE, Group
+from fedge.distributed import SINGLE, SINGLE_PROCESS, Cohorts, Group
 from fedge.engine import Criterion, Executor, cross_entropy
 from fedge.metrics import Evaluation, RoundReport
 from fedge.models import SplitModel
@@ -25,7 +25,7 @@ from fedge.tensors import on_device
 class Context:
     """What an algorithm is built from: data, a model factory, the engine, the network (links and the
     ledger behind them), the wireless system (with its simulated clock), the device, the seed and the
-    process group its clients are sharded over."""
+    cohorts (which rows of a set of participants this process runs)."""
 
     config: RunConfig
     data: FederatedData
@@ -37,6 +37,7 @@ class Context:
     seed: int
     criterion: Criterion = cross_entropy  # the per-sample training loss (train.loss, or the API's)
     group: Group = SINGLE  # the run's processes (docs/scale-out.md); one process unless launched as ranks
+    cohorts: Cohorts = SINGLE_PROCESS  # which rows this process runs, and how they come back together
 
     @property
     def ledger(self) -> Ledger:

@@ -13,8 +13,7 @@ from pydantic import Field, PositiveInt
 from fedge.algorithms.base import Algorithm, Context, register
 from fedge.comm import nodes
 from fedge.config import AlgorithmConfig, Fraction, SGDConfig
-from fedge.distributed import send_shard
-from fedge.distributed.evaluate import evaluate_sharded
+from fedge.distributed.evaluate import evaluate_model_on
 from fedge.engine import (
     ClientBank,
     buffers_of,
@@ -87,43 +86,44 @@ class FedAvg(Algorithm):
         ctx.network.hold(nodes.SERVER, "model", {**self.params, **self.buffers})
         self.flops_per_sample = forward_flops(self.model, ctx.data.input_shape)
         cohort = len(sample_clients(ctx.seed, 1, ctx.data.num_clients, cfg.fraction))
-        if cohort < ctx.group.size:
-            raise ConfigError("algorithm.fraction", f"{cohort} participants for {ctx.group.size} processes")
+        if cohort < ctx.cohorts.processes:
+            count = f"{cohort} participants for {ctx.cohorts.processes} processes"
+            raise ConfigError("algorithm.fraction", count)
 
     def run_round(self, t: int) -> RoundReport:
-        ctx, cfg, group = self.ctx, self.cfg, self.ctx.group
+        ctx, cfg = self.ctx, self.cfg
         clients = sample_clients(ctx.seed, t, ctx.data.num_clients, cfg.fraction)
         receivers = nodes.clients(clients)
         model = {**self.params, **floating(self.buffers)}
         down = self.down.send(t, nodes.SERVER, receivers, "model_down", model)
         params = {k: down.payload[k] for k in self.params}
         buffers = {k: down.payload.get(k, v) for k, v in self.buffers.items()}
-        shard = group.share(len(clients))  # this process's participants (all of them in one process)
-        mine = shard.take(clients)
+        cohort = ctx.cohorts.of(len(clients))  # the participants; this process trains its rows of them
+        mine = cohort.take(clients)
         bank = ClientBank.broadcast(mine, params, buffers, self.sgd.init(params))
         plan = ctx.data.batch_plan(mine, t, cfg.local_epochs, cfg.batch_size, cfg.drop_last)
         self.model.train()
         losses = ctx.executor.train(self.step, bank, plan, ctx.data, cfg.optimizer.lr)
         trained = {**bank.params, **floating(bank.buffers)}
-        up = send_shard(group, self.up, t, receivers, nodes.SERVER, "model_up", trained, shard)
-        samples = group.gather_array(plan.weight.sum(dim=(1, 2)).cpu().numpy())
+        up = cohort.send(self.up, t, receivers, nodes.SERVER, "model_up", trained)
+        samples = cohort.gather_array(plan.weight.sum(dim=(1, 2)).cpu().numpy())
         flops = training_flops(self.flops_per_sample, samples)
         ctx.system.charge(star_round(ctx.system, t, clients, flops, ctx.network.traffic(t)))
         sizes = torch.as_tensor(ctx.data.client_sizes(clients), dtype=torch.float64)
-        weights = (sizes / sizes.sum())[shard.rows].to(ctx.device)
+        weights = (sizes / sizes.sum())[cohort.rows].to(ctx.device)
         stacked = {k: up.payload[k] for k in bank.params}
         stacked.update({k: up.payload.get(k, v) for k, v in bank.buffers.items()})
-        averaged = group.sum_tensors(weighted_sum(stacked, weights))  # one all-reduce per dtype
+        averaged = cohort.sum(weighted_sum(stacked, weights))  # the processes' partial sums added up
         self.params = {k: averaged[k] for k in self.params}
         self.buffers = {k: averaged[k] for k in self.buffers}
         ctx.network.hold(receivers, "model", {**self.params, **self.buffers})
-        train_loss = group.sum_float(float((losses.double().cpu() * weights.cpu()).sum()))
+        train_loss = cohort.sum_float(float((losses.double().cpu() * weights.cpu()).sum()))
         return RoundReport(train_loss, {"participants": len(clients)})
 
     def evaluate(self) -> Evaluation:
         data = self.ctx.data
-        return evaluate_sharded(
-            self.ctx.group,
+        return evaluate_model_on(
+            self.ctx.cohorts,
             self.model,
             self.params,
             self.buffers,

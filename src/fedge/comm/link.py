@@ -83,8 +83,9 @@ class Link:
         self.seed = seed
         self._sends: dict[tuple[int, str], int] = {}  # sends of each (round, kind) so far
 
-    def _seeds(self, round_: int, kind: str, rows: int) -> list[int]:
-        """One seed per payload row for a stochastic codec's draws in this send."""
+    def row_seeds(self, round_: int, kind: str, rows: int) -> list[int]:
+        """One seed per payload row for a stochastic codec's draws in the next send of ``kind`` in
+        ``round_`` (each call counts as that send: a second send of one kind draws other noise)."""
         if self._sends and next(iter(self._sends))[0] != round_:
             self._sends.clear()
         occurrence = self._sends.get((round_, kind), 0)
@@ -118,18 +119,34 @@ class Link:
         """
         if seeds is None and self.codec.stochastic:
             rows = next(iter(payload.values())).shape[0] if stacked and payload else 1
-            seeds = self._seeds(round_, kind, rows)
+            seeds = self.row_seeds(round_, kind, rows)
         received = self.codec.encode(payload, stacked, seeds)
         if not stacked:
-            nonzeros = nonzero_counts(payload, False) if self.codec.counts_nonzeros else None
-            bits = self.codec.bits(value_counts(payload, False), nonzeros)
-            lists = [len(nodes) for nodes in (src, dst) if not isinstance(nodes, str)]
-            count = lists[0] if lists else 1
-            if count:
-                self.ledger.record(
-                    round_, _names(src, count), _names(dst, count), kind, np.repeat(bits, count)
-                )
-            return Sent(received, bits)
+            return Sent(received, self._record_whole(round_, src, dst, kind, payload))
+        return Sent(received, self._record_rows(round_, src, dst, kind, payload, lengths, keep, row_of))
+
+    def _record_whole(self, round_: int, src: Nodes, dst: Nodes, kind: str, payload: Tensors) -> np.ndarray:
+        """Record one unstacked payload sent to every ``(src, dst)`` pair; its bits."""
+        nonzeros = nonzero_counts(payload, False) if self.codec.counts_nonzeros else None
+        bits = self.codec.bits(value_counts(payload, False), nonzeros)
+        lists = [len(nodes) for nodes in (src, dst) if not isinstance(nodes, str)]
+        count = lists[0] if lists else 1
+        if count:
+            self.ledger.record(round_, _names(src, count), _names(dst, count), kind, np.repeat(bits, count))
+        return bits
+
+    def _record_rows(
+        self,
+        round_: int,
+        src: Nodes,
+        dst: Nodes,
+        kind: str,
+        payload: Tensors,
+        lengths: np.ndarray | torch.Tensor | None,
+        keep: torch.Tensor | None,
+        row_of: Sequence[int] | np.ndarray | None,
+    ) -> np.ndarray:
+        """Record the transfers of a stacked payload (see :meth:`send`); the bits of each row."""
         real = None if lengths is None else np.asarray(torch.as_tensor(lengths).cpu())
         values, nonzeros = _sent_counts(payload, real, keep, self.codec.counts_nonzeros)
         bits = self.codec.bits(values, nonzeros)
@@ -141,14 +158,14 @@ class Link:
             src_names, dst_names = _names(src, len(carried)), _names(dst, len(carried))
             senders, receivers = [src_names[i] for i in sending], [dst_names[i] for i in sending]
             self.ledger.record(round_, senders, receivers, kind, bits[carried[sending]])
-        return Sent(received, bits)
+        return bits
 
     def decode(self, round_: int, kind: str, payload: Tensors) -> Tensors:
         """What receivers decode from each row of a stacked payload, without recording a transfer: for
         algorithms that count a kind's transfers from one message (every row costs the same) but must
         hand each receiver its sender's own decoded row."""
         rows = next(iter(payload.values())).shape[0] if payload else 0
-        seeds = self._seeds(round_, kind, rows) if self.codec.stochastic else None
+        seeds = self.row_seeds(round_, kind, rows) if self.codec.stochastic else None
         return self.codec.encode(payload, True, seeds)
 
     def store(self, nodes: Nodes, kind: str, payload: Tensors, *, stacked: bool = False) -> np.ndarray:

@@ -1,4 +1,5 @@
-"""Evaluation of one model on a test set sharded over ranks: each rank scores a block of the rows."""
+"""Evaluation over the run's processes: each scores its rows (test samples, or clients) and the
+figures come back together as one process has them."""
 
 from __future__ import annotations
 
@@ -6,39 +7,49 @@ import torch
 from torch import nn
 
 from fedge.data.federated import FederatedData
+from fedge.distributed.cohort import Cohort, Cohorts
 from fedge.distributed.group import Group
-from fedge.distributed.shards import Shard
 from fedge.engine import ClientBank, evaluate_model
 from fedge.engine.personal import client_summary, client_test_sets, evaluate_rows
 from fedge.metrics import Evaluation
 from fedge.tensors import Tensors
 
 
-def evaluate_sharded(
-    group: Group, model: nn.Module, params: Tensors, buffers: Tensors, x: torch.Tensor, y: torch.Tensor,
+def evaluate_model_on(
+    cohorts: Cohorts, model: nn.Module, params: Tensors, buffers: Tensors, x: torch.Tensor, y: torch.Tensor,
     batch_size: int,
 ) -> Evaluation:  # fmt: skip
-    """:func:`~fedge.engine.evaluate_model` with rows split over ranks; correct counts are summed exactly
-    (integers), losses as float64 sums."""
-    if not group.distributed:
+    """:func:`~fedge.engine.evaluate_model` with the test rows split over the processes; correct counts
+    are summed exactly (integers), losses as float64 sums. In one process: the plain evaluation."""
+    rows = cohorts.of(len(y))
+    if not rows.spread:
         return evaluate_model(model, params, buffers, x, y, batch_size)
-    shard = group.share(len(y))
-    part = evaluate_model(model, params, buffers, x[shard.rows], y[shard.rows], batch_size)
-    counts = group.gather_array([round(part.accuracy * len(shard))])
-    loss = group.sum_float(part.loss * len(shard))
+    part = evaluate_model(model, params, buffers, x[rows.rows], y[rows.rows], batch_size)
+    counts = rows.gather_array([round(part.accuracy * len(rows))])
+    loss = rows.sum_float(part.loss * len(rows))
     total = max(len(y), 1)
     return Evaluation(int(counts.sum()) / total, loss / total)
 
 
-def evaluate_clients_sharded(
-    group: Group, model: nn.Module, bank: ClientBank, data: FederatedData, shard: Shard, max_samples: int
+def evaluate_clients_on(
+    cohort: Cohort, model: nn.Module, bank: ClientBank, data: FederatedData, max_samples: int
 ) -> Evaluation:
-    """Clients ``shard`` (``bank``'s rows, in client order) on their own test sets; every rank's
-    per-client figures gathered in client order and summarised as one process does."""
+    """The clients of ``cohort`` (of the run's clients; ``bank`` holds this process's rows of it, in client
+    order) on their own test sets; every process's per-client figures gathered in client order and
+    summarised as one process does."""
     index, weight = client_test_sets(data)
     acc, loss = evaluate_rows(
-        model, bank.params, bank.buffers, data.x_test, data.y_test, index[shard.rows], weight[shard.rows],
+        model, bank.params, bank.buffers, data.x_test, data.y_test, index[cohort.rows], weight[cohort.rows],
         max_samples,
     )  # fmt: skip
-    gathered = group.gather_rows({"accuracy": acc, "loss": loss})
+    gathered = cohort.gather({"accuracy": acc, "loss": loss})
     return client_summary(gathered["accuracy"], gathered["loss"])
+
+
+def evaluate_sharded(
+    group: Group, model: nn.Module, params: Tensors, buffers: Tensors, x: torch.Tensor, y: torch.Tensor,
+    batch_size: int,
+) -> Evaluation:  # fmt: skip
+    """:func:`evaluate_model_on` the processes of ``group`` (the name the split family calls until it moves
+    to cohorts)."""
+    return evaluate_model_on(Cohorts(group), model, params, buffers, x, y, batch_size)

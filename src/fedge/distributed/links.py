@@ -1,15 +1,18 @@
-"""A stacked send of one rank's rows whose ledger entries are the whole cohort's, in cohort order.
+"""A stacked send of one process's rows whose ledger entries are the whole cohort's, in cohort order.
 
-Each rank encodes and counts only the rows it trained, through a copy of the link bound to a scratch
-ledger; the ranks then exchange their entries (node names and integer bits) and every rank records all
-of them in rank order, which is row order (shards are contiguous). So the ledger on every rank is the
-one a single process writes, bit for bit, and the bits per row of the whole cohort are known everywhere
-(the simulated clock needs them).
+Each process encodes and counts only the rows it trained, through a copy of the link bound to a scratch
+ledger; the processes then exchange their entries (node names and integer bits) and every process
+records all of them in rank order, which is row order (rows are contiguous per process). So the ledger
+on every process is the one a single process writes, bit for bit, and the bits per row of the whole
+cohort are known everywhere (the simulated clock needs them).
+
+A stochastic codec (the quantizer, random sparsification) draws row ``r``'s noise from the seed the
+link gives cohort row ``r`` of this send, on every process: the link's own seed and send counter, with
+cohort-wide row numbers. So the noise is the one a single process draws, and a second send of one kind
+in a round draws new noise, as in one process.
 """
 
 from __future__ import annotations
-
-from collections.abc import Sequence
 
 import numpy as np
 import torch
@@ -25,7 +28,7 @@ def _local(nodes: Nodes, shard: Shard) -> Nodes:
     return nodes if isinstance(nodes, str) else list(nodes)[shard.start : shard.stop]
 
 
-def send_shard(
+def send_rows(
     group: Group,
     link: Link,
     round_: int,
@@ -37,28 +40,26 @@ def send_shard(
     *,
     lengths: np.ndarray | torch.Tensor | None = None,
     keep: torch.Tensor | None = None,
-    seeds: Sequence[int] | None = None,
 ) -> Sent:
     """``link.send(..., stacked=True)`` of rows ``shard`` of a cohort; ``src``/``dst`` name the whole
     cohort's senders and receivers. Returns the shard's received rows and the bits of *every* cohort row.
     """
     if not group.distributed:
-        return link.send(
-            round_, src, dst, kind, payload, stacked=True, lengths=lengths, keep=keep,
-            seeds=None if seeds is None else list(seeds),
-        )  # fmt: skip
+        return link.send(round_, src, dst, kind, payload, stacked=True, lengths=lengths, keep=keep)
+    # every process advances the link's send counter, with or without rows in this send
+    seeds = link.row_seeds(round_, kind, shard.total)[shard.rows] if link.codec.stochastic else None
     mine: tuple[list[str], list[str], np.ndarray, np.ndarray] = (
         [],
         [],
         np.zeros(0, np.int64),
         np.zeros(0, np.int64),
     )
-    received = payload  # a rank without rows in this send sends nothing
+    received = payload  # a process without rows in this send sends nothing
     if len(shard):
         scratch = Ledger()
-        sent = Link(scratch, link.codec).send(
+        sent = Link(scratch, link.codec, link.seed).send(
             round_, _local(src, shard), _local(dst, shard), kind, payload, stacked=True, lengths=lengths,
-            keep=keep, seeds=None if seeds is None else list(seeds),
+            keep=keep, seeds=seeds,
         )  # fmt: skip
         state = scratch.state_dict()
         names, columns = state["nodes"], state["columns"]
@@ -75,3 +76,6 @@ def send_shard(
     if senders:
         link.ledger.record(round_, senders, receivers, kind, np.concatenate([part[2] for part in parts]))
     return Sent(received, np.concatenate([part[3] for part in parts]))
+
+
+send_shard = send_rows  # the name algorithms import until they move to cohorts (fedge.distributed.cohort)

@@ -70,11 +70,11 @@ class Afind(PeerAlgorithm):
         i, j = plan.chosen.nonzero(as_tuple=True)
         requester, holder = torch.cat([own, i]), torch.cat([own, j])
         start_p, start_b = self.compose(requester, holder)
-        params, buffers, losses = self.train_sharded(start_p, start_b, holder.tolist(), t)
+        params, buffers, losses = self.local_update(start_p, start_b, holder.tolist(), t)
         smoothed = torch.full_like(plan.pre, float("nan"))
         if self.cfg.aggregation == "boltzmann":
             rows = torch.arange(len(holder), device=own.device)
-            post = self.losses_sharded(params, buffers, (rows, rows, holder), batches).double()
+            post = self.losses_on(params, buffers, (rows, rows, holder), batches).double()
             smoothed[requester, holder] = self.selector.smoothed(plan.pre[requester, holder], post)
         dp = self.cfg.dp  # the holder reports its loss, then sends a noisy update
         if dp is not None and dp.target == "update" and len(i):
@@ -93,7 +93,7 @@ class Afind(PeerAlgorithm):
         """Every client trains its own model once; i mixes the trained models of ``C_i`` (and its own)."""
         own = torch.arange(self.num_clients, device=plan.chosen.device)
         start_p, start_b = self.rows(own)
-        params, buffers, losses = self.train_sharded(start_p, start_b, own.tolist(), t)
+        params, buffers, losses = self.local_update(start_p, start_b, own.tolist(), t)
         weights = self.selector.standard_weights(plan, params, buffers, batches)
         self.bank.adopt(*self.mix_received(t, weights, start_p, params, buffers), owned=False)
         return losses, self.num_clients

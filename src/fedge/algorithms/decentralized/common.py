@@ -39,10 +39,10 @@ from fedge.algorithms.decentralized.view import PeerView
 from fedge.comm import Link, nodes
 from fedge.config import AlgorithmConfig, CodecName, SGDConfig
 from fedge.data.federated import FederatedData
-from fedge.distributed.evaluate import evaluate_clients_sharded
+from fedge.distributed.evaluate import evaluate_clients_on
 from fedge.engine import ClientBank, buffers_of, classification_loss, make_optimizer, make_step, parameters_of
 from fedge.engine.mixing import mix
-from fedge.engine.personal import evaluate_clients, fine_tuned
+from fedge.engine.personal import fine_tuned
 from fedge.engine.step import StepFn
 from fedge.errors import ConfigError
 from fedge.metrics import Evaluation, RoundReport
@@ -175,13 +175,13 @@ class PeerAlgorithm(Algorithm):
             private=frozenset(self.private),
             current=lambda: (self.bank.params, self.bank.buffers),
             shared=self.shared,
-            losses_on=self.losses_sharded,
+            losses_on=self.losses_on,
             random_peers=self.random_peers,
             count_probes=self.count_probes,
             request=self.request_models,
             reply=self.send_models,
             report=self.exchange,
-            shards=self.on_shards,
+            map_rows=self.map_rows,
         )
 
     def count_probes(self, clients: torch.Tensor, batches: ProbeBatches, backward: bool) -> None:
@@ -226,7 +226,7 @@ class PeerAlgorithm(Algorithm):
             gather(self.bank.buffers, self.private, shared_from, private_from),
         )
 
-    def losses_on(
+    def _pair_losses(
         self,
         params: Tensors,
         buffers: Tensors,
@@ -234,7 +234,7 @@ class PeerAlgorithm(Algorithm):
         batches: ProbeBatches,
     ) -> torch.Tensor:
         """Probe-batch losses of rows ``(shared_from, private_from, data_from)`` (see ``pair_losses``),
-        each a forward pass by the client ``data_from`` whose batch it uses."""
+        each a forward pass by the client ``data_from`` whose batch it uses (in this process)."""
         self.count_probes(pairs[2], batches, backward=False)
         return pair_losses(self.model, params, buffers, self.private, pairs, self.ctx.data, batches)
 
@@ -264,7 +264,7 @@ class PeerAlgorithm(Algorithm):
         epochs = cfg.local_epochs - cfg.head_epochs
         return self._train(params, buffers, owners, t, epochs, body, step, extra, purpose)
 
-    def train_sharded(
+    def local_update(
         self,
         params: Tensors,
         buffers: Tensors,
@@ -273,65 +273,56 @@ class PeerAlgorithm(Algorithm):
         extra: Tensors | None = None,
         train: TrainFn | None = None,
     ) -> tuple[Tensors, Tensors, torch.Tensor]:
-        """:meth:`train_rows` (or ``train``) with the rows split over the run's processes (docs/scale-out.md).
+        """The round's local update of rows (row r on client ``owners[r]``'s data): :meth:`train_rows`,
+        or ``train(params, buffers, owners, extra)`` (Ditto's personal models).
 
-        Each rank trains a contiguous share of the rows (and of the per-row ``extra`` constants); the
-        trained rows and their losses are gathered in row order (the peer models every client may
-        receive) and the compute tally of the round is summed over ranks (sample counts: exact), so
-        every rank holds the same rows and charges the clock the same work. Noise keys and batch plans
-        are per client, so a row trains as it would in one process. ``train(params, buffers, owners,
-        extra)`` replaces the round's local update (Ditto's personal models). In one process this is
-        the unsplit call.
+        The rows are a cohort (:meth:`map_rows`): each process trains its rows (and their per-row
+        ``extra`` constants) and every process gets every trained row and loss, in row order, and the
+        whole round's compute tally. Noise keys and batch plans are per client, so a row trains as it
+        would in one process.
         """
         train = train or (lambda p, b, o, e: self.train_rows(p, b, o, t, extra=e))
-        if not self.ctx.group.distributed:
-            return train(params, buffers, owners, extra)
 
-        def share(rows: slice) -> Tensors:
-            def mine(tensors: Tensors) -> Tensors:
+        def mine(rows: slice) -> Tensors:
+            def take(tensors: Tensors) -> Tensors:
                 return {k: v[rows] for k, v in tensors.items()}
 
             new_p, new_b, losses = train(
-                mine(params), mine(buffers), list(owners)[rows], None if extra is None else mine(extra)
+                take(params), take(buffers), list(owners)[rows], None if extra is None else take(extra)
             )
             return {**new_p, **new_b, "\0loss": losses}
 
-        gathered = self.on_shards(len(owners), share)
-        return {k: gathered[k] for k in params}, {k: gathered[k] for k in buffers}, gathered["\0loss"]
+        trained = self.map_rows(len(owners), mine)
+        return {k: trained[k] for k in params}, {k: trained[k] for k in buffers}, trained["\0loss"]
 
-    def losses_sharded(
+    def losses_on(
         self,
         params: Tensors,
         buffers: Tensors,
         pairs: tuple[torch.Tensor, torch.Tensor, torch.Tensor],
         batches: ProbeBatches,
     ) -> torch.Tensor:
-        """:meth:`losses_on` with the pairs split over the run's processes (each pair's forward pass is
-        independent of the others): the scoring of received models by PENS, FedeRiCo and FedFomo, and
-        AFIND+'s probe losses before and after training (Eq. 15)."""
-        if not self.ctx.group.distributed:
-            return self.losses_on(params, buffers, pairs, batches)
+        """Probe-batch losses of rows ``(shared_from, private_from, data_from)``, each a forward pass by
+        the client ``data_from`` whose batch it uses; the pairs are a cohort (:meth:`map_rows`; each
+        pair's forward pass is independent of the others): the scoring of received models by PENS,
+        FedeRiCo and FedFomo, and AFIND+'s probe losses before and after training (Eq. 15)."""
 
-        def share(rows: slice) -> Tensors:
+        def mine(rows: slice) -> Tensors:
             return {
-                "loss": self.losses_on(
+                "loss": self._pair_losses(
                     params, buffers, (pairs[0][rows], pairs[1][rows], pairs[2][rows]), batches
                 )
             }
 
-        return self.on_shards(len(pairs[0]), share)["loss"]
+        return self.map_rows(len(pairs[0]), mine)["loss"]
 
-    def on_shards(self, total: int, work: Callable[[slice], Tensors]) -> Tensors:
-        """``work`` on this rank's contiguous share of ``total`` rows; its tensors (rows in dimension 0)
-        gathered in row order, and the compute it tallied summed over ranks (sample counts: exact), so
-        every rank holds every row and charges the clock the same work (docs/scale-out.md)."""
-        group = self.ctx.group
-        before = {"forward": self.work.forward.copy(), "backward": self.work.backward.copy()}
-        out = work(group.share(total).rows)
-        done = {k: torch.from_numpy(getattr(self.work, k) - v) for k, v in before.items()}
-        for key, summed in group.sum_tensors(done).items():
-            setattr(self.work, key, before[key] + summed.numpy())
-        return group.gather_rows(out)
+    def map_rows(self, total: int, work: Callable[[slice], Tensors]) -> Tensors:
+        """``work(rows)`` on this process's rows of a cohort of ``total`` rows (all of them in one
+        process); its tensors (rows in dimension 0) come back in row order and the compute it tallied is
+        the whole cohort's, so every process holds every row and charges the clock the same work
+        (docs/scale-out.md)."""
+        cohort = self.ctx.cohorts.of(total)
+        return cohort.map(work, tally=(self.work.forward, self.work.backward))
 
     def _train(
         self,
@@ -429,18 +420,13 @@ class PeerAlgorithm(Algorithm):
     ) -> Evaluation:
         """Fine-tune a copy of every client's model ``ft_epochs`` epochs, then test it on its own test set.
 
-        With several processes each fine-tunes and tests a block of the clients (docs/scale-out.md).
+        The clients are a cohort: each process fine-tunes and tests its block of them (docs/scale-out.md).
         """
-        cfg, group = self.cfg, self.ctx.group
-        shard = group.block(len(bank))
-        if group.distributed:
-            block = shard.rows
-            bank = ClientBank(
-                bank.clients[block],
-                {k: v[block] for k, v in bank.params.items()},
-                {k: v[block] for k, v in bank.buffers.items()},
-            )
-            extra = None if extra is None else {k: v[block] for k, v in extra.items()}
+        cfg, cohort = self.cfg, self.ctx.cohorts.clients(len(bank))
+        bank = ClientBank(
+            tuple(cohort.take(bank.clients)), cohort.take_rows(bank.params), cohort.take_rows(bank.buffers)
+        )
+        extra = None if extra is None else cohort.take_rows(extra)
         if cfg.ft_epochs:
             self.model.train()
             copies = ClientBank(bank.clients, dict(bank.params), {**bank.buffers, **(extra or {})})
@@ -458,8 +444,4 @@ class PeerAlgorithm(Algorithm):
             )
             own_buffers = {k: v for k, v in bank.buffers.items() if k not in (extra or {})}
             bank.adopt(bank.params, own_buffers, owned=False)
-        if group.distributed:
-            return evaluate_clients_sharded(
-                group, self.model, bank, self.ctx.data, shard, self.ctx.config.eval.batch_size
-            )
-        return evaluate_clients(self.model, bank, self.ctx.data, self.ctx.config.eval.batch_size)
+        return evaluate_clients_on(cohort, self.model, bank, self.ctx.data, self.ctx.config.eval.batch_size)

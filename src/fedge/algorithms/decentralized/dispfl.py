@@ -148,20 +148,17 @@ class DisPFL(PeerAlgorithm):
 
     def _evolve(self, t: int, params: Tensors, buffers: Tensors, batches: ProbeBatches) -> float:
         """Prune the ``alpha_t`` smallest active weights per layer and regrow as many by gradient;
-        returns ``alpha_t``. Every client's masks evolve on their own, so with several processes each rank
-        evolves a share of the clients and the masks are gathered in client order (as 0/1 bytes)."""
+        returns ``alpha_t``. Every client's masks evolve on their own, so the clients are a cohort: each
+        process evolves its rows and the masks come back in client order (as 0/1 bytes)."""
         alpha = 0.5 * self.cfg.anneal * (1.0 + math.cos(math.pi * t / self.ctx.config.rounds))
-        if not self.ctx.group.distributed:
-            self.masks = self._evolved(alpha, params, buffers, batches, slice(None))
-            return alpha
 
-        def share(rows: slice) -> Tensors:
-            if rows.stop == rows.start:  # fewer clients than ranks: nothing to evolve here
+        def mine(rows: slice) -> Tensors:
+            if rows.stop == rows.start:  # fewer clients than processes: nothing to evolve here
                 return {k: m[rows].to(torch.uint8) for k, m in self.masks.items()}
             masks = self._evolved(alpha, params, buffers, batches, rows)
             return {k: m.to(torch.uint8) for k, m in masks.items()}
 
-        self.masks = {k: m.bool() for k, m in self.on_shards(self.num_clients, share).items()}
+        self.masks = {k: m.bool() for k, m in self.map_rows(self.num_clients, mine).items()}
         return alpha
 
     def _evolved(
@@ -195,7 +192,7 @@ class DisPFL(PeerAlgorithm):
         batches = self.probes(t)
         plan = self.choice.begin(t, batches)
         start_p, start_b = self.rows(own)
-        params, buffers, losses = self.train_sharded(start_p, start_b, own.tolist(), t, extra=self._extra())
+        params, buffers, losses = self.local_update(start_p, start_b, own.tolist(), t, extra=self._extra())
         params = self._apply(params)
         alpha = self._evolve(t, params, buffers, batches)
         params = self._apply(params)

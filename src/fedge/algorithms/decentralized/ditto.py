@@ -79,13 +79,13 @@ class Ditto(PeerAlgorithm):
         batches = self.probes(t)
         plan = self.choice.begin(t, batches)
         start_p, start_b = self.rows(own)
-        params, buffers, losses = self.train_sharded(start_p, start_b, own.tolist(), t)
+        params, buffers, losses = self.local_update(start_p, start_b, own.tolist(), t)
         weights = self.choice.weights(plan, params, buffers, batches)
         self.bank.adopt(*self.mixed(weights, params, buffers), owned=False)
         metrics = self.choice.end(t, plan)
         anchors = {ANCHOR + k: v for k, v in start_p.items()}
         personal = self.personal_bank
-        personal_params, personal_buffers, personal_losses = self.train_sharded(
+        personal_params, personal_buffers, personal_losses = self.local_update(
             personal.params,
             personal.buffers,
             own.tolist(),

@@ -17,7 +17,7 @@ from fedge.algorithms.base import Context, register
 from fedge.algorithms.decentralized.common import paper_optimizer
 from fedge.algorithms.fedavg import FedAvg, FedAvgConfig
 from fedge.config import Fraction, SGDConfig
-from fedge.distributed.evaluate import evaluate_clients_sharded
+from fedge.distributed.evaluate import evaluate_clients_on
 from fedge.engine import ClientBank
 from fedge.engine.personal import fine_tuned
 from fedge.metrics import Evaluation, RoundReport
@@ -54,13 +54,13 @@ class FedAvgFT(FedAvg):
         return super().run_round(t)
 
     def evaluate(self) -> Evaluation:
-        """The global model, then its fine-tuned copies, on every client's test set; with several
-        processes each rank fine-tunes and tests a static block of the clients (docs/scale-out.md)."""
-        cfg, data, group = self.cfg, self.ctx.data, self.ctx.group
-        shard = group.block(data.num_clients)
-        bank = ClientBank.broadcast(range(shard.start, shard.stop), self.params, self.buffers)
+        """The global model, then its fine-tuned copies, on every client's test set; the clients are a
+        cohort: each process fine-tunes and tests its block of them (docs/scale-out.md)."""
+        cfg, data = self.cfg, self.ctx.data
+        cohort = self.ctx.cohorts.clients(data.num_clients)
+        bank = ClientBank.broadcast(range(cohort.start, cohort.stop), self.params, self.buffers)
         max_samples = self.ctx.config.eval.batch_size
-        plain = evaluate_clients_sharded(group, self.model, bank, data, shard, max_samples)
+        plain = evaluate_clients_on(cohort, self.model, bank, data, max_samples)
         self.model.train()
         tuned = fine_tuned(
             self.ctx.executor,
@@ -74,6 +74,6 @@ class FedAvgFT(FedAvg):
             cfg.optimizer.lr,
             cfg.drop_last,
         )
-        return evaluate_clients_sharded(group, self.model, tuned, data, shard, max_samples).with_extra(
+        return evaluate_clients_on(cohort, self.model, tuned, data, max_samples).with_extra(
             global_accuracy=plain.accuracy
         )

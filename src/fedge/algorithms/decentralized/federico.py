@@ -71,13 +71,13 @@ class Federico(PeerAlgorithm):
         n = self.num_clients
         own = torch.arange(n, device=self.ctx.device)
         params, buffers = self.rows(own)
-        params, buffers, losses = self.train_sharded(params, buffers, own.tolist(), t)
+        params, buffers, losses = self.local_update(params, buffers, own.tolist(), t)
         chosen = self._choose(t)
         eye = torch.eye(n, dtype=torch.bool, device=own.device)
         scored = chosen | eye
         i, j = scored.nonzero(as_tuple=True)
         fresh = torch.zeros_like(self.loss)
-        fresh[i, j] = self.losses_sharded(params, buffers, (j, i, i), self.probes(t)).double()
+        fresh[i, j] = self.losses_on(params, buffers, (j, i, i), self.probes(t)).double()
         smoothed = self.cfg.ema * self.loss + (1.0 - self.cfg.ema) * fresh
         self.loss = torch.where(scored, torch.where(self.seen, smoothed, fresh), self.loss)
         self.seen |= scored

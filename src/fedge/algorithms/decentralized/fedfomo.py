@@ -136,7 +136,7 @@ class FedFomo(PeerAlgorithm):
         params, buffers = self.bank.params, self.bank.buffers
         # (shared from, private from, validation data of): own models, then peer n's shared part on i
         pairs = (torch.cat([own, j]), torch.cat([own, i]), torch.cat([own, i]))
-        losses = self.losses_sharded(params, buffers, pairs, self.validation).double()
+        losses = self.losses_on(params, buffers, pairs, self.validation).double()
         peer = torch.full((n, n), float("nan"), dtype=torch.float64, device=device)
         distance = torch.zeros((n, n), dtype=torch.float64, device=device)
         peer[i, j] = losses[n:]
@@ -149,7 +149,7 @@ class FedFomo(PeerAlgorithm):
         weights = self.weights(received)
         moved_p, moved_b = self.mixed(weights, self.bank.params, self.bank.buffers)
         own = list(range(self.num_clients))
-        params, buffers, losses = self.train_sharded(moved_p, moved_b, own, t)
+        params, buffers, losses = self.local_update(moved_p, moved_b, own, t)
         self.bank.adopt(params, buffers, owned=False)
         metrics = self.choice.end(t, plan)
         kept = torch.diagonal(weights) == 1.0

@@ -32,7 +32,7 @@ class Gossip(PeerAlgorithm):
     def peer_round(self, t: int) -> RoundReport:
         own = torch.arange(self.num_clients, device=self.ctx.device)
         params, buffers = self.rows(own)
-        params, buffers, losses = self.train_sharded(params, buffers, own.tolist(), t)
+        params, buffers, losses = self.local_update(params, buffers, own.tolist(), t)
         chosen = torch.as_tensor(self.random_peers(t), device=self.ctx.device)
         self.bank.adopt(*self.mixed(uniform_rows(chosen), params, buffers), owned=False)
         self.send_models(t, chosen)

@@ -25,6 +25,6 @@ class Local(PeerAlgorithm):
     def peer_round(self, t: int) -> RoundReport:
         own = torch.arange(self.num_clients, device=self.ctx.device)
         params, buffers = self.rows(own)
-        params, buffers, losses = self.train_sharded(params, buffers, own.tolist(), t)
+        params, buffers, losses = self.local_update(params, buffers, own.tolist(), t)
         self.bank.adopt(params, buffers, owned=False)
         return RoundReport(float(losses.double().mean()))

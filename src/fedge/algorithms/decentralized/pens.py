@@ -61,12 +61,12 @@ class Pens(PeerAlgorithm):
     def peer_round(self, t: int) -> RoundReport:
         own = torch.arange(self.num_clients, device=self.ctx.device)
         params, buffers = self.rows(own)
-        params, buffers, losses = self.train_sharded(params, buffers, own.tolist(), t)
+        params, buffers, losses = self.local_update(params, buffers, own.tolist(), t)
         if t <= self.phase_rounds:
             candidates = torch.as_tensor(self.random_peers(t, self.cfg.candidates), device=own.device)
             i, j = candidates.nonzero(as_tuple=True)
             scores = torch.full(candidates.shape, float("inf"), dtype=torch.float64, device=own.device)
-            scores[i, j] = self.losses_sharded(params, buffers, (j, i, i), self.probes(t)).double()
+            scores[i, j] = self.losses_on(params, buffers, (j, i, i), self.probes(t)).double()
             chosen = top_k(-scores, candidates, self.cfg.keep)
             self.counts += chosen.long()
             self.send_models(t, candidates)

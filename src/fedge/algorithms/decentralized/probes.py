@@ -10,7 +10,7 @@ mean featurizer activation) and the loss itself. Pairs are gathered chunk by chu
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 import numpy as np
@@ -280,35 +280,10 @@ class Prober:
         n = len(batches.weight)  # holders; requesters of the whole matrix
         requesters = requesters or slice(0, n)
         first = requesters.start
-        private_p = {k: v for k, v in params.items() if k in self.private}
-        private_b = {k: v for k, v in buffers.items() if k in self.private}
         x, y, w = data.x_train[batches.index], data.y_train[batches.index], batches.weight
-        count = w.sum(dim=1).clamp_min(1.0)[:, None]
-
         linear = self.linear if clip is None and noise is None else None
-
-        def holder(sp: Tensors, sb: Tensors, pp: Tensors, pb: Tensors, xk, yk, wk, ref):
-            if linear is not None:
-                return self._linear_cosine(linear, {**sp, **pp}, {**sb, **pb}, xk, yk, wk, ref)
-            return self._one({**sp, **pp}, {**sb, **pb}, xk, yk, wk, clip)
-
-        inner = vmap(holder, in_dims=(None, None, 0, 0, 0, 0, 0, None))
-
-        def requester(sp: Tensors, sb: Tensors, ref: torch.Tensor, eps: torch.Tensor):
-            if linear is not None:
-                return inner(sp, sb, private_p, private_b, x, y, w, ref)
-            proxies, losses = inner(sp, sb, private_p, private_b, x, y, w, ref)
-            if clip is not None:
-                proxies = (proxies + eps) / count
-            return cosine(ref.expand_as(proxies), proxies), losses
-
-        outer = vmap(requester)
-        batch = batches.index.shape[1]
-        if linear is not None:  # per pair: the layer's inputs and output gradients, not the proxy
-            per_requester = n * batch * 2 * (linear.in_features + linear.out_features)
-        else:
-            per_requester = n * (self.dim * (2 + (batch if clip is not None else 0)))
-        chunk = max(1, CHUNK_FLOATS // max(per_requester, 1))
+        outer = self._pairs(params, buffers, x, y, w, clip, linear)
+        chunk = self._chunk_rows(n, batches.index.shape[1], clip, linear)
         sims, losses = [], []
         was_training = self.model.training
         self.model.eval()
@@ -335,6 +310,48 @@ class Prober:
             empty = torch.zeros(0, n, dtype=torch.float64, device=x.device)
             return empty, empty.clone()
         return torch.cat(sims).double(), torch.cat(losses).double()
+
+    def _pairs(
+        self,
+        params: Tensors,
+        buffers: Tensors,
+        x: torch.Tensor,
+        y: torch.Tensor,
+        w: torch.Tensor,
+        clip: float | None,
+        linear: nn.Linear | None,
+    ) -> Callable[..., tuple[torch.Tensor, torch.Tensor]]:
+        """The nested vmap of :meth:`similarities`: requesters' shared parts outside, every holder's
+        private part and probe batch inside; one call gives a chunk of requesters' rows."""
+        private_p = {k: v for k, v in params.items() if k in self.private}
+        private_b = {k: v for k, v in buffers.items() if k in self.private}
+        count = w.sum(dim=1).clamp_min(1.0)[:, None]
+
+        def holder(sp: Tensors, sb: Tensors, pp: Tensors, pb: Tensors, xk, yk, wk, ref):
+            if linear is not None:
+                return self._linear_cosine(linear, {**sp, **pp}, {**sb, **pb}, xk, yk, wk, ref)
+            return self._one({**sp, **pp}, {**sb, **pb}, xk, yk, wk, clip)
+
+        inner = vmap(holder, in_dims=(None, None, 0, 0, 0, 0, 0, None))
+
+        def requester(sp: Tensors, sb: Tensors, ref: torch.Tensor, eps: torch.Tensor):
+            if linear is not None:
+                return inner(sp, sb, private_p, private_b, x, y, w, ref)
+            proxies, losses = inner(sp, sb, private_p, private_b, x, y, w, ref)
+            if clip is not None:
+                proxies = (proxies + eps) / count
+            return cosine(ref.expand_as(proxies), proxies), losses
+
+        return vmap(requester)
+
+    def _chunk_rows(self, n: int, batch: int, clip: float | None, linear: nn.Linear | None) -> int:
+        """Requesters per chunk of :meth:`similarities`, so a chunk's pair tensors stay within
+        ``CHUNK_FLOATS`` values."""
+        if linear is not None:  # per pair: the layer's inputs and output gradients, not the proxy
+            per_requester = n * batch * 2 * (linear.in_features + linear.out_features)
+        else:
+            per_requester = n * (self.dim * (2 + (batch if clip is not None else 0)))
+        return max(1, CHUNK_FLOATS // max(per_requester, 1))
 
 
 def gather(

@@ -13,8 +13,6 @@ from typing import Literal
 
 import torch
 
-from fedge.distributed.shards import Shard
-
 EPS = 1e-8
 
 
@@ -116,18 +114,20 @@ def gaussian_mechanism(
     clip: float,
     sigma: float,
     generator: torch.Generator,
-    rows: Shard | None = None,
+    offset: int = 0,
+    total: int | None = None,
 ) -> torch.Tensor:
     """AFIND+ Table 4's Gaussian mechanism: ``(sum of clipped values + N(0, sigma^2 clip^2 I)) / L`` per row.
 
     ``summed`` is ``[R, D]`` (each row a sum of per-example values already clipped to ``clip``), ``count``
     the batch size ``L`` of each row. The noise added to each mean therefore has std ``sigma*clip/L``.
-    With ``rows``, ``summed`` holds only those rows of a ``rows.total``-row matrix (a rank's share): the
-    whole matrix's noise is drawn and those rows taken, so each row gets the same noise as in one call.
+    With ``total``, ``summed`` holds only rows ``offset .. offset + R`` of a ``total``-row matrix (one
+    process's rows): the whole matrix's noise is drawn and those rows taken, so each row gets the same
+    noise as in one call.
     """
-    total = len(summed) if rows is None else rows.total
+    total = len(summed) if total is None else total
     noise = torch.randn((total, *summed.shape[1:]), generator=generator, dtype=summed.dtype, device="cpu")
-    noise = (noise if rows is None else noise[rows.rows]).to(summed.device) * (sigma * clip)
+    noise = noise[offset : offset + len(summed)].to(summed.device) * (sigma * clip)
     return (summed + noise) / count.reshape(-1, 1).to(summed.dtype).clamp_min(1.0)
 
 

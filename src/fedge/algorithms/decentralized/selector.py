@@ -35,7 +35,6 @@ from fedge.algorithms.decentralized.scores import (
 )
 from fedge.algorithms.decentralized.view import PeerView
 from fedge.config import StrictModel, keys
-from fedge.distributed.shards import Shard
 from fedge.rng import numpy_rng, torch_rng
 from fedge.tensors import Tensors
 
@@ -171,7 +170,8 @@ class AfindSelector:
         pre = torch.full((n, n), float("nan"), dtype=torch.float64, device=device)
         if not probed.any():
             return probed, pre
-        measured = view.shards(n, lambda rows: {"probe": self.probe_rows(t, rows, probed, batches)})["probe"]
+        probes = view.map_rows(n, lambda rows: {"probe": self.probe_rows(t, rows, probed, batches)})
+        measured = probes["probe"]
         i, k = probed.nonzero(as_tuple=True)
         own = torch.arange(n, device=device)
         self.sim[i, k], pre[i, k] = measured[i, 0, k], measured[i, 1, k]
@@ -217,8 +217,7 @@ class AfindSelector:
             theirs, loss = self.prober.proxies(params, buffers, ri, rk, rk, data, batches, clip)
             if dp is not None:
                 count = batches.weight[rk].sum(dim=1)
-                share = Shard(first, last, len(i))
-                theirs = gaussian_mechanism(theirs, count, dp.clip, dp.sigma, generator, share)
+                theirs = gaussian_mechanism(theirs, count, dp.clip, dp.sigma, generator, first, len(i))
             out[ri - rows.start, 0, rk] = cosine(mine[ri - rows.start], theirs).double()
             out[ri - rows.start, 1, rk] = loss.double()
         out[local, 1, own] = own_loss.double()

@@ -2,7 +2,7 @@
 
 AFIND+'s selector and the hosts' peer choice need the graph, what probing reads (model, data, private
 names, the clients' current rows), probe losses, random peers, a way to count their probe work for the
-simulated clock, three kinds of sends and a way to split work over the run's processes.
+simulated clock, three kinds of sends and a way to spread work over the run's processes.
 :class:`PeerView` names exactly those; ``PeerAlgorithm.view()`` builds it. The callables read the
 host's state when called (its bank and links may change between rounds), so a view built once stays
 valid for the whole run.
@@ -40,9 +40,9 @@ class PeerView:
     - ``request(t, pairs)``: requester i sends its shared model to j for every ``pairs[i, j]``.
     - ``reply(t, pairs)``: j sends its trained model back to i, encoded as the host sends models.
     - ``report(t, pairs, kind, message)``: j sends i a small dense message (a proxy, a loss).
-    - ``shards(total, work)``: ``work(rows)`` on this process's contiguous share of ``total`` rows, its
-      tensors gathered in row order and its compute tally summed (``PeerAlgorithm.on_shards``; in one
-      process, all rows): how a selector splits its probes over the run's processes.
+    - ``map_rows(total, work)``: ``work(rows)`` on this process's rows of a cohort of ``total`` rows, its
+      tensors back in row order and its compute tally the whole cohort's (``PeerAlgorithm.map_rows``; in
+      one process, all rows): how a selector spreads its probes over the run's processes.
     The senders return the number of transfers.
     """
 
@@ -59,7 +59,7 @@ class PeerView:
     request: Callable[[int, torch.Tensor], int]
     reply: Callable[[int, torch.Tensor], int]
     report: Callable[[int, torch.Tensor, str, Tensors], int]
-    shards: Callable[[int, Callable[[slice], Tensors]], Tensors]
+    map_rows: Callable[[int, Callable[[slice], Tensors]], Tensors]
 
     @property
     def num_clients(self) -> int:

@@ -45,7 +45,7 @@ class Cells:
         return np.arange(cell * self.per_cell, (cell + 1) * self.per_cell)
 
     def groups(self, count: int) -> np.ndarray:
-        """The group of every cell when cells are cut in order into ``count`` equal groups."""
+        """The band of every cell when cells are cut in order into ``count`` equal bands."""
         return np.arange(self.num_cells) * count // self.num_cells
 
 

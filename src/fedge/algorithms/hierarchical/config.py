@@ -19,19 +19,19 @@ Split = Literal["fully_noniid", "cell_iid", "partition"]
 class RadioConfig(StrictModel):
     """HIST's wireless system (Sec. VI-C and VI-D, Eqs. 17-18 and 34-35); only client-side delays count.
 
-    Cells are cut into ``len(snr_db)`` equal groups in order (cell j is in group ``floor(j G / N)``): the
-    paper's two groups are the first and second half of the cells. ``cpu_ghz`` holds one ``[low, high]``
-    range per group, from which every client draws its CPU frequency each global round.
+    Cells are cut into ``len(snr_db)`` equal bands in order (cell j is in band ``floor(j G / N)``): the
+    paper's two bands are the first and second half of the cells. ``cpu_ghz`` holds one ``[low, high]``
+    range per band, from which every client draws its CPU frequency each global round.
     """
 
     bandwidth_hz: PositiveFloat = 9e6
     """uplink bandwidth"""
     snr_db: list[float] = Field(default_factory=lambda: [30.0, 40.0], min_length=1)
-    """SNR of each group of cells"""
+    """SNR of each band of cells"""
     cpu_ghz: list[tuple[PositiveFloat, PositiveFloat]] = Field(
         default_factory=lambda: [(1.0, 2.0), (2.0, 4.0)], min_length=1
     )
-    """per group, the [low, high] range of client CPU frequencies"""
+    """per band of cells, the [low, high] range of client CPU frequencies"""
     antennas: PositiveInt = 10
     """edge server antennas (AirComp beamforming)"""
     cycles_per_step: PositiveFloat = 1e6

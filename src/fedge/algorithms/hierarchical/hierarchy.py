@@ -32,8 +32,8 @@ from fedge.algorithms.hierarchical.submodel import CellViews, Tensors
 from fedge.algorithms.hierarchical.training import local_steps_plan, masked_step
 from fedge.comm import Link, nodes, state_bits
 from fedge.data.federated import FederatedData
-from fedge.distributed import Shard, send_shard
-from fedge.distributed.evaluate import evaluate_sharded
+from fedge.distributed import Cohort
+from fedge.distributed.evaluate import evaluate_model_on
 from fedge.engine import (
     ClientBank,
     buffers_of,
@@ -46,38 +46,6 @@ from fedge.metrics import Evaluation, RoundReport
 from fedge.rng import numpy_rng, torch_rng
 from fedge.system import CellsWork, cells_round
 from fedge.tensors import floating
-
-
-def _cell_mean(stacked: Tensors, cells: Cells) -> Tensors:
-    """Per-cell mean over the (contiguous, equally many) clients of each cell; integers take the max."""
-    out = {}
-    for name, t in stacked.items():
-        grouped = t.reshape(cells.num_cells, cells.per_cell, *t.shape[1:])
-        out[name] = grouped.mean(dim=1) if t.is_floating_point() else grouped.max(dim=1).values
-    return out
-
-
-def cell_part(mine: Shard, rows: slice) -> Shard:
-    """The clients of ``mine`` within a cell's ``rows``, counted from the cell's first client."""
-    start = min(max(mine.start, rows.start), rows.stop)
-    stop = max(min(mine.stop, rows.stop), start)
-    return Shard(start - rows.start, stop - rows.start, rows.stop - rows.start)
-
-
-def cell_sums(stacked: Tensors, cell_of: torch.Tensor, cells: Cells) -> Tensors:
-    """This process's share of each cell's client mean (``[cells, ...]``): its rows' sum over the cell
-    size; integer tensors take the maximum (the lowest integer where a cell has no rows here)."""
-    out = {}
-    for name, t in stacked.items():
-        shape = (cells.num_cells, *t.shape[1:])
-        if t.is_floating_point():
-            out[name] = (
-                torch.zeros(shape, dtype=t.dtype, device=t.device).index_add_(0, cell_of, t) / cells.per_cell
-            )
-        else:
-            low = torch.full(shape, torch.iinfo(t.dtype).min, dtype=t.dtype, device=t.device)
-            out[name] = low.index_reduce_(0, cell_of, t, "amax")
-    return out
 
 
 def _payload(views: CellViews, cell: int, rows: slice, params: Tensors, buffers: Tensors) -> Tensors:
@@ -236,11 +204,23 @@ class HierarchicalFL(Algorithm):
         cell_params: Tensors,
         cell_buffers: Tensors,
     ) -> tuple[Tensors, Tensors, torch.Tensor, list[float]]:
-        """Edge round ``e`` of global round ``t`` in every cell: broadcast, local steps, edge aggregation."""
-        ctx, cfg, cells, group = self.ctx, self.cfg, self.cells, self.ctx.group
-        mine = group.share(cells.size)  # this process's clients (all of them in one process)
-        cell_of = self.cell_of[mine.rows]
-        start_params, start_buffers = cell_params, cell_buffers  # what the clients decode
+        """Edge round ``e`` of global round ``t`` in every cell: broadcast, local steps, upload, mean.
+
+        The clients of all cells are a cohort (this process trains and uploads its rows of it)."""
+        clients = self.ctx.cohorts.of(self.cells.size)
+        start_params, start_buffers = self._broadcast(t, views, cell_params, cell_buffers)
+        bank, loss = self._train(t, e, views, clients, start_params, start_buffers)
+        uploaded, uploaded_buffers = self._upload(t, views, clients, bank)
+        new_params, new_buffers, mses = self._mean(t, e, views, clients, uploaded, uploaded_buffers)
+        return new_params, new_buffers, clients.mean(loss), mses
+
+    def _broadcast(
+        self, t: int, views: CellViews, cell_params: Tensors, cell_buffers: Tensors
+    ) -> tuple[Tensors, Tensors]:
+        """Each edge server sends its cell's model to its clients (``model_down``); the cells' params and
+        buffers as the clients decode them."""
+        cells = self.cells
+        start_params, start_buffers = cell_params, cell_buffers
         for j in range(cells.num_cells):
             payload = _payload(views, j, slice(j, j + 1), cell_params, cell_buffers)
             members = self.nodes[j * cells.per_cell : (j + 1) * cells.per_cell]
@@ -252,43 +232,59 @@ class HierarchicalFL(Algorithm):
                 start_params, start_buffers = _received(
                     views, j, slice(j, j + 1), start_params, start_buffers, decoded
                 )
-        params = {k: v[cell_of] for k, v in start_params.items()}
-        buffers = {k: v[cell_of] for k, v in start_buffers.items()}
+        return start_params, start_buffers
+
+    def _train(
+        self, t: int, e: int, views: CellViews, clients: Cohort, cell_params: Tensors, cell_buffers: Tensors
+    ) -> tuple[ClientBank, torch.Tensor]:
+        """``H`` local steps of this process's clients from their cells' models: the trained bank and the
+        clients' losses."""
+        cfg = self.cfg
+        cell_of = self.cell_of[clients.rows]
+        params = {k: v[cell_of] for k, v in cell_params.items()}
+        buffers = {k: v[cell_of] for k, v in cell_buffers.items()}
         opt_state = {**self.sgd.init(params, rows=len(cell_of)), **views.client_valid(cell_of)}
-        bank = ClientBank(tuple(range(mine.start, mine.stop)), params, buffers, opt_state)
+        bank = ClientBank(tuple(range(clients.start, clients.stop)), params, buffers, opt_state)
         plan = local_steps_plan(
-            self.data, bank.clients, t, e, cfg.local_steps, cfg.batch_size, cohort=range(cells.size)
+            self.data, bank.clients, t, e, cfg.local_steps, cfg.batch_size, cohort=range(self.cells.size)
         )
         self.model.train()
         # every slot real (equal cells, compact form): masking multiplies by one, so the plain step gives
         # the same numbers without the multiplications
         padded = any(not bool(v.all()) for v in views.valid)
         step = self.step if padded else self.plain_step
-        loss = ctx.executor.train(step, bank, plan, self.data, cfg.optimizer.lr)
-        kind = "model_up" if cfg.aggregation == "oma" else "update_up_analog"
-        uploaded, uploaded_buffers = bank.params, bank.buffers  # what the edge servers decode
+        return bank, self.ctx.executor.train(step, bank, plan, self.data, cfg.optimizer.lr)
+
+    def _upload(self, t: int, views: CellViews, clients: Cohort, bank: ClientBank) -> tuple[Tensors, Tensors]:
+        """Every client sends its trained model to its edge server (``model_up``, or AirComp's
+        ``update_up_analog``); this process's rows as the edge servers decode them. Records each client's
+        uplink bits and one client's upload per cell (the latency's)."""
+        cells = self.cells
+        kind = "model_up" if self.cfg.aggregation == "oma" else "update_up_analog"
+        uploaded, uploaded_buffers = bank.params, bank.buffers
         for j in range(cells.num_cells):
             rows = slice(j * cells.per_cell, (j + 1) * cells.per_cell)
-            part = cell_part(mine, rows)  # this process's clients of cell j
-            local = slice(part.start + rows.start - mine.start, part.stop + rows.start - mine.start)
+            cell = clients.part(rows)  # this process's clients of cell j
+            local = slice(cell.start + rows.start - clients.start, cell.stop + rows.start - clients.start)
             payload = _payload(views, j, local, bank.params, bank.buffers)
-            up = send_shard(group, self.up, t, self.nodes[rows], nodes.edge(j), kind, payload, part)
+            up = cell.send(self.up, t, self.nodes[rows], nodes.edge(j), kind, payload)
             self.client_up_bits[rows] += up.bits
             self.cell_up_bits[j] = up.bits.max(initial=0)
-            if not self.up.codec.lossless and len(part):
+            if not self.up.codec.lossless and len(cell):
                 uploaded, uploaded_buffers = _received(
                     views, j, local, uploaded, uploaded_buffers, up.payload
                 )
-        if group.distributed:  # one all-reduce of the cells' partial sums (per dtype)
-            means = group.sum_tensors(cell_sums(uploaded | uploaded_buffers, cell_of, cells))
-            new_params = {k: means[k] for k in bank.params}
-            new_buffers = {k: means[k] for k in bank.buffers}
-            mean_loss = torch.tensor(group.sum_float(float(loss.double().sum())) / cells.size)
-        else:
-            new_params, new_buffers = _cell_mean(uploaded, cells), _cell_mean(uploaded_buffers, cells)
-            mean_loss = loss.mean()
-        mses = self._over_the_air(t, e, views, new_params) if cfg.aggregation == "aircomp" else []
-        return new_params, new_buffers, mean_loss, mses
+        return uploaded, uploaded_buffers
+
+    def _mean(
+        self, t: int, e: int, views: CellViews, clients: Cohort, uploaded: Tensors, uploaded_buffers: Tensors
+    ) -> tuple[Tensors, Tensors, list[float]]:
+        """Each edge server's new model: its clients' mean (OMA), or its over-the-air estimate (AirComp,
+        with each cell's per-element MSE)."""
+        means = clients.block_mean(uploaded | uploaded_buffers, self.cells.num_cells)
+        new_params, new_buffers = {k: means[k] for k in uploaded}, {k: means[k] for k in uploaded_buffers}
+        mses = self._over_the_air(t, e, views, new_params) if self.cfg.aggregation == "aircomp" else []
+        return new_params, new_buffers, mses
 
     def _over_the_air(self, t: int, e: int, views: CellViews, cell_params: Tensors) -> list[float]:
         """Turn each cell's exact client mean into its AirComp estimate (Eq. 26-27), in place.
@@ -332,8 +328,8 @@ class HierarchicalFL(Algorithm):
             network.hold([self.nodes[c] for c in self.cells.members(j)], "model", int(bits))
 
     def evaluate(self) -> Evaluation:
-        return evaluate_sharded(
-            self.ctx.group,
+        return evaluate_model_on(
+            self.ctx.cohorts,
             self.model,
             self.params,
             self.buffers,

@@ -73,8 +73,8 @@ def local_steps_plan(
     """``steps`` minibatches per client from a stream reshuffled every epoch (H counts steps, HIST Eq. 5).
 
     Epochs come from the stream ``("hist-batches-<edge_round>", round_, client, epoch)``; full batches
-    only when every client of the ``cohort`` (default: ``clients``; all clients when a process trains a
-    shard of them) has at least one, otherwise each epoch ends with its short batch.
+    only when every client of the ``cohort`` (default: ``clients``; all clients when a process trains
+    some of them) has at least one, otherwise each epoch ends with its short batch.
     """
     sizes = data.client_sizes(clients if cohort is None else cohort)
     drop_last = bool(sizes.min() >= batch_size)
