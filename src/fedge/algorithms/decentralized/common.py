@@ -153,7 +153,7 @@ class PeerAlgorithm(Algorithm):
 
     # ----- the round -------------------------------------------------------------------------------
     def run_round(self, t: int) -> RoundReport:
-        """Round ``t`` (:meth:`peer_round`), then the clock advanced by its compute and sends."""
+        """Round ``t`` (:meth:`peer_round`), then its compute and peer traffic charged to the clock."""
         self.round = t
         self.work = RoundWork(self.num_clients)
         report = self.peer_round(t)
