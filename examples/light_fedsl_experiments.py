@@ -41,13 +41,12 @@ import torch  # noqa: E402
 
 import fedge  # noqa: E402
 from fedge import results  # noqa: E402
-from fedge.algorithms.split.light_fedsl import cut_latency  # noqa: E402
 from fedge.compare import compare  # noqa: E402
 from fedge.config import SystemConfig, load_raw  # noqa: E402
 from fedge.models import build_model, output_shape, split  # noqa: E402
 from fedge.records import evaluated  # noqa: E402
 from fedge.sweep import SweepSpec, run_sweep  # noqa: E402
-from fedge.system import SystemModel  # noqa: E402
+from fedge.system import SystemModel, cut_latency  # noqa: E402
 
 BASE = Path(__file__).with_name("light-fedsl-digits.yaml")
 OFF = {"final_sparsity": 0.0, "quant_bits": None, "cut_dropout": 0.0, "agg_interval": 1}

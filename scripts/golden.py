@@ -48,6 +48,10 @@ KEYED_DROPOUT = (
     "dropout now draws keyed noise: both executors use the same masks, unlike the global generator"
 )
 NEW_CLOCK = "newly modelled: peer links and HIST clients now have simulated latency and energy"
+SERVER_POWER = (
+    "the server's compute energy is its stated power draw (system.server_compute_w = 100 W) times its "
+    "compute time instead of the clients' kappa f^2 at 1e11 Hz (100 kW): plausible joules"
+)
 # intended changes since the recording: (case name patterns, changed fields or None for all, why)
 CHANGED_BY_DESIGN: list[tuple[tuple[str, ...], frozenset[str] | None, str]] = [
     (
@@ -62,6 +66,14 @@ CHANGED_BY_DESIGN: list[tuple[tuple[str, ...], frozenset[str] | None, str]] = [
         "Dis-PFL's models are counted by the bitmap codec: dense layers no longer pay for a bitmap",
     ),
     (("hist*", "hfedavg*"), frozenset({"sim_joules"}), NEW_CLOCK),
+    (
+        (
+            "splitfed_v1*", "splitfed_v2*", "fsl_an*", "cse_fsl*", "light_fedsl*", "fedsl*",
+            "centralized*",
+        ),
+        frozenset({"sim_joules"}),
+        SERVER_POWER,
+    ),
     (
         ("afind*", "gossip*", "pens*", "federico*", "local*", "ditto*", "dispfl*"),
         frozenset({"sim_seconds", "sim_joules"}),
@@ -452,8 +464,19 @@ def without(value: Any, fields: frozenset[str]) -> Any:
     return value
 
 
+def added(expected: dict[str, Any], actual: dict[str, Any]) -> list[str]:
+    """Fields of the rows and the summary that ``actual`` has and the recording has not (new outputs:
+    reported, not compared)."""
+    def keys(case: dict[str, Any]) -> set[str]:
+        rows = {f"rows.{k}" for row in case["rows"] for k in row}
+        return rows | {f"summary.{k}" for k in case["summary"]}
+
+    return sorted(keys(actual) - keys(expected))
+
+
 def differences(expected: Any, actual: Any, tolerance: float, path: str = "") -> list[str]:
-    """Every place where ``actual`` differs from ``expected`` (fields only in ``actual`` are ignored)."""
+    """Every place where ``actual`` differs from ``expected`` (fields only in ``actual`` are not compared:
+    :func:`added` lists them)."""
     if isinstance(expected, dict):
         if not isinstance(actual, dict):
             return [f"{path}: expected a mapping"]
@@ -529,6 +552,8 @@ def main(argv: list[str] | None = None) -> int:
             status = "same" if not diffs else "DIFFERS"
             note = f"; {', '.join(sorted(changed))} left out: {' / '.join(reasons)}" if changed else ""
             note += f"; within {allowed:g}: {' / '.join(rounded)}" if allowed else ""
+            new = added(expected, got)
+            note += f"; added {', '.join(new)}" if new else ""
             print(f"{status:8} {suite}/{case.name} ({seconds:.1f} s){note}", flush=True)
             for line in diffs[:8]:
                 print(f"         {line}")

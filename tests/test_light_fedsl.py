@@ -12,7 +12,6 @@ import torch.nn.functional as F
 from torch.func import functional_call, grad
 
 import fedge
-from fedge.algorithms.split.light_fedsl import aggregation_latency, cut_latency
 from fedge.algorithms.split.parts import composed
 from fedge.algorithms.split.pruning import importance_mask, prunable_names, sparsity, sparsity_target
 from fedge.comm import dropout_mask
@@ -22,7 +21,7 @@ from fedge.errors import ConfigError
 from fedge.models import build_model, count_parameters, output_shape, split
 from fedge.rng import torch_rng
 from fedge.runner import build_run
-from fedge.system import SystemModel
+from fedge.system import SystemModel, aggregation_latency, cut_latency
 
 OFF = {"final_sparsity": 0.0, "quant_bits": None, "cut_dropout": 0.0, "agg_interval": 1}
 

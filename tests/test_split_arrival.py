@@ -11,10 +11,10 @@ import pytest
 import torch
 
 import fedge
-from fedge.algorithms.split.arrival import serve_queue
 from fedge.errors import ConfigError
 from fedge.runner import build_run
 from fedge.system import training_flops
+from fedge.system.split import serve_queue
 
 SLOW_SERVER = {"bandwidth_hz": 2e4, "server_cpu_hz": 2e4, "distance_min_m": 10.0, "distance_max_m": 3000.0}
 

@@ -60,9 +60,16 @@ def test_a_peer_send_costs_an_upload_of_the_same_bits_on_the_senders_uplink():
 
 
 def test_parallel_clients_takes_the_slowest_sum_and_all_energy():
-    a = PhaseCost(np.array([1.0, 2.0]), np.array([0.5, 0.5]))
-    b = PhaseCost(np.array([3.0, 1.0]), np.array([1.0, 2.0]))
-    assert parallel_clients(a, b) == (4.0, 4.0)
+    a = PhaseCost(np.array([1.0, 2.0]), np.array([0.5, 0.5]), "downlink", ["server", "server"])
+    b = PhaseCost(np.array([3.0, 1.0]), np.array([1.0, 2.0]), "uplink", ["client:0", "client:1"])
+    cost = parallel_clients(a, b)
+    assert (cost.seconds, cost.joules) == (4.0, 4.0)
+    assert cost.seconds_by_phase == {"downlink": 1.0, "uplink": 3.0}  # the slowest client's path
+    assert cost.joules_by_node == {
+        "server": {"downlink": 1.0},
+        "client:0": {"uplink": 1.0},
+        "client:1": {"uplink": 2.0},
+    }
 
 
 def test_fading_changes_rates_per_round_deterministically():

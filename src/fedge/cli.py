@@ -122,6 +122,13 @@ def _print_summary(result: Result) -> None:
         amount = f"{link['mb']:.3f} MB" if link["mb"] >= 1e-3 else f"{link['bits']:,} bits"
         table.add_row(f"  {link['kind']} ({link['direction']})", amount)
     table.add_row("simulated time", f"{s['sim_seconds']:.2f} s, {s['sim_joules']:.3g} J (wireless model)")
+    for label, key, unit in (
+        ("  time on the critical path", "sim_seconds_by_phase", "s"),
+        ("  energy by phase", "sim_joules_by_phase", "J"),
+        ("  energy by node tier", "sim_joules_by_tier", "J"),
+    ):
+        if s.get(key):
+            table.add_row(label, breakdown_text(s[key], unit))
     table.add_row("wall time", f"{s['wall_seconds']:.1f} s")
     if s.get("stopped_by", "rounds") != "rounds":
         table.add_row("stopped by", f"stop.{s['stopped_by']} at round {s['rounds']}")
@@ -132,6 +139,13 @@ def _print_summary(result: Result) -> None:
         table.add_row(f"to {100 * float(level):g} % accuracy", text)
     table.add_row("results", str(result.run_dir))
     console.print(table)
+
+
+def breakdown_text(figures: dict[str, float], unit: str) -> str:
+    """``name value unit (share %)`` for each non-zero part of a breakdown, largest first."""
+    total = sum(figures.values())
+    parts = sorted(((v, k) for k, v in figures.items() if v > 0), reverse=True)
+    return ", ".join(f"{k} {v:.3g} {unit} ({100 * v / total:.0f} %)" for v, k in parts) or "-"
 
 
 def _split_config_argument(config: str | None, overrides: list[str] | None) -> tuple[str | None, list[str]]:

@@ -21,7 +21,7 @@ from fedge.errors import ConfigError, FedgeError
 from fedge.labels import run_labels
 from fedge.plots import AXES, GIB_AXIS, plot_runs
 from fedge.records import evaluated
-from fedge.runner import Result, start_run
+from fedge.runner import BREAKDOWN, Result, start_run
 
 BITS_PER_GIB = 8 * 2**30
 BITS_PER_MPARAM = 32 * 1e6
@@ -74,9 +74,16 @@ def _row(name: str, runs: list[Result], target: float | None = None) -> dict[str
         "client_storage_mparams": summaries[0]["storage_client_bits"] / BITS_PER_MPARAM,
         "sim_seconds_mean": statistics.fmean(s["sim_seconds"] for s in summaries),
         "sim_joules_mean": statistics.fmean(s["sim_joules"] for s in summaries),
+        **{f"{key}_mean": _mean_parts([s.get(key, {}) for s in summaries]) for key in BREAKDOWN},
         "wall_seconds_mean": statistics.fmean(s["wall_seconds"] for s in summaries),
         **(_to_target(runs, target) if target is not None else {}),
     }
+
+
+def _mean_parts(parts: list[dict[str, float]]) -> dict[str, float]:
+    """The mean of each part of a breakdown over seeds (a part a run lacks counts as 0)."""
+    keys = list(dict.fromkeys(k for part in parts for k in part))
+    return {k: statistics.fmean(part.get(k, 0.0) for part in parts) for k in keys}
 
 
 def _to_target(runs: list[Result], target: float) -> dict[str, Any]:

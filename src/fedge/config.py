@@ -297,9 +297,17 @@ class EngineConfig(StrictModel):
 
 
 class SystemConfig(StrictModel):
-    """Wireless system model; defaults are lightweight FedSL's Sec. IV values (5 MHz, 23/37 dBm,
-    -174 dBm/Hz, 100-300 m). Fading and the compute/energy model are our completion of the papers (they
-    give none): placeholder device and server speeds, kappa = 1e-28 (docs/decisions.md, "Platform").
+    """Wireless system model behind the simulated clock (``sim_seconds``, ``sim_joules``).
+
+    Radio defaults are lightweight FedSL's Sec. IV values (5 MHz sub-channel per client, 23 dBm client
+    and 37 dBm base-station transmit power, -174 dBm/Hz noise, clients 100-300 m away). Fading and the
+    compute and energy model are our completion of the papers, which give none (docs/decisions.md,
+    "Platform"): a client is a phone-class processor at 1 GHz, one FLOP per cycle, drawing
+    ``kappa f^3`` = 0.1 W while it computes (``kappa`` = 1e-28, ``kappa f^2`` = 0.1 nJ per cycle,
+    the usual mobile-edge value); the server does 1e11 cycles per second in all (a multi-core node or
+    accelerator serving every client: 100 times a client, not one 100 GHz core) and draws
+    ``server_compute_w`` = 100 W while it computes (1 nJ per FLOP). Transmit energy is the transmit
+    power times the airtime; receiving and idling cost nothing.
 
     Every value is bounded far beyond any radio or processor (1 Hz to 1 THz, -100 to 100 dBm, 1 m to
     10,000 km, up to 1 PHz) so that rates, times and energies stay finite numbers.
@@ -308,9 +316,9 @@ class SystemConfig(StrictModel):
     bandwidth_hz: Annotated[float, Field(ge=1.0, le=1e12)] = 5e6
     """bandwidth of each client's orthogonal sub-channel"""
     client_power_dbm: Annotated[float, Field(ge=-100.0, le=100.0)] = 23.0
-    """client transmit power"""
+    """client transmit power (23 dBm = 0.2 W)"""
     server_power_dbm: Annotated[float, Field(ge=-100.0, le=100.0)] = 37.0
-    """server (base station) transmit power"""
+    """server (base station) transmit power (37 dBm = 5 W)"""
     noise_dbm_per_hz: Annotated[float, Field(ge=-300.0, le=0.0)] = -174.0
     """noise power spectral density"""
     distance_min_m: Annotated[float, Field(ge=1.0, le=1e7)] = 100.0
@@ -322,13 +330,15 @@ class SystemConfig(StrictModel):
     fading: Literal["none", "rayleigh"] = "none"
     """small-scale fading on top of path loss: none or Rayleigh (redrawn per round)"""
     client_cpu_hz: Annotated[float, Field(ge=1.0, le=1e15)] = 1e9
-    """client processor speed (our completion: the papers give none)"""
+    """client processor speed, cycles per second (our completion: a 1 GHz phone-class core)"""
     server_cpu_hz: Annotated[float, Field(ge=1.0, le=1e15)] = 1e11
-    """server processor speed (our completion)"""
+    """server throughput, cycles per second over all its cores (our completion: 100x a client)"""
     cycles_per_flop: Annotated[float, Field(gt=0.0, le=1e9)] = 1.0
-    """processor cycles per floating-point operation"""
+    """processor cycles per floating-point operation (client and server)"""
     kappa: Annotated[float, Field(ge=0.0, le=1.0)] = 1e-28
-    """effective switched capacitance: energy kappa f^2 per cycle"""
+    """clients' effective switched capacitance: energy kappa f^2 per cycle (0.1 nJ at 1 GHz)"""
+    server_compute_w: Annotated[float, Field(ge=0.0, le=1e9)] = 100.0
+    """server power draw while it computes, in watts (our completion: 100 W, 1 nJ per FLOP at 1e11)"""
 
     @field_validator("distance_max_m")
     @classmethod

@@ -3,9 +3,10 @@
 Every run directory found under the given path is read; runs whose configs differ only in their seed
 form one *cell* (a sweep's cell, a comparison's algorithm), named by the config keys that differ
 between cells. The page shows accuracy against rounds, MB and simulated seconds (a cell's mean over
-seeds with a band of one standard deviation), the time-to-target table, the cost per link (ledger kind
-and direction) and per node (traffic and peak storage), the config diff between cells and each cell's
-runs. Figures are PNG data URIs: the file opens anywhere, with no network.
+seeds with a band of one standard deviation), the simulated time and energy by phase and node tier, the
+time-to-target table, the cost per link (ledger kind and direction) and per node (traffic, peak storage
+and simulated energy), the config diff between cells and each cell's runs. Figures are PNG data URIs:
+the file opens anywhere, with no network.
 """
 
 from __future__ import annotations
@@ -200,10 +201,21 @@ def node_costs(run: Run) -> list[dict[str, Any]]:
                 bits = int(entry["bits"])
                 sent[entry["src"]] += bits
                 received[entry["dst"]] += bits
+    joules: dict[str, float] = defaultdict(float)
+    energy = run.path / results.ENERGY
+    if energy.is_file():
+        with energy.open() as handle:
+            joules.update({entry["node"]: float(entry["joules"]) for entry in csv.DictReader(handle)})
     peak = run.summary.get("peak_storage_bits", {})
-    nodes = list(dict.fromkeys([*peak, *sent, *received]))
+    nodes = list(dict.fromkeys([*peak, *sent, *received, *joules]))
     return [
-        {"node": n, "sent": sent[n] / MIB, "received": received[n] / MIB, "peak": peak.get(n, 0) / MIB}
+        {
+            "node": n,
+            "sent": sent[n] / MIB,
+            "received": received[n] / MIB,
+            "peak": peak.get(n, 0) / MIB,
+            "energy": joules[n],
+        }
         for n in nodes
     ]
 
@@ -217,7 +229,7 @@ def _aggregate_clients(rows: list[dict[str, Any]], limit: int = 12) -> list[dict
     for name, pick in (("min", min), ("mean", statistics.fmean), ("max", max)):
         out.append(
             {"node": f"clients ({name} of {len(clients)})"}
-            | {k: pick(r[k] for r in clients) for k in ("sent", "received", "peak")}
+            | {k: pick(r[k] for r in clients) for k in ("sent", "received", "peak", "energy")}
         )
     return out
 
@@ -299,6 +311,27 @@ def headline_table(cells: list[Cell]) -> str:
     return _table(head, rows)
 
 
+def breakdown_tables(cells: list[Cell]) -> str:
+    """Each cell's mean simulated seconds by phase along the critical path, and joules by phase and by
+    node tier (runs from before the breakdown show dashes)."""
+    out = []
+    for key, title, unit in (
+        ("sim_seconds_by_phase", "time on the critical path", "s"),
+        ("sim_joules_by_phase", "energy by phase", "J"),
+        ("sim_joules_by_tier", "energy by node tier", "J"),
+    ):
+        means = {c.label: _mean_dicts([r.summary.get(key, {}) for r in c.finished]) for c in cells}
+        parts = list(dict.fromkeys(p for row in means.values() for p in row))
+        if not parts:
+            continue
+        rows = [
+            [label, *(f"{row[p]:.4g}" if p in row else "–" for p in parts)]
+            for label, row in means.items()
+        ]
+        out.append(f"<h3>{title}</h3>" + _table(["cell", *(f"{p} ({unit})" for p in parts)], rows))
+    return "".join(out)
+
+
 def target_table(cells: list[Cell], levels: list[float]) -> str:
     head = ["cell", "target accuracy", "reached (seeds)", "rounds", "MB, all links", "simulated time (s)"]
     rows = []
@@ -370,6 +403,15 @@ def render(path: Path, targets: list[float] | None = None) -> str:
         "<p>Mean ± sample standard deviation over seeds; costs are cumulative at each run's last round.</p>"
     )
     parts.append(headline_table(cells))
+    if finished:
+        parts.append("<h2>Simulated time and energy by phase</h2>")
+        parts.append(
+            "<p>From the wireless system model, mean over seeds: the seconds of each round's critical path "
+            "(its slowest participant, or a shared server's compute when that is longer) by phase, and "
+            "every node's joules by phase and by tier (clients, edge servers, server, cloud). The model's "
+            "defaults are stated in the <code>system</code> block's documentation.</p>"
+        )
+        parts.append(breakdown_tables(finished))
     parts.append("<h2>Accuracy against rounds, communication and simulated time</h2>")
     parts.append(
         f"<figure><img alt='accuracy curves' src='{accuracy_figure(cells)}'><figcaption>Test accuracy at "
@@ -405,11 +447,14 @@ def render(path: Path, targets: list[float] | None = None) -> str:
             parts.append(f"<h3>{html.escape(cell.label)}</h3>")
             parts.append(
                 _table(
-                    ["node", "sent (MB)", "received (MB)", "peak storage (MB)"],
+                    ["node", "sent (MB)", "received (MB)", "peak storage (MB)", "simulated energy (J)"],
                     [
-                        [n["node"], f"{n['sent']:.3f}", f"{n['received']:.3f}", f"{n['peak']:.3f}"]
+                        [
+                            n["node"], f"{n['sent']:.3f}", f"{n['received']:.3f}", f"{n['peak']:.3f}",
+                            f"{n['energy']:.4g}",
+                        ]
                         for n in nodes
-                    ],
+                    ],  # fmt: skip
                 )
             )
     if len(cells) > 1:

@@ -28,6 +28,7 @@ METRICS = "metrics.jsonl"
 SUMMARY = "summary.json"
 CHECKPOINT = "checkpoint.pt"
 LEDGER = "ledger.csv"
+ENERGY = "energy.csv"  # every node's simulated joules, by phase
 PLOTS = "plots"
 
 

@@ -46,6 +46,9 @@ from fedge.tracking import Tracking
 MIB = 8 * 2**20  # bits in one MB as the papers' tables count it (2^20 bytes)
 WALL_FIELDS = ("wall_seconds",)
 
+TOP_NODES = 10  # nodes by simulated energy in summary.json (all of them in energy.csv)
+BREAKDOWN = ("sim_seconds_by_phase", "sim_joules_by_phase", "sim_joules_by_tier")
+
 
 @dataclass
 class Result:
@@ -301,13 +304,20 @@ class Runner:
 
     def _diverged(self, t: int, what: str) -> Diverged:
         """Record why the run stopped in ``summary.json`` (its last good rows stay as they are)."""
-        summary = {**summarize(self.config, self.rows), **records.ledger_summary(self.built.context.ledger)}
+        summary = {**summarize(self.config, self.rows), **self._energy_summary()}
         summary.update(
             status="diverged", reason=f"round {t}: {what}", last_checkpoint_round=self.checkpointed
         )
         if self.group.writes:
             results.write_json(self.run_dir / results.SUMMARY, summary)
         return Diverged(self.run_dir, t, what, self.checkpointed)
+
+    def _energy_summary(self) -> dict[str, Any]:
+        """The ledger's summary fields and the nodes that spent the most simulated energy (every node's
+        joules go to ``energy.csv``)."""
+        clock = self.built.context.system.clock
+        top = clock.top_nodes(TOP_NODES)
+        return {**records.ledger_summary(self.built.context.ledger), "sim_joules_top_nodes": top}
 
     def run(self) -> Result:
         """Run the remaining rounds and finish; raise :class:`~fedge.errors.Diverged` on a NaN or infinity.
@@ -337,6 +347,7 @@ class Runner:
                 round_metrics = self.built.round(t).row()
                 clock = self.built.context.system.clock
                 costs = {**_communication(ledger), "sim_seconds": clock.seconds, "sim_joules": clock.joules}
+                costs.update(clock.breakdown())
                 due = t % cfg.eval.every == 0 or t == cfg.rounds or stop.over_budget(cfg.stop, costs)
                 row = {"round": t, **(self.built.evaluate(t).row() if due else {}), **round_metrics, **costs}
                 wall = self.group.broadcast(time.perf_counter() - began)  # rank 0's clock: one stop decision
@@ -362,13 +373,14 @@ class Runner:
 
     def finish(self) -> Result:
         """Write summary, ledger and plots of a run that reached its last round."""
-        summary = {**summarize(self.config, self.rows), **records.ledger_summary(self.built.context.ledger)}
+        summary = {**summarize(self.config, self.rows), **self._energy_summary()}
         summary.update(status="finished", first_nonfinite=self.nonfinite)
         if not self.group.writes:
             self.group.barrier()  # rank 0 has written the results when any rank returns
             return Result(self.run_dir, self.config, self.rows, summary)
         results.write_jsonl(self.run_dir / results.METRICS, self.rows)
         results.write_text(self.run_dir / results.LEDGER, self.built.context.ledger.to_csv())
+        results.write_text(self.run_dir / results.ENERGY, self.built.context.system.clock.to_csv())
         results.write_json(self.run_dir / results.SUMMARY, summary)
         if self.config.output.plots:
             plot_run(self.run_dir, self.rows, self.run_dir.name)
@@ -400,6 +412,7 @@ def summarize(config: RunConfig, rows: list[dict[str, Any]]) -> dict[str, Any]:
         "storage_client_bits": last["storage_client_bits"],
         "sim_seconds": last["sim_seconds"],
         "sim_joules": last["sim_joules"],
+        **{k: last[k] for k in BREAKDOWN if k in last},
         "wall_seconds": last["wall_seconds"],
         **stop.summary_fields(config.stop, rows),
     }

@@ -19,7 +19,7 @@ from fedge.engine import (
     parameters_of,
 )
 from fedge.metrics import Evaluation, RoundReport
-from fedge.system import forward_flops, training_flops
+from fedge.system import forward_flops, server_round, training_flops
 
 
 class CentralizedConfig(AlgorithmConfig):
@@ -64,8 +64,8 @@ class Centralized(Algorithm):
         plan = self.data.batch_plan([0], t, cfg.epochs_per_round, cfg.batch_size, cfg.drop_last)
         self.model.train()
         losses = self.ctx.executor.train(self.step, self.bank, plan, self.data, cfg.optimizer.lr)
-        work = self.ctx.system.server_compute(training_flops(self.flops_per_sample, float(plan.weight.sum())))
-        self.ctx.system.clock.advance(float(work.seconds.sum()), float(work.joules.sum()))
+        flops = training_flops(self.flops_per_sample, float(plan.weight.sum()))
+        self.ctx.system.charge(server_round(self.ctx.system, flops))
         return RoundReport(float(losses[0]))
 
     def evaluate(self) -> Evaluation:

@@ -26,7 +26,7 @@ from fedge.engine import (
 from fedge.errors import ConfigError
 from fedge.metrics import Evaluation, RoundReport
 from fedge.rng import numpy_rng
-from fedge.system import forward_flops, parallel_clients, training_flops
+from fedge.system import forward_flops, star_round, training_flops
 from fedge.tensors import floating
 
 
@@ -68,8 +68,8 @@ class FedAvg(Algorithm):
     Transfers per participant and round: the model down (``model_down``) and the trained model up
     (``model_up``), each encoded by its direction's codec. Floating buffers (BatchNorm statistics)
     travel and are averaged with the parameters; integer counters are not sent. Simulated latency of
-    a round: download, local training and upload one after another per client, clients in parallel on
-    their own sub-channels (the slowest client sets the pace).
+    a round (:func:`~fedge.system.star_round`): download, local training and upload one after another
+    per client, clients in parallel on their own sub-channels (the slowest client sets the pace).
     """
 
     state_fields = ("params", "buffers")
@@ -107,13 +107,8 @@ class FedAvg(Algorithm):
         trained = {**bank.params, **floating(bank.buffers)}
         up = cohort.send(self.up, t, receivers, nodes.SERVER, "model_up", trained)
         samples = cohort.gather_array(plan.weight.sum(dim=(1, 2)).cpu().numpy())
-        ctx.system.clock.advance(
-            *parallel_clients(
-                ctx.system.download(clients, np.repeat(down.bits, len(clients)), t),
-                ctx.system.client_compute(training_flops(self.flops_per_sample, samples)),
-                ctx.system.upload(clients, up.bits, t),
-            )
-        )
+        flops = training_flops(self.flops_per_sample, samples)
+        ctx.system.charge(star_round(ctx.system, t, clients, flops, ctx.network.traffic(t)))
         sizes = torch.as_tensor(ctx.data.client_sizes(clients), dtype=torch.float64)
         weights = (sizes / sizes.sum())[cohort.rows].to(ctx.device)
         stacked = {k: up.payload[k] for k in bank.params}

@@ -18,6 +18,26 @@ import numpy as np
 from fedge.comm.nodes import direction
 
 
+class RoundTraffic:
+    """One round's transfers: bits per sender and per receiver, by direction."""
+
+    def __init__(self, src: list[str], dst: list[str], bits: np.ndarray):
+        self._sent: dict[tuple[str, str], int] = defaultdict(int)
+        self._received: dict[tuple[str, str], int] = defaultdict(int)
+        for s, d, b in zip(src, dst, bits.tolist(), strict=True):
+            way = direction(s, d)
+            self._sent[(s, way)] += b
+            self._received[(d, way)] += b
+
+    def sent(self, nodes: Sequence[str], direction_: str) -> np.ndarray:
+        """Bits each of ``nodes`` sent in ``direction_`` (``up``, ``down``, ``peer``) this round."""
+        return np.array([self._sent.get((node, direction_), 0) for node in nodes], dtype=np.int64)
+
+    def received(self, nodes: Sequence[str], direction_: str) -> np.ndarray:
+        """Bits each of ``nodes`` received in ``direction_`` this round."""
+        return np.array([self._received.get((node, direction_), 0) for node in nodes], dtype=np.int64)
+
+
 class Ledger:
     """Transfers and storage of one run."""
 
@@ -108,6 +128,23 @@ class Ledger:
             key: np.concatenate(parts) if parts else np.zeros(0, dtype=np.int64)
             for key, parts in self._columns.items()
         }
+
+    def round_traffic(self, round_: int) -> RoundTraffic:
+        """The transfers of round ``round_`` (what the simulated clock charges). Rounds are recorded in
+        order, so only the latest entries are read."""
+        src, dst, bits = [], [], []
+        columns = self._columns
+        for i in range(len(columns["round"]) - 1, -1, -1):
+            rounds = columns["round"][i]
+            if rounds.size and rounds.max() < round_:
+                break
+            mine = rounds == round_
+            src.append(columns["src"][i][mine])
+            dst.append(columns["dst"][i][mine])
+            bits.append(columns["bits"][i][mine])
+        names = self._nodes
+        pick = [[names[k] for k in np.concatenate(ids).tolist()] if ids else [] for ids in (src, dst)]
+        return RoundTraffic(pick[0], pick[1], np.concatenate(bits) if bits else np.zeros(0, dtype=np.int64))
 
     def to_csv(self) -> str:
         """Every transfer as CSV text ``round,src,dst,kind,direction,bits``."""

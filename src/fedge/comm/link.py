@@ -20,7 +20,7 @@ import numpy as np
 import torch
 
 from fedge.comm.codecs import Codec, nonzero_counts, value_counts
-from fedge.comm.ledger import Ledger
+from fedge.comm.ledger import Ledger, RoundTraffic
 from fedge.comm.registry import get_codec
 from fedge.rng import derive_seed
 from fedge.tensors import Tensors, floating
@@ -190,6 +190,10 @@ class Network:
     def link(self, codec: str | Codec) -> Link:
         """A link encoding with ``codec`` (a codec, or a name: ``fp32``, ``fp16``, ``sparse``, ``q8``...)."""
         return Link(self.ledger, get_codec(codec) if isinstance(codec, str) else codec, self.seed)
+
+    def traffic(self, round_: int) -> RoundTraffic:
+        """What the links carried in round ``round_`` (bits per node and direction), for the clock."""
+        return self.ledger.round_traffic(round_)
 
     def hold(self, nodes: Nodes, kind: str, state: Tensors | int) -> None:
         """Meter what ``nodes`` hold of ``kind``: a state (its floating tensors at fp32) or a bit count."""

@@ -8,17 +8,46 @@ from fedge.system.aircomp import (
     aircomp_uplink_seconds,
     receive_beamformer,
 )
+from fedge.system.cells import CellsWork, cells_round
 from fedge.system.channel import draw_distances, path_loss_db, rayleigh_power
-from fedge.system.clock import Clock
+from fedge.system.clock import PHASES, Clock, RoundCost
 from fedge.system.compute import compute_energy, compute_seconds, forward_flops, training_flops
-from fedge.system.model import PhaseCost, SystemModel, WirelessLink, parallel_clients
+from fedge.system.model import PhaseCost, SystemModel, WirelessLink
 from fedge.system.oma import complex_gaussian, db_to_linear, oma_cost_per_value, oma_edge_latency, oma_rates
 from fedge.system.partition_opt import greedy_sizes, milp_sizes, size_cap, uniform_sizes
+from fedge.system.peer import RoundWork
 from fedge.system.rates import dbm_to_watt, shannon_rate
+from fedge.system.rounds import Traffic, parallel_clients, peer_round, server_round, shared_server, star_round
+from fedge.system.split import (
+    LightRound,
+    SplitWork,
+    aggregation_latency,
+    arrival_round,
+    cut_latency,
+    light_fedsl_round,
+    split_round,
+)
 
 __all__ = [
+    "PHASES",
+    "CellsWork",
     "Clock",
+    "LightRound",
     "PhaseCost",
+    "RoundCost",
+    "RoundWork",
+    "SplitWork",
+    "Traffic",
+    "aggregation_latency",
+    "arrival_round",
+    "cells_round",
+    "cut_latency",
+    "light_fedsl_round",
+    "peer_round",
+    "server_round",
+    "shared_server",
+    "split_round",
+    "star_round",
     "SystemModel",
     "WirelessLink",
     "compute_energy",

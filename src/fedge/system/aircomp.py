@@ -160,8 +160,13 @@ def aircomp_edge_latency(
     symbol_s: float,
 ) -> float:
     """Seconds of one AirComp edge round of a cell (Eq. 35): slowest client's compute plus the uplink."""
-    compute = steps * fraction * cycles_per_step / np.min(np.asarray(cpu_hz, dtype=np.float64))
+    compute = aircomp_compute_seconds(steps, fraction, cycles_per_step, cpu_hz)
     return float(compute + aircomp_uplink_seconds(values, bandwidth_hz, subcarrier_hz, symbol_s))
+
+
+def aircomp_compute_seconds(steps: int, fraction: float, cycles_per_step: float, cpu_hz: np.ndarray) -> float:
+    """The slowest client's compute seconds in one edge round (the first term of Eq. 35)."""
+    return steps * fraction * cycles_per_step / np.min(np.asarray(cpu_hz, dtype=np.float64))
 
 
 def aircomp_cost_per_value(

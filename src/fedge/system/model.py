@@ -17,7 +17,17 @@ import numpy as np
 from fedge.config import SystemConfig
 from fedge.rng import numpy_rng
 from fedge.system.channel import draw_distances, gain_from_db, path_loss_db, rayleigh_power
-from fedge.system.clock import Clock
+from fedge.system.clock import (
+    CLIENT_COMPUTE,
+    DOWNLINK,
+    PEER,
+    SERVER,
+    SERVER_COMPUTE,
+    UPLINK,
+    Clock,
+    RoundCost,
+    client_nodes,
+)
 from fedge.system.compute import compute_energy, compute_seconds
 from fedge.system.rates import dbm_to_watt, noise_power_watt, shannon_rate
 
@@ -32,10 +42,14 @@ class WirelessLink:
 
 @dataclass(frozen=True)
 class PhaseCost:
-    """Seconds and joules of one phase, one entry per client involved."""
+    """Seconds and joules of one phase, one entry per participant row: the time the phase takes on the
+    row's path, the joules it costs, and the node that spends them (``payers[r]``; None where only the
+    time is asked for)."""
 
     seconds: np.ndarray
     joules: np.ndarray
+    phase: str
+    payers: list[str] | None = None
 
 
 class SystemModel:
@@ -69,12 +83,12 @@ class SystemModel:
     def upload(self, clients: np.ndarray, bits: np.ndarray, round_: int) -> PhaseCost:
         """Clients sending ``bits`` each on their uplinks (transmit energy at the client)."""
         seconds = np.asarray(bits, dtype=np.float64) / self.link(round_).up_bps[np.asarray(clients)]
-        return PhaseCost(seconds, self.client_power_w * seconds)
+        return PhaseCost(seconds, self.client_power_w * seconds, UPLINK, client_nodes(clients))
 
     def download(self, clients: np.ndarray, bits: np.ndarray, round_: int) -> PhaseCost:
         """The base station sending ``bits`` to each client (transmit energy at the base station)."""
         seconds = np.asarray(bits, dtype=np.float64) / self.link(round_).down_bps[np.asarray(clients)]
-        return PhaseCost(seconds, self.server_power_w * seconds)
+        return PhaseCost(seconds, self.server_power_w * seconds, DOWNLINK, [SERVER] * len(seconds))
 
     def peer_send(self, clients: np.ndarray, bits: np.ndarray, round_: int) -> PhaseCost:
         """Clients sending ``bits`` each to their peers, one message after another.
@@ -84,27 +98,26 @@ class SystemModel:
         rate and transmit power, so a peer send costs what an upload of the same bits costs. Receiving
         costs the receiver nothing.
         """
-        return self.upload(clients, bits, round_)
+        up = self.upload(clients, bits, round_)
+        return PhaseCost(up.seconds, up.joules, PEER, up.payers)
 
-    def client_compute(self, flops: np.ndarray) -> PhaseCost:
-        """Clients executing ``flops`` each on their CPUs."""
+    def client_compute(self, flops: np.ndarray, clients: np.ndarray | None = None) -> PhaseCost:
+        """Clients ``clients`` executing ``flops`` each on their CPUs (``clients`` may be left out where
+        only the seconds are needed)."""
         cfg = self.cfg
         seconds = compute_seconds(flops, cfg.cycles_per_flop, cfg.client_cpu_hz)
-        return PhaseCost(seconds, compute_energy(flops, cfg.cycles_per_flop, cfg.client_cpu_hz, cfg.kappa))
+        joules = compute_energy(flops, cfg.cycles_per_flop, cfg.client_cpu_hz, cfg.kappa)
+        return PhaseCost(seconds, joules, CLIENT_COMPUTE, None if clients is None else client_nodes(clients))
 
     def server_compute(self, flops: np.ndarray | float) -> PhaseCost:
-        """The server executing ``flops``."""
+        """The server executing ``flops``: ``server_cpu_hz`` cycles per second, drawing
+        ``server_compute_w`` watts while it computes."""
         cfg = self.cfg
         flops = np.atleast_1d(np.asarray(flops, dtype=np.float64))
         seconds = compute_seconds(flops, cfg.cycles_per_flop, cfg.server_cpu_hz)
-        return PhaseCost(seconds, compute_energy(flops, cfg.cycles_per_flop, cfg.server_cpu_hz, cfg.kappa))
+        return PhaseCost(seconds, cfg.server_compute_w * seconds, SERVER_COMPUTE, [SERVER] * len(seconds))
 
-
-def parallel_clients(*phases: PhaseCost) -> tuple[float, float]:
-    """Round latency and energy when each client runs ``phases`` one after another, clients in parallel.
-
-    Latency is the slowest client's sum over its phases (max over parallel clients, sum over sequential
-    steps); energy is the sum over everything.
-    """
-    per_client = np.sum([phase.seconds for phase in phases], axis=0)
-    return float(per_client.max(initial=0.0)), float(sum(phase.joules.sum() for phase in phases))
+    def charge(self, cost: RoundCost) -> RoundCost:
+        """Advance the clock by one round's ``cost`` (composed by :mod:`fedge.system.rounds`)."""
+        self.clock.charge(cost)
+        return cost

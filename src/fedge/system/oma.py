@@ -44,11 +44,24 @@ def oma_edge_latency(
     ``cpu_hz``, ``upload_bits`` and ``rates_bps`` hold one entry per client of the cell; the TDMA factor
     ``n_j`` multiplies each client's own upload time, and the max is over the sum (as the paper writes it).
     """
+    compute, upload = oma_edge_phases(steps, fraction, cycles_per_step, cpu_hz, upload_bits, rates_bps)
+    return float(np.max(compute + upload))
+
+
+def oma_edge_phases(
+    steps: int,
+    fraction: float,
+    cycles_per_step: float,
+    cpu_hz: np.ndarray,
+    upload_bits: np.ndarray | float,
+    rates_bps: np.ndarray,
+) -> tuple[np.ndarray, np.ndarray]:
+    """Each client's compute seconds and TDMA upload seconds in one edge round (the two terms of Eq. 17)."""
     cpu_hz = np.asarray(cpu_hz, dtype=np.float64)
     clients = len(cpu_hz)
     compute = steps * fraction * cycles_per_step / cpu_hz
     upload = clients * np.asarray(upload_bits, dtype=np.float64) / np.asarray(rates_bps, dtype=np.float64)
-    return float(np.max(compute + upload))
+    return compute, upload
 
 
 def oma_cost_per_value(

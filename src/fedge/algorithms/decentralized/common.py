@@ -18,7 +18,7 @@ counted from one client's encoded message on every pair that carries it. With a 
 a client mixes its own row exactly and every peer's row as it decodes it (each sender's row encoded with
 its own link-derived randomness); requests, proxies and losses are counted at their codec's size while
 the selection scores with exact values (their decoding is not modelled). Each round advances the
-simulated clock by its compute and sends (:mod:`~fedge.algorithms.decentralized.latency`); selection
+simulated clock by its compute and the peer traffic it sent (:func:`fedge.system.peer_round`); selection
 components see the host through a :class:`~fedge.algorithms.decentralized.view.PeerView`.
 """
 
@@ -33,7 +33,6 @@ import torch
 from pydantic import Field, NonNegativeInt, PositiveInt
 
 from fedge.algorithms.base import Algorithm, Context
-from fedge.algorithms.decentralized.latency import RoundWork, peer_round_cost
 from fedge.algorithms.decentralized.probes import ProbeBatches, gather, pair_losses, probe_batches
 from fedge.algorithms.decentralized.topology import TopologyConfig, build_topology
 from fedge.algorithms.decentralized.view import PeerView
@@ -49,7 +48,7 @@ from fedge.errors import ConfigError
 from fedge.metrics import Evaluation, RoundReport
 from fedge.models import split
 from fedge.rng import numpy_rng
-from fedge.system import forward_flops
+from fedge.system import RoundWork, forward_flops, peer_round
 from fedge.tensors import Tensors, floating, rows
 
 Trained = tuple[Tensors, Tensors, torch.Tensor]
@@ -154,11 +153,12 @@ class PeerAlgorithm(Algorithm):
 
     # ----- the round -------------------------------------------------------------------------------
     def run_round(self, t: int) -> RoundReport:
-        """Round ``t`` (:meth:`peer_round`), then the clock advanced by its compute and sends."""
+        """Round ``t`` (:meth:`peer_round`), then its compute and peer traffic charged to the clock."""
         self.round = t
         self.work = RoundWork(self.num_clients)
         report = self.peer_round(t)
-        self.ctx.system.clock.advance(*peer_round_cost(self.ctx.system, t, self.work, self.flops_per_sample))
+        flops = self.work.flops(self.flops_per_sample)
+        self.ctx.system.charge(peer_round(self.ctx.system, t, flops, self.ctx.network.traffic(t)))
         return report
 
     @abstractmethod
@@ -395,13 +395,12 @@ class PeerAlgorithm(Algorithm):
         to_requester: bool = True,
     ) -> int:
         """Send ``message`` over ``link`` (default: the proxy and loss link) for every ``pairs[i, j]``:
-        j → i when ``to_requester``, else i → j; each sender is charged the bits the link reports.
+        j → i when ``to_requester``, else i → j; the clock charges each sender the bits the link records.
         Returns the number of transfers."""
         i, j = np.nonzero(np.asarray(torch.as_tensor(pairs).cpu()))
         if len(i):
             src, dst = (j, i) if to_requester else (i, j)
-            sent = (link or self.messages).send(t, nodes.clients(src), nodes.clients(dst), kind, message)
-            self.work.send(src, np.repeat(sent.bits, len(src)))
+            (link or self.messages).send(t, nodes.clients(src), nodes.clients(dst), kind, message)
         return len(i)
 
     def request_models(self, t: int, pairs: np.ndarray | torch.Tensor) -> int:

@@ -11,7 +11,7 @@ values so that the per-client uplink is comparable), and ``submodel_up`` (edge t
 its link's codec (``codec_edge_down``, ``codec_down``, ``codec_up``, ``codec_edge_up``): receivers work
 on the decoded values, OMA's upload time is the encoded upload's, and storage is the fp32 submodel. Simulated
 latency per global round follows Eqs. 17-18 (OMA) or Eqs. 34-35 (AirComp); energy, which the paper
-does not model, counts the same client-side compute and uplinks (see ``_energy``).
+does not model, counts the same client-side compute and uplinks (:mod:`fedge.system.cells`).
 """
 
 from __future__ import annotations
@@ -44,10 +44,7 @@ from fedge.engine import (
 )
 from fedge.metrics import Evaluation, RoundReport
 from fedge.rng import numpy_rng, torch_rng
-from fedge.system.aircomp import aircomp_edge_latency, aircomp_uplink_seconds
-from fedge.system.compute import compute_energy
-from fedge.system.oma import global_round_latency, oma_edge_latency
-from fedge.system.rates import dbm_to_watt
+from fedge.system import CellsWork, cells_round
 from fedge.tensors import floating
 
 
@@ -166,7 +163,7 @@ class HierarchicalFL(Algorithm):
         return cell_params, cell_buffers, held
 
     def run_round(self, t: int) -> RoundReport:
-        ctx, cfg = self.ctx, self.cfg
+        cfg = self.cfg
         cpu = self.radio.cpu_hz(t)
         rates = self.radio.oma_rates(t) if cfg.aggregation == "oma" else None
         sizes = self.mask_sizes(t, cpu, rates)
@@ -186,7 +183,6 @@ class HierarchicalFL(Algorithm):
         self.params, self.buffers = views.merge(cell_params), views.merge(cell_buffers)
         values = views.values(self.params)
         latency = self._latency(values, cpu, rates, self.cell_up_bits)
-        ctx.system.clock.advance(latency, self._energy(values, cpu, rates, self.cell_up_bits))
         self._storage(cell_bits)
         up_mb = self.client_up_bits / BITS_PER_MB
         metrics: dict[str, Any] = {
@@ -315,68 +311,13 @@ class HierarchicalFL(Algorithm):
     def _latency(
         self, values: np.ndarray, cpu: np.ndarray, rates: np.ndarray | None, cell_bits: np.ndarray
     ) -> float:
-        """Simulated seconds of the global round: ``E`` edge rounds of the slowest cell (Eq. 17-18, 35);
-        ``cell_bits`` is what one client of each cell uploads per edge round (OMA)."""
-        cfg, radio = self.cfg, self.cfg.radio
-        per_cell = []
-        for j in range(self.cells.num_cells):
-            members = self.cells.members(j)
-            fraction = values[j] / self.model_values
-            if rates is not None:
-                per_cell.append(
-                    oma_edge_latency(
-                        cfg.local_steps,
-                        fraction,
-                        radio.cycles_per_step,
-                        cpu[members],
-                        cell_bits[j],
-                        rates[members],
-                    )
-                )
-            else:
-                per_cell.append(
-                    aircomp_edge_latency(
-                        cfg.local_steps,
-                        fraction,
-                        radio.cycles_per_step,
-                        cpu[members],
-                        values[j],
-                        radio.bandwidth_hz,
-                        radio.subcarrier_hz,
-                        radio.symbol_s,
-                    )
-                )
-        return global_round_latency(np.array(per_cell), cfg.edge_rounds)
-
-    def _energy(
-        self, values: np.ndarray, cpu: np.ndarray, rates: np.ndarray | None, cell_bits: np.ndarray
-    ) -> float:
-        """Joules of the global round's client side: ``E`` edge rounds of every client's local steps
-        (``kappa F_i^2`` per cycle) and its uplink airtime at the clients' transmit power.
-
-        HIST models latency only; like the latency, this counts clients' compute and uplinks (edge and
-        cloud work and downlinks are left out). Airtime is a client's own upload time ``bits / R_i`` under
-        OMA (the TDMA wait costs no energy) and the whole analog uplink under AirComp, where all clients
-        transmit at once. The transmit power and ``kappa`` are the ``system`` block's (HIST's SNRs fold
-        the power into the channel, so the papers give no wattage).
-        """
-        cfg, system = self.cfg, self.ctx.config.system
-        power = float(dbm_to_watt(system.client_power_dbm))
-        joules = 0.0
-        for j in range(self.cells.num_cells):
-            members = self.cells.members(j)
-            cycles = cfg.local_steps * values[j] / self.model_values * cfg.radio.cycles_per_step
-            compute = compute_energy(cycles, 1.0, cpu[members], system.kappa)
-            if rates is not None:
-                airtime = cell_bits[j] / rates[members]
-            else:
-                radio = cfg.radio
-                uplink = aircomp_uplink_seconds(
-                    values[j], radio.bandwidth_hz, radio.subcarrier_hz, radio.symbol_s
-                )
-                airtime = np.full(len(members), uplink)
-            joules += float(compute.sum() + power * airtime.sum())
-        return cfg.edge_rounds * joules
+        """Charge the clock with the global round (Eq. 17-18 with OMA ``rates``, Eq. 35 for AirComp;
+        :func:`~fedge.system.cells_round`) and return its seconds; ``cell_bits`` is what one client of
+        each cell uploads per edge round (OMA)."""
+        cfg, cells = self.cfg, self.cells
+        members = [cells.members(j) for j in range(cells.num_cells)]
+        work = CellsWork(members, values, self.model_values, cpu, cell_bits, cfg.edge_rounds, cfg.local_steps)
+        return self.ctx.system.charge(cells_round(self.ctx.system, work, cfg.radio, rates)).seconds
 
     def _storage(self, cell_bits: np.ndarray) -> None:
         """What each node holds: the cloud the full model, each edge server and client its submodel."""

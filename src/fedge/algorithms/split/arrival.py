@@ -21,19 +21,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-
-def serve_queue(
-    arrival: np.ndarray, service: np.ndarray, free: float
-) -> tuple[np.ndarray, np.ndarray, np.ndarray, float]:
-    """One server, first come first served: the order (by arrival, ties by index), each job's start and
-    finish time, and when the server is free again (``free``: when it finished its previous job)."""
-    order = np.argsort(arrival, kind="stable")
-    start, finish = np.zeros(len(arrival)), np.zeros(len(arrival))
-    for i in order:
-        start[i] = max(free, float(arrival[i]))
-        free = start[i] + float(service[i])
-        finish[i] = free
-    return order, start, finish, free
+from fedge.system.split import serve_queue
 
 
 @dataclass
@@ -85,8 +73,3 @@ class Timeline:
         order, start, finish, self.server_free = serve_queue(arrival, service_s, self.server_free)
         np.add.at(self.wait, rows, start - arrival)
         return order, finish
-
-    def end(self, rest_s: np.ndarray) -> float:
-        """The round's seconds: every row's ``ready`` plus ``rest_s`` (its work not yet placed), or the
-        server's last finish, whichever is later."""
-        return float(max((self.ready + rest_s).max(initial=0.0), self.server_free))

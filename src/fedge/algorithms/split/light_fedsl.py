@@ -41,14 +41,12 @@ import numpy as np
 import torch
 
 from fedge.algorithms.base import Algorithm, Context, register
-from fedge.algorithms.split.arrival import serve_queue
 from fedge.algorithms.split.copies import MeanGradientServer
 from fedge.algorithms.split.fedsl_averaging import Averaging
 from fedge.algorithms.split.fedsl_batches import StepBatches
 from fedge.algorithms.split.fedsl_client import ClientUpdate, cut_masks
 from fedge.algorithms.split.fedsl_config import Compression, FedSLConfig, LightFedSLConfig
-from fedge.algorithms.split.fedsl_latency import aggregation_latency, cut_latency
-from fedge.algorithms.split.latency import count_flops
+from fedge.algorithms.split.flops import count_flops
 from fedge.algorithms.split.parts import build_parts, composed, initial_state
 from fedge.algorithms.split.pruning import prunable_names, sparsity, sparsity_target
 from fedge.algorithms.split.server import SERVER_STAGE, CutBatch
@@ -60,12 +58,10 @@ from fedge.engine.split import make_forward
 from fedge.errors import ConfigError
 from fedge.metrics import Evaluation, RoundReport
 from fedge.rng import numpy_rng
-from fedge.system import PhaseCost, parallel_clients, training_flops
+from fedge.system import SplitWork, light_fedsl_round, training_flops
 from fedge.tensors import Tensors, floating
 
-__all__ = [
-    "Compression", "FedSLConfig", "LightFedSL", "LightFedSLConfig", "aggregation_latency", "cut_latency",
-]  # fmt: skip
+__all__ = ["Compression", "FedSLConfig", "LightFedSL", "LightFedSLConfig"]
 
 LABEL_CODEC = "fp32"  # labels travel at 32 bits each (the paper gives no label size)
 
@@ -232,30 +228,18 @@ class LightFedSL(Algorithm):
         (``server_order: arrival``) the uploads' total queue wait."""
         system, clients = self.ctx.system, np.arange(len(self.nodes))
         samples = counts.cpu().numpy().astype(np.float64)
-        up, down = system.upload(clients, up_bits, t), system.download(clients, down_bits, t)
-        compute = system.client_compute(training_flops(self.flops.trunk, samples) * (1.0 - sparsities))
-        server = system.server_compute(training_flops(self.flops.server, samples))
-        seconds, joules = parallel_clients(compute, up, server, down)
-        wait = None
+        client = training_flops(self.flops.trunk, samples) * (1.0 - sparsities)
+        work = SplitWork(clients, up_bits, down_bits, client, training_flops(self.flops.server, samples))
+        jitter = None
         if self.cfg.server_order == "arrival":
             jitter = numpy_rng(self.ctx.seed, "arrival-jitter", t, 0).uniform(
                 0.0, self.cfg.arrival_jitter_s, len(clients)
             )
-            arrival = compute.seconds + up.seconds + jitter
-            _, start, finish, _ = serve_queue(arrival, server.seconds, 0.0)
-            seconds = float((finish + down.seconds).max(initial=0.0))
-            wait = float((start - arrival).sum())
-        comm = float((up.seconds + down.seconds).max())
-        agg = 0.0
-        if model_bits is not None:
-            phases: list[PhaseCost] = [system.upload(clients, model_bits[0], t)]
-            phases.append(system.download(clients, model_bits[1], t))
-            agg = sum(float(phase.seconds.max()) for phase in phases)
-            joules += sum(float(phase.joules.sum()) for phase in phases)
-        self.totals["comm_seconds"] += comm
-        self.totals["agg_seconds"] += agg
-        system.clock.advance(seconds + agg, joules)
-        return comm, agg, seconds + agg, wait
+        done = light_fedsl_round(system, t, work, model_bits, jitter)
+        system.charge(done.cost)
+        self.totals["comm_seconds"] += done.comm
+        self.totals["agg_seconds"] += done.agg
+        return done.comm, done.agg, done.cost.seconds, done.wait
 
     def _sparsities(self, params: Tensors) -> np.ndarray:
         """Each row's realised sparsity (exact zeros over its prunable weights) of stacked ``params``."""

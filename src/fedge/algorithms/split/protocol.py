@@ -24,7 +24,7 @@ from fedge.algorithms.split.client_model import ClientModels, Part, evaluate_spl
 from fedge.algorithms.split.clients import AuxHeadClients, ClientSide, GradientClients, State
 from fedge.algorithms.split.config import AuxHeadConfig, GradientReturnConfig, SplitConfig
 from fedge.algorithms.split.exchange import ServerExchange
-from fedge.algorithms.split.latency import count_flops, round_cost
+from fedge.algorithms.split.flops import count_flops
 from fedge.algorithms.split.order import server_order
 from fedge.algorithms.split.participation import check_participation, participants
 from fedge.algorithms.split.parts import build_parts, initial_state
@@ -38,7 +38,7 @@ from fedge.data.federated import BatchPlan
 from fedge.engine import ClientBank, make_optimizer, stack_copies
 from fedge.errors import ConfigError
 from fedge.metrics import Evaluation, RoundReport
-from fedge.system import training_flops
+from fedge.system import SplitWork, arrival_round, split_round, training_flops
 from fedge.tensors import Tensors
 
 
@@ -145,22 +145,20 @@ class SplitLearning(Algorithm):
         return rnd
 
     def _advance_clock(self, rnd: Round) -> None:
-        """The round's simulated latency and energy from its per-row bits and samples."""
-        tally, system = rnd.tally, self.ctx.system
-        per_row = (tally.up_bits, tally.down_bits, tally.client_samples, tally.server_samples)
-        seconds, joules = round_cost(
-            system, rnd.t, rnd.draws.clients, *per_row, self.flops, self.server.in_turn
-        )
-        timeline = rnd.timeline
-        if timeline is not None:
-            clients, t = rnd.draws.clients, rnd.t
-            rest = (
-                system.client_compute(self._client_flops(tally.client_samples - timeline.computed)).seconds
-                + system.upload(clients, tally.up_bits - timeline.up_bits, t).seconds
-                + system.download(clients, tally.down_bits - timeline.down_bits, t).seconds
-            )
-            seconds = timeline.end(rest)
-        system.clock.advance(seconds, joules)
+        """The round's simulated latency and energy from its per-row bits and samples (per row, not per
+        node: a client drawn twice is two participants on the clock)."""
+        tally, system, clients, timeline = rnd.tally, self.ctx.system, rnd.draws.clients, rnd.timeline
+        server = training_flops(self.flops.server, tally.server_samples)
+        client = self._client_flops(tally.client_samples)
+        work = SplitWork(clients, tally.up_bits, tally.down_bits, client, server)
+        if timeline is None:
+            system.charge(split_round(system, rnd.t, work, self.server.in_turn))
+            return
+        unplaced = SplitWork(
+            clients, tally.up_bits - timeline.up_bits, tally.down_bits - timeline.down_bits,
+            self._client_flops(tally.client_samples - timeline.computed), np.zeros(len(clients)),
+        )  # fmt: skip
+        system.charge(arrival_round(system, rnd.t, work, unplaced, timeline.ready, timeline.server_free))
 
     def _client_flops(self, samples: np.ndarray) -> np.ndarray:
         """Training FLOPs of the client side (trunk and aux head) over ``samples`` samples per row."""
