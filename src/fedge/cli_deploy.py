@@ -13,7 +13,7 @@ import importlib.util
 import json
 import tempfile
 from pathlib import Path
-from typing import Annotated
+from typing import TYPE_CHECKING, Annotated
 
 import typer
 from rich.console import Console
@@ -21,7 +21,9 @@ from rich.console import Console
 from fedge import results
 from fedge.config import load_config
 from fedge.errors import EXIT_BAD_INPUT, FedgeError
-from fedge.runner import Result
+
+if TYPE_CHECKING:
+    from fedge.runner import Result
 
 
 def deploy(
@@ -57,6 +59,8 @@ def print_deployed(run_dir: Path) -> None:
 
 def _result(run_dir: Path) -> Result:
     """A finished run as its directory holds it."""
+    from fedge.runner import Result  # torch: imported when the command runs, not with the CLI
+
     summary = json.loads((run_dir / results.SUMMARY).read_text())
     metrics = results.read_jsonl(run_dir / results.METRICS)
     return Result(run_dir, load_config(run_dir / results.CONFIG), metrics, summary)
