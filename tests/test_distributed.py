@@ -23,7 +23,7 @@ import pytest
 import torch
 
 import fedge
-import fedge.algorithms.decentralized.common as peer
+import fedge.algorithms.decentralized.training as peer
 from fedge import checkpoint
 from fedge.algorithms.decentralized.probes import Prober
 from fedge.config import load_config
@@ -50,7 +50,7 @@ def counting_train(train):
 for executor in (BatchedExecutor, SequentialExecutor):
     executor.map = counting(executor.map)
     executor.train = counting_train(executor.train)
-import fedge.algorithms.decentralized.common as peer
+import fedge.algorithms.decentralized.training as peer
 scoring = peer.pair_losses
 def scored(*args, **kwargs):
     out = scoring(*args, **kwargs)

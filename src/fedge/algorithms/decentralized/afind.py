@@ -21,7 +21,8 @@ from typing import Literal
 import torch
 
 from fedge.algorithms.base import Context, register
-from fedge.algorithms.decentralized.common import PeerAlgorithm, PeerConfig
+from fedge.algorithms.decentralized.common import PeerAlgorithm
+from fedge.algorithms.decentralized.config import PeerConfig
 from fedge.algorithms.decentralized.probes import ProbeBatches
 from fedge.algorithms.decentralized.selector import AfindSelector, Plan, SelectorConfig
 from fedge.engine.mixing import mix

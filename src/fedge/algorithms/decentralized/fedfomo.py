@@ -33,7 +33,8 @@ import torch
 from pydantic import Field
 
 from fedge.algorithms.base import Context, register
-from fedge.algorithms.decentralized.common import PeerAlgorithm, PeerConfig
+from fedge.algorithms.decentralized.common import PeerAlgorithm
+from fedge.algorithms.decentralized.config import PeerConfig
 from fedge.algorithms.decentralized.hosted import HostedConfig, PeerChoice
 from fedge.algorithms.decentralized.probes import CHUNK_FLOATS, ProbeBatches
 from fedge.algorithms.decentralized.selector import SelectorConfig
