@@ -25,7 +25,7 @@ import torch
 import fedge
 import fedge.algorithms.decentralized.training as peer
 from fedge import checkpoint
-from fedge.algorithms.decentralized.probes import Prober
+from fedge.algorithms.decentralized.proxies import Prober
 from fedge.config import load_config
 from fedge.distributed import Cohorts
 from fedge.distributed.group import Group
@@ -57,7 +57,7 @@ def scored(*args, **kwargs):
     seen["scored"] = seen.get("scored", 0) + len(out)
     return out
 peer.pair_losses = scored
-from fedge.algorithms.decentralized.probes import Prober
+from fedge.algorithms.decentralized.proxies import Prober
 def probing(method):
     def wrapped(self, params, buffers, rows, *args, **kwargs):
         seen["probed"] = seen.get("probed", 0) + len(rows)

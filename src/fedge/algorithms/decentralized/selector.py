@@ -20,7 +20,9 @@ import numpy as np
 import torch
 from pydantic import Field, NonNegativeInt, PositiveInt, ValidationInfo, field_validator
 
-from fedge.algorithms.decentralized.probes import ProbeBatches, Prober, proxy_layer
+from fedge.algorithms.decentralized.probes import ProbeBatches
+from fedge.algorithms.decentralized.proxies import Prober
+from fedge.algorithms.decentralized.proxy_layers import proxy_layer
 from fedge.algorithms.decentralized.scores import (
     adaptive_threshold,
     boltzmann_weights,
