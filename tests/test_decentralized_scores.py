@@ -9,8 +9,10 @@ import numpy as np
 import pytest
 import torch
 
-from fedge.algorithms.decentralized import probes
-from fedge.algorithms.decentralized.probes import Prober, probe_batches, proxy_layer
+from fedge.algorithms.decentralized import proxies
+from fedge.algorithms.decentralized.probes import probe_batches
+from fedge.algorithms.decentralized.proxies import Prober
+from fedge.algorithms.decentralized.proxy_layers import proxy_layer
 from fedge.algorithms.decentralized.scores import (
     adaptive_threshold,
     boltzmann_weights,
@@ -272,7 +274,7 @@ def test_probe_rows_of_a_share_are_the_rows_of_one_call_noise_included(monkeypat
     """A process's share of requesters (``requesters``) gets the rows, and the DP noise, of one call."""
     prober, params, buffers, data, batches = four_clients_with_private_heads()
     per_requester = 4 * prober.dim * (2 + batches.index.shape[1])
-    monkeypatch.setattr(probes, "CHUNK_FLOATS", per_requester * chunk_rows)
+    monkeypatch.setattr(proxies, "CHUNK_FLOATS", per_requester * chunk_rows)
     own = torch.arange(4)
     mine, _ = prober.proxies(params, buffers, own, own, own, data, batches, 0.5)
 

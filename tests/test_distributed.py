@@ -23,9 +23,9 @@ import pytest
 import torch
 
 import fedge
-import fedge.algorithms.decentralized.common as peer
+import fedge.algorithms.decentralized.training as peer
 from fedge import checkpoint
-from fedge.algorithms.decentralized.probes import Prober
+from fedge.algorithms.decentralized.proxies import Prober
 from fedge.config import load_config
 from fedge.distributed import Cohorts
 from fedge.distributed.group import Group
@@ -50,14 +50,14 @@ def counting_train(train):
 for executor in (BatchedExecutor, SequentialExecutor):
     executor.map = counting(executor.map)
     executor.train = counting_train(executor.train)
-import fedge.algorithms.decentralized.common as peer
+import fedge.algorithms.decentralized.training as peer
 scoring = peer.pair_losses
 def scored(*args, **kwargs):
     out = scoring(*args, **kwargs)
     seen["scored"] = seen.get("scored", 0) + len(out)
     return out
 peer.pair_losses = scored
-from fedge.algorithms.decentralized.probes import Prober
+from fedge.algorithms.decentralized.proxies import Prober
 def probing(method):
     def wrapped(self, params, buffers, rows, *args, **kwargs):
         seen["probed"] = seen.get("probed", 0) + len(rows)

@@ -21,9 +21,10 @@ from typing import Literal
 import torch
 
 from fedge.algorithms.base import Context, register
-from fedge.algorithms.decentralized.common import PeerAlgorithm, PeerConfig
+from fedge.algorithms.decentralized.common import PeerAlgorithm
+from fedge.algorithms.decentralized.config import PeerConfig, SelectorConfig
 from fedge.algorithms.decentralized.probes import ProbeBatches
-from fedge.algorithms.decentralized.selector import AfindSelector, Plan, SelectorConfig
+from fedge.algorithms.decentralized.selector import AfindSelector, Plan
 from fedge.engine.mixing import mix
 from fedge.metrics import RoundReport
 from fedge.tensors import Tensors

@@ -25,101 +25,35 @@ components see the host through a :class:`~fedge.algorithms.decentralized.view.P
 from __future__ import annotations
 
 from abc import abstractmethod
-from collections.abc import Callable, Sequence
-from typing import Annotated, ClassVar, Literal
+from collections.abc import Sequence
+from typing import ClassVar
 
-import numpy as np
 import torch
-from pydantic import Field, NonNegativeInt, PositiveInt
 
 from fedge.algorithms.base import Algorithm, Context
-from fedge.algorithms.decentralized.probes import ProbeBatches, gather, pair_losses, probe_batches
-from fedge.algorithms.decentralized.topology import TopologyConfig, build_topology
+from fedge.algorithms.decentralized.config import PeerConfig
+from fedge.algorithms.decentralized.evaluation import FineTunedEvaluation
+from fedge.algorithms.decentralized.exchange import PeerExchange
+from fedge.algorithms.decentralized.probes import gather
+from fedge.algorithms.decentralized.topology import build_topology
+from fedge.algorithms.decentralized.training import LocalTraining
 from fedge.algorithms.decentralized.view import PeerView
 from fedge.comm import Link, nodes
-from fedge.config import AlgorithmConfig, CodecName, SGDConfig
 from fedge.data.federated import FederatedData
-from fedge.distributed.evaluate import evaluate_clients_on
 from fedge.engine import ClientBank, buffers_of, classification_loss, make_optimizer, make_step, parameters_of
-from fedge.engine.mixing import mix
-from fedge.engine.personal import fine_tuned
-from fedge.engine.step import StepFn
 from fedge.errors import ConfigError
-from fedge.metrics import Evaluation, RoundReport
+from fedge.metrics import RoundReport
 from fedge.models import split
-from fedge.rng import numpy_rng
 from fedge.system import RoundWork, forward_flops, peer_round
 from fedge.tensors import Tensors, floating, rows
 
-Trained = tuple[Tensors, Tensors, torch.Tensor]
-"""Trained params, buffers and per-row losses of a set of rows."""
-TrainFn = Callable[[Tensors, Tensors, Sequence[int], Tensors | None], Trained]
-"""A local update of rows: ``(params, buffers, owners, extra) -> (params, buffers, losses)``."""
 
+class PeerAlgorithm(LocalTraining, PeerExchange, FineTunedEvaluation, Algorithm):
+    """Base of the decentralized family: the client bank, shared and private parameters, the peer view.
 
-def paper_optimizer() -> SGDConfig:
-    """SGD with lr 0.01 and momentum 0.9, the AFIND+ paper's optimiser (App. C.3)."""
-    return SGDConfig(lr=0.01, momentum=0.9)
-
-
-class PeerConfig(AlgorithmConfig):
-    """Knobs of the FedAvg-FT backbone shared by the whole decentralized family.
-
-    Defaults follow the AFIND+ paper (5 local epochs, SGD lr 0.01 momentum 0.9, 10 peers per round,
-    1 fine-tune epoch before evaluation); ``batch_size`` 32 is ours (the paper uses 128 on CIFAR).
-    ``codec_model`` encodes the trained models peers receive, ``codec_request`` the models requesters
-    send for probing, ``codec_proxy`` proxies and losses (names as ``fedge.config.CodecName``).
-    ``local_update="alternating"`` trains the head alone for ``head_epochs`` epochs, then the body for
-    the remaining ``local_epochs - head_epochs`` (Algorithm 1's local update, lines 17-23; default: joint
-    over all parameters for ``local_epochs``, docs/decisions.md, "Joint or alternating local update").
-    """
-
-    local_epochs: PositiveInt = 5
-    """passes over the client's data per round"""
-    batch_size: PositiveInt = 32
-    """samples per local step"""
-    drop_last: bool = False
-    """skip each epoch's short last batch"""
-    optimizer: SGDConfig = Field(default_factory=paper_optimizer)
-    """the clients' local optimizer"""
-    ft_epochs: NonNegativeInt = 1
-    """fine-tuning epochs of each client's copy before it is evaluated"""
-    peers: PositiveInt = 10
-    """neighbours each client talks to per round"""
-    topology: TopologyConfig = Field(default_factory=TopologyConfig)
-    """the graph of who may talk to whom"""
-    personal: Literal["none", "head"] = "none"
-    """none, or head: the last block stays private to each client"""
-    local_update: Literal["joint", "alternating"] = "joint"
-    """joint (all parameters) or alternating (head, then body)"""
-    head_epochs: PositiveInt = 1
-    """alternating: epochs on the head before the body"""
-    probe_size: Annotated[int, Field(ge=1)] | None = None
-    """samples of the batch a client probes neighbours on (default: the batch size)"""
-    codec_model: CodecName = "fp32"
-    """encoding of the models peers send each other"""
-    codec_request: CodecName = "fp32"
-    """encoding of the models requesters send for probing"""
-    codec_proxy: CodecName = "fp32"
-    """encoding of gradient proxies and losses"""
-
-
-def sample_peers(seed: int, purpose: str, round_: int, allowed: np.ndarray, k: int) -> np.ndarray:
-    """Boolean ``[n, n]``: ``min(k, |allowed_i|)`` uniform peers per client, stream ``(purpose, t, i)``."""
-    chosen = np.zeros_like(allowed, dtype=bool)
-    for i, row in enumerate(allowed):
-        options = np.flatnonzero(row)
-        if len(options):
-            take = numpy_rng(seed, purpose, round_, i).choice(
-                options, size=min(k, len(options)), replace=False
-            )
-            chosen[i, take] = True
-    return chosen
-
-
-class PeerAlgorithm(Algorithm):
-    """Base of the decentralized family: the client bank, local training, mixing, peer links, evaluation.
-
+    Local training (:class:`~fedge.algorithms.decentralized.training.LocalTraining`), the peer exchange
+    and mixing (:class:`~fedge.algorithms.decentralized.exchange.PeerExchange`) and the fine-tuned
+    evaluation (:class:`~fedge.algorithms.decentralized.evaluation.FineTunedEvaluation`) are its mixins.
     Subclasses implement :meth:`peer_round`; :meth:`run_round` wraps it with the round's work tally and
     the simulated clock.
     """
@@ -184,11 +118,6 @@ class PeerAlgorithm(Algorithm):
             map_rows=self.map_rows,
         )
 
-    def count_probes(self, clients: torch.Tensor, batches: ProbeBatches, backward: bool) -> None:
-        """Tally one pass over their probe batch by each of ``clients`` (backward too if ``backward``)."""
-        samples = batches.weight[clients].sum(dim=1)
-        self.work.compute(clients.cpu().numpy(), samples.double().cpu().numpy(), backward)
-
     # ----- parameters -------------------------------------------------------------------------------
     def _head_names(self) -> set[str]:
         """Names of the head block's parameters and buffers (the last block of the split model)."""
@@ -226,222 +155,3 @@ class PeerAlgorithm(Algorithm):
             gather(self.bank.buffers, self.private, shared_from, private_from),
         )
 
-    def _pair_losses(
-        self,
-        params: Tensors,
-        buffers: Tensors,
-        pairs: tuple[torch.Tensor, torch.Tensor, torch.Tensor],
-        batches: ProbeBatches,
-    ) -> torch.Tensor:
-        """Probe-batch losses of rows ``(shared_from, private_from, data_from)`` (see ``pair_losses``),
-        each a forward pass by the client ``data_from`` whose batch it uses (in this process)."""
-        self.count_probes(pairs[2], batches, backward=False)
-        return pair_losses(self.model, params, buffers, self.private, pairs, self.ctx.data, batches)
-
-    # ----- training --------------------------------------------------------------------------------
-    def train_rows(
-        self,
-        params: Tensors,
-        buffers: Tensors,
-        owners: Sequence[int],
-        t: int,
-        step: StepFn | None = None,
-        extra: Tensors | None = None,
-        purpose: str = "batches",
-    ) -> tuple[Tensors, Tensors, torch.Tensor]:
-        """Train rows (row r on client ``owners[r]``'s data) for the round's local epochs, one executor call
-        per phase (two in alternating mode). ``extra`` tensors ride along as constants (anchors, masks)."""
-        cfg = self.cfg
-        self.model.train()
-        if cfg.local_update == "joint":
-            return self._train(
-                params, buffers, owners, t, cfg.local_epochs, set(params), step, extra, purpose
-            )
-        params, buffers, _ = self._train(
-            params, buffers, owners, t, cfg.head_epochs, self.head, step, extra, f"{purpose}-head"
-        )
-        body = set(params) - self.head
-        epochs = cfg.local_epochs - cfg.head_epochs
-        return self._train(params, buffers, owners, t, epochs, body, step, extra, purpose)
-
-    def local_update(
-        self,
-        params: Tensors,
-        buffers: Tensors,
-        owners: Sequence[int],
-        t: int,
-        extra: Tensors | None = None,
-        train: TrainFn | None = None,
-    ) -> tuple[Tensors, Tensors, torch.Tensor]:
-        """The round's local update of rows (row r on client ``owners[r]``'s data): :meth:`train_rows`,
-        or ``train(params, buffers, owners, extra)`` (Ditto's personal models).
-
-        The rows are a cohort (:meth:`map_rows`): each process trains its rows (and their per-row
-        ``extra`` constants) and every process gets every trained row and loss, in row order, and the
-        whole round's compute tally. Noise keys and batch plans are per client, so a row trains as it
-        would in one process.
-        """
-        train = train or (lambda p, b, o, e: self.train_rows(p, b, o, t, extra=e))
-
-        def mine(rows: slice) -> Tensors:
-            def take(tensors: Tensors) -> Tensors:
-                return {k: v[rows] for k, v in tensors.items()}
-
-            new_p, new_b, losses = train(
-                take(params), take(buffers), list(owners)[rows], None if extra is None else take(extra)
-            )
-            return {**new_p, **new_b, "\0loss": losses}
-
-        trained = self.map_rows(len(owners), mine)
-        return {k: trained[k] for k in params}, {k: trained[k] for k in buffers}, trained["\0loss"]
-
-    def losses_on(
-        self,
-        params: Tensors,
-        buffers: Tensors,
-        pairs: tuple[torch.Tensor, torch.Tensor, torch.Tensor],
-        batches: ProbeBatches,
-    ) -> torch.Tensor:
-        """Probe-batch losses of rows ``(shared_from, private_from, data_from)``, each a forward pass by
-        the client ``data_from`` whose batch it uses; the pairs are a cohort (:meth:`map_rows`; each
-        pair's forward pass is independent of the others): the scoring of received models by PENS,
-        FedeRiCo and FedFomo, and AFIND+'s probe losses before and after training (Eq. 15)."""
-
-        def mine(rows: slice) -> Tensors:
-            return {
-                "loss": self._pair_losses(
-                    params, buffers, (pairs[0][rows], pairs[1][rows], pairs[2][rows]), batches
-                )
-            }
-
-        return self.map_rows(len(pairs[0]), mine)["loss"]
-
-    def map_rows(self, total: int, work: Callable[[slice], Tensors]) -> Tensors:
-        """``work(rows)`` on this process's rows of a cohort of ``total`` rows (all of them in one
-        process); its tensors (rows in dimension 0) come back in row order and the compute it tallied is
-        the whole cohort's, so every process holds every row and charges the clock the same work
-        (docs/scale-out.md)."""
-        cohort = self.ctx.cohorts.of(total)
-        return cohort.map(work, tally=(self.work.forward, self.work.backward))
-
-    def _train(
-        self,
-        params: Tensors,
-        buffers: Tensors,
-        owners: Sequence[int],
-        t: int,
-        epochs: int,
-        trainable: set[str],
-        step: StepFn | None,
-        extra: Tensors | None,
-        purpose: str,
-    ) -> tuple[Tensors, Tensors, torch.Tensor]:
-        """One executor call; parameters outside ``trainable`` ride along with the buffers, frozen."""
-        cfg = self.cfg
-        train = {k: v for k, v in params.items() if k in trainable}
-        frozen = {k: v for k, v in params.items() if k not in trainable}
-        bank = ClientBank(tuple(int(o) for o in owners), train, {**buffers, **frozen, **(extra or {})})
-        bank.opt_state = self.sgd.init(train, rows=len(owners))
-        plan = self.train_data.batch_plan(bank.clients, t, epochs, cfg.batch_size, cfg.drop_last, purpose)
-        samples = plan.weight.sum(dim=(1, 2)).double().cpu().numpy()
-        self.work.compute(np.asarray(bank.clients), samples, backward=True)
-        losses = self.ctx.executor.train(step or self.step, bank, plan, self.train_data, cfg.optimizer.lr)
-        new_params = {k: bank.params[k] if k in train else bank.buffers[k] for k in params}
-        new_buffers = {k: bank.buffers[k] for k in buffers}
-        return new_params, new_buffers, losses
-
-    # ----- peers and mixing ------------------------------------------------------------------------
-    def probes(self, t: int) -> ProbeBatches:
-        """The round's probe batch of every client (``probe_size`` samples, default ``batch_size``)."""
-        return probe_batches(self.train_data, self.ctx.seed, t, self.cfg.probe_size or self.cfg.batch_size)
-
-    def random_peers(self, t: int, k: int | None = None, allowed: np.ndarray | None = None) -> np.ndarray:
-        """``k`` (default ``peers``) uniform random neighbours of every client for round ``t``."""
-        allowed = self.adjacency if allowed is None else allowed
-        return sample_peers(self.ctx.seed, "peers", t, allowed, k or self.cfg.peers)
-
-    def mixed(self, weights: torch.Tensor, params: Tensors, buffers: Tensors) -> tuple[Tensors, Tensors]:
-        """New client state: shared tensors ``weights @ rows``; private ones and counters from own rows.
-
-        ``weights`` is ``[n, R]`` over the ``R`` rows of ``params``/``buffers``, whose first ``n`` rows
-        must be the clients' own rows (in client order): they supply the private head and counters.
-        """
-        n = self.num_clients
-        shared = self.shared({**params, **buffers})
-        if self.models.codec.lossless:
-            mixed = mix(shared, weights)
-        else:
-            own = torch.zeros_like(weights, dtype=torch.bool)
-            own[:, :n] = torch.eye(n, dtype=torch.bool, device=weights.device)
-            from_self = mix(shared, weights * own)
-            from_peers = mix(self.peer_rows(shared), weights * ~own)
-            mixed = {k: from_self[k] + from_peers[k] for k in from_self}
-        new_p = {k: mixed[k] if k in mixed else v[:n] for k, v in params.items()}
-        new_b = {k: mixed[k] if k in mixed else v[:n] for k, v in buffers.items()}
-        return new_p, new_b
-
-    def peer_rows(self, shared: Tensors) -> Tensors:
-        """Stacked shared rows as the peers that receive them decode them through :attr:`models` (the
-        transfers are recorded by :meth:`send_models`)."""
-        return self.models.decode(self.round, "peer_model", shared)
-
-    def exchange(
-        self,
-        t: int,
-        pairs: np.ndarray | torch.Tensor,
-        kind: str,
-        message: Tensors,
-        link: Link | None = None,
-        to_requester: bool = True,
-    ) -> int:
-        """Send ``message`` over ``link`` (default: the proxy and loss link) for every ``pairs[i, j]``:
-        j → i when ``to_requester``, else i → j; the clock charges each sender the bits the link records.
-        Returns the number of transfers."""
-        i, j = np.nonzero(np.asarray(torch.as_tensor(pairs).cpu()))
-        if len(i):
-            src, dst = (j, i) if to_requester else (i, j)
-            (link or self.messages).send(t, nodes.clients(src), nodes.clients(dst), kind, message)
-        return len(i)
-
-    def request_models(self, t: int, pairs: np.ndarray | torch.Tensor) -> int:
-        """Requester i sends its shared model to j for every ``pairs[i, j]`` (``model_request``)."""
-        return self.exchange(t, pairs, "model_request", self.dense_message(), self.requests, False)
-
-    def send_models(self, t: int, pairs: np.ndarray | torch.Tensor) -> int:
-        """j sends its trained model to i over :attr:`models` for every ``pairs[i, j]`` (``peer_model``)."""
-        return self.exchange(t, pairs, "peer_model", self.model_message(), self.models)
-
-    # ----- evaluation and state --------------------------------------------------------------------
-    def evaluate(self) -> Evaluation:
-        return self.evaluate_bank(self.bank)
-
-    def evaluate_bank(
-        self, bank: ClientBank, step: StepFn | None = None, extra: Tensors | None = None
-    ) -> Evaluation:
-        """Fine-tune a copy of every client's model ``ft_epochs`` epochs, then test it on its own test set.
-
-        The clients are a cohort: each process fine-tunes and tests its block of them (docs/scale-out.md).
-        """
-        cfg, cohort = self.cfg, self.ctx.cohorts.clients(len(bank))
-        bank = ClientBank(
-            tuple(cohort.take(bank.clients)), cohort.take_rows(bank.params), cohort.take_rows(bank.buffers)
-        )
-        extra = None if extra is None else cohort.take_rows(extra)
-        if cfg.ft_epochs:
-            self.model.train()
-            copies = ClientBank(bank.clients, dict(bank.params), {**bank.buffers, **(extra or {})})
-            bank = fine_tuned(
-                self.ctx.executor,
-                step or self.step,
-                copies,
-                self.sgd.init(bank.params, rows=len(bank.clients)),
-                self.train_data,
-                self.round,
-                cfg.ft_epochs,
-                cfg.batch_size,
-                cfg.optimizer.lr,
-                cfg.drop_last,
-            )
-            own_buffers = {k: v for k, v in bank.buffers.items() if k not in (extra or {})}
-            bank.adopt(bank.params, own_buffers, owned=False)
-        return evaluate_clients_on(cohort, self.model, bank, self.ctx.data, self.ctx.config.eval.batch_size)

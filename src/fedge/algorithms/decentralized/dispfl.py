@@ -21,7 +21,8 @@ from pydantic import Field
 from torch.func import functional_call, grad, vmap
 
 from fedge.algorithms.base import Context, register
-from fedge.algorithms.decentralized.common import PeerAlgorithm, PeerConfig
+from fedge.algorithms.decentralized.common import PeerAlgorithm
+from fedge.algorithms.decentralized.config import PeerConfig
 from fedge.algorithms.decentralized.hosted import HostedConfig, PeerChoice
 from fedge.algorithms.decentralized.probes import ProbeBatches
 from fedge.engine import make_step

@@ -16,7 +16,8 @@ from pydantic import Field, PositiveInt
 from torch.func import functional_call
 
 from fedge.algorithms.base import Context, register
-from fedge.algorithms.decentralized.common import PeerAlgorithm, PeerConfig
+from fedge.algorithms.decentralized.common import PeerAlgorithm
+from fedge.algorithms.decentralized.config import PeerConfig
 from fedge.algorithms.decentralized.hosted import HostedConfig, PeerChoice
 from fedge.comm import nodes
 from fedge.config import keys

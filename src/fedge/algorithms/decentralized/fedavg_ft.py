@@ -14,7 +14,7 @@ from typing import Literal
 from pydantic import Field, NonNegativeInt, PositiveInt
 
 from fedge.algorithms.base import Context, register
-from fedge.algorithms.decentralized.common import paper_optimizer
+from fedge.algorithms.decentralized.config import paper_optimizer
 from fedge.algorithms.fedavg import FedAvg, FedAvgConfig
 from fedge.config import Fraction, SGDConfig
 from fedge.distributed.evaluate import evaluate_clients_on

@@ -17,7 +17,8 @@ import torch
 from pydantic import Field
 
 from fedge.algorithms.base import Context, register
-from fedge.algorithms.decentralized.common import PeerAlgorithm, PeerConfig
+from fedge.algorithms.decentralized.common import PeerAlgorithm
+from fedge.algorithms.decentralized.config import PeerConfig
 from fedge.algorithms.decentralized.scores import boltzmann_weights, selection_metrics, top_k
 from fedge.metrics import RoundReport
 from fedge.rng import numpy_rng

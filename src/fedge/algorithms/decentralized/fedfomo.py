@@ -33,10 +33,10 @@ import torch
 from pydantic import Field
 
 from fedge.algorithms.base import Context, register
-from fedge.algorithms.decentralized.common import PeerAlgorithm, PeerConfig
+from fedge.algorithms.decentralized.common import PeerAlgorithm
+from fedge.algorithms.decentralized.config import PeerConfig, SelectorConfig
 from fedge.algorithms.decentralized.hosted import HostedConfig, PeerChoice
 from fedge.algorithms.decentralized.probes import CHUNK_FLOATS, ProbeBatches
-from fedge.algorithms.decentralized.selector import SelectorConfig
 from fedge.data.federated import FederatedData
 from fedge.engine.personal import padded
 from fedge.errors import ConfigError

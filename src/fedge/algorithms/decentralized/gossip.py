@@ -12,7 +12,8 @@ from typing import Literal
 import torch
 
 from fedge.algorithms.base import register
-from fedge.algorithms.decentralized.common import PeerAlgorithm, PeerConfig
+from fedge.algorithms.decentralized.common import PeerAlgorithm
+from fedge.algorithms.decentralized.config import PeerConfig
 from fedge.algorithms.decentralized.scores import selection_metrics
 from fedge.engine.mixing import uniform_rows
 from fedge.metrics import RoundReport

@@ -14,9 +14,10 @@ from typing import Any, Literal
 import torch
 from pydantic import Field
 
+from fedge.algorithms.decentralized.config import SelectorConfig
 from fedge.algorithms.decentralized.probes import ProbeBatches
 from fedge.algorithms.decentralized.scores import selection_metrics
-from fedge.algorithms.decentralized.selector import AfindSelector, Plan, SelectorConfig
+from fedge.algorithms.decentralized.selector import AfindSelector, Plan
 from fedge.algorithms.decentralized.view import PeerView
 from fedge.config import StrictModel
 from fedge.engine.mixing import uniform_rows

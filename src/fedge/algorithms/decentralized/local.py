@@ -7,7 +7,8 @@ from typing import Literal
 import torch
 
 from fedge.algorithms.base import register
-from fedge.algorithms.decentralized.common import PeerAlgorithm, PeerConfig
+from fedge.algorithms.decentralized.common import PeerAlgorithm
+from fedge.algorithms.decentralized.config import PeerConfig
 from fedge.metrics import RoundReport
 
 

@@ -16,7 +16,8 @@ import torch
 from pydantic import Field, PositiveInt, ValidationInfo, field_validator
 
 from fedge.algorithms.base import Context, register
-from fedge.algorithms.decentralized.common import PeerAlgorithm, PeerConfig
+from fedge.algorithms.decentralized.common import PeerAlgorithm
+from fedge.algorithms.decentralized.config import PeerConfig
 from fedge.algorithms.decentralized.scores import selection_metrics, top_k
 from fedge.engine.mixing import uniform_rows
 from fedge.metrics import RoundReport

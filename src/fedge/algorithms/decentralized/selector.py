@@ -14,13 +14,15 @@ Ablation switches (Table 2): ``selection`` random (the FedAvg-FT row) / topk (+i
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Annotated, Any, Literal
+from typing import Any
 
 import numpy as np
 import torch
-from pydantic import Field, NonNegativeInt, PositiveInt, ValidationInfo, field_validator
 
-from fedge.algorithms.decentralized.probes import ProbeBatches, Prober, proxy_layer
+from fedge.algorithms.decentralized.config import SelectorConfig
+from fedge.algorithms.decentralized.probes import ProbeBatches
+from fedge.algorithms.decentralized.proxies import Prober
+from fedge.algorithms.decentralized.proxy_layers import proxy_layer
 from fedge.algorithms.decentralized.scores import (
     adaptive_threshold,
     boltzmann_weights,
@@ -34,73 +36,8 @@ from fedge.algorithms.decentralized.scores import (
     top_k,
 )
 from fedge.algorithms.decentralized.view import PeerView
-from fedge.config import StrictModel, keys
 from fedge.rng import numpy_rng, torch_rng
 from fedge.tensors import Tensors
-
-Positive = Annotated[float, Field(gt=0.0)]
-
-
-class DPConfig(StrictModel):
-    """Gaussian mechanism of Table 4: clip each example's contribution to ``clip``, add
-    ``N(0, sigma^2 clip^2)``, divide by the batch size. ``target``: the proxies (our reading of the noised
-    "delta", which the paper never defines) or the model update a neighbour sends (the alternative
-    reading)."""
-
-    sigma: Annotated[float, Field(ge=0.0)] = 1.0
-    """noise multiplier"""
-    clip: Positive = 1.0
-    """per-example clipping norm"""
-    target: Literal["proxy", "update"] = "proxy"
-    """noise on the shared proxies or on the model updates sent"""
-
-
-class SelectorConfig(StrictModel):
-    """AFIND+ knobs; where the paper gives no value the default is ours (docs/decisions.md, "AFIND+")."""
-
-    selection: Literal["threshold", "topk", "random"] = "threshold"
-    """threshold (AFIND+), topk or random: how the coreset is chosen (Table 2)"""
-    aggregation: Literal["boltzmann", "uniform"] = "boltzmann"
-    """boltzmann weights from smoothed losses (Eq. 16) or uniform"""
-    tau: Positive = 0.5
-    """scale of the adaptive threshold (Eqs. 10-13)"""
-    upsilon: Positive = 0.1
-    """temperature of the similarity scores (Eqs. 8-9)"""
-    gamma: Annotated[float, Field(ge=0.0, le=1.0)] = Field(0.9, **keys("loss_smoothing", "gamma"))
-    """smoothing of the reported losses (Eq. 15)"""
-    t_agg: Positive = Field(1.0, **keys("aggregation_temperature", "t_agg"))
-    """temperature of the Boltzmann mixing weights (Eq. 16)"""
-    k0: PositiveInt = Field(10, **keys("first_coreset_size", "k0"))
-    """coreset size of the cold start, while scores are uniform"""
-    k_min: PositiveInt = Field(1, **keys("min_coreset_size", "k_min"))
-    """fallback coreset size when nobody passes the threshold"""
-    include_self: bool = True
-    """the client's own model enters its average"""
-    p_update: Literal["full", "partial"] = "full"
-    """full (Eq. 8, all neighbours each round) or partial (Eq. 9)"""
-    explore: NonNegativeInt = 10
-    """partial: random neighbours probed beyond the last coreset"""
-    entropy_set: Literal["coreset", "all"] = "coreset"
-    """the threshold's entropy over the coreset or all neighbours"""
-    entropy_reduce: Literal["sum", "mean"] = "sum"
-    """the threshold's entropy summed or averaged"""
-    normalize: Literal["sigmoid", "zscore"] = "sigmoid"
-    """scores normalised by a sigmoid or a z-score"""
-    confidence_direction: Literal["literal", "inverted"] = "literal"
-    """Eqs. 12-13's direction as printed (literal) or inverted"""
-    proxy: Literal["gradient", "activation"] = "gradient"
-    """what clients compare: a layer's gradient or the mean featurizer activation"""
-    proxy_layer: str | None = None
-    """the proxy's layer (default: the one before the head)"""
-    dp: DPConfig | None = None
-    """differential privacy: the Gaussian mechanism of Table 4 (off by default)"""
-
-    @field_validator("k_min")
-    @classmethod
-    def _k_min_within_k0(cls, value: int, info: ValidationInfo) -> int:
-        if "k0" in info.data and value > info.data["k0"]:
-            raise ValueError(f"is above k0={info.data['k0']}: fallbacks cannot exceed the first coreset")
-        return value
 
 
 @dataclass(frozen=True)

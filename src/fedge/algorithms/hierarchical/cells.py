@@ -7,11 +7,16 @@ clients stay idle (the authors' code does this for 60 clients in 8 cells, which 
 
 from __future__ import annotations
 
+import copy
 from dataclasses import dataclass
 
 import numpy as np
 
+from fedge.algorithms.base import Context
+from fedge.algorithms.hierarchical.config import HierarchicalConfig
+from fedge.data.federated import FederatedData
 from fedge.errors import ConfigError
+from fedge.rng import numpy_rng
 
 
 @dataclass(frozen=True)
@@ -89,3 +94,19 @@ def cell_iid(labels: np.ndarray, cells: Cells, per_client: int, rng: np.random.G
     for share in np.array_split(rng.permutation(len(labels)), cells.num_cells):
         parts.extend(_label_shards(share, labels, cells.per_cell, per_client, rng))
     return parts
+
+
+def split_data(ctx: Context, cfg: HierarchicalConfig, cells: Cells) -> FederatedData:
+    """The run's data with the training samples of the active clients split as ``cfg.split`` says."""
+    labels = ctx.data.y_train.cpu().numpy()
+    rng = numpy_rng(ctx.seed, "hist-split")
+    if cfg.split == "fully_noniid":
+        parts = fully_noniid(labels, cells.size, cfg.shards_per_client, rng)
+    elif cfg.split == "cell_iid":
+        parts = cell_iid(labels, cells, cfg.shards_per_client, rng)
+    else:
+        parts = ctx.data.client_train[: cells.size]
+    view = copy.copy(ctx.data)  # shares the dataset tensors
+    view.client_train = [np.asarray(p, dtype=np.int64) for p in parts]
+    view.client_test = ctx.data.client_test[: cells.size]
+    return view

@@ -13,9 +13,10 @@ import numpy as np
 
 from fedge.algorithms.base import Context, register
 from fedge.algorithms.hierarchical.config import HISTConfig
-from fedge.algorithms.hierarchical.hierarchy import HierarchicalFL, per_value_bits
+from fedge.algorithms.hierarchical.hierarchy import HierarchicalFL
 from fedge.algorithms.hierarchical.masks import draw_owners, partitioned_names, uniform_owner_sizes
 from fedge.algorithms.hierarchical.submodel import CellViews
+from fedge.algorithms.hierarchical.transfers import per_value_bits
 from fedge.errors import ConfigError
 from fedge.rng import numpy_rng
 from fedge.system.aircomp import aircomp_cost_per_value

@@ -1,0 +1,112 @@
+"""The peer exchange of a decentralized host: choosing peers, sending messages, mixing received models.
+
+Every transfer goes through a peer link (direction "peer"); the clock charges each sender the bits the
+link records (the round's traffic, read by :func:`fedge.system.peer_round`). Mixing is one matrix
+product over the stacked rows (:mod:`fedge.engine.mixing`); with a lossy model codec a client mixes its
+own row exactly and every peer's row as that peer's message decodes.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import torch
+
+from fedge.algorithms.base import Context
+from fedge.algorithms.decentralized.config import PeerConfig
+from fedge.algorithms.decentralized.probes import ProbeBatches, probe_batches
+from fedge.comm import Link, nodes
+from fedge.data.federated import FederatedData
+from fedge.engine.mixing import mix
+from fedge.rng import numpy_rng
+from fedge.tensors import Tensors
+
+
+def sample_peers(seed: int, purpose: str, round_: int, allowed: np.ndarray, k: int) -> np.ndarray:
+    """Boolean ``[n, n]``: ``min(k, |allowed_i|)`` uniform peers per client, stream ``(purpose, t, i)``."""
+    chosen = np.zeros_like(allowed, dtype=bool)
+    for i, row in enumerate(allowed):
+        options = np.flatnonzero(row)
+        if len(options):
+            take = numpy_rng(seed, purpose, round_, i).choice(
+                options, size=min(k, len(options)), replace=False
+            )
+            chosen[i, take] = True
+    return chosen
+
+
+
+class PeerExchange:
+    """The exchange half of :class:`~fedge.algorithms.decentralized.common.PeerAlgorithm` (a mixin: it
+    reads the host's topology, links and round work, and calls its ``shared``, ``dense_message`` and
+    ``model_message``)."""
+
+    cfg: PeerConfig
+    ctx: Context
+    num_clients: int
+    adjacency: np.ndarray
+    train_data: FederatedData
+    requests: Link
+    messages: Link
+    models: Link
+    round: int
+
+    def probes(self, t: int) -> ProbeBatches:
+        """The round's probe batch of every client (``probe_size`` samples, default ``batch_size``)."""
+        return probe_batches(self.train_data, self.ctx.seed, t, self.cfg.probe_size or self.cfg.batch_size)
+
+    def random_peers(self, t: int, k: int | None = None, allowed: np.ndarray | None = None) -> np.ndarray:
+        """``k`` (default ``peers``) uniform random neighbours of every client for round ``t``."""
+        allowed = self.adjacency if allowed is None else allowed
+        return sample_peers(self.ctx.seed, "peers", t, allowed, k or self.cfg.peers)
+
+    def mixed(self, weights: torch.Tensor, params: Tensors, buffers: Tensors) -> tuple[Tensors, Tensors]:
+        """New client state: shared tensors ``weights @ rows``; private ones and counters from own rows.
+
+        ``weights`` is ``[n, R]`` over the ``R`` rows of ``params``/``buffers``, whose first ``n`` rows
+        must be the clients' own rows (in client order): they supply the private head and counters.
+        """
+        n = self.num_clients
+        shared = self.shared({**params, **buffers})
+        if self.models.codec.lossless:
+            mixed = mix(shared, weights)
+        else:
+            own = torch.zeros_like(weights, dtype=torch.bool)
+            own[:, :n] = torch.eye(n, dtype=torch.bool, device=weights.device)
+            from_self = mix(shared, weights * own)
+            from_peers = mix(self.peer_rows(shared), weights * ~own)
+            mixed = {k: from_self[k] + from_peers[k] for k in from_self}
+        new_p = {k: mixed[k] if k in mixed else v[:n] for k, v in params.items()}
+        new_b = {k: mixed[k] if k in mixed else v[:n] for k, v in buffers.items()}
+        return new_p, new_b
+
+    def peer_rows(self, shared: Tensors) -> Tensors:
+        """Stacked shared rows as the peers that receive them decode them through :attr:`models` (the
+        transfers are recorded by :meth:`send_models`)."""
+        return self.models.decode(self.round, "peer_model", shared)
+
+    def exchange(
+        self,
+        t: int,
+        pairs: np.ndarray | torch.Tensor,
+        kind: str,
+        message: Tensors,
+        link: Link | None = None,
+        to_requester: bool = True,
+    ) -> int:
+        """Send ``message`` over ``link`` (default: the proxy and loss link) for every ``pairs[i, j]``:
+        j → i when ``to_requester``, else i → j; the clock charges each sender the bits the link records.
+        Returns the number of transfers."""
+        i, j = np.nonzero(np.asarray(torch.as_tensor(pairs).cpu()))
+        if len(i):
+            src, dst = (j, i) if to_requester else (i, j)
+            (link or self.messages).send(t, nodes.clients(src), nodes.clients(dst), kind, message)
+        return len(i)
+
+    def request_models(self, t: int, pairs: np.ndarray | torch.Tensor) -> int:
+        """Requester i sends its shared model to j for every ``pairs[i, j]`` (``model_request``)."""
+        return self.exchange(t, pairs, "model_request", self.dense_message(), self.requests, False)
+
+    def send_models(self, t: int, pairs: np.ndarray | torch.Tensor) -> int:
+        """j sends its trained model to i over :attr:`models` for every ``pairs[i, j]`` (``peer_model``)."""
+        return self.exchange(t, pairs, "peer_model", self.model_message(), self.models)
+
