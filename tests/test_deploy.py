@@ -265,6 +265,27 @@ def test_a_supernode_killed_in_round_two_drops_out_and_the_fedavg_run_completes(
 
 
 @pytest.mark.deploy
+def test_a_node_whose_port_is_taken_as_it_starts_is_started_again_on_another(tmp_path, monkeypatch):
+    """A free port can be bound by another process between choosing it and the node binding it."""
+    import socket
+
+    from fedge.deploy import launch
+
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        ports = iter([taken.getsockname()[1]])
+        pick = launch.free_port
+        monkeypatch.setattr(launch, "free_port", lambda: next(ports, None) or pick())
+        with Federation(tmp_path / "home").start() as fed:
+            node = fed.add_node(0, 1)
+            port = int(node.args[node.args.index("--port") + 1])
+            assert port != taken.getsockname()[1] and node.poll() is None
+            with socket.create_connection(("127.0.0.1", port), timeout=5):
+                pass  # its runtime API listens on the new port
+
+
+@pytest.mark.deploy
 def test_tls_with_node_authentication_refuses_an_unknown_key(tmp_path):
     tls = Tls.create(tmp_path / "tls")
     with Federation(tmp_path / "home", tls=tls).start() as fed:

@@ -13,6 +13,7 @@ import signal
 import socket
 import subprocess
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -102,33 +103,62 @@ class Federation:
         )
 
     def start(self) -> Federation:
-        """Write the connection settings and start the SuperLink (TLS and node auth when ``tls``)."""
+        """Start the SuperLink (TLS and node auth when ``tls``), then write the connection settings."""
         (self.home / "logs").mkdir(parents=True, exist_ok=True)
-        address = f"127.0.0.1:{self.port}"
-        link: dict[str, object] = {"address": address}
+        security = ["--insecure"]
+        if self.tls:
+            files = {"ca-certfile": self.tls.ca, "certfile": self.tls.cert, "keyfile": self.tls.key}
+            security = [
+                *(x for k, v in files.items() for x in (f"--ssl-{k}", str(v))),
+                "--enable-supernode-auth",
+            ]
+
+        def command(port: int) -> list[str]:
+            return ["flower-superlink", "--port", str(port), "--disable-runtime-dependency-installation",
+                    *security]  # fmt: skip
+
+        self.superlink, self.port = self._spawn_listening("superlink", command, self.port)
+        if self.superlink.poll() is not None:
+            raise FedgeError(f"the SuperLink exited ({self._log('superlink')})")
+        link: dict[str, object] = {"address": f"127.0.0.1:{self.port}"}
         link.update({"root-certificates": str(self.tls.ca)} if self.tls else {"insecure": True})
         settings = {"superlink": {"default": self.connection, self.connection: link}}
         (self.home / "config.toml").write_text(tomli_w.dumps(settings))
-        command = ["flower-superlink", "--port", str(self.port), "--disable-runtime-dependency-installation"]
-        if self.tls:
-            command += ["--ssl-ca-certfile", str(self.tls.ca), "--ssl-certfile", str(self.tls.cert)]
-            command += ["--ssl-keyfile", str(self.tls.key), "--enable-supernode-auth"]
-        else:
-            command.append("--insecure")
-        self.superlink = self._spawn("superlink", command)
-        self._wait_listening()
         return self
 
-    def _wait_listening(self, timeout: float = 60.0) -> None:
+    def _spawn_listening(
+        self, name: str, command: Callable[[int], list[str]], port: int, tries: int = 3
+    ) -> tuple[subprocess.Popen, int]:
+        """Start ``command(port)`` and wait until it listens on ``port`` or exits.
+
+        A free port can be taken between choosing it and the process binding it (another process
+        starting at the same moment); a process that exits on "address already in use" is started
+        again on a fresh port. Any other exit is returned as it is (a node refused by the SuperLink)."""
+        for _ in range(tries):
+            process = self._spawn(name, command(port))
+            if self._wait_listening(name, process, port) or not self._port_taken(name):
+                return process, port
+            port = free_port()
+        raise FedgeError(f"{name} found its port taken {tries} times ({self._log(name)})")
+
+    def _log(self, name: str) -> Path:
+        return self.home / "logs" / f"{name}.log"
+
+    def _port_taken(self, name: str) -> bool:
+        return "address already in use" in self._log(name).read_text().lower()
+
+    def _wait_listening(self, name: str, process: subprocess.Popen, port: int, timeout: float = 60.0) -> bool:
+        """True once the process logs that it serves on ``port`` (its web server's line, so a port some
+        other process holds does not count); False if it exited first."""
+        serving = [f"running on {scheme}://127.0.0.1:{port}" for scheme in ("http", "https")]
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
-            if self.superlink.poll() is not None:
-                raise FedgeError(f"the SuperLink exited ({self.home / 'logs' / 'superlink.log'})")
-            with socket.socket() as s:
-                if s.connect_ex(("127.0.0.1", self.port)) == 0:
-                    return
+            if any(line in self._log(name).read_text() for line in serving):
+                return True
+            if process.poll() is not None:
+                return False
             time.sleep(0.2)
-        raise FedgeError(f"the SuperLink did not listen on port {self.port} within {timeout:.0f} s")
+        raise FedgeError(f"{name} did not serve on port {port} within {timeout:.0f} s ({self._log(name)})")
 
     def flwr(self, *args: str, timeout: float = 120.0) -> subprocess.CompletedProcess:
         """A ``flwr`` CLI command against this federation."""
@@ -147,15 +177,16 @@ class Federation:
     ) -> subprocess.Popen:
         """Start the SuperNode of client ``client`` (with its private ``key`` under TLS + auth)."""
         name = name or f"node{client}"
-        command = ["flower-supernode", "--superlink", f"127.0.0.1:{self.port}", "--port", str(free_port())]
-        command += ["--node-config", f"partition-id={client} num-partitions={num_clients}"]
-        if self.tls:
-            command += ["--root-certificates", str(self.tls.ca)]
-            if key is not None:
-                command += ["--auth-supernode-private-key", str(key)]
-        else:
-            command.append("--insecure")
-        self.nodes[name] = self._spawn(name, command)
+        security = ["--root-certificates", str(self.tls.ca)] if self.tls else ["--insecure"]
+        if self.tls and key is not None:
+            security += ["--auth-supernode-private-key", str(key)]
+
+        def command(port: int) -> list[str]:
+            partition = f"partition-id={client} num-partitions={num_clients}"
+            return ["flower-supernode", "--superlink", f"127.0.0.1:{self.port}", "--port", str(port),
+                    "--node-config", partition, *security]  # fmt: skip
+
+        self.nodes[name], _ = self._spawn_listening(name, command, free_port())
         return self.nodes[name]
 
     def kill_node(self, name: str) -> None:
