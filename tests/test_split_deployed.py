@@ -12,7 +12,12 @@ pytest.importorskip("flwr")
 
 from fedge.api import resolve_config  # noqa: E402
 from fedge.deploy.node import Node  # noqa: E402
-from fedge.deploy.split_rounds import DeployedCseFsl, DeployedSplitFedV2  # noqa: E402
+from fedge.deploy.split_rounds import (  # noqa: E402
+    DeployedCseFsl,
+    DeployedFslAn,
+    DeployedSplitFedV1,
+    DeployedSplitFedV2,
+)
 from fedge.deploy.transport import Outgoing, Reply  # noqa: E402
 from fedge.runner import build_run  # noqa: E402
 
@@ -20,6 +25,12 @@ CLIENTS = 3
 ALGORITHMS = {
     "cse_fsl": ({"name": "cse_fsl", "h": 2, "local_steps": 4, "batch_size": 32}, DeployedCseFsl),
     "splitfed_v2": ({"name": "splitfed_v2", "local_steps": 2, "batch_size": 32}, DeployedSplitFedV2),
+    "fsl_an": ({"name": "fsl_an", "local_steps": 3, "batch_size": 32}, DeployedFslAn),
+    "splitfed_v1": ({"name": "splitfed_v1", "local_steps": 2, "batch_size": 32}, DeployedSplitFedV1),
+    "fsl_an_copy0": (
+        {"name": "fsl_an", "local_steps": 2, "batch_size": 32, "copies_eval": "copy0"},
+        DeployedFslAn,
+    ),
 }
 
 

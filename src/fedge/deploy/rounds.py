@@ -6,7 +6,8 @@ go through the algorithm's own methods and links in the server app, fed with the
 so a deployed run without faults has the simulation's numbers. :class:`DeployedRounds` is the one hook
 around a round: it tells the executor the round and adds the round's dropped clients to its metrics row
 (``dropped``, ``dropped_nodes``); the rule a dropped client follows is the executor's (it keeps the rows
-it was sent). CSE-FSL and SplitFed v2 keep their own deployed rounds (:mod:`fedge.deploy.split_rounds`).
+it was sent). The split family of the shared round plugs its local steps into it
+(:mod:`fedge.deploy.split_rounds`).
 """
 
 from __future__ import annotations
@@ -16,7 +17,7 @@ from typing import Any
 from fedge.algorithms import ALGORITHMS
 from fedge.comm import nodes
 from fedge.deploy.executor import RemoteExecutor
-from fedge.deploy.split_rounds import DeployedCseFsl, DeployedSplitFedV2
+from fedge.deploy.split_rounds import DeployedCseFsl, DeployedFslAn, DeployedSplitFedV1, DeployedSplitFedV2
 from fedge.deploy.transport import Transport
 from fedge.errors import ConfigError
 from fedge.metrics import RoundReport
@@ -27,13 +28,16 @@ SPLIT_PER_BATCH = (
 )
 REFUSED = {
     "centralized": "it has no clients: one model trains on the pooled data",
-    "splitfed_v1": SPLIT_PER_BATCH,
-    "fsl_an": SPLIT_PER_BATCH,
     "fedsl": SPLIT_PER_BATCH,
     "light_fedsl": SPLIT_PER_BATCH,
 }
 """Algorithms that cannot be deployed, with the reason ``fedge deploy`` prints."""
-SPLIT_ROUNDS: dict[str, type] = {"cse_fsl": DeployedCseFsl, "splitfed_v2": DeployedSplitFedV2}
+SPLIT_ROUNDS: dict[str, type] = {
+    "cse_fsl": DeployedCseFsl,
+    "fsl_an": DeployedFslAn,
+    "splitfed_v1": DeployedSplitFedV1,
+    "splitfed_v2": DeployedSplitFedV2,
+}
 
 
 class DeployedRounds:

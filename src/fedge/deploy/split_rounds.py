@@ -1,5 +1,7 @@
-"""The deployed split-learning algorithms (CSE-FSL, SplitFed v2): the simulated split round, unchanged,
-with its local steps run on the SuperNodes (see :mod:`fedge.deploy.rounds`).
+"""The deployed split-learning algorithms of the shared round (CSE-FSL, FSL_AN, SplitFed v1 and v2): the
+simulated split round, unchanged, with its local steps run on the SuperNodes (see
+:mod:`fedge.deploy.rounds`). Aux-head clients (CSE-FSL, FSL_AN) take one message a round; clients that
+get cut-layer gradients back (SplitFed v1, v2) two a local step.
 
 The round (:meth:`~fedge.algorithms.split.protocol.SplitLearning.run_round`) is inherited whole: the
 draw, the broadcast through the links, the aggregation, the clock and the report are the simulation's.
@@ -7,7 +9,8 @@ What a deployed class plugs in is its local steps: instead of stepping the rows 
 row's client work to its node and feeds what comes back through the round's server exchange
 (:class:`~fedge.algorithms.split.exchange.ServerExchange`), so the server side, its queue order and
 the ledger are the simulation's too. Rows whose node did not answer (or answered something that does
-not fit the round) leave the round before the aggregation, their weights renormalised over the rest.
+not fit the round) leave the round before the aggregation, their weights renormalised over the rest
+(and, with a server copy per client, their copies with them).
 """
 
 from __future__ import annotations
@@ -20,10 +23,12 @@ import torch
 from fedge.algorithms.base import Context
 from fedge.algorithms.split.config import SplitConfig
 from fedge.algorithms.split.cse_fsl import CseFsl
+from fedge.algorithms.split.fsl_an import FslAn
 from fedge.algorithms.split.participation import Draws, aggregation_weights
 from fedge.algorithms.split.protocol import SplitLearning
 from fedge.algorithms.split.round import Round
-from fedge.algorithms.split.server import SERVER_STAGE, CutBatch, Served, SharedServer
+from fedge.algorithms.split.server import SERVER_STAGE, CutBatch, Served
+from fedge.algorithms.split.splitfed_v1 import SplitFedV1
 from fedge.algorithms.split.splitfed_v2 import SplitFedV2
 from fedge.algorithms.split.tally import Tally
 from fedge.data.federated import BatchPlan
@@ -39,7 +44,8 @@ Cut = dict[int, tuple[torch.Tensor, torch.Tensor]]  # a step's smashed data and 
 
 class DeployedSplit(SplitLearning):
     """The split round with each row's client side on its node. Supported: one row per client, no
-    aggregation inside a round, a shared server model fed per step (``round_robin`` or ``random``)."""
+    aggregation inside a round, the server fed per step (``round_robin`` or ``random`` for one shared
+    model; server copies serve their own rows)."""
 
     transport: Transport
 
@@ -61,8 +67,6 @@ class DeployedSplit(SplitLearning):
             raise ConfigError("algorithm.agg_every", "not supported by a deployed run")
         if cfg.server_order == "client_after_client":
             raise ConfigError("algorithm.server_order", "a deployed run feeds the server per step")
-        if not isinstance(self.server, SharedServer):
-            raise ConfigError("algorithm.name", "a deployed split run needs one shared server model")
         for key, codec in (("codec_up", cfg.codec_up), ("codec_down", cfg.codec_down)):
             if codec not in WIRE_DTYPES:
                 raise ConfigError(f"algorithm.{key}", f"{codec!r} cannot be deployed; use fp32 or fp16")
@@ -120,6 +124,7 @@ class DeployedSplit(SplitLearning):
             old.loss_sum[keep], old.loss_steps[keep], old.server_loss, old.uploads,
         )  # fmt: skip
         rnd.keys = None if rnd.keys is None else rnd.keys.rows(keep)
+        self.server.keep_rows(keep)
         rnd.draws, rnd.nodes, rnd.rows = draws, [rnd.nodes[r] for r in alive], bank
         rnd.weights, rnd.cohort = weights.to(ctx.device), ctx.cohorts.whole(len(alive))
         rnd.timeline = None if rnd.timeline is None else rnd.timeline.only(alive)
@@ -139,16 +144,15 @@ class DeployedSplit(SplitLearning):
         return self.exchange(rnd, every_row, CutBatch(None, z, y, counts, keys), step, grad_z)
 
 
-class DeployedCseFsl(DeployedSplit, CseFsl):
-    """CSE-FSL: one ``train`` message per client and round carries the model down and brings back the
-    trained client model with the smashed data and labels of its upload steps (every h batches; nothing
-    comes back per batch). The server then feeds its model those uploads step by step in the queue
-    order, which is the simulation's order: the clients never wait for the server."""
+class AuxHeadRemote(DeployedSplit):
+    """Aux-head clients (CSE-FSL, FSL_AN): one ``train`` message per client and round carries the model
+    down and brings back the trained client model with the smashed data and labels of its upload steps
+    (CSE-FSL every h batches, FSL_AN every batch; nothing comes back per batch). The server then serves
+    those uploads step by step (one shared model in the queue order, the simulation's order, or each
+    row's own copy): the clients never wait for the server."""
 
     def check_deployable(self) -> None:
         super().check_deployable()
-        if self.cfg.server_trigger != "every_h_batches":
-            raise ConfigError("algorithm.server_trigger", "a deployed run supports every_h_batches")
         if not self.cfg.aggregate_aux:
             raise ConfigError("algorithm.aggregate_aux", "a deployed run needs the aux head averaged")
 
@@ -201,6 +205,19 @@ class DeployedCseFsl(DeployedSplit, CseFsl):
             self._serve(rnd, s, plan.index.shape[2], cut, False)
 
 
+class DeployedCseFsl(AuxHeadRemote, CseFsl):
+    """CSE-FSL: its clients upload every h batches to one shared server model."""
+
+    def check_deployable(self) -> None:
+        super().check_deployable()
+        if self.cfg.server_trigger != "every_h_batches":
+            raise ConfigError("algorithm.server_trigger", "a deployed run supports every_h_batches")
+
+
+class DeployedFslAn(AuxHeadRemote, FslAn):
+    """FSL_AN: its clients upload every batch, each to its own server copy."""
+
+
 def _aux_problem(reply: Reply, weight: torch.Tensor, upload_steps: list[int]) -> str | None:
     """Why an aux-head reply does not fit the round's plan (None: it fits)."""
     steps = reply.records["steps"]
@@ -217,10 +234,10 @@ def _aux_problem(reply: Reply, weight: torch.Tensor, upload_steps: list[int]) ->
     return None
 
 
-class DeployedSplitFedV2(DeployedSplit, SplitFedV2):
-    """SplitFed v2: per local step, ``query.smashed`` (the forward pass to the cut; the first of a round
-    carries the model down) and ``train.apply_gradients`` (the returned cut-layer gradient; the last of a
-    round brings the trained client model back)."""
+class GradientRemote(DeployedSplit):
+    """SplitFed's clients (v1, v2): per local step, ``query.smashed`` (the forward pass to the cut; the
+    first of a round carries the model down) and ``train.apply_gradients`` (the returned cut-layer
+    gradient; the last of a round brings the trained client model back)."""
 
     def remote_steps(self, rnd: Round, plan: BatchPlan, subset: torch.Tensor | None) -> None:
         weight = plan.weight.sum(dim=2).to(torch.int64)  # [rows, steps] real samples
@@ -242,9 +259,7 @@ class DeployedSplitFedV2(DeployedSplit, SplitFedV2):
         self._keep_uploads(rnd, uploads)
         self._keep_only(rnd, sorted(alive))
 
-    def _smashed(
-        self, rnd: Round, s: int, sizes: dict[int, int], started: set[int], alive: set[int]
-    ) -> Cut:
+    def _smashed(self, rnd: Round, s: int, sizes: dict[int, int], started: set[int], alive: set[int]) -> Cut:
         """``query.smashed`` of step ``s`` to the rows ``sizes`` (their sample counts): their smashed data
         and labels; rows that do not answer, or answer with other counts, leave ``alive``."""
         clients, t = [int(c) for c in rnd.draws.clients], rnd.t
@@ -287,3 +302,11 @@ class DeployedSplitFedV2(DeployedSplit, SplitFedV2):
         applied = self.transport.exchange(rnd.t, "train.apply_gradients", grads, specs)
         alive -= {r for r in sizes if clients[r] not in applied}
         return {r: applied[clients[r]].records for r in sizes if clients[r] in applied and s == last[r]}
+
+
+class DeployedSplitFedV1(GradientRemote, SplitFedV1):
+    """SplitFed v1: a server copy per client returns its cut-layer gradients."""
+
+
+class DeployedSplitFedV2(GradientRemote, SplitFedV2):
+    """SplitFed v2: one shared server model returns the cut-layer gradients, in the queue order."""

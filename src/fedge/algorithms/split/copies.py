@@ -122,6 +122,9 @@ class ServerCopies(SplitServer):
     def models_held(self, count: int) -> int:
         return count
 
+    def keep_rows(self, keep: torch.Tensor) -> None:
+        self.copies = tuple(rows(t, keep) for t in self.copies)
+
     def evaluation_model(self) -> tuple[Tensors, Tensors]:
         return self.first_copy or (self.params, self.buffers)
 

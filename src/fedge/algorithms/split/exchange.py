@@ -111,4 +111,3 @@ class ServerExchange:
     def begin(self, rnd: Round) -> None:
         """The round's rows have their models: start the server's queue."""
         self.order.begin(rnd)
-

@@ -35,8 +35,6 @@ gradient down of the slowest client, ``latency_comm_s``) apart from the aggregat
 
 from __future__ import annotations
 
-from typing import NamedTuple
-
 import numpy as np
 import torch
 
@@ -46,6 +44,7 @@ from fedge.algorithms.split.fedsl_averaging import Averaging
 from fedge.algorithms.split.fedsl_batches import StepBatches
 from fedge.algorithms.split.fedsl_client import ClientUpdate, cut_masks
 from fedge.algorithms.split.fedsl_config import Compression, FedSLConfig, LightFedSLConfig
+from fedge.algorithms.split.fedsl_steps import CutStep, ServedCut, Trained
 from fedge.algorithms.split.flops import count_flops
 from fedge.algorithms.split.parts import build_parts, composed, initial_state
 from fedge.algorithms.split.pruning import prunable_names, sparsity, sparsity_target
@@ -64,18 +63,6 @@ from fedge.tensors import Tensors, floating
 __all__ = ["Compression", "FedSLConfig", "LightFedSL", "LightFedSLConfig"]
 
 LABEL_CODEC = "fp32"  # labels travel at 32 bits each (the paper gives no label size)
-
-
-class CutStep(NamedTuple):
-    """This process's clients after the cut exchange of a round: their parameters, new BatchNorm
-    statistics and parameter gradients, every client's loss, and the bits each client sent and got."""
-
-    params: Tensors
-    buffers: Tensors
-    grads: Tensors
-    loss: torch.Tensor
-    up_bits: np.ndarray
-    down_bits: np.ndarray
 
 
 @register(
@@ -148,25 +135,23 @@ class LightFedSL(Algorithm):
         copies and updates (the run's client cohort); the cohort's sends keep the ledger and every
         client's bits whole everywhere. The clients' state ends the round whole on every process:
         averaged (all-reduce) in an aggregation round, gathered otherwise."""
-        knobs, lr, mine = self.knobs, self.cfg.optimizer.lr, self.cohort.rows
+        knobs, lr = self.knobs, self.cfg.optimizer.lr
         rho = sparsity_target(t, knobs.schedule_rounds, knobs.final_sparsity)
         self.parts.model.train()
         index, weight = self.batches(t)
         counts = (weight > 0).sum(dim=1)
         before = self._sparsities(self.clients["params"])
-        cut = self._cut_exchange(t, index, counts)
-        masks = {name: mask[mine] for name, mask in self.clients["masks"].items()}
-        params, masks = self.update(t, rho, cut.params, cut.grads, masks, lr, self.cohort.start)
-        trained = {"params": params, "buffers": cut.buffers, "masks": masks}
+        step = self._client_steps(t, rho, index, counts)
+        trained = step.states
         aggregated = t % knobs.agg_interval == 0
         if aggregated:
-            after = self.cohort.gather_array(self._sparsities(params))
+            after = self.cohort.gather_array(self._sparsities(trained["params"]))
             model_bits = self._aggregate(t, trained)
         else:
             self.clients = self._gathered(trained)
             after, model_bits = self._sparsities(self.clients["params"]), None
         self._client_storage()
-        bits = (cut.up_bits, cut.down_bits, model_bits)
+        bits = (step.up_bits, step.down_bits, model_bits)
         comm, agg, seconds, wait = self._advance_clock(t, counts, before, *bits)
         figures = {
             **({} if wait is None else {"queue_wait_s": wait}),
@@ -175,26 +160,45 @@ class LightFedSL(Algorithm):
             "comm_seconds_total": self.totals["comm_seconds"],
             "agg_seconds_total": self.totals["agg_seconds"], "lr": lr,
         }  # fmt: skip
-        return RoundReport(float(cut.loss.double().mean()), figures)
+        return RoundReport(float(step.loss.double().mean()), figures)
+
+    def _client_steps(self, t: int, rho: float, index: torch.Tensor, counts: torch.Tensor) -> Trained:
+        """Steps 1-3 of the round for this process's clients: the cut exchange, then each client's
+        update (prune to ``rho``, mask, quantize, step)."""
+        cut = self._cut_exchange(t, index, counts)
+        masks = {name: mask[self.cohort.rows] for name, mask in self.clients["masks"].items()}
+        lr = self.cfg.optimizer.lr
+        params, masks = self.update(t, rho, cut.params, cut.grads, masks, lr, self.cohort.start)
+        states = {"params": params, "buffers": cut.buffers, "masks": masks}
+        return Trained(states, cut.loss, cut.up_bits, cut.down_bits)
 
     def _cut_exchange(self, t: int, index: torch.Tensor, counts: torch.Tensor) -> CutStep:
-        """Steps 1-2 of the round for this process's clients: trunk forward, cut dropout, smashed data
-        and labels up, the server's mean-gradient step, the kept entries' gradient down, back-propagated
-        through the trunk."""
-        ctx, cohort, n = self.ctx, self.cohort, len(self.nodes)
+        """Steps 1-2 of the round for this process's clients: trunk forward, cut dropout, the server's
+        side (:meth:`_server_side`), the returned gradient back-propagated through the trunk."""
+        ctx, cohort = self.ctx, self.cohort
         mine, p = cohort.rows, self.knobs.cut_dropout
         x, y = ctx.data.x_train[index[mine]], ctx.data.y_train[index[mine]]
         params = {k: v[mine] for k, v in self.clients["params"].items()}
         buffers = {k: v[mine] for k, v in self.clients["buffers"].items()}
-        every = ctx.executor.phase_keys(range(n))
+        every = ctx.executor.phase_keys(range(len(self.nodes)))
         keys = None if every is None else RowKeys(every.base[mine])
         own = counts[mine]
         z, new_buffers, pullback = ctx.executor.forward_with_vjp(
             self.forward, params, buffers, x, own, None if keys is None else keys.at(0)
         )
         keep = cut_masks(ctx.seed, t, own, z, cohort.start, p)
-        dropped = {"z": apply_dropout(z.detach(), keep, p)}
-        smashed = cohort.send(self.up, t, self.nodes, nodes.SERVER, "smashed_up", dropped, keep=keep)
+        served = self._server_side(t, apply_dropout(z.detach(), keep, p), y, own, keep, keys)
+        grads = pullback(apply_dropout(served.grad, keep, p))
+        return CutStep(params, new_buffers, grads, served.loss, served.up_bits, served.down_bits)
+
+    def _server_side(
+        self, t: int, dropped: torch.Tensor, y: torch.Tensor, own: torch.Tensor, keep: torch.Tensor,
+        keys: RowKeys | None,
+    ) -> ServedCut:  # fmt: skip
+        """Step 2 for this process's clients: their kept cut entries (``dropped``, dropout applied) and
+        labels up, the server's mean-gradient step, the kept entries' gradient down, as received."""
+        cohort, n = self.cohort, len(self.nodes)
+        smashed = cohort.send(self.up, t, self.nodes, nodes.SERVER, "smashed_up", {"z": dropped}, keep=keep)
         labels = cohort.send(self.labels, t, self.nodes, nodes.SERVER, "labels_up", {"y": y}, lengths=own)
         server_keys = None if keys is None else keys.at(0, SERVER_STAGE)
         batch = CutBatch(None, smashed.payload["z"], y, own, server_keys, cohort=n)
@@ -202,8 +206,7 @@ class LightFedSL(Algorithm):
         returned = {"g": served.grad_z * keep.to(served.grad_z)}
         grad = cohort.send(self.down, t, nodes.SERVER, self.nodes, "grad_down", returned, keep=keep)
         loss = cohort.gather({"loss": served.loss})["loss"]
-        grads = pullback(apply_dropout(grad.payload["g"], keep, p))
-        return CutStep(params, new_buffers, grads, loss, smashed.bits + labels.bits, grad.bits)
+        return ServedCut(grad.payload["g"], loss, smashed.bits + labels.bits, grad.bits)
 
     def _gathered(self, trained: dict[str, Tensors]) -> dict[str, Tensors]:
         """Every client's state from each process's rows of it."""

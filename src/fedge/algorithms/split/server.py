@@ -115,6 +115,10 @@ class SplitServer(ABC):
     def models_held(self, count: int) -> int:
         """How many server models the server holds with ``count`` participant rows."""
 
+    @abstractmethod
+    def keep_rows(self, keep: torch.Tensor) -> None:
+        """Only the round's rows ``keep`` go on (a deployed round whose other rows' nodes dropped out)."""
+
     def storage_bits(self, count: int) -> int:
         """Bits of the server models held with ``count`` participant rows."""
         return self.models_held(count) * state_bits({**self.params, **self.buffers})
@@ -210,6 +214,9 @@ class SharedServer(SplitServer):
 
     def aggregate(self, weights: torch.Tensor, cohort: Cohort) -> None:
         """Nothing to average: the one model already learned from everyone."""
+
+    def keep_rows(self, keep: torch.Tensor) -> None:
+        """One shared model has nothing per row."""
 
     def models_held(self, count: int) -> int:
         return 1
