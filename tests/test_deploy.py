@@ -42,6 +42,10 @@ ALGORITHMS = {
     "fedavg": {"name": "fedavg", "batch_size": 64},
     "cse_fsl": {"name": "cse_fsl", "h": 2, "local_steps": 4, "batch_size": 32},
     "splitfed_v2": {"name": "splitfed_v2", "local_steps": 1, "batch_size": 32},
+    "fsl_an": {"name": "fsl_an", "local_steps": 2, "batch_size": 32},
+    "splitfed_v1": {"name": "splitfed_v1", "local_steps": 1, "batch_size": 32},
+    "light_fedsl": {"name": "light_fedsl", "batch_size": 32, "agg_interval": 2, "final_sparsity": 0.5},
+    "fedsl": {"name": "fedsl", "batch_size": 32},
     "hfedavg": {"name": "hfedavg", "cells": 2, "edge_rounds": 2, "local_steps": 2, "split": "partition"},
     "hist": {
         "name": "hist", "cells": 2, "edge_rounds": 2, "local_steps": 2, "split": "partition",
@@ -59,10 +63,11 @@ ALGORITHMS = {
 }  # fmt: skip
 ROUNDS = {"hfedavg": 1, "hist": 1, "ditto": 1}  # two edge rounds; Ditto's three training phases a round
 HIERARCHICAL = ("hfedavg", "hist")
+SPLIT = ("cse_fsl", "splitfed_v2", "fsl_an", "splitfed_v1", "light_fedsl", "fedsl")
 
 
 def config(tmp: Path, algorithm: str, rounds: int = 2, clients: int = NODES):
-    split = algorithm in ("cse_fsl", "splitfed_v2")
+    split = algorithm in SPLIT
     return resolve_config(
         {
             "seed": 3,
@@ -255,6 +260,15 @@ def test_a_supernode_killed_in_round_two_drops_out_and_the_gossip_run_completes(
     afterwards (the SuperLink may still list the dead one: joining must not wait for it)."""
     rows = killed_in_round_two(federation, tmp_path, "gossip")
     assert rows[2]["mb_peer"] > rows[1]["mb_peer"] > rows[0]["mb_peer"]  # peers still send to client 2
+    federation.add_node(2, NODES)
+
+
+@pytest.mark.deploy
+def test_a_supernode_killed_in_round_two_drops_out_and_the_cse_fsl_run_completes(federation, tmp_path):
+    """A split round: client 2 leaves rounds 2 and 3 (its row, weight and upload), the server model
+    trains on the others' smashed data. Its node is started again afterwards."""
+    rows = killed_in_round_two(federation, tmp_path, "cse_fsl")
+    assert rows[2]["participants"] == NODES - 1 and rows[0]["participants"] == NODES
     federation.add_node(2, NODES)
 
 

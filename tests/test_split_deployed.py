@@ -11,6 +11,8 @@ import torch
 pytest.importorskip("flwr")
 
 from fedge.api import resolve_config  # noqa: E402
+from fedge.deploy import fedsl_node  # noqa: E402
+from fedge.deploy.fedsl_rounds import DeployedLightFedSL, DeployedTraditionalFedSL  # noqa: E402
 from fedge.deploy.node import Node  # noqa: E402
 from fedge.deploy.split_rounds import (  # noqa: E402
     DeployedCseFsl,
@@ -27,6 +29,11 @@ ALGORITHMS = {
     "splitfed_v2": ({"name": "splitfed_v2", "local_steps": 2, "batch_size": 32}, DeployedSplitFedV2),
     "fsl_an": ({"name": "fsl_an", "local_steps": 3, "batch_size": 32}, DeployedFslAn),
     "splitfed_v1": ({"name": "splitfed_v1", "local_steps": 2, "batch_size": 32}, DeployedSplitFedV1),
+    "light_fedsl": (
+        {"name": "light_fedsl", "batch_size": 32, "agg_interval": 2, "final_sparsity": 0.5, "quant_bits": 4},
+        DeployedLightFedSL,
+    ),
+    "fedsl": ({"name": "fedsl", "batch_size": 32}, DeployedTraditionalFedSL),
     "fsl_an_copy0": (
         {"name": "fsl_an", "local_steps": 2, "batch_size": 32, "copies_eval": "copy0"},
         DeployedFslAn,
@@ -75,6 +82,11 @@ class Loopback:
     def _answer(self, c: int, t: int, message_type: str, out: Outgoing, received: dict) -> dict:
         """What node ``c`` sends back, as the client app computes it (fp32: the wire changes nothing)."""
         node = self.nodes[c]
+        if message_type == "query.forward":
+            self.state[c] = received
+            return fedsl_node.forward(node, t, received)[0]
+        if message_type == "train.backward":
+            return fedsl_node.backward(node, t, self.state[c], received["grad_down"]["g"])[0]
         if message_type == "train":
             return node.aux_round(t, node.split_start(received))[1]
         step = int(out.config["step"])
@@ -117,11 +129,12 @@ def test_deployed_round_equals_the_simulation(algorithm):
     assert _entries(dep_ctx) == _entries(sim_ctx)
     for simulated, deployed in zip(reports["simulated"], reports["deployed"], strict=True):
         assert deployed.train_loss == pytest.approx(simulated.train_loss, abs=1e-5)
-        assert deployed.extra["participants"] == simulated.extra["participants"] == CLIENTS
+        assert deployed.extra.get("participants", CLIENTS) == simulated.extra.get("participants", CLIENTS)
+        assert deployed.extra.get("participants", CLIENTS) == CLIENTS
         assert deployed.extra["dropped"] == 0
 
 
-@pytest.mark.parametrize("algorithm", list(ALGORITHMS))
+@pytest.mark.parametrize("algorithm", [a for a in ALGORITHMS if "fedsl" not in a])
 def test_a_silent_node_leaves_its_rounds_and_the_others_complete_them(algorithm):
     sides, reports = run_both(algorithm, silent=2, after=2)
     first, second = reports["deployed"]
@@ -132,6 +145,34 @@ def test_a_silent_node_leaves_its_rounds_and_the_others_complete_them(algorithm)
     assert all(torch.isfinite(v).all() for v in client_model(dep).values())
     uploaded = [n for n, kind in zip(*_senders(ctx, 2), strict=True) if kind == "model_up"]
     assert sorted(uploaded) == ["client:0", "client:1"]
+
+
+def test_a_silent_fedsl_client_sends_nothing_keeps_its_state_and_the_round_completes():
+    """Lightweight FedSL: client 2 stops answering in round 2 (an aggregation round): it uploads no cut
+    entries, its stale trunk enters the average, the others' losses make the round's."""
+    sides, reports = run_both("light_fedsl", silent=2, after=2)
+    first, second = reports["deployed"]
+    assert first.extra["dropped"] == 0 and second.extra["dropped_nodes"] == ["client:2"]
+    assert torch.isfinite(torch.tensor(second.train_loss)) and second.train_loss > 0
+    dep, ctx = sides["deployed"]
+    sim, _ = sides["simulated"]
+    assert all(torch.isfinite(v).all() for v in client_model(dep).values())
+    assert any(
+        not torch.equal(dep.clients["params"][k], sim.clients["params"][k]) for k in dep.clients["params"]
+    )
+    bits = _bits(ctx, 2, "smashed_up")
+    assert bits["client:2"] == 0 and bits["client:0"] > 0 and bits["client:1"] > 0
+
+
+def _bits(ctx, round_: int, kind: str) -> dict[str, int]:
+    """Bits of round ``round_``'s ``kind`` entries, by sender."""
+    state = ctx.ledger.state_dict()
+    names, kinds, c = state["nodes"], state["kinds"], state["columns"]
+    out: dict[str, int] = {}
+    for i, r in enumerate(c["round"]):
+        if r == round_ and kinds[c["kind"][i]] == kind:
+            out[names[c["src"][i]]] = out.get(names[c["src"][i]], 0) + int(c["bits"][i])
+    return out
 
 
 def _senders(ctx, round_: int) -> tuple[list[str], list[str]]:

@@ -12,12 +12,14 @@ from flwr.app import ConfigRecord, Context, Message, MetricRecord, RecordDict
 from flwr.clientapp import ClientApp
 
 from fedge.config import parse_config
+from fedge.deploy import fedsl_node
 from fedge.deploy.node import Node, State
-from fedge.deploy.wire import from_record, to_record
+from fedge.deploy.wire import F32, from_record, to_record
 from fedge.tensors import Tensors
 
 app = ClientApp()
 STATE = ("fedge.params", "fedge.buffers", "fedge.opt")
+FEDSL_STATE = ("params", "buffers", "masks")  # a lightweight-FedSL client's state, kept as fedge.<part>
 
 
 def _node(context: Context) -> Node:
@@ -25,8 +27,11 @@ def _node(context: Context) -> Node:
     return Node(config, int(context.node_config["partition-id"]))
 
 
-def _reply(msg: Message, node: Node, records: dict[str, Tensors], metrics: dict[str, float]) -> Message:
-    up = node.wire_up()
+def _reply(
+    msg: Message, node: Node, records: dict[str, Tensors], metrics: dict[str, float], exact: bool = False
+) -> Message:
+    """``records`` in the up codec's dtype (``exact``: floating values in fp32; ``steps`` always exact)."""
+    up = F32 if exact else node.wire_up()
     content = RecordDict({name: to_record(t, None if name == "steps" else up) for name, t in records.items()})
     content["metrics"] = MetricRecord(metrics)
     return Message(content, reply_to=msg)
@@ -66,7 +71,7 @@ def train_rows(msg: Message, context: Context) -> Message:
 
 @app.train()
 def train(msg: Message, context: Context) -> Message:
-    """CSE-FSL: a whole aux-head split round's local work."""
+    """CSE-FSL, FSL_AN: a whole aux-head split round's local work."""
     node = _node(context)
     t = int(msg.content.config_records["config"]["round"])
     _, records, metrics = node.aux_round(t, node.split_start(_received(msg)))
@@ -75,7 +80,7 @@ def train(msg: Message, context: Context) -> Message:
 
 @app.query("smashed")
 def smashed(msg: Message, context: Context) -> Message:
-    """SplitFed: a step's forward pass to the cut (the round's first also brings the model down)."""
+    """SplitFed v1, v2: a step's forward pass to the cut (the round's first also brings the model down)."""
     node = _node(context)
     config = msg.content.config_records["config"]
     received = _received(msg)
@@ -96,3 +101,25 @@ def apply_gradients(msg: Message, context: Context) -> Message:
     _save(context, state)
     records = node.split_upload(state) if bool(config["final"]) else {}
     return _reply(msg, node, records, {"compute_seconds": seconds})
+
+
+@app.query("forward")
+def cut_forward(msg: Message, context: Context) -> Message:
+    """Lightweight FedSL: the client's state comes down; its kept cut entries and labels go up."""
+    node = _node(context)
+    state = _received(msg)
+    for part in FEDSL_STATE:
+        context.state[f"fedge.{part}"] = to_record(state[part])
+    records, metrics = fedsl_node.forward(node, int(msg.content.config_records["config"]["round"]), state)
+    return _reply(msg, node, records, metrics)
+
+
+@app.train("backward")
+def cut_backward(msg: Message, context: Context) -> Message:
+    """Lightweight FedSL: back-propagate the returned gradient, update; the new state goes up (fp32)."""
+    node = _node(context)
+    state = {part: from_record(context.state[f"fedge.{part}"]) for part in FEDSL_STATE}
+    grad = _received(msg)["grad_down"]["g"]
+    t = int(msg.content.config_records["config"]["round"])
+    new, seconds = fedsl_node.backward(node, t, state, grad)
+    return _reply(msg, node, new, {"compute_seconds": seconds}, exact=True)

@@ -6,8 +6,8 @@ go through the algorithm's own methods and links in the server app, fed with the
 so a deployed run without faults has the simulation's numbers. :class:`DeployedRounds` is the one hook
 around a round: it tells the executor the round and adds the round's dropped clients to its metrics row
 (``dropped``, ``dropped_nodes``); the rule a dropped client follows is the executor's (it keeps the rows
-it was sent). The split family of the shared round plugs its local steps into it
-(:mod:`fedge.deploy.split_rounds`).
+it was sent). The split family plugs its clients' steps into its own round instead
+(:mod:`fedge.deploy.split_rounds`, :mod:`fedge.deploy.fedsl_rounds`).
 """
 
 from __future__ import annotations
@@ -17,19 +17,14 @@ from typing import Any
 from fedge.algorithms import ALGORITHMS
 from fedge.comm import nodes
 from fedge.deploy.executor import RemoteExecutor
+from fedge.deploy.fedsl_rounds import DeployedLightFedSL, DeployedTraditionalFedSL
 from fedge.deploy.split_rounds import DeployedCseFsl, DeployedFslAn, DeployedSplitFedV1, DeployedSplitFedV2
 from fedge.deploy.transport import Transport
 from fedge.errors import ConfigError
 from fedge.metrics import RoundReport
 
-SPLIT_PER_BATCH = (
-    "its clients exchange smashed data and cut-layer gradients with the split server at every batch "
-    "(executor.map in the round), and the remote executor trains whole local phases only"
-)
 REFUSED = {
     "centralized": "it has no clients: one model trains on the pooled data",
-    "fedsl": SPLIT_PER_BATCH,
-    "light_fedsl": SPLIT_PER_BATCH,
 }
 """Algorithms that cannot be deployed, with the reason ``fedge deploy`` prints."""
 SPLIT_ROUNDS: dict[str, type] = {
@@ -37,6 +32,8 @@ SPLIT_ROUNDS: dict[str, type] = {
     "fsl_an": DeployedFslAn,
     "splitfed_v1": DeployedSplitFedV1,
     "splitfed_v2": DeployedSplitFedV2,
+    "light_fedsl": DeployedLightFedSL,
+    "fedsl": DeployedTraditionalFedSL,
 }
 
 
