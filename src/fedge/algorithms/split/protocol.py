@@ -7,7 +7,8 @@ client side's (:mod:`~fedge.algorithms.split.clients`) with its exchange with th
 down, served in the order of the run's :mod:`~fedge.algorithms.split.order` policy); then upload the
 client models and average them (:mod:`~fedge.algorithms.split.client_model`). The server side is a part
 (:mod:`~fedge.algorithms.split.server`): a copy per participant or one shared model. An algorithm is the
-choice of the two parts plus, for CSE-FSL, when to upload.
+choice of its client kind (:mod:`~fedge.algorithms.split.client_kinds`) and server part plus, for
+CSE-FSL, when to upload; the round's cost is read off its tally (:mod:`~fedge.algorithms.split.cost`).
 
 Storage: the server holds its model(s) (``server_model``) and the uploaded client models it averages
 (``client_models``); each participant its trunk and aux head.
@@ -21,13 +22,14 @@ import numpy as np
 
 from fedge.algorithms.base import Algorithm, Context
 from fedge.algorithms.split.client_model import ClientModels, Part, evaluate_split
-from fedge.algorithms.split.clients import AuxHeadClients, ClientSide, GradientClients, State
-from fedge.algorithms.split.config import AuxHeadConfig, GradientReturnConfig, SplitConfig
+from fedge.algorithms.split.clients import ClientSide, State
+from fedge.algorithms.split.config import SplitConfig
+from fedge.algorithms.split.cost import round_cost
 from fedge.algorithms.split.exchange import ServerExchange
 from fedge.algorithms.split.flops import count_flops
 from fedge.algorithms.split.order import server_order
 from fedge.algorithms.split.participation import check_participation, participants
-from fedge.algorithms.split.parts import build_parts, initial_state
+from fedge.algorithms.split.parts import initial_state
 from fedge.algorithms.split.plans import round_plan, step_sizes
 from fedge.algorithms.split.round import Round
 from fedge.algorithms.split.server import SplitServer
@@ -38,7 +40,6 @@ from fedge.data.federated import BatchPlan
 from fedge.engine import ClientBank, make_optimizer, stack_copies
 from fedge.errors import ConfigError
 from fedge.metrics import Evaluation, RoundReport
-from fedge.system import SplitWork, arrival_round, split_round, training_flops
 from fedge.tensors import Tensors
 
 
@@ -111,7 +112,7 @@ class SplitLearning(Algorithm):
         self._aggregate(rnd)  # upload and average the client models (and server copies)
         rnd.tally.add_up(rnd.cohort, server_losses=not self.server.in_turn)
         self._hold(len(rnd.draws), rnd.nodes)
-        self._advance_clock(rnd)
+        self.ctx.system.charge(round_cost(self.ctx.system, rnd, self.flops, self.server.in_turn))
         return self._report(rnd)
 
     def learning_rates(self, t: int) -> tuple[float, float]:
@@ -143,26 +144,6 @@ class SplitLearning(Algorithm):
         opt_state = stack_copies(self.client_sgd.init(self.client["params"]), len(cohort))
         rows.adopt(rows.params, rows.buffers, opt_state, owned=False)
         return rnd
-
-    def _advance_clock(self, rnd: Round) -> None:
-        """The round's simulated latency and energy from its per-row bits and samples (per row, not per
-        node: a client drawn twice is two participants on the clock)."""
-        tally, system, clients, timeline = rnd.tally, self.ctx.system, rnd.draws.clients, rnd.timeline
-        server = training_flops(self.flops.server, tally.server_samples)
-        client = self._client_flops(tally.client_samples)
-        work = SplitWork(clients, tally.up_bits, tally.down_bits, client, server)
-        if timeline is None:
-            system.charge(split_round(system, rnd.t, work, self.server.in_turn))
-            return
-        unplaced = SplitWork(
-            clients, tally.up_bits - timeline.up_bits, tally.down_bits - timeline.down_bits,
-            self._client_flops(tally.client_samples - timeline.computed), np.zeros(len(clients)),
-        )  # fmt: skip
-        system.charge(arrival_round(system, rnd.t, work, unplaced, timeline.ready, timeline.server_free))
-
-    def _client_flops(self, samples: np.ndarray) -> np.ndarray:
-        """Training FLOPs of the client side (trunk and aux head) over ``samples`` samples per row."""
-        return training_flops(self.flops.trunk + self.flops.aux, samples)
 
     def _report(self, rnd: Round) -> RoundReport:
         """The round's training loss and traffic figures (the queue's too); the run's totals move on."""
@@ -199,24 +180,3 @@ class SplitLearning(Algorithm):
         head also trunk + aux head (:func:`~fedge.algorithms.split.client_model.evaluate_split`)."""
         aux = self.clients.has_aux and self.clients.shares_aux
         return evaluate_split(self.ctx, self.parts, self.client, self.server.evaluation_model(), aux)
-
-
-class GradientReturn(SplitLearning):
-    """SplitFed's clients (v1 and v2): cut-layer gradients come back and are back-propagated."""
-
-    cfg: GradientReturnConfig
-
-    def client_side(self) -> ClientSide:
-        parts = build_parts(self.ctx, with_aux=False)
-        return GradientClients(parts, self.client_sgd, self.ctx.executor, self.cfg.clip_norm)
-
-
-class LocalLoss(SplitLearning):
-    """Aux-head clients (FSL_AN, CSE-FSL): they learn from their local loss; nothing comes back."""
-
-    cfg: AuxHeadConfig
-
-    def client_side(self) -> ClientSide:
-        cfg, parts = self.cfg, build_parts(self.ctx, with_aux=True)
-        post_step = cfg.smashed_from == "post_step"
-        return AuxHeadClients(parts, self.client_sgd, self.ctx.executor, post_step, cfg.aggregate_aux)
