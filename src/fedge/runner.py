@@ -164,7 +164,7 @@ def build_run(config: RunConfig, force: bool = False, extensions: Extensions | N
         raise ConfigError("data.name", "custom data comes from fedge.run(..., train=...); pass train")
     criterion = _criterion(config, ext.loss)
     available = preflight.available_bytes(device)
-    preflight.check([preflight.synthetic_data(config)], available, force)
+    preflight.check(preflight.config_parts(config, ext.model), available, force)
     configure_host(config.engine.threads, config.engine.retain_memory and device.type == "cpu")
     if ext.train is not None:
         dataset = user_dataset(ext.train, ext.test, config.seed, config.data.test_fraction)
