@@ -11,7 +11,10 @@ a dtype, a shape and bytes. The file is::
 
 :func:`load` refuses, with a one-line :class:`~fedge.errors.CheckpointError`, a file that is empty, not a
 checkpoint, truncated or altered (length and SHA-256 of the body), of another format version, or (given
-the run's config) written by another algorithm or for another config. Round trips are exact: float
+the run's config) written by another algorithm or for another config; also a path that is no regular
+file, and a file whose size is not its header's (checked before the body is read). The checksum detects
+damage, not forgery (anyone who can write the file can recompute it): :mod:`fedge.restore` checks that
+what a checkpoint says makes sense for the run before a resume uses it. Round trips are exact: float
 values, dtypes, tuple keys, NumPy scalars and the identity of a tensor stored twice all come back.
 """
 
