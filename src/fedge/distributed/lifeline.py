@@ -17,15 +17,13 @@ PR_SET_PDEATHSIG = 1
 LAUNCHER_PID = "FEDGE_LAUNCHER_PID"
 
 
-def die_with_parent() -> bool:
-    """Have this process killed (SIGKILL) when its parent process ends; ``False`` where the system offers
-    no such request (outside Linux). Exits at once if the launcher is already gone."""
-    if not sys.platform.startswith("linux"):
-        return False
-    libc = ctypes.CDLL(None, use_errno=True)
-    if libc.prctl(PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0) != 0:
-        return False
-    launcher = os.environ.get(LAUNCHER_PID)
-    if launcher is not None and launcher.isdigit() and os.getppid() != int(launcher):
-        os._exit(1)  # the launcher died before the request: nobody is left to stop this rank
-    return True
+def die_with_parent(parent: int | None = None) -> None:
+    """Have this process killed (SIGKILL) when its parent process ends (Linux), and exit at once if the
+    parent is already gone: its pid is no longer ``parent`` (default: the launcher's, when
+    :data:`LAUNCHER_PID` names one)."""
+    if sys.platform.startswith("linux"):
+        ctypes.CDLL(None).prctl(PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
+    if parent is None and os.environ.get(LAUNCHER_PID, "").isdigit():
+        parent = int(os.environ[LAUNCHER_PID])
+    if parent is not None and os.getppid() != parent:
+        os._exit(1)  # the parent died before the request: nobody is left to stop this process
