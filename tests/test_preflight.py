@@ -157,8 +157,9 @@ def test_the_config_estimate_never_exceeds_the_exact_one(tmp_path):
 
 
 def test_the_issue_command_is_refused_at_once(tmp_path):
-    """The command of the report, end to end: one line and exit 2 within seconds (torch's start-up
-    included), no run directory, and far from the minutes and gigabytes it took before."""
+    """The command of the report, end to end: one line and exit 2 within seconds of torch's start-up
+    (timed beside it, as the machine's load slows both), no run directory, far from the minutes and
+    gigabytes it took before."""
     command = [
         sys.executable,
         "-m",
@@ -169,12 +170,15 @@ def test_the_issue_command_is_refused_at_once(tmp_path):
         f"output.dir={tmp_path}",
     ]
     started = time.monotonic()
+    subprocess.run([sys.executable, "-c", "import fedge.runner"], check=True, timeout=60, env=_env())
+    start_up = time.monotonic() - started
+    started = time.monotonic()
     done = subprocess.run(command, capture_output=True, text=True, timeout=60, env=_env())
     took = time.monotonic() - started
     lines = [line for line in done.stderr.splitlines() if line.strip()]
     assert done.returncode == 2 and len(lines) == 1, done.stderr[-2000:]
     assert lines[0].startswith("error: partition.num_clients: this run needs about"), lines[0]
-    assert took < 20 and not list(tmp_path.iterdir())
+    assert took < 2 * start_up + 5 and not list(tmp_path.iterdir()), (took, start_up)
 
 
 def _env() -> dict[str, str]:
