@@ -395,3 +395,21 @@ def test_sizes_are_checked_against_the_header_before_reading(interrupted):
             str(error.value),
         )
         assert time.monotonic() - started < 5, name
+
+
+def test_state_made_as_rounds_go_fits_and_nothing_else_does():
+    """``None``, empty dicts and empty lists of a fresh algorithm fill as it runs (peers, auxiliary heads
+    of clients that trained); every other entry keeps its keys, lengths, shapes, dtypes and kind."""
+    from fedge.restore import mismatch
+
+    fresh = {"w": torch.zeros(2, 3), "aux": {}, "seen": [], "peers": None, "t": 0, "name": "x"}
+    grown = {**fresh, "aux": {0: torch.ones(4)}, "seen": [1, 2], "peers": torch.ones(3, 3, dtype=torch.bool)}
+    assert mismatch(fresh, grown) is None and mismatch(fresh, {**fresh, "t": 7.5}) is None
+    assert (
+        mismatch(fresh, {**fresh, "w": torch.zeros(3, 2)})
+        == "/w is a float32 tensor of shape [3, 2], not a float32 tensor of shape [2, 3]"
+    )
+    assert mismatch(fresh, {**fresh, "aux": [1]}) == "/aux is of type list, not of type dict"
+    assert mismatch(fresh, {**fresh, "t": True}) == "/t is of type bool, not of type int"
+    assert mismatch({"a": [1, 2]}, {"a": [1]}) == "/a holds 1 items, not 2"
+    assert mismatch({"a": {"b": 1}}, {"a": {"c": 1}}) == "/a has entries ['c'] it should not, lacks ['b']"

@@ -29,21 +29,24 @@ def _describe(value: Any) -> str:
         return f"a {str(value.dtype).removeprefix('torch.')} tensor of shape {list(value.shape)}"
     if isinstance(value, np.ndarray):
         return f"a {value.dtype} array of shape {list(value.shape)}"
-    return f"a {type(value).__name__}"
+    return f"of type {type(value).__name__}"
 
 
 def mismatch(fresh: Any, saved: Any, where: str = "") -> str | None:
     """Where ``saved`` differs in structure from ``fresh`` (entries, lengths, tensor shapes and dtypes,
-    kinds of value), or ``None``. An entry that is ``None`` in the fresh state may hold anything, as
-    state some algorithms make on their first round."""
+    kinds of value), or ``None``. An entry that is ``None``, an empty dict or an empty list in the fresh
+    state may hold anything of its kind: state an algorithm makes as rounds go (its first round's peers,
+    a client's auxiliary head once it trained)."""
     if fresh is None:
+        return None
+    if isinstance(fresh, dict | list) and not fresh and isinstance(saved, type(fresh)):
         return None
     if isinstance(fresh, torch.Tensor | np.ndarray):
         same = type(saved) is type(fresh) and saved.shape == fresh.shape and saved.dtype == fresh.dtype
         return None if same else f"{where or '/'} is {_describe(saved)}, not {_describe(fresh)}"
     if isinstance(fresh, dict):
         if not isinstance(saved, dict):
-            return f"{where or '/'} is {_describe(saved)}, not a dict"
+            return f"{where or '/'} is {_describe(saved)}, not of type dict"
         if set(saved) != set(fresh):
             extra, missing = (
                 sorted(map(str, set(saved) - set(fresh))),
@@ -52,8 +55,10 @@ def mismatch(fresh: Any, saved: Any, where: str = "") -> str | None:
             return f"{where or '/'} has entries {extra} it should not, lacks {missing}"
         return next((m for k in fresh if (m := mismatch(fresh[k], saved[k], f"{where}/{k}"))), None)
     if isinstance(fresh, list | tuple):
-        if type(saved) is not type(fresh) or len(saved) != len(fresh):
-            return f"{where or '/'} is {_describe(saved)}, not a {type(fresh).__name__} of {len(fresh)}"
+        if type(saved) is not type(fresh):
+            return f"{where or '/'} is {_describe(saved)}, not {_describe(fresh)}"
+        if len(saved) != len(fresh):
+            return f"{where or '/'} holds {len(saved)} items, not {len(fresh)}"
         return next((m for i, f in enumerate(fresh) if (m := mismatch(f, saved[i], f"{where}[{i}]"))), None)
     if isinstance(fresh, bool | str) or not isinstance(fresh, numbers.Number):
         same = type(saved) is type(fresh)
@@ -69,7 +74,7 @@ def _history(rows: Any, round_: int) -> str | None:
     numbers_ = [row.get("round") for row in rows]
     if numbers_ != list(range(1, round_ + 1)):
         shown = numbers_ if len(numbers_) <= 8 else [*numbers_[:4], "...", *numbers_[-3:]]
-        return f"numbers rounds {shown}, not 1..{round_}"
+        return f"has rows of rounds {shown}, not of 1..{round_}"
     return None
 
 
