@@ -76,3 +76,4 @@ def send_rows(
     if senders:
         link.ledger.record(round_, senders, receivers, kind, np.concatenate([part[2] for part in parts]))
     return Sent(received, np.concatenate([part[3] for part in parts]))
+
