@@ -8,6 +8,7 @@ import json
 import math
 import os
 import shutil
+import time
 from pathlib import Path
 
 import numpy as np
@@ -248,3 +249,167 @@ def test_a_well_formed_but_inconsistent_checkpoint_is_refused_not_a_traceback(tm
     (tmp_path / "c.pt").write_bytes(magic + b"\n" + json.dumps(fields).encode() + b"\n" + body)
     with pytest.raises(CheckpointError, match="is damaged: "):
         checkpoint.load(tmp_path / "c.pt", config)
+
+
+# --- a checkpoint whose checksum was recomputed is checked for what it says --------------------------
+
+
+def _forge(run_dir: Path, change, header_round: int | None = None) -> None:
+    """Rewrite the run's checkpoint with ``change(state)`` applied and a valid checksum, as anyone who can
+    write the file can."""
+    path, config = run_dir / "checkpoint.pt", fedge.resolve_config(str(run_dir / "config.yaml"))
+    state = checkpoint.load(path, config).state
+    change(state)
+    checkpoint.save(path, state, config, state["round"] if header_round is None else header_round)
+
+
+def _tensors(value):
+    if isinstance(value, torch.Tensor):
+        yield value
+    elif isinstance(value, dict):
+        for item in value.values():
+            yield from _tensors(item)
+    elif isinstance(value, list | tuple):
+        for item in value:
+            yield from _tensors(item)
+
+
+def _transpose_a_weight(state) -> None:
+    weight = next(t for t in _tensors(state["algorithm"]) if t.ndim == 2 and t.shape[0] != t.shape[1])
+    weight.data = weight.data.t().contiguous()
+
+
+def _widen_a_dtype(state) -> None:
+    weight = next(t for t in _tensors(state["algorithm"]) if t.is_floating_point())
+    weight.data = weight.data.double()
+
+
+MEANINGLESS = {
+    "negative round": (lambda s: s.update(round=-5), "round -5 is not a round of this run (1..4)"),
+    "round past the end": (
+        lambda s: s.update(round=10**6),
+        "round 1000000 is not a round of this run (1..4)",
+    ),
+    "round zero": (lambda s: s.update(round=0), "round 0 is not a round of this run (1..4)"),
+    "a transposed weight": (_transpose_a_weight, "algorithm state "),
+    "a wider dtype": (_widen_a_dtype, "algorithm state "),
+    "a missing entry": (lambda s: s["algorithm"].pop(next(iter(s["algorithm"]))), "algorithm state "),
+    "a row dropped": (lambda s: s["rows"].pop(0), "metrics history "),
+    "rows renumbered": (lambda s: s["rows"][1].update(round=7), "metrics history "),
+    "a row altered": (lambda s: s["rows"][0].update(train_loss=0.0), "metrics.jsonl"),
+    "rows that are not rows": (lambda s: s.update(rows="x"), "metrics history "),
+}
+
+
+@pytest.mark.parametrize("fault", list(MEANINGLESS))
+def test_a_checkpoint_with_a_valid_checksum_but_no_meaning_is_refused(interrupted, fault):
+    change, needle = MEANINGLESS[fault]
+    _forge(interrupted, change)
+    before = _snapshot(interrupted)
+    outcome = invoke(["resume", str(interrupted), "-q"])
+    assert outcome.exception is None and outcome.code == 2, outcome.output
+    assert len(outcome.lines) == 1, outcome.output
+    assert outcome.lines[0].startswith(f"error: {interrupted / 'checkpoint.pt'}: "), outcome.lines[0]
+    assert needle in outcome.lines[0], outcome.lines[0]
+    assert _snapshot(interrupted) == before
+    with pytest.raises(CheckpointError):  # and from Python, with the run directory left unlocked
+        fedge.resume(interrupted)
+
+
+def test_a_header_round_that_disagrees_with_the_state_is_refused(interrupted):
+    _forge(interrupted, lambda s: None, header_round=3)
+    with pytest.raises(CheckpointError, match="its header says round 3 but its state round 2"):
+        fedge.resume(interrupted)
+
+
+def test_a_forged_checkpoint_that_still_makes_sense_resumes(interrupted, tmp_path):
+    """The checks refuse nonsense, not a checkpoint that only moved a value: the hash is no signature."""
+    _forge(interrupted, lambda s: s.update(wall_seconds=1.0))
+    assert [row["round"] for row in fedge.resume(interrupted).metrics] == [1, 2, 3, 4]
+
+
+# --- a checkpoint path that is not a regular file ------------------------------------------------------
+
+
+def _fifo(path: Path) -> None:
+    os.mkfifo(path)
+
+
+NOT_FILES = {
+    "a directory": (lambda p: p.mkdir(), "is not a regular file (a directory)"),
+    "a symlink to /dev/zero": (
+        lambda p: p.symlink_to("/dev/zero"),
+        "is not a regular file (a character device)",
+    ),
+    "a FIFO": (_fifo, "is not a regular file (a FIFO)"),
+    "a dangling symlink": (lambda p: p.symlink_to(p.parent / "nowhere"), "cannot be read (No such file"),
+}
+
+
+@pytest.mark.parametrize("kind", list(NOT_FILES))
+def test_a_checkpoint_that_is_not_a_regular_file_is_refused_before_anything_is_written(interrupted, kind):
+    make, needle = NOT_FILES[kind]
+    path = interrupted / "checkpoint.pt"
+    path.unlink()
+    make(path)
+    metrics = (interrupted / "metrics.jsonl").read_bytes()
+    outcome = invoke(["resume", str(interrupted), "-q"])
+    assert outcome.exception is None and outcome.code == 2, outcome.output
+    assert outcome.lines == [f"error: {path}: {needle}"] or (
+        len(outcome.lines) == 1 and outcome.lines[0].startswith(f"error: {path}: {needle}")
+    ), outcome.output
+    assert (interrupted / "metrics.jsonl").read_bytes() == metrics
+
+
+def _sparse(path: Path, size: int, head: bytes = b"") -> None:
+    with path.open("r+b" if path.exists() else "wb") as f:
+        f.write(head)
+        f.truncate(size)
+
+
+def test_sizes_are_checked_against_the_header_before_reading(interrupted):
+    """A checkpoint grown to 64 GiB (sparse), 64 GiB of zeros, and a header that claims a body larger
+    than the machine's memory: each refused at once, naming the file, without reading the body."""
+    path = interrupted / "checkpoint.pt"
+    data = path.read_bytes()
+    magic, header, body = data.split(b"\n", 2)
+    cases = {
+        "grown": (
+            data,
+            64 * 2**30,
+            f"is damaged: {len(data):,} bytes expected from its header, {64 * 2**30:,} on disk",
+        ),
+        "zeros": (b"", 64 * 2**30, "is not a fedge checkpoint"),
+    }
+    claim = json.loads(header) | {"body_bytes": 2**43}
+    head = magic + b"\n" + json.dumps(claim).encode() + b"\n"
+    cases["claims 8 TiB"] = (head, len(head) + 2**43, "its body of 8.0 TiB is more than the memory available")
+    for name, (content, size, needle) in cases.items():
+        path.unlink()
+        _sparse(path, size, content)
+        started = time.monotonic()
+        with pytest.raises(CheckpointError) as error:
+            checkpoint.load(path)
+        assert str(error.value).startswith(f"{path}: ") and needle in str(error.value), (
+            name,
+            str(error.value),
+        )
+        assert time.monotonic() - started < 5, name
+
+
+def test_state_made_as_rounds_go_fits_and_nothing_else_does():
+    """``None``, empty dicts and empty lists of a fresh algorithm fill as it runs (peers, auxiliary heads
+    of clients that trained); every other entry keeps its keys, lengths, shapes, dtypes and kind."""
+    from fedge.restore import mismatch
+
+    fresh = {"w": torch.zeros(2, 3), "aux": {}, "seen": [], "peers": None, "t": 0, "name": "x"}
+    grown = {**fresh, "aux": {0: torch.ones(4)}, "seen": [1, 2], "peers": torch.ones(3, 3, dtype=torch.bool)}
+    assert mismatch(fresh, grown) is None and mismatch(fresh, {**fresh, "t": 7.5}) is None
+    assert (
+        mismatch(fresh, {**fresh, "w": torch.zeros(3, 2)})
+        == "/w is a float32 tensor of shape [3, 2], not a float32 tensor of shape [2, 3]"
+    )
+    assert mismatch(fresh, {**fresh, "aux": [1]}) == "/aux is of type list, not of type dict"
+    assert mismatch(fresh, {**fresh, "t": True}) == "/t is of type bool, not of type int"
+    assert mismatch({"a": [1, 2]}, {"a": [1]}) == "/a holds 1 items, not 2"
+    assert mismatch({"a": {"b": 1}}, {"a": {"c": 1}}) == "/a has entries ['c'] it should not, lacks ['b']"

@@ -383,3 +383,52 @@ def test_limits_cut_groups_alike_and_a_large_limit_keeps_all(leaf_root: Path) ->
     assert rows == sorted(rows)
     assert data.train_groups.tolist() == full.train_groups[rows].tolist()
     assert data.y_train.tolist() == full.y_train[rows].tolist()
+
+
+class _Mkdir:
+    """A pickle that calls ``os.mkdir`` when loaded: what a hostile dataset file could hold."""
+
+    def __init__(self, target: Path):
+        self.target = target
+
+    def __reduce__(self):
+        import os
+
+        return (os.mkdir, (str(self.target),))
+
+
+@pytest.mark.parametrize("protocol", [2, 4, 5])
+def test_a_cifar_batch_that_would_run_code_is_refused_unrun(tmp_path: Path, protocol: int) -> None:
+    """The pickle's call is never made: the directory it would create does not appear; the refusal is one
+    line naming the file, and the CLI exits 2."""
+    from cases import invoke
+
+    root, target = tmp_path / "root", tmp_path / "pwned"
+    write_cifar(root, "cifar10", CIFAR10_SIZES)
+    batch = {b"data": _Mkdir(target), b"labels": [0, 1]}
+    (root / "data_batch_1").write_bytes(pickle.dumps(batch, protocol=protocol))
+    with pytest.raises(DataError, match=r"data_batch_1: refused: its pickle calls posix\.mkdir") as error:
+        load_dataset(DataConfig(name="cifar10", root=root), seed=0)
+    assert "\n" not in str(error.value) and not target.exists()
+    outcome = invoke(["run", "data.name=cifar10", f"data.root={root}", f"output.dir={tmp_path / 'runs'}"])
+    assert outcome.code == 2 and len(outcome.lines) == 1, outcome.output
+    assert outcome.lines[0].startswith(f"error: {root / 'data_batch_1'}: refused: ") and not target.exists()
+    assert not (tmp_path / "runs").exists()
+
+
+@pytest.mark.parametrize("protocol", [2, 4, 5])
+def test_only_plain_values_come_out_of_a_dataset_pickle(tmp_path: Path, protocol: int) -> None:
+    """Arrays of numbers, bytes, strings, lists, tuples and dicts load at every protocol; an object array, a
+    class instance, a builtin or a bare class does not."""
+    from fedge.data.sources.safe_pickle import Refused, load
+
+    plain = {b"a": np.arange(6, dtype=np.int32).reshape(2, 3), "s": ("x", 1.5, [b"y", None, True])}
+    path = tmp_path / "p"
+    path.write_bytes(pickle.dumps(plain, protocol=protocol))
+    loaded = load(path)
+    assert loaded["s"] == plain["s"] and np.array_equal(loaded[b"a"], plain[b"a"])
+    assert loaded[b"a"].dtype == np.int32
+    for hostile in (np.array([1, "a"], dtype=object), Path("x"), eval, np.ndarray):
+        path.write_bytes(pickle.dumps(hostile, protocol=protocol))
+        with pytest.raises(Refused):
+            load(path)

@@ -36,6 +36,7 @@ RANKS = {
     "plots": 8,
     "records": 8,
     "checkpoint": 8,
+    "restore": 8,
     "divergence": 8,
     "preflight": 8,
     "stop": 8,

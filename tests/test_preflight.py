@@ -3,10 +3,17 @@ refusal before anything large is allocated."""
 
 from __future__ import annotations
 
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
 import pytest
 import torch
 from cases import tiny
 
+import fedge
 from fedge import preflight
 from fedge.config import parse_config
 from fedge.errors import ConfigError
@@ -90,3 +97,91 @@ def test_every_epochs_knob_counts_in_the_batch_plans(tmp_path, algorithm, key):
     config = parse_config(tiny(algorithm, tmp_path) | {"algorithm": {"name": algorithm, key: 10**15}})
     with pytest.raises(ConfigError, match=f"^algorithm.{key}: this run needs about .* PiB"):
         build_run(config)
+
+
+ISSUE_RUN = [
+    "data.name=synthetic",
+    "data.num_train=20000000",
+    "partition.kind=iid",
+    "partition.num_clients=10000000",
+]
+
+
+def test_the_clients_are_counted_from_the_config_before_any_data_is_drawn(tmp_path, monkeypatch):
+    """20M samples over 10M clients: 10M copies of the quickstart's MLP are refused from the config
+    alone; no sample is drawn and nothing is partitioned."""
+
+    def never(*args, **kwargs):
+        raise AssertionError("data was built or partitioned")
+
+    for name in ("load_dataset", "partition_train", "partition_test", "FederatedData"):
+        monkeypatch.setattr(f"fedge.runner.{name}", never)
+    monkeypatch.setattr(preflight, "available_bytes", lambda device: 64 * 2**30)
+    config = fedge.resolve_config("example:quickstart", [*ISSUE_RUN, f"output.dir={tmp_path}"])
+    needle = r"^partition.num_clients: this run needs about 567.7 GiB .*10,000,000 clients' models"
+    with pytest.raises(ConfigError, match=needle):
+        build_run(config)
+
+
+@pytest.mark.parametrize(
+    ("overrides", "key"),
+    [
+        (["model.options.hidden=[1000000000]"], "model"),  # a named dataset's shape is known: 8x8 digits
+        (["data.name=cifar100", "model.name=mlp", "partition.num_clients=1000000"], "partition.num_clients"),
+        (["algorithm.local_epochs=1000000000000"], "algorithm.local_epochs"),
+    ],
+)
+def test_every_part_the_config_fixes_is_counted_before_the_data_is_loaded(
+    tmp_path, monkeypatch, overrides, key
+):
+    def never(*args, **kwargs):
+        raise AssertionError("the data was loaded")
+
+    monkeypatch.setattr("fedge.runner.load_dataset", never)
+    monkeypatch.setattr(preflight, "available_bytes", lambda device: 64 * 2**30)
+    config = fedge.resolve_config("example:quickstart", [*overrides, f"output.dir={tmp_path}"])
+    with pytest.raises(ConfigError, match=f"^{key}: this run needs about"):
+        build_run(config)
+
+
+def test_the_config_estimate_never_exceeds_the_exact_one(tmp_path):
+    """What the config alone tells is a lower bound of what the loaded run needs, so it refuses nothing
+    the later checks would let run."""
+    for algorithm in ("fedavg", "centralized", "ditto", "hist", "splitfed_v1", "gossip"):
+        config = parse_config(tiny(algorithm, tmp_path))
+        data = build_run(config).context.data
+        early = [part.bytes for part in preflight.config_parts(config)]
+        exact = [part.bytes for part in preflight.state_parts(config, data)]
+        assert len(early) == 4 and early[0] == preflight.synthetic_data(config).bytes
+        assert all(0 < size <= full for size, full in zip(early[1:], exact[1:], strict=True)), algorithm
+
+
+def test_the_issue_command_is_refused_at_once(tmp_path):
+    """The command of the report, end to end: one line and exit 2 within seconds of torch's start-up
+    (timed beside it, as the machine's load slows both), no run directory, far from the minutes and
+    gigabytes it took before."""
+    command = [
+        sys.executable,
+        "-m",
+        "fedge",
+        "run",
+        "example:quickstart",
+        *ISSUE_RUN,
+        f"output.dir={tmp_path}",
+    ]
+    started = time.monotonic()
+    subprocess.run([sys.executable, "-c", "import fedge.runner"], check=True, timeout=60, env=_env())
+    start_up = time.monotonic() - started
+    started = time.monotonic()
+    done = subprocess.run(command, capture_output=True, text=True, timeout=60, env=_env())
+    took = time.monotonic() - started
+    lines = [line for line in done.stderr.splitlines() if line.strip()]
+    assert done.returncode == 2 and len(lines) == 1, done.stderr[-2000:]
+    assert lines[0].startswith("error: partition.num_clients: this run needs about"), lines[0]
+    assert took < 2 * start_up + 5 and not list(tmp_path.iterdir()), (took, start_up)
+
+
+def _env() -> dict[str, str]:
+    """This checkout's fedge first on the path of a child process."""
+    src = str(Path(fedge.__file__).parents[1])
+    return {**os.environ, "PYTHONPATH": os.pathsep.join([src, os.environ.get("PYTHONPATH", "")])}

@@ -11,7 +11,10 @@ a dtype, a shape and bytes. The file is::
 
 :func:`load` refuses, with a one-line :class:`~fedge.errors.CheckpointError`, a file that is empty, not a
 checkpoint, truncated or altered (length and SHA-256 of the body), of another format version, or (given
-the run's config) written by another algorithm or for another config. Round trips are exact: float
+the run's config) written by another algorithm or for another config; also a path that is no regular
+file, and a file whose size is not its header's (checked before the body is read). The checksum detects
+damage, not forgery (anyone who can write the file can recompute it): :mod:`fedge.restore` checks that
+what a checkpoint says makes sense for the run before a resume uses it. Round trips are exact: float
 values, dtypes, tuple keys, NumPy scalars and the identity of a tensor stored twice all come back.
 """
 
@@ -20,6 +23,8 @@ from __future__ import annotations
 import hashlib
 import json
 import math
+import os
+import stat
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -27,6 +32,7 @@ from typing import Any
 import numpy as np
 import torch
 
+from fedge import preflight
 from fedge.config import RunConfig
 from fedge.errors import CheckpointError
 from fedge.results import atomic_write
@@ -239,13 +245,57 @@ def _header(path: Path, data: bytes) -> tuple[dict[str, Any], int]:
     return header, end + 1
 
 
+KINDS = {  # what a path is when it is no regular file, for the refusal
+    stat.S_ISDIR: "a directory",
+    stat.S_ISCHR: "a character device",
+    stat.S_ISBLK: "a block device",
+    stat.S_ISFIFO: "a FIFO",
+    stat.S_ISSOCK: "a socket",
+}
+
+
+def _read(path: Path) -> bytes:
+    """The bytes of the checkpoint at ``path``, read only once its header says how many there must be.
+
+    A path that is no regular file (a directory, a device such as ``/dev/zero`` behind a symlink, a FIFO)
+    is refused without reading (a FIFO is opened without waiting for a writer); so is a file whose size is
+    not the header's, or whose body would not fit in memory, before the body is read.
+    """
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK)
+    except OSError as error:
+        raise CheckpointError(path, f"cannot be read ({error.strerror})") from None
+    info = os.fstat(fd)
+    if not stat.S_ISREG(info.st_mode):
+        os.close(fd)
+        kind = next((name for test, name in KINDS.items() if test(info.st_mode)), "not a file")
+        raise CheckpointError(path, f"is not a regular file ({kind}); fedge only reads a checkpoint it wrote")
+    with os.fdopen(fd, "rb") as handle:
+        size = info.st_size
+        try:
+            head = handle.read(len(MAGIC) + MAX_HEADER_BYTES)
+            header, start = _header(path, head)
+            expected = start + header["body_bytes"]
+            if size != expected:
+                raise CheckpointError(
+                    path, f"is damaged: {expected:,} bytes expected from its header, {size:,} on disk"
+                )
+            room = preflight.available_bytes(torch.device("cpu"))
+            if room is not None and header["body_bytes"] > room:
+                raise CheckpointError(
+                    path,
+                    f"its body of {preflight.human(header['body_bytes'])} is more than the memory available "
+                    f"({preflight.human(room)}); it is not read",
+                )
+            return head + handle.read(expected - len(head))
+        except OSError as error:
+            raise CheckpointError(path, f"cannot be read ({error.strerror})") from None
+
+
 def load(path: Path, config: RunConfig | None = None) -> Checkpoint:
     """Read and verify the checkpoint at ``path``; with ``config``, it must belong to that run."""
     path = Path(path)
-    try:
-        data = path.read_bytes()
-    except OSError as error:
-        raise CheckpointError(path, f"cannot be read ({error.strerror})") from None
+    data = _read(path)
     header, start = _header(path, data)
     body = memoryview(data)[start:]
     if len(body) != header["body_bytes"]:

@@ -91,7 +91,7 @@ def _reported() -> Iterator[None]:
     try:
         yield
     except FedgeError as error:
-        raise _fail(str(error)) from None
+        raise _fail(str(error), error.exit_code) from None
     except Diverged as error:
         raise _fail(str(error), EXIT_DIVERGED) from None
     except (MemoryError, RuntimeError) as error:

@@ -1,7 +1,8 @@
 """Errors that reach people: each carries one line that names the offending key or file.
 
 The command line reports a :class:`FedgeError` as ``error: <key or file>: <message>`` with exit code
-:data:`EXIT_BAD_INPUT`, and a :class:`Diverged` run with :data:`EXIT_DIVERGED`.
+:data:`EXIT_BAD_INPUT` (a rank that lost a peer with :data:`EXIT_PEER_LOST`), and a :class:`Diverged`
+run with :data:`EXIT_DIVERGED`.
 """
 
 from __future__ import annotations
@@ -10,10 +11,13 @@ from pathlib import Path
 
 EXIT_BAD_INPUT = 2
 EXIT_DIVERGED = 3
+EXIT_PEER_LOST = 4  # a rank of a distributed run whose peer died or stopped answering
 
 
 class FedgeError(Exception):
-    """Base class of errors the CLI reports as one line with exit code 2."""
+    """Base class of errors the CLI reports as one line with exit code 2 (:attr:`exit_code`)."""
+
+    exit_code = EXIT_BAD_INPUT
 
 
 class ConfigError(FedgeError):

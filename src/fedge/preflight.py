@@ -2,6 +2,10 @@
 
 The estimate is rough on purpose (float32 values, 4 bytes each) and errs high:
 
+- first, from the config alone (before any data is generated, loaded or partitioned): a synthetic set,
+  and wherever the dataset's shape is known (synthetic or built in) the model, every client's model and
+  the least batch plan any partition can give -- so ten million clients are refused in a second, not
+  after minutes of drawing and partitioning;
 - the data: a synthetic set from its config, before it is drawn; any other set as loaded;
 - the model: parameters and buffers counted on the meta device (nothing allocated), held as the global
   model, its gradient and the optimizer's slots (one for momentum);
@@ -35,6 +39,14 @@ PLAN_BYTES = 8 + 4  # an int64 sample index and a float32 weight per batch entry
 ACTIVATION_FACTOR = 3
 MEMINFO = Path("/proc/meminfo")
 CGROUP = Path("/sys/fs/cgroup")
+SHAPES = {  # sample shape and classes of the built-in sets read from files (before any crop)
+    "digits": ((1, 8, 8), 10),
+    "mnist": ((1, 28, 28), 10),
+    "fashion-mnist": ((1, 28, 28), 10),
+    "cifar10": ((3, 32, 32), 10),
+    "cifar100": ((3, 32, 32), 100),
+    "femnist": ((1, 28, 28), 62),
+}
 
 
 @dataclass(frozen=True)
@@ -127,38 +139,45 @@ def _per_sample_activations(model: nn.Module, input_shape: tuple[int, ...]) -> i
     return outputs[0]
 
 
-def _batch_shape(config: RunConfig, data: FederatedData) -> tuple[int, int, int, str]:
+def _plan(config: RunConfig, clients: int, largest: int | None) -> tuple[int, int, int, str]:
     """Clients, steps and width of the largest batch plan a round can draw, and the key that sets it.
 
     Every ``*epochs*`` knob of the algorithm (local training, fine-tuning, personal models...) plans its
-    epochs at once, so the largest one counts. The key is the batch size when it exceeds every client's
-    data (padding makes the plan), else what sets the number of steps.
+    epochs at once, so the largest one counts. ``largest`` is the largest client's training set; the key
+    is the batch size when it exceeds that (padding makes the plan), else what sets the number of steps.
+    Without ``largest`` (the data not yet partitioned) a client of one sample gives the least plan any
+    partition can have, and the key is the larger of the batch size and the steps' knob.
     """
     cfg = config.algorithm
-    largest = int(data.client_sizes().max(initial=1))
-    batch = int(getattr(cfg, "batch_size", largest))
+    size = 1 if largest is None else largest
+    batch = int(getattr(cfg, "batch_size", size))
     epochs = {k: v for k, v in cfg if "epochs" in k and isinstance(v, int)}
     most = max(epochs, key=epochs.__getitem__, default=None)
-    steps = epochs.get(most, 1) * -(-largest // batch)
+    steps = epochs.get(most, 1) * -(-size // batch)
     key = f"algorithm.{most}" if most is not None else "algorithm.batch_size"
     if (getattr(cfg, "local_steps", None) or 0) > steps:
         steps, key = cfg.local_steps, "algorithm.local_steps"
-    if batch > largest:
+    if batch > (steps if largest is None else largest):
         key = "algorithm.batch_size"
-    return data.num_clients, steps, batch, key
+    return clients, steps, batch, key
 
 
-def state_parts(config: RunConfig, data: FederatedData, model: nn.Module | None = None) -> list[Part]:
-    """Data, model, stacked clients and batch plans of a run whose data is loaded, before its model exists
-    (or with the caller's ``model``)."""
-    values = _model_values(config, data.input_shape, data.num_classes, model)
+def _batch_shape(config: RunConfig, data: FederatedData) -> tuple[int, int, int, str]:
+    """:func:`_plan` of the partitioned data."""
+    return _plan(config, data.num_clients, int(data.client_sizes().max(initial=1)))
+
+
+def _slots(config: RunConfig) -> int:
+    """Optimizer values kept per model value: two for Adam, one for momentum, else none."""
     optimizer = getattr(config.algorithm, "optimizer", None)
-    slots = 0 if optimizer is None else 2 if optimizer.kind == "adam" else 1 if optimizer.momentum > 0 else 0
-    clients, steps, batch, key = _batch_shape(config, data)
-    dataset = data.dataset
-    loaded = sum(t.numel() * t.element_size() for t in (dataset.x_train, dataset.y_train, dataset.x_test))
+    return 0 if optimizer is None else 2 if optimizer.kind == "adam" else 1 if optimizer.momentum > 0 else 0
+
+
+def _model_parts(config: RunConfig, values: int, plan: tuple[int, int, int, str]) -> list[Part]:
+    """The global model, every client's model and the largest batch plan."""
+    slots = _slots(config)
+    clients, steps, batch, key = plan
     return [
-        Part("data", loaded, f"the {dataset.name} dataset"),
         Part("model", values * (2 + slots) * FLOAT_BYTES, f"a model of {values:,} values"),
         Part(
             "partition.num_clients",
@@ -170,6 +189,51 @@ def state_parts(config: RunConfig, data: FederatedData, model: nn.Module | None 
             clients * steps * batch * PLAN_BYTES,
             f"batch plans of {steps:,} step{'s' * (steps != 1)} x {batch:,} samples",
         ),
+    ]
+
+
+def _input(config: RunConfig) -> tuple[tuple[int, ...], int] | None:
+    """Sample shape and classes of the configured dataset, known before it is loaded (``None``: only the
+    loaded data tells, as for registered or custom sets and a crop the images cannot take)."""
+    data = config.data
+    if data.name == "synthetic":
+        shape, classes = tuple(data.shape), data.num_classes
+    elif data.name in SHAPES:
+        shape, classes = SHAPES[data.name]
+    else:
+        return None
+    if data.crop is not None:
+        if len(shape) != 3 or data.crop > min(shape[1:]):
+            return None
+        shape = (shape[0], data.crop, data.crop)
+    return shape, classes
+
+
+def config_parts(config: RunConfig, model: nn.Module | None = None) -> list[Part | None]:
+    """What the config alone tells, before any data is generated, loaded or partitioned: the synthetic
+    set, and (where the dataset's shape is known) the model, the clients' models and the least batch plan
+    a partition can give. Each is at most what :func:`state_parts` later counts, so this refuses nothing
+    the later checks would run."""
+    parts: list[Part | None] = [synthetic_data(config)]
+    known = _input(config)
+    if model is None and known is None:
+        return parts
+    try:
+        values = _model_values(config, *(known or ((), 0)), model)
+    except Exception:  # noqa: BLE001 -- a model that cannot take the input is reported once the data is loaded
+        return parts
+    return parts + _model_parts(config, values, _plan(config, config.partition.num_clients, None))
+
+
+def state_parts(config: RunConfig, data: FederatedData, model: nn.Module | None = None) -> list[Part]:
+    """Data, model, stacked clients and batch plans of a run whose data is loaded, before its model exists
+    (or with the caller's ``model``)."""
+    values = _model_values(config, data.input_shape, data.num_classes, model)
+    dataset = data.dataset
+    loaded = sum(t.numel() * t.element_size() for t in (dataset.x_train, dataset.y_train, dataset.x_test))
+    return [
+        Part("data", loaded, f"the {dataset.name} dataset"),
+        *_model_parts(config, values, _batch_shape(config, data)),
     ]
 
 

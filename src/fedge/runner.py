@@ -12,6 +12,7 @@ ledger needs to be carried over.
 
 from __future__ import annotations
 
+import os
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -22,7 +23,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from fedge import checkpoint, divergence, preflight, records, results, stop
+from fedge import checkpoint, divergence, preflight, records, restore, results, stop
 from fedge.algorithms import ALGORITHMS, Algorithm, Context
 from fedge.comm import Ledger, Network
 from fedge.config import CUSTOM_DATA, RunConfig, load_config
@@ -164,7 +165,7 @@ def build_run(config: RunConfig, force: bool = False, extensions: Extensions | N
         raise ConfigError("data.name", "custom data comes from fedge.run(..., train=...); pass train")
     criterion = _criterion(config, ext.loss)
     available = preflight.available_bytes(device)
-    preflight.check([preflight.synthetic_data(config)], available, force)
+    preflight.check(preflight.config_parts(config, ext.model), available, force)
     configure_host(config.engine.threads, config.engine.retain_memory and device.type == "cpu")
     if ext.train is not None:
         dataset = user_dataset(ext.train, ext.test, config.seed, config.data.test_fraction)
@@ -279,8 +280,12 @@ class Runner:
         self.checkpointed = t
 
     def restore(self, saved: checkpoint.Checkpoint) -> None:
-        """Continue from a verified checkpoint of this run."""
+        """Continue from a verified checkpoint of this run, once its state makes sense for it
+        (:mod:`fedge.restore`)."""
         state = saved.state
+        fresh = {"algorithm": self.built.algorithm.state_dict()}
+        path = self.run_dir / results.CHECKPOINT
+        restore.check(saved, self.config, fresh, path, self.run_dir / results.METRICS)
         try:
             self.built.algorithm.load_state_dict(state["algorithm"])
             self.built.context.ledger.load_state_dict(state["ledger"])
@@ -454,10 +459,16 @@ def open_run(
         results.check_writable(run_dir)
     lock = results.RunLock(run_dir) if writes else None
     path = run_dir / results.CHECKPOINT
-    saved = checkpoint.load(path, config) if path.is_file() else None
-    runner = Runner(build_run(config, force, extensions), run_dir, on_round=on_round, lock=lock)
-    if saved is not None:
-        runner.restore(saved)
+    try:
+        # anything at the path is read (a directory or a FIFO is refused, not taken for no checkpoint)
+        saved = checkpoint.load(path, config) if os.path.lexists(path) else None
+        runner = Runner(build_run(config, force, extensions), run_dir, on_round=on_round, lock=lock)
+        if saved is not None:
+            runner.restore(saved)
+    except BaseException:
+        if lock is not None:
+            lock.release()
+        raise
     if writes:
         results.remove_temporaries(run_dir)
         write_environment(run_dir, str(runner.built.context.device))

@@ -29,7 +29,6 @@ import math
 import os
 import re
 import statistics
-import sys
 import time
 from collections.abc import Callable
 from concurrent.futures import FIRST_COMPLETED, ProcessPoolExecutor, wait
@@ -288,14 +287,9 @@ def _claim(sweep_dir: Path, base: dict[str, Any], spec: SweepSpec) -> None:
 
 def _parent_watch(parent: int, threads: int | None) -> None:
     """Worker start-up: die with the sweep process (Linux), and share the cores between workers."""
-    if sys.platform.startswith("linux"):
-        import ctypes
-        import signal
+    from fedge.distributed.lifeline import die_with_parent
 
-        libc = ctypes.CDLL(None)
-        libc.prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
-    if os.getppid() != parent:
-        os._exit(1)
+    die_with_parent(parent)
     if threads is not None:
         import torch
 

@@ -18,14 +18,20 @@ from typing import Any, TypeVar
 import numpy as np
 import torch
 
-from fedge.errors import FedgeError
+from fedge.distributed.lifeline import die_with_parent
+from fedge.errors import EXIT_PEER_LOST, FedgeError
 from fedge.tensors import Tensors
 
 T = TypeVar("T")
 
 
 class DistError(FedgeError):
-    """A collective failed: a peer process died, or did not answer within ``engine.dist_timeout``."""
+    """A collective failed: a peer process died, or did not answer within ``engine.dist_timeout``.
+
+    Its exit code tells the launcher this rank failed because of another (:mod:`fedge.distributed.launch`).
+    """
+
+    exit_code = EXIT_PEER_LOST
 
 
 class Group:
@@ -185,5 +191,6 @@ def current_group(timeout_s: float = 1800.0, cuda: bool = False) -> Group:
     if not launched():
         return SINGLE
     if not _CURRENT:
+        die_with_parent()  # no orphan rank outlives its launcher
         _CURRENT.append(TorchGroup(timeout_s, cuda))
     return _CURRENT[0]

@@ -2,13 +2,13 @@
 
 ``data.root`` may name the extracted folder itself (``cifar-10-batches-py`` / ``cifar-100-python``) or
 the folder that holds it. Without a root the cache ``~/.cache/fedge/<name>/`` is searched, and with
-``data.download=true`` the official archive is fetched there and extracted. The pickles are trusted
-input, as the format requires: point ``data.root`` only at files from the official archive.
+``data.download=true`` the official archive is fetched there and extracted. The batches are read by a
+restricted unpickler (:mod:`fedge.data.sources.safe_pickle`): a file that asks for anything but plain
+arrays, lists, numbers and bytes is refused before any of it runs, so a crafted batch cannot run code.
 """
 
 from __future__ import annotations
 
-import pickle
 import tarfile
 import tempfile
 from dataclasses import dataclass
@@ -19,6 +19,7 @@ import torch
 
 from fedge.config import DataConfig
 from fedge.data.dataset import Dataset
+from fedge.data.sources import safe_pickle
 from fedge.data.sources.fetch import cache_folder, download, not_found
 from fedge.errors import DataError
 
@@ -102,8 +103,9 @@ def _locate(cfg: DataConfig, spec: CifarSpec) -> Path:
 def _read_batch(path: Path, spec: CifarSpec) -> tuple[np.ndarray, np.ndarray]:
     """Pixels ``uint8 [N,3072]`` and labels ``int64 [N]`` of one pickled batch, checked."""
     try:
-        with path.open("rb") as f:
-            batch = pickle.load(f, encoding="bytes")
+        batch = safe_pickle.load(path)
+    except safe_pickle.Refused as error:
+        raise DataError(f"{path}: refused: {error}, which no CIFAR batch holds (it was not run)") from None
     except Exception as error:  # a damaged pickle can raise nearly anything
         raise DataError(f"{path}: cannot unpickle CIFAR batch ({type(error).__name__}: {error})") from None
     if not isinstance(batch, dict) or b"data" not in batch or spec.label_key not in batch:
