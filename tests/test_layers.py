@@ -50,6 +50,7 @@ RANKS = {
     "compare": 10,
     "sweep": 10,
     "report": 10,
+    "report_selection": 10,
     "progress": 10,
     "catalog": 10,
     "deploy": 10,

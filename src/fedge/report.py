@@ -29,6 +29,7 @@ from fedge import results
 from fedge.errors import FedgeError
 from fedge.labels import config_diff, labels
 from fedge.records import MIB, evaluated
+from fedge.report_selection import selection_section
 
 REPORT = "report.html"
 AXES = (
@@ -419,6 +420,7 @@ def render(path: Path, targets: list[float] | None = None) -> str:
         "MB = 2<sup>20</sup> bytes over all links; simulated time from the wireless system model."
         "</figcaption></figure>"
     )
+    parts.append(selection_section(cells, _figure_uri))
     if levels:
         parts.append("<h2>Time to target accuracy</h2>")
         parts.append(

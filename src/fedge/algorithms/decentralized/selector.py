@@ -43,13 +43,13 @@ from fedge.tensors import Tensors
 @dataclass(frozen=True)
 class Plan:
     """One round's decisions: probed pairs, pre-training losses ``[n, n]``, the coreset, fallbacks, and
-    the mean threshold the selection used."""
+    each client's threshold the selection used."""
 
     probed: torch.Tensor
     pre: torch.Tensor
     chosen: torch.Tensor
     fallbacks: int
-    theta: float
+    theta: torch.Tensor
 
 
 class AfindSelector:
@@ -74,6 +74,7 @@ class AfindSelector:
         self.theta = torch.full((n,), cfg.tau / 2, dtype=torch.float64, device=device)
         self.previous = torch.zeros(n, n, dtype=torch.bool, device=device)
         self.started = False
+        self.mixing: torch.Tensor | None = None  # the round's mixing weights, for its trace
 
     # ----- probing ----------------------------------------------------------------------------------
     def probe_set(self, t: int) -> torch.Tensor:
@@ -187,9 +188,11 @@ class AfindSelector:
         """Row-stochastic ``[n, n]`` mixing weights: Boltzmann over smoothed losses, or uniform."""
         members = self.members(chosen)
         if self.cfg.aggregation == "boltzmann":
-            return boltzmann_weights(torch.nan_to_num(losses, nan=0.0), members, self.cfg.t_agg)
-        w = members.double()
-        return w / w.sum(dim=1, keepdim=True)
+            self.mixing = boltzmann_weights(torch.nan_to_num(losses, nan=0.0), members, self.cfg.t_agg)
+        else:
+            w = members.double()
+            self.mixing = w / w.sum(dim=1, keepdim=True)
+        return self.mixing
 
     def finish(self, chosen: torch.Tensor) -> None:
         """Threshold for the next round from this round's coreset similarities (Eqs. 10-13)."""
@@ -236,7 +239,7 @@ class AfindSelector:
     def begin(self, t: int, batches: ProbeBatches) -> Plan:
         """Probe, score and select for round ``t`` (at the host bank's current models)."""
         probed, pre = self.observe(t, batches)
-        theta = float(self.theta.mean())
+        theta, self.mixing = self.theta.clone(), None
         chosen, fallbacks = self.select(t)
         if self.cfg.aggregation == "boltzmann":
             pre = self.missing_pre_losses(pre, chosen, batches)
@@ -267,9 +270,35 @@ class AfindSelector:
         return {
             **selection_metrics(chosen),
             "fallbacks": plan.fallbacks,
-            "theta_mean": plan.theta,
             "probed": int(plan.probed.sum()),
+            **self.trace(plan),
         }
+
+    def trace(self, plan: Plan) -> dict[str, float]:
+        """The round's selection, summarised over clients: the threshold each used (``theta_*``); the best
+        helpfulness score each had (``score_best_mean``: a neighbour enters only if its score reaches the
+        threshold) and how many could pass at most (``passing_bound_mean``: the scores sum to 1, so at most
+        ``floor(1 / theta)``); the last proxy similarity to the selected and the other neighbours
+        (``sim_selected_mean``, ``sim_others_mean``, absent without such a pair); the mixing weight on
+        oneself and on the heaviest peer (``weight_self_mean``, ``weight_peer_max_mean``)."""
+        theta, chosen, available = plan.theta, plan.chosen, self.available
+        best = torch.where(available, self.p, torch.zeros_like(self.p)).max(dim=1).values
+        others = available & ~chosen
+        figures = {
+            "theta_mean": float(theta.mean()),
+            "theta_min": float(theta.min()),
+            "theta_max": float(theta.max()),
+            "score_best_mean": float(best.mean()),
+            "passing_bound_mean": float(torch.floor(1.0 / theta.clamp_min(1e-12)).mean()),
+        }
+        for key, pairs in (("sim_selected_mean", chosen), ("sim_others_mean", others)):
+            if bool(pairs.any()):  # left out of a round with no such pair
+                figures[key] = float(self.sim[pairs].mean())
+        if self.mixing is not None:
+            peers = self.mixing.masked_fill(self.eye, 0.0)
+            figures["weight_self_mean"] = float(self.mixing.diagonal().mean())
+            figures["weight_peer_max_mean"] = float(peers.max(dim=1).values.mean())
+        return figures
 
     # ----- state --------------------------------------------------------------------------------------
     def state_dict(self) -> dict[str, Any]:
