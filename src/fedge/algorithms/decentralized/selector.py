@@ -35,6 +35,7 @@ from fedge.algorithms.decentralized.scores import (
     smoothed_loss,
     top_k,
 )
+from fedge.algorithms.decentralized.trace import selection_trace
 from fedge.algorithms.decentralized.view import PeerView
 from fedge.rng import numpy_rng, torch_rng
 from fedge.tensors import Tensors
@@ -271,34 +272,8 @@ class AfindSelector:
             **selection_metrics(chosen),
             "fallbacks": plan.fallbacks,
             "probed": int(plan.probed.sum()),
-            **self.trace(plan),
+            **selection_trace(plan.theta, chosen, self.available, self.p, self.sim, self.mixing),
         }
-
-    def trace(self, plan: Plan) -> dict[str, float]:
-        """The round's selection, summarised over clients: the threshold each used (``theta_*``); the best
-        helpfulness score each had (``score_best_mean``: a neighbour enters only if its score reaches the
-        threshold) and how many could pass at most (``passing_bound_mean``: the scores sum to 1, so at most
-        ``floor(1 / theta)``); the last proxy similarity to the selected and the other neighbours
-        (``sim_selected_mean``, ``sim_others_mean``, absent without such a pair); the mixing weight on
-        oneself and on the heaviest peer (``weight_self_mean``, ``weight_peer_max_mean``)."""
-        theta, chosen, available = plan.theta, plan.chosen, self.available
-        best = torch.where(available, self.p, torch.zeros_like(self.p)).max(dim=1).values
-        others = available & ~chosen
-        figures = {
-            "theta_mean": float(theta.mean()),
-            "theta_min": float(theta.min()),
-            "theta_max": float(theta.max()),
-            "score_best_mean": float(best.mean()),
-            "passing_bound_mean": float(torch.floor(1.0 / theta.clamp_min(1e-12)).mean()),
-        }
-        for key, pairs in (("sim_selected_mean", chosen), ("sim_others_mean", others)):
-            if bool(pairs.any()):  # left out of a round with no such pair
-                figures[key] = float(self.sim[pairs].mean())
-        if self.mixing is not None:
-            peers = self.mixing.masked_fill(self.eye, 0.0)
-            figures["weight_self_mean"] = float(self.mixing.diagonal().mean())
-            figures["weight_peer_max_mean"] = float(peers.max(dim=1).values.mean())
-        return figures
 
     # ----- state --------------------------------------------------------------------------------------
     def state_dict(self) -> dict[str, Any]:
