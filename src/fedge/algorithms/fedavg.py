@@ -75,7 +75,7 @@ class FedAvg(Algorithm):
     per client, clients in parallel on their own sub-channels (the slowest client sets the pace).
     """
 
-    state_fields = ("params", "buffers", "client_opt")
+    state_fields = ("params", "buffers")
 
     def __init__(self, ctx: Context, cfg: FedAvgConfig):
         super().__init__(ctx, cfg)
@@ -85,6 +85,8 @@ class FedAvg(Algorithm):
         opt = cfg.optimizer
         self.sgd = make_optimizer(opt)
         self.client_opt = ClientOptimizerStates(self.sgd, cfg.client_optimizer_state == "keep")
+        if self.client_opt.keep:  # the kept states travel in the checkpoint; reset runs' stay as they were
+            self.state_fields = (*self.state_fields, "client_opt")
         self.step = make_step(classification_loss(self.model, ctx.criterion), self.sgd)
         self.up, self.down = ctx.network.link(cfg.codec_up), ctx.network.link(cfg.codec_down)
         ctx.network.hold(nodes.SERVER, "model", {**self.params, **self.buffers})

@@ -46,7 +46,7 @@ class ClientOptimizerStates:
             self.kept[int(client)] = {name: t[mine].mean(dim=0) for name, t in states.items()}
 
     def state_dict(self) -> dict[int, Tensors]:
-        """The kept states, for checkpoints (empty under ``reset``)."""
+        """The kept states, for checkpoints (an algorithm saves them only under ``keep``)."""
         return self.kept
 
     def load_state_dict(self, state: dict[int, Tensors]) -> None:

@@ -48,7 +48,7 @@ class SplitLearning(Algorithm):
     """Base of the split family: the round; subclasses build their client side and server part."""
 
     cfg: SplitConfig
-    state_fields = ("client", "server", "local_aux", "client_opt", "totals")
+    state_fields = ("client", "server", "local_aux", "totals")
 
     def __init__(self, ctx: Context, cfg: SplitConfig):
         super().__init__(ctx, cfg)
@@ -58,6 +58,8 @@ class SplitLearning(Algorithm):
             raise ConfigError("algorithm.agg_every", "needs server_order round_robin or random")
         self.client_sgd = make_optimizer(cfg.optimizer)
         self.client_opt = ClientOptimizerStates(self.client_sgd, cfg.client_optimizer_state == "keep")
+        if self.client_opt.keep:  # the kept states travel in the checkpoint; reset runs' stay as they were
+            self.state_fields = (*self.state_fields, "client_opt")
         self.server_sgd = make_optimizer(cfg.server_optimizer or cfg.optimizer)
         self.clients = self.client_side()
         self.parts = self.clients.parts
