@@ -65,6 +65,14 @@ def test_uploaded_samples_count_complete_blocks_only():
     assert costs.uploaded_samples("cse_fsl", 45, 10, h=5) == 5  # the block's last batch is the short one
     assert costs.uploaded_samples("cse_fsl", 45, 10, h=5, drop_last=True) == 0
     assert costs.uploaded_samples("cse_fsl", 40, 10, h=3, epochs=2) == 20  # blocks run across epochs
+
+
+def test_uploaded_samples_of_the_first_batch_of_each_block():
+    first = {"upload_phase": "first"}
+    assert costs.uploaded_samples("cse_fsl", 45, 10, h=2, **first) == 25  # batches 1, 3, 5 (the short one)
+    assert costs.uploaded_samples("cse_fsl", 45, 10, h=2, drop_incomplete_block=True, **first) == 20
+    assert costs.uploaded_samples("cse_fsl", 45, 10, h=5, **first) == 10
+    assert costs.uploaded_samples("fsl_an", 45, 10, **first) == 45
     with pytest.raises(ValueError, match="unknown split method"):
         costs.uploaded_samples("fedavg", 10, 10)
 
@@ -83,11 +91,14 @@ def _tiny_cifar(name: str, clients: int = 2, **algorithm) -> dict:
 
 
 @pytest.mark.parametrize(
-    ("method", "h"),
-    [("splitfed_v1", 1), ("splitfed_v2", 1), ("fsl_an", 1), ("cse_fsl", 1), ("cse_fsl", 2), ("cse_fsl", 4)],
-)
-def test_ledger_of_a_real_run_equals_the_formula(method, h):
-    extra = {"h": h} if method == "cse_fsl" else {}
+    ("method", "h", "phase"),
+    [
+        ("splitfed_v1", 1, "last"), ("splitfed_v2", 1, "last"), ("fsl_an", 1, "last"), ("cse_fsl", 1, "last"),
+        ("cse_fsl", 2, "last"), ("cse_fsl", 4, "last"), ("cse_fsl", 3, "last"), ("cse_fsl", 3, "first"),
+    ],
+)  # fmt: skip
+def test_ledger_of_a_real_run_equals_the_formula(method, h, phase):
+    extra = {"h": h, "upload_phase": phase} if method == "cse_fsl" else {}
     built = build_run(fedge.resolve_config(_tiny_cifar(method, **extra)))
     built.algorithm.run_round(1)
     ledger = built.context.ledger
@@ -102,6 +113,7 @@ def test_ledger_of_a_real_run_equals_the_formula(method, h):
         client_params=107_328,
         aux_params=23_050,
         h=h,
+        upload_phase=phase,
     )
     assert totals["smashed_up"] == load.smashed_bits
     assert totals.get("grad_down", 0) == load.gradient_bits

@@ -97,7 +97,14 @@ def base(tmp_path: Path, **algorithm) -> dict:
 
 def configs(tmp_path: Path) -> dict[str, dict]:
     return {
-        "fedavg": base(tmp_path, name="fedavg", batch_size=16, fraction=0.7, optimizer={"lr": 0.1}),
+        "fedavg": base(
+            tmp_path,
+            name="fedavg",
+            batch_size=16,
+            fraction=0.7,
+            optimizer={"lr": 0.1, "momentum": 0.9},
+            client_optimizer_state="keep",  # each rank keeps every client's state: all ranks' rows gathered
+        ),
         "hist": base(
             tmp_path, name="hist", cells=3, split="partition", edge_rounds=2, local_steps=2, batch_size=8
         ),
@@ -133,14 +140,19 @@ SPLIT_OPTIONS = {
     "cse_fsl": {"h": 2, "server_order": "random"},
     "splitfed_v2": {"server_order": "arrival", "arrival_jitter_s": 0.01},
     "fsl_an": {"aggregate_aux": False, "agg_every": 2},
-    "splitfed_v1": {"participation": "with_replacement", "clients_per_round": 6},
+    "splitfed_v1": {
+        "participation": "with_replacement",
+        "clients_per_round": 6,
+        "optimizer": {"momentum": 0.9},
+        "client_optimizer_state": "keep",
+    },
 }
 
 
 def split_config(tmp_path: Path, name: str) -> dict:
     """A split-family run (cut after the first block), sharded 3 + 3 clients over two ranks; a few
     options that change who waits for whom (queue order, arrival times, local aux heads, mid-round
-    aggregation, a client drawn twice)."""
+    aggregation, a client drawn twice, client optimizer states kept across rounds)."""
     config = base(tmp_path, name=name, **SPLIT_OPTIONS.get(name, {}))
     config["model"]["cut"] = 1
     config["rounds"] = 2

@@ -1,11 +1,12 @@
-"""Cells and the paper's two data splits (Sec. VI-A), on Fashion-MNIST-shaped labels."""
+"""Cells and the paper's two data splits (Sec. VI-A) plus the authors' code's global shards, on
+Fashion-MNIST-shaped labels."""
 
 from __future__ import annotations
 
 import numpy as np
 import pytest
 
-from fedge.algorithms.hierarchical.cells import Cells, cell_iid, fully_noniid
+from fedge.algorithms.hierarchical.cells import Cells, cell_iid, fully_noniid, global_shards
 from fedge.errors import ConfigError
 
 
@@ -24,9 +25,9 @@ def test_cells_are_contiguous_and_leave_the_remainder_idle():
         Cells.even(3, 4)
 
 
-def test_fully_noniid_gives_each_client_two_label_shards():
+def test_global_shards_give_each_client_two_label_shards():
     labels = fmnist_labels()
-    parts = fully_noniid(labels, 60, 2, np.random.default_rng(1))
+    parts = global_shards(labels, 60, 2, np.random.default_rng(1))
     assert [len(p) for p in parts] == [1000] * 60
     assert max(len(np.unique(labels[p])) for p in parts) <= 2
     joined = np.concatenate(parts)
@@ -34,7 +35,7 @@ def test_fully_noniid_gives_each_client_two_label_shards():
 
 
 def _classes_per_cell(labels: np.ndarray, cells: int, seed: int) -> float:
-    parts = fully_noniid(labels, 60, 2, np.random.default_rng(seed))
+    parts = global_shards(labels, 60, 2, np.random.default_rng(seed))
     per_cell = 60 // cells
     return np.mean(
         [
@@ -44,11 +45,39 @@ def _classes_per_cell(labels: np.ndarray, cells: int, seed: int) -> float:
     )
 
 
-def test_fully_noniid_cells_see_fewer_classes_as_cells_grow():
+def test_global_shards_cells_see_nearly_every_class():
     labels = fmnist_labels()
     coverage = [np.mean([_classes_per_cell(labels, n, s) for s in range(5)]) for n in (2, 4, 6, 10)]
     assert coverage == sorted(coverage, reverse=True)
     assert coverage[0] > 9.5 and coverage[-1] < 8.0
+
+
+def _cell_classes(labels: np.ndarray, cells: Cells, parts: list[np.ndarray]) -> list[set[int]]:
+    return [set(np.unique(labels[np.concatenate([parts[c] for c in cells.members(j)])]).tolist())
+            for j in range(cells.num_cells)]  # fmt: skip
+
+
+@pytest.mark.parametrize(
+    ("n", "expected"),
+    [(2, [5, 5]), (4, [3, 3, 2, 2]), (6, [2, 2, 2, 2, 1, 1]), (8, [2, 2, 1, 1, 1, 1, 1, 1])],
+)
+def test_fully_noniid_cells_own_disjoint_classes_that_shrink_with_n(n: int, expected: list[int]):
+    labels = fmnist_labels()
+    cells = Cells.even(60, n)
+    parts = fully_noniid(labels, cells, 2, np.random.default_rng(3))
+    owned = _cell_classes(labels, cells, parts)
+    assert [len(c) for c in owned] == expected
+    assert set().union(*owned) == set(range(10)) and sum(len(c) for c in owned) == 10  # disjoint
+    assert owned[0] == set(range(expected[0]))  # contiguous ranges in label order
+    joined = np.concatenate(parts)
+    assert len(np.unique(joined)) == len(joined)  # no sample twice
+    clients = [len(np.unique(labels[p])) for p in parts]
+    assert max(clients) <= 2  # clients within a cell are skewed: two single-class shards at most
+
+
+def test_fully_noniid_needs_no_more_cells_than_classes():
+    with pytest.raises(ConfigError, match="algorithm.cells"):
+        fully_noniid(fmnist_labels(), Cells.even(60, 12), 2, np.random.default_rng(0))
 
 
 def test_cell_iid_cells_look_alike_and_clients_are_skewed():

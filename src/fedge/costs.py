@@ -20,7 +20,7 @@ parameters.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Literal
 
 GIB_BITS = 8 * 2**30
 METHODS = ("splitfed_v1", "splitfed_v2", "fsl_an", "cse_fsl")
@@ -65,19 +65,24 @@ def uploaded_samples(
     h: int = 1,
     epochs: int = 1,
     drop_last: bool = False,
+    upload_phase: Literal["last", "first"] = "last",
+    drop_incomplete_block: bool = False,
 ) -> int:
     """Samples whose smashed data one client uploads in one round of ``epochs`` local epochs.
 
     Every batch for FSL_MC, FSL_OC and FSL_AN; for CSE-FSL the last batch of each complete block of ``h``
-    batches (docs/decisions.md, "The last batch of each block of h is uploaded"), blocks counted over the
-    round's consecutive local steps.
+    batches, or with ``upload_phase="first"`` the first batch of every block, an incomplete final one
+    included unless ``drop_incomplete_block`` (docs/decisions.md, "The last batch of each block of h is
+    uploaded"), blocks counted over the round's consecutive local steps.
     """
     _check(method)
     full, rest = divmod(samples_per_client, batch_size)
     sizes = [batch_size] * full + ([] if drop_last or rest == 0 else [rest])
     sizes = sizes * epochs
     step = h if method == "cse_fsl" else 1
-    return sum(sizes[step - 1 :: step])
+    if drop_incomplete_block:
+        sizes = sizes[: len(sizes) // step * step]
+    return sum(sizes[(0 if upload_phase == "first" else step - 1) :: step])
 
 
 def communication_load(
@@ -93,6 +98,8 @@ def communication_load(
     h: int = 1,
     epochs: int = 1,
     drop_last: bool = False,
+    upload_phase: Literal["last", "first"] = "last",
+    drop_incomplete_block: bool = False,
     value_bits: int = 32,
     label_bits: int = 32,
 ) -> SplitLoad:
@@ -100,9 +107,12 @@ def communication_load(
 
     Counted as Table V counts it (docs/decisions.md, "Communication load as Table V counts it").
 
-    ``aux_params`` is ignored by the methods without an aux head; ``h`` only by the others.
+    ``aux_params`` is ignored by the methods without an aux head; ``h``, ``upload_phase`` and
+    ``drop_incomplete_block`` only by CSE-FSL.
     """
-    samples = uploaded_samples(method, samples_per_client, batch_size, h, epochs, drop_last)
+    samples = uploaded_samples(
+        method, samples_per_client, batch_size, h, epochs, drop_last, upload_phase, drop_incomplete_block
+    )
     smashed = rounds * clients * samples * smashed_size * value_bits
     model = rounds * 2 * clients * (client_params + (aux_params if has_aux(method) else 0)) * value_bits
     return SplitLoad(

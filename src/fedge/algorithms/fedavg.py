@@ -11,6 +11,7 @@ import torch
 from pydantic import Field, PositiveInt
 
 from fedge.algorithms.base import Algorithm, Context, register
+from fedge.algorithms.optimizer_state import ClientOptimizerStates
 from fedge.comm import nodes
 from fedge.config import AlgorithmConfig, Fraction, SGDConfig
 from fedge.distributed.evaluate import evaluate_model_on
@@ -44,7 +45,9 @@ class FedAvgConfig(AlgorithmConfig):
     drop_last: bool = False
     """skip each epoch's short last batch"""
     optimizer: SGDConfig = Field(default_factory=SGDConfig)
-    """the clients' local optimizer (state restarts every round)"""
+    """the clients' local optimizer"""
+    client_optimizer_state: Literal["reset", "keep"] = "reset"
+    """clients' optimizer state: fresh every round (reset) or each client's own across rounds (keep)"""
     codec_up: Literal["fp32", "fp16"] = "fp32"
     """encoding of the uploaded models"""
     codec_down: Literal["fp32", "fp16"] = "fp32"
@@ -81,6 +84,9 @@ class FedAvg(Algorithm):
         self.buffers = buffers_of(self.model)
         opt = cfg.optimizer
         self.sgd = make_optimizer(opt)
+        self.client_opt = ClientOptimizerStates(self.sgd, cfg.client_optimizer_state == "keep")
+        if self.client_opt.keep:  # the kept states travel in the checkpoint; reset runs' stay as they were
+            self.state_fields = (*self.state_fields, "client_opt")
         self.step = make_step(classification_loss(self.model, ctx.criterion), self.sgd)
         self.up, self.down = ctx.network.link(cfg.codec_up), ctx.network.link(cfg.codec_down)
         ctx.network.hold(nodes.SERVER, "model", {**self.params, **self.buffers})
@@ -100,10 +106,15 @@ class FedAvg(Algorithm):
         buffers = {k: down.payload.get(k, v) for k, v in self.buffers.items()}
         cohort = ctx.cohorts.of(len(clients))  # the participants; this process trains its rows of them
         mine = cohort.take(clients)
-        bank = ClientBank.broadcast(mine, params, buffers, self.sgd.init(params))
+        if self.client_opt.keep:
+            bank = ClientBank.broadcast(mine, params, buffers)
+            bank.opt_state = self.client_opt.start(mine, params)  # fresh tensors: the bank owns them
+        else:
+            bank = ClientBank.broadcast(mine, params, buffers, self.sgd.init(params))
         plan = ctx.data.batch_plan(mine, t, cfg.local_epochs, cfg.batch_size, cfg.drop_last)
         self.model.train()
         losses = ctx.executor.train(self.step, bank, plan, ctx.data, cfg.optimizer.lr)
+        self.client_opt.end(clients, bank.opt_state, cohort)  # with keep: for the client's next round
         trained = {**bank.params, **floating(bank.buffers)}
         up = cohort.send(self.up, t, receivers, nodes.SERVER, "model_up", trained)
         samples = cohort.gather_array(plan.weight.sum(dim=(1, 2)).cpu().numpy())

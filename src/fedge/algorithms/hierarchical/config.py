@@ -13,7 +13,7 @@ from pydantic import Field, PositiveFloat, PositiveInt, ValidationInfo, field_va
 
 from fedge.config import AlgorithmConfig, CodecName, SGDConfig, StrictModel
 
-Split = Literal["fully_noniid", "cell_iid", "partition"]
+Split = Literal["fully_noniid", "global_shards", "cell_iid", "partition"]
 
 
 class RadioConfig(StrictModel):
@@ -60,8 +60,10 @@ class HierarchicalConfig(AlgorithmConfig):
 
     ``partition.num_clients`` is the number of clients ``K``; ``cells`` edge servers serve
     ``floor(K / cells)`` clients each (contiguous ids), any remainder stays idle (as in the authors' code).
-    ``split`` picks the paper's fully non-i.i.d. shards, its cell-i.i.d. split with shards inside each cell,
-    or ``partition`` (the run's own ``partition`` block).
+    ``split`` picks the paper's fully non-i.i.d. split (cells own disjoint class ranges, label shards inside
+    each cell; recommended), ``global_shards`` (the authors' code's label shards over all clients: cells see
+    nearly every class), its cell-i.i.d. split with shards inside each cell, or ``partition`` (the run's
+    own ``partition`` block).
     """
 
     cells: PositiveInt = 2
@@ -75,7 +77,7 @@ class HierarchicalConfig(AlgorithmConfig):
     optimizer: SGDConfig = Field(default_factory=lambda: SGDConfig(lr=0.01))
     """the clients' local optimizer"""
     split: Split = "fully_noniid"
-    """fully_noniid shards, cell_iid shards, or the run's partition block"""
+    """fully_noniid (disjoint class ranges per cell), global_shards, cell_iid, or the run's partition block"""
     shards_per_client: PositiveInt = 2
     """shards each client gets in the paper's splits"""
     aggregation: Literal["oma", "aircomp"] = "oma"

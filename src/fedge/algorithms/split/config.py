@@ -23,7 +23,9 @@ class SplitConfig(AlgorithmConfig):
     - ``local_epochs`` passes over the client's data per round, or exactly ``local_steps`` SGD steps
       (the SplitFed theory paper's K) when that is set. A round is one global round: broadcast, local work
       with its smashed-data traffic, upload and aggregation.
-    - ``optimizer`` drives the client trunk (and aux head); ``server_optimizer`` the server model
+    - ``optimizer`` drives the client trunk (and aux head), its state (momentum, Adam's moments) fresh
+      every round (``client_optimizer_state: reset``) or each client's own, kept from its last round
+      (``keep``); ``server_optimizer`` the server model
       (default: the same settings, as CSE-FSL's experiments use one step size). Both step sizes decay as
       ``lr * lr_decay**floor((t-1)/lr_decay_every)`` in round t (CSE-FSL Sec. VI-A: CIFAR-10 uses 0.99
       every 10 rounds; the default 1.0 is no decay).
@@ -68,6 +70,8 @@ class SplitConfig(AlgorithmConfig):
     """skip each epoch's short last batch"""
     optimizer: SGDConfig = Field(default_factory=SGDConfig)
     """optimizer of the client trunk (and aux head)"""
+    client_optimizer_state: Literal["reset", "keep"] = "reset"
+    """clients' optimizer state: fresh every round (reset) or each client's own across rounds (keep)"""
     server_optimizer: SGDConfig | None = None
     """optimizer of the server part (default: the client's settings)"""
     lr_decay: Annotated[float, Field(gt=0.0, le=1.0)] = 1.0

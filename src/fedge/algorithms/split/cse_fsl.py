@@ -1,12 +1,14 @@
 """CSE-FSL (Mu & Shen): aux-head clients, sparse smashed-data uploads, one shared server model.
 
-Clients train trunk + aux head on the local loss (Eq. 8, Algorithm 1) and, by default, send the smashed
-data and labels of every h-th local batch: the last batch of each block of h, one batch per block
-(docs/decisions.md, "The last batch of each block of h is uploaded"); nothing comes back. The single
+Clients train trunk + aux head on the local loss (Eq. 8, Algorithm 1) and send the smashed data and
+labels of one batch per block of h local batches: by default the last batch of each block (steps h, 2h,
+...; floor(n/h) uploads of n batches), with ``upload_phase: first`` the first (steps 1, h + 1, ...;
+ceil(n/h) uploads, Algorithm 1's ``m mod h == 0`` read literally, as a peer implementation does); see
+docs/decisions.md, "The last batch of each block of h is uploaded". Nothing comes back. The single
 server model takes one SGD step per arrival (Eq. 11, Algorithm 2), in a deterministic queue order
 (round-robin per block, or a fresh random permutation per block with ``server_order: random``, Fig. 6).
-Leftover batches after the last complete block train locally without an upload, or are skipped with
-``drop_incomplete_block`` (the authors' code's choice).
+Leftover batches after the last complete block train locally (with ``first``, the first of them uploads),
+or are skipped with ``drop_incomplete_block`` (the authors' code's choice; the peer keeps them).
 
 The SplitFed theory paper's variant (its Algorithm 1) is ``server_trigger: every_l_rounds``: the server
 learns only in rounds t - 1 = l, 2l, ... (the theory's t counts from 0; ``server_every`` is l), at the
@@ -42,12 +44,15 @@ from fedge.tensors import Tensors
 
 
 class CseFslConfig(AuxHeadConfig):
-    """CSE-FSL: upload interval ``h``, incomplete blocks, and the theory variant's trigger, l and z_b step."""
+    """CSE-FSL: upload interval ``h``, which batch of a block uploads, incomplete blocks, and the theory
+    variant's trigger, l and z_b step."""
 
     name: Literal["cse_fsl"] = "cse_fsl"
     """the algorithm (`fedge list`)"""
     h: PositiveInt = Field(1, **keys("upload_every", "h"))
     """clients upload smashed data every this many local steps (CSE-FSL's h)"""
+    upload_phase: Literal["last", "first"] = "last"
+    """which batch of each block of h uploads: the last (floor(n/h) uploads) or the first (ceil(n/h))"""
     drop_incomplete_block: bool = False
     """drop a round's last local steps that do not fill a block of h"""
     server_trigger: Literal["every_h_batches", "every_l_rounds"] = "every_h_batches"
@@ -74,12 +79,17 @@ class CseFsl(LocalLoss):
                 if value:
                     raise ConfigError(f"algorithm.{key}", "only used with server_trigger=every_l_rounds")
         else:
-            for key, value in (("h", cfg.h != 1), ("drop_incomplete_block", cfg.drop_incomplete_block)):
+            only_h = (
+                ("h", cfg.h != 1),
+                ("upload_phase", cfg.upload_phase != "last"),
+                ("drop_incomplete_block", cfg.drop_incomplete_block),
+            )
+            for key, value in only_h:
                 if value:
                     raise ConfigError(f"algorithm.{key}", "only used with server_trigger=every_h_batches")
         super().__init__(ctx, cfg)
         most = self.most_batches()
-        if cfg.server_trigger == "every_h_batches" and cfg.h > most:
+        if cfg.server_trigger == "every_h_batches" and cfg.upload_phase == "last" and cfg.h > most:
             reason = f"no client has more than {most} batches in a round, so the server would never train"
             raise ConfigError("algorithm.h", f"h={cfg.h} but {reason}")
 
@@ -97,7 +107,9 @@ class CseFsl(LocalLoss):
         return SharedServer(server, params, buffers, self.server_sgd, None, self.ctx.criterion, fused)
 
     def uploads_at(self, step: int) -> bool:
-        return self.cfg.server_trigger == "every_h_batches" and (step + 1) % self.cfg.h == 0
+        cfg = self.cfg
+        phase = 0 if cfg.upload_phase == "first" else cfg.h - 1
+        return cfg.server_trigger == "every_h_batches" and step % cfg.h == phase
 
     def server_round(self, t: int) -> bool:
         """Whether round t (1-based) is a server round of the every-l-rounds trigger (theory t = t - 1)."""

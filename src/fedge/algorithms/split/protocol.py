@@ -21,6 +21,7 @@ from abc import abstractmethod
 import numpy as np
 
 from fedge.algorithms.base import Algorithm, Context
+from fedge.algorithms.optimizer_state import ClientOptimizerStates
 from fedge.algorithms.split.client_model import ClientModels, Part, evaluate_split
 from fedge.algorithms.split.clients import ClientSide, State
 from fedge.algorithms.split.config import SplitConfig
@@ -37,7 +38,7 @@ from fedge.algorithms.split.steps import LocalSteps
 from fedge.algorithms.split.tally import Tally
 from fedge.comm import nodes
 from fedge.data.federated import BatchPlan
-from fedge.engine import ClientBank, make_optimizer, stack_copies
+from fedge.engine import ClientBank, make_optimizer
 from fedge.errors import ConfigError
 from fedge.metrics import Evaluation, RoundReport
 from fedge.tensors import Tensors
@@ -56,6 +57,9 @@ class SplitLearning(Algorithm):
         if cfg.agg_every is not None and cfg.server_order == "client_after_client":
             raise ConfigError("algorithm.agg_every", "needs server_order round_robin or random")
         self.client_sgd = make_optimizer(cfg.optimizer)
+        self.client_opt = ClientOptimizerStates(self.client_sgd, cfg.client_optimizer_state == "keep")
+        if self.client_opt.keep:  # the kept states travel in the checkpoint; reset runs' stay as they were
+            self.state_fields = (*self.state_fields, "client_opt")
         self.server_sgd = make_optimizer(cfg.server_optimizer or cfg.optimizer)
         self.clients = self.client_side()
         self.parts = self.clients.parts
@@ -109,6 +113,7 @@ class SplitLearning(Algorithm):
         plan = self.plan(rnd)
         for subset in self.exchange.order.passes(len(rnd.draws), self.ctx.device):
             self.local_steps(rnd, plan, subset)  # local steps, each with its server exchange
+        self.client_opt.end(rnd.draws.clients, rnd.rows.opt_state, rnd.cohort)  # kept for the next visit
         self._aggregate(rnd)  # upload and average the client models (and server copies)
         rnd.tally.add_up(rnd.cohort, server_losses=not self.server.in_turn)
         self._hold(len(rnd.draws), rnd.nodes)
@@ -141,7 +146,7 @@ class SplitLearning(Algorithm):
         self.parts.local.train()
         self._download(rnd)
         self.exchange.begin(rnd)
-        opt_state = stack_copies(self.client_sgd.init(self.client["params"]), len(cohort))
+        opt_state = self.client_opt.start(rows.clients, self.client["params"])
         rows.adopt(rows.params, rows.buffers, opt_state, owned=False)
         return rnd
 
