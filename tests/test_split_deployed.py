@@ -21,6 +21,7 @@ from fedge.deploy.split_rounds import (  # noqa: E402
     DeployedSplitFedV2,
 )
 from fedge.deploy.transport import Outgoing, Reply  # noqa: E402
+from fedge.errors import ConfigError  # noqa: E402
 from fedge.runner import build_run  # noqa: E402
 
 CLIENTS = 3
@@ -191,3 +192,16 @@ def _entries(ctx) -> list[tuple]:
         (int(c["round"][i]), names[c["src"][i]], names[c["dst"][i]], kinds[c["kind"][i]], int(c["bits"][i]))
         for i in range(len(c["round"]))
     ]
+
+
+def test_a_kept_client_optimizer_state_is_refused_naming_the_key():
+    """A deployed node starts its optimizer state afresh each round: ``keep`` would silently be ``reset``."""
+    cfg = resolve_config(
+        {
+            **config("cse_fsl").model_dump(),
+            "algorithm": {**ALGORITHMS["cse_fsl"][0], "client_optimizer_state": "keep"},
+        }
+    )
+    algorithm = DeployedCseFsl(build_run(cfg).context, cfg.algorithm)
+    with pytest.raises(ConfigError, match=r"algorithm\.client_optimizer_state"):
+        algorithm.check_deployable()

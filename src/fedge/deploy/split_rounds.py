@@ -67,6 +67,11 @@ class DeployedSplit(SplitLearning):
             raise ConfigError("algorithm.agg_every", "not supported by a deployed run")
         if cfg.server_order == "client_after_client":
             raise ConfigError("algorithm.server_order", "a deployed run feeds the server per step")
+        if cfg.client_optimizer_state == "keep":
+            raise ConfigError(
+                "algorithm.client_optimizer_state",
+                "a deployed node starts each round's optimizer state afresh",
+            )
         for key, codec in (("codec_up", cfg.codec_up), ("codec_down", cfg.codec_down)):
             if codec not in WIRE_DTYPES:
                 raise ConfigError(f"algorithm.{key}", f"{codec!r} cannot be deployed; use fp32 or fp16")
