@@ -9,6 +9,7 @@ split among clients by the config's partitioner) and ``loss`` (a per-sample crit
 
 from __future__ import annotations
 
+import copy
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -79,12 +80,13 @@ def resolve_config(
     extensions: Extensions | None = None,
 ) -> RunConfig:
     """A validated config from a :class:`RunConfig`, a dict, a YAML path or string, or nothing (the
-    quickstart). With a caller's model or data, ``model.name`` / ``data.name`` say ``custom``."""
+    quickstart). With a caller's model or data, ``model.name`` / ``data.name`` say ``custom``. The
+    caller's dict is read, never changed: overrides apply to a copy, so a next run sees it as written."""
     load_entry_points()
     if isinstance(config, RunConfig):
         raw = config.model_dump(mode="json")
     elif isinstance(config, dict):
-        raw = dict(config)
+        raw = copy.deepcopy(config)
     elif (text := _yaml_text(config)) is not None:
         raw = text
     else:
