@@ -21,7 +21,6 @@ from fedge.config import CUSTOM_DATA, RunConfig, apply_override, load_config, lo
 from fedge.data.user import UserData
 from fedge.engine import Criterion
 from fedge.errors import ConfigError
-from fedge.extend import load_entry_points
 from fedge.models import CUSTOM
 from fedge.runner import Extensions, Result, open_run, start_run  # the runner fills the algorithm registry
 
@@ -82,7 +81,6 @@ def resolve_config(
     """A validated config from a :class:`RunConfig`, a dict, a YAML path or string, or nothing (the
     quickstart). With a caller's model or data, ``model.name`` / ``data.name`` say ``custom``. The
     caller's dict is read, never changed: overrides apply to a copy, so a next run sees it as written."""
-    load_entry_points()
     if isinstance(config, RunConfig):
         raw = config.model_dump(mode="json")
     elif isinstance(config, dict):

@@ -409,12 +409,10 @@ def _algorithm_fields(name: str, as_json: bool) -> None:
     """The keys of one algorithm's config block: type, default, other spellings and description."""
     import difflib
 
-    import fedge.api  # noqa: F401  (fills the registry)
-    from fedge.config import AlgorithmConfig, describe_fields
-    from fedge.extend import load_entry_points
+    from fedge.config import AlgorithmConfig, describe_fields, load_registries
 
     with _reported():
-        load_entry_points()
+        load_registries()
         known = AlgorithmConfig.registry
         if name not in known:
             near = difflib.get_close_matches(name, known, n=1)
@@ -494,12 +492,9 @@ def schema(
     ] = None,
 ) -> None:
     """The JSON Schema of a run config (every block, every algorithm), for editors that check YAML."""
-    import fedge.api  # noqa: F401  (fills the registry)
     from fedge.config import json_schema
-    from fedge.extend import load_entry_points
 
     with _reported():
-        load_entry_points()
         text = json.dumps(json_schema(), indent=1) + "\n"
         if out is None:
             typer.echo(text, nl=False)

@@ -41,7 +41,15 @@ import yaml
 from pydantic import Field, PositiveInt, ValidationError
 
 from fedge import results, stop
-from fedge.config import AlgorithmConfig, StrictModel, config_keys, load_raw, parse_config, split_values
+from fedge.config import (
+    AlgorithmConfig,
+    StrictModel,
+    config_keys,
+    load_raw,
+    load_registries,
+    parse_config,
+    split_values,
+)
 from fedge.errors import ConfigError, FedgeError
 from fedge.labels import short_keys
 
@@ -137,8 +145,7 @@ def parse_values(text: str) -> list[Any]:
 
 def _retarget(raw: dict[str, Any]) -> list[str]:
     """Drop the algorithm keys the named algorithm does not know; return them (dotted)."""
-    import fedge.algorithms  # noqa: F401  (fills the registry)
-
+    load_registries()
     block = raw.get("algorithm") or {}
     known = AlgorithmConfig.registry.get(block.get("name", "fedavg"))
     if known is None:
@@ -263,7 +270,7 @@ def plan(base: dict[str, Any], spec: SweepSpec) -> tuple[Path, list[Task]]:
             try:
                 parse_config(raw)
             except ConfigError as error:
-                raise ConfigError(error.key, f"{error} (cell {cell.label})") from None
+                raise ConfigError(error.key, f"{error.message} (cell {cell.label})") from None
             tasks.append(Task(cell, seed, sweep_dir / RUNS / run_name))
     return sweep_dir, tasks
 
