@@ -4,6 +4,7 @@ prefix."""
 
 from __future__ import annotations
 
+import ast
 import json
 from pathlib import Path
 
@@ -108,3 +109,20 @@ def test_an_unknown_algorithm_in_a_sweep_is_named_once(tmp_path):
     result = CliRunner().invoke(app, ["sweep", str(config), "--quiet"])
     assert result.exit_code == 2
     assert result.output.count("algorithm:") == 1, result.output
+
+
+def test_every_layer_above_extend_reads_configs_through_the_plugin_aware_readers():
+    """``fedge.config``'s parse_config / load_config know only what is registered; the rest of the package
+    reads configs through ``fedge.extend``'s, which load the plugins first."""
+    package = Path(__file__).resolve().parents[1] / "src" / "fedge"
+    readers = ("parse_config", "load_config")
+    # the Flower deployment (deploy/, cli_deploy) does not load plugins yet
+    exempt = {"config.py", "extend.py", "cli_deploy.py", "deploy/server_app.py", "deploy/client_app.py"}
+    found = []
+    for path in sorted(package.rglob("*.py")):
+        if str(path.relative_to(package)) in exempt:
+            continue
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.ImportFrom) and node.module == "fedge.config":
+                found += [f"{path.name}: {a.name}" for a in node.names if a.name in readers]
+    assert not found, found

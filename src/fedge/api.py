@@ -17,10 +17,11 @@ from typing import Any
 import yaml
 from torch import nn
 
-from fedge.config import CUSTOM_DATA, RunConfig, apply_override, load_config, load_raw, parse_config
+from fedge.config import CUSTOM_DATA, RunConfig, apply_override, load_raw
 from fedge.data.user import UserData
 from fedge.engine import Criterion
 from fedge.errors import ConfigError
+from fedge.extend import load_config, parse_config
 from fedge.models import CUSTOM
 from fedge.runner import Extensions, Result, open_run, start_run  # the runner fills the algorithm registry
 

@@ -409,10 +409,11 @@ def _algorithm_fields(name: str, as_json: bool) -> None:
     """The keys of one algorithm's config block: type, default, other spellings and description."""
     import difflib
 
-    from fedge.config import AlgorithmConfig, describe_fields, load_registries
+    from fedge.config import AlgorithmConfig, describe_fields
+    from fedge.extend import load_entry_points
 
     with _reported():
-        load_registries()
+        load_entry_points()
         known = AlgorithmConfig.registry
         if name not in known:
             near = difflib.get_close_matches(name, known, n=1)
@@ -493,8 +494,10 @@ def schema(
 ) -> None:
     """The JSON Schema of a run config (every block, every algorithm), for editors that check YAML."""
     from fedge.config import json_schema
+    from fedge.extend import load_entry_points
 
     with _reported():
+        load_entry_points()
         text = json.dumps(json_schema(), indent=1) + "\n"
         if out is None:
             typer.echo(text, nl=False)

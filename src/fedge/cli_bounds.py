@@ -21,7 +21,7 @@ import yaml
 from rich.console import Console
 from rich.table import Table
 
-from fedge.config import apply_override, load_raw, parse_config, split_values
+from fedge.config import apply_override, load_raw, split_values
 from fedge.errors import ConfigError, FedgeError
 
 if TYPE_CHECKING:  # the theory modules import torch: loaded when a bound is evaluated, not for --help
@@ -64,6 +64,7 @@ class Evaluator:
 
     def __call__(self, raw: dict[str, Any]) -> tuple[dict[str, Any], dict[str, str], list[Bound]]:
         from fedge.empirical.from_run import sfl_inputs_from_run
+        from fedge.extend import parse_config
         from fedge.theory.inputs import parse_inputs
 
         raw = copy.deepcopy(raw)

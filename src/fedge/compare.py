@@ -16,8 +16,9 @@ from pathlib import Path
 from typing import Any
 
 from fedge import results, stop
-from fedge.config import AlgorithmConfig, RunConfig, config_keys, load_config, parse_config
+from fedge.config import AlgorithmConfig, RunConfig, config_keys
 from fedge.errors import ConfigError, FedgeError
+from fedge.extend import load_config, parse_config
 from fedge.labels import run_labels
 from fedge.plots import AXES, GIB_AXIS, plot_runs
 from fedge.records import evaluated

@@ -550,19 +550,9 @@ def _first_error(error: ValidationError, raw: dict[str, Any]) -> ConfigError:
     return ConfigError(key, message)
 
 
-def load_registries() -> None:
-    """Fill the registries of algorithms, datasets and models: fedge's own and every installed package's
-    (entry points, :mod:`fedge.plugins`). The one plugin loader: every command, ``fedge.run``, resume and
-    sweep workers reach it through :func:`parse_config`, so a plugin works wherever a built-in does."""
-    from fedge.extend import load_entry_points
-
-    load_entry_points()
-
-
 def parse_config(raw: dict[str, Any]) -> RunConfig:
-    """Validate a nested dict into a :class:`RunConfig` (registries filled first), raising
-    :class:`ConfigError`."""
-    load_registries()
+    """Validate a nested dict into a :class:`RunConfig` against the registered algorithms and datasets,
+    raising :class:`ConfigError` (:func:`fedge.extend.parse_config` registers installed plugins first)."""
     if not isinstance(raw, dict):
         raise ConfigError("config", "must be a mapping of keys")
     try:
@@ -746,7 +736,6 @@ def _blocks(block: type[BaseModel]) -> list[type[BaseModel]]:
 
 def json_schema() -> dict[str, Any]:
     """The JSON Schema of a run config, with ``algorithm`` one of every registered algorithm's block."""
-    load_registries()
     schema = RunConfig.model_json_schema(by_alias=True)
     defs = schema.setdefault("$defs", {})
     choices = []

@@ -25,7 +25,7 @@ from torch import nn
 from fedge import checkpoint, divergence, preflight, records, results, stop
 from fedge.algorithms import ALGORITHMS, Algorithm, Context
 from fedge.comm import Ledger, Network
-from fedge.config import CUSTOM_DATA, RunConfig, load_config
+from fedge.config import CUSTOM_DATA, RunConfig
 from fedge.data.dataset import Dataset
 from fedge.data.federated import FederatedData
 from fedge.data.partition import partition_test, partition_train
@@ -36,6 +36,7 @@ from fedge.engine import Criterion, NoiseStreams, cross_entropy, has_random_laye
 from fedge.engine.host import configure_host
 from fedge.environment import write_environment
 from fedge.errors import CheckpointError, ConfigError, DataError, Diverged, FedgeError
+from fedge.extend import load_config
 from fedge.metrics import Evaluation, RoundReport
 from fedge.models import SplitModel, block_cut, build_model, output_shape, split, user_factory
 from fedge.plots import plot_run

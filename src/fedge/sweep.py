@@ -41,16 +41,9 @@ import yaml
 from pydantic import Field, PositiveInt, ValidationError
 
 from fedge import results, stop
-from fedge.config import (
-    AlgorithmConfig,
-    StrictModel,
-    config_keys,
-    load_raw,
-    load_registries,
-    parse_config,
-    split_values,
-)
+from fedge.config import AlgorithmConfig, StrictModel, config_keys, load_raw, split_values
 from fedge.errors import ConfigError, FedgeError
+from fedge.extend import load_entry_points, parse_config
 from fedge.labels import short_keys
 
 SWEEP_FILE = "sweep.yaml"
@@ -145,7 +138,7 @@ def parse_values(text: str) -> list[Any]:
 
 def _retarget(raw: dict[str, Any]) -> list[str]:
     """Drop the algorithm keys the named algorithm does not know; return them (dotted)."""
-    load_registries()
+    load_entry_points()
     block = raw.get("algorithm") or {}
     known = AlgorithmConfig.registry.get(block.get("name", "fedavg"))
     if known is None:
