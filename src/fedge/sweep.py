@@ -205,8 +205,8 @@ def load_sweep(
 
     ``config`` may also be a sweep directory: its ``sweep.yaml`` is read, so the sweep continues.
     """
-    from fedge.api import config_source
     from fedge.config import apply_override
+    from fedge.locate import config_source
 
     path = config_source(config) if config is not None else None
     if path is not None and path.is_dir():
@@ -390,6 +390,8 @@ def table_markdown(table: list[dict[str, Any]], targets: list[float]) -> str:
         mean, std, half = (entry[f"{key}_{p}"] * scale for p in ("mean", "std", "ci95"))
         if math.isnan(mean):
             return "-"
+        if math.isnan(half):  # one seed: no spread to show
+            return f"{mean:.{digits}f}"
         ci = f" [±{half:.{digits}f}]" if not math.isnan(half) else ""
         return f"{mean:.{digits}f} ± {std:.{digits}f}{ci}"
 
