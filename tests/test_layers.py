@@ -24,6 +24,7 @@ RANKS = {
     "metrics": 0,
     "plugins": 0,
     "locate": 0,
+    "umask": 0,
     "theory": 1,
     "costs": 1,
     "data": 2,
