@@ -54,6 +54,7 @@ RANKS = {
     "report": 10,
     "progress": 10,
     "catalog": 10,
+    "precheck": 10,
     "deploy": 10,
     "cli": 11,
     "cli_bounds": 11,

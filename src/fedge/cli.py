@@ -200,9 +200,13 @@ def run(
     procs: Procs = 1,
 ) -> None:
     """Run a config (or the built-in quickstart) and write its results directory."""
-    from fedge.runner import start_run
+    from fedge.precheck import precheck
 
     config, overrides = _split_config_argument(config, overrides)
+    with _reported():
+        precheck(config, overrides)  # a bad config answers before torch loads
+    from fedge.runner import start_run
+
     if procs > 1:
         with _reported():
             fedge.resolve_config(config, overrides)  # bad input: one line here, not one per rank
@@ -320,16 +324,20 @@ def compare(
     as_json: AsJson = False,
 ) -> None:
     """Run several algorithms on one config over seeds (or read finished runs) and print a table."""
-    from fedge.compare import compare as run_comparison
-    from fedge.compare import compare_runs
+    from fedge.precheck import precheck
     from fedge.rundirs import find_run_dirs, names_runs
 
     config, overrides = _split_config_argument(config, overrides)
     paths = [p for p in [config, *overrides] if p is not None]
     with _reported():
         if names_runs(paths):
+            from fedge.compare import compare_runs
+
             outcome = compare_runs(find_run_dirs(paths), target)
         else:
+            precheck(config, overrides)  # a bad config answers before torch loads
+            from fedge.compare import compare as run_comparison
+
             names = [name.strip() for name in algorithms.split(",") if name.strip()]
             seed_list = _seed_list(seeds) or [0]
             count = seed_list[0] if len(seed_list) == 1 else None
@@ -508,12 +516,17 @@ def schema(
     ] = None,
 ) -> None:
     """The JSON Schema of a run config (every block, every algorithm), for editors that check YAML."""
-    from fedge.config import json_schema
-    from fedge.extend import load_entry_points
+    from fedge import catalog, plugins
 
     with _reported():
-        load_entry_points()
-        text = json.dumps(json_schema(), indent=1) + "\n"
+        if plugins.discovered("algorithms"):  # a plugin's algorithm block: from the live registry
+            from fedge.config import json_schema
+            from fedge.extend import load_entry_points
+
+            load_entry_points()
+            text = json.dumps(json_schema(), indent=1) + "\n"
+        else:
+            text = json.dumps(catalog.load_schema(), indent=1) + "\n"
         if out is None:
             typer.echo(text, nl=False)
             return
