@@ -39,8 +39,9 @@ def test_run_dirs_from_a_sweep_a_glob_and_runs(sweep_dir):
     assert find_run_dirs([str(sweep_dir / "runs" / "*-s1")]) == [r for r in runs if r.name.endswith("-s1")]
     assert find_run_dirs([runs[0], runs[0], runs[1]]) == runs[:2]
     assert names_runs([str(sweep_dir)]) and not names_runs(["base.yaml", "rounds=2"])
-    with pytest.raises(FedgeError, match="matches no file"):
+    with pytest.raises(FedgeError, match="matches no directory"):
         find_run_dirs([str(sweep_dir / "nothing-*")])
+    assert find_run_dirs([str(sweep_dir / "*")]) == runs  # index.csv, sweep.yaml... passed over
     (sweep_dir / "empty").mkdir()
     with pytest.raises(FedgeError, match="no run directories"):
         find_run_dirs([sweep_dir / "empty"])

@@ -23,13 +23,14 @@ def is_run_dir(path: Path) -> bool:
 
 
 def _matches(argument: str) -> list[Path]:
-    """The paths an argument names: itself, or what its glob pattern matches."""
+    """The paths an argument names: itself, or the folders its glob pattern matches (files it matches
+    beside them, such as a sweep's index.csv for ``SWEEP/*``, are no runs and are passed over)."""
     if Path(argument).exists() or not any(char in argument for char in GLOB_CHARACTERS):
         return [Path(argument)]
     found = [Path(match) for match in sorted(glob.glob(argument, recursive=True))]
-    if not found:
-        raise FedgeError(f"{argument}: the pattern matches no file or directory")
-    return found
+    if not any(path.is_dir() for path in found):
+        raise FedgeError(f"{argument}: the pattern matches no directory")
+    return [path for path in found if path.is_dir()]
 
 
 def names_runs(arguments: Sequence[str | Path]) -> bool:
