@@ -31,7 +31,7 @@ def test_compare_tabulates_mean_and_std_over_seeds(tiny_config):
     row = outcome.rows[0]
     assert row["final_accuracy_mean"] == pytest.approx(sum(finals) / 2)
     assert row["final_accuracy_std"] == pytest.approx(abs(finals[0] - finals[1]) / 2**0.5)
-    assert row["communication_gib"] > 0 and outcome.rows[1]["communication_gib"] == 0
+    assert row["communication_mb"] > 0 and outcome.rows[1]["communication_mb"] == 0
     saved = json.loads((outcome.out_dir / "comparison.json").read_text())
     assert saved["rows"] == outcome.rows
     assert (outcome.out_dir / "plots" / "accuracy_vs_mb.png").is_file()

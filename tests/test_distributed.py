@@ -301,6 +301,15 @@ def test_two_ranks_twice_bit_identical_and_match_one_process(runs, name):
         assert all(torch.equal(masks[0][k], masks[1][k]) for k in masks[1])
 
 
+def test_environment_records_the_world_size_and_backend(runs):
+    def environment(run: str) -> dict:
+        return json.loads((runs["fedavg"] / run / "environment.json").read_text())
+
+    two, one = environment("fedavg-a"), environment("fedavg-single")
+    assert (two["world_size"], two["backend"], two["device"]) == (2, "gloo", "cpu")
+    assert (one["world_size"], one["backend"], one["device"]) == (1, None, "cpu")
+
+
 @pytest.mark.parametrize("name", [*SPLIT, "gossip", *(p for p in PEER if p != "fedavg_ft")])
 def test_ranks_train_only_their_share(runs, name):
     """Every executor call on either rank saw 3 rows, the rank's share of the 6 participants or clients:

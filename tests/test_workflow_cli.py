@@ -34,6 +34,7 @@ def test_cli_entry_imports_no_torch():
 
 def test_catalog_matches_the_registries():
     assert catalog.load() == catalog.build(), "regenerate with: python -m fedge.catalog"
+    assert catalog.load_schema() == catalog.build_schema(), "regenerate with: python -m fedge.catalog"
 
 
 def test_list_keeps_headers_when_piped_and_offers_json():

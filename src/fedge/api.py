@@ -13,15 +13,13 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-import yaml
 from torch import nn
 
-from fedge.config import CUSTOM_DATA, RunConfig, apply_override, load_config, load_raw, parse_config
+from fedge.config import RunConfig
 from fedge.data.user import UserData
 from fedge.engine import Criterion
-from fedge.errors import ConfigError
-from fedge.extend import load_entry_points
-from fedge.models import CUSTOM
+from fedge.extend import load_config, parse_config
+from fedge.locate import raw_config
 from fedge.runner import Extensions, Result, open_run, start_run  # the runner fills the algorithm registry
 
 __all__ = ["Result", "RunConfig", "load_config", "resolve_config", "resume", "run"]
@@ -31,72 +29,16 @@ __all__ = ["Result", "RunConfig", "load_config", "resolve_config", "resume", "ru
 RoundCallback = Callable[[int, dict[str, Any]], None]
 
 
-EXAMPLE_PREFIX = "example:"
-
-
-def examples_dir() -> Path:
-    """The example configs shipped with fedge (``fedge run example:NAME``)."""
-    return Path(__file__).parent / "examples"
-
-
-def config_source(config: str | Path) -> Path:
-    """The file of a config argument: a path, or ``example:NAME`` for a shipped example."""
-    text = str(config)
-    if not text.startswith(EXAMPLE_PREFIX):
-        return Path(config)
-    name = text[len(EXAMPLE_PREFIX) :]
-    path = examples_dir() / (name if name.endswith(".yaml") else f"{name}.yaml")
-    if not path.is_file():
-        known = sorted(p.stem for p in examples_dir().glob("*.yaml"))
-        raise ConfigError(text, f"no such example; known: {', '.join(known)}")
-    return path
-
-
-def _yaml_text(config: str | Path | None) -> dict | None:
-    """The mapping YAML text holds; ``None`` for a path, ``example:NAME`` or nothing. Text with a line
-    break is YAML; one line is YAML only if it holds a mapping and names no existing file."""
-    if not isinstance(config, str) or "\n" not in config and (":" not in config or _is_file(config)):
-        return None
-    if config.startswith(EXAMPLE_PREFIX):
-        return None
-    try:
-        raw = yaml.safe_load(config)
-    except yaml.YAMLError:
-        return None
-    return raw if isinstance(raw, dict) else None
-
-
-def _is_file(text: str) -> bool:
-    try:
-        return Path(text).is_file()
-    except OSError:  # a name too long for the file system: not a file
-        return False
-
-
 def resolve_config(
     config: RunConfig | dict | str | Path | None = None,
     overrides: list[str] | None = None,
     extensions: Extensions | None = None,
 ) -> RunConfig:
     """A validated config from a :class:`RunConfig`, a dict, a YAML path or string, or nothing (the
-    quickstart). With a caller's model or data, ``model.name`` / ``data.name`` say ``custom``."""
-    load_entry_points()
-    if isinstance(config, RunConfig):
-        raw = config.model_dump(mode="json")
-    elif isinstance(config, dict):
-        raw = dict(config)
-    elif (text := _yaml_text(config)) is not None:
-        raw = text
-    else:
-        raw = load_raw(config_source(config) if config is not None else None)
-    for assignment in overrides or []:
-        apply_override(raw, assignment)
+    quickstart). With a caller's model or data, ``model.name`` / ``data.name`` say ``custom``. The
+    caller's dict is read, never changed: overrides apply to a copy, so a next run sees it as written."""
     ext = extensions or Extensions()
-    if ext.train is not None:
-        raw["data"] = {**(raw.get("data") or {}), "name": CUSTOM_DATA}
-    if ext.model is not None:
-        raw["model"] = {**(raw.get("model") or {}), "name": CUSTOM}
-    return parse_config(raw)
+    return parse_config(raw_config(config, overrides, ext.model is not None, ext.train is not None))
 
 
 def run(

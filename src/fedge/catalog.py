@@ -1,8 +1,9 @@
-"""What ``fedge list`` shows, kept as data so the command answers without importing torch.
+"""What ``fedge list`` and ``fedge schema`` show, kept as data so they answer without importing torch.
 
 ``catalog.json`` (shipped in the package) holds every algorithm, dataset, partitioner and model with its
-cut points. It is built from the live registries by ``python -m fedge.catalog``; a test checks that the
-file equals what the registries say now, so a new component cannot be forgotten.
+cut points, and ``schema.json`` the JSON Schema of a run config with every built-in algorithm's block.
+Both are built from the live registries by ``python -m fedge.catalog``; a test checks that the files
+equal what the registries say now, so a new component cannot be forgotten.
 """
 
 from __future__ import annotations
@@ -12,6 +13,7 @@ from pathlib import Path
 from typing import Any
 
 CATALOG = Path(__file__).with_name("catalog.json")
+SCHEMA = Path(__file__).with_name("schema.json")
 EXAMPLE_INPUTS = {
     "cse_cifar": (3, 24, 24),
     "vgg": (3, 32, 32),
@@ -46,6 +48,20 @@ def load() -> dict[str, Any]:
     return json.loads(CATALOG.read_text())
 
 
+def build_schema() -> dict[str, Any]:
+    """The JSON Schema of a run config from the registries (imports every algorithm)."""
+    import fedge.algorithms  # noqa: F401  (fills the registry)
+    from fedge.config import json_schema
+
+    return json_schema()
+
+
+def load_schema() -> dict[str, Any]:
+    """The shipped JSON Schema (fedge's own algorithms)."""
+    return json.loads(SCHEMA.read_text())
+
+
 if __name__ == "__main__":
     CATALOG.write_text(json.dumps(build(), indent=1) + "\n")
-    print(f"wrote {CATALOG}")
+    SCHEMA.write_text(json.dumps(build_schema(), indent=1) + "\n")
+    print(f"wrote {CATALOG} and {SCHEMA}")

@@ -200,9 +200,13 @@ def run(
     procs: Procs = 1,
 ) -> None:
     """Run a config (or the built-in quickstart) and write its results directory."""
-    from fedge.runner import start_run
+    from fedge.precheck import precheck
 
     config, overrides = _split_config_argument(config, overrides)
+    with _reported():
+        precheck(config, overrides)  # a bad config answers before torch loads
+    from fedge.runner import start_run
+
     if procs > 1:
         with _reported():
             fedge.resolve_config(config, overrides)  # bad input: one line here, not one per rank
@@ -303,10 +307,13 @@ def _print_markdown_table(markdown: str, title: str) -> None:
 def compare(
     config: Annotated[
         str | None,
-        typer.Argument(help="YAML config shared by every algorithm, or run directories to compare"),
+        typer.Argument(
+            help="YAML config shared by every algorithm, or finished runs: a run, sweep or compare "
+            "directory, or a glob"
+        ),
     ] = None,
     overrides: Annotated[
-        list[str] | None, typer.Argument(help="dotted overrides (e.g. rounds=50), or more run directories")
+        list[str] | None, typer.Argument(help="dotted overrides (e.g. rounds=50), or more runs")
     ] = None,
     algorithms: Annotated[str, typer.Option("--algorithms", "-a", help="comma-separated names")] = "fedavg",
     seeds: Annotated[str, typer.Option("--seeds", "-s", help="a count (3) or a list (1,2,3)")] = "1",
@@ -317,15 +324,20 @@ def compare(
     as_json: AsJson = False,
 ) -> None:
     """Run several algorithms on one config over seeds (or read finished runs) and print a table."""
-    from fedge.compare import compare as run_comparison
-    from fedge.compare import compare_runs
+    from fedge.precheck import precheck
+    from fedge.rundirs import find_run_dirs, names_runs
 
     config, overrides = _split_config_argument(config, overrides)
-    paths = [Path(p) for p in [config, *overrides] if p is not None]
+    paths = [p for p in [config, *overrides] if p is not None]
     with _reported():
-        if paths and all((p / "metrics.jsonl").is_file() for p in paths):
-            outcome = compare_runs(paths, target)
+        if names_runs(paths):
+            from fedge.compare import compare_runs
+
+            outcome = compare_runs(find_run_dirs(paths), target)
         else:
+            precheck(config, overrides)  # a bad config answers before torch loads
+            from fedge.compare import compare as run_comparison
+
             names = [name.strip() for name in algorithms.split(",") if name.strip()]
             seed_list = _seed_list(seeds) or [0]
             count = seed_list[0] if len(seed_list) == 1 else None
@@ -348,11 +360,17 @@ def compare(
     _print_comparison(outcome, target)
 
 
+def _mean_std(row: dict[str, Any], key: str, scale: float = 1.0) -> str:
+    """``mean ± std`` over a row's seeds; the mean alone for one seed (a spread of one is no spread)."""
+    mean = f"{scale * row[f'{key}_mean']:.2f}"
+    return mean if row["seeds"] < 2 else f"{mean} ± {scale * row[f'{key}_std']:.2f}"
+
+
 def _print_comparison(outcome: Any, target: float | None) -> None:
     seeds = max(row["seeds"] for row in outcome.rows)
     table = Table(title=f"fedge compare · up to {seeds} seed(s) · {outcome.out_dir}")
-    columns = ["algorithm", "accuracy % (final)", "accuracy % (best)", "comm. GiB", "server M", "client M"]
-    columns += ["sim. s", "sim. J"]
+    columns = ["algorithm", "accuracy % (final)", "accuracy % (best)", "MB, all links"]
+    columns += ["server MB", "client MB", "sim. s", "sim. J"]
     if target is not None:
         columns += [
             f"rounds to {100 * target:g} %",
@@ -364,11 +382,11 @@ def _print_comparison(outcome: Any, target: float | None) -> None:
     for row in outcome.rows:
         cells = [
             row["algorithm"],
-            f"{100 * row['final_accuracy_mean']:.2f} ± {100 * row['final_accuracy_std']:.2f}",
-            f"{100 * row['best_accuracy_mean']:.2f} ± {100 * row['best_accuracy_std']:.2f}",
-            f"{row['communication_gib']:.4f}",
-            f"{row['server_storage_mparams']:.4f}",
-            f"{row['client_storage_mparams']:.4f}",
+            _mean_std(row, "final_accuracy", 100),
+            _mean_std(row, "best_accuracy", 100),
+            f"{row['communication_mb']:.3f}",
+            f"{row['server_storage_mb']:.3f}",
+            f"{row['client_storage_mb']:.3f}",
             f"{row['sim_seconds_mean']:.2f}",
             f"{row['sim_joules_mean']:.3g}",
         ]
@@ -391,8 +409,13 @@ def _print_comparison(outcome: Any, target: float | None) -> None:
 
 @app.command()
 def report(
-    path: Annotated[Path, typer.Argument(help="a run directory, a sweep directory or a compare directory")],
-    out: Annotated[Path | None, typer.Option(help="the HTML file (default: PATH/report.html)")] = None,
+    paths: Annotated[
+        list[str], typer.Argument(help="run directories, sweep or compare directories, or globs of them")
+    ],
+    out: Annotated[
+        Path | None,
+        typer.Option(help="the HTML file (default: report.html in the directory given, or the runs' folder)"),
+    ] = None,
     target: Annotated[
         list[float] | None, typer.Option("--target", "-t", help="accuracy levels of the time-to-target table")
     ] = None,
@@ -401,7 +424,7 @@ def report(
     from fedge.report import write_report
 
     with _reported():
-        written = write_report(path, out, target)
+        written = write_report(paths, out, target)
     console.print(str(written))
 
 
@@ -409,7 +432,6 @@ def _algorithm_fields(name: str, as_json: bool) -> None:
     """The keys of one algorithm's config block: type, default, other spellings and description."""
     import difflib
 
-    import fedge.api  # noqa: F401  (fills the registry)
     from fedge.config import AlgorithmConfig, describe_fields
     from fedge.extend import load_entry_points
 
@@ -494,13 +516,17 @@ def schema(
     ] = None,
 ) -> None:
     """The JSON Schema of a run config (every block, every algorithm), for editors that check YAML."""
-    import fedge.api  # noqa: F401  (fills the registry)
-    from fedge.config import json_schema
-    from fedge.extend import load_entry_points
+    from fedge import catalog, plugins
 
     with _reported():
-        load_entry_points()
-        text = json.dumps(json_schema(), indent=1) + "\n"
+        if plugins.discovered("algorithms"):  # a plugin's algorithm block: from the live registry
+            from fedge.config import json_schema
+            from fedge.extend import load_entry_points
+
+            load_entry_points()
+            text = json.dumps(json_schema(), indent=1) + "\n"
+        else:
+            text = json.dumps(catalog.load_schema(), indent=1) + "\n"
         if out is None:
             typer.echo(text, nl=False)
             return
@@ -512,27 +538,30 @@ def schema(
 
 @app.command()
 def plot(
-    run_dirs: Annotated[list[Path], typer.Argument(help="one or more run directories")],
+    paths: Annotated[
+        list[str], typer.Argument(help="run directories, sweep or compare directories, or globs of them")
+    ],
     out: Annotated[
-        Path | None, typer.Option(help="folder for the figures (default: the run's plots/)")
+        Path | None,
+        typer.Option(
+            help="folder for the figures (default: plots/ in the one directory given, else ./plots)"
+        ),
     ] = None,
     pdf: Annotated[bool, typer.Option("--pdf", help="also write PDF (vector) figures")] = False,
 ) -> None:
-    """Plot accuracy vs round, communicated MB and simulated time; legends name what differs between runs."""
-    from fedge import results
-    from fedge.labels import run_labels
-    from fedge.plots import plot_runs
+    """Plot accuracy vs round, communicated MB and simulated time; legends name what differs between runs.
 
-    for run_dir in run_dirs:
-        if not (run_dir / results.METRICS).is_file():
-            raise _fail(f"{run_dir / results.METRICS}: no metrics in this run directory")
-    labels = run_labels(run_dirs)
+    Runs alike but for their seed are one curve: the mean over seeds, with a band of one standard deviation.
+    """
+    from fedge import results
+    from fedge.plots import plot_runs
+    from fedge.report import find_runs, group_cells, mean_curve
+
     with _reported():
-        runs = [
-            (label, results.read_jsonl(d / results.METRICS))
-            for label, d in zip(labels, run_dirs, strict=True)
-        ]
-    target = out or (run_dirs[0] / results.PLOTS if len(run_dirs) == 1 else Path("plots"))
+        cells = group_cells(find_runs(paths))
+    runs = [(cell.label, mean_curve(cell) if len(cell.runs) > 1 else cell.runs[0].rows) for cell in cells]
+    one_folder = len(paths) == 1 and Path(paths[0]).is_dir()
+    target = out or (Path(paths[0]) / results.PLOTS if one_folder else Path("plots"))
     with _reported():
         try:
             written = plot_runs(runs, target, formats=("png", "pdf") if pdf else ("png",))

@@ -21,8 +21,9 @@ import yaml
 from rich.console import Console
 from rich.table import Table
 
-from fedge.config import apply_override, load_raw, parse_config, split_values
+from fedge.config import apply_override, load_raw, split_values
 from fedge.errors import ConfigError, FedgeError
+from fedge.locate import config_source
 
 if TYPE_CHECKING:  # the theory modules import torch: loaded when a bound is evaluated, not for --help
     from fedge.theory.bound import Bound
@@ -64,6 +65,7 @@ class Evaluator:
 
     def __call__(self, raw: dict[str, Any]) -> tuple[dict[str, Any], dict[str, str], list[Bound]]:
         from fedge.empirical.from_run import sfl_inputs_from_run
+        from fedge.extend import parse_config
         from fedge.theory.inputs import parse_inputs
 
         raw = copy.deepcopy(raw)
@@ -124,7 +126,8 @@ def _print_sweep(keys: list[str], rows: list[tuple[tuple[str, ...], list[Bound]]
 
 def bounds(
     config: Annotated[
-        str | None, typer.Argument(help="theory YAML, or a run config (omit for the SplitFed unit setting)")
+        str | None,
+        typer.Argument(help="theory YAML, a run config or example:NAME (omit for the SplitFed unit setting)"),
     ] = None,
     overrides: Annotated[
         list[str] | None, typer.Argument(help="dotted overrides, e.g. theory.K=10 or rounds=500")
@@ -140,7 +143,7 @@ def bounds(
     if config is not None and "=" in config and not Path(config).exists():
         config, overrides = None, [config, *overrides]
     try:
-        raw = load_raw(Path(config)) if config is not None else {"theory": dict(UNIT_SETTING)}
+        raw = load_raw(config_source(config)) if config is not None else {"theory": dict(UNIT_SETTING)}
         for assignment in overrides:
             apply_override(raw, assignment)
         evaluate = Evaluator(probe, "theory block" if config is not None else "SplitFed unit setting")

@@ -16,15 +16,13 @@ from pathlib import Path
 from typing import Any
 
 from fedge import results, stop
-from fedge.config import AlgorithmConfig, RunConfig, config_keys, load_config, parse_config
+from fedge.config import AlgorithmConfig, RunConfig, config_keys
 from fedge.errors import ConfigError, FedgeError
+from fedge.extend import load_config, parse_config
 from fedge.labels import run_labels
-from fedge.plots import AXES, GIB_AXIS, plot_runs
-from fedge.records import evaluated
+from fedge.plots import plot_runs
+from fedge.records import MIB, evaluated
 from fedge.runner import BREAKDOWN, Result, start_run
-
-BITS_PER_GIB = 8 * 2**30
-BITS_PER_MPARAM = 32 * 1e6
 
 
 @dataclass
@@ -68,10 +66,10 @@ def _row(name: str, runs: list[Result], target: float | None = None) -> dict[str
         "final_accuracy_std": final[1],
         "best_accuracy_mean": best[0],
         "best_accuracy_std": best[1],
-        "communication_gib": statistics.fmean(bits) / BITS_PER_GIB,
-        "labels_gib": statistics.fmean(labels) / BITS_PER_GIB,  # of communication_gib (split learning)
-        "server_storage_mparams": summaries[0]["storage_server_bits"] / BITS_PER_MPARAM,
-        "client_storage_mparams": summaries[0]["storage_client_bits"] / BITS_PER_MPARAM,
+        "communication_mb": statistics.fmean(bits) / MIB,
+        "labels_mb": statistics.fmean(labels) / MIB,  # of communication_mb (split learning)
+        "server_storage_mb": summaries[0]["storage_server_bits"] / MIB,
+        "client_storage_mb": summaries[0]["storage_client_bits"] / MIB,
         "sim_seconds_mean": statistics.fmean(s["sim_seconds"] for s in summaries),
         "sim_joules_mean": statistics.fmean(s["sim_joules"] for s in summaries),
         **{f"{key}_mean": _mean_parts([s.get(key, {}) for s in summaries]) for key in BREAKDOWN},
@@ -161,7 +159,7 @@ def compare(
     dropped = {name: keys for name, (_, keys) in targets.items() if keys}
     results.write_json(out_dir / "comparison.json", {"rows": rows, "dropped_keys": dropped})
     curves = [(name, _mean_curve(group)) for name, group in runs.items()]
-    plot_runs(curves, out_dir / results.PLOTS, axes={**AXES, **GIB_AXIS})
+    plot_runs(curves, out_dir / results.PLOTS)
     return Comparison(out_dir, runs, rows, dropped)
 
 

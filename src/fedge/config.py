@@ -63,6 +63,11 @@ FLOAT32_MAX = 3.4028234663852886e38  # config numbers end up in float32 tensors
 NAME_BYTES = 200  # longest run name: room for the "-N" suffix and the hidden staging name within 255
 
 
+def _names(info: ValidationInfo, kind: str) -> set[str]:
+    """The names of ``kind`` a validation context admits besides the registries (:func:`parse_config`)."""
+    return set((info.context or {}).get(kind, ()))
+
+
 def _leaf_types(annotation: Any) -> set[Any]:
     """The scalar types an annotation admits, looking inside ``Annotated``, unions, lists and tuples."""
     origin = get_origin(annotation)
@@ -157,8 +162,8 @@ class DataConfig(StrictModel):
 
     @field_validator("name")
     @classmethod
-    def _known_dataset(cls, value: str) -> str:
-        known = (*DATASETS, *sorted(cls.registered), CUSTOM_DATA)
+    def _known_dataset(cls, value: str, info: ValidationInfo) -> str:
+        known = (*DATASETS, *sorted({*cls.registered, *_names(info, "datasets")}), CUSTOM_DATA)
         if value not in known:
             near = difflib.get_close_matches(value, known, n=1)
             hint = f"did you mean {near[0]!r}?" if near else f"known: {', '.join(known)}"
@@ -473,18 +478,21 @@ class RunConfig(StrictModel):
 
     @field_validator("algorithm", mode="before")
     @classmethod
-    def _algorithm_by_name(cls, value: Any) -> Any:
+    def _algorithm_by_name(cls, value: Any, info: ValidationInfo) -> Any:
         if isinstance(value, AlgorithmConfig):
             return value
         if not isinstance(value, dict):
             raise ValueError("must be a block with a 'name' (see `fedge list`)")
         value = {"name": DEFAULT_ALGORITHM, **value}
-        known = AlgorithmConfig.registry
+        names = (info.context or {}).get("algorithms")
+        known = AlgorithmConfig.registry if names is None else dict.fromkeys(names)
         if value["name"] not in known:
             name = value["name"]
             near = difflib.get_close_matches(str(name), known, n=1)
             hint = f"did you mean {near[0]!r}?" if near else f"known: {', '.join(sorted(known))}"
             raise ValueError(f"unknown algorithm {name!r}; {hint}")
+        if names is not None:  # checked by name alone, before the algorithms' classes are imported
+            return AlgorithmConfig.model_construct(name=value["name"])
         return known[value["name"]].model_validate(value)
 
     def to_yaml(self) -> str:
@@ -550,12 +558,18 @@ def _first_error(error: ValidationError, raw: dict[str, Any]) -> ConfigError:
     return ConfigError(key, message)
 
 
-def parse_config(raw: dict[str, Any]) -> RunConfig:
-    """Validate a nested dict into a :class:`RunConfig`, raising :class:`ConfigError`."""
+def parse_config(raw: dict[str, Any], names: dict[str, set[str]] | None = None) -> RunConfig:
+    """Validate a nested dict into a :class:`RunConfig` against the registered algorithms and datasets,
+    raising :class:`ConfigError` (:func:`fedge.extend.parse_config` registers installed plugins first).
+
+    With ``names`` (``{"algorithms": ..., "datasets": ...}``), a check that needs no algorithm class:
+    the algorithm is known by those names and its block's own keys are left for the full parse, and the
+    datasets are admitted besides the registered ones (:mod:`fedge.precheck`).
+    """
     if not isinstance(raw, dict):
         raise ConfigError("config", "must be a mapping of keys")
     try:
-        return RunConfig.model_validate(raw)
+        return RunConfig.model_validate(raw, context=names)
     except ValidationError as error:
         raise _first_error(error, raw) from None
 

@@ -1,4 +1,5 @@
-"""``environment.json``: the versions, source commit, threads and device a run used, so it can be re-run."""
+"""``environment.json``: the versions, source commit, threads, device and processes (world size and
+collective backend) a run used, so it can be re-run; and what to do when the asked-for CUDA is missing."""
 
 from __future__ import annotations
 
@@ -13,6 +14,7 @@ import torch
 
 import fedge
 from fedge import results
+from fedge.distributed import SINGLE, Group
 
 ENVIRONMENT = "environment.json"
 
@@ -34,8 +36,8 @@ def git_commit(path: Path) -> dict[str, Any] | None:
     return {"commit": commit, "dirty": dirty}
 
 
-def describe(device: str) -> dict[str, Any]:
-    """The software and host a run executes on."""
+def describe(device: str, group: Group = SINGLE) -> dict[str, Any]:
+    """The software and host a run executes on, and its processes (``fedge run --procs N``, torchrun)."""
     return {
         "fedge": fedge.__version__,
         "torch": torch.__version__,
@@ -45,14 +47,31 @@ def describe(device: str) -> dict[str, Any]:
         "machine": platform.machine(),
         "torch_threads": torch.get_num_threads(),
         "device": device,
+        "world_size": group.size,
+        "backend": torch.distributed.get_backend() if group.distributed else None,
         "cuda": torch.version.cuda if torch.cuda.is_available() else None,
         "argv": sys.argv,
         "git": git_commit(Path(fedge.__file__).parent),
     }
 
 
-def write_environment(run_dir: Path, device: str) -> None:
+def write_environment(run_dir: Path, device: str, group: Group = SINGLE) -> None:
     """Write ``run_dir/environment.json`` (kept from the first session when a run is resumed)."""
     path = Path(run_dir) / ENVIRONMENT
     if not path.exists():
-        results.write_json(path, describe(device))
+        results.write_json(path, describe(device, group))
+
+
+def cuda_missing() -> str:
+    """Why ``engine.device=cuda`` cannot run here, and what to do about it."""
+    if torch.version.cuda is None:
+        return (
+            f"CUDA was asked for but the installed torch {torch.__version__} is the CPU build; install a "
+            "CUDA build (pip install --force-reinstall torch --index-url "
+            "https://download.pytorch.org/whl/cuXYZ, the index for your driver's CUDA as "
+            "https://pytorch.org/get-started/locally gives it) or set engine.device=cpu"
+        )
+    return (
+        f"CUDA was asked for but torch {torch.__version__} (built for CUDA {torch.version.cuda}) sees no "
+        "GPU: check the driver (nvidia-smi) and CUDA_VISIBLE_DEVICES, or set engine.device=cpu"
+    )

@@ -24,7 +24,7 @@ class ConfigError(FedgeError):
     """A config key has an unknown name or an impossible value."""
 
     def __init__(self, key: str, message: str):
-        self.key = key
+        self.key, self.message = key, message  # the message without the key, to re-raise with more
         super().__init__(f"{key}: {message}")
 
 

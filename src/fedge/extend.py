@@ -8,19 +8,24 @@ keyword-only, annotated parameters are the ``model.options`` a config may set (c
 config (a subclass of :class:`~fedge.config.AlgorithmConfig`). A name that a built-in already has, or
 that another object already took, is refused with a one-line error. Installed packages register through
 the entry-point groups of :mod:`fedge.plugins`; :func:`load_entry_points` loads them once.
+
+:func:`parse_config` and :func:`load_config` are the config readers of every layer above this one (the
+API, the runner's resume, sweeps and their worker processes, comparisons, the command line): they load
+the installed plugins first, so a plugin's algorithm, model or dataset works wherever a built-in does.
 """
 
 from __future__ import annotations
 
 import inspect
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 from torch import nn
 
-from fedge import plugins
+from fedge import config, plugins
 from fedge.algorithms import ALGORITHMS, Algorithm, register
-from fedge.config import AlgorithmConfig, DataConfig
+from fedge.config import AlgorithmConfig, DataConfig, RunConfig
 from fedge.data.dataset import Dataset
 from fedge.data.sources import SOURCES
 from fedge.data.user import user_dataset
@@ -109,3 +114,15 @@ def load_entry_points() -> None:
             else:
                 add(point.name, value)
             _LOADED.add(key)
+
+
+def parse_config(raw: dict[str, Any]) -> RunConfig:
+    """A nested dict validated into a :class:`RunConfig`, installed plugins registered first."""
+    load_entry_points()
+    return config.parse_config(raw)
+
+
+def load_config(path: Path | None = None, overrides: list[str] | None = None) -> RunConfig:
+    """A YAML config file (or the defaults) with dotted overrides, installed plugins registered first."""
+    load_entry_points()
+    return config.load_config(path, overrides)

@@ -17,8 +17,10 @@ import html
 import io
 import json
 import math
+import os
 import statistics
 from collections import defaultdict
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -26,10 +28,10 @@ from typing import Any
 import yaml
 
 from fedge import results
-from fedge.errors import FedgeError
 from fedge.labels import config_diff, labels
 from fedge.records import MIB, evaluated
 from fedge.report_selection import selection_section
+from fedge.rundirs import find_run_dirs
 
 REPORT = "report.html"
 AXES = (
@@ -65,18 +67,10 @@ class Cell:
         return [r for r in self.runs if r.summary is not None]
 
 
-def find_runs(path: Path) -> list[Run]:
-    """Every run directory at or under ``path`` (a folder with config.yaml and metrics.jsonl)."""
-    path = Path(path)
-    found = (
-        [path]
-        if (path / results.METRICS).is_file()
-        else sorted(p.parent for p in path.rglob(results.METRICS))
-    )
+def find_runs(paths: Sequence[str | Path]) -> list[Run]:
+    """Every run that ``paths`` name: run directories, folders of runs, patterns (:mod:`fedge.rundirs`)."""
     runs = []
-    for run_dir in found:
-        if not (run_dir / results.CONFIG).is_file():
-            continue
+    for run_dir in find_run_dirs(paths):
         summary_path = run_dir / results.SUMMARY
         runs.append(
             Run(
@@ -326,8 +320,7 @@ def breakdown_tables(cells: list[Cell]) -> str:
         if not parts:
             continue
         rows = [
-            [label, *(f"{row[p]:.4g}" if p in row else "–" for p in parts)]
-            for label, row in means.items()
+            [label, *(f"{row[p]:.4g}" if p in row else "–" for p in parts)] for label, row in means.items()
         ]
         out.append(f"<h3>{title}</h3>" + _table(["cell", *(f"{p} ({unit})" for p in parts)], rows))
     return "".join(out)
@@ -376,11 +369,22 @@ overflow-x:auto;font-size:.85em} code{font-size:.92em}
 </style>"""
 
 
-def render(path: Path, targets: list[float] | None = None) -> str:
-    """The report page of the runs under ``path``, as HTML text."""
-    runs = find_runs(path)
-    if not runs:
-        raise FedgeError(f"{path}: no run directories (config.yaml + metrics.jsonl) here")
+def _arguments(paths: str | Path | Sequence[str | Path]) -> list[str | Path]:
+    return [paths] if isinstance(paths, str | Path) else list(paths)
+
+
+def _home(paths: list[str | Path], runs: list[Run]) -> Path:
+    """The folder a report is of: the one directory given, else the runs' common folder."""
+    if len(paths) == 1 and Path(paths[0]).is_dir():
+        return Path(paths[0])
+    return Path(os.path.commonpath([r.path.resolve() for r in runs]))
+
+
+def render(paths: str | Path | Sequence[str | Path], targets: list[float] | None = None) -> str:
+    """The report page of the runs that ``paths`` name (:func:`find_runs`), as HTML text."""
+    arguments = _arguments(paths)
+    runs = find_runs(arguments)
+    path = _home(arguments, runs)
     cells = group_cells(runs)
     finished = [c for c in cells if c.finished]
     levels = _targets(cells, targets)
@@ -452,7 +456,10 @@ def render(path: Path, targets: list[float] | None = None) -> str:
                     ["node", "sent (MB)", "received (MB)", "peak storage (MB)", "simulated energy (J)"],
                     [
                         [
-                            n["node"], f"{n['sent']:.3f}", f"{n['received']:.3f}", f"{n['peak']:.3f}",
+                            n["node"],
+                            f"{n['sent']:.3f}",
+                            f"{n['received']:.3f}",
+                            f"{n['peak']:.3f}",
                             f"{n['energy']:.4g}",
                         ]
                         for n in nodes
@@ -467,7 +474,7 @@ def render(path: Path, targets: list[float] | None = None) -> str:
         [
             c.label,
             r.seed,
-            str(r.path.relative_to(Path(path)) if r.path != Path(path) else "."),
+            _relative(r.path, path),
             "finished" if r.summary else "unfinished",
             f"{100 * r.summary['final_accuracy']:.2f}" if r.summary else "–",
         ]
@@ -486,16 +493,26 @@ def render(path: Path, targets: list[float] | None = None) -> str:
     return "\n".join(parts)
 
 
+def _relative(run_dir: Path, home: Path) -> str:
+    """A run's directory as the report names it: relative to the report's folder where it lies inside."""
+    run_dir, home = run_dir.resolve(), home.resolve()
+    if run_dir == home:
+        return "."
+    return str(run_dir.relative_to(home)) if run_dir.is_relative_to(home) else str(run_dir)
+
+
 def _mean_dicts(items: list[dict[str, float]]) -> dict[str, float]:
     keys = list(dict.fromkeys(k for item in items for k in item))
     return {k: statistics.fmean(item.get(k, 0.0) for item in items) for k in keys}
 
 
-def write_report(path: Path, out: Path | None = None, targets: list[float] | None = None) -> Path:
-    """Write the report of ``path`` to ``out`` (default ``path/report.html``); the file written."""
-    path = Path(path)
-    if not path.exists():
-        raise FedgeError(f"{path}: no such directory")
-    out = Path(out) if out is not None else path / REPORT
-    results.write_text(out, render(path, targets))
+def write_report(
+    paths: str | Path | Sequence[str | Path], out: Path | None = None, targets: list[float] | None = None
+) -> Path:
+    """Write the report of the runs ``paths`` name to ``out`` (default: ``report.html`` in the one
+    directory given, else in the runs' common folder); the file written."""
+    arguments = _arguments(paths)
+    page = render(arguments, targets)
+    out = Path(out) if out is not None else _home(arguments, find_runs(arguments)) / REPORT
+    results.write_text(out, page)
     return out

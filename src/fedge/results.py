@@ -2,10 +2,12 @@
 
 Nothing in a run directory is ever half-written: every file goes to a temporary name in the same
 folder and is renamed into place, and a new run directory is assembled under a hidden temporary name
-and renamed once its config is in place. JSON files are strict JSON (a NaN or infinity is written as
-``null``). A run directory is locked while a process runs it, so a second ``resume`` of it is refused
-instead of racing the first; the lock goes with the process, even a killed one. A folder or file that
-cannot be written is a one-line :class:`~fedge.errors.PathError`, never a traceback.
+and renamed once its config is in place; both get the permissions the umask allows
+(:mod:`fedge.umask`), not the temporary names' 0600 / 0700. JSON files are strict JSON (a NaN or
+infinity is written as ``null``). A run directory is locked while a process runs it, so a second
+``resume`` of it is refused instead of racing the first; the lock goes with the process, even a killed
+one. A folder or file that cannot be written is a one-line :class:`~fedge.errors.PathError`, never a
+traceback.
 """
 
 from __future__ import annotations
@@ -21,6 +23,7 @@ from collections.abc import Callable, Iterable
 from pathlib import Path
 from typing import IO, Any
 
+from fedge import umask
 from fedge.errors import ConfigError, PathError
 
 CONFIG = "config.yaml"
@@ -44,6 +47,7 @@ def atomic_write(path: Path, write: Callable[[IO[bytes]], None]) -> None:
     except OSError as error:
         raise PathError(path.parent, f"cannot be written ({_reason(error)})") from None
     try:
+        umask.share_file(fd)
         with os.fdopen(fd, "wb") as handle:
             write(handle)
             handle.flush()
@@ -127,6 +131,7 @@ def create_run_dir(parent: Path, name: str, config_yaml: str) -> Path:
     try:
         parent.mkdir(parents=True, exist_ok=True)
         staging = Path(tempfile.mkdtemp(prefix=f".{name}.", suffix=".partial", dir=parent))
+        umask.share_folder(staging)
         write_text(staging / CONFIG, config_yaml)
         (staging / PLOTS).mkdir()
         for attempt in range(1, 10_000):

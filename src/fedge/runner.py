@@ -26,7 +26,7 @@ from torch import nn
 from fedge import checkpoint, divergence, preflight, records, restore, results, stop
 from fedge.algorithms import ALGORITHMS, Algorithm, Context
 from fedge.comm import Ledger, Network
-from fedge.config import CUSTOM_DATA, RunConfig, load_config
+from fedge.config import CUSTOM_DATA, RunConfig
 from fedge.data.dataset import Dataset
 from fedge.data.federated import FederatedData
 from fedge.data.partition import partition_test, partition_train
@@ -35,8 +35,9 @@ from fedge.data.user import UserData, user_dataset
 from fedge.distributed import Cohorts, Group, current_group, launched_rank
 from fedge.engine import Criterion, NoiseStreams, cross_entropy, has_random_layers, make_executor
 from fedge.engine.host import configure_host
-from fedge.environment import write_environment
+from fedge.environment import cuda_missing, write_environment
 from fedge.errors import CheckpointError, ConfigError, DataError, Diverged, FedgeError
+from fedge.extend import load_config
 from fedge.metrics import Evaluation, RoundReport
 from fedge.models import SplitModel, block_cut, build_model, output_shape, split, user_factory
 from fedge.plots import plot_run
@@ -88,7 +89,7 @@ def _device(name: str) -> torch.device:
     if device.type not in ("cpu", "cuda"):
         raise ConfigError("engine.device", f"{name!r} is not supported; use cpu or cuda[:index]")
     if device.type == "cuda" and not torch.cuda.is_available():
-        raise ConfigError("engine.device", "CUDA was asked for but no CUDA device is available")
+        raise ConfigError("engine.device", cuda_missing())
     if device.type == "cuda" and (device.index or 0) >= torch.cuda.device_count():
         raise ConfigError("engine.device", f"there is no {name} (CUDA devices: {torch.cuda.device_count()})")
     return device
@@ -434,7 +435,7 @@ def start_run(
     run_dir = None
     if group.writes:
         run_dir = results.create_run_dir(config.output.dir, default_run_name(config), config.to_yaml())
-        write_environment(run_dir, str(built.context.device))
+        write_environment(run_dir, str(built.context.device), group)
     run_dir = group.broadcast(run_dir)
     lock = results.RunLock(run_dir) if group.writes else None
     return Runner(built, run_dir, on_round=on_round, lock=lock)
@@ -471,5 +472,5 @@ def open_run(
         raise
     if writes:
         results.remove_temporaries(run_dir)
-        write_environment(run_dir, str(runner.built.context.device))
+        write_environment(run_dir, str(runner.built.context.device), runner.group)
     return runner

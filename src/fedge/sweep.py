@@ -40,8 +40,9 @@ import yaml
 from pydantic import Field, PositiveInt, ValidationError
 
 from fedge import results, stop
-from fedge.config import AlgorithmConfig, StrictModel, config_keys, load_raw, parse_config, split_values
+from fedge.config import AlgorithmConfig, StrictModel, config_keys, load_raw, split_values
 from fedge.errors import ConfigError, FedgeError
+from fedge.extend import load_entry_points, parse_config
 from fedge.labels import short_keys
 
 SWEEP_FILE = "sweep.yaml"
@@ -136,8 +137,7 @@ def parse_values(text: str) -> list[Any]:
 
 def _retarget(raw: dict[str, Any]) -> list[str]:
     """Drop the algorithm keys the named algorithm does not know; return them (dotted)."""
-    import fedge.algorithms  # noqa: F401  (fills the registry)
-
+    load_entry_points()
     block = raw.get("algorithm") or {}
     known = AlgorithmConfig.registry.get(block.get("name", "fedavg"))
     if known is None:
@@ -204,8 +204,8 @@ def load_sweep(
 
     ``config`` may also be a sweep directory: its ``sweep.yaml`` is read, so the sweep continues.
     """
-    from fedge.api import config_source
     from fedge.config import apply_override
+    from fedge.locate import config_source
 
     path = config_source(config) if config is not None else None
     if path is not None and path.is_dir():
@@ -262,7 +262,7 @@ def plan(base: dict[str, Any], spec: SweepSpec) -> tuple[Path, list[Task]]:
             try:
                 parse_config(raw)
             except ConfigError as error:
-                raise ConfigError(error.key, f"{error} (cell {cell.label})") from None
+                raise ConfigError(error.key, f"{error.message} (cell {cell.label})") from None
             tasks.append(Task(cell, seed, sweep_dir / RUNS / run_name))
     return sweep_dir, tasks
 
@@ -384,6 +384,8 @@ def table_markdown(table: list[dict[str, Any]], targets: list[float]) -> str:
         mean, std, half = (entry[f"{key}_{p}"] * scale for p in ("mean", "std", "ci95"))
         if math.isnan(mean):
             return "-"
+        if math.isnan(half):  # one seed: no spread to show
+            return f"{mean:.{digits}f}"
         ci = f" [±{half:.{digits}f}]" if not math.isnan(half) else ""
         return f"{mean:.{digits}f} ± {std:.{digits}f}{ci}"
 

@@ -343,15 +343,17 @@ class BatchedExecutor(Executor):
     CPU and raised the peak memory (1,000 such clients: 1.35 GB peak in chunks of 100, 1.89 GB in
     chunks of 200, at the same speed). A bank of one client has nothing to batch: it trains as the
     sequential executor does, on its real rows with the same kernels, so single-learner runs give
-    identical numbers on both. Without the allocator switch (:mod:`fedge.engine.host`) the budget is at
-    most 32 MiB, glibc's largest reused block: a larger gradient would be mapped and zero-filled anew at
-    every step (measured on W1, allocator off: chunks of 50 clients about 35 % faster than one chunk of
-    100). ``compile_step`` compiles the vmapped step with
-    ``torch.compile`` (one compiled kernel per step object, kept for the executor's lifetime; the first
-    rounds pay the compilation). With ``fused`` (the default) a dense network's step runs as
-    :class:`~fedge.engine.dense.DenseKernel` instead of vmapped autograd, compiled or not: the same
-    gradients, rounded differently (numbers agree with the sequential executor to about 1e-8 per
-    step rather than bit for bit).
+    identical numbers on both; likewise a :meth:`map` or :meth:`forward_with_vjp` of one client (split
+    learning's ``server_order: client_after_client`` maps each client in turn), where ``vmap``'s
+    per-call work cost 2-3 times the sequential executor's round (benchmarks/server_order.py).
+    Without the allocator switch (:mod:`fedge.engine.host`) the budget is at most 32 MiB, glibc's
+    largest reused block: a larger gradient would be mapped and zero-filled anew at every step
+    (measured on W1, allocator off: chunks of 50 clients about 35 % faster than one chunk of 100).
+    ``compile_step`` compiles the vmapped step with ``torch.compile`` (one compiled kernel per step
+    object, kept for the executor's lifetime; the first rounds pay the compilation). With ``fused``
+    (the default) a dense network's step runs as :class:`~fedge.engine.dense.DenseKernel` instead of
+    vmapped autograd, compiled or not: the same gradients, rounded differently (numbers agree with the
+    sequential executor to about 1e-8 per step rather than bit for bit).
     """
 
     name = "batched"
@@ -448,6 +450,8 @@ class BatchedExecutor(Executor):
         return max(1, -(-count // max(chunks, 1)))
 
     def map(self, fn, state, batch, shared, counts, inputs=(), keys=None, stage="map") -> Mapped:
+        if len(counts) == 1:  # one client (a split round client after client): the sequential kernels
+            return SequentialExecutor.map(self, fn, state, batch, shared, counts, inputs, keys, stage)
         in_dims = (0,) * (len(state) + len(inputs) + len(batch)) + (None,) * len(shared)
         keyed = keys is not None
         mapped = _vmapped(fn, in_dims, keyed, False)
@@ -473,6 +477,11 @@ class BatchedExecutor(Executor):
                 v * real.to(v).reshape(*real.shape, *([1] * (v.dim() - 2))) for v in per_sample
             )
         return Mapped(new_state, per_client, per_sample)
+
+    def forward_with_vjp(self, fn, params, buffers, x, counts, keys=None):
+        if len(counts) == 1:  # one client: one eager forward pass, as the sequential executor runs it
+            return SequentialExecutor.forward_with_vjp(self, fn, params, buffers, x, counts, keys)
+        return super().forward_with_vjp(fn, params, buffers, x, counts, keys)
 
     @staticmethod
     def _train_chunk(

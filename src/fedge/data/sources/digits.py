@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import numpy as np
 import torch
-from sklearn.datasets import load_digits
 
 from fedge.config import DataConfig
 from fedge.data.dataset import Dataset
@@ -30,6 +29,8 @@ def stratified_split(
 
 def load_digits_dataset(cfg: DataConfig, seed: int) -> Dataset:
     """8x8 digits ``[N,1,8,8]``, 10 classes, split into train/test by ``cfg.test_fraction`` per class."""
+    from sklearn.datasets import load_digits  # a second to import: only when the digits are loaded
+
     bunch = load_digits()
     x = torch.from_numpy(((bunch.data / 16.0 - MEAN) / STD).astype(np.float32)).view(-1, 1, 8, 8)
     y = bunch.target.astype(np.int64)

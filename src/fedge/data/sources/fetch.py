@@ -12,6 +12,7 @@ import urllib.request
 from collections.abc import Sequence
 from pathlib import Path
 
+from fedge import umask
 from fedge.errors import DataError
 
 
@@ -27,6 +28,7 @@ def download(urls: Sequence[str], dest: Path) -> Path:
     for url in urls:
         fd, tmp = tempfile.mkstemp(dir=dest.parent, prefix=f".{dest.name}.", suffix=".part")
         try:
+            umask.share_file(fd)
             with os.fdopen(fd, "wb") as out, urllib.request.urlopen(url, timeout=60) as response:
                 while chunk := response.read(1 << 20):
                     out.write(chunk)

