@@ -19,8 +19,8 @@ import typer
 from rich.console import Console
 
 from fedge import results
-from fedge.config import load_config
 from fedge.errors import EXIT_BAD_INPUT, FedgeError
+from fedge.extend import load_config
 
 if TYPE_CHECKING:
     from fedge.runner import Result

@@ -11,10 +11,10 @@ import yaml
 from flwr.app import ConfigRecord, Context, Message, MetricRecord, RecordDict
 from flwr.clientapp import ClientApp
 
-from fedge.config import parse_config
 from fedge.deploy import fedsl_node
 from fedge.deploy.node import Node, State
 from fedge.deploy.wire import F32, from_record, to_record
+from fedge.extend import parse_config
 from fedge.tensors import Tensors
 
 app = ClientApp()

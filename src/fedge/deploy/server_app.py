@@ -19,10 +19,11 @@ from flwr.serverapp import Grid, ServerApp
 
 from fedge import results
 from fedge.comm import nodes
-from fedge.config import RunConfig, parse_config
+from fedge.config import RunConfig
 from fedge.deploy.rounds import DeployedRounds, deployed_class
 from fedge.deploy.transport import GridTransport
 from fedge.environment import write_environment
+from fedge.extend import parse_config
 from fedge.runner import Built, Result, Runner, build_run, default_run_name
 
 log = logging.getLogger("fedge.deploy")
