@@ -20,7 +20,6 @@ from rich.console import Console
 
 from fedge import results
 from fedge.errors import EXIT_BAD_INPUT, FedgeError
-from fedge.extend import load_config
 
 if TYPE_CHECKING:
     from fedge.runner import Result
@@ -59,7 +58,8 @@ def print_deployed(run_dir: Path) -> None:
 
 def _result(run_dir: Path) -> Result:
     """A finished run as its directory holds it."""
-    from fedge.runner import Result  # torch: imported when the command runs, not with the CLI
+    from fedge.extend import load_config  # torch: imported when the command runs, not with the CLI
+    from fedge.runner import Result
 
     summary = json.loads((run_dir / results.SUMMARY).read_text())
     metrics = results.read_jsonl(run_dir / results.METRICS)
