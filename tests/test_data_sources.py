@@ -21,6 +21,9 @@ from fedge.rng import numpy_rng
 IDX_CODES = {np.dtype(np.uint8): 0x08, np.dtype(np.int32): 0x0C}
 
 
+REAL_HOME = Path.home()  # where .ci/setup unpacks MNIST (~/.cache/fedge/mnist), before any test moves HOME
+
+
 @pytest.fixture(autouse=True)
 def _empty_home(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """Keep the real ``~/.cache/fedge`` out of every test."""
@@ -62,7 +65,9 @@ def test_every_configured_dataset_has_a_source_and_a_one_line_description() -> N
 
 
 @pytest.mark.parametrize("name", ["mnist", "fashion-mnist"])
-def test_real_idx_datasets_load_from_system_locations(name: str) -> None:
+def test_real_idx_datasets_load_from_system_locations(name: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The real files where a set-up puts them: a system package, or the user's cache folder."""
+    monkeypatch.setenv("HOME", str(REAL_HOME))
     data = load_dataset(DataConfig(name=name), seed=0)
     assert (data.num_train, data.num_test, data.num_classes) == (60_000, 10_000, 10)
     assert data.input_shape == (1, 28, 28)
