@@ -65,10 +65,8 @@ class DeployedFedSL:
             raise FedgeError(f"round {t}: no client replied ({self.transport.dropped.get(t)})")
         loss[~answered] = loss[answered].mean()
         states = {
-            part: {
-                name: torch.stack([backward.get(k, state[k])[part][name] for k in state]) for name in names
-            }
-            for part, names in ((part, list(self.clients[part])) for part in STATE)
+            part: {name: torch.stack([backward.get(k, state[k])[part][name] for k in state]) for name in held}
+            for part, held in self.clients.items()
         }
         states["masks"] = {name: mask.bool() for name, mask in states["masks"].items()}
         return Trained(states, loss, served.up_bits, served.down_bits)
