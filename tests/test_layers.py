@@ -57,6 +57,7 @@ RANKS = {
     "progress": 10,
     "catalog": 10,
     "precheck": 10,
+    "schema_blocks": 10,
     "deploy": 10,
     "cli": 11,
     "cli_bounds": 11,

@@ -3,6 +3,8 @@ torch or scikit-learn is imported (each checked in a fresh interpreter, whose sy
 
 from __future__ import annotations
 
+import copy
+import json
 import os
 import subprocess
 import sys
@@ -11,9 +13,10 @@ from pathlib import Path
 import pytest
 
 import fedge
-from fedge import locate, models
+from fedge import catalog, extend, locate, models
+from fedge.config import apply_override, parse_config
 from fedge.errors import ConfigError
-from fedge.precheck import precheck
+from fedge.precheck import known_names, precheck
 
 ENV = {**os.environ, "PYTHONPATH": str(Path(fedge.__file__).parents[1])}
 EXAMPLES = sorted(p.stem for p in locate.examples_dir().glob("*.yaml"))
@@ -39,7 +42,18 @@ def test_validation_imports_neither_torch_nor_sklearn():
 
 
 @pytest.mark.parametrize(
-    "args", [["--help"], ["list"], ["schema"], ["run", "rounds=0"], ["compare", "partition.alpha=0"]]
+    "args",
+    [
+        ["--help"],
+        ["list"],
+        ["list", "--algorithm", "cse_fsl"],
+        ["schema"],
+        ["run", "rounds=0"],
+        ["run", "algorithm.hh=2"],
+        ["compare", "partition.alpha=0"],
+        ["sweep", "algorithm.batch_size=0"],
+        ["bounds", "example:cse-cifar10", "algorithm.hh=2"],
+    ],
 )
 def test_commands_answer_without_torch(args):
     done = _fresh(
@@ -76,10 +90,63 @@ def test_every_shipped_example_passes_the_precheck(name):
     precheck(f"example:{name}")
 
 
-def test_the_algorithm_block_keys_are_left_to_the_full_check():
-    precheck(None, ["algorithm.hh=2"])
-    with pytest.raises(ConfigError, match="algorithm.hh: unknown key"):
-        fedge.resolve_config(None, ["algorithm.hh=2"])
+def _mutations() -> list[tuple[str, str]]:
+    """One bad value per key the schema bounds or restricts, a wrong type, and a misspelt key, for each
+    key of each built-in algorithm (a key many algorithms share alike, once): (algorithm, override)."""
+    defs = catalog.load_schema()["$defs"]
+    cases, seen = [], set()
+    for title, block in defs.items():
+        if not title.startswith("algorithm:"):
+            continue
+        name = title.removeprefix("algorithm:")
+        for key, prop in block["properties"].items():
+            options = prop.get("anyOf", [prop])
+            shape = (key, json.dumps(prop, sort_keys=True))
+            if key == "name" or shape in seen:
+                continue
+            seen.add(shape)
+            cases.append((name, f"algorithm.{key}x=1"))
+            for option in options:
+                if "enum" in option:
+                    cases.append((name, f"algorithm.{key}=not_a_choice"))
+                if "exclusiveMinimum" in option or "minimum" in option:
+                    bound = option.get("exclusiveMinimum", option.get("minimum"))
+                    cases.append((name, f"algorithm.{key}={bound - 1}"))
+                if "maximum" in option or "exclusiveMaximum" in option:
+                    bound = option.get("maximum", option.get("exclusiveMaximum"))
+                    cases.append((name, f"algorithm.{key}={bound + 1}"))
+                if option.get("type") in ("integer", "number", "boolean"):
+                    cases.append((name, f"algorithm.{key}=[abc]"))
+                if "$ref" in option:
+                    cases.append((name, f"algorithm.{key}.nokey=1"))
+    return cases
+
+
+MUTATIONS = _mutations()
+
+
+def test_the_precheck_checks_the_algorithm_block_as_the_full_check_does():
+    """Every mutation the schema can tell is refused early with the full check's very words; none that the
+    full check admits is refused early."""
+    names = known_names()
+    caught = 0
+    for name, override in MUTATIONS:
+        raw = {"algorithm": {"name": name}}
+        apply_override(raw, override)
+        try:
+            extend.parse_config(copy.deepcopy(raw))
+            full = None
+        except ConfigError as error:
+            full = str(error)
+        try:
+            parse_config(raw, names)
+            early = None
+        except ConfigError as error:
+            early = str(error)
+        assert early is None or early == full, (override, early, full)
+        caught += early is not None
+    assert len(MUTATIONS) > 200
+    assert caught == len(MUTATIONS)
 
 
 def test_the_precheck_knows_installed_plugins_by_their_entry_points(tmp_path, monkeypatch):

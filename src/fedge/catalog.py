@@ -1,7 +1,8 @@
 """What ``fedge list`` and ``fedge schema`` show, kept as data so they answer without importing torch.
 
-``catalog.json`` (shipped in the package) holds every algorithm, dataset, partitioner and model with its
-cut points, and ``schema.json`` the JSON Schema of a run config with every built-in algorithm's block.
+``catalog.json`` (shipped in the package) holds every algorithm with its config keys (``fedge list
+--algorithm``), every dataset, partitioner and model with its cut points, and ``schema.json`` the JSON
+Schema of a run config with every built-in algorithm's block.
 Both are built from the live registries by ``python -m fedge.catalog``; a test checks that the files
 equal what the registries say now, so a new component cannot be forgotten.
 """
@@ -26,6 +27,7 @@ EXAMPLE_INPUTS = {
 def build() -> dict[str, Any]:
     """The catalog from the registries (imports every component)."""
     from fedge.algorithms import ALGORITHMS
+    from fedge.config import describe_fields
     from fedge.data.partition import PARTITIONERS
     from fedge.data.sources import source_descriptions
     from fedge.models import model_cut_points, model_descriptions
@@ -35,8 +37,10 @@ def build() -> dict[str, Any]:
         shape = EXAMPLE_INPUTS.get(name, (1, 28, 28))
         cuts = [[k, block] for k, block in model_cut_points(name, shape, 10)]
         models.append({"name": name, "description": description, "input": list(shape), "cuts": cuts})
+    keys = {name: describe_fields(cls.config_class) for name, cls in sorted(ALGORITHMS.items())}
     return {
         "algorithms": {name: cls.description for name, cls in sorted(ALGORITHMS.items())},
+        "algorithm_keys": json.loads(json.dumps(keys)),  # as the file holds them (tuples as lists)
         "datasets": source_descriptions(),
         "partitioners": dict(PARTITIONERS),
         "models": models,

@@ -432,17 +432,23 @@ def _algorithm_fields(name: str, as_json: bool) -> None:
     """The keys of one algorithm's config block: type, default, other spellings and description."""
     import difflib
 
-    from fedge.config import AlgorithmConfig, describe_fields
-    from fedge.extend import load_entry_points
+    from fedge import catalog, plugins
 
-    with _reported():
-        load_entry_points()
-        known = AlgorithmConfig.registry
-        if name not in known:
-            near = difflib.get_close_matches(name, known, n=1)
-            hint = f"did you mean {near[0]!r}?" if near else f"known: {', '.join(sorted(known))}"
-            raise FedgeError(f"--algorithm: unknown algorithm {name!r}; {hint}")
-    rows = describe_fields(known[name])
+    shipped = catalog.load()["algorithm_keys"]
+    if name in shipped and name not in {p.name for p in plugins.discovered("algorithms")}:
+        rows = shipped[name]  # a built-in algorithm: from the catalog, no torch
+    else:
+        from fedge.config import AlgorithmConfig, describe_fields
+        from fedge.extend import load_entry_points
+
+        with _reported():
+            load_entry_points()
+            known = AlgorithmConfig.registry
+            if name not in known:
+                near = difflib.get_close_matches(name, known, n=1)
+                hint = f"did you mean {near[0]!r}?" if near else f"known: {', '.join(sorted(known))}"
+                raise FedgeError(f"--algorithm: unknown algorithm {name!r}; {hint}")
+        rows = describe_fields(known[name])
     if as_json:
         typer.echo(json.dumps(rows, indent=1))
         return

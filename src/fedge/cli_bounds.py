@@ -24,6 +24,7 @@ from rich.table import Table
 from fedge.config import apply_override, load_raw, split_values
 from fedge.errors import ConfigError, FedgeError
 from fedge.locate import config_source
+from fedge.precheck import precheck
 
 if TYPE_CHECKING:  # the theory modules import torch: loaded when a bound is evaluated, not for --help
     from fedge.theory.bound import Bound
@@ -149,12 +150,17 @@ def bounds(
         evaluate = Evaluator(probe, "theory block" if config is not None else "SplitFed unit setting")
         sweeps = [parse_sweep(option) for option in sweep or []]
         keys = [key for key, _ in sweeps]
-        results = []
+        points = []
         for values in itertools.product(*(v for _, v in sweeps)):
             point = copy.deepcopy(raw)
             for key, value in zip(keys, values, strict=True):
                 apply_override(point, f"{key}={value}")
-            results.append((values, *evaluate(point)))
+            points.append((values, point))
+        for _, point in points:  # every run config checked before torch loads to estimate constants
+            run_part = {key: value for key, value in point.items() if key != "theory"}
+            if run_part:
+                precheck(run_part)
+        results = [(values, *evaluate(point)) for values, point in points]
     except FedgeError as error:
         errors.print(f"[bold red]error:[/] {error}", highlight=False, soft_wrap=True)
         raise typer.Exit(code=2) from None

@@ -491,7 +491,10 @@ class RunConfig(StrictModel):
             near = difflib.get_close_matches(str(name), known, n=1)
             hint = f"did you mean {near[0]!r}?" if near else f"known: {', '.join(sorted(known))}"
             raise ValueError(f"unknown algorithm {name!r}; {hint}")
-        if names is not None:  # checked by name alone, before the algorithms' classes are imported
+        if names is not None:  # checked before the algorithms' classes are imported
+            block = (info.context or {}).get("blocks", {}).get(value["name"])
+            if block is not None:
+                block.model_validate(value)
             return AlgorithmConfig.model_construct(name=value["name"])
         return known[value["name"]].model_validate(value)
 
@@ -511,15 +514,18 @@ def _block_model(annotation: Any) -> type[BaseModel] | None:
     return None
 
 
-def _keys_at(raw: dict[str, Any], path: tuple[Any, ...]) -> list[str]:
-    """The valid keys of the block at ``path`` (the algorithm block by the name ``raw`` gives it)."""
+def _keys_at(
+    raw: dict[str, Any], path: tuple[Any, ...], blocks: dict[str, type[BaseModel]] | None = None
+) -> list[str]:
+    """The valid keys of the block at ``path`` (the algorithm block by the name ``raw`` gives it, from
+    ``blocks`` where the algorithms' classes are not loaded)."""
     block: type[BaseModel] | None = RunConfig
     node: Any = raw
     for part in path:
         node = node.get(part) if isinstance(node, dict) else None
         if block is RunConfig and part == "algorithm":
             name = node.get("name", DEFAULT_ALGORITHM) if isinstance(node, dict) else DEFAULT_ALGORITHM
-            block = AlgorithmConfig.registry.get(name)
+            block = AlgorithmConfig.registry.get(name) or (blocks or {}).get(name)
         else:
             field = block.model_fields.get(str(part)) if block is not None else None
             block = _block_model(field.annotation) if field is not None else None
@@ -528,9 +534,11 @@ def _keys_at(raw: dict[str, Any], path: tuple[Any, ...]) -> list[str]:
     return config_keys(block)
 
 
-def _unknown_key(raw: dict[str, Any], loc: tuple[Any, ...]) -> str:
+def _unknown_key(
+    raw: dict[str, Any], loc: tuple[Any, ...], blocks: dict[str, type[BaseModel]] | None = None
+) -> str:
     """``unknown key``, with the nearest valid key of that block (or the valid keys) as a hint."""
-    known = _keys_at(raw, loc[:-1])
+    known = _keys_at(raw, loc[:-1], blocks)
     if str(loc[-1]) in known:
         return "set twice (under two spellings of one key, such as a descriptive name and its symbol)"
     near = difflib.get_close_matches(str(loc[-1]), known, n=1, cutoff=0.6)
@@ -544,13 +552,15 @@ def _shown(value: Any) -> str:
     return text if len(text) <= 60 else text[:57] + "..."
 
 
-def _first_error(error: ValidationError, raw: dict[str, Any]) -> ConfigError:
+def _first_error(
+    error: ValidationError, raw: dict[str, Any], blocks: dict[str, type[BaseModel]] | None = None
+) -> ConfigError:
     """One line naming the offending key, from pydantic's error list."""
     first = error.errors()[0]
     key = ".".join(str(part) for part in first["loc"]) or "config"
     message = first["msg"].removeprefix("Value error, ").removeprefix("Assertion failed, ")
     if first["type"] == "extra_forbidden":
-        message = _unknown_key(raw, first["loc"])
+        message = _unknown_key(raw, first["loc"], blocks)
     elif "got " in message:
         pass
     elif "input" in first and first["type"] != "missing" and not isinstance(first["input"], dict):
@@ -558,20 +568,21 @@ def _first_error(error: ValidationError, raw: dict[str, Any]) -> ConfigError:
     return ConfigError(key, message)
 
 
-def parse_config(raw: dict[str, Any], names: dict[str, set[str]] | None = None) -> RunConfig:
+def parse_config(raw: dict[str, Any], names: dict[str, Any] | None = None) -> RunConfig:
     """Validate a nested dict into a :class:`RunConfig` against the registered algorithms and datasets,
     raising :class:`ConfigError` (:func:`fedge.extend.parse_config` registers installed plugins first).
 
-    With ``names`` (``{"algorithms": ..., "datasets": ...}``), a check that needs no algorithm class:
-    the algorithm is known by those names and its block's own keys are left for the full parse, and the
-    datasets are admitted besides the registered ones (:mod:`fedge.precheck`).
+    With ``names`` (``{"algorithms": ..., "datasets": ..., "blocks": ...}``), a check that needs no
+    algorithm class: the algorithm is known by those names, its block is checked against ``blocks`` (a
+    stand-in block class by algorithm name; one without is left for the full parse), and the datasets
+    are admitted besides the registered ones (:mod:`fedge.precheck`).
     """
     if not isinstance(raw, dict):
         raise ConfigError("config", "must be a mapping of keys")
     try:
         return RunConfig.model_validate(raw, context=names)
     except ValidationError as error:
-        raise _first_error(error, raw) from None
+        raise _first_error(error, raw, (names or {}).get("blocks")) from None
 
 
 class _Loader(yaml.SafeLoader):
@@ -670,13 +681,18 @@ def load_config(path: Path | None = None, overrides: list[str] | None = None) ->
     return parse_config(raw)
 
 
+def _number(value: Any) -> Any:
+    """A bound as it reads best: ``0`` for ``0.0`` (pydantic may hand back either spelling of one bound)."""
+    return int(value) if isinstance(value, float) and value.is_integer() else value
+
+
 def _type_name(annotation: Any) -> str:
     """A short readable type: ``int > 0``, ``'sgd' | 'adam'``, ``float | none``."""
     origin = get_origin(annotation)
     if origin is Annotated:
         base, *extra = get_args(annotation)
         bounds = [
-            f"{symbol} {getattr(meta, attr)}"
+            f"{symbol} {_number(getattr(meta, attr))}"
             for meta in extra
             for attr, symbol in (("gt", ">"), ("ge", ">="), ("lt", "<"), ("le", "<="))
             if getattr(meta, attr, None) is not None

@@ -40,10 +40,10 @@ import yaml
 from pydantic import Field, PositiveInt, ValidationError
 
 from fedge import results, stop
-from fedge.config import AlgorithmConfig, StrictModel, config_keys, load_raw, split_values
+from fedge.config import DEFAULT_ALGORITHM, StrictModel, load_raw, split_values
 from fedge.errors import ConfigError, FedgeError
-from fedge.extend import load_entry_points, parse_config
 from fedge.labels import short_keys
+from fedge.precheck import algorithm_keys, known_names, precheck
 
 SWEEP_FILE = "sweep.yaml"
 INDEX = "index.csv"
@@ -136,16 +136,28 @@ def parse_values(text: str) -> list[Any]:
 
 
 def _retarget(raw: dict[str, Any]) -> list[str]:
-    """Drop the algorithm keys the named algorithm does not know; return them (dotted)."""
-    load_entry_points()
+    """Drop the algorithm keys the named algorithm does not know but another algorithm does (a grid over
+    algorithms sets each one's own keys); return them (dotted). A key no algorithm knows is a typo: kept,
+    for the check to refuse."""
     block = raw.get("algorithm") or {}
-    known = AlgorithmConfig.registry.get(block.get("name", "fedavg"))
+    known = algorithm_keys(block.get("name", DEFAULT_ALGORITHM))
     if known is None:
         return []
-    dropped = sorted(k for k in block if k not in config_keys(known))
+    foreign = [k for k in block if k not in known]
+    if foreign:
+        others = {key for name in known_names()["algorithms"] for key in algorithm_keys(name) or []}
+        foreign = [k for k in foreign if k in others]
+    dropped = sorted(foreign)
     for key in dropped:
         del block[key]
     return [f"algorithm.{k}" for k in dropped]
+
+
+def _parse(raw: dict[str, Any]) -> Any:
+    """The full check of a run config, plugins registered (imports the algorithms, so torch)."""
+    from fedge.extend import parse_config
+
+    return parse_config(raw)
 
 
 def _slug(overrides: dict[str, Any], label: str | None) -> str:
@@ -252,18 +264,21 @@ def plan(base: dict[str, Any], spec: SweepSpec) -> tuple[Path, list[Task]]:
     """Validate every run's config (before anything runs) and give each its run directory."""
     cells = expand(base, spec)
     sweep_dir = Path((base.get("output") or {}).get("dir", "runs")) / spec.name
-    tasks = []
+    tasks, raws = [], []
     for cell in cells:
         for seed in spec.seeds:
             run_name = f"{cell.slug}-s{seed}"
             raw = copy.deepcopy(cell.raw)
             raw["seed"] = seed
             raw.setdefault("output", {}).update(dir=str(sweep_dir / RUNS), name=run_name)
-            try:
-                parse_config(raw)
-            except ConfigError as error:
-                raise ConfigError(error.key, f"{error.message} (cell {cell.label})") from None
             tasks.append(Task(cell, seed, sweep_dir / RUNS / run_name))
+            raws.append(raw)
+    for check in (precheck, _parse):  # every config's schema first, before torch loads
+        for task, raw in zip(tasks, raws, strict=True):
+            try:
+                check(copy.deepcopy(raw))
+            except ConfigError as error:
+                raise ConfigError(error.key, f"{error.message} (cell {task.cell.label})") from None
     return sweep_dir, tasks
 
 
@@ -305,7 +320,7 @@ def run_task(task: Task) -> dict[str, Any]:
     raw = copy.deepcopy(task.cell.raw)
     raw["seed"] = task.seed
     raw.setdefault("output", {}).update(dir=str(task.run_dir.parent), name=task.run_dir.name)
-    runner = start_run(parse_config(raw))
+    runner = start_run(_parse(raw))
     if runner.run_dir != task.run_dir:
         raise FedgeError(f"{task.run_dir}: run directory taken by another process")
     return runner.run().summary
@@ -450,7 +465,7 @@ def run_sweep(base: dict[str, Any], spec: SweepSpec, on_done: Announce | None = 
     """Run (or continue) a sweep to the end; ``on_done(task, done, total, eta_seconds)`` after each run."""
     sweep_dir, tasks = plan(base, spec)
     _claim(sweep_dir, base, spec)
-    targets = stop.targets(parse_config(tasks[0].cell.raw).stop)
+    targets = stop.targets(_parse(tasks[0].cell.raw).stop)
     todo = [t for t in tasks if t.state() != "done"]
     done, total, began = len(tasks) - len(todo), len(tasks), time.monotonic()
     _write_index(sweep_dir, tasks, {})
