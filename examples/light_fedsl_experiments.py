@@ -7,6 +7,8 @@ T = 300 one-step rounds) with the overrides of its group, over several seeds:
 - ``fig2a`` pruning (q full, p = 0, I = 1, cut 4): rho_f = 0 (the baseline), 0.35, 0.7;
 - ``fig3a`` aggregation interval (rho_f = 0.35, q = 8, p = 0.3, cut 4): I = 1, 5, 10, and the same on a
   Dirichlet(0.3) label-skewed split (``fig3a_dirichlet``: iid shards hide the effect);
+- ``fig3c`` number of clients (rho_f = 0.35, q = 8, p = 0.3, I = 5, cut 4): K = 5, 10, 20, the data split K
+  ways, the same T;
 - ``fig3bd`` dropout at three cuts (rho_f = 0.35, q = 8, I = 5): p = 0, 0.3, 0.7 at cuts 2, 4, 6 (standing
   in for VGG-19's 4, 8, 12), with the per-round cut latency (Fig. 4 as we read it).
 
@@ -20,8 +22,11 @@ seeds; rerunning continues an interrupted sweep), ``results.json``, ``table.md``
 rounds) and checks that simulated seconds and joules appear in each run's ``metrics.jsonl``, its summary
 and ``comparison.json``.
 
+Every group's table also pairs its first variant with each other one by seed: the final accuracy's
+mean difference with its 95 % t interval, "within noise" where the interval holds zero.
+
 Usage: ``python examples/light_fedsl_experiments.py [--seeds 0,1,2] [--rounds 300] [--dataset digits]
-[--jobs 2] [--out DIR]``
+[--jobs 2] [--groups fig3c,fig2b] [--out DIR]``
 """
 
 from __future__ import annotations
@@ -45,7 +50,7 @@ from fedge.compare import compare  # noqa: E402
 from fedge.config import SystemConfig, load_raw  # noqa: E402
 from fedge.models import build_model, output_shape, split  # noqa: E402
 from fedge.records import evaluated  # noqa: E402
-from fedge.sweep import SweepSpec, run_sweep  # noqa: E402
+from fedge.sweep import SweepSpec, interval, run_sweep  # noqa: E402
 from fedge.system import SystemModel, cut_latency  # noqa: E402
 
 BASE = Path(__file__).with_name("light-fedsl-digits.yaml")
@@ -67,6 +72,10 @@ GROUPS: dict[str, list[tuple[str, dict[str, Any], int]]] = {
     "fig3bd": [BASELINE]
     + [(f"cut={c} p={p}", {**PROPOSED, "cut_dropout": p}, c) for c in (2, 4, 6) for p in (0.0, 0.3, 0.7)],
 }
+# Fig. 3(c): the number of clients K (the paper gives no values; 5, 10, 20 as the spec of our examples
+# reads it), the data split K ways, the same T: the paper finds accuracy at fixed T lower with more clients.
+GROUPS["fig3c"] = [(f"K={k}", PROPOSED, 4) for k in (5, 10, 20)]
+CLIENTS = {"fig3c": {"K=5": 5, "K=10": 10, "K=20": 20}}
 # Groups on other data than the base config's iid split (label skew, where iid shards hide the I effect).
 GROUPS["fig3a_dirichlet"] = GROUPS["fig3a"]
 PARTITIONS = {"fig3a_dirichlet": {"kind": "dirichlet", "alpha": 0.3, "min_size": 40}}
@@ -91,15 +100,30 @@ def slug(label: str, algorithm: dict[str, Any], cut: int) -> str:
     return f"light-cut{cut}-rho{rho}-q{q or 'full'}-p{p}-I{interval}"
 
 
-def run_all(seeds: list[int], rounds: int, out: Path, dataset: str, jobs: int) -> dict[str, list[list[dict]]]:
-    """Evaluated metric rows of every configuration (by slug) and seed: one sweep of every group's
+def cell_name(group: str, label: str, algorithm: dict[str, Any], cut: int) -> str:
+    """The sweep cell (and run-directory stem) of one configuration of ``group``."""
+    partition = PARTITIONS.get(group)
+    clients = CLIENTS.get(group, {}).get(label)
+    return (
+        slug(label, algorithm, cut)
+        + (f"-dirichlet{partition['alpha']}" if partition else "")
+        + (f"-K{clients}" if clients is not None and clients != 5 else "")
+    )
+
+
+def run_all(
+    seeds: list[int], rounds: int, out: Path, dataset: str, jobs: int, groups: list[str]
+) -> dict[str, list[list[dict]]]:
+    """Evaluated metric rows of every configuration (by cell name) and seed: one sweep of the groups'
     configurations, whose cells are run once however many groups draw them (rerunning continues it)."""
     cells: dict[str, dict[str, Any]] = {}
-    for group, configs in GROUPS.items():
+    for group in groups:
         partition = PARTITIONS.get(group, {})
-        for label, algorithm, cut in configs:
-            name = slug(label, algorithm, cut) + (f"-dirichlet{partition['alpha']}" if partition else "")
+        for label, algorithm, cut in GROUPS[group]:
             overrides = {f"algorithm.{k}": v for k, v in algorithm.items()} | {"model.cut": cut}
+            if label in CLIENTS.get(group, {}):
+                overrides["partition.num_clients"] = CLIENTS[group][label]
+            name = cell_name(group, label, algorithm, cut)
             cells[name] = overrides | {f"partition.{k}": v for k, v in partition.items()}
     raw = load_raw(BASE)
     raw.update(rounds=rounds, output={"dir": str(out), "plots": False}, eval={"every": max(1, rounds // 50)})
@@ -228,24 +252,59 @@ def markdown(groups: dict[str, dict[str, dict]]) -> str:
     return header + "\n".join(lines) + "\n"
 
 
-def sweep(seeds: list[int], rounds: int, out: Path, dataset: str = "digits", jobs: int = 1) -> None:
+def paired_final(reference: list[list[dict]], other: list[list[dict]]) -> str:
+    """Reference minus other final accuracy, seed by seed (same seed: same split and initialisation): the
+    mean and its 95 % t interval in points, and whether the interval excludes zero."""
+    differences = [
+        100 * (a[-1]["accuracy"] - b[-1]["accuracy"]) for a, b in zip(reference, other, strict=True)
+    ]
+    figures = interval(differences)
+    low, high = figures["mean"] - figures["ci95"], figures["mean"] + figures["ci95"]
+    word = "within noise" if low <= 0 <= high else "higher" if low > 0 else "lower"
+    return f"{figures['mean']:+.2f} [{low:+.2f}, {high:+.2f}] {word}"
+
+
+def sweep(
+    seeds: list[int], rounds: int, out: Path, dataset: str = "digits", jobs: int = 1, groups: list[str] = ()
+) -> None:
     (out / "plots").mkdir(parents=True, exist_ok=True)
-    cache = run_all(seeds, rounds, out, dataset, jobs)
-    groups: dict[str, dict[str, dict]] = {}
-    for group, configs in GROUPS.items():
-        curves, table = [], {}
-        partition = PARTITIONS.get(group)
-        for label, algorithm, cut in configs:
-            name = slug(label, algorithm, cut) + (f"-dirichlet{partition['alpha']}" if partition else "")
-            table[label] = summarize(cache[name])
-            curves.append((label, mean_curve(cache[name])))
-        groups[group] = table
+    chosen = list(groups) or list(GROUPS)
+    cache = run_all(seeds, rounds, out, dataset, jobs, chosen)
+    tables: dict[str, dict[str, dict]] = {}
+    pairs: dict[str, dict[str, str]] = {}
+    for group in chosen:
+        curves, table, names = [], {}, {}
+        for label, algorithm, cut in GROUPS[group]:
+            names[label] = cell_name(group, label, algorithm, cut)
+            table[label] = summarize(cache[names[label]])
+            curves.append((label, mean_curve(cache[names[label]])))
+        tables[group] = table
+        variants = [label for label in names if label != BASELINE[0]]  # the first variant is the reference
+        pairs[group] = {
+            f"{variants[0]} - {label}": paired_final(cache[names[variants[0]]], cache[names[label]])
+            for label in variants[1:]
+        }
         plot_group(group, curves, out / "plots")
-    analytic = plot_latency(groups["fig3bd"], out / "plots")
-    summary = {"seeds": seeds, "rounds": rounds, "groups": groups, "fig4_vgg19_analytic_s": analytic}
+    analytic = plot_latency(tables["fig3bd"], out / "plots") if "fig3bd" in tables else None
+    summary = {
+        "seeds": seeds,
+        "rounds": rounds,
+        "groups": tables,
+        "paired_final_accuracy_points": pairs,
+        "fig4_vgg19_analytic_s": analytic,
+    }
     (out / "results.json").write_text(json.dumps(summary, indent=1))
-    (out / "table.md").write_text(markdown(groups))
-    print(markdown(groups))
+    text = markdown(tables) + "\n" + paired_markdown(pairs)
+    (out / "table.md").write_text(text)
+    print(text)
+
+
+def paired_markdown(pairs: dict[str, dict[str, str]]) -> str:
+    lines = ["| group | final accuracy, paired by seed (points) | mean [95 % interval] |", "|---|---|---|"]
+    lines += [
+        f"| {group} | {pair} | {text} |" for group, rows in pairs.items() for pair, text in rows.items()
+    ]
+    return "\n".join(lines) + "\n"
 
 
 def compare_check(rounds: int, out: Path) -> None:
@@ -278,12 +337,17 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=300)
     parser.add_argument("--out", type=Path, default=Path("runs/light-fedsl-experiments"))
     parser.add_argument("--compare-check", action="store_true", help="only the simulated-time check")
+    parser.add_argument(
+        "--groups", type=lambda text: text.split(","), default=[], help=f"a subset of {', '.join(GROUPS)}"
+    )
     args = parser.parse_args()
+    if unknown := set(args.groups) - set(GROUPS):
+        parser.error(f"--groups: unknown {', '.join(sorted(unknown))}; known: {', '.join(GROUPS)}")
     torch.set_num_threads(1)
     if args.compare_check:
         compare_check(3, args.out)
     else:
-        sweep(args.seeds, args.rounds, args.out, args.dataset, args.jobs)
+        sweep(args.seeds, args.rounds, args.out, args.dataset, args.jobs, args.groups)
 
 
 if __name__ == "__main__":

@@ -3,7 +3,8 @@
 A sweep's ``table.md`` gives each cell's mean and spread; with few seeds the spread of a difference is
 better read from the pairs (same seed = same data split and initialisation). For every group of cells
 that differ only in ``algorithm.name``, this prints the reference algorithm's accuracy minus each other
-algorithm's, seed by seed, with their mean and sample std, and AFIND+'s mean coreset size::
+algorithm's, seed by seed, with their mean, sample std and the 95 % t interval of the mean (``within
+noise`` where it holds zero), and AFIND+'s mean coreset size::
 
     python examples/paired.py runs/afind-factors --reference afind
     python examples/paired.py runs/afind-closest --reference afind --metric final_accuracy --json out.json
@@ -26,6 +27,7 @@ import yaml
 
 from fedge import results
 from fedge.records import evaluated
+from fedge.sweep import interval
 
 
 def finished_runs(sweep: Path) -> list[dict[str, Any]]:
@@ -88,15 +90,29 @@ def pm(values: list[float]) -> str:
     return f"{mean:+.2f} ± {100 * statistics.stdev(values):.2f}" if len(values) > 1 else f"{mean:+.2f}"
 
 
+def verdict(values: list[float]) -> str:
+    """The paired mean difference's 95 % t interval in points, and whether it excludes zero."""
+    if len(values) < 2:
+        return "-"
+    figures = interval([100 * v for v in values])
+    low, high = figures["mean"] - figures["ci95"], figures["mean"] + figures["ci95"]
+    word = "within noise" if low <= 0 <= high else ("higher" if low > 0 else "lower")
+    return f"[{low:+.2f}, {high:+.2f}] {word}"
+
+
 def markdown(result: dict[str, Any], reference: str) -> str:
-    lines = [f"| group | vs | {reference} - other, per seed (points) | mean ± std | {reference} |C| |"]
-    lines.append("|---|---|---|---|---|")
+    lines = [
+        f"| group | vs | {reference} - other, per seed (points) | mean ± std | 95 % interval"
+        f" | {reference} |C| |"
+    ]
+    lines.append("|---|---|---|---|---|---|")
     for group, entry in result.items():
         size = entry["afind_selected"]
         for name, diffs in entry["differences"].items():
             seeds = " / ".join(f"s{s}: {100 * d:+.2f}" for s, d in diffs.items())
             size_text = f"{size:.2f}" if size is not None else "-"
-            lines.append(f"| {group} | {name} | {seeds} | {pm(list(diffs.values()))} | {size_text} |")
+            values = list(diffs.values())
+            lines.append(f"| {group} | {name} | {seeds} | {pm(values)} | {verdict(values)} | {size_text} |")
     lines += ["", "| group | algorithm | per seed (%) | mean |", "|---|---|---|---|"]
     for group, entry in result.items():
         for name, values in entry["values"].items():

@@ -73,3 +73,12 @@ def test_paired_differences_are_per_seed_within_a_group(tmp_path):
     assert small["afind_selected"] == pytest.approx(1.5)
     assert result["big"]["differences"]["gossip"] == {}
     assert "s7: +10.00" in paired.markdown(result, "afind")
+
+
+def test_a_paired_difference_is_called_within_noise_only_when_its_interval_holds_zero():
+    verdict = _paired().verdict
+    assert verdict([0.01, -0.01, 0.005]).endswith("within noise")
+    # 1, 1.2, 0.8 points: mean 1.0, std 0.2, t(2) = 4.303 -> half-width 0.497 points
+    assert verdict([0.01, 0.012, 0.008]) == "[+0.50, +1.50] higher"
+    assert verdict([-0.01, -0.012, -0.008]).endswith("lower")
+    assert verdict([0.01]) == "-"

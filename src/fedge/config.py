@@ -285,8 +285,9 @@ def register_algorithm_config(name: str):
 class EngineConfig(StrictModel):
     """Where and how local training runs."""
 
-    executor: Literal["sequential", "batched"] = "batched"
-    """batched (vmap over clients) or sequential (one client at a time); same numbers"""
+    executor: Literal["auto", "sequential", "batched"] = "auto"
+    """batched (vmap over clients), sequential (one client at a time; same numbers within rounding) or
+    auto: the faster for the run (batched on a GPU; on a CPU, per algorithm family and clients a step)"""
     device: str = "cpu"
     """cpu or cuda[:index]"""
     threads: Annotated[int, Field(ge=1, le=1024)] | None = None

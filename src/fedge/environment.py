@@ -1,5 +1,6 @@
-"""``environment.json``: the versions, source commit, threads, device and processes (world size and
-collective backend) a run used, so it can be re-run; and what to do when the asked-for CUDA is missing."""
+"""``environment.json``: the versions, source commit, threads, device, executor and processes (world
+size and collective backend) a run used, so it can be re-run; and what to do when the asked-for CUDA is
+missing."""
 
 from __future__ import annotations
 
@@ -36,8 +37,9 @@ def git_commit(path: Path) -> dict[str, Any] | None:
     return {"commit": commit, "dirty": dirty}
 
 
-def describe(device: str, group: Group = SINGLE) -> dict[str, Any]:
-    """The software and host a run executes on, and its processes (``fedge run --procs N``, torchrun)."""
+def describe(device: str, group: Group = SINGLE, executor: str | None = None) -> dict[str, Any]:
+    """The software and host a run executes on, its processes (``fedge run --procs N``, torchrun) and the
+    executor that trained it (what ``engine.executor: auto`` chose)."""
     return {
         "fedge": fedge.__version__,
         "torch": torch.__version__,
@@ -47,6 +49,7 @@ def describe(device: str, group: Group = SINGLE) -> dict[str, Any]:
         "machine": platform.machine(),
         "torch_threads": torch.get_num_threads(),
         "device": device,
+        "executor": executor,
         "world_size": group.size,
         "backend": torch.distributed.get_backend() if group.distributed else None,
         "cuda": torch.version.cuda if torch.cuda.is_available() else None,
@@ -55,11 +58,13 @@ def describe(device: str, group: Group = SINGLE) -> dict[str, Any]:
     }
 
 
-def write_environment(run_dir: Path, device: str, group: Group = SINGLE) -> None:
+def write_environment(
+    run_dir: Path, device: str, group: Group = SINGLE, executor: str | None = None
+) -> None:
     """Write ``run_dir/environment.json`` (kept from the first session when a run is resumed)."""
     path = Path(run_dir) / ENVIRONMENT
     if not path.exists():
-        results.write_json(path, describe(device, group))
+        results.write_json(path, describe(device, group, executor))
 
 
 def cuda_missing() -> str:

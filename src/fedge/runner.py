@@ -25,6 +25,7 @@ from torch import nn
 
 from fedge import checkpoint, divergence, preflight, records, restore, results, stop
 from fedge.algorithms import ALGORITHMS, Algorithm, Context
+from fedge.algorithms.base import executor_name
 from fedge.comm import Ledger, Network
 from fedge.config import CUSTOM_DATA, RunConfig
 from fedge.data.dataset import Dataset
@@ -160,7 +161,7 @@ def build_run(config: RunConfig, force: bool = False, extensions: Extensions | N
         )
     if group.distributed and device.type == "cuda":
         device = torch.device("cuda", torch.cuda.current_device())  # one GPU per local rank
-    if config.engine.compile and config.engine.executor != "batched":
+    if config.engine.compile and config.engine.executor == "sequential":
         raise ConfigError("engine.compile", "only the batched executor compiles its step")
     if ext.train is None and config.data.name == CUSTOM_DATA:
         raise ConfigError("data.name", "custom data comes from fedge.run(..., train=...); pass train")
@@ -197,7 +198,7 @@ def build_run(config: RunConfig, force: bool = False, extensions: Extensions | N
         split(template, block_cut(template, config.model.cut))
     algorithm_cls = ALGORITHMS[config.algorithm.name]
     executor = make_executor(
-        config.engine.executor, compile_step=config.engine.compile, fused=config.engine.fused
+        executor_name(config, device.type), compile_step=config.engine.compile, fused=config.engine.fused
     )
     if has_random_layers(template):
         executor.noise = NoiseStreams(config.seed, device)
@@ -435,7 +436,8 @@ def start_run(
     run_dir = None
     if group.writes:
         run_dir = results.create_run_dir(config.output.dir, default_run_name(config), config.to_yaml())
-        write_environment(run_dir, str(built.context.device), group)
+        device = built.context.device
+        write_environment(run_dir, str(device), group, executor_name(config, device.type))
     run_dir = group.broadcast(run_dir)
     lock = results.RunLock(run_dir) if group.writes else None
     return Runner(built, run_dir, on_round=on_round, lock=lock)
@@ -472,5 +474,6 @@ def open_run(
         raise
     if writes:
         results.remove_temporaries(run_dir)
-        write_environment(run_dir, str(runner.built.context.device), runner.group)
+        device = runner.built.context.device
+        write_environment(run_dir, str(device), runner.group, executor_name(config, device.type))
     return runner

@@ -72,6 +72,16 @@ class Algorithm(ABC):
     description: ClassVar[str]
     state_fields: ClassVar[tuple[str, ...]] = ()
     takes_loss: ClassVar[bool] = True  # trains with ctx.criterion (False: its own cross-entropy terms)
+    batched_from: ClassVar[int] = 1
+    """On a CPU, the clients one step must train together for ``engine.executor: auto`` to pick the
+    batched executor (below: the sequential one); measured per family (docs/performance.md)."""
+
+    @classmethod
+    def clients_per_step(cls, config: RunConfig) -> int:
+        """How many clients one training step of ``config`` trains together: the round's participants."""
+        per_round = getattr(config.algorithm, "clients_per_round", None)
+        sampled = getattr(config.algorithm, "participation", "full") != "full"
+        return per_round if sampled and per_round else config.partition.num_clients
 
     def __init__(self, ctx: Context, cfg: AlgorithmConfig):
         self.ctx = ctx
@@ -120,3 +130,16 @@ def register(name: str, config_class: type[AlgorithmConfig], description: str):
         return cls
 
     return wrap
+
+
+def executor_name(config: RunConfig, device_type: str) -> str:
+    """The executor a run uses: ``engine.executor``, or for ``auto`` the faster one for this config -
+    batched on a GPU, and on a CPU batched from the algorithm's :attr:`Algorithm.batched_from` clients
+    trained together by a step."""
+    name = config.engine.executor
+    if name != "auto":
+        return name
+    if device_type != "cpu" or config.engine.compile:
+        return "batched"
+    algorithm = ALGORITHMS[config.algorithm.name]
+    return "batched" if algorithm.clients_per_step(config) >= algorithm.batched_from else "sequential"

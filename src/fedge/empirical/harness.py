@@ -32,6 +32,7 @@ import torch
 from torch import nn
 
 from fedge.algorithms import ALGORITHMS, Algorithm, Context
+from fedge.algorithms.base import executor_name
 from fedge.comm import Ledger, Network
 from fedge.config import RunConfig
 from fedge.data.dataset import Dataset
@@ -133,7 +134,7 @@ def context(
         config=config,
         data=data,
         build_model=build_model,
-        executor=make_executor(config.engine.executor, fused=config.engine.fused),
+        executor=make_executor(executor_name(config, device.type), fused=config.engine.fused),
         network=Network(Ledger(), config.seed),
         system=SystemModel(config.system, data.num_clients, config.seed),
         device=device,

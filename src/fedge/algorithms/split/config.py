@@ -16,6 +16,11 @@ from fedge.config import AlgorithmConfig, CodecName, SGDConfig
 
 Positive = Annotated[float, Field(gt=0.0)]
 
+# On a CPU the split family's sequential executor is as fast as the batched one or faster below about 20
+# clients trained together by a step (LeNet-5 and MLP cuts, 5-40 clients: docs/performance.md), so
+# ``engine.executor: auto`` runs it there; from 20 the batched one.
+SPLIT_BATCHED_FROM = 20
+
 
 class SplitConfig(AlgorithmConfig):
     """Local work, step sizes, participation, aggregation, server order, initialisation and codecs.

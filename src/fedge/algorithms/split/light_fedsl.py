@@ -39,6 +39,7 @@ import numpy as np
 import torch
 
 from fedge.algorithms.base import Algorithm, Context, register
+from fedge.algorithms.split.config import SPLIT_BATCHED_FROM
 from fedge.algorithms.split.copies import MeanGradientServer
 from fedge.algorithms.split.fedsl_averaging import Averaging
 from fedge.algorithms.split.fedsl_batches import StepBatches
@@ -76,6 +77,7 @@ class LightFedSL(Algorithm):
     cfg: FedSLConfig
     state_fields = ("clients", "server", "totals")
     takes_loss = False
+    batched_from = SPLIT_BATCHED_FROM
 
     def __init__(self, ctx: Context, cfg: FedSLConfig):
         super().__init__(ctx, cfg)

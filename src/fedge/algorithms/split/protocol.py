@@ -24,7 +24,7 @@ from fedge.algorithms.base import Algorithm, Context
 from fedge.algorithms.optimizer_state import ClientOptimizerStates
 from fedge.algorithms.split.client_model import ClientModels, Part, evaluate_split
 from fedge.algorithms.split.clients import ClientSide, State
-from fedge.algorithms.split.config import SplitConfig
+from fedge.algorithms.split.config import SPLIT_BATCHED_FROM, SplitConfig
 from fedge.algorithms.split.cost import round_cost
 from fedge.algorithms.split.exchange import ServerExchange
 from fedge.algorithms.split.flops import count_flops
@@ -37,6 +37,7 @@ from fedge.algorithms.split.server import SplitServer
 from fedge.algorithms.split.steps import LocalSteps
 from fedge.algorithms.split.tally import Tally
 from fedge.comm import nodes
+from fedge.config import RunConfig
 from fedge.data.federated import BatchPlan
 from fedge.engine import ClientBank, make_optimizer
 from fedge.errors import ConfigError
@@ -49,6 +50,14 @@ class SplitLearning(Algorithm):
 
     cfg: SplitConfig
     state_fields = ("client", "server", "local_aux", "totals")
+    batched_from = SPLIT_BATCHED_FROM
+
+    @classmethod
+    def clients_per_step(cls, config: RunConfig) -> int:
+        """Client after client, a step trains one client; otherwise every participant."""
+        if config.algorithm.server_order == "client_after_client":
+            return 1
+        return super().clients_per_step(config)
 
     def __init__(self, ctx: Context, cfg: SplitConfig):
         super().__init__(ctx, cfg)
