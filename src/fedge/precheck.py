@@ -30,16 +30,21 @@ def known_names() -> dict[str, Any]:
     }
 
 
-def precheck(config: RunConfig | dict | str | Path | None, overrides: list[str] | None = None) -> None:
+def precheck(
+    config: RunConfig | dict | str | Path | None,
+    overrides: list[str] | None = None,
+    names: dict[str, Any] | None = None,
+) -> None:
     """Raise the :class:`~fedge.errors.ConfigError` a run of ``config`` would, where torch is not needed
-    to tell."""
-    parse_config(raw_config(config, overrides), known_names())
+    to tell. ``names``: :func:`known_names`, when many configs are checked."""
+    parse_config(raw_config(config, overrides), names or known_names())
 
 
-def algorithm_keys(name: str) -> list[str] | None:
+def algorithm_keys(name: str, names: dict[str, Any] | None = None) -> list[str] | None:
     """The keys algorithm ``name``'s block accepts (None: no such algorithm); a built-in's from the
-    shipped schema, a plugin's from its class (which imports it)."""
-    blocks = known_names()["blocks"]
+    shipped schema, a plugin's from its class (which imports it). ``names``: :func:`known_names`, when
+    the caller has it already."""
+    blocks = (names or known_names())["blocks"]
     if name in blocks:
         return config_keys(blocks[name])
     from fedge.extend import load_entry_points

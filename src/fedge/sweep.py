@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import copy
 import csv
+import functools
 import io
 import itertools
 import math
@@ -135,17 +136,17 @@ def parse_values(text: str) -> list[Any]:
     return [yaml.safe_load(value) for value in split_values(text)]
 
 
-def _retarget(raw: dict[str, Any]) -> list[str]:
+def _retarget(raw: dict[str, Any], names: dict[str, Any]) -> list[str]:
     """Drop the algorithm keys the named algorithm does not know but another algorithm does (a grid over
     algorithms sets each one's own keys); return them (dotted). A key no algorithm knows is a typo: kept,
     for the check to refuse."""
     block = raw.get("algorithm") or {}
-    known = algorithm_keys(block.get("name", DEFAULT_ALGORITHM))
+    known = algorithm_keys(block.get("name", DEFAULT_ALGORITHM), names)
     if known is None:
         return []
     foreign = [k for k in block if k not in known]
     if foreign:
-        others = {key for name in known_names()["algorithms"] for key in algorithm_keys(name) or []}
+        others = {key for name in names["algorithms"] for key in algorithm_keys(name, names) or []}
         foreign = [k for k in foreign if k in others]
     dropped = sorted(foreign)
     for key in dropped:
@@ -174,6 +175,7 @@ def expand(base: dict[str, Any], spec: SweepSpec) -> list[Cell]:
     """The sweep's cells: labelled cells times the grid's product, retargeted and deduplicated."""
     labelled = list(spec.cells.items()) or [("", {})]
     keys = list(spec.grid)
+    names = known_names()
     cells: list[Cell] = []
     seen: dict[str, Cell] = {}
     for (label, fixed), values in itertools.product(labelled, itertools.product(*spec.grid.values())):
@@ -181,7 +183,7 @@ def expand(base: dict[str, Any], spec: SweepSpec) -> list[Cell]:
         raw = copy.deepcopy(base)
         for key, value in overrides.items():
             set_dotted(raw, key, value)
-        dropped = _retarget(raw)
+        dropped = _retarget(raw, names)
         applied = {k: v for k, v in overrides.items() if k not in dropped}
         identity = yaml.safe_dump(raw, sort_keys=True)
         if identity in seen:
@@ -273,10 +275,12 @@ def plan(base: dict[str, Any], spec: SweepSpec) -> tuple[Path, list[Task]]:
             raw.setdefault("output", {}).update(dir=str(sweep_dir / RUNS), name=run_name)
             tasks.append(Task(cell, seed, sweep_dir / RUNS / run_name))
             raws.append(raw)
-    for check in (precheck, _parse):  # every config's schema first, before torch loads
+    names = known_names()
+    early = functools.partial(precheck, names=names)  # every config's schema first, before torch loads
+    for check in (early, lambda raw: _parse(copy.deepcopy(raw))):
         for task, raw in zip(tasks, raws, strict=True):
             try:
-                check(copy.deepcopy(raw))
+                check(raw)
             except ConfigError as error:
                 raise ConfigError(error.key, f"{error.message} (cell {task.cell.label})") from None
     return sweep_dir, tasks
