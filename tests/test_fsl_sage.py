@@ -165,3 +165,28 @@ def test_the_paper_scale_example_runs_its_first_round_on_cifar10_files(tmp_path)
     result = fedge.run(str(path), overrides)
     row = result.metrics[0]
     assert row["round"] == 1 and row["aligned"] == 3 and np.isfinite(row["train_loss"])
+
+
+def test_an_interrupted_run_resumes_to_the_uninterrupted_result(tmp_path):
+    """The alignment store (samples and the aux models' optimizer state) travels in the checkpoint."""
+    from cases import tiny
+
+    def run_config(name: str) -> dict:
+        raw = tiny("fsl_sage", tmp_path / "runs", rounds=4)
+        raw["algorithm"].update(h=2, align_every=3, align_epochs=2, optimizer={"kind": "adam", "lr": 0.01})
+        raw["output"].update(name=name, checkpoint_every=1)
+        return raw
+
+    whole = fedge.run(run_config("whole"))
+
+    def stop(t, row):
+        if t == 2:
+            raise KeyboardInterrupt
+
+    with pytest.raises(KeyboardInterrupt):
+        fedge.run(run_config("cut"), on_round=stop)
+    resumed = fedge.resume(tmp_path / "runs" / "cut")
+    drop = ("wall_seconds", "run_dir")
+    clean = [{k: v for k, v in row.items() if k not in drop} for row in resumed.metrics]
+    assert clean == [{k: v for k, v in row.items() if k not in drop} for row in whole.metrics]
+    assert resumed.metrics[3]["aligned"] == 4  # round 4 aligns with the store and Adam state of rounds 1-3
