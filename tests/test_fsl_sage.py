@@ -142,6 +142,8 @@ def test_the_aux_models_change_only_at_alignment_and_are_never_averaged():
 def test_config_errors_name_the_key():
     with pytest.raises(ConfigError, match="algorithm.agg_every"):
         build_run(fedge.resolve_config(config({**SAGE, "agg_every": 2})))
+    with pytest.raises(ConfigError, match="algorithm.h"):
+        build_run(fedge.resolve_config(config({**SAGE, "h": 500, "upload_phase": "last"})))
     with pytest.raises(Exception, match="align_every"):
         fedge.resolve_config(config({**SAGE, "align_every": 0}))
 

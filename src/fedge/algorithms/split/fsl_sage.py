@@ -109,12 +109,24 @@ class FslSage(SplitLearning):
         self.store = AlignmentStore(cfg.align_samples)
         self.aligned: list[Aligned] = []
         super().__init__(ctx, cfg)
+        if cfg.upload_phase == "last" and cfg.h > self.most_batches():
+            reason = f"no client has {cfg.h} batches in a round, so nothing would reach the server"
+            raise ConfigError("algorithm.h", f"h={cfg.h} with upload_phase=last but {reason}")
         self.round_clients = np.zeros(0, dtype=np.int64)
         self.server.record = self._record
         aux = self.parts.local.aux
         optimizer = make_optimizer(cfg.aux_optimizer)
         self.aligner = Aligner(self.parts.server, aux, ctx.criterion, optimizer, cfg.aux_optimizer.lr,
                                cfg.align_epochs, cfg.align_batch_size)  # fmt: skip
+
+    def most_batches(self) -> int:
+        """The most local batches any client has in one round (``local_steps``, or epochs x batches)."""
+        cfg = self.cfg
+        if cfg.local_steps is not None:
+            return cfg.local_steps
+        sizes = self.ctx.data.client_sizes()
+        per_epoch = sizes // cfg.batch_size if cfg.drop_last else -(-sizes // cfg.batch_size)
+        return int(per_epoch.max(initial=0)) * cfg.local_epochs
 
     def client_side(self) -> ClientSide:
         parts = build_parts(self.ctx, with_aux=True)
