@@ -225,6 +225,7 @@ ALGORITHM_SETTINGS: dict[str, tuple[str, ...]] = {
     "splitfed_v2": (*LENET, "algorithm.clip_norm=1.0"),
     "fsl_an": (*LENET, "model.options.dropout=0.3"),
     "cse_fsl": (*LENET, "algorithm.h=2", "algorithm.server_order=random"),
+    "fsl_sage": (*LENET, "algorithm.h=2", "algorithm.align_every=2", "algorithm.align_epochs=5"),
     "light_fedsl": (
         "model.name=vgg",
         "model.cut=4",

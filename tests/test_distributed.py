@@ -71,7 +71,7 @@ for config, name in json.loads(sys.argv[1]):
     with open(os.path.join(sys.argv[2], f"{name}.rank{os.environ['RANK']}.json"), "w") as f:
         json.dump(seen, f)
 """
-SPLIT = ["splitfed_v1", "splitfed_v2", "fsl_an", "cse_fsl", "light_fedsl"]
+SPLIT = ["splitfed_v1", "splitfed_v2", "fsl_an", "cse_fsl", "light_fedsl", "fsl_sage"]
 PEER = ["local", "pens", "federico", "ditto", "dispfl", "fedfomo", "fedavg_ft"]
 AFIND = ["afind", "afind_dp", "afind_pairs"]  # nested vmap, with DP noise, pair by pair with DP noise
 
@@ -138,6 +138,7 @@ def configs(tmp_path: Path) -> dict[str, dict]:
 
 SPLIT_OPTIONS = {
     "cse_fsl": {"h": 2, "server_order": "random"},
+    "fsl_sage": {"h": 2, "align_every": 1, "align_epochs": 2, "server_order": "random"},
     "splitfed_v2": {"server_order": "arrival", "arrival_jitter_s": 0.01},
     "fsl_an": {"aggregate_aux": False, "agg_every": 2},
     "splitfed_v1": {

@@ -1,0 +1,205 @@
+"""FSL-SAGE (Nair et al., ICML 2025): clients train on their aux model's estimate of the server's
+cut-layer gradient; the server periodically aligns each aux model to its own gradients.
+
+A round (the paper's client, federating-server and split-server algorithms, read with its public code):
+
+1. The participants receive the averaged trunk; each keeps its own aux model (never averaged).
+2. Local steps: the trunk steps on the gradient of the aux model's loss at the cut (the estimated
+   smashed-activation gradient, :mod:`~fedge.algorithms.split.estimated`); the aux model does not move.
+   One batch per block of ``h`` (the paper's Q, the code's ``server_update_interval``) sends its smashed
+   data and labels to the server: by default the first of each block (local steps 0, h, 2h, ...; ceil(n/h)
+   uploads of n batches, the code's ``local_iter % h == 0``), with ``upload_phase: last`` the last. The
+   one server model takes an SGD step per upload (as CSE-FSL's server) and stores the sample for its
+   client's alignment (the last ``align_samples`` samples per client, the code's ``max_dataset_size``).
+   Nothing comes back during the local steps.
+3. In every ``l``-th round (rounds 1, l + 1, 2l + 1, ...: the code's 0-based ``t % l == 0``), after the
+   local steps, the server recomputes its cut-layer gradients of each participant's stored samples with
+   its current model and fits that client's aux model to them (``align_epochs`` passes in batches of
+   ``align_batch_size`` with ``aux_optimizer``: :mod:`~fedge.algorithms.split.alignment`), then sends the
+   aligned aux model down (``aux_down``). The client trains with it from its next round.
+4. The trunks go up and are averaged (FedAvg); the server's one model needs no averaging.
+
+Traffic per round and participant with n local batches of B samples, cut size d (values per sample),
+trunk size |x_c| and aux size |x_a| (32-bit values): u * B * d smashed values and u * B labels up with
+u = ceil(n / h) (``first``) or floor(n / h) (``last``), |x_c| down and |x_c| up, and |x_a| down in an
+alignment round. The code counts the same but no labels (they are on their own ledger kind here).
+
+Where paper and code differ, and our choices (docs/decisions.md, "FSL-SAGE"): the code aligns right after
+a client's first batch of an alignment round, we after the round's local steps, so the aligned model
+serves from the next round (and round 1 trains with the initial aux model); the code's alignment loss is
+the summed squared difference of mean-loss gradients (whole store against one batch), ours the per-sample
+mean, equal up to a constant factor when a batch holds the whole store (its default); the code runs the
+server in training mode for the true gradients and keeps the buffer updates, we leave the server's buffers
+untouched. The alignment's compute is not charged to the simulated clock.
+"""
+
+from __future__ import annotations
+
+from typing import Literal
+
+import numpy as np
+import torch
+from pydantic import Field, PositiveInt
+
+from fedge.algorithms.base import Context, register
+from fedge.algorithms.split.alignment import Aligned, Aligner, AlignmentStore
+from fedge.algorithms.split.clients import ClientSide
+from fedge.algorithms.split.config import SplitConfig
+from fedge.algorithms.split.estimated import EstimatedGradientClients
+from fedge.algorithms.split.parts import aux_only, build_parts
+from fedge.algorithms.split.protocol import SplitLearning
+from fedge.algorithms.split.round import Round
+from fedge.algorithms.split.server import CutBatch, Served, SharedServer, SplitServer
+from fedge.comm import nodes, state_bits
+from fedge.config import OptimizerConfig, keys
+from fedge.engine import make_optimizer
+from fedge.errors import ConfigError
+from fedge.metrics import RoundReport
+from fedge.rng import numpy_rng
+from fedge.tensors import Tensors
+
+
+class FslSageConfig(SplitConfig):
+    """FSL-SAGE: upload interval ``h``, which batch of a block uploads, alignment interval ``l`` and the
+    alignment's store, passes, batch and optimizer (the public code's defaults)."""
+
+    name: Literal["fsl_sage"] = "fsl_sage"
+    """the algorithm (`fedge list`)"""
+    h: PositiveInt = Field(5, **keys("upload_every", "h"))
+    """clients upload smashed data every this many local steps (the paper's Q)"""
+    upload_phase: Literal["first", "last"] = "first"
+    """which batch of each block of h uploads: the first (ceil(n/h) uploads, the code) or the last"""
+    align_every: PositiveInt = Field(10, **keys("align_every", "l"))
+    """rounds between alignments of the aux models (the paper's l)"""
+    align_samples: PositiveInt = 1000
+    """smashed samples the server keeps per client for alignment (the most recent)"""
+    align_epochs: PositiveInt = 100
+    """passes over a client's stored samples per alignment"""
+    align_batch_size: PositiveInt = 1000
+    """samples per alignment step"""
+    aux_optimizer: OptimizerConfig = Field(default_factory=lambda: OptimizerConfig(kind="adam", lr=1e-3))
+    """the server's optimizer of the aux models during alignment (default: Adam, lr 0.001)"""
+
+
+class RecordingServer(SharedServer):
+    """CSE-FSL's one shared server model, which also hands every upload it serves to ``record``."""
+
+    record = None
+
+    def serve(self, batch: CutBatch, lr: float, grad_z: bool, order: list[int]) -> Served:
+        if self.record is not None:
+            self.record(batch, order)
+        return super().serve(batch, lr, grad_z, order)
+
+
+@register(
+    "fsl_sage",
+    FslSageConfig,
+    "FSL-SAGE: clients step on an aux model's estimate of the server gradient; aux aligned every l rounds",
+)
+class FslSage(SplitLearning):
+    """FSL-SAGE: estimated cut-layer gradients on the clients, one server model, periodic alignment."""
+
+    cfg: FslSageConfig
+    state_fields = (*SplitLearning.state_fields, "store")
+
+    def __init__(self, ctx: Context, cfg: FslSageConfig):
+        if cfg.agg_every is not None:
+            raise ConfigError("algorithm.agg_every", "not used by fsl_sage (it aggregates once per round)")
+        self.store = AlignmentStore(cfg.align_samples)
+        self.aligned: list[Aligned] = []
+        super().__init__(ctx, cfg)
+        if cfg.upload_phase == "last" and cfg.h > self.most_batches():
+            reason = f"no client has {cfg.h} batches in a round, so nothing would reach the server"
+            raise ConfigError("algorithm.h", f"h={cfg.h} with upload_phase=last but {reason}")
+        self.round_clients = np.zeros(0, dtype=np.int64)
+        self.server.record = self._record
+        aux = self.parts.local.aux
+        optimizer = make_optimizer(cfg.aux_optimizer)
+        self.aligner = Aligner(self.parts.server, aux, ctx.criterion, optimizer, cfg.aux_optimizer.lr,
+                               cfg.align_epochs, cfg.align_batch_size)  # fmt: skip
+
+    def most_batches(self) -> int:
+        """The most local batches any client has in one round (``local_steps``, or epochs x batches)."""
+        cfg = self.cfg
+        if cfg.local_steps is not None:
+            return cfg.local_steps
+        sizes = self.ctx.data.client_sizes()
+        per_epoch = sizes // cfg.batch_size if cfg.drop_last else -(-sizes // cfg.batch_size)
+        return int(per_epoch.max(initial=0)) * cfg.local_epochs
+
+    def client_side(self) -> ClientSide:
+        parts = build_parts(self.ctx, with_aux=True)
+        return EstimatedGradientClients(parts, self.client_sgd, self.ctx.executor)
+
+    def server_part(self, params: Tensors, buffers: Tensors) -> SplitServer:
+        server, fused = self.parts.server, self.ctx.config.engine.fused
+        return RecordingServer(server, params, buffers, self.server_sgd, None, self.ctx.criterion, fused)
+
+    def uploads_at(self, step: int) -> bool:
+        cfg = self.cfg
+        return step % cfg.h == (0 if cfg.upload_phase == "first" else cfg.h - 1)
+
+    def aligns(self, t: int) -> bool:
+        """Whether round t (1-based) ends with an alignment: rounds 1, l + 1, 2l + 1, ..."""
+        return (t - 1) % self.cfg.align_every == 0
+
+    def begin(self, t: int) -> Round:
+        rnd = super().begin(t)
+        self.round_clients = rnd.draws.clients
+        self.aligned = []
+        return rnd
+
+    def _record(self, batch: CutBatch, order: list[int]) -> None:
+        """Keep each served upload for its client's alignment (every row of the cohort: the shared
+        server sees them all)."""
+        counts = batch.counts.tolist()
+        for r in order:
+            row = r if batch.rows is None else int(batch.rows[r])
+            self.store.add(int(self.round_clients[row]), batch.z[r, : counts[r]], batch.y[r, : counts[r]])
+
+    def _aggregate(self, rnd: Round) -> None:
+        """In an alignment round, align the participants' aux models first, then average the trunks."""
+        if self.aligns(rnd.t):
+            self._align(rnd)
+        super()._aggregate(rnd)
+
+    def _align(self, rnd: Round) -> None:
+        """Align each participant's aux model to the server on its stored samples and send it down; the
+        rows of this process take the aligned model (their client keeps it at aggregation)."""
+        params = dict(rnd.rows.params)
+        mine = np.asarray(rnd.cohort.take(rnd.draws.clients))
+        for client in dict.fromkeys(int(c) for c in rnd.draws.clients):
+            samples = self.store.samples(client)
+            if samples is None:
+                continue
+            rng = numpy_rng(self.ctx.seed, "fsl-sage-align", rnd.t, client)
+            key = int(rng.integers(2**31))
+            g = self.aligner.true_gradients(*self.server.evaluation_model(), *samples, key)
+            head = self.local_aux.get(client, aux_only(self.client["params"]))
+            aligned = self.aligner.align(head, self.store.optimizer_state(client), samples, g, rng)
+            self.store.keep_optimizer_state(client, aligned.opt_state)
+            self.aligned.append(aligned)
+            sent = self.down.send(rnd.t, nodes.SERVER, [nodes.client(client)], "aux_down", aligned.params)
+            row = int(np.flatnonzero(rnd.draws.clients == client)[0])
+            rnd.tally.down_bits[row] += sent.bits[0]
+            rows = torch.as_tensor(np.flatnonzero(mine == client), device=self.ctx.device)
+            for name, value in sent.payload.items():
+                params[name] = params[name].index_put((rows,), value.expand(len(rows), *value.shape))
+        rnd.keep(None, (params, rnd.rows.buffers, rnd.rows.opt_state))
+
+    def _hold(self, count: int, participants: list[str]) -> None:
+        """Besides the split family's storage, the server holds every client's alignment samples and a
+        copy of its aux model."""
+        super()._hold(count, participants)
+        heads = len(self.store.data) * state_bits(aux_only(self.client["params"]))
+        self.ctx.network.hold(nodes.SERVER, "alignment", self.store.bits() + heads)
+
+    def _report(self, rnd: Round) -> RoundReport:
+        report = super()._report(rnd)
+        done = self.aligned
+        figures = {"aligned": len(done)}
+        if done:
+            figures["align_loss_before"] = float(np.mean([a.loss_before for a in done]))
+            figures["align_loss_after"] = float(np.mean([a.loss_after for a in done]))
+        return RoundReport(report.train_loss, {**report.extra, **figures})

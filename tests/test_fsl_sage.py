@@ -1,0 +1,194 @@
+"""FSL-SAGE: the estimated-gradient step, alignment, executor agreement, its traffic per round against the
+formula, its config errors and its examples."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+from test_data_sources import write_idx_set
+from test_paper_examples import write_cifar10
+from test_split_algorithms import config, max_diff, model_state, trained
+
+import fedge
+from fedge.algorithms.split.alignment import Aligner
+from fedge.algorithms.split.estimated import make_estimated_step
+from fedge.algorithms.split.parts import aux_only, trunk_only
+from fedge.engine import cross_entropy, make_optimizer
+from fedge.errors import ConfigError
+from fedge.runner import build_run
+
+EXAMPLES = Path(__file__).parents[1] / "examples"
+SAGE = {"name": "fsl_sage", "h": 2, "align_every": 2, "align_epochs": 3, "align_batch_size": 16}
+
+
+def test_the_trunk_steps_on_the_aux_models_gradient_at_the_cut_and_the_aux_model_stays():
+    """One step equals back-propagating d(aux loss)/dz through the trunk by hand; the aux model is fixed."""
+    torch.manual_seed(0)
+    local = torch.nn.Sequential()
+    local.add_module("trunk", torch.nn.Sequential(torch.nn.Linear(5, 4), torch.nn.ReLU()))
+    local.add_module("aux", torch.nn.Linear(4, 3))
+    params = {k: v.detach().clone() for k, v in local.named_parameters()}
+    x, y, weight = torch.randn(6, 5), torch.randint(0, 3, (6,)), torch.ones(6)
+    sgd = make_optimizer(fedge.config.OptimizerConfig(lr=0.1))
+    step = make_estimated_step(local, sgd, cross_entropy).eager
+    out = step(params, {}, {}, x, y, weight, 0.1)
+    new_params = out.state[0]
+    z = local.trunk(x)
+    z_leaf = z.detach().requires_grad_(True)
+    estimate = torch.autograd.grad(cross_entropy(local.aux(z_leaf), y).mean(), z_leaf)[0]
+    trunk = list(local.trunk.parameters())
+    by_hand = torch.autograd.grad(z, trunk, grad_outputs=estimate)
+    for (name, p), g in zip(local.trunk.named_parameters(), by_hand, strict=True):
+        assert torch.allclose(new_params[f"trunk.{name}"], p - 0.1 * g, atol=1e-6)
+    for name in aux_only(params):
+        assert torch.equal(new_params[name], params[name])
+    assert torch.allclose(out.per_sample[0], z.detach())
+
+
+def test_alignment_fits_the_aux_model_to_the_servers_per_sample_gradients():
+    torch.manual_seed(1)
+    server, aux = torch.nn.Linear(4, 3), torch.nn.Linear(4, 3)
+    z, y = torch.randn(64, 4), torch.randint(0, 3, (64,))
+    params = {k: v.detach() for k, v in server.named_parameters()}
+    adam = make_optimizer(fedge.config.OptimizerConfig(kind="adam", lr=0.05))
+    aligner = Aligner(server, aux, cross_entropy, adam, 0.05, 200, 32)
+    g = aligner.true_gradients(params, {}, z, y, key=0)
+    leaf = z.clone().requires_grad_(True)
+    (expected,) = torch.autograd.grad(cross_entropy(server(leaf), y).sum(), leaf)
+    assert torch.allclose(g, expected)
+    start = {f"aux.{k}": v.detach() for k, v in aux.named_parameters()}
+    aligned = aligner.align(start, None, (z, y), g, np.random.default_rng(0))
+    assert aligned.loss_after < 0.05 * aligned.loss_before
+    # a linear aux model of the server's shape can match it: the server's own weights have no mismatch
+    same = {f"aux.{k}": v for k, v in params.items()}
+    assert float(aligner.mismatch(same, z, y, g).detach()) < 1e-10
+
+
+VARIANTS = {
+    "first": SAGE,
+    "last-client-after-client": {**SAGE, "upload_phase": "last", "server_order": "client_after_client"},
+    "adam-keep-sampled": {
+        **SAGE,
+        "optimizer": {"kind": "adam", "lr": 0.01},
+        "client_optimizer_state": "keep",
+        "participation": "without_replacement",
+        "clients_per_round": 3,
+    },
+}
+
+
+@pytest.mark.parametrize("variant", list(VARIANTS), ids=list(VARIANTS))
+def test_batched_and_sequential_executors_agree(variant):
+    runs = {}
+    for executor in ("sequential", "batched"):
+        runs[executor] = trained(config(VARIANTS[variant], engine={"executor": executor}), rounds=3)
+    (seq, seq_metrics), (bat, bat_metrics) = runs["sequential"], runs["batched"]
+    assert max_diff(model_state(seq.algorithm), model_state(bat.algorithm)) < 1e-5
+    for client, head in seq.algorithm.local_aux.items():
+        assert max_diff(head, bat.algorithm.local_aux[client]) < 1e-5
+    assert seq.context.ledger.totals() == bat.context.ledger.totals()
+    for a, b in zip(seq_metrics, bat_metrics, strict=True):
+        assert a["train_loss"] == pytest.approx(b["train_loss"], abs=1e-5)
+        assert a["aligned"] == b["aligned"] and a["uploads"] == b["uploads"]
+    participants = [m["participants"] for m in seq_metrics]
+    assert [m["aligned"] for m in seq_metrics] == [participants[0], 0, participants[2]]  # rounds 1 and 3
+
+
+def test_traffic_per_round_is_the_papers_formula():
+    """Per participant and round: its trunk down and up, B_s * d smashed values (and B_s labels) for each
+    upload step s (s = 0, h, 2h, ...: ceil(n/h) uploads of n batches), and its aux model down in an
+    alignment round (rounds 1, l + 1, ...); 32 bits a value."""
+    h, batch, rounds = 3, 8, 3
+    raw = config({**SAGE, "h": h, "align_every": 2, "batch_size": batch})
+    built = build_run(fedge.resolve_config(raw))
+    algorithm, ledger = built.algorithm, built.context.ledger
+    sizes = built.context.data.client_sizes()
+    d = int(np.prod(algorithm.parts.smashed_shape))
+    trunk = sum(v.numel() for v in trunk_only(algorithm.client["params"]).values())
+    aux = sum(v.numel() for v in aux_only(algorithm.client["params"]).values())
+    before = dict(ledger.totals())
+    for t in range(1, rounds + 1):
+        algorithm.run_round(t)
+        after = dict(ledger.totals())
+        sent = {kind: after.get(kind, 0) - before.get(kind, 0) for kind in after}
+        before = after
+        uploaded = 0
+        for size in sizes:
+            batches = [min(batch, size - start) for start in range(0, size, batch)]
+            uploaded += sum(b for s, b in enumerate(batches) if s % h == 0)
+        clients = len(sizes)
+        assert sent[("smashed_up", "up")] == 32 * d * uploaded
+        assert sent[("labels_up", "up")] == 32 * uploaded
+        assert sent[("model_down", "down")] == sent[("model_up", "up")] == 32 * trunk * clients
+        assert sent.get(("aux_down", "down"), 0) == (32 * aux * clients if t % 2 == 1 else 0)
+        assert set(sent) <= {("smashed_up", "up"), ("labels_up", "up"), ("model_down", "down"),
+                             ("model_up", "up"), ("aux_down", "down")}  # fmt: skip
+
+
+def test_the_aux_models_change_only_at_alignment_and_are_never_averaged():
+    built, _ = trained(config({**SAGE, "align_every": 2}), rounds=1)
+    algorithm = built.algorithm
+    heads = {c: {k: v.clone() for k, v in h.items()} for c, h in algorithm.local_aux.items()}
+    assert len(heads) == 5 and max_diff(heads[0], heads[1]) > 0  # each client its own aligned head
+    algorithm.run_round(2)  # no alignment in round 2
+    for client, head in heads.items():
+        assert max_diff(head, algorithm.local_aux[client]) == 0
+    assert algorithm.store.samples(0)[0].shape[0] > 0
+
+
+def test_config_errors_name_the_key():
+    with pytest.raises(ConfigError, match="algorithm.agg_every"):
+        build_run(fedge.resolve_config(config({**SAGE, "agg_every": 2})))
+    with pytest.raises(ConfigError, match="algorithm.h"):
+        build_run(fedge.resolve_config(config({**SAGE, "h": 500, "upload_phase": "last"})))
+    with pytest.raises(Exception, match="align_every"):
+        fedge.resolve_config(config({**SAGE, "align_every": 0}))
+
+
+def test_the_fashion_mnist_example_validates_and_its_first_round_runs(tmp_path):
+    path = EXAMPLES / "fsl-sage-fashion-mnist.yaml"
+    write_idx_set(tmp_path / "data", n_train=400, n_test=100, gz=True)
+    overrides = ["rounds=1", f"data.root={tmp_path / 'data'}", f"output.dir={tmp_path / 'runs'}"]
+    overrides.append("output.plots=false")
+    result = fedge.run(str(path), overrides)
+    assert result.metrics[0]["aligned"] == 5 and np.isfinite(result.metrics[0]["train_loss"])
+
+
+def test_the_paper_scale_example_runs_its_first_round_on_cifar10_files(tmp_path):
+    path = EXAMPLES / "fsl-sage-cifar10.yaml"
+    config_ = fedge.config.load_config(path)
+    assert config_.rounds >= 200 and config_.algorithm.h == 5 and config_.algorithm.align_every == 10
+    write_cifar10(tmp_path / "data", per_batch=60, test=40)
+    overrides = [f"data.root={tmp_path / 'data'}", "rounds=1", f"output.dir={tmp_path / 'runs'}",
+                 "output.plots=false", "algorithm.align_epochs=2", "model.options.width=8"]  # fmt: skip
+    result = fedge.run(str(path), overrides)
+    row = result.metrics[0]
+    assert row["round"] == 1 and row["aligned"] == 3 and np.isfinite(row["train_loss"])
+
+
+def test_an_interrupted_run_resumes_to_the_uninterrupted_result(tmp_path):
+    """The alignment store (samples and the aux models' optimizer state) travels in the checkpoint."""
+    from cases import tiny
+
+    def run_config(name: str) -> dict:
+        raw = tiny("fsl_sage", tmp_path / "runs", rounds=4)
+        raw["algorithm"].update(h=2, align_every=3, align_epochs=2, optimizer={"kind": "adam", "lr": 0.01})
+        raw["output"].update(name=name, checkpoint_every=1)
+        return raw
+
+    whole = fedge.run(run_config("whole"))
+
+    def stop(t, row):
+        if t == 2:
+            raise KeyboardInterrupt
+
+    with pytest.raises(KeyboardInterrupt):
+        fedge.run(run_config("cut"), on_round=stop)
+    resumed = fedge.resume(tmp_path / "runs" / "cut")
+    drop = ("wall_seconds", "run_dir")
+    clean = [{k: v for k, v in row.items() if k not in drop} for row in resumed.metrics]
+    assert clean == [{k: v for k, v in row.items() if k not in drop} for row in whole.metrics]
+    assert resumed.metrics[3]["aligned"] == 4  # round 4 aligns with the store and Adam state of rounds 1-3
