@@ -25,6 +25,8 @@ from fedge.metrics import RoundReport
 
 REFUSED = {
     "centralized": "it has no clients: one model trains on the pooled data",
+    "fsl_sage": "its server aligns each client's aux model on stored smashed data between rounds, and no "
+    "deployed FSL-SAGE round exists yet",
 }
 """Algorithms that cannot be deployed, with the reason ``fedge deploy`` prints."""
 SPLIT_ROUNDS: dict[str, type] = {
