@@ -71,7 +71,7 @@ def test_a_deadline_drops_stragglers_and_the_ledger_keeps_what_they_sent(tmp_pat
     result = fedge.run(cfg)
     before, late_rounds = 0.0, 0
     for row in result.metrics:
-        slow = row["dropped"]
+        slow = row["late"]
         assert row["participants"] + slow == 3
         if slow:  # the server waited until the deadline, the slow ones' uploads cut there
             assert row["sim_seconds"] - before == pytest.approx(0.08)
@@ -81,7 +81,7 @@ def test_a_deadline_drops_stragglers_and_the_ledger_keeps_what_they_sent(tmp_pat
         before = row["sim_seconds"]
     assert late_rounds
     late = result.metrics[-1]["bits_by_kind"]["model_up_late"]
-    dropped = sum(row["dropped"] for row in result.metrics)
+    dropped = sum(row["late"] for row in result.metrics)
     assert 0 < late < 21120 * dropped  # part of each dropped upload (one model: 21,120 bits)
     over = fedge.run(
         {
@@ -91,7 +91,7 @@ def test_a_deadline_drops_stragglers_and_the_ledger_keeps_what_they_sent(tmp_pat
         }
     )
     for row in over.metrics:  # six selected, the three fast ones first: nobody waits for the deadline
-        assert (row["selected"], row["participants"], row["dropped"]) == (6, 3, 3)
+        assert (row["selected"], row["participants"], row["late"]) == (6, 3, 3)
         assert row["sim_seconds"] < 0.01 * row["round"]
 
 
@@ -99,7 +99,7 @@ def test_partial_work_counts_the_steps_done_before_the_deadline(tmp_path):
     cfg = config(tmp_path, "fedavg_deadline", "partial", rounds=4, deadline_s=0.13, late="partial")
     cfg["system"] = {"devices": {"cpu_hz": [[1e9, 1e9], [1e6, 1e6]]}}  # slow: one of its two steps fits
     result = fedge.run(cfg)
-    assert all(row["dropped"] == 0 for row in result.metrics)
+    assert all(row["late"] == 0 for row in result.metrics)
     assert sum(row["partial"] for row in result.metrics) > 0
     dropped = fedge.run(
         {
@@ -108,7 +108,7 @@ def test_partial_work_counts_the_steps_done_before_the_deadline(tmp_path):
             "output": {**cfg["output"], "name": "drop"},
         }
     )
-    assert [r["partial"] for r in result.metrics] == [r["dropped"] for r in dropped.metrics]
+    assert [r["partial"] for r in result.metrics] == [r["late"] for r in dropped.metrics]
     mine, theirs = final_params(result), final_params(dropped)
     assert any(not torch.equal(mine[k], theirs[k]) for k in mine)  # the partial steps were averaged in
 

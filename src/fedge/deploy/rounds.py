@@ -25,6 +25,9 @@ from fedge.metrics import RoundReport
 
 REFUSED = {
     "centralized": "it has no clients: one model trains on the pooled data",
+    "fedbuff": "its asynchronous event queue runs on the simulated clock only",
+    "fedasync": "its asynchronous event queue runs on the simulated clock only",
+    "fedavg_deadline": "its round deadline is on the simulated clock only",
 }
 """Algorithms that cannot be deployed, with the reason ``fedge deploy`` prints."""
 SPLIT_ROUNDS: dict[str, type] = {

@@ -67,7 +67,7 @@ class FedAvgDeadline(Algorithm):
         reached = chosen[online]
         figures = {"selected": len(chosen), "offline": int((~online).sum())}
         if not len(reached):
-            return RoundReport(0.0, {**figures, "participants": 0, "dropped": 0, "partial": 0})
+            return RoundReport(0.0, {**figures, "participants": 0, "late": 0, "partial": 0})
         params, buffers = self.work.send(t, reached, self.params, self.buffers)
         plan = self.work.plan(reached, t)
         full = plan.weight.sum(dim=(1, 2)).cpu().numpy().astype(np.float64)
@@ -92,7 +92,7 @@ class FedAvgDeadline(Algorithm):
         cost = self._cost(t, reached, phases, full, done, kept, end)
         ctx.system.charge(cost)
         if not len(trainees):
-            figures.update(participants=0, dropped=len(reached), partial=0)
+            figures.update(participants=0, late=len(reached), partial=0)
             return RoundReport(0.0, figures)  # nothing trained: the model stays as it was
         mine = truncated_rows(plan, trainees)
         trained = self.work.train(mine, params, buffers)
@@ -111,7 +111,7 @@ class FedAvgDeadline(Algorithm):
         ctx.network.hold(senders, "model", {**self.params, **self.buffers})
         train_loss = float((trained.losses.double().cpu() * weights.cpu()).sum())
         partial = int(np.sum(done[trainees] < full[trainees]))
-        figures.update(participants=len(trainees), dropped=len(reached) - len(trainees), partial=partial)
+        figures.update(participants=len(trainees), late=len(reached) - len(trainees), partial=partial)
         return RoundReport(train_loss, figures)
 
     def _cost(
@@ -135,9 +135,13 @@ class FedAvgDeadline(Algorithm):
         airtime = np.where(kept, up.seconds, np.clip(end - down.seconds - work.seconds, 0.0, up.seconds))
         sent = PhaseCost(airtime, up.joules * airtime / np.maximum(up.seconds, 1e-300), up.phase, up.payers)
         late = np.flatnonzero(dropped & (airtime > 0))
-        if len(late):
-            bits = np.floor(self.work.up_bits * airtime[late] / up.seconds[late]).astype(np.int64)
-            self.ctx.ledger.record(t, nodes.clients(clients[late]), nodes.SERVER, LATE_KIND, bits)
+        if len(late):  # the values each late upload carried before the round ended, through the link
+            values = self.work.model_values
+            carried = np.floor(values * airtime[late] / up.seconds[late]).astype(np.int64)
+            cut = {"model": torch.zeros(len(late), values, device=self.ctx.device)}
+            self.work.up.send(
+                t, nodes.clients(clients[late]), nodes.SERVER, LATE_KIND, cut, stacked=True, lengths=carried
+            )
         ends = down.seconds + work.seconds + sent.seconds
         last = int(np.argmax(np.where(kept, ends, -1.0))) if kept.any() else int(np.argmax(ends))
         path = along(last, down, work, sent)

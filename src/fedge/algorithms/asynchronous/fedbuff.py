@@ -12,7 +12,7 @@ from fedge.algorithms.asynchronous.server import AsyncServer
 from fedge.algorithms.base import Context, register
 from fedge.engine import weighted_sum
 from fedge.errors import ConfigError
-from fedge.tensors import Tensors
+from fedge.tensors import Tensors, floating
 
 
 @register("fedbuff", FedBuffConfig, "FedBuff: asynchronous clients, the server aggregates every K updates")
@@ -41,7 +41,7 @@ class FedBuff(AsyncServer):
         sizes = torch.as_tensor(self.sizes[[u["client"] for u in updates]], dtype=torch.float64)
         weights = (sizes / sizes.sum()).to(self.ctx.device)
         stale = [self.staleness(u) for u in updates]
-        current = {**self.params, **{k: v for k, v in self.buffers.items() if v.is_floating_point()}}
+        current = {**self.params, **floating(self.buffers)}
         if cfg.server_lr == 1.0 and not any(stale):  # FedAvg's average, rounded as FedAvg rounds it
             merged = weighted_sum(_stacked(updates, "model", current), weights)
         else:

@@ -92,6 +92,7 @@ class LocalWork:
         model = {**self.params, **floating(self.buffers)}  # what travels each way: one model
         self.up_bits = float(self.up.codec.bits(value_counts(model, False))[0])
         self.down_bits = float(self.down.codec.bits(value_counts(model, False))[0])
+        self.model_values = sum(t.numel() for t in model.values())
 
     def send(self, t: int, clients: np.ndarray, params: Tensors, buffers: Tensors) -> tuple[Tensors, Tensors]:
         """The server sends the model to ``clients`` in round ``t``; what they decode."""
