@@ -12,6 +12,7 @@ from cases import tiny
 import fedge
 from fedge import results
 from fedge.checkpoint import load
+from fedge.errors import ConfigError
 from fedge.system.events import EventQueue
 
 WALL = ("wall_seconds",)
@@ -175,3 +176,20 @@ def test_the_event_queue_pops_by_time_then_dispatch_and_survives_a_checkpoint():
     assert [job.client for job in (queue.pop(), queue.pop(), queue.pop())] == [3, 7, 1]
     assert [job.client for job in (copy.pop(), copy.pop(), copy.pop())] == [3, 7, 1]
     assert copy.next_seq == 3
+
+
+def test_a_buffer_larger_than_the_clients_in_flight_is_refused_naming_the_key(tmp_path):
+    with pytest.raises(ConfigError, match=r"^algorithm\.buffer_size: 4 updates per aggregation, but only 3"):
+        fedge.run(config(tmp_path, "fedbuff", "big", buffer_size=4))
+    assert not (tmp_path / "big").exists()
+
+
+def test_the_devices_reach_the_async_clock(tmp_path):
+    fast = config(tmp_path, "fedbuff", "fast", rounds=2)
+    fast["system"] = {"devices": {"cpu_hz": 1e9}}
+    slow = config(tmp_path, "fedbuff", "slow", rounds=2)
+    slow["system"] = {"devices": {"cpu_hz": 1e6}}
+    quick, late = fedge.run(fast), fedge.run(slow)
+    assert late.metrics[-1]["sim_seconds"] > 10 * quick.metrics[-1]["sim_seconds"]
+    assert late.metrics[-1]["sim_seconds_by_phase"]["client_compute"] > 0
+    assert (late.run_dir / "devices.csv").is_file()
