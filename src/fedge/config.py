@@ -302,6 +302,8 @@ class EngineConfig(StrictModel):
 
 
 Ranges = list[tuple[float, float]]
+# a device figure as written: a number, a [low, high] range or a list of ranges (always ranges once read)
+DeviceFigure = float | tuple[float, float] | Ranges
 DEVICE_FIGURES = ("cpu_hz", "distance_m", "bandwidth_hz", "shadowing_db", "energy_budget_j", "availability")
 
 
@@ -325,17 +327,17 @@ class DevicesConfig(StrictModel):
     one row per round, one 0/1 column per client) replaces the availability draws.
     """
 
-    cpu_hz: Ranges | None = None
+    cpu_hz: DeviceFigure | None = None
     """processor speed, cycles per second (default: system.client_cpu_hz)"""
-    distance_m: Ranges | None = None
+    distance_m: DeviceFigure | None = None
     """distance from the base station (default: system.distance_min_m..distance_max_m)"""
-    bandwidth_hz: Ranges | None = None
+    bandwidth_hz: DeviceFigure | None = None
     """the client's sub-channel bandwidth (default: system.bandwidth_hz)"""
-    shadowing_db: Ranges | None = None
+    shadowing_db: DeviceFigure | None = None
     """extra path loss in dB on top of the 3GPP model (walls, antenna): lowers the client's SNR"""
-    energy_budget_j: Ranges | None = None
+    energy_budget_j: DeviceFigure | None = None
     """joules a client may spend in the run; once spent it is unavailable (default: unlimited)"""
-    availability: Ranges | None = None
+    availability: DeviceFigure | None = None
     """probability that a client is online in a round, drawn per round (default: always online)"""
     spread: Literal["uniform", "log"] = "uniform"
     """how a range is drawn: uniformly or log-uniformly"""
