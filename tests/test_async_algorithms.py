@@ -3,6 +3,9 @@ their determinism on both executors, and kill-and-resume with jobs in flight."""
 
 from __future__ import annotations
 
+import os
+import signal
+import time
 from pathlib import Path
 
 import pytest
@@ -193,3 +196,30 @@ def test_the_devices_reach_the_async_clock(tmp_path):
     assert late.metrics[-1]["sim_seconds"] > 10 * quick.metrics[-1]["sim_seconds"]
     assert late.metrics[-1]["sim_seconds_by_phase"]["client_compute"] > 0
     assert (late.run_dir / "devices.csv").is_file()
+
+
+def test_a_sigkilled_async_run_resumes_bit_identically(tmp_path):
+    cfg = config(tmp_path / "ref", "fedbuff", "run", rounds=12, buffer_size=2)
+    cfg["system"] = HETEROGENEOUS
+    cfg["output"]["checkpoint_every"] = 2
+    reference = fedge.run(cfg)
+    killed = {**cfg, "output": {**cfg["output"], "dir": str(tmp_path / "killed")}}
+    run_dir = tmp_path / "killed" / "run"
+    pid = os.fork()
+    if pid == 0:
+        try:
+            fedge.run(killed)
+        finally:
+            os._exit(0)
+    metrics = run_dir / "metrics.jsonl"
+    deadline = time.monotonic() + 120
+    while time.monotonic() < deadline and os.waitpid(pid, os.WNOHANG) == (0, 0):
+        if metrics.is_file() and len(metrics.read_text().splitlines()) >= 5:
+            break
+        time.sleep(0.001)
+    os.kill(pid, signal.SIGKILL)
+    os.waitpid(pid, 0)
+    assert not (run_dir / "summary.json").exists(), "the run finished before it could be killed"
+    resumed = fedge.resume(run_dir)
+    assert rows(resumed) == rows(reference)
+    assert (run_dir / "ledger.csv").read_bytes() == (reference.run_dir / "ledger.csv").read_bytes()
