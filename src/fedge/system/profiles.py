@@ -85,12 +85,19 @@ def _number(text: str, where: str) -> float:
     return value
 
 
+def _text(path: Path, key: str) -> str:
+    """The UTF-8 text of ``path``; a one-line error naming ``key`` when it cannot be read."""
+    try:
+        return path.read_text(encoding="utf-8")
+    except OSError as error:
+        raise ConfigError(key, f"{path}: cannot be read ({error.strerror or type(error).__name__})") from None
+    except UnicodeDecodeError:
+        raise ConfigError(key, f"{path}: is not UTF-8 text") from None
+
+
 def _rows(path: Path) -> list[dict[str, str]]:
     """The per-client rows of a CSV file (with a header) or a JSON list of objects."""
-    try:
-        text = path.read_text(encoding="utf-8")
-    except (OSError, UnicodeDecodeError) as error:
-        raise ConfigError(f"{KEY}.file", f"{path}: cannot be read ({error})") from None
+    text = _text(path, f"{KEY}.file")
     if path.suffix.lower() == ".json":
         try:
             data = json.loads(text)
@@ -155,10 +162,7 @@ def _read_file(path: Path, count: int) -> dict[str, np.ndarray]:
 def _read_trace(path: Path, count: int) -> np.ndarray:
     """An availability trace: one row per round of ``count`` 0/1 values (a first non-numeric row is a
     header; lines starting with ``#`` are comments)."""
-    try:
-        lines = path.read_text(encoding="utf-8").splitlines()
-    except (OSError, UnicodeDecodeError) as error:
-        raise ConfigError(f"{KEY}.trace", f"{path}: cannot be read ({error})") from None
+    lines = _text(path, f"{KEY}.trace").splitlines()
     rows = []
     for number, line in enumerate(lines, start=1):
         cells = [cell.strip() for cell in line.split(",")]
