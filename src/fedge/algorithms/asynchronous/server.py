@@ -86,16 +86,16 @@ class AsyncServer(Algorithm):
         trained = self.work.train(plan, params, buffers)
         phases = self.work.phases(self.version + 1, clients, trained.samples)
         ends = self.now + phases.seconds
+        base = {**params, **floating(buffers)}  # the model as the clients received it (one, shared)
         for row, client in enumerate(clients):
             job = self.queue.push(ends[row], client, self.version, self.now)
             model = {k: v[row].clone() for k, v in trained.params.items()}
             model.update({k: v[row].clone() for k, v in floating(trained.buffers).items()})
             counters = {k: v[row].clone() for k, v in trained.buffers.items() if k not in model}
-            base = {**params, **buffers}
             self.flight[job.seq] = {
                 "model": model,
                 "counters": counters,
-                "delta": {k: model[k] - base[k] for k in model},
+                "base": base,
                 "loss": float(trained.losses[row]),
                 "seconds": [float(p.seconds[row]) for p in (phases.down, phases.compute, phases.up)],
                 "joules": [float(p.joules[row]) for p in (phases.down, phases.compute, phases.up)],
@@ -121,7 +121,7 @@ class AsyncServer(Algorithm):
                 "version": job.version,
                 "model": up.payload,
                 "counters": done["counters"],
-                "delta": done["delta"],
+                "delta": {k: v - done["base"][k] for k, v in up.payload.items()},  # as the server sees it
                 "loss": done["loss"],
                 "seconds": done["seconds"],
                 "start": job.start,
