@@ -223,3 +223,15 @@ def test_a_sigkilled_async_run_resumes_bit_identically(tmp_path):
     resumed = fedge.resume(run_dir)
     assert rows(resumed) == rows(reference)
     assert (run_dir / "ledger.csv").read_bytes() == (reference.run_dir / "ledger.csv").read_bytes()
+
+
+def test_once_every_budget_is_spent_the_async_rounds_are_empty(tmp_path):
+    cfg = config(tmp_path, "fedbuff", "spent", rounds=8, buffer_size=2)
+    cfg["system"] = {"devices": {"energy_budget_j": 1e-4}}  # about one job each
+    result = fedge.run(cfg)
+    last = result.metrics[-1]
+    assert result.metrics[0]["participants"] == 2
+    assert last["participants"] == 0 and last["in_flight"] == 0
+    versions = [row["model_version"] for row in result.metrics]
+    assert versions[-1] == versions[-2] < 8  # no more aggregations, the run still finishes
+    assert result.metrics[-1]["sim_seconds"] == result.metrics[-2]["sim_seconds"]

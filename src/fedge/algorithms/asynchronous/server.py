@@ -24,13 +24,12 @@ from fedge.algorithms.asynchronous.work import LocalWork, cohort_size, draw_clie
 from fedge.algorithms.base import Algorithm, Context
 from fedge.comm import nodes
 from fedge.distributed.evaluate import evaluate_model_on
-from fedge.errors import FedgeError
 from fedge.metrics import Evaluation, RoundReport
 from fedge.system.clock import CLIENT_COMPUTE, DOWNLINK, SERVER, UPLINK, RoundCost
 from fedge.system.events import EventQueue, Job
 from fedge.tensors import floating
 
-MAX_DRAWS = 1000  # availability draws the server tries when nobody is in flight before it gives up
+EMPTY = {"participants": 0, "staleness_mean": 0.0, "staleness_max": 0, "in_flight": 0}  # nobody at work
 
 
 class AsyncServer(Algorithm):
@@ -70,12 +69,6 @@ class AsyncServer(Algorithm):
         if free <= 0:
             return
         pool = self._eligible()
-        for _ in range(MAX_DRAWS):
-            if len(pool) or len(self.queue):
-                break
-            pool = self._eligible()  # nobody in flight: the server waits for clients to come online
-        else:
-            raise FedgeError(f"round {t}: no client could take a job in {MAX_DRAWS} availability draws")
         keys = (self.version + 1,) if self.refills == 0 else (self.version + 1, self.refills)
         clients = draw_clients(self.ctx.seed, pool, free, *keys)
         if not len(clients):
@@ -144,11 +137,10 @@ class AsyncServer(Algorithm):
         began = self.now
         self.refill(t)
         while not self.due():
-            if not len(self.queue):  # nobody in flight and nobody can be dispatched: merge what came
+            if not len(self.queue):  # nobody in flight and nobody could be dispatched: merge what came
                 if self.arrived:
                     break
-                self.refill(t)
-                continue
+                return RoundReport(0.0, {**EMPTY, "model_version": self.version})  # an empty round
             job = self.queue.pop()
             self.now = job.time
             self.receive(t, job)
