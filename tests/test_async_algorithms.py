@@ -235,3 +235,11 @@ def test_once_every_budget_is_spent_the_async_rounds_are_empty(tmp_path):
     versions = [row["model_version"] for row in result.metrics]
     assert versions[-1] == versions[-2] < 8  # no more aggregations, the run still finishes
     assert result.metrics[-1]["sim_seconds"] == result.metrics[-2]["sim_seconds"]
+
+
+def test_the_async_critical_path_adds_up_to_the_simulated_time(tmp_path):
+    cfg = config(tmp_path, "fedasync", "path", rounds=6)
+    cfg["system"] = HETEROGENEOUS
+    for row in fedge.run(cfg).metrics:
+        assert sum(row["sim_seconds_by_phase"].values()) == pytest.approx(row["sim_seconds"], rel=1e-9)
+        assert row["sim_seconds_by_phase"]["client_compute"] > 0

@@ -25,7 +25,7 @@ from fedge.algorithms.base import Algorithm, Context
 from fedge.comm import nodes
 from fedge.distributed.evaluate import evaluate_model_on
 from fedge.metrics import Evaluation, RoundReport
-from fedge.system.clock import CLIENT_COMPUTE, DOWNLINK, SERVER, UPLINK, RoundCost
+from fedge.system.clock import CLIENT_COMPUTE, DOWNLINK, SERVER, UPLINK, WAIT, RoundCost
 from fedge.system.events import EventQueue, Job
 from fedge.tensors import floating
 
@@ -146,6 +146,7 @@ class AsyncServer(Algorithm):
             self.receive(t, job)
             if not self.due() and not (len(self.queue) and self.queue.peek().time == self.now):
                 self.refill(t)  # the freed places, once every arrival of this instant is in
+        closing = self.arrived[-1]
         updates = sorted(self.arrived, key=lambda u: u["seq"])
         stale = [self.staleness(u) for u in updates]
         weights = self.sizes[[u["client"] for u in updates]]
@@ -154,7 +155,7 @@ class AsyncServer(Algorithm):
         self.arrived = []
         self.version += 1
         self.refills = 0
-        self._charge_time(began, updates[-1] if updates else None)
+        self._charge_time(began, closing)
         self.ctx.network.hold(
             nodes.clients([u["client"] for u in updates]), "model", {**self.params, **self.buffers}
         )
@@ -169,19 +170,19 @@ class AsyncServer(Algorithm):
             },
         )
 
-    def _charge_time(self, began: float, closing: dict[str, Any] | None) -> None:
-        """Advance the clock to the server's time; the elapsed seconds along the phases of the update
-        that closed the round, scaled to the part of its job that fell in this round."""
-        elapsed = self.now - began
+    def _charge_time(self, began: float, closing: dict[str, Any]) -> None:
+        """Advance the clock to the server's time. The critical path is the job of the update that
+        closed the round: its phases inside the round, and as ``wait`` the time before it started."""
         path: dict[str, float] = {}
-        if closing is not None and elapsed > 0:
-            total = sum(closing["seconds"])
-            share = elapsed / total if total > 0 else 0.0
-            path = {
-                p: s * share
-                for p, s in zip((DOWNLINK, CLIENT_COMPUTE, UPLINK), closing["seconds"], strict=True)
-            }
-        self.ctx.system.charge(RoundCost(elapsed, 0.0, path, {}))
+        if closing["start"] > began:
+            path[WAIT] = closing["start"] - began
+        lo = closing["start"]
+        for phase, seconds in zip((DOWNLINK, CLIENT_COMPUTE, UPLINK), closing["seconds"], strict=True):
+            inside = min(lo + seconds, self.now) - max(lo, began)
+            lo += seconds
+            if inside > 0:
+                path[phase] = inside
+        self.ctx.system.charge(RoundCost(self.now - began, 0.0, path, {}))
 
     def evaluate(self) -> Evaluation:
         data = self.ctx.data
