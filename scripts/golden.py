@@ -253,6 +253,16 @@ ALGORITHM_SETTINGS: dict[str, tuple[str, ...]] = {
         "algorithm.local_steps=3",
         "partition.num_clients=8",
     ),
+    "fedavg_deadline": (
+        "algorithm.fraction=0.5",
+        "algorithm.deadline_s=0.2",
+        "algorithm.late=partial",
+        "algorithm.over_select=0.4",
+        "system.devices.cpu_hz=[1e7, 1e8]",
+        "system.devices.availability=0.8",
+    ),
+    "fedbuff": ("algorithm.fraction=0.5", "algorithm.buffer_size=2", "system.devices.cpu_hz=[1e7, 1e8]"),
+    "fedasync": ("algorithm.fraction=0.5", "system.devices.cpu_hz=[1e7, 1e8]"),
 }
 
 # further branches of the same algorithms: (case name, algorithm, extra keys)

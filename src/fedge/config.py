@@ -302,6 +302,71 @@ class EngineConfig(StrictModel):
     """seconds a collective waits for the other ranks of a torchrun-launched run"""
 
 
+Ranges = list[tuple[float, float]]
+# a device figure as written: a number, a [low, high] range or a list of ranges (always ranges once read)
+DeviceFigure = float | tuple[float, float] | Ranges
+DEVICE_FIGURES = ("cpu_hz", "distance_m", "bandwidth_hz", "shadowing_db", "energy_budget_j", "availability")
+
+
+def _ranges(value: Any) -> Any:
+    """A device figure as groups of ``[low, high]`` ranges: a number is one fixed value, a pair one range."""
+    if isinstance(value, int | float) and not isinstance(value, bool):
+        return [(value, value)]
+    if isinstance(value, list | tuple) and len(value) == 2 and all(isinstance(v, int | float) for v in value):
+        return [tuple(value)]
+    return value
+
+
+class DevicesConfig(StrictModel):
+    """Per-client device profiles (docs/async.md): compute speed, radio, energy budget and availability.
+
+    Each figure is a number (every client alike), a ``[low, high]`` range drawn per client, or a list of
+    ranges: the clients are split into that many equal consecutive groups, each drawn from its own range
+    (HIST's halves at 1-2 GHz and 2-4 GHz: ``cpu_hz: [[1e9, 2e9], [2e9, 4e9]]``). Draws are uniform, or
+    log-uniform with ``spread: log``, from the run seed. A figure left out keeps the system's own value.
+    ``file`` (CSV or JSON, one row per client) overrides drawn figures column by column; ``trace`` (CSV,
+    one row per round, one 0/1 column per client) replaces the availability draws.
+    """
+
+    cpu_hz: DeviceFigure | None = None
+    """processor speed, cycles per second (default: system.client_cpu_hz)"""
+    distance_m: DeviceFigure | None = None
+    """distance from the base station (default: system.distance_min_m..distance_max_m)"""
+    bandwidth_hz: DeviceFigure | None = None
+    """the client's sub-channel bandwidth (default: system.bandwidth_hz)"""
+    shadowing_db: DeviceFigure | None = None
+    """extra path loss in dB on top of the 3GPP model (walls, antenna): lowers the client's SNR"""
+    energy_budget_j: DeviceFigure | None = None
+    """joules a client may spend in the run; once spent it is unavailable (default: unlimited)"""
+    availability: DeviceFigure | None = None
+    """probability that a client is online in a round, drawn per round (default: always online)"""
+    spread: Literal["uniform", "log"] = "uniform"
+    """how a range is drawn: uniformly or log-uniformly"""
+    file: Path | None = None
+    """CSV or JSON of per-client figures (columns client, cpu_hz, distance_m, ...), e.g. measured devices"""
+    trace: Path | None = None
+    """CSV availability trace: row r is round r (cycled), column i client i, 1 online / 0 offline"""
+
+    @field_validator(*DEVICE_FIGURES, mode="before")
+    @classmethod
+    def _as_ranges(cls, value: Any) -> Any:
+        return _ranges(value)
+
+    @field_validator(*DEVICE_FIGURES)
+    @classmethod
+    def _positive_ranges(cls, value: Ranges | None, info: ValidationInfo) -> Ranges | None:
+        signed = info.field_name == "shadowing_db"
+        for low, high in value or []:
+            if not (signed or low > 0.0) or not low <= high:
+                kind = "numbers" if signed else "positive numbers"
+                raise ValueError(f"[{low}, {high}] is no range of {kind} with low <= high")
+            if info.field_name == "availability" and high > 1.0:
+                raise ValueError(f"[{low}, {high}]: a probability is at most 1")
+        if value is not None and not value:
+            raise ValueError("needs at least one range")
+        return value
+
+
 class SystemConfig(StrictModel):
     """Wireless system model behind the simulated clock (``sim_seconds``, ``sim_joules``).
 
@@ -345,6 +410,8 @@ class SystemConfig(StrictModel):
     """clients' effective switched capacitance: energy kappa f^2 per cycle (0.1 nJ at 1 GHz)"""
     server_compute_w: Annotated[float, Field(ge=0.0, le=1e9)] = 100.0
     """server power draw while it computes, in watts (our completion: 100 W, 1 nJ per FLOP at 1e11)"""
+    devices: DevicesConfig | None = None
+    """per-client device profiles: compute, radio, energy budget, availability (docs/async.md)"""
 
     @field_validator("distance_max_m")
     @classmethod

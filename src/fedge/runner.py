@@ -438,6 +438,8 @@ def start_run(
         run_dir = results.create_run_dir(config.output.dir, default_run_name(config), config.to_yaml())
         device = built.context.device
         write_environment(run_dir, str(device), group, executor_name(config, device.type))
+        if built.context.system.profiles is not None:  # the run's device profiles, one row per client
+            results.write_text(run_dir / "devices.csv", built.context.system.devices_csv())
     run_dir = group.broadcast(run_dir)
     lock = results.RunLock(run_dir) if group.writes else None
     return Runner(built, run_dir, on_round=on_round, lock=lock)

@@ -29,6 +29,7 @@ from fedge.system.clock import (
     client_nodes,
 )
 from fedge.system.compute import compute_energy, compute_seconds
+from fedge.system.profiles import DeviceProfiles, device_profiles, profiles_csv
 from fedge.system.rates import dbm_to_watt, noise_power_watt, shannon_rate
 
 
@@ -67,17 +68,53 @@ class SystemModel:
         )
         self.path_gain = gain_from_db(path_loss_db(self.distances_m))
         self.noise_w = noise_power_watt(cfg.noise_dbm_per_hz, cfg.bandwidth_hz)
+        self.bandwidth_hz: float | np.ndarray = cfg.bandwidth_hz
+        self.cpu_hz: float | np.ndarray = cfg.client_cpu_hz
+        self.profiles: DeviceProfiles | None = None
+        if cfg.devices is not None:  # per-client figures; without them every client is the system's
+            self.profiles = device_profiles(cfg, num_clients, seed)
+            self.distances_m = self.profiles.distance_m
+            self.path_gain = gain_from_db(path_loss_db(self.distances_m) + self.profiles.shadowing_db)
+            self.bandwidth_hz = self.profiles.bandwidth_hz
+            self.noise_w = dbm_to_watt(cfg.noise_dbm_per_hz) * self.bandwidth_hz
+            self.cpu_hz = self.profiles.cpu_hz
         self.client_power_w = float(dbm_to_watt(cfg.client_power_dbm))
         self.server_power_w = float(dbm_to_watt(cfg.server_power_dbm))
         self.clock = Clock()
+
+    def online(self, round_: int) -> np.ndarray:
+        """Which clients can take part in ``round_``: online by their availability (draw or trace) and
+        with energy left in their budget (all of them without device profiles)."""
+        count = len(self.distances_m)
+        if self.profiles is None:
+            return np.ones(count, dtype=bool)
+        spent = self.clock.node_joules()
+        used = np.array([spent.get(name, 0.0) for name in client_nodes(np.arange(count))])
+        return self.profiles.online(self.seed, round_) & (used < self.profiles.energy_budget_j)
+
+    def devices_csv(self) -> str:
+        """The per-client profiles as ``devices.csv`` text (empty without device profiles)."""
+        if self.profiles is None:
+            return ""
+        nominal = WirelessLink(
+            shannon_rate(self.bandwidth_hz, self.client_power_w * self.path_gain / self.noise_w),
+            shannon_rate(self.bandwidth_hz, self.server_power_w * self.path_gain / self.noise_w),
+        )
+        return profiles_csv(self.profiles, nominal.up_bps, nominal.down_bps)
+
+    def client_cpu_hz(self, clients: np.ndarray | None) -> float | np.ndarray:
+        """The processor speed of ``clients`` (the system's nominal speed where they are not named)."""
+        if clients is None or np.ndim(self.cpu_hz) == 0:
+            return self.cfg.client_cpu_hz if clients is None else self.cpu_hz
+        return self.cpu_hz[np.asarray(clients)]
 
     def link(self, round_: int) -> WirelessLink:
         """Every client's rates in ``round_`` (fading redrawn per round when enabled)."""
         gain = self.path_gain
         if self.cfg.fading == "rayleigh":
             gain = gain * rayleigh_power(numpy_rng(self.seed, "fading", round_), gain.shape)
-        up = shannon_rate(self.cfg.bandwidth_hz, self.client_power_w * gain / self.noise_w)
-        down = shannon_rate(self.cfg.bandwidth_hz, self.server_power_w * gain / self.noise_w)
+        up = shannon_rate(self.bandwidth_hz, self.client_power_w * gain / self.noise_w)
+        down = shannon_rate(self.bandwidth_hz, self.server_power_w * gain / self.noise_w)
         return WirelessLink(up, down)
 
     def upload(self, clients: np.ndarray, bits: np.ndarray, round_: int) -> PhaseCost:
@@ -105,8 +142,9 @@ class SystemModel:
         """Clients ``clients`` executing ``flops`` each on their CPUs (``clients`` may be left out where
         only the seconds are needed)."""
         cfg = self.cfg
-        seconds = compute_seconds(flops, cfg.cycles_per_flop, cfg.client_cpu_hz)
-        joules = compute_energy(flops, cfg.cycles_per_flop, cfg.client_cpu_hz, cfg.kappa)
+        cpu_hz = self.client_cpu_hz(clients)
+        seconds = compute_seconds(flops, cfg.cycles_per_flop, cpu_hz)
+        joules = compute_energy(flops, cfg.cycles_per_flop, cpu_hz, cfg.kappa)
         return PhaseCost(seconds, joules, CLIENT_COMPUTE, None if clients is None else client_nodes(clients))
 
     def server_compute(self, flops: np.ndarray | float) -> PhaseCost:

@@ -78,7 +78,7 @@ def arrival_round(
     down, compute, up, server = _phases(system, round_, work)
     clients = work.clients
     rest = (
-        system.client_compute(unplaced.client_flops).seconds
+        system.client_compute(unplaced.client_flops, clients).seconds
         + system.upload(clients, unplaced.up_bits, round_).seconds
         + system.download(clients, unplaced.down_bits, round_).seconds
     )

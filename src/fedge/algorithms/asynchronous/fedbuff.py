@@ -1,0 +1,59 @@
+"""FedBuff (Nguyen et al., 2022): asynchronous clients, the server aggregating every K arrived updates."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+import torch
+
+from fedge.algorithms.asynchronous.config import FedBuffConfig
+from fedge.algorithms.asynchronous.server import AsyncServer
+from fedge.algorithms.base import Context, register
+from fedge.engine import weighted_sum
+from fedge.errors import ConfigError
+from fedge.tensors import Tensors, floating
+
+
+@register("fedbuff", FedBuffConfig, "FedBuff: asynchronous clients, the server aggregates every K updates")
+class FedBuff(AsyncServer):
+    """The server keeps ``fraction * n`` clients in flight and aggregates once ``buffer_size`` (K)
+    updates have arrived: ``x += server_lr * sum_k w_k s(tau_k) (x_k - x_{v_k})``, with ``w_k`` the
+    clients' sample shares within the buffer and ``s(tau) = 1 / sqrt(1 + tau)`` (or 1). When every
+    update is fresh and the server's step is 1 the new model is the buffer's sample-weighted average
+    itself, computed as FedAvg computes it: with identical devices and K = cohort, FedBuff is FedAvg.
+    """
+
+    def __init__(self, ctx: Context, cfg: FedBuffConfig):
+        super().__init__(ctx, cfg)
+        self.buffer_size = cfg.buffer_size or self.concurrency
+        if self.buffer_size > self.concurrency:
+            raise ConfigError(
+                "algorithm.buffer_size",
+                f"{self.buffer_size} updates per aggregation, but only {self.concurrency} clients in flight",
+            )
+
+    def due(self) -> bool:
+        return len(self.arrived) >= self.buffer_size
+
+    def aggregate(self, updates: list[dict[str, Any]]) -> None:
+        cfg: FedBuffConfig = self.cfg
+        sizes = torch.as_tensor(self.sizes[[u["client"] for u in updates]], dtype=torch.float64)
+        weights = (sizes / sizes.sum()).to(self.ctx.device)
+        stale = [self.staleness(u) for u in updates]
+        current = {**self.params, **floating(self.buffers)}
+        if cfg.server_lr == 1.0 and not any(stale):  # FedAvg's average, rounded as FedAvg rounds it
+            merged = weighted_sum(_stacked(updates, "model", current), weights)
+        else:
+            scale = [1.0 / np.sqrt(1.0 + tau) if cfg.staleness == "sqrt" else 1.0 for tau in stale]
+            scaled = weights * torch.as_tensor(scale, dtype=torch.float64, device=weights.device)
+            step = weighted_sum(_stacked(updates, "delta", current), scaled)
+            merged = {k: v + cfg.server_lr * step[k] for k, v in current.items()}
+        self.params = {k: merged[k] for k in self.params}
+        self.buffers = {k: merged.get(k, v) for k, v in self.buffers.items()}
+        self.merge_integers(updates)
+
+
+def _stacked(updates: list[dict[str, Any]], field: str, names: Tensors) -> Tensors:
+    """Each tensor of ``names`` stacked over the updates' ``field`` (one row per update)."""
+    return {k: torch.stack([u[field][k] for u in updates]) for k in names}

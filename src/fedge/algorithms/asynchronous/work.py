@@ -1,0 +1,136 @@
+"""A client's job in the straggler-aware and asynchronous variants: FedAvg's local training, and what the
+job costs each client on the simulated clock (download, compute, upload) given its device profile."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+
+from fedge.algorithms.asynchronous.config import LocalWorkConfig
+from fedge.algorithms.base import Context
+from fedge.comm import nodes
+from fedge.comm.codecs import value_counts
+from fedge.data.federated import BatchPlan
+from fedge.engine import (
+    ClientBank,
+    buffers_of,
+    classification_loss,
+    make_optimizer,
+    make_step,
+    parameters_of,
+)
+from fedge.errors import ConfigError
+from fedge.rng import numpy_rng
+from fedge.system import forward_flops, training_flops
+from fedge.system.model import PhaseCost
+from fedge.tensors import Tensors, floating
+
+
+@dataclass(frozen=True)
+class Trained:
+    """A group of clients' trained models (stacked rows), their mean losses and samples processed."""
+
+    clients: np.ndarray
+    params: Tensors
+    buffers: Tensors
+    losses: torch.Tensor
+    samples: np.ndarray
+
+
+@dataclass(frozen=True)
+class Phases:
+    """The three phases of a group of clients' jobs, one row per client."""
+
+    down: PhaseCost
+    compute: PhaseCost
+    up: PhaseCost
+
+    @property
+    def seconds(self) -> np.ndarray:
+        """Each job's duration: download, compute and upload one after another."""
+        return self.down.seconds + self.compute.seconds + self.up.seconds
+
+
+def cohort_size(num_clients: int, fraction: float) -> int:
+    """``max(1, round(fraction * n))``, FedAvg's cohort."""
+    return min(num_clients, max(1, round(fraction * num_clients)))
+
+
+def draw_clients(seed: int, pool: np.ndarray, count: int, *keys: int) -> np.ndarray:
+    """``count`` clients of ``pool`` (all of it if it has no more), sorted, from the stream
+    ``(seed, "participants", *keys)``: with the whole population as the pool, FedAvg's own draw."""
+    pool = np.asarray(pool, dtype=np.int64)
+    if count >= len(pool):
+        return pool.copy()
+    return np.sort(numpy_rng(seed, "participants", *keys).choice(pool, size=count, replace=False))
+
+
+def truncated(plan: BatchPlan, steps: np.ndarray) -> BatchPlan:
+    """``plan`` with row ``r`` stopped after ``steps[r]`` local steps (its later steps become padding)."""
+    kept = np.minimum(plan.steps.cpu().numpy(), steps)
+    alive = torch.arange(plan.num_steps)[None, :] < torch.as_tensor(kept)[:, None]
+    weight = plan.weight * alive.to(plan.weight.device, plan.weight.dtype)[:, :, None]
+    return BatchPlan(plan.clients, plan.index, weight, torch.as_tensor(kept, dtype=plan.steps.dtype))
+
+
+class LocalWork:
+    """FedAvg's client side (model, step, links) and the simulated cost of a job."""
+
+    def __init__(self, ctx: Context, cfg: LocalWorkConfig):
+        if ctx.cohorts.processes > 1:
+            raise ConfigError("algorithm.name", f"{cfg.name} runs in one process (not across ranks)")
+        self.ctx, self.cfg = ctx, cfg
+        self.model = ctx.build_model().to(ctx.device)
+        self.params = parameters_of(self.model)
+        self.buffers = buffers_of(self.model)
+        self.sgd = make_optimizer(cfg.optimizer)
+        self.step = make_step(classification_loss(self.model, ctx.criterion), self.sgd)
+        self.up, self.down = ctx.network.link(cfg.codec_up), ctx.network.link(cfg.codec_down)
+        self.flops_per_sample = forward_flops(self.model, ctx.data.input_shape)
+        model = {**self.params, **floating(self.buffers)}  # what travels each way: one model
+        self.up_bits = float(self.up.codec.bits(value_counts(model, False))[0])
+        self.down_bits = float(self.down.codec.bits(value_counts(model, False))[0])
+        self.model_values = sum(t.numel() for t in model.values())
+
+    def send(self, t: int, clients: np.ndarray, params: Tensors, buffers: Tensors) -> tuple[Tensors, Tensors]:
+        """The server sends the model to ``clients`` in round ``t``; what they decode."""
+        down = self.down.send(
+            t, nodes.SERVER, nodes.clients(clients), "model_down", {**params, **floating(buffers)}
+        )
+        return {k: down.payload[k] for k in params}, {k: down.payload.get(k, v) for k, v in buffers.items()}
+
+    def plan(self, clients: np.ndarray, key: int) -> BatchPlan:
+        """The local steps of ``clients`` for a job keyed ``key`` (FedAvg's round)."""
+        cfg = self.cfg
+        return self.ctx.data.batch_plan(clients, key, cfg.local_epochs, cfg.batch_size, cfg.drop_last)
+
+    def train(self, plan: BatchPlan, params: Tensors, buffers: Tensors) -> Trained:
+        """Every client of ``plan`` trains from ``params`` / ``buffers`` with a fresh optimizer state."""
+        clients = np.asarray(plan.clients, dtype=np.int64)
+        bank = ClientBank.broadcast(clients, params, buffers, self.sgd.init(params))
+        self.model.train()
+        losses = self.ctx.executor.train(self.step, bank, plan, self.ctx.data, self.cfg.optimizer.lr)
+        samples = plan.weight.sum(dim=(1, 2)).cpu().numpy().astype(np.float64)
+        return Trained(clients, bank.params, bank.buffers, losses, samples)
+
+    def phases(self, t: int, clients: np.ndarray, samples: np.ndarray) -> Phases:
+        """What each of ``clients``' jobs costs: receiving the model, training on ``samples`` samples,
+        uploading its model, on its own device and links (fading of round ``t``)."""
+        system, count = self.ctx.system, len(clients)
+        return Phases(
+            system.download(clients, np.full(count, self.down_bits), t),
+            system.client_compute(training_flops(self.flops_per_sample, samples), clients),
+            system.upload(clients, np.full(count, self.up_bits), t),
+        )
+
+    def steps_within(self, plan: BatchPlan, seconds: np.ndarray) -> np.ndarray:
+        """How many local steps of each row of ``plan`` its client completes in ``seconds`` of compute."""
+        per_step = plan.weight.sum(dim=2).cpu().numpy().astype(np.float64)  # samples of each step
+        clients = np.asarray(plan.clients, dtype=np.int64)
+        cost = self.ctx.system.client_compute(
+            training_flops(self.flops_per_sample, np.cumsum(per_step, axis=1)).T, clients
+        ).seconds.T  # seconds to finish each step, per row
+        done = (cost <= np.asarray(seconds)[:, None]) & (per_step > 0)
+        return done.sum(axis=1).astype(np.int64)

@@ -1,0 +1,228 @@
+"""Device profiles: each client's compute speed, radio, energy budget and availability, as data.
+
+A profile is drawn from the ranges of ``system.devices`` with generators derived from the run seed, and
+then overridden column by column by a per-client file (CSV or JSON of measured devices); an availability
+trace (CSV, one row per round) replaces the availability draws. The system model reads the profiles for
+its rates and compute times; the run directory keeps them as ``devices.csv``. A figure the config leaves
+out keeps the system's own value, so a run without ``system.devices`` is the uniform fleet it always was.
+"""
+
+from __future__ import annotations
+
+import csv
+import io
+import json
+import math
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+
+from fedge.config import DEVICE_FIGURES, DevicesConfig, SystemConfig
+from fedge.errors import ConfigError
+from fedge.rng import numpy_rng
+from fedge.system.channel import draw_distances
+
+FIGURES = DEVICE_FIGURES
+SIGNED = ("shadowing_db",)  # the only figure that may be zero or negative
+KEY = "system.devices"
+
+
+@dataclass(frozen=True)
+class DeviceProfiles:
+    """Per-client figures (one entry per client) and the availability trace, if any.
+
+    ``energy_budget_j`` is ``inf`` for a client without a budget; ``trace[r, i]`` says whether client
+    ``i`` is online in round ``r + 1`` (rounds past the trace's end cycle through it).
+    """
+
+    cpu_hz: np.ndarray
+    distance_m: np.ndarray
+    bandwidth_hz: np.ndarray
+    shadowing_db: np.ndarray
+    energy_budget_j: np.ndarray
+    availability: np.ndarray
+    trace: np.ndarray | None = None
+
+    @property
+    def count(self) -> int:
+        return len(self.cpu_hz)
+
+    def online(self, seed: int, round_: int) -> np.ndarray:
+        """Which clients are online in ``round_`` (1-based): the trace's row, or one draw per client
+        against its availability from the stream ``(seed, "availability", round_)``."""
+        if self.trace is not None:
+            return self.trace[(round_ - 1) % len(self.trace)].copy()
+        if np.all(self.availability >= 1.0):
+            return np.ones(self.count, dtype=bool)
+        return numpy_rng(seed, "availability", round_).random(self.count) < self.availability
+
+    def columns(self) -> dict[str, np.ndarray]:
+        """The per-client figures by name, in :data:`FIGURES` order."""
+        return {name: getattr(self, name) for name in FIGURES}
+
+
+def _draw(rng: np.random.Generator, count: int, ranges: list[tuple[float, float]], log: bool) -> np.ndarray:
+    """``count`` values: the clients split into ``len(ranges)`` equal consecutive groups, each drawn
+    uniformly (or log-uniformly) from its range."""
+    out = np.empty(count, dtype=np.float64)
+    for group, rows in enumerate(np.array_split(np.arange(count), len(ranges))):
+        low, high = ranges[group]
+        if log and low > 0:
+            out[rows] = np.exp(rng.uniform(math.log(low), math.log(high), size=len(rows)))
+        else:
+            out[rows] = rng.uniform(low, high, size=len(rows))
+    return out
+
+
+def _number(text: str, where: str) -> float:
+    try:
+        value = float(text)
+    except (TypeError, ValueError):
+        raise ConfigError(f"{KEY}.file", f"{where}: {text!r} is not a number") from None
+    if not math.isfinite(value):
+        raise ConfigError(f"{KEY}.file", f"{where}: {text!r} is not a finite number")
+    return value
+
+
+def _text(path: Path, key: str) -> str:
+    """The UTF-8 text of ``path``; a one-line error naming ``key`` when it cannot be read."""
+    try:
+        return path.read_text(encoding="utf-8")
+    except OSError as error:
+        raise ConfigError(key, f"{path}: cannot be read ({error.strerror or type(error).__name__})") from None
+    except UnicodeDecodeError:
+        raise ConfigError(key, f"{path}: is not UTF-8 text") from None
+
+
+def _rows(path: Path) -> list[dict[str, str]]:
+    """The per-client rows of a CSV file (with a header) or a JSON list of objects."""
+    text = _text(path, f"{KEY}.file")
+    if path.suffix.lower() == ".json":
+        try:
+            data = json.loads(text)
+        except json.JSONDecodeError as error:
+            raise ConfigError(f"{KEY}.file", f"{path}: not JSON ({error})") from None
+        if isinstance(data, dict) and isinstance(data.get("clients"), list):
+            data = data["clients"]
+        if not isinstance(data, list) or not all(isinstance(row, dict) for row in data):
+            raise ConfigError(f"{KEY}.file", f"{path}: expected a list of per-client objects")
+        return [{str(k): str(v) for k, v in row.items()} for row in data]
+    reader = csv.DictReader(io.StringIO(text))
+    if reader.fieldnames is None:
+        raise ConfigError(f"{KEY}.file", f"{path}: empty (expected a header: client,cpu_hz,...)")
+    return [{k.strip(): (v or "").strip() for k, v in row.items() if k is not None} for row in reader]
+
+
+def _read_file(path: Path, count: int) -> dict[str, np.ndarray]:
+    """The figures a profile file gives, by name: every client 0..count-1 exactly once."""
+    rows = _rows(path)
+    columns: dict[str, np.ndarray] = {}
+    seen = np.zeros(count, dtype=bool)
+    for line, row in enumerate(rows, start=1):
+        unknown = sorted(set(row) - {"client", *FIGURES})
+        if unknown:
+            raise ConfigError(
+                f"{KEY}.file", f"{path}: unknown column {unknown[0]!r}; known: client, {', '.join(FIGURES)}"
+            )
+        if "client" not in row:
+            raise ConfigError(f"{KEY}.file", f"{path}: row {line} has no 'client'")
+        client = _number(row["client"], f"{path} row {line} client")
+        if client != int(client) or not 0 <= client < count:
+            raise ConfigError(
+                f"{KEY}.file", f"{path}: row {line}: client {row['client']} is not one of 0..{count - 1}"
+            )
+        client = int(client)
+        if seen[client]:
+            raise ConfigError(f"{KEY}.file", f"{path}: client {client} appears twice")
+        seen[client] = True
+        for name in FIGURES:
+            if name not in row:
+                continue
+            value = _number(row[name], f"{path} row {line} {name}")
+            if name not in SIGNED and value <= 0:
+                raise ConfigError(f"{KEY}.file", f"{path}: row {line}: {name} must be positive (got {value})")
+            if name == "availability" and value > 1:
+                raise ConfigError(
+                    f"{KEY}.file", f"{path}: row {line}: availability is at most 1 (got {value})"
+                )
+            columns.setdefault(name, np.full(count, np.nan))[client] = value
+    if not seen.all():
+        missing = int(np.flatnonzero(~seen)[0])
+        raise ConfigError(
+            f"{KEY}.file", f"{path}: has {int(seen.sum())} of {count} clients (client {missing} is missing)"
+        )
+    for name, values in columns.items():
+        if np.isnan(values).any():
+            client = int(np.flatnonzero(np.isnan(values))[0])
+            raise ConfigError(f"{KEY}.file", f"{path}: client {client} has no {name}")
+    return columns
+
+
+def _read_trace(path: Path, count: int) -> np.ndarray:
+    """An availability trace: one row per round of ``count`` 0/1 values (a first non-numeric row is a
+    header; lines starting with ``#`` are comments)."""
+    lines = _text(path, f"{KEY}.trace").splitlines()
+    rows = []
+    for number, line in enumerate(lines, start=1):
+        cells = [cell.strip() for cell in line.split(",")]
+        if not line.strip() or line.lstrip().startswith("#"):
+            continue
+        if not rows and not all(cell in ("0", "1") for cell in cells) and number == 1:
+            continue  # a header
+        if len(cells) != count or not all(cell in ("0", "1") for cell in cells):
+            raise ConfigError(f"{KEY}.trace", f"{path}: line {number} is not {count} values of 0 or 1")
+        rows.append([cell == "1" for cell in cells])
+    if not rows:
+        raise ConfigError(f"{KEY}.trace", f"{path}: holds no round")
+    return np.array(rows, dtype=bool)
+
+
+def device_profiles(cfg: SystemConfig, count: int, seed: int) -> DeviceProfiles:
+    """The profiles of ``count`` clients: ``cfg.devices``'s draws and files over the system's defaults.
+
+    Each figure draws from its own stream ``(seed, "devices", name)``; distances left out are the
+    system's own draw (the same numbers as a run without profiles).
+    """
+    devices = cfg.devices or DevicesConfig()
+    log = devices.spread == "log"
+    default_distances = draw_distances(
+        numpy_rng(seed, "system-distances"), count, cfg.distance_min_m, cfg.distance_max_m, cfg.distances
+    )
+    defaults = {
+        "cpu_hz": np.full(count, cfg.client_cpu_hz),
+        "distance_m": default_distances,
+        "bandwidth_hz": np.full(count, cfg.bandwidth_hz),
+        "shadowing_db": np.zeros(count),
+        "energy_budget_j": np.full(count, np.inf),
+        "availability": np.ones(count),
+    }
+    figures = {}
+    for name in FIGURES:
+        ranges = getattr(devices, name)
+        drawn = ranges is not None
+        figures[name] = (
+            _draw(numpy_rng(seed, "devices", name), count, ranges, log) if drawn else defaults[name]
+        )
+    if devices.file is not None:
+        figures.update(_read_file(Path(devices.file), count))
+    trace = None if devices.trace is None else _read_trace(Path(devices.trace), count)
+    return DeviceProfiles(**figures, trace=trace)
+
+
+def profiles_csv(profiles: DeviceProfiles, up_bps: np.ndarray, down_bps: np.ndarray) -> str:
+    """``devices.csv``: one row per client with its figures and its mean rates without fading."""
+    out = io.StringIO()
+    writer = csv.writer(out)
+    writer.writerow(["client", *FIGURES, "up_bps", "down_bps"])
+    columns = profiles.columns()
+    for i in range(profiles.count):
+        writer.writerow(
+            [
+                i,
+                *(repr(float(columns[n][i])) for n in FIGURES),
+                repr(float(up_bps[i])),
+                repr(float(down_bps[i])),
+            ]
+        )
+    return out.getvalue()
