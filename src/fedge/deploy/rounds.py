@@ -25,14 +25,11 @@ from fedge.metrics import RoundReport
 
 REFUSED = {
     "centralized": "it has no clients: one model trains on the pooled data",
-<<<<<<< HEAD
     "fsl_sage": "its server aligns each client's aux model on stored smashed data between rounds, and no "
     "deployed FSL-SAGE round exists yet",
-=======
     "fedbuff": "its asynchronous event queue runs on the simulated clock only",
     "fedasync": "its asynchronous event queue runs on the simulated clock only",
     "fedavg_deadline": "its round deadline is on the simulated clock only",
->>>>>>> async
 }
 """Algorithms that cannot be deployed, with the reason ``fedge deploy`` prints."""
 SPLIT_ROUNDS: dict[str, type] = {

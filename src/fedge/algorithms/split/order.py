@@ -117,12 +117,13 @@ class ArrivalOrder(ServerOrder):
         pending = rnd.tally.client_samples[rows] + samples - timeline.computed[rows]
         timeline.computed[rows] += pending
         timeline.up_bits[rows] += bits[sending]
-        compute = system.client_compute(training_flops(self.flops.trunk + self.flops.aux, pending)).seconds
-        upload = system.upload(rnd.draws.clients[rows], bits[sending], t).seconds
+        clients = rnd.draws.clients[rows]
+        compute = system.client_compute(training_flops(self.flops.trunk + self.flops.aux, pending), clients)
+        upload = system.upload(clients, bits[sending], t).seconds
         jitter = numpy_rng(self.seed, "arrival-jitter", t, timeline.exchanges).uniform(
             0.0, self.jitter_s, len(rows)
         )
-        arrival = timeline.arrive(rows, compute, upload, jitter)
+        arrival = timeline.arrive(rows, compute.seconds, upload, jitter)
         service = system.server_compute(training_flops(self.flops.server, samples)).seconds
         queued, finish = timeline.serve(rows, arrival, service)
         return Queued([sending[i] for i in queued], finish)
