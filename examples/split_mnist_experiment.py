@@ -9,7 +9,9 @@ conv blocks, B = 10, eta = 0.05) for the same number of epochs and several seeds
 - server storage: parameters held, and the number of server-model copies (n for MC/AN, 1 for OC/CSE);
 - accuracy at an equal communication budget (by default the label-free load of the cheapest CSE run),
   read at each run's last evaluated round within the budget;
-- CSE's communication reduction against each baseline at equal epochs (baseline load / CSE load).
+- CSE's communication reduction against each baseline at equal epochs (baseline load / CSE load);
+- the claims' accuracy differences paired by seed, with the 95 % t interval of the mean ("within noise"
+  where it holds zero).
 
 The runs are the sweep ``sweeps/split-mnist.yaml`` (``fedge sweep`` runs it alone: run directories,
 ``results.csv``, a table over seeds; rerunning continues an interrupted sweep). This script adds the
@@ -30,7 +32,7 @@ from fedge import results
 from fedge.config import load_raw
 from fedge.plots import AXES, plot_runs
 from fedge.records import evaluated
-from fedge.sweep import load_sweep, run_sweep
+from fedge.sweep import interval, load_sweep, run_sweep
 
 BASE = Path(__file__).with_name("split-mnist.yaml")
 SWEEP = Path(__file__).parent / "sweeps" / "split-mnist.yaml"
@@ -117,6 +119,59 @@ def print_table(table: dict[str, dict[str, Any]], copies: dict[str, int], budget
         print(f"| {label} | {ratios} |")
 
 
+# The claims tested by seed pairs: Table V's ordering at equal epochs, and Figs. 4 / 9's per-GB win.
+EPOCH_PAIRS = [
+    ("CSE h=1", "FSL_MC"),
+    ("CSE h=1", "FSL_OC"),
+    ("CSE h=1", "FSL_AN"),
+    ("FSL_OC", "FSL_MC"),
+    ("FSL_OC", "FSL_AN"),
+    ("FSL_AN", "FSL_MC"),
+    ("CSE h=2", "CSE h=1"),
+    ("CSE h=4", "CSE h=1"),
+    ("CSE h=4", "CSE h=2"),
+]
+BUDGET_PAIRS = [(cse, base) for cse in ("CSE h=1", "CSE h=2", "CSE h=4") for base in BASELINES]
+
+
+def paired(runs: dict[str, list[list[dict]]], budget_bits: float) -> dict[str, dict[str, float]]:
+    """Accuracy differences paired by seed (same seed: same split and initial model), in points: mean,
+    95 % t interval, and whether it excludes zero, at equal epochs and at the budget."""
+    out = {}
+    for kind, pairs in (("equal epochs", EPOCH_PAIRS), ("equal budget", BUDGET_PAIRS)):
+        for a, b in pairs:
+            if a not in runs or b not in runs:
+                continue
+            if kind == "equal epochs":
+                values = [
+                    (x[-1]["accuracy"], y[-1]["accuracy"]) for x, y in zip(runs[a], runs[b], strict=True)
+                ]
+            else:
+                values = [
+                    (at_budget(x, budget_bits), at_budget(y, budget_bits))
+                    for x, y in zip(runs[a], runs[b], strict=True)
+                ]
+            if any(v is None for pair in values for v in pair) or len(values) < 2:
+                continue
+            figures = interval([100 * (x - y) for x, y in values])
+            low, high = figures["mean"] - figures["ci95"], figures["mean"] + figures["ci95"]
+            verdict = "within noise" if low <= 0 <= high else "higher" if low > 0 else "lower"
+            out[f"{a} - {b}, {kind}"] = {
+                "mean": figures["mean"],
+                "low": low,
+                "high": high,
+                "verdict": verdict,
+            }
+    return out
+
+
+def print_paired(pairs: dict[str, dict[str, float]]) -> None:
+    print("\naccuracy differences paired by seed (points): mean [95 % interval]")
+    print("| difference | mean [95 % interval] |\n|---|---|")
+    for name, p in pairs.items():
+        print(f"| {name} | {p['mean']:+.2f} [{p['low']:+.2f}, {p['high']:+.2f}] {p['verdict']} |")
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--seeds", type=lambda text: [int(s) for s in text.split(",")], default=None)
@@ -141,6 +196,8 @@ def main() -> None:
         for label, cell in cells.items()
     }
     print_table(table, copies, budget)
+    pairs = paired(runs, budget)
+    print_paired(pairs)
     curves = []
     for label, seeds in runs.items():
         rows = [
@@ -158,7 +215,9 @@ def main() -> None:
     }
     plots = plot_runs(curves, args.out / "plots", axes=axes)
     args.out.mkdir(parents=True, exist_ok=True)
-    (args.out / "results.json").write_text(json.dumps({"budget_bits": budget, "table": table}, indent=1))
+    (args.out / "results.json").write_text(
+        json.dumps({"budget_bits": budget, "table": table, "paired": pairs}, indent=1)
+    )
     print(f"\nwrote {args.out / 'results.json'} and {', '.join(str(p) for p in plots)}")
 
 
