@@ -48,7 +48,9 @@ class HFTokenizer:
         try:
             import transformers
         except ImportError:
-            raise ConfigError("data.tokenizer", "a Hugging Face tokenizer needs the llm extra: fedge[llm]") from None
+            raise ConfigError(
+                "data.tokenizer", "a Hugging Face tokenizer needs the llm extra: fedge[llm]"
+            ) from None
         try:
             self.tokenizer = transformers.AutoTokenizer.from_pretrained(name, local_files_only=not download)
         except (OSError, ValueError) as error:

@@ -35,4 +35,5 @@ def evaluate_model(
     count = max(y.numel(), 1)
     if y.dim() == 1:
         return Evaluation(correct / count, loss_sum / count)
-    return Evaluation(correct / count, loss_sum / count, {"perplexity": math.exp(min(loss_sum / count, 700.0))})
+    loss = loss_sum / count
+    return Evaluation(correct / count, loss, {"perplexity": math.exp(min(loss, 700.0))})

@@ -30,7 +30,6 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-
 ADAPTERS = ("lora_A", "lora_B")  # the parameter names of an adapter
 
 

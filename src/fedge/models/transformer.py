@@ -146,6 +146,30 @@ class LMHead(nn.Module):
         return self.lm_head(self.norm(hidden)).transpose(-1, -2)
 
 
+class TokenHead(nn.Module):
+    """CSE-FSL's auxiliary head for a language model: per-token logits from the cut's hidden states
+    ``[sequence, hidden]`` (one Linear, or Linear-ReLU-Linear with ``hidden``), vocabulary second."""
+
+    def __init__(self, width: int, vocab: int, hidden: int | None = None):
+        super().__init__()
+        if hidden is None:
+            self.linear = nn.Linear(width, vocab)
+        else:
+            self.linear = nn.Sequential(nn.Linear(width, hidden), nn.ReLU(), nn.Linear(hidden, vocab))
+
+    def forward(self, hidden: torch.Tensor) -> torch.Tensor:
+        return self.linear(hidden).transpose(-1, -2)
+
+
+def token_aux_head(kind: str, smashed_shape: tuple[int, ...], vocab: int, hidden: int | None) -> TokenHead:
+    """The aux head ``model.aux`` names, on a transformer's hidden states (``linear`` or ``mlp``)."""
+    if kind not in ("linear", "mlp"):
+        raise ConfigError("model.aux.kind", f"a language model's aux head is linear or mlp; got {kind!r}")
+    if kind == "mlp" and hidden is None:
+        raise ConfigError("model.aux.hidden", "required by the mlp aux head")
+    return TokenHead(smashed_shape[-1], vocab, hidden if kind == "mlp" else None)
+
+
 class TransformerLM(SplitModel):
     """A causal LM as blocks (module docstring). Its frozen tensors (the base model under LoRA, and every
     constant buffer) are plain attributes outside the functional state; they follow ``.to()``."""
@@ -198,7 +222,9 @@ def _import_transformers() -> Any:
     try:
         import transformers
     except ImportError:
-        raise ConfigError("model.name", "transformer models need the llm extra: pip install 'fedge[llm]'") from None
+        raise ConfigError(
+            "model.name", "transformer models need the llm extra: pip install 'fedge[llm]'"
+        ) from None
     return transformers
 
 
@@ -293,7 +319,9 @@ def build_causal_lm(
     hub name (downloaded only with ``download``); sizes then come from it.
     """
     if len(input_shape) != 1:
-        raise ConfigError("model.name", f"a language model reads token sequences; got shape {list(input_shape)}")
+        raise ConfigError(
+            "model.name", f"a language model reads token sequences; got shape {list(input_shape)}"
+        )
     sequence = input_shape[0]
     spec = dict(vocab=num_classes, positions=positions or sequence, layers=layers, hidden=hidden, heads=heads,
                 kv_heads=kv_heads, intermediate=intermediate)  # fmt: skip

@@ -132,7 +132,9 @@ def stdlib_documents(limit: int | None) -> list[tuple[str, str]]:
 def text_documents(root: Path | None, limit: int | None) -> list[tuple[str, str]]:
     """One document per ``.txt`` / ``.jsonl`` file of ``data.root`` (a file or a folder)."""
     if root is None:
-        raise DataError("data.root: the text source reads a .txt/.jsonl file or a folder of them; set data.root")
+        raise DataError(
+            "data.root: the text source reads a .txt/.jsonl file or a folder of them; set data.root"
+        )
     root = Path(root).expanduser()
     files = [root] if root.is_file() else sorted(p for p in root.glob("*") if p.suffix in (".txt", ".jsonl"))
     if not root.exists():
@@ -145,7 +147,9 @@ def text_documents(root: Path | None, limit: int | None) -> list[tuple[str, str]
 def _leaf_split(folder: Path) -> dict[str, list[str]]:
     """Every role's samples (80 characters and the next one, joined) of one LEAF split folder."""
     if not folder.is_dir():
-        raise DataError(f"{folder}: folder not found; data.root must hold LEAF's train/ and test/; {LEAF_HOW_TO}")
+        raise DataError(
+            f"{folder}: folder not found; data.root must hold LEAF's train/ and test/; {LEAF_HOW_TO}"
+        )
     files = sorted(folder.glob("*.json"))
     if not files:
         raise DataError(f"{folder}: no *.json files; {LEAF_HOW_TO}")
@@ -154,9 +158,13 @@ def _leaf_split(folder: Path) -> dict[str, list[str]]:
         try:
             user_data = json.loads(path.read_text())["user_data"]
             for role, record in user_data.items():
-                roles.setdefault(role, []).extend(str(x) + str(y) for x, y in zip(record["x"], record["y"], strict=True))
+                roles.setdefault(role, []).extend(
+                    str(x) + str(y) for x, y in zip(record["x"], record["y"], strict=True)
+                )
         except (OSError, ValueError, KeyError, TypeError, AttributeError) as error:
-            raise DataError(f"{path}: not a LEAF Shakespeare json file with user_data x/y ({error})") from None
+            raise DataError(
+                f"{path}: not a LEAF Shakespeare json file with user_data x/y ({error})"
+            ) from None
     return roles
 
 
@@ -181,8 +189,10 @@ def shakespeare_dataset(root: Path | None, tokenizer: Tokenizer, seq_len: int) -
             raise DataError(f"shakespeare: a split of {root} has no samples")
         arrays.append((torch.from_numpy(np.stack(windows)), np.asarray(groups, dtype=np.int64)))
     (train, train_groups), (test, test_groups) = arrays
-    return Dataset("shakespeare", train[:, :-1].contiguous(), train[:, 1:].contiguous(), test[:, :-1].contiguous(),
-                   test[:, 1:].contiguous(), tokenizer.vocab_size, train_groups, test_groups)  # fmt: skip
+    x_train, y_train = train[:, :-1].contiguous(), train[:, 1:].contiguous()
+    x_test, y_test = test[:, :-1].contiguous(), test[:, 1:].contiguous()
+    vocab = tokenizer.vocab_size
+    return Dataset("shakespeare", x_train, y_train, x_test, y_test, vocab, train_groups, test_groups)
 
 
 def load_pystdlib(cfg: DataConfig, seed: int) -> Dataset:
