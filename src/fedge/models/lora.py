@@ -112,6 +112,8 @@ def freeze(model: nn.Module, parameters: bool = True) -> list[tuple[nn.Module, s
     slots = []
     plain: dict[int, torch.Tensor] = {}
     for module in model.modules():
+        if isinstance(module, LoRALinear):  # its base is plain already: listed so that it moves too
+            slots += [(module, name) for name in ("weight", "bias") if getattr(module, name) is not None]
         for table, is_param in ((module._parameters, True), (module._buffers, False)):
             for name in list(table):
                 value = table[name]

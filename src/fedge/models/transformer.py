@@ -198,7 +198,7 @@ class TransformerLM(SplitModel):
         return list(seen.values())
 
 
-def _hf_config(arch: str, vocab: int, positions: int, layers: int, hidden: int, heads: int,
+def hf_config(arch: str, vocab: int, positions: int, layers: int, hidden: int, heads: int,
                kv_heads: int | None, intermediate: int | None) -> Any:  # fmt: skip
     """A transformers config of ``arch`` with the given sizes, every dropout off."""
     import transformers
@@ -233,7 +233,7 @@ def _hf_model(arch: str, spec: dict[str, Any], pretrained: str | None, download:
     transformers = _import_transformers()
     _register_attention(transformers)
     if pretrained is None:
-        config = _hf_config(arch, **spec)
+        config = hf_config(arch, **spec)
         return transformers.AutoModelForCausalLM.from_config(config, attn_implementation=ATTENTION_NAME)
     try:
         config = transformers.AutoConfig.from_pretrained(pretrained, local_files_only=not download)
@@ -267,8 +267,9 @@ def _no_dropout(model: nn.Module) -> None:
                 setattr(parent, name, NoDropout())
 
 
-def _blocks(hf: nn.Module, arch: str) -> tuple[OrderedDict[str, nn.Module], int]:
-    """The split blocks of a transformers causal LM and its number of positions."""
+def _blocks(hf: nn.Module, arch: str, untie: bool) -> tuple[OrderedDict[str, nn.Module], int]:
+    """The split blocks of a transformers causal LM and its number of positions; with ``untie`` a head
+    tied to the embeddings gets its own copy (trained weights: each side of a cut trains its own)."""
     if arch == "gpt2":
         body = hf.transformer
         embed, layers, positions = GPT2Embedding(body.wte, body.wpe), list(body.h), None
@@ -278,7 +279,7 @@ def _blocks(hf: nn.Module, arch: str) -> tuple[OrderedDict[str, nn.Module], int]
         embed, layers = TokenEmbedding(body.embed_tokens), list(body.layers)
         positions, norm, limit = _Positions(body.rotary_emb), body.norm, hf.config.max_position_embeddings
     head = hf.lm_head
-    if hf.lm_head.weight is embed_weight(embed):  # tied: a split model's sides train their own copies
+    if untie and hf.lm_head.weight is embed_weight(embed):
         head = nn.Linear(head.in_features, head.out_features, bias=head.bias is not None)
         head.weight = nn.Parameter(hf.lm_head.weight.detach().clone())
     blocks: OrderedDict[str, nn.Module] = OrderedDict()
@@ -334,7 +335,7 @@ def build_causal_lm(
             "model.options.pretrained", f"vocabulary {hf.config.vocab_size} < the data's {num_classes} tokens"
         )
     _no_dropout(hf)
-    blocks, limit = _blocks(hf, arch)
+    blocks, limit = _blocks(hf, arch, untie=not lora_rank)
     if sequence > limit:
         raise ConfigError("data.seq_len", f"sequence {sequence} is longer than the model's {limit} positions")
     lora = None
