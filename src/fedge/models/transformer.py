@@ -175,9 +175,10 @@ class TransformerLM(SplitModel):
     constant buffer) are plain attributes outside the functional state; they follow ``.to()``."""
 
     def __init__(self, blocks: OrderedDict[str, nn.Module], *, name: str, frozen: list[tuple[nn.Module, str]],
-                 positions: int, lora: dict[str, Any] | None):  # fmt: skip
+                 positions: int, lora: dict[str, Any] | None, config: Any = None):  # fmt: skip
         super().__init__(blocks, name=name)
         self.frozen = frozen
+        self.config = config  # the transformers config the blocks were built from
         self.max_positions = positions
         self.lora = lora
 
@@ -346,7 +347,7 @@ def build_causal_lm(
             raise ConfigError("model.options.lora_targets", f"no projection named {', '.join(targets)}")
         lora = {"rank": lora_rank, "alpha": lora_alpha, "dropout": lora_dropout, "targets": list(targets)}
     frozen = freeze(nn.ModuleList(blocks.values()), parameters=bool(lora_rank))
-    return TransformerLM(blocks, name=arch, frozen=frozen, positions=limit, lora=lora)
+    return TransformerLM(blocks, name=arch, frozen=frozen, positions=limit, lora=lora, config=hf.config)
 
 
 def _family(arch: str | None, summary: str) -> Callable[..., TransformerLM]:
