@@ -78,8 +78,16 @@ def _state(algorithm) -> dict:
     return {**algorithm.client["params"], **algorithm.server.params}
 
 
-@pytest.mark.parametrize("arch", ["gpt2", "llama"])
-@pytest.mark.parametrize("name", ["fedavg", "cse_fsl"])
+@pytest.mark.parametrize(
+    ("arch", "name"),
+    [
+        ("gpt2", "fedavg"),
+        ("llama", "fedavg"),
+        ("gpt2", "cse_fsl"),
+        ("llama", "cse_fsl"),
+        ("gpt2", "splitfed_v1"),
+    ],
+)
 def test_batched_and_sequential_executors_agree_on_lora(corpus, arch, name):
     algorithm = {"name": name, "optimizer": {"lr": 0.05}}
     if name == "cse_fsl":

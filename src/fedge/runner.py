@@ -411,6 +411,7 @@ def summarize(config: RunConfig, rows: list[dict[str, Any]]) -> dict[str, Any]:
         "best_accuracy": best["accuracy"],
         "best_round": best["round"],
         "final_loss": scored[-1]["loss"],
+        **({"final_perplexity": scored[-1]["perplexity"]} if "perplexity" in scored[-1] else {}),  # an LM
         **{
             k: last[k]
             for k in ("bits_up", "bits_down", "bits_peer", "mb_up", "mb_down", "mb_peer", "mb_total")
