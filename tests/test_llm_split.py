@@ -61,6 +61,8 @@ def test_one_client_splitfed_v2_with_lora_equals_centralized_lora(corpus, execut
     state = composed(split_run.algorithm.client["params"], split_run.algorithm.server.params)
     assert set(state) == set(reference) and all(".lora_" in name for name in state)
     assert max_diff(state, reference) <= 1e-6
+    untrained = {name: p.detach() for name, p in split_run.context.build_model().named_parameters()}
+    assert max_diff(state, untrained) > 1e-3  # the adapters moved: the equality is not of two no-ops
 
 
 def test_one_client_fedavg_lora_with_one_local_step_equals_centralized_lora(corpus):
