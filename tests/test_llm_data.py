@@ -15,7 +15,7 @@ from fedge.data.partition import partition_labels
 from fedge.data.sources import load_dataset
 from fedge.data.sources.text import pack
 from fedge.data.tokenizer import ByteTokenizer
-from fedge.errors import DataError
+from fedge.errors import ConfigError, DataError
 
 
 def test_bytes_are_tokens_and_round_trip():
@@ -82,3 +82,25 @@ def test_bad_text_input_is_one_line(tmp_path):
     (tmp_path / "a.jsonl").write_text('{"text": "short"}\n')
     with pytest.raises(DataError, match="fewer than 65 tokens"):
         load_dataset(DataConfig(name="text", root=tmp_path), 0)
+
+
+def test_a_hugging_face_tokenizer_folder_gives_its_ids_and_vocabulary(tmp_path):
+    """data.tokenizer: a tokenizer folder (as save_pretrained writes it; a hub name reads the cache)."""
+    tokenizers = pytest.importorskip("tokenizers")
+    transformers = pytest.importorskip("transformers")
+    bpe = tokenizers.Tokenizer(tokenizers.models.BPE())
+    bpe.pre_tokenizer = tokenizers.pre_tokenizers.ByteLevel(add_prefix_space=False)
+    alphabet = tokenizers.pre_tokenizers.ByteLevel.alphabet()
+    trainer = tokenizers.trainers.BpeTrainer(vocab_size=300, initial_alphabet=alphabet)
+    bpe.train_from_iterator(["the cut layer client server token " * 50], trainer)
+    transformers.PreTrainedTokenizerFast(tokenizer_object=bpe).save_pretrained(tmp_path / "tok")
+    root = write_corpus(tmp_path / "corpus")
+    cfg = DataConfig(name="text", root=root, seq_len=8, tokenizer=str(tmp_path / "tok"))
+    data = load_dataset(cfg, 0)
+    assert data.num_classes == len(transformers.AutoTokenizer.from_pretrained(tmp_path / "tok"))
+    assert data.x_train.shape[1] == 8 and int(data.x_train.max()) < data.num_classes
+    in_bytes = load_dataset(DataConfig(name="text", root=root, seq_len=8), 0)
+    assert len(data.x_train) < len(in_bytes.x_train) / 2  # merged tokens: fewer windows than with bytes
+    with pytest.raises(ConfigError, match="data.download: true") as error:
+        load_dataset(DataConfig(name="text", root=root, tokenizer=str(tmp_path / "missing")), 0)
+    assert error.value.key == "data.tokenizer"
