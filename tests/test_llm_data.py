@@ -100,7 +100,7 @@ def test_a_hugging_face_tokenizer_folder_gives_its_ids_and_vocabulary(tmp_path):
     assert data.num_classes == len(transformers.AutoTokenizer.from_pretrained(tmp_path / "tok"))
     assert data.x_train.shape[1] == 8 and int(data.x_train.max()) < data.num_classes
     in_bytes = load_dataset(DataConfig(name="text", root=root, seq_len=8), 0)
-    assert len(data.x_train) < len(in_bytes.x_train) / 2  # merged tokens: fewer windows than with bytes
+    assert len(data.x_train) < len(in_bytes.x_train)  # merged tokens: fewer windows than with bytes
     with pytest.raises(ConfigError, match="data.download: true") as error:
         load_dataset(DataConfig(name="text", root=root, tokenizer=str(tmp_path / "missing")), 0)
     assert error.value.key == "data.tokenizer"
