@@ -15,7 +15,7 @@ from fedge.engine import buffers_of, parameters_of  # noqa: E402
 from fedge.errors import ConfigError  # noqa: E402
 from fedge.models import build_model, model_cut_points, split  # noqa: E402
 from fedge.models.lora import LoRALinear  # noqa: E402
-from fedge.models.transformer import TransformerLM, causal_attention, hf_config  # noqa: E402
+from fedge.models.transformer import TransformerLM, causal_attention, check_trained_sides, hf_config  # noqa: E402
 
 TINY = {"layers": 2, "hidden": 32, "heads": 4}
 LLAMA = {**TINY, "kv_heads": 2, "intermediate": 48}
@@ -89,6 +89,9 @@ def test_cut_points_are_the_decoder_blocks():
     assert [c for c, _ in model_cut_points("llama", (16,), 10)] == [1, 2]
     with pytest.raises(ConfigError, match=r"valid cuts are 1\.\.2 for gpt2"):
         split(tiny("gpt2"), 3)
+    with pytest.raises(ConfigError, match="server side of this cut has no adapters") as error:
+        check_trained_sides(*split(tiny("gpt2"), 2))  # LoRA on attention: the head has none
+    assert error.value.key == "model.cut"
 
 
 def test_errors_name_their_key(tmp_path):

@@ -170,6 +170,14 @@ def token_aux_head(kind: str, smashed_shape: tuple[int, ...], vocab: int, hidden
     return TokenHead(smashed_shape[-1], vocab, hidden if kind == "mlp" else None)
 
 
+def check_trained_sides(client: nn.Module, server: nn.Module) -> None:
+    """A cut must leave trained tensors on both sides (LoRA targets only in the head's block leave the
+    server with none): a one-line error naming ``model.cut``."""
+    for side, part in (("client", client), ("server", server)):
+        if not any(True for _ in part.parameters()):
+            raise ConfigError("model.cut", f"the {side} side of this cut has no adapters to train; move it")
+
+
 class TransformerLM(SplitModel):
     """A causal LM as blocks (module docstring). Its frozen tensors (the base model under LoRA, and every
     constant buffer) are plain attributes outside the functional state; they follow ``.to()``."""
