@@ -57,6 +57,9 @@ def test_lora_holds_the_base_once_and_trains_only_adapters():
     torch.testing.assert_close(model(x), full(x))  # B = 0: LoRA starts at the base model
     moved = model.to(torch.float64)
     assert all(t.dtype == torch.float64 for t in moved.frozen_tensors())
+    llama = tiny("llama", lora_rank=0).to(torch.float64)  # the shared rotary table moves with the blocks
+    assert llama[0].positions.rotary.inv_freq.dtype == torch.float64
+    assert llama(torch.randint(0, 64, (2, 16))).dtype == torch.float64
 
 
 def test_stacked_adapters_under_vmap_equal_each_client_with_the_shared_base():

@@ -97,9 +97,8 @@ class _Positions(nn.Module):
 class DecoderBlock(nn.Module):
     """One decoder layer, preceded in the first block by the embeddings."""
 
-    def __init__(self, layer: nn.Module, arch: str, embed: nn.Module | None, positions: _Positions | None):
+    def __init__(self, layer: nn.Module, embed: nn.Module | None, positions: _Positions | None):
         super().__init__()
-        self.arch = arch
         if embed is not None:
             self.embed = embed
         self.layer = layer
@@ -293,7 +292,7 @@ def _blocks(hf: nn.Module, arch: str, untie: bool) -> tuple[OrderedDict[str, nn.
         head.weight = nn.Parameter(hf.lm_head.weight.detach().clone())
     blocks: OrderedDict[str, nn.Module] = OrderedDict()
     for i, layer in enumerate(layers, start=1):
-        blocks[f"block{i}"] = DecoderBlock(layer, arch, embed if i == 1 else None, positions)
+        blocks[f"block{i}"] = DecoderBlock(layer, embed if i == 1 else None, positions)
     blocks["head"] = LMHead(norm, head)
     return blocks, limit
 
@@ -354,7 +353,8 @@ def build_causal_lm(
         if not replaced:
             raise ConfigError("model.options.lora_targets", f"no projection named {', '.join(targets)}")
         lora = {"rank": lora_rank, "alpha": lora_alpha, "dropout": lora_dropout, "targets": list(targets)}
-    frozen = freeze(nn.ModuleList(blocks.values()), parameters=bool(lora_rank))
+    rotary = [blocks["block1"].positions] if blocks["block1"].positions is not None else []  # shared
+    frozen = freeze(nn.ModuleList([*blocks.values(), *rotary]), parameters=bool(lora_rank))
     return TransformerLM(blocks, name=arch, frozen=frozen, positions=limit, lora=lora, config=hf.config)
 
 
