@@ -74,7 +74,9 @@ class PeftLoop:
         self.model = peft.get_peft_model(base, lora)
         self.peft = peft
         self.built, self.algorithm, self.cut = built, algorithm, cut
-        self.global_state = self.peft.get_peft_model_state_dict(self.model)
+        start = {peft_name(name): p.detach().clone() for name, p in template.named_parameters()}
+        names = self.peft.get_peft_model_state_dict(self.model)
+        self.global_state = {k: start[k].to(built.context.device) for k in names}
 
     @staticmethod
     def _copy_base(template: torch.nn.Module, base: torch.nn.Module) -> None:
@@ -144,6 +146,24 @@ class PeftLoop:
         self.global_state = {**sums, **server_state} if self.algorithm == "splitfed_v2" else sums
 
 
+def peft_name(name: str) -> str:
+    """peft's state-dict name of a fedge adapter (``block3.layer.attn.c_attn.lora_A`` ->
+    ``base_model.model.transformer.h.2.attn.c_attn.lora_A.weight``)."""
+    block, _, rest = name.split(".", 2)
+    return f"base_model.model.transformer.h.{int(block[5:]) - 1}.{rest}.weight"
+
+
+def fedge_state(built: Built) -> dict[str, torch.Tensor]:
+    """The global adapters of a fedge run, by peft's names."""
+    algorithm = built.algorithm
+    if hasattr(algorithm, "params"):
+        state = algorithm.params
+    else:
+        state = {k.removeprefix("trunk."): v for k, v in algorithm.client["params"].items()}
+        state.update(algorithm.server.params)
+    return {peft_name(k): v for k, v in state.items()}
+
+
 def _frozen_named(module: torch.nn.Module) -> dict[str, torch.Tensor]:
     """The frozen tensors of a fedge decoder layer by transformers' parameter names (LoRA bases too)."""
     out = {}
@@ -189,11 +209,15 @@ def measure(shape: dict[str, int], algorithm: str, device: str, repeats: int) ->
     rounds = {"batched": batched.algorithm.run_round, "sequential": sequential.algorithm.run_round,
               "loop": loop.round}  # fmt: skip
     reset_peak_rss()
+    agreement = None
     for r in range(repeats + 1):  # the first repeat warms up
         for name, run in rounds.items():
             seconds = timed(lambda run=run, r=r: run(r + 1), dev)
             if r:
                 columns[name].append(seconds)
+        if r == 0:  # after one round from the same adapters: the loop does the same work
+            ours = fedge_state(batched)
+            agreement = max(float((ours[k] - loop.global_state[k]).abs().max()) for k in ours)
     peak = peak_rss_bytes()
     samples = int(batched.context.data.client_sizes().sum())
     flops = executed_flops(batched) * samples
@@ -202,6 +226,7 @@ def measure(shape: dict[str, int], algorithm: str, device: str, repeats: int) ->
     return {
         "round_s": times,
         "speedup_vs_loop": times["loop"] / times["batched"],
+        "loop_vs_fedge_max_diff_round1": agreement,
         "speedup_vs_sequential": times["sequential"] / times["batched"],
         "sequences_per_round": samples,
         "executed_tflop_per_round": flops / 1e12,
