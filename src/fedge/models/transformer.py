@@ -208,14 +208,17 @@ class TransformerLM(SplitModel):
 
 def hf_config(arch: str, vocab: int, positions: int, layers: int, hidden: int, heads: int,
                kv_heads: int | None, intermediate: int | None) -> Any:  # fmt: skip
-    """A transformers config of ``arch`` with the given sizes, every dropout off."""
+    """A transformers config of ``arch`` with the given sizes, every dropout off. GPT-2's GELU is its own
+    tanh approximation computed by one fused kernel (``gelu_pytorch_tanh``) instead of the seven
+    elementwise operations of ``gelu_new``: the same function, and under ``vmap`` over many clients
+    the elementwise passes over activations that no longer fit in cache dominated the step."""
     import transformers
 
     if arch == "gpt2":
         return transformers.GPT2Config(
             vocab_size=vocab, n_positions=positions, n_embd=hidden, n_layer=layers, n_head=heads,
             n_inner=intermediate, attn_pdrop=0.0, resid_pdrop=0.0, embd_pdrop=0.0, bos_token_id=0,
-            eos_token_id=0,
+            eos_token_id=0, activation_function="gelu_pytorch_tanh",
         )  # fmt: skip
     classes = {"llama": "LlamaConfig", "qwen2": "Qwen2Config", "mistral": "MistralConfig"}
     return getattr(transformers, classes[arch])(
