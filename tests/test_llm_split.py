@@ -151,3 +151,12 @@ def test_the_preflight_refuses_full_model_copies_where_adapters_fit(corpus, monk
     assert error.value.key == "partition.num_clients"
     lora = lm_config(corpus, {"name": "fedavg"}, model={"options": options}, eval=small_eval)
     build_run(fedge.resolve_config(lora))
+
+
+@pytest.mark.parametrize("name", ["gossip", "hfedavg"])
+def test_algorithms_without_a_per_token_contract_are_refused_in_one_line(corpus, name):
+    from fedge.errors import ConfigError
+
+    with pytest.raises(ConfigError, match="does not train on token sequences") as error:
+        build_run(fedge.resolve_config(lm_config(corpus, {"name": name})))
+    assert error.value.key == "algorithm.name"

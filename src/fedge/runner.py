@@ -135,6 +135,10 @@ def _criterion(config: RunConfig, loss: Criterion | None) -> Criterion:
     return lambda logits, y: F.cross_entropy(logits, y, reduction="none", label_smoothing=smoothing)
 
 
+# algorithms whose model contract takes a target per token (language models; docs/llm.md)
+SEQUENCE_ALGORITHMS = ("fedavg", "centralized", "splitfed_v1", "splitfed_v2", "cse_fsl", "fsl_an", "fedsl")
+
+
 def _check_outputs(model: nn.Module, dataset: Dataset) -> None:
     """The model must give one logit per class the labels name (a shape check on the meta device)."""
     shape = output_shape(model, dataset.input_shape)
@@ -184,6 +188,10 @@ def build_run(config: RunConfig, force: bool = False, extensions: Extensions | N
         config.partition.test_size,
         numpy_rng(config.seed, "partition-test"),
     )
+    if dataset.y_train.dim() > 1 and config.algorithm.name not in SEQUENCE_ALGORITHMS:
+        known = ", ".join(SEQUENCE_ALGORITHMS)
+        refused = f"{config.algorithm.name} does not train on token sequences; use {known}"
+        raise ConfigError("algorithm.name", refused)
     data = FederatedData(dataset, client_train, client_test, config.seed, device)
     parts = preflight.state_parts(config, data, ext.model)
     preflight.check(parts, available, force)
