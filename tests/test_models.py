@@ -33,7 +33,10 @@ SMALL = {
     "cse_cifar": ((3, 8, 8), {}),
     "cse_femnist": ((1, 8, 8), {"dropout": False}),
     "cifar_cnn": ((3, 8, 8), {"dropout": 0.0}),
+    "gpt2": ((8,), {"layers": 2, "hidden": 16, "heads": 2, "lora_rank": 0}),  # token sequences
+    "llama": ((8,), {"layers": 2, "hidden": 16, "heads": 2, "lora_rank": 0}),
 }
+TOKEN_MODELS = {"gpt2", "llama"}  # inputs are token ids (vocabulary = the 5 classes)
 
 
 def small_model(name: str, seed: int = 0) -> nn.Module:
@@ -43,6 +46,8 @@ def small_model(name: str, seed: int = 0) -> nn.Module:
 
 
 def small_batch(name: str, size: int = 4) -> torch.Tensor:
+    if name in TOKEN_MODELS:
+        return torch.randint(0, 5, (size, *SMALL[name][0]))
     return torch.randn(size, *SMALL[name][0])
 
 

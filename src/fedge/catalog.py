@@ -21,6 +21,8 @@ EXAMPLE_INPUTS = {
     "resnet18": (3, 32, 32),
     "cnn4": (3, 32, 32),
     "cifar_cnn": (3, 32, 32),
+    "gpt2": (16,),  # token sequences (the vocabulary is the catalog's 10 classes)
+    "llama": (16,),
 }
 
 

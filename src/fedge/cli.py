@@ -115,6 +115,9 @@ def _print_summary(result: Result) -> None:
     table = Table(title=f"fedge · {s['algorithm']} on {s['dataset']}", show_header=False)
     table.add_row("final accuracy", f"{100 * s['final_accuracy']:.2f} % (round {s['rounds']})")
     table.add_row("best accuracy", f"{100 * s['best_accuracy']:.2f} % (round {s['best_round']})")
+    if "final_perplexity" in s:  # a language model: accuracy is next-token accuracy
+        entropy = f"token cross-entropy {s['final_loss']:.4f}"
+        table.add_row("final perplexity", f"{s['final_perplexity']:.3f} ({entropy})")
     table.add_row(
         "communication", f"{s['mb_up']:.3f} MB up, {s['mb_down']:.3f} MB down, {s['mb_peer']:.3f} MB peer"
     )
@@ -371,6 +374,8 @@ def _print_comparison(outcome: Any, target: float | None) -> None:
     table = Table(title=f"fedge compare · up to {seeds} seed(s) · {outcome.out_dir}")
     columns = ["algorithm", "accuracy % (final)", "accuracy % (best)", "MB, all links"]
     columns += ["server MB", "client MB", "sim. s", "sim. J"]
+    perplexity = all("final_perplexity_mean" in row for row in outcome.rows)  # language models
+    columns += ["perplexity (final)"] if perplexity else []
     if target is not None:
         columns += [
             f"rounds to {100 * target:g} %",
@@ -390,6 +395,7 @@ def _print_comparison(outcome: Any, target: float | None) -> None:
             f"{row['sim_seconds_mean']:.2f}",
             f"{row['sim_joules_mean']:.3g}",
         ]
+        cells += [f"{row['final_perplexity_mean']:.3f}"] if perplexity else []
         if target is not None:
             reached = row["target_reached"]
             if reached:

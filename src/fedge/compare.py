@@ -75,7 +75,15 @@ def _row(name: str, runs: list[Result], target: float | None = None) -> dict[str
         **{f"{key}_mean": _mean_parts([s.get(key, {}) for s in summaries]) for key in BREAKDOWN},
         "wall_seconds_mean": statistics.fmean(s["wall_seconds"] for s in summaries),
         **(_to_target(runs, target) if target is not None else {}),
+        **_perplexity(summaries),
     }
+
+
+def _perplexity(summaries: list[dict[str, Any]]) -> dict[str, float]:
+    """A language model's final perplexity, mean over seeds (nothing for a classifier)."""
+    if not all("final_perplexity" in s for s in summaries):
+        return {}
+    return {"final_perplexity_mean": statistics.fmean(s["final_perplexity"] for s in summaries)}
 
 
 def _mean_parts(parts: list[dict[str, float]]) -> dict[str, float]:

@@ -55,6 +55,8 @@ def _codec_name(value: str) -> str:
 
 CodecName = Annotated[str, AfterValidator(_codec_name)]
 DATASETS = ("digits", "synthetic", "mnist", "fashion-mnist", "cifar10", "cifar100", "femnist")
+TEXT_DATASETS = ("pystdlib", "text", "shakespeare")  # token sequences for language models
+DATASETS += TEXT_DATASETS
 CUSTOM_DATA = "custom"  # data handed to fedge.run(train=..., test=...)
 DEFAULT_ALGORITHM = "fedavg"
 PARTITIONERS = ("iid", "dirichlet", "pathological", "shards", "natural", "grouped")
@@ -157,6 +159,12 @@ class DataConfig(StrictModel):
     """synthetic: shape of one sample ([C, H, W] or fewer dimensions)"""
     crop: PositiveInt | None = None
     """centre-crop images to crop x crop (CSE-FSL's 24x24 CIFAR input)"""
+    seq_len: PositiveInt = 64
+    """text: tokens per sequence (documents are packed into sequences of this length)"""
+    tokenizer: str = "bytes"
+    """text: bytes (UTF-8 bytes, 256 tokens) or a Hugging Face tokenizer name or folder"""
+    text_bytes: PositiveInt | None = None
+    """text: bytes read from the start of each document (default: all)"""
 
     registered: ClassVar[set[str]] = set()  # names added by fedge.register_dataset / entry points
 

@@ -30,7 +30,7 @@ from fedge.comm import Ledger, Network
 from fedge.config import CUSTOM_DATA, RunConfig
 from fedge.data.dataset import Dataset
 from fedge.data.federated import FederatedData
-from fedge.data.partition import partition_test, partition_train
+from fedge.data.partition import partition_labels, partition_test, partition_train
 from fedge.data.sources import load_dataset
 from fedge.data.user import UserData, user_dataset
 from fedge.distributed import Cohorts, Group, current_group, launched_rank
@@ -136,10 +136,15 @@ def _criterion(config: RunConfig, loss: Criterion | None) -> Criterion:
     return lambda logits, y: F.cross_entropy(logits, y, reduction="none", label_smoothing=smoothing)
 
 
+# algorithms whose model contract takes a target per token (language models; docs/llm.md)
+SEQUENCE_ALGORITHMS = ("fedavg", "centralized", "splitfed_v1", "splitfed_v2", "cse_fsl", "fsl_an", "fedsl")
+
+
 def _check_outputs(model: nn.Module, dataset: Dataset) -> None:
     """The model must give one logit per class the labels name (a shape check on the meta device)."""
     shape = output_shape(model, dataset.input_shape)
-    if len(shape) != 1 or shape[0] < dataset.num_classes:
+    per_position = tuple(dataset.y_train.shape[1:])  # a language model: one target per token
+    if tuple(shape[1:]) != per_position or shape[0] < dataset.num_classes:
         raise DataError(
             f"labels: they name {dataset.num_classes} classes (0..{dataset.num_classes - 1}) but the model "
             f"outputs shape {list(shape)} per sample; it needs {dataset.num_classes} logits"
@@ -173,17 +178,21 @@ def build_run(config: RunConfig, force: bool = False, extensions: Extensions | N
         dataset = user_dataset(ext.train, ext.test, config.seed, config.data.test_fraction)
     else:
         dataset = load_dataset(config.data, config.seed)
-    labels = dataset.y_train.numpy()
+    labels = partition_labels(dataset.y_train.numpy())
     client_train = partition_train(
         labels, config.partition, numpy_rng(config.seed, "partition"), dataset.train_groups
     )
     client_test = partition_test(
-        dataset.y_test.numpy(),
+        partition_labels(dataset.y_test.numpy()),
         [labels[ix] for ix in client_train],
         dataset.num_classes,
         config.partition.test_size,
         numpy_rng(config.seed, "partition-test"),
     )
+    if dataset.y_train.dim() > 1 and config.algorithm.name not in SEQUENCE_ALGORITHMS:
+        known = ", ".join(SEQUENCE_ALGORITHMS)
+        refused = f"{config.algorithm.name} does not train on token sequences; use {known}"
+        raise ConfigError("algorithm.name", refused)
     data = FederatedData(dataset, client_train, client_test, config.seed, device)
     parts = preflight.state_parts(config, data, ext.model)
     preflight.check(parts, available, force)
@@ -411,6 +420,7 @@ def summarize(config: RunConfig, rows: list[dict[str, Any]]) -> dict[str, Any]:
         "best_accuracy": best["accuracy"],
         "best_round": best["round"],
         "final_loss": scored[-1]["loss"],
+        **({"final_perplexity": scored[-1]["perplexity"]} if "perplexity" in scored[-1] else {}),  # an LM
         **{
             k: last[k]
             for k in ("bits_up", "bits_down", "bits_peer", "mb_up", "mb_down", "mb_peer", "mb_total")

@@ -24,6 +24,13 @@ PARTITIONERS: dict[str, str] = {
 }
 
 
+def partition_labels(labels: np.ndarray) -> np.ndarray:
+    """The labels partitioners read: the class of each sample, or one class (0) for every sample of token
+    sequences, whose targets are one token per position (natural groups or iid split them)."""
+    labels = np.asarray(labels)
+    return labels if labels.ndim == 1 else np.zeros(len(labels), dtype=np.int64)
+
+
 def partition_train(
     labels: np.ndarray,
     cfg: PartitionConfig,

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import math
+
 import torch
 import torch.nn.functional as F
 from torch import nn
@@ -15,7 +17,9 @@ from fedge.tensors import Tensors
 def evaluate_model(
     model: nn.Module, params: Tensors, buffers: Tensors, x: torch.Tensor, y: torch.Tensor, batch_size: int
 ) -> Evaluation:
-    """Top-1 accuracy and mean cross-entropy of ``model`` (in eval mode) on ``(x, y)``."""
+    """Top-1 accuracy and mean cross-entropy of ``model`` (in eval mode) on ``(x, y)``. For token
+    sequences (``y`` ``[N, T]``) both are per token (next-token accuracy, token cross-entropy) and the
+    perplexity ``exp(loss)`` is added."""
     was_training = model.training
     model.eval()
     correct = 0
@@ -28,5 +32,8 @@ def evaluate_model(
             correct += int((logits.argmax(dim=1) == yb).sum())
     finally:
         model.train(was_training)
-    count = max(len(y), 1)
-    return Evaluation(correct / count, loss_sum / count)
+    count = max(y.numel(), 1)
+    if y.dim() == 1:
+        return Evaluation(correct / count, loss_sum / count)
+    loss = loss_sum / count
+    return Evaluation(correct / count, loss, {"perplexity": math.exp(min(loss, 700.0))})

@@ -516,7 +516,8 @@ class BatchedExecutor(Executor):
             active = int(np.count_nonzero(steps > s))
             idx = index[:active, s].reshape(-1)
             x = torch.index_select(data.x_train, 0, idx, out=x_buffer[: idx.numel()])
-            x, y = x.view(active, batch, *shape), data.y_train[idx].view(active, batch)
+            targets = data.y_train.shape[1:]  # one target per sample, or per token of a sequence
+            x, y = x.view(active, batch, *shape), data.y_train[idx].view(active, batch, *targets)
             params, buffers, opt_state = _each(work, lambda t, n=active: t[:n])
             step_keys = None if keys is None else keys[:active, s]
             loss_sums[:active] += kernel(params, buffers, opt_state, x, y, weight[:active, s], lr, step_keys)

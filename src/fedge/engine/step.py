@@ -42,8 +42,10 @@ def buffers_of(module: nn.Module) -> Tensors:
 
 
 def cross_entropy(logits: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
-    """Per-sample cross-entropy: the default training criterion."""
-    return F.cross_entropy(logits, y, reduction="none")
+    """Per-sample cross-entropy: the default training criterion. For a sequence (logits ``[B, V, T]``,
+    targets ``[B, T]``: a language model) a sample's loss is the mean over its tokens."""
+    loss = F.cross_entropy(logits, y, reduction="none")
+    return loss if loss.dim() == 1 else loss.flatten(1).mean(dim=1)
 
 
 @dataclass(frozen=True)

@@ -16,6 +16,7 @@ from fedge.models.cnn import build_cifar_cnn, build_cnn2, build_cnn4, build_lene
 from fedge.models.cse import build_cse_cifar, build_cse_femnist
 from fedge.models.mlp import build_fcnn, build_mlp
 from fedge.models.resnet import build_resnet18
+from fedge.models.transformer import build_gpt2, build_llama
 from fedge.models.user import as_split_model
 from fedge.models.vgg import build_vgg
 
@@ -32,6 +33,8 @@ MODELS: dict[str, Builder] = {
     "vgg": build_vgg,
     "cse_cifar": build_cse_cifar,
     "cse_femnist": build_cse_femnist,
+    "gpt2": build_gpt2,
+    "llama": build_llama,
 }
 
 

@@ -18,6 +18,7 @@ from fedge.config import AuxConfig
 from fedge.engine import Criterion, buffers_of, cross_entropy, parameters_of
 from fedge.errors import ConfigError
 from fedge.models import SplitModel, aux_head, block_cut, output_shape, split
+from fedge.models.transformer import TransformerLM, check_trained_sides, token_aux_head
 from fedge.rng import global_stream, torch_rng
 from fedge.tensors import Tensors
 
@@ -61,12 +62,17 @@ def build_parts(ctx: Context, with_aux: bool) -> SplitParts:
     model = ctx.build_model().to(ctx.device)
     cut = resolve_cut(ctx, model)
     trunk, server = split(model, cut)
+    if isinstance(model, TransformerLM):
+        check_trained_sides(trunk, server)
     shape = output_shape(trunk, ctx.data.input_shape)
     children: OrderedDict[str, nn.Module] = OrderedDict(trunk=trunk)
     if with_aux:
         spec = ctx.config.model.aux or AuxConfig()
         with global_stream(ctx.seed, "aux-init"):
-            head = aux_head(spec.kind, shape, ctx.data.num_classes, spec.channels, spec.hidden)
+            if isinstance(model, TransformerLM):  # per-token logits from the cut's hidden states
+                head = token_aux_head(spec.kind, shape, ctx.data.num_classes, spec.hidden)
+            else:
+                head = aux_head(spec.kind, shape, ctx.data.num_classes, spec.channels, spec.hidden)
         children["aux"] = head.to(ctx.device)
     local = nn.Sequential(children)
     return SplitParts(model, trunk, server, local, tuple(ctx.data.input_shape), shape, cut, ctx.criterion)

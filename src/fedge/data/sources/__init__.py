@@ -19,6 +19,7 @@ from fedge.data.sources.digits import load_digits_dataset
 from fedge.data.sources.femnist import load_femnist
 from fedge.data.sources.idx import load_fashion_mnist, load_mnist
 from fedge.data.sources.synthetic import load_synthetic
+from fedge.data.sources.text import load_pystdlib, load_shakespeare, load_text
 from fedge.errors import ConfigError
 from fedge.rng import numpy_rng
 
@@ -32,6 +33,9 @@ SOURCES: dict[str, Callable[[DataConfig, int], Dataset]] = {
     "cifar10": load_cifar10,
     "cifar100": load_cifar100,
     "femnist": load_femnist,
+    "pystdlib": load_pystdlib,
+    "text": load_text,
+    "shakespeare": load_shakespeare,
 }
 
 _DESCRIPTIONS = {
@@ -42,6 +46,9 @@ _DESCRIPTIONS = {
     "cifar10": "CIFAR-10 3x32x32, 50k/10k, 10 classes (python pickles: data.root or download)",
     "cifar100": "CIFAR-100 3x32x32, 50k/10k, 100 fine classes (python pickles: data.root or download)",
     "femnist": "FEMNIST 1x28x28, 62 classes, grouped by writer (LEAF json in data.root)",
+    "pystdlib": "text: Python standard-library sources, one group per module (no download; byte tokens)",
+    "text": "text: .txt / .jsonl files of data.root, one group per file",
+    "shakespeare": "text: LEAF Shakespeare json in data.root, one group per speaking role",
 }
 
 

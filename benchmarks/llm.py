@@ -1,0 +1,280 @@
+"""Benchmark W9: LoRA fine-tuning of a GPT-2-shaped model, every client's adapters over one frozen base.
+
+    python -m benchmarks.llm --out llm.json            # W9: 32 clients, 6 blocks x 384, sequence 128
+    python -m benchmarks.llm --quick --out llm.json    # a small version that runs in a minute on a CPU
+    python -m benchmarks.llm --device cuda --gpt2-small --clients 100 --out llm.json
+
+For FedAvg-LoRA and SplitFed v2 (cut after block 2), one round of the same clients on the same batches,
+timed three ways, interleaved repeat by repeat: fedge's batched executor (every client's adapters in one
+vmapped pass over the shared base), fedge's sequential executor, and a hand-written per-client loop as a
+researcher writes it with ``peft`` and ``torch.optim`` (one ``get_peft_model`` wrapper, the client's
+adapters loaded with ``set_peft_model_state_dict``, plain autograd, PyTorch's own sdpa attention; for
+SplitFed the loop cuts the forward pass at the block and passes the hidden states' gradient back by hand).
+Reported: median round seconds, ``speedup_vs_loop``, the round's executed FLOPs (counted on a real
+training step by ``torch.utils.flop_counter``) per second against the measured matmul peak, and the peak
+resident memory of a batched round against base + clients x adapters.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch.utils.flop_counter import FlopCounterMode
+
+from benchmarks.measure import machine, matmul_peak, median, peak_rss_bytes, reset_peak_rss, timed
+from fedge.data.sources.text import STDLIB_MODULES
+from fedge.engine import cross_entropy
+from fedge.engine.host import configure_host
+from fedge.runner import Built, build_run
+
+W9 = {"clients": 32, "layers": 6, "hidden": 384, "heads": 6, "seq_len": 128, "sequences": 16, "batch": 8}
+QUICK = {"clients": 8, "layers": 3, "hidden": 128, "heads": 4, "seq_len": 64, "sequences": 8, "batch": 4}
+GPT2_SMALL = {"layers": 12, "hidden": 768, "heads": 12}
+
+
+def run_config(shape: dict[str, int], algorithm: str, executor: str, device: str) -> dict[str, Any]:
+    """The fedge run of one workload: pystdlib text, one client per module, LoRA r = 8 on attention."""
+    options = {"layers": shape["layers"], "hidden": shape["hidden"], "heads": shape["heads"], "lora_rank": 8}
+    algo: dict[str, Any] = {"name": algorithm, "batch_size": shape["batch"], "optimizer": {"lr": 0.01}}
+    if algorithm == "splitfed_v2":
+        algo["clip_norm"] = None
+    natural = shape["clients"] <= len(STDLIB_MODULES)  # one client per module, else iid over all of them
+    modules_per_client = 1 if natural else shape["clients"] / len(STDLIB_MODULES)
+    text_bytes = int(shape["sequences"] * shape["seq_len"] * modules_per_client / 0.75) + 2  # 20 % held out
+    return {
+        "seed": 0,
+        "rounds": 1,
+        "data": {"name": "pystdlib", "seq_len": shape["seq_len"], "text_bytes": text_bytes},
+        "partition": {"kind": "natural" if natural else "iid", "num_clients": shape["clients"]},
+        "model": {"name": "gpt2", "cut": 2, "options": options},
+        "algorithm": algo,
+        "engine": {"executor": executor, "device": device},
+        "output": {"plots": False},
+    }
+
+
+class PeftLoop:
+    """The hand-written baseline: one peft-wrapped GPT-2 (the same base weights), each client in turn."""
+
+    def __init__(self, built: Built, algorithm: str, cut: int):
+        import peft
+        import transformers
+
+        template = built.context.build_model()
+        hf_config = template.config
+        hf_config._attn_implementation = "sdpa"
+        base = transformers.GPT2LMHeadModel(hf_config).to(built.context.device)
+        self._copy_base(template, base)
+        lora = peft.LoraConfig(r=8, lora_alpha=16, target_modules=["c_attn"], lora_dropout=0.0,
+                               fan_in_fan_out=True)  # fmt: skip
+        self.model = peft.get_peft_model(base, lora)
+        self.peft = peft
+        self.built, self.algorithm, self.cut = built, algorithm, cut
+        start = {peft_name(name): p.detach().clone() for name, p in template.named_parameters()}
+        names = self.peft.get_peft_model_state_dict(self.model)
+        self.global_state = {k: start[k].to(built.context.device) for k in names}
+
+    @staticmethod
+    def _copy_base(template: torch.nn.Module, base: torch.nn.Module) -> None:
+        """The fedge model's frozen base weights into the transformers model (both from one config)."""
+        blocks = list(template)
+        body = base.transformer
+        with torch.no_grad():
+            body.wte.weight.copy_(blocks[0].embed.wte.weight)
+            body.wpe.weight.copy_(blocks[0].embed.wpe.weight)
+            for i, block in enumerate(blocks[:-1]):
+                for name, tensor in _frozen_named(block.layer).items():
+                    body.h[i].get_parameter(name).copy_(tensor)
+            body.ln_f.weight.copy_(blocks[-1].norm.weight)
+            body.ln_f.bias.copy_(blocks[-1].norm.bias)
+
+    def _client_forward(self, ids: torch.Tensor) -> torch.Tensor:
+        body = self.model.base_model.model.transformer
+        hidden = body.wte(ids) + body.wpe(torch.arange(ids.shape[1], device=ids.device))
+        for block in body.h[: self.cut]:
+            hidden = block(hidden)
+        return hidden[0] if isinstance(hidden, tuple) else hidden
+
+    def _server_forward(self, hidden: torch.Tensor) -> torch.Tensor:
+        inner = self.model.base_model.model
+        for block in inner.transformer.h[self.cut :]:
+            hidden = block(hidden)
+            hidden = hidden[0] if isinstance(hidden, tuple) else hidden
+        return inner.lm_head(inner.transformer.ln_f(hidden)).transpose(1, 2)
+
+    def round(self, t: int) -> None:
+        """One round: every client from the global adapters, its batches, then the average."""
+        data = self.built.context.data
+        clients = list(range(data.num_clients))
+        plan = data.batch_plan(clients, t, 1, self.built.config.algorithm.batch_size)
+        names = [n for n, p in self.model.named_parameters() if p.requires_grad]
+        server_names = [n for n in names if _block_index(n) >= self.cut]
+        sums = {k: torch.zeros_like(v) for k, v in self.global_state.items()}
+        sizes = torch.as_tensor(data.client_sizes(clients), dtype=torch.float32)
+        server_state = {k: v for k, v in self.global_state.items() if _block_index(k) >= self.cut}
+        for c in clients:
+            self.peft.set_peft_model_state_dict(self.model, {**self.global_state, **server_state})
+            params = dict(self.model.named_parameters())
+            if self.algorithm == "fedavg":
+                opt = torch.optim.SGD([params[n] for n in names], lr=0.01)
+            else:
+                opt = torch.optim.SGD([params[n] for n in names if n not in server_names], lr=0.01)
+                server_opt = torch.optim.SGD([params[n] for n in server_names], lr=0.01)
+            for s in range(int(plan.steps[c])):
+                idx = plan.client_batch(c, s)
+                x, y = data.x_train[idx], data.y_train[idx]
+                opt.zero_grad()
+                if self.algorithm == "fedavg":
+                    cross_entropy(self._server_forward(self._client_forward(x)), y).mean().backward()
+                else:  # the cut: hidden states up, their gradient down
+                    server_opt.zero_grad()
+                    z = self._client_forward(x)
+                    received = z.detach().requires_grad_(True)
+                    cross_entropy(self._server_forward(received), y).mean().backward()
+                    server_opt.step()
+                    z.backward(received.grad)
+                opt.step()
+            state, cut = self.peft.get_peft_model_state_dict(self.model), self.cut
+            if self.algorithm == "splitfed_v2":  # one shared server model: it carries on to the next client
+                server_state = {k: v.detach().clone() for k, v in state.items() if _block_index(k) >= cut}
+            for k in sums:
+                sums[k] += state[k].detach() * (sizes[c] / sizes.sum())
+        self.global_state = {**sums, **server_state} if self.algorithm == "splitfed_v2" else sums
+
+
+def peft_name(name: str) -> str:
+    """peft's state-dict name of a fedge adapter (``block3.layer.attn.c_attn.lora_A`` ->
+    ``base_model.model.transformer.h.2.attn.c_attn.lora_A.weight``)."""
+    block, _, rest = name.split(".", 2)
+    return f"base_model.model.transformer.h.{int(block[5:]) - 1}.{rest}.weight"
+
+
+def fedge_state(built: Built) -> dict[str, torch.Tensor]:
+    """The global adapters of a fedge run, by peft's names."""
+    algorithm = built.algorithm
+    if hasattr(algorithm, "params"):
+        state = algorithm.params
+    else:
+        state = {k.removeprefix("trunk."): v for k, v in algorithm.client["params"].items()}
+        state.update(algorithm.server.params)
+    return {peft_name(k): v for k, v in state.items()}
+
+
+def _frozen_named(module: torch.nn.Module) -> dict[str, torch.Tensor]:
+    """The frozen tensors of a fedge decoder layer by transformers' parameter names (LoRA bases too)."""
+    out = {}
+    for name, sub in module.named_modules():
+        for key in ("weight", "bias"):
+            value = sub.__dict__.get(key)
+            if isinstance(value, torch.Tensor):
+                out[f"{name}.{key}" if name else key] = value
+    return out
+
+
+def _block_index(name: str) -> int:
+    """The decoder block a peft parameter name belongs to (``...h.<i>....``)."""
+    parts = name.split(".")
+    return int(parts[parts.index("h") + 1])
+
+
+def executed_flops(built: Built) -> float:
+    """FLOPs of one training step (forward and backward as executed) of the whole model on one
+    sequence, counted on a real step of the LoRA model."""
+    model = built.context.build_model().to(built.context.device)
+    x, y = built.context.data.x_train[:2], built.context.data.y_train[:2]
+    with FlopCounterMode(display=False) as counter:
+        cross_entropy(model(x), y).mean().backward()
+    return counter.get_total_flops() / 2
+
+
+def adapter_bytes(built: Built) -> tuple[int, int]:
+    """Bytes of the frozen base (once) and of one client's adapters."""
+    template = built.context.build_model()
+    base = sum(t.numel() * t.element_size() for t in template.frozen_tensors())
+    adapters = sum(p.numel() * p.element_size() for p in template.parameters())
+    return base, adapters
+
+
+def measure(shape: dict[str, int], algorithm: str, device: str, repeats: int) -> dict[str, Any]:
+    """Round seconds of the three ways, FLOP rate and memory, for one algorithm."""
+    batched = build_run(_resolved(run_config(shape, algorithm, "batched", device)))
+    sequential = build_run(_resolved(run_config(shape, algorithm, "sequential", device)))
+    loop = PeftLoop(batched, algorithm, cut=2)
+    dev = batched.context.device
+    columns: dict[str, list[float]] = {"batched": [], "sequential": [], "loop": []}
+    rounds = {"batched": batched.algorithm.run_round, "sequential": sequential.algorithm.run_round,
+              "loop": loop.round}  # fmt: skip
+    reset_peak_rss()
+    agreement = None
+    for r in range(repeats + 1):  # the first repeat warms up
+        for name, run in rounds.items():
+            seconds = timed(lambda run=run, r=r: run(r + 1), dev)
+            if r:
+                columns[name].append(seconds)
+        if r == 0:  # after one round from the same adapters: the loop does the same work
+            ours = fedge_state(batched)
+            agreement = max(float((ours[k] - loop.global_state[k]).abs().max()) for k in ours)
+    peak = peak_rss_bytes()
+    samples = int(batched.context.data.client_sizes().sum())
+    flops = executed_flops(batched) * samples
+    base, adapters = adapter_bytes(batched)
+    times = {k: median(v) for k, v in columns.items()}
+    return {
+        "round_s": times,
+        "speedup_vs_loop": times["loop"] / times["batched"],
+        "loop_vs_fedge_max_diff_round1": agreement,
+        "speedup_vs_sequential": times["sequential"] / times["batched"],
+        "sequences_per_round": samples,
+        "executed_tflop_per_round": flops / 1e12,
+        "batched_gflops": flops / times["batched"] / 1e9,
+        "loop_gflops": flops / times["loop"] / 1e9,
+        "base_mb": base / 2**20,
+        "adapters_mb_per_client": adapters / 2**20,
+        "base_plus_clients_mb": (base + shape["clients"] * adapters) / 2**20,
+        "peak_rss_mb": peak / 2**20,
+        "peak_cuda_mb": torch.cuda.max_memory_allocated() / 2**20 if dev.type == "cuda" else None,
+    }
+
+
+def _resolved(raw: dict[str, Any]):
+    import fedge
+
+    return fedge.resolve_config(raw)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--out", type=Path, required=True)
+    parser.add_argument("--quick", action="store_true", help="the small version (minutes on a CPU)")
+    parser.add_argument("--device", default="cpu")
+    parser.add_argument("--clients", type=int, default=None)
+    parser.add_argument("--gpt2-small", action="store_true", help="GPT-2 small shapes (12 x 768)")
+    parser.add_argument("--repeats", type=int, default=2)
+    parser.add_argument("--algorithms", default="fedavg,splitfed_v2")
+    args = parser.parse_args()
+    shape = dict(QUICK if args.quick else W9)
+    if args.gpt2_small:
+        shape.update(GPT2_SMALL)
+    if args.clients:
+        shape["clients"] = args.clients
+    configure_host(None, True)
+    device = torch.device(args.device)
+    result = {
+        "workload": "W9" if not args.quick else "W9-quick",
+        "shape": shape,
+        "machine": machine(device),
+        "matmul_peak_gflops": matmul_peak(device)["gflops"],
+        "algorithms": {a: measure(shape, a, args.device, args.repeats) for a in args.algorithms.split(",")},
+    }
+    for figures in result["algorithms"].values():
+        figures["batched_fraction_of_peak"] = figures["batched_gflops"] / result["matmul_peak_gflops"]
+    args.out.write_text(json.dumps(result, indent=1))
+    print(json.dumps(result, indent=1))
+
+
+if __name__ == "__main__":
+    main()

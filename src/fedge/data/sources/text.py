@@ -1,0 +1,214 @@
+"""Text datasets for language models: documents tokenized, packed into sequences, a tail held out.
+
+Every text source yields named documents; each document is a natural group (a client under the
+``natural`` partitioner). A document's tokens are packed into windows of ``data.seq_len + 1`` tokens,
+one after another with no padding: the input is a window's first ``seq_len`` tokens and the targets its
+last ``seq_len`` (the next token at every position), so every token is predicted once. The last
+``data.test_fraction`` of each document's windows (at least one, when it has two) is held out for
+evaluation: a contiguous tail, so no held-out token is ever an input or target of training.
+
+Sources:
+
+- ``pystdlib``: the source files of Python standard-library modules, present in every Python install:
+  a corpus with no download whose documents differ as their modules do (argument parsing, e-mail, HTTP,
+  calendars...), the naturally non-i.i.d. split of a character-level model.
+- ``text``: ``data.root``, a ``.txt`` / ``.jsonl`` file or a folder of them (one document per file; a
+  JSONL line is an object whose ``text`` field is read).
+- ``shakespeare``: LEAF's Shakespeare json (``train/`` and ``test/`` folders in ``data.root``, from LEAF's
+  preprocessing), one group per speaking role, each sample its 80 characters followed by the next one.
+"""
+
+from __future__ import annotations
+
+import json
+import sysconfig
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from fedge.config import DataConfig
+from fedge.data.dataset import Dataset
+from fedge.data.tokenizer import Tokenizer, make_tokenizer
+from fedge.errors import DataError
+
+# Pure-Python standard-library modules (a file or a package's __init__) of every supported Python version
+STDLIB_MODULES = (
+    "argparse", "ast", "bdb", "calendar", "cmd", "code", "codecs", "collections", "configparser",
+    "contextlib", "copy", "csv", "dataclasses", "datetime", "difflib", "dis", "doctest", "email/message",
+    "enum", "fractions", "ftplib", "functools", "gettext", "glob", "gzip", "heapq", "hmac", "http/client",
+    "http/cookiejar", "imaplib", "inspect", "ipaddress", "json/decoder", "locale", "logging", "mailbox",
+    "netrc", "operator", "optparse", "pickle", "pprint", "queue", "random", "shlex", "shutil", "smtplib",
+    "statistics", "string", "tarfile", "textwrap", "threading", "tokenize", "typing", "unittest/case",
+    "urllib/parse", "uuid", "wave", "zipfile",
+)  # fmt: skip
+LEAF_HOW_TO = "run LEAF's shakespeare preprocessing (https://github.com/TalwarLab/leaf) and set data.root"
+
+
+def pack(tokens: np.ndarray, seq_len: int) -> np.ndarray:
+    """Consecutive windows ``[n, seq_len + 1]`` of ``tokens``, each starting where the last one's targets
+    end (window i covers tokens ``i*seq_len .. (i+1)*seq_len``); a short tail is dropped."""
+    count = max(0, (len(tokens) - 1) // seq_len)
+    starts = np.arange(count)[:, None] * seq_len
+    return tokens[starts + np.arange(seq_len + 1)[None, :]]
+
+
+def held_out(count: int, fraction: float) -> int:
+    """Windows of a document held out for testing: its ``fraction``, at least one when it has two."""
+    return 0 if count < 2 else min(count - 1, max(1, round(fraction * count)))
+
+
+def token_dataset(
+    name: str, documents: list[tuple[str, str]], tokenizer: Tokenizer, seq_len: int, test_fraction: float
+) -> Dataset:
+    """The packed, held-out-tailed token dataset of named ``documents`` (module docstring)."""
+    train, test, train_groups, test_groups = [], [], [], []
+    for group, (title, text) in enumerate(documents):
+        windows = pack(tokenizer.encode(text), seq_len)
+        if not len(windows):
+            raise DataError(f"{name}: {title} has fewer than {seq_len + 1} tokens (data.seq_len {seq_len})")
+        cut = len(windows) - held_out(len(windows), test_fraction)
+        train.append(windows[:cut])
+        test.append(windows[cut:])
+        train_groups += [group] * cut
+        test_groups += [group] * (len(windows) - cut)
+    if not documents:
+        raise DataError(f"{name}: no documents")
+    windows_train, windows_test = np.concatenate(train), np.concatenate(test)
+    if not len(windows_test):
+        raise DataError(f"{name}: no document is long enough to hold out a test window; lower data.seq_len")
+    as_tensor = lambda a: torch.from_numpy(np.ascontiguousarray(a))  # noqa: E731
+    return Dataset(
+        name=name,
+        x_train=as_tensor(windows_train[:, :-1]),
+        y_train=as_tensor(windows_train[:, 1:]),
+        x_test=as_tensor(windows_test[:, :-1]),
+        y_test=as_tensor(windows_test[:, 1:]),
+        num_classes=tokenizer.vocab_size,
+        train_groups=np.asarray(train_groups, dtype=np.int64),
+        test_groups=np.asarray(test_groups, dtype=np.int64),
+    )
+
+
+def _read(path: Path, limit: int | None) -> str:
+    """A file's text (its first ``limit`` bytes), as UTF-8 with undecodable bytes replaced."""
+    try:
+        with path.open("rb") as handle:
+            raw = handle.read() if limit is None else handle.read(limit)
+    except OSError as error:
+        raise DataError(f"{path}: {error.strerror or error}") from None
+    return raw.decode("utf-8", errors="replace")
+
+
+def _jsonl(path: Path, limit: int | None) -> str:
+    """The ``text`` fields of a JSONL file's lines, one after another (the first ``limit`` bytes)."""
+    parts = []
+    for number, line in enumerate(_read(path, None).splitlines(), start=1):
+        if not line.strip():
+            continue
+        try:
+            record = json.loads(line)
+            parts.append(str(record["text"]))
+        except (ValueError, KeyError, TypeError):
+            raise DataError(f"{path}:{number}: a JSONL line must be an object with a 'text' field") from None
+    text = "\n".join(parts)
+    return text if limit is None else text.encode("utf-8")[:limit].decode("utf-8", errors="ignore")
+
+
+def stdlib_documents(limit: int | None) -> list[tuple[str, str]]:
+    """The standard-library modules of :data:`STDLIB_MODULES` found in this Python, by module name."""
+    root = Path(sysconfig.get_paths()["stdlib"])
+    documents = []
+    for module in STDLIB_MODULES:
+        for path in (root / f"{module}.py", root / module / "__init__.py"):
+            if path.is_file():
+                documents.append((module.replace("/", "."), _read(path, limit)))
+                break
+    if len(documents) < 8:
+        raise DataError(f"{root}: the Python standard library's sources are missing (found {len(documents)})")
+    return documents
+
+
+def text_documents(root: Path | None, limit: int | None) -> list[tuple[str, str]]:
+    """One document per ``.txt`` / ``.jsonl`` file of ``data.root`` (a file or a folder)."""
+    if root is None:
+        raise DataError(
+            "data.root: the text source reads a .txt/.jsonl file or a folder of them; set data.root"
+        )
+    root = Path(root).expanduser()
+    files = [root] if root.is_file() else sorted(p for p in root.glob("*") if p.suffix in (".txt", ".jsonl"))
+    if not root.exists():
+        raise DataError(f"{root}: not found (data.root)")
+    if not files:
+        raise DataError(f"{root}: no .txt or .jsonl files (data.root)")
+    return [(p.name, _jsonl(p, limit) if p.suffix == ".jsonl" else _read(p, limit)) for p in files]
+
+
+def _leaf_split(folder: Path) -> dict[str, list[str]]:
+    """Every role's samples (80 characters and the next one, joined) of one LEAF split folder."""
+    if not folder.is_dir():
+        raise DataError(
+            f"{folder}: folder not found; data.root must hold LEAF's train/ and test/; {LEAF_HOW_TO}"
+        )
+    files = sorted(folder.glob("*.json"))
+    if not files:
+        raise DataError(f"{folder}: no *.json files; {LEAF_HOW_TO}")
+    roles: dict[str, list[str]] = {}
+    for path in files:
+        try:
+            user_data = json.loads(path.read_text())["user_data"]
+            for role, record in user_data.items():
+                roles.setdefault(role, []).extend(
+                    str(x) + str(y) for x, y in zip(record["x"], record["y"], strict=True)
+                )
+        except (OSError, ValueError, KeyError, TypeError, AttributeError) as error:
+            raise DataError(
+                f"{path}: not a LEAF Shakespeare json file with user_data x/y ({error})"
+            ) from None
+    return roles
+
+
+def shakespeare_dataset(root: Path | None, tokenizer: Tokenizer, seq_len: int) -> Dataset:
+    """LEAF Shakespeare: each sample the last ``seq_len + 1`` tokens of its 80 characters and the next one
+    (LEAF's own next-character task is the final target); one group per role, LEAF's train/test split."""
+    if root is None:
+        raise DataError(f"data.root: shakespeare reads LEAF's json; {LEAF_HOW_TO}")
+    splits = [_leaf_split(Path(root).expanduser() / part) for part in ("train", "test")]
+    roles = sorted(set(splits[0]) | set(splits[1]))
+    arrays = []
+    for samples_by_role in splits:
+        windows, groups = [], []
+        for group, role in enumerate(roles):
+            for sample in samples_by_role.get(role, []):
+                ids = tokenizer.encode(sample)
+                if len(ids) < seq_len + 1:
+                    raise DataError(f"shakespeare: a sample of {role!r} has {len(ids)} tokens < seq_len + 1")
+                windows.append(ids[-(seq_len + 1) :])
+                groups.append(group)
+        if not windows:
+            raise DataError(f"shakespeare: a split of {root} has no samples")
+        arrays.append((torch.from_numpy(np.stack(windows)), np.asarray(groups, dtype=np.int64)))
+    (train, train_groups), (test, test_groups) = arrays
+    x_train, y_train = train[:, :-1].contiguous(), train[:, 1:].contiguous()
+    x_test, y_test = test[:, :-1].contiguous(), test[:, 1:].contiguous()
+    vocab = tokenizer.vocab_size
+    return Dataset("shakespeare", x_train, y_train, x_test, y_test, vocab, train_groups, test_groups)
+
+
+def load_pystdlib(cfg: DataConfig, seed: int) -> Dataset:
+    """Python standard-library sources, one group per module; bytes as tokens by default."""
+    tokenizer = make_tokenizer(cfg.tokenizer, cfg.download)
+    documents = stdlib_documents(cfg.text_bytes)
+    return token_dataset("pystdlib", documents, tokenizer, cfg.seq_len, cfg.test_fraction)
+
+
+def load_text(cfg: DataConfig, seed: int) -> Dataset:
+    """Plain text / JSONL files of data.root, one group per file."""
+    tokenizer = make_tokenizer(cfg.tokenizer, cfg.download)
+    documents = text_documents(cfg.root, cfg.text_bytes)
+    return token_dataset("text", documents, tokenizer, cfg.seq_len, cfg.test_fraction)
+
+
+def load_shakespeare(cfg: DataConfig, seed: int) -> Dataset:
+    """LEAF Shakespeare json in data.root, one group per speaking role."""
+    return shakespeare_dataset(cfg.root, make_tokenizer(cfg.tokenizer, cfg.download), cfg.seq_len)

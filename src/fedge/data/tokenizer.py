@@ -1,0 +1,68 @@
+"""Tokenizers for text data: bytes (the offline default) or a Hugging Face tokenizer when one is named.
+
+The byte-level tokenizer maps a text to its UTF-8 bytes: a vocabulary of 256 tokens, no file, no
+download, every text representable (a character-level model for ASCII text). A Hugging Face tokenizer
+(``data.tokenizer``: a hub name or a local folder) gives a pretrained model the ids it was trained on; it
+is read from the local cache, and downloaded only with ``data.download: true``.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Protocol
+
+import numpy as np
+
+from fedge.errors import ConfigError
+
+BYTES = "bytes"
+
+
+class Tokenizer(Protocol):
+    """Text to token ids, and the size of the id space."""
+
+    name: str
+    vocab_size: int
+
+    def encode(self, text: str) -> np.ndarray: ...
+
+
+class ByteTokenizer:
+    """UTF-8 bytes as tokens: ids 0..255."""
+
+    name = BYTES
+    vocab_size = 256
+
+    def encode(self, text: str) -> np.ndarray:
+        """The text's UTF-8 bytes as int64 ids."""
+        return np.frombuffer(text.encode("utf-8"), dtype=np.uint8).astype(np.int64)
+
+    def decode(self, ids: Any) -> str:
+        """Ids back to text (invalid UTF-8 replaced)."""
+        return bytes(int(i) for i in ids).decode("utf-8", errors="replace")
+
+
+class HFTokenizer:
+    """A Hugging Face tokenizer; ids without special tokens, the vocabulary its full length."""
+
+    def __init__(self, name: str, download: bool):
+        try:
+            import transformers
+        except ImportError:
+            raise ConfigError(
+                "data.tokenizer", "a Hugging Face tokenizer needs the llm extra: fedge[llm]"
+            ) from None
+        try:
+            self.tokenizer = transformers.AutoTokenizer.from_pretrained(name, local_files_only=not download)
+        except (OSError, ValueError) as error:
+            hint = "" if download else " (set data.download: true to fetch it)"
+            raise ConfigError("data.tokenizer", f"cannot load {name!r}{hint}: {error}") from None
+        self.name = name
+        self.vocab_size = len(self.tokenizer)
+
+    def encode(self, text: str) -> np.ndarray:
+        return np.asarray(self.tokenizer.encode(text, add_special_tokens=False), dtype=np.int64)
+
+
+def make_tokenizer(name: str, download: bool = False) -> Tokenizer:
+    """The tokenizer ``data.tokenizer`` names (``bytes``, or a Hugging Face name or folder)."""
+    return ByteTokenizer() if name == BYTES else HFTokenizer(name, download)

@@ -1,0 +1,45 @@
+"""Shared set-up of the language-model tests: small generated text files and tiny transformer configs."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+
+WORDS = ("the", "cut", "layer", "client", "server", "token", "adapter", "round", "model", "edge", "radio")
+
+
+def write_corpus(folder: Path, files: int = 3, chars: int = 1400) -> Path:
+    """``files`` documents of seeded word salad (one style per file; the last one JSONL)."""
+    folder.mkdir(parents=True, exist_ok=True)
+    for f in range(files):
+        rng = np.random.default_rng(f)
+        words = [WORDS[i] for i in rng.integers(0, len(WORDS) - f, size=chars // 4)]
+        text = (" " if f % 2 else "_").join(words)[:chars]
+        if f == files - 1:
+            lines = [json.dumps({"text": text[i : i + 200]}) for i in range(0, len(text), 200)]
+            (folder / f"doc{f}.jsonl").write_text("\n".join(lines) + "\n")
+        else:
+            (folder / f"doc{f}.txt").write_text(text)
+    return folder
+
+
+def lm_config(root: Path, algorithm: dict, *, arch: str = "gpt2", clients: int = 3, **overrides) -> dict:
+    """A tiny run: 16-token sequences of the files in ``root``, one client per file, a 2 x 32 model."""
+    options = {"layers": 2, "hidden": 32, "heads": 2, "lora_rank": 4}
+    if arch != "gpt2":
+        options.update(arch=arch, heads=4, kv_heads=2, intermediate=48)
+    raw = {
+        "seed": 3,
+        "rounds": 2,
+        "data": {"name": "text", "root": str(root), "seq_len": 16},
+        "partition": {"kind": "natural" if clients > 1 else "iid", "num_clients": clients},
+        "model": {"name": "gpt2" if arch == "gpt2" else "llama", "cut": 1, "options": options},
+        "algorithm": {"batch_size": 8, "optimizer": {"lr": 0.05}, **algorithm},
+        "eval": {"batch_size": 64},
+        "output": {"plots": False},
+    }
+    for key, value in overrides.items():
+        raw[key] = {**raw.get(key, {}), **value} if isinstance(value, dict) else value
+    return raw

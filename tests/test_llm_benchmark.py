@@ -1,0 +1,23 @@
+"""W9's hand-written baseline does the work fedge does: peft's LoRA and a torch.optim loop per client give
+fedge's adapters after a round (FedAvg and SplitFed v2), so the benchmark compares like with like."""
+
+from __future__ import annotations
+
+import pytest
+
+pytest.importorskip("peft")
+
+from benchmarks import llm  # noqa: E402
+
+
+@pytest.mark.parametrize("algorithm", ["fedavg", "splitfed_v2"])
+def test_the_peft_loop_computes_fedges_round(algorithm):
+    shape = {**llm.QUICK, "clients": 3, "layers": 3, "hidden": 32, "heads": 2, "seq_len": 16, "sequences": 4}
+    built = llm.build_run(llm._resolved(llm.run_config(shape, algorithm, "batched", "cpu")))
+    loop = llm.PeftLoop(built, algorithm, cut=2)
+    built.algorithm.run_round(1)
+    loop.round(1)
+    ours = llm.fedge_state(built)
+    assert sorted(ours) == sorted(loop.global_state)
+    assert max(float((ours[k] - loop.global_state[k]).abs().max()) for k in ours) < 1e-6
+    assert max(float(v.abs().max()) for k, v in ours.items() if "lora_B" in k) > 0  # trained
