@@ -160,3 +160,15 @@ def test_algorithms_without_a_per_token_contract_are_refused_in_one_line(corpus,
     with pytest.raises(ConfigError, match="does not train on token sequences") as error:
         build_run(fedge.resolve_config(lm_config(corpus, {"name": name})))
     assert error.value.key == "algorithm.name"
+
+
+def test_the_report_and_the_summary_show_perplexity(corpus, tmp_path):
+    from fedge.report import write_report
+
+    raw = lm_config(corpus, {"name": "cse_fsl", "h": 2}, rounds=1, output={"dir": str(tmp_path)})
+    result = fedge.run(raw)
+    assert result.summary["final_perplexity"] == pytest.approx(result.metrics[-1]["perplexity"])
+    assert result.summary["final_perplexity"] > 1.0
+    page = write_report(result.run_dir).read_text()
+    assert "final perplexity" in page
+    assert f"{result.summary['final_perplexity']:.3f}" in page

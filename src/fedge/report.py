@@ -275,6 +275,10 @@ def _first_hit(rows: list[dict[str, Any]], level: float) -> dict[str, Any] | Non
 
 
 def headline_table(cells: list[Cell]) -> str:
+    """One row per cell: accuracy (next-token accuracy and perplexity for a language model), rounds and
+    costs, as mean ± std over its finished seeds."""
+    finished = [r.summary for c in cells for r in c.finished]
+    perplexity = bool(finished) and all("final_perplexity" in s for s in finished)
     head = [
         "cell",
         "seeds",
@@ -302,8 +306,9 @@ def headline_table(cells: list[Cell]) -> str:
                 _pm([s["sim_joules"] for s in done], 3),
                 stopped,
             ]
+            + ([_pm([s["final_perplexity"] for s in done], 3)] if perplexity else [])
         )
-    return _table(head, rows)
+    return _table(head + ["final perplexity"] * perplexity, rows)
 
 
 def breakdown_tables(cells: list[Cell]) -> str:
