@@ -13,12 +13,13 @@ from fedge.comm import Ledger, Network
 from fedge.config import AlgorithmConfig, RunConfig, register_algorithm_config
 from fedge.data.federated import FederatedData
 from fedge.distributed import SINGLE_PROCESS, Cohorts
+from fedge.distributed.evaluate import evaluate_model_on
 from fedge.engine import Criterion, Executor, cross_entropy
 from fedge.metrics import Evaluation, RoundReport
 from fedge.models import SplitModel
 from fedge.rng import derive_seed
 from fedge.system import SystemModel
-from fedge.tensors import on_device
+from fedge.tensors import Tensors, on_device
 
 
 @dataclass
@@ -143,3 +144,24 @@ def executor_name(config: RunConfig, device_type: str) -> str:
         return "batched"
     algorithm = ALGORITHMS[config.algorithm.name]
     return "batched" if algorithm.clients_per_step(config) >= algorithm.batched_from else "sequential"
+
+
+class GlobalModel(Algorithm):
+    """An algorithm with one global model, ``model`` run with ``params`` and ``buffers`` (FedAvg and its
+    straggler-aware and asynchronous variants), evaluated on the held-out data across the run's ranks."""
+
+    model: torch.nn.Module
+    params: Tensors
+    buffers: Tensors
+
+    def evaluate(self) -> Evaluation:
+        data = self.ctx.data
+        return evaluate_model_on(
+            self.ctx.cohorts,
+            self.model,
+            self.params,
+            self.buffers,
+            data.x_test,
+            data.y_test,
+            self.ctx.config.eval.batch_size,
+        )

@@ -10,11 +10,10 @@ import numpy as np
 import torch
 from pydantic import Field, PositiveInt
 
-from fedge.algorithms.base import Algorithm, Context, register
+from fedge.algorithms.base import Context, GlobalModel, register
 from fedge.algorithms.optimizer_state import ClientOptimizerStates
 from fedge.comm import nodes
 from fedge.config import AlgorithmConfig, Fraction, SGDConfig
-from fedge.distributed.evaluate import evaluate_model_on
 from fedge.engine import (
     ClientBank,
     buffers_of,
@@ -25,7 +24,7 @@ from fedge.engine import (
     weighted_sum,
 )
 from fedge.errors import ConfigError
-from fedge.metrics import Evaluation, RoundReport
+from fedge.metrics import RoundReport
 from fedge.rng import numpy_rng
 from fedge.system import forward_flops, star_round, training_flops
 from fedge.tensors import floating
@@ -65,7 +64,7 @@ def sample_clients(seed: int, round_: int, num_clients: int, fraction: float) ->
 @register(
     "fedavg", FedAvgConfig, "FedAvg: sampled clients train locally, the server averages by sample count"
 )
-class FedAvg(Algorithm):
+class FedAvg(GlobalModel):
     """Global model on the server; each round ``fraction`` of clients train ``local_epochs`` epochs.
 
     Transfers per participant and round: the model down (``model_down``) and the trained model up
@@ -130,15 +129,3 @@ class FedAvg(Algorithm):
         ctx.network.hold(receivers, "model", {**self.params, **self.buffers})
         train_loss = cohort.sum_float(float((losses.double().cpu() * weights.cpu()).sum()))
         return RoundReport(train_loss, {"participants": len(clients)})
-
-    def evaluate(self) -> Evaluation:
-        data = self.ctx.data
-        return evaluate_model_on(
-            self.ctx.cohorts,
-            self.model,
-            self.params,
-            self.buffers,
-            data.x_test,
-            data.y_test,
-            self.ctx.config.eval.batch_size,
-        )

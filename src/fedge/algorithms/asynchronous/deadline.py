@@ -10,12 +10,11 @@ import torch
 
 from fedge.algorithms.asynchronous.config import DeadlineConfig
 from fedge.algorithms.asynchronous.work import LocalWork, Phases, cohort_size, draw_clients, truncated
-from fedge.algorithms.base import Algorithm, Context, register
+from fedge.algorithms.base import Context, GlobalModel, register
 from fedge.comm import nodes
 from fedge.data.federated import BatchPlan
-from fedge.distributed.evaluate import evaluate_model_on
 from fedge.engine import weighted_sum
-from fedge.metrics import Evaluation, RoundReport
+from fedge.metrics import RoundReport
 from fedge.system.clock import WAIT, RoundCost
 from fedge.system.model import PhaseCost
 from fedge.system.rounds import along, spent
@@ -29,7 +28,7 @@ LATE_KIND = "model_up_late"  # the part of a dropped client's upload sent before
     DeadlineConfig,
     "FedAvg with a round deadline, over-selection and availability-aware sampling (stragglers)",
 )
-class FedAvgDeadline(Algorithm):
+class FedAvgDeadline(GlobalModel):
     """FedAvg whose server stops waiting.
 
     Each round the server selects ``ceil(cohort * (1 + over_select))`` clients (among those online, or
@@ -153,18 +152,6 @@ class FedAvgDeadline(Algorithm):
             float(down.joules.sum() + work.joules.sum() + sent.joules.sum()),
             path,
             spent(down, work, sent),
-        )
-
-    def evaluate(self) -> Evaluation:
-        data = self.ctx.data
-        return evaluate_model_on(
-            self.ctx.cohorts,
-            self.model,
-            self.params,
-            self.buffers,
-            data.x_test,
-            data.y_test,
-            self.ctx.config.eval.batch_size,
         )
 
 

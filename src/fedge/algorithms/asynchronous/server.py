@@ -21,10 +21,9 @@ import torch
 
 from fedge.algorithms.asynchronous.config import AsyncConfig
 from fedge.algorithms.asynchronous.work import LocalWork, cohort_size, draw_clients
-from fedge.algorithms.base import Algorithm, Context
+from fedge.algorithms.base import Context, GlobalModel
 from fedge.comm import nodes
-from fedge.distributed.evaluate import evaluate_model_on
-from fedge.metrics import Evaluation, RoundReport
+from fedge.metrics import RoundReport
 from fedge.system.clock import CLIENT_COMPUTE, DOWNLINK, SERVER, UPLINK, WAIT, RoundCost
 from fedge.system.events import EventQueue, Job
 from fedge.tensors import floating
@@ -32,7 +31,7 @@ from fedge.tensors import floating
 EMPTY = {"participants": 0, "staleness_mean": 0.0, "staleness_max": 0, "in_flight": 0}  # nobody at work
 
 
-class AsyncServer(Algorithm):
+class AsyncServer(GlobalModel):
     """The event loop shared by FedBuff and FedAsync; subclasses say when and how to aggregate."""
 
     state_fields = ("params", "buffers", "version", "now", "draws", "refills", "queue", "flight", "arrived")
@@ -183,18 +182,6 @@ class AsyncServer(Algorithm):
             if inside > 0:
                 path[phase] = inside
         self.ctx.system.charge(RoundCost(self.now - began, 0.0, path, {}))
-
-    def evaluate(self) -> Evaluation:
-        data = self.ctx.data
-        return evaluate_model_on(
-            self.ctx.cohorts,
-            self.model,
-            self.params,
-            self.buffers,
-            data.x_test,
-            data.y_test,
-            self.ctx.config.eval.batch_size,
-        )
 
     # --- merging helpers ------------------------------------------------------------------------------
 

@@ -93,15 +93,6 @@ class CseFsl(LocalLoss):
             reason = f"no client has more than {most} batches in a round, so the server would never train"
             raise ConfigError("algorithm.h", f"h={cfg.h} but {reason}")
 
-    def most_batches(self) -> int:
-        """The most local batches any client has in one round (``local_steps``, or epochs x batches)."""
-        cfg = self.cfg
-        if cfg.local_steps is not None:
-            return cfg.local_steps
-        sizes = self.ctx.data.client_sizes()
-        per_epoch = sizes // cfg.batch_size if cfg.drop_last else -(-sizes // cfg.batch_size)
-        return int(per_epoch.max(initial=0)) * cfg.local_epochs
-
     def server_part(self, params: Tensors, buffers: Tensors) -> SplitServer:
         server, fused = self.clients.parts.server, self.ctx.config.engine.fused
         return SharedServer(server, params, buffers, self.server_sgd, None, self.ctx.criterion, fused)

@@ -119,15 +119,6 @@ class FslSage(SplitLearning):
         self.aligner = Aligner(self.parts.server, aux, ctx.criterion, optimizer, cfg.aux_optimizer.lr,
                                cfg.align_epochs, cfg.align_batch_size)  # fmt: skip
 
-    def most_batches(self) -> int:
-        """The most local batches any client has in one round (``local_steps``, or epochs x batches)."""
-        cfg = self.cfg
-        if cfg.local_steps is not None:
-            return cfg.local_steps
-        sizes = self.ctx.data.client_sizes()
-        per_epoch = sizes // cfg.batch_size if cfg.drop_last else -(-sizes // cfg.batch_size)
-        return int(per_epoch.max(initial=0)) * cfg.local_epochs
-
     def client_side(self) -> ClientSide:
         parts = build_parts(self.ctx, with_aux=True)
         return EstimatedGradientClients(parts, self.client_sgd, self.ctx.executor)

@@ -89,6 +89,15 @@ class SplitLearning(Algorithm):
                                       self._synchronise)  # fmt: skip
         self._hold(self.rows_per_round, [])
 
+    def most_batches(self) -> int:
+        """The most local batches any client has in one round (``local_steps``, or epochs x batches)."""
+        cfg = self.cfg
+        if cfg.local_steps is not None:
+            return cfg.local_steps
+        sizes = self.ctx.data.client_sizes()
+        per_epoch = sizes // cfg.batch_size if cfg.drop_last else -(-sizes // cfg.batch_size)
+        return int(per_epoch.max(initial=0)) * cfg.local_epochs
+
     # ----- what an algorithm chooses ----------------------------------------------------------------
 
     @abstractmethod
