@@ -72,8 +72,8 @@ GROUPS: dict[str, list[tuple[str, dict[str, Any], int]]] = {
     "fig3bd": [BASELINE]
     + [(f"cut={c} p={p}", {**PROPOSED, "cut_dropout": p}, c) for c in (2, 4, 6) for p in (0.0, 0.3, 0.7)],
 }
-# Fig. 3(c): the number of clients K (the paper gives no values; 5, 10, 20 as the spec of our examples
-# reads it), the data split K ways, the same T: the paper finds accuracy at fixed T lower with more clients.
+# Fig. 3(c): the number of clients K (the paper gives no values; 5, 10 and 20 are ours), the data split K
+# ways, the same T: the paper finds accuracy at fixed T lower with more clients.
 GROUPS["fig3c"] = [(f"K={k}", PROPOSED, 4) for k in (5, 10, 20)]
 CLIENTS = {"fig3c": {"K=5": 5, "K=10": 10, "K=20": 20}}
 # Groups on other data than the base config's iid split (label skew, where iid shards hide the I effect).
