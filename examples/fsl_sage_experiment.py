@@ -21,10 +21,9 @@ import statistics
 from pathlib import Path
 from typing import Any
 
-from scipy import stats
-
 import fedge
 from fedge.config import load_raw
+from fedge.sweep import paired_text, paired_verdict
 
 BASE = Path(__file__).with_name("fsl-sage-fashion-mnist.yaml")
 MB_BITS = 8e6
@@ -57,13 +56,6 @@ def at_budget(rows: list[dict[str, Any]], budget: float) -> tuple[float, int]:
     return within[-1]["accuracy"], within[-1]["round"]
 
 
-def interval(diffs: list[float]) -> tuple[float, float, float]:
-    """Mean of paired differences and its 95 % t interval."""
-    mean = statistics.fmean(diffs)
-    half = stats.t.ppf(0.975, len(diffs) - 1) * statistics.stdev(diffs) / math.sqrt(len(diffs))
-    return mean, mean - half, mean + half
-
-
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--seeds", default="0,1,2,3,4")
@@ -88,10 +80,10 @@ def main() -> None:
     out: dict[str, Any] = {"budget_mb": budget, "seeds": seeds, "accuracy": table, "differences": {}}
     for other in ("cse_fsl", "splitfed_v2"):
         diffs = [100 * (table["fsl_sage"][s][0] - table[other][s][0]) for s in seeds]
-        mean, low, high = interval(diffs)
-        out["differences"][other] = {"per_seed": diffs, "mean": mean, "ci95": [low, high]}
+        v = paired_verdict(diffs)
+        out["differences"][other] = {"per_seed": diffs, "mean": v["mean"], "ci95": [v["low"], v["high"]]}
         shown = ", ".join(f"{d:+.2f}" for d in diffs)
-        print(f"fsl_sage - {other}: {shown}; mean {mean:+.2f} points, 95 % CI [{low:+.2f}, {high:+.2f}]")
+        print(f"fsl_sage - {other}: {shown}; mean {paired_text(diffs)} (points, 95 % t interval)")
     if args.json:
         args.json.write_text(json.dumps(out, indent=1, default=str))
 

@@ -50,7 +50,7 @@ from fedge.compare import compare  # noqa: E402
 from fedge.config import SystemConfig, load_raw  # noqa: E402
 from fedge.models import build_model, output_shape, split  # noqa: E402
 from fedge.records import evaluated  # noqa: E402
-from fedge.sweep import SweepSpec, interval, run_sweep  # noqa: E402
+from fedge.sweep import SweepSpec, paired_text, run_sweep  # noqa: E402
 from fedge.system import SystemModel, cut_latency  # noqa: E402
 
 BASE = Path(__file__).with_name("light-fedsl-digits.yaml")
@@ -258,10 +258,7 @@ def paired_final(reference: list[list[dict]], other: list[list[dict]]) -> str:
     differences = [
         100 * (a[-1]["accuracy"] - b[-1]["accuracy"]) for a, b in zip(reference, other, strict=True)
     ]
-    figures = interval(differences)
-    low, high = figures["mean"] - figures["ci95"], figures["mean"] + figures["ci95"]
-    word = "within noise" if low <= 0 <= high else "higher" if low > 0 else "lower"
-    return f"{figures['mean']:+.2f} [{low:+.2f}, {high:+.2f}] {word}"
+    return paired_text(differences)
 
 
 def sweep(

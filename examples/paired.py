@@ -27,7 +27,7 @@ import yaml
 
 from fedge import results
 from fedge.records import evaluated
-from fedge.sweep import interval
+from fedge.sweep import paired_verdict
 
 
 def finished_runs(sweep: Path) -> list[dict[str, Any]]:
@@ -94,10 +94,8 @@ def verdict(values: list[float]) -> str:
     """The paired mean difference's 95 % t interval in points, and whether it excludes zero."""
     if len(values) < 2:
         return "-"
-    figures = interval([100 * v for v in values])
-    low, high = figures["mean"] - figures["ci95"], figures["mean"] + figures["ci95"]
-    word = "within noise" if low <= 0 <= high else ("higher" if low > 0 else "lower")
-    return f"[{low:+.2f}, {high:+.2f}] {word}"
+    v = paired_verdict([100 * d for d in values])
+    return f"[{v['low']:+.2f}, {v['high']:+.2f}] {v['verdict']}"
 
 
 def markdown(result: dict[str, Any], reference: str) -> str:

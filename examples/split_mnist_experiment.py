@@ -32,7 +32,7 @@ from fedge import results
 from fedge.config import load_raw
 from fedge.plots import AXES, plot_runs
 from fedge.records import evaluated
-from fedge.sweep import interval, load_sweep, run_sweep
+from fedge.sweep import load_sweep, paired_verdict, run_sweep
 
 BASE = Path(__file__).with_name("split-mnist.yaml")
 SWEEP = Path(__file__).parent / "sweeps" / "split-mnist.yaml"
@@ -153,15 +153,8 @@ def paired(runs: dict[str, list[list[dict]]], budget_bits: float) -> dict[str, d
                 ]
             if any(v is None for pair in values for v in pair) or len(values) < 2:
                 continue
-            figures = interval([100 * (x - y) for x, y in values])
-            low, high = figures["mean"] - figures["ci95"], figures["mean"] + figures["ci95"]
-            verdict = "within noise" if low <= 0 <= high else "higher" if low > 0 else "lower"
-            out[f"{a} - {b}, {kind}"] = {
-                "mean": figures["mean"],
-                "low": low,
-                "high": high,
-                "verdict": verdict,
-            }
+            figures = paired_verdict([100 * (x - y) for x, y in values])
+            out[f"{a} - {b}, {kind}"] = {k: figures[k] for k in ("mean", "low", "high", "verdict")}
     return out
 
 

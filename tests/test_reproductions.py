@@ -82,3 +82,15 @@ def test_a_paired_difference_is_called_within_noise_only_when_its_interval_holds
     assert verdict([0.01, 0.012, 0.008]) == "[+0.50, +1.50] higher"
     assert verdict([-0.01, -0.012, -0.008]).endswith("lower")
     assert verdict([0.01]) == "-"
+
+
+def test_the_shared_paired_verdict_gives_the_t_interval_and_names_one_seed():
+    from fedge.sweep import paired_text, paired_verdict
+
+    v = paired_verdict([1.0, 1.2, 0.8])
+    # mean 1.0, sd 0.2, t(0.975, 2) = 4.303: half-width 4.303 * 0.2 / sqrt(3) = 0.497
+    assert v["mean"] == pytest.approx(1.0)
+    assert (v["low"], v["high"]) == pytest.approx((1.0 - 0.4969, 1.0 + 0.4969), abs=1e-4)
+    assert v["verdict"] == "higher"
+    assert paired_text([1.0, -1.0, 0.5]).endswith("within noise")
+    assert paired_verdict([2.0])["verdict"] == "one seed"

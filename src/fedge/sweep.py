@@ -372,6 +372,27 @@ def interval(values: list[float]) -> dict[str, float]:
     return {"mean": mean, "std": std, "ci95": half, "n": n}
 
 
+def paired_verdict(differences: list[float]) -> dict[str, Any]:
+    """The mean of paired differences (same seed on both sides), its 95 % t interval ``low``..``high``
+    and the verdict: ``within noise`` where the interval holds zero, else ``higher`` or ``lower``.
+
+    One helper so every experiment script words a claim the same way; fewer than two pairs give no
+    interval (``nan``) and the verdict ``one seed``."""
+    figures = interval(differences)
+    low, high = figures["mean"] - figures["ci95"], figures["mean"] + figures["ci95"]
+    if figures["n"] < 2:
+        word = "one seed"
+    else:
+        word = "within noise" if low <= 0 <= high else "higher" if low > 0 else "lower"
+    return {"mean": figures["mean"], "low": low, "high": high, "n": figures["n"], "verdict": word}
+
+
+def paired_text(differences: list[float]) -> str:
+    """``+1.23 [+0.45, +2.01] higher``: :func:`paired_verdict` as one cell of a table."""
+    v = paired_verdict(differences)
+    return f"{v['mean']:+.2f} [{v['low']:+.2f}, {v['high']:+.2f}] {v['verdict']}"
+
+
 def cell_table(tasks: list[Task], summaries: dict[Path, dict[str, Any]], targets: list[float]) -> list[dict]:
     """Per cell: mean, std and 95 % interval over seeds of the headline figures and time to target."""
     table = []
