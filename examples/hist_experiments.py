@@ -5,6 +5,7 @@ latency to a target accuracy with optimised vs uniform mask sizes (Fig. 6 / Eq. 
     python examples/hist_experiments.py aircomp [--rounds 15] [--snr -20 -10 10] [--steps 20]
     python examples/hist_experiments.py latency [--rounds 20] [--target 0.75]
     python examples/hist_experiments.py table1 --seeds 1,2,3 --dataset mnist   # a set of runs per seed
+    python examples/hist_experiments.py summary --seeds 1,2,3 --out OUT   # OUT/<split>/s<seed>, paired
 
 Every run starts from ``examples/hist-fmnist.yaml`` or ``examples/hist-aircomp.yaml`` plus dotted
 overrides (``--set key=value`` adds more, e.g. ``--set model.name=lenet5`` for the paper's Table I model),
@@ -34,6 +35,7 @@ from fedge.algorithms.hierarchical.radio import CellRadio
 from fedge.models import build_model, count_parameters
 from fedge.records import evaluated
 from fedge.runner import open_run, start_run
+from fedge.sweep import paired_text
 from fedge.system import aircomp_cost_per_value, greedy_sizes, oma_cost_per_value, size_cap, uniform_sizes
 from fedge.system.partition_opt import round_latency
 
@@ -126,6 +128,79 @@ def table1(args: argparse.Namespace) -> str:
             f"| {name} N={cells} | {rows[0]['client_up_mb']:.4f} "
             f"| {rows[-1]['wall_seconds'] / len(rows):.1f} |"
         )
+    return "\n".join(lines)
+
+
+def mb_to_target(out: Path, target: float) -> float | None:
+    """A finished table1 run's MB per client at the first round reaching ``target``, or None."""
+    path = out / results.METRICS
+    row = first(evaluated(results.read_jsonl(path)), target) if path.is_file() else None
+    return row["client_up_mb"] if row is not None else None
+
+
+def summary(args: argparse.Namespace) -> str:
+    """Table I over seeds and splits from finished ``table1`` runs in ``OUT/<split>/s<seed>/``: per row the
+    MB per client to the target (mean over the seeds that reached it), HIST / HFedAvg paired by seed, and
+    the paper's orderings as paired differences with their 95 % t intervals (same seed: same data split,
+    cells and initial model)."""
+    splits = [d.name for d in sorted(args.out.iterdir()) if d.is_dir() and any(d.glob("s*/table1-*"))]
+    mb = {
+        (split, name, cells, target, seed): mb_to_target(
+            args.out / split / f"s{seed}" / f"table1-{name}-n{cells}", target
+        )
+        for split in splits
+        for name in ("hist", "hfedavg")
+        for cells in args.cells
+        for target in args.targets
+        for seed in args.seeds
+    }
+
+    def per_seed(split: str, name: str, cells: int, target: float) -> list[float | None]:
+        return [mb[split, name, cells, target, seed] for seed in args.seeds]
+
+    def mean_text(values: list[float | None]) -> str:
+        hits = [v for v in values if v is not None]
+        return f"{np.mean(hits):.2f} ({len(hits)}/{len(values)})" if hits else f"none of {len(values)}"
+
+    def paired(a: list[float | None], b: list[float | None], ratio: bool = False) -> str:
+        pairs = [(x, y) for x, y in zip(a, b, strict=True) if x is not None and y is not None]
+        if len(pairs) < 2:
+            return f"{len(pairs)} seed(s) reached both"
+        values = [x / y if ratio else x - y for x, y in pairs]
+        if ratio:
+            return f"{np.mean(values):.2f} (per seed {' / '.join(f'{v:.2f}' for v in values)})"
+        return paired_text(values)
+
+    lines = [
+        "| target | split | N | HIST MB (seeds) | HFedAvg MB (seeds) | HIST / HFedAvg | HIST - HFedAvg MB |"
+        " paper HIST, HFedAvg |",
+        "|---|---|---|---|---|---|---|---|",
+    ]
+    for target in args.targets:
+        for split in splits:
+            for cells in args.cells:
+                hist, avg = per_seed(split, "hist", cells, target), per_seed(split, "hfedavg", cells, target)
+                paper = PAPER_TABLE_I.get((target, cells))
+                paper_text = f"{paper[0]:.2f}, {paper[1]:.2f}" if paper and split == "fully_noniid" else "-"
+                lines.append(
+                    f"| {100 * target:.0f}% | {split} | {cells} | {mean_text(hist)} | {mean_text(avg)} "
+                    f"| {paired(hist, avg, ratio=True)} | {paired(hist, avg)} | {paper_text} |"
+                )
+    lines += ["", "| ordering (paper's) | paired difference, MB (95 % interval) |", "|---|---|"]
+    low, high = min(args.cells), max(args.cells)
+    for target in args.targets:
+        for split in splits:
+            for name in ("hist", "hfedavg"):
+                lines.append(
+                    f"| {100 * target:.0f}% {split}: {name} N={high} - N={low} "
+                    f"| {paired(per_seed(split, name, high, target), per_seed(split, name, low, target))} |"
+                )
+        if {"fully_noniid", "cell_iid"} <= set(splits):
+            for cells in args.cells:
+                iid, noniid = (per_seed(s, "hist", cells, target) for s in ("cell_iid", "fully_noniid"))
+                lines.append(
+                    f"| {100 * target:.0f}% N={cells}: hist cell_iid - fully_noniid | {paired(iid, noniid)} |"
+                )
     return "\n".join(lines)
 
 
@@ -240,7 +315,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
-    parser.add_argument("command", choices=["table1", "aircomp", "latency"])
+    parser.add_argument("command", choices=["table1", "aircomp", "latency", "summary"])
     parser.add_argument("--rounds", type=int, default=30, help="most global rounds per run")
     parser.add_argument("--cells", type=int, nargs="+", default=[2, 4])
     parser.add_argument("--targets", type=float, nargs="+", default=[0.7, 0.8])
@@ -264,6 +339,12 @@ def main() -> None:
     parser.add_argument("--reuse", action="store_true", help="read runs whose OUT/<run>.jsonl already answer")
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
+    if args.command == "summary":
+        args.seeds = args.seeds or [1]
+        table = summary(args)
+        (args.out / "summary.md").write_text(table + "\n")
+        print(table)
+        return
     command = {"table1": table1, "aircomp": aircomp, "latency": latency}[args.command]
     overrides, out = [*([f"data.name={args.dataset}"] if args.dataset else []), *args.set], args.out
     for seed in args.seeds or [None]:

@@ -255,10 +255,33 @@ def markdown(groups: dict[str, dict[str, dict]]) -> str:
 def paired_final(reference: list[list[dict]], other: list[list[dict]]) -> str:
     """Reference minus other final accuracy, seed by seed (same seed: same split and initialisation): the
     mean and its 95 % t interval in points, and whether the interval excludes zero."""
-    differences = [
-        100 * (a[-1]["accuracy"] - b[-1]["accuracy"]) for a, b in zip(reference, other, strict=True)
-    ]
-    return paired_text(differences)
+    return paired_text(final_differences(reference, other))
+
+
+def final_differences(reference: list[list[dict]], other: list[list[dict]]) -> list[float]:
+    """Reference minus other final accuracy in points, seed by seed."""
+    return [100 * (a[-1]["accuracy"] - b[-1]["accuracy"]) for a, b in zip(reference, other, strict=True)]
+
+
+def group_pairs(group: str, runs: dict[str, list[list[dict]]]) -> dict[str, str]:
+    """The paired tests a group's claim needs. Fig. 3(b,d) claims shallow cuts are robust to the cut
+    dropout p and deep ones fragile: per cut, p = 0 minus p = 0.3 / 0.7 (what dropout costs), and the
+    cost at the shallowest cut minus the cost at the deepest (a difference of paired differences, which
+    the claim says is below zero). Every other group: its first variant minus each of the others."""
+    if group != "fig3bd":
+        variants = [label for label in runs if label != BASELINE[0]]
+        return {
+            f"{variants[0]} - {label}": paired_final(runs[variants[0]], runs[label]) for label in variants[1:]
+        }
+    out, cost = {}, {}
+    for cut in (2, 4, 6):
+        for p in (0.3, 0.7):
+            cost[cut, p] = final_differences(runs[f"cut={cut} p=0.0"], runs[f"cut={cut} p={p}"])
+            out[f"cut={cut}: p=0.0 - p={p}"] = paired_text(cost[cut, p])
+    for p in (0.3, 0.7):
+        drop = [shallow - deep for shallow, deep in zip(cost[2, p], cost[6, p], strict=True)]
+        out[f"p={p}: cost at cut 2 - cost at cut 6"] = paired_text(drop)
+    return out
 
 
 def sweep(
@@ -276,11 +299,7 @@ def sweep(
             table[label] = summarize(cache[names[label]])
             curves.append((label, mean_curve(cache[names[label]])))
         tables[group] = table
-        variants = [label for label in names if label != BASELINE[0]]  # the first variant is the reference
-        pairs[group] = {
-            f"{variants[0]} - {label}": paired_final(cache[names[variants[0]]], cache[names[label]])
-            for label in variants[1:]
-        }
+        pairs[group] = group_pairs(group, {label: cache[name] for label, name in names.items()})
         plot_group(group, curves, out / "plots")
     analytic = plot_latency(tables["fig3bd"], out / "plots") if "fig3bd" in tables else None
     summary = {
