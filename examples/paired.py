@@ -9,6 +9,7 @@ noise`` where it holds zero), and AFIND+'s mean coreset size::
     python examples/paired.py runs/afind-factors --reference afind
     python examples/paired.py runs/afind-closest --reference afind --metric final_accuracy --json out.json
     python examples/paired.py runs/afind-factors-s7 runs/afind-factors-s8   # one sweep per seed list
+    python examples/paired.py runs/afind-tau --reference afind-tau-0.1   # cells named <algorithm>-<variant>
 
 Only finished runs count, so it can be read while a sweep is still running.
 """
@@ -44,14 +45,16 @@ def finished_runs(sweep: Path) -> list[dict[str, Any]]:
                 continue
             name = yaml.safe_load((run / results.CONFIG).read_text())["algorithm"]["name"]
             parts = [p.strip() for p in entry["label"].split(",")]
-            group = ", ".join(p for p in parts if p not in (name, f"name={name}")) or "all"
+            # a cell named after its algorithm and a variant ("afind-tau-0.1") is that variant
+            variant = next((p for p in parts if p.startswith(f"{name}-")), name)
+            group = ", ".join(p for p in parts if p not in (name, f"name={name}", variant)) or "all"
             every = results.read_jsonl(run / results.METRICS)
             rows = evaluated(every)
             selected = [r["selected_mean"] for r in every if "selected_mean" in r]
             out.append(
                 {
                     "group": group,
-                    "algorithm": name,
+                    "algorithm": variant,
                     "seed": int(entry["seed"]),
                     "best_accuracy": max(r["accuracy"] for r in rows),
                     "final_accuracy": rows[-1]["accuracy"],

@@ -94,3 +94,26 @@ def test_the_shared_paired_verdict_gives_the_t_interval_and_names_one_seed():
     assert v["verdict"] == "higher"
     assert paired_text([1.0, -1.0, 0.5]).endswith("within noise")
     assert paired_verdict([2.0])["verdict"] == "one seed"
+
+
+def test_a_cell_named_algorithm_dash_variant_is_paired_as_that_variant(tmp_path):
+    entries = []
+    for seed in (7, 8):
+        for cell, algo, acc in (
+            ("afind-tau-0.1", "afind", 0.9),
+            ("afind-tau-0.5", "afind", 0.8),
+            ("gossip", "gossip", 0.7),
+        ):
+            name = f"{cell}-s{seed}"
+            _fake_run(tmp_path, name, algo, [acc], selected=4.0 if cell == "afind-tau-0.1" else None)
+            entries.append({"label": f"{cell}, kind=dirichlet", "seed": seed, "run": f"runs/{name}"})
+    with (tmp_path / "index.csv").open("w", newline="") as handle:
+        writer = csv.DictWriter(handle, ["label", "seed", "run"])
+        writer.writeheader()
+        writer.writerows(entries)
+    paired = _paired()
+    result = paired.paired(paired.finished_runs(tmp_path), "afind-tau-0.1", "best_accuracy")
+    group = result["kind=dirichlet"]
+    assert group["differences"]["gossip"] == pytest.approx({7: 0.2, 8: 0.2})
+    assert group["differences"]["afind-tau-0.5"] == pytest.approx({7: 0.1, 8: 0.1})
+    assert group["afind_selected"] == pytest.approx(4.0)
