@@ -136,16 +136,18 @@ def test_an_alignment_round_lasts_the_alignment_and_the_aux_downloads_longer_on_
     (the gradient-matching loss differentiated in the aux weights) at its speed, then the slowest
     participant's download of its aux model; and the energy of both."""
     epochs = 3
+
+    def figures(clock) -> np.ndarray:
+        return np.array([clock.seconds, clock.joules, clock.seconds_by_phase.get("align", 0.0)])
+
     runs = {}
     for every in (1, 2):
-        built = build_run(fedge.resolve_config(config({**SAGE, "align_every": every, "align_epochs": epochs})))
+        raw = config({**SAGE, "align_every": every, "align_epochs": epochs})
+        built = build_run(fedge.resolve_config(raw))
         built.algorithm.run_round(1)
-        clock = built.context.system.clock
-        before = (clock.seconds, clock.joules, clock.seconds_by_phase.get("align", 0.0))
+        before = figures(built.context.system.clock)
         built.algorithm.run_round(2)
-        runs[every] = (built, [after - b for after, b in zip((clock.seconds, clock.joules,
-                                                             clock.seconds_by_phase.get("align", 0.0)),
-                                                            before, strict=True)])  # fmt: skip
+        runs[every] = (built, figures(built.context.system.clock) - before)  # round 2's cost
     (aligning, (seconds, joules, align_s)), (_, (plain_s, plain_j, plain_align)) = runs[1], runs[2]
     algorithm, system = aligning.algorithm, aligning.context.system
     parts, cfg = algorithm.parts, system.cfg
