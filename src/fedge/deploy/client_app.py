@@ -8,6 +8,8 @@ between messages. The client is the node's
 
 from __future__ import annotations
 
+import time
+
 import yaml
 from flwr.app import ConfigRecord, Context, Message, MetricRecord, RecordDict
 from flwr.clientapp import ClientApp
@@ -103,11 +105,13 @@ def train(msg: Message, context: Context) -> Message:
 @app.train("aux")
 def keep_aux(msg: Message, context: Context) -> Message:
     """FSL-SAGE: keep the aux model the server aligned in round ``aux_round``; nothing goes back."""
+    began = time.perf_counter()
     config = msg.content.config_records["config"]
     if int(config["client"]) != int(context.node_config["partition-id"]):
         raise ConfigError("partition-id", f"client {config['client']}'s aux model sent to another node")
     _keep_aux(context, _received(msg)["aux_down"], int(config["aux_round"]))
-    return Message(RecordDict({"metrics": MetricRecord({})}), reply_to=msg)
+    metrics = {"compute_seconds": time.perf_counter() - began}
+    return Message(RecordDict({"metrics": MetricRecord(metrics)}), reply_to=msg)
 
 
 @app.query("smashed")
