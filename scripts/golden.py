@@ -119,6 +119,15 @@ CHANGED_BY_DESIGN: list[tuple[tuple[str, ...], frozenset[str] | None, str]] = [
         "HIST's fully non-i.i.d. split is the paper's (cells own disjoint classes) instead of label shards "
         "dealt over all clients (now split: global_shards)",
     ),
+    (
+        ("fsl_sage*",),
+        frozenset({
+            "sim_seconds", "sim_joules", "sim_seconds_by_phase", "sim_joules_by_phase", "sim_joules_by_tier",
+            "sim_joules_top_nodes",
+        }),  # fmt: skip
+        "FSL-SAGE's alignment is on the simulated clock: the server's fitting of the aux models (phase "
+        "align) and the aligned aux models' downloads after it, in alignment rounds",
+    ),
 ]
 
 # intended rounding changes: (case name patterns, relative tolerance, why)

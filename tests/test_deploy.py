@@ -41,6 +41,9 @@ KILL_TIMEOUT = float(os.environ.get("FEDGE_DEPLOY_ROUND_TIMEOUT", "60"))
 ALGORITHMS = {
     "fedavg": {"name": "fedavg", "batch_size": 64},
     "cse_fsl": {"name": "cse_fsl", "h": 2, "local_steps": 4, "batch_size": 32},
+    "fsl_sage": {
+        "name": "fsl_sage", "h": 2, "local_steps": 4, "batch_size": 32, "align_every": 1, "align_epochs": 2,
+    },
     "splitfed_v2": {"name": "splitfed_v2", "local_steps": 1, "batch_size": 32},
     "fsl_an": {"name": "fsl_an", "local_steps": 2, "batch_size": 32},
     "splitfed_v1": {"name": "splitfed_v1", "local_steps": 1, "batch_size": 32},
@@ -63,7 +66,7 @@ ALGORITHMS = {
 }  # fmt: skip
 ROUNDS = {"hfedavg": 1, "hist": 1, "ditto": 1}  # two edge rounds; Ditto's three training phases a round
 HIERARCHICAL = ("hfedavg", "hist")
-SPLIT = ("cse_fsl", "splitfed_v2", "fsl_an", "splitfed_v1", "light_fedsl", "fedsl")
+SPLIT = ("cse_fsl", "splitfed_v2", "fsl_an", "splitfed_v1", "light_fedsl", "fedsl", "fsl_sage")
 
 
 def config(tmp: Path, algorithm: str, rounds: int = 2, clients: int = NODES):

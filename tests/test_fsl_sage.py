@@ -19,6 +19,7 @@ from fedge.algorithms.split.parts import aux_only, trunk_only
 from fedge.engine import cross_entropy, make_optimizer
 from fedge.errors import ConfigError
 from fedge.runner import build_run
+from fedge.system import forward_flops
 
 EXAMPLES = Path(__file__).parents[1] / "examples"
 SAGE = {"name": "fsl_sage", "h": 2, "align_every": 2, "align_epochs": 3, "align_batch_size": 16}
@@ -126,6 +127,42 @@ def test_traffic_per_round_is_the_papers_formula():
         assert sent.get(("aux_down", "down"), 0) == (32 * aux * clients if t % 2 == 1 else 0)
         assert set(sent) <= {("smashed_up", "up"), ("labels_up", "up"), ("model_down", "down"),
                              ("model_up", "up"), ("aux_down", "down")}  # fmt: skip
+
+
+def test_an_alignment_round_lasts_the_alignment_and_the_aux_downloads_longer_on_the_clock():
+    """Round 2 with l = 1 aligns, with l = 2 it does not; both runs are identical up to the alignment.
+    The difference is the server computing, per participant with N stored samples, a training pass of
+    the server part (its true gradients) and 3 training passes of the aux model per sample and epoch
+    (the gradient-matching loss differentiated in the aux weights) at its speed, then the slowest
+    participant's download of its aux model; and the energy of both."""
+    epochs = 3
+
+    def figures(clock) -> np.ndarray:
+        return np.array([clock.seconds, clock.joules, clock.seconds_by_phase.get("align", 0.0)])
+
+    runs = {}
+    for every in (1, 2):
+        raw = config({**SAGE, "align_every": every, "align_epochs": epochs})
+        built = build_run(fedge.resolve_config(raw))
+        built.algorithm.run_round(1)
+        before = figures(built.context.system.clock)
+        built.algorithm.run_round(2)
+        runs[every] = (built, figures(built.context.system.clock) - before)  # round 2's cost
+    (aligning, (seconds, joules, align_s)), (_, (plain_s, plain_j, plain_align)) = runs[1], runs[2]
+    algorithm, system = aligning.algorithm, aligning.context.system
+    parts, cfg = algorithm.parts, system.cfg
+    server_f = forward_flops(parts.server, parts.smashed_shape)
+    aux_f = forward_flops(parts.local.aux, parts.smashed_shape)
+    stored = [len(algorithm.store.samples(c)[1]) for c in range(5)]
+    flops = sum(3 * server_f * n + 9 * aux_f * n * epochs for n in stored)
+    compute = flops * cfg.cycles_per_flop / cfg.server_cpu_hz
+    aux_bits = 32 * sum(v.numel() for v in aux_only(algorithm.client["params"]).values())
+    download = aux_bits / system.link(2).down_bps[:5]
+    assert plain_align == 0 and align_s == pytest.approx(compute, rel=1e-12)
+    assert seconds - plain_s == pytest.approx(compute + download.max(), rel=1e-9)
+    energy = cfg.server_compute_w * compute + system.server_power_w * download.sum()
+    assert joules - plain_j == pytest.approx(energy, rel=1e-9)
+    assert compute > 0 and download.max() > 0
 
 
 def test_the_aux_models_change_only_at_alignment_and_are_never_averaged():

@@ -5,6 +5,8 @@ others."""
 
 from __future__ import annotations
 
+from collections import Counter
+
 import pytest
 import torch
 
@@ -17,6 +19,7 @@ from fedge.deploy.node import Node  # noqa: E402
 from fedge.deploy.split_rounds import (  # noqa: E402
     DeployedCseFsl,
     DeployedFslAn,
+    DeployedFslSage,
     DeployedSplitFedV1,
     DeployedSplitFedV2,
 )
@@ -35,6 +38,10 @@ ALGORITHMS = {
         DeployedLightFedSL,
     ),
     "fedsl": ({"name": "fedsl", "batch_size": 32}, DeployedTraditionalFedSL),
+    "fsl_sage": (
+        {"name": "fsl_sage", "h": 2, "local_steps": 4, "batch_size": 32, "align_every": 1, "align_epochs": 2},
+        DeployedFslSage,
+    ),
     "fsl_an_copy0": (
         {"name": "fsl_an", "local_steps": 2, "batch_size": 32, "copies_eval": "copy0"},
         DeployedFslAn,
@@ -62,6 +69,7 @@ class Loopback:
     def __init__(self, cfg, silent: int | None = None, after: int = 0):
         self.nodes = {c: Node(cfg, c) for c in range(CLIENTS)}
         self.state: dict[int, tuple] = {}
+        self.aux: dict[int, tuple] = {}  # FSL-SAGE: each node's kept aux model and its alignment round
         self.silent, self.after = silent, after
         self.dropped: dict[int, dict[int, str]] = {}
 
@@ -88,7 +96,14 @@ class Loopback:
             return fedsl_node.forward(node, t, received)[0]
         if message_type == "train.backward":
             return fedsl_node.backward(node, t, self.state[c], received["grad_down"]["g"])[0]
+        if message_type == "train.aux":
+            self.aux[c] = (received["aux_down"], int(out.config["aux_round"]))
+            return {}
         if message_type == "train":
+            if "aux_round" in out.config:
+                model, aligned = node.held_aux(received, self.aux.get(c), int(out.config["aux_round"]))
+                self.aux[c] = (model, aligned)
+                received["aux_down"] = model
             return node.aux_round(t, node.split_start(received))[1]
         step = int(out.config["step"])
         if message_type == "query.smashed":
@@ -205,3 +220,32 @@ def test_a_kept_client_optimizer_state_is_refused_naming_the_key():
     algorithm = DeployedCseFsl(build_run(cfg).context, cfg.algorithm)
     with pytest.raises(ConfigError, match=r"algorithm\.client_optimizer_state"):
         algorithm.check_deployable()
+
+
+class MissedAux(Loopback):
+    """Client 2's node misses its aligned aux model of round 1 (no reply to ``train.aux``)."""
+
+    def exchange(self, round_: int, message_type: str, outgoing: dict, specs: dict) -> dict:
+        if message_type == "train.aux" and round_ == 1:
+            self.drop(round_, 2, "no reply")
+            outgoing = {c: out for c, out in outgoing.items() if c != 2}
+        return super().exchange(round_, message_type, outgoing, specs)
+
+
+def test_an_fsl_sage_node_that_missed_its_aux_model_gets_it_with_its_next_round():
+    """The node trains round 2 with the aux model aligned in round 1 all the same (the model equals the
+    simulation's); the second delivery is counted as one more ``aux_down`` to client 2 in round 2."""
+    cfg = config("fsl_sage")
+    simulated = build_run(cfg)
+    ctx = build_run(cfg).context
+    deployed = DeployedFslSage(ctx, cfg.algorithm)
+    deployed.transport = MissedAux(cfg)
+    for t in (1, 2):
+        for algorithm, context in ((simulated.algorithm, simulated.context), (deployed, ctx)):
+            context.start("train", t)
+            algorithm.run_round(t)
+    want, got = client_model(simulated.algorithm), client_model(deployed)
+    assert max(float((got[k] - want[k]).abs().max()) for k in want) <= 1e-5
+    extra = Counter(_entries(ctx)) - Counter(_entries(simulated.context))
+    assert [(r, dst, kind) for r, _, dst, kind, _ in extra.elements()] == [(2, "client:2", "aux_down")]
+    assert len(_entries(ctx)) == len(_entries(simulated.context)) + 1

@@ -1,11 +1,14 @@
 """The Flower ClientApp of a deployed fedge run (``clientapp = "fedge.deploy.client_app:app"``).
 
 Every message starts a fresh process, so a node keeps its split-round state (its row's parameters,
-buffers and optimizer state) in the Flower context's state between messages. The client is the node's
+buffers and optimizer state; an FSL-SAGE client's aux model across rounds) in the Flower context's state
+between messages. The client is the node's
 ``partition-id``; ``num-partitions`` must equal the config's number of clients (the server checks it).
 """
 
 from __future__ import annotations
+
+import time
 
 import yaml
 from flwr.app import ConfigRecord, Context, Message, MetricRecord, RecordDict
@@ -14,12 +17,14 @@ from flwr.clientapp import ClientApp
 from fedge.deploy import fedsl_node
 from fedge.deploy.node import Node, State
 from fedge.deploy.wire import F32, from_record, to_record
+from fedge.errors import ConfigError
 from fedge.extend import parse_config
 from fedge.tensors import Tensors
 
 app = ClientApp()
 STATE = ("fedge.params", "fedge.buffers", "fedge.opt")
 FEDSL_STATE = ("params", "buffers", "masks")  # a lightweight-FedSL client's state, kept as fedge.<part>
+AUX, AUX_ROUND = "fedge.aux", "fedge.aux_round"  # an FSL-SAGE client's aux model and its alignment round
 
 
 def _node(context: Context) -> Node:
@@ -69,13 +74,44 @@ def train_rows(msg: Message, context: Context) -> Message:
     return Message(content, reply_to=msg)
 
 
+def _kept_aux(context: Context) -> tuple[Tensors, int] | None:
+    """FSL-SAGE: the aux model this node keeps and the round the server aligned it in (None: none yet)."""
+    if AUX not in context.state:
+        return None
+    return from_record(context.state[AUX]), int(context.state[AUX_ROUND]["round"])
+
+
+def _keep_aux(context: Context, model: Tensors, round_: int) -> None:
+    context.state[AUX] = to_record(model)
+    context.state[AUX_ROUND] = ConfigRecord({"round": round_})
+
+
 @app.train()
 def train(msg: Message, context: Context) -> Message:
-    """CSE-FSL, FSL_AN: a whole aux-head split round's local work."""
+    """CSE-FSL, FSL_AN, FSL-SAGE: a whole aux-head split round's local work (FSL-SAGE's with the aux
+    model its node keeps, ``aux_round`` naming the one the server expects)."""
     node = _node(context)
-    t = int(msg.content.config_records["config"]["round"])
-    _, records, metrics = node.aux_round(t, node.split_start(_received(msg)))
+    config = msg.content.config_records["config"]
+    received = _received(msg)
+    if "aux_round" in config:
+        model, aligned = node.held_aux(received, _kept_aux(context), int(config["aux_round"]))
+        if model:
+            _keep_aux(context, model, aligned)
+        received["aux_down"] = model
+    _, records, metrics = node.aux_round(int(config["round"]), node.split_start(received))
     return _reply(msg, node, records, metrics)
+
+
+@app.train("aux")
+def keep_aux(msg: Message, context: Context) -> Message:
+    """FSL-SAGE: keep the aux model the server aligned in round ``aux_round``; nothing goes back."""
+    began = time.perf_counter()
+    config = msg.content.config_records["config"]
+    if int(config["client"]) != int(context.node_config["partition-id"]):
+        raise ConfigError("partition-id", f"client {config['client']}'s aux model sent to another node")
+    _keep_aux(context, _received(msg)["aux_down"], int(config["aux_round"]))
+    metrics = {"compute_seconds": time.perf_counter() - began}
+    return Message(RecordDict({"metrics": MetricRecord(metrics)}), reply_to=msg)
 
 
 @app.query("smashed")

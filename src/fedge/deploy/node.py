@@ -28,7 +28,7 @@ from fedge.deploy.executor import resolve
 from fedge.deploy.wire import wire_dtype
 from fedge.engine import ClientBank, stack_copies
 from fedge.engine.noise import RowKeys
-from fedge.errors import ConfigError
+from fedge.errors import ConfigError, FedgeError
 from fedge.runner import Built, build_run
 from fedge.tensors import Tensors, floating, rows
 
@@ -147,6 +147,22 @@ class Node:
         params = {k: model.get(k, v) for k, v in alg.client["params"].items()}
         buffers = {k: model.get(k, v) for k, v in alg.client["buffers"].items()}
         return stack_copies(params, 1), stack_copies(buffers, 1), stack_copies(alg.client_sgd.init(params), 1)
+
+    def held_aux(
+        self, received: dict[str, Tensors], kept: tuple[Tensors, int] | None, expected: int
+    ) -> tuple[Tensors, int]:
+        """FSL-SAGE: the aux model this client trains with when the server last aligned it in round
+        ``expected`` (0: never, the initial model), and that round: the one the message carries (a
+        delivery the node missed), else the one the node ``kept`` (model, round); a stale one is refused."""
+        if "aux_down" in received:
+            return received["aux_down"], expected
+        model, round_ = kept if kept is not None else ({}, 0)
+        if round_ != expected:
+            raise FedgeError(
+                f"client {self.client} holds the aux model aligned in round {round_}, the server's is from "
+                f"round {expected}"
+            )
+        return model, round_
 
     def split_upload(self, state: State) -> dict[str, Tensors]:
         """The row's client model as it travels up: ``model_up`` (trunk) and ``aux_up`` (a shared head)."""

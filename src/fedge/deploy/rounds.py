@@ -18,15 +18,19 @@ from fedge.algorithms import ALGORITHMS
 from fedge.comm import nodes
 from fedge.deploy.executor import RemoteExecutor
 from fedge.deploy.fedsl_rounds import DeployedLightFedSL, DeployedTraditionalFedSL
-from fedge.deploy.split_rounds import DeployedCseFsl, DeployedFslAn, DeployedSplitFedV1, DeployedSplitFedV2
+from fedge.deploy.split_rounds import (
+    DeployedCseFsl,
+    DeployedFslAn,
+    DeployedFslSage,
+    DeployedSplitFedV1,
+    DeployedSplitFedV2,
+)
 from fedge.deploy.transport import Transport
 from fedge.errors import ConfigError
 from fedge.metrics import RoundReport
 
 REFUSED = {
     "centralized": "it has no clients: one model trains on the pooled data",
-    "fsl_sage": "its server aligns each client's aux model on stored smashed data between rounds, and no "
-    "deployed FSL-SAGE round exists yet",
     "fedbuff": "its asynchronous event queue runs on the simulated clock only",
     "fedasync": "its asynchronous event queue runs on the simulated clock only",
     "fedavg_deadline": "its round deadline is on the simulated clock only",
@@ -35,6 +39,7 @@ REFUSED = {
 SPLIT_ROUNDS: dict[str, type] = {
     "cse_fsl": DeployedCseFsl,
     "fsl_an": DeployedFslAn,
+    "fsl_sage": DeployedFslSage,
     "splitfed_v1": DeployedSplitFedV1,
     "splitfed_v2": DeployedSplitFedV2,
     "light_fedsl": DeployedLightFedSL,

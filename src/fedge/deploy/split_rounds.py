@@ -1,7 +1,8 @@
-"""The deployed split-learning algorithms of the shared round (CSE-FSL, FSL_AN, SplitFed v1 and v2): the
-simulated split round, unchanged, with its local steps run on the SuperNodes (see
-:mod:`fedge.deploy.rounds`). Aux-head clients (CSE-FSL, FSL_AN) take one message a round; clients that
-get cut-layer gradients back (SplitFed v1, v2) two a local step.
+"""The deployed split-learning algorithms of the shared round (CSE-FSL, FSL_AN, FSL-SAGE, SplitFed v1 and
+v2): the simulated split round, unchanged, with its local steps run on the SuperNodes (see
+:mod:`fedge.deploy.rounds`). Aux-head clients (CSE-FSL, FSL_AN, FSL-SAGE) take one message a round
+(FSL-SAGE's also its aligned aux model after an alignment); clients that get cut-layer gradients back
+(SplitFed v1, v2) two a local step.
 
 The round (:meth:`~fedge.algorithms.split.protocol.SplitLearning.run_round`) is inherited whole: the
 draw, the broadcast through the links, the aggregation, the clock and the report are the simulation's.
@@ -21,16 +22,19 @@ import numpy as np
 import torch
 
 from fedge.algorithms.base import Context
-from fedge.algorithms.split.config import SplitConfig
+from fedge.algorithms.split.config import AuxHeadConfig, SplitConfig
 from fedge.algorithms.split.cse_fsl import CseFsl
 from fedge.algorithms.split.fsl_an import FslAn
+from fedge.algorithms.split.fsl_sage import FslSage
 from fedge.algorithms.split.participation import Draws, aggregation_weights
+from fedge.algorithms.split.parts import aux_only
 from fedge.algorithms.split.protocol import SplitLearning
 from fedge.algorithms.split.round import Round
 from fedge.algorithms.split.server import SERVER_STAGE, CutBatch, Served
 from fedge.algorithms.split.splitfed_v1 import SplitFedV1
 from fedge.algorithms.split.splitfed_v2 import SplitFedV2
 from fedge.algorithms.split.tally import Tally
+from fedge.comm import nodes
 from fedge.data.federated import BatchPlan
 from fedge.deploy.transport import Outgoing, Reply, Transport, dropout_figures
 from fedge.deploy.wire import LABELS, WIRE_DTYPES, Spec, expect, wire_dtype
@@ -158,8 +162,12 @@ class AuxHeadRemote(DeployedSplit):
 
     def check_deployable(self) -> None:
         super().check_deployable()
-        if not self.cfg.aggregate_aux:
+        if isinstance(self.cfg, AuxHeadConfig) and not self.cfg.aggregate_aux:
             raise ConfigError("algorithm.aggregate_aux", "a deployed run needs the aux head averaged")
+
+    def _outgoing(self, rnd: Round, client: int, broadcast: dict[str, tuple[Tensors, np.dtype]]) -> Outgoing:
+        """The ``train`` message to ``client``: the round's broadcast."""
+        return Outgoing(broadcast)
 
     def remote_steps(self, rnd: Round, plan: BatchPlan, subset: torch.Tensor | None) -> None:
         row_of = {int(c): r for r, c in enumerate(rnd.draws.clients)}
@@ -171,7 +179,8 @@ class AuxHeadRemote(DeployedSplit):
             "labels_up": {"y": Spec(None, LABELS)},
             "steps": steps,
         }
-        outgoing = {c: Outgoing(self._broadcast(rnd)) for c in row_of}
+        broadcast = self._broadcast(rnd)
+        outgoing = {c: self._outgoing(rnd, c, broadcast) for c in row_of}
         replies = self.transport.exchange(rnd.t, "train", outgoing, {c: spec for c in row_of})
         weight = plan.weight.sum(dim=2)  # [rows, steps] real samples
         upload_steps = [s for s in range(plan.num_steps) if self.uploads_at(s)]
@@ -221,6 +230,50 @@ class DeployedCseFsl(AuxHeadRemote, CseFsl):
 
 class DeployedFslAn(AuxHeadRemote, FslAn):
     """FSL_AN: its clients upload every batch, each to its own server copy."""
+
+
+class DeployedFslSage(AuxHeadRemote, FslSage):
+    """FSL-SAGE: its clients train on their own aux model's estimate of the server's gradient and upload
+    every h batches to one shared server model, in one ``train`` message a round, as CSE-FSL's. Each aux
+    model lives on its client's node: after an alignment the server sends each aligned one down in a
+    ``train.aux`` message and the node keeps it. Every ``train`` message names the round of the aux model
+    the node must train with (``aux_round``, 0: the initial one); a node that missed its delivery gets
+    it again with its next ``train`` message, counted as another ``aux_down``."""
+
+    def __init__(self, ctx: Context, cfg: SplitConfig):
+        super().__init__(ctx, cfg)
+        self.aux_aligned: dict[int, int] = {}  # per client: the round of its latest aligned aux model
+        self.aux_delivered: dict[int, int] = {}  # per client: the round of the one its node received
+
+    def _outgoing(self, rnd: Round, client: int, broadcast: dict[str, tuple[Tensors, np.dtype]]) -> Outgoing:
+        """The broadcast and the round of the client's aux model, with the model itself if its node
+        missed it."""
+        aligned, records = self.aux_aligned.get(client, 0), dict(broadcast)
+        if self.aux_delivered.get(client, 0) != aligned:
+            head = aux_only(self.local_aux[client])
+            sent = self.down.send(rnd.t, nodes.SERVER, [nodes.client(client)], "aux_down", head)
+            row = int(np.flatnonzero(rnd.draws.clients == client)[0])
+            rnd.tally.down_bits[row] += sent.bits[0]
+            records["aux_down"] = (sent.payload, wire_dtype(self.cfg.codec_down))
+        return Outgoing(records, {"aux_round": aligned})
+
+    def remote_steps(self, rnd: Round, plan: BatchPlan, subset: torch.Tensor | None) -> None:
+        super().remote_steps(rnd, plan, subset)
+        for client in rnd.draws.clients:  # the rows whose node replied hold their aux model now
+            self.aux_delivered[int(client)] = self.aux_aligned.get(int(client), 0)
+
+    def _align(self, rnd: Round) -> None:
+        """The alignment, then each aligned aux model (as the downlink delivered it) to its node."""
+        super()._align(rnd)
+        outgoing, down = {}, wire_dtype(self.cfg.codec_down)
+        for r in np.flatnonzero(self.aux_bits > 0):
+            client = int(rnd.draws.clients[r])
+            self.aux_aligned[client] = rnd.t
+            head = aux_only(rows(rnd.rows.params, int(r)))
+            outgoing[client] = Outgoing({"aux_down": (head, down)}, {"aux_round": rnd.t})
+        replies = self.transport.exchange(rnd.t, "train.aux", outgoing, {c: {} for c in outgoing})
+        for client in replies:
+            self.aux_delivered[client] = rnd.t
 
 
 def _aux_problem(reply: Reply, weight: torch.Tensor, upload_steps: list[int]) -> str | None:

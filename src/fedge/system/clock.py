@@ -24,7 +24,8 @@ SERVER_COMPUTE = "server_compute"  # the server's part of a split model, or cent
 PEER = "peer"  # clients sending to clients
 WAIT = "wait"  # a participant idle on the critical path: queued at a shared server, arrival jitter
 AGGREGATION = "aggregation"  # lightweight FedSL's model upload and broadcast every I rounds (T_agg)
-PHASES = (CLIENT_COMPUTE, DOWNLINK, UPLINK, PEER, SERVER_COMPUTE, WAIT, AGGREGATION)
+ALIGN = "align"  # FSL-SAGE's server fitting the clients' aux models to its own cut-layer gradients
+PHASES = (CLIENT_COMPUTE, DOWNLINK, UPLINK, PEER, SERVER_COMPUTE, WAIT, AGGREGATION, ALIGN)
 
 # node names as the ledger writes them (fedge.comm.nodes, a layer above this one), by tier
 TIERS = ("client", "edge", "server", "cloud")

@@ -21,9 +21,9 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from fedge.system.clock import AGGREGATION, SERVER_COMPUTE, WAIT, RoundCost
+from fedge.system.clock import AGGREGATION, ALIGN, DOWNLINK, SERVER_COMPUTE, WAIT, RoundCost
 from fedge.system.model import PhaseCost, SystemModel
-from fedge.system.rounds import along, parallel_clients, shared_server, spent
+from fedge.system.rounds import along, parallel_clients, shared_server, spent, total_joules
 
 
 @dataclass(frozen=True)
@@ -92,6 +92,31 @@ def arrival_round(
     path[WAIT] = max(seconds - sum(path.values()), 0.0)
     energy = shared_server((down, compute, up), server)
     return RoundCost(seconds, energy.joules, path, energy.joules_by_node)
+
+
+def aligned_round(
+    system: SystemModel, round_: int, cost: RoundCost, flops: float, clients: np.ndarray, bits: np.ndarray
+) -> RoundCost:
+    """Round ``cost`` followed by FSL-SAGE's alignment (our completion: the paper times no alignment).
+
+    The one server computes ``flops`` (every participant's alignment, one after another: phase
+    ``align``), then sends each row of ``clients`` its aligned aux model (``bits``) on its own downlink,
+    in parallel; the round lasts that long longer: the alignment's seconds plus the slowest download.
+    """
+    work = system.server_compute(flops)
+    align = PhaseCost(work.seconds, work.joules, ALIGN, work.payers)
+    down = system.download(clients, bits, round_)
+    align_s, down_s = float(align.seconds.sum()), float(down.seconds.max(initial=0.0))
+    path = dict(cost.seconds_by_phase)
+    path[ALIGN] = path.get(ALIGN, 0.0) + align_s
+    path[DOWNLINK] = path.get(DOWNLINK, 0.0) + down_s
+    by_node = {node: dict(phases) for node, phases in cost.joules_by_node.items()}
+    for node, phases in spent(align, down).items():
+        mine = by_node.setdefault(node, {})
+        for phase, joules in phases.items():
+            mine[phase] = mine.get(phase, 0.0) + joules
+    joules = cost.joules + total_joules(align, down)
+    return RoundCost(cost.seconds + align_s + down_s, joules, path, by_node)
 
 
 def serve_queue(

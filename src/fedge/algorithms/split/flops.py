@@ -6,7 +6,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from fedge.algorithms.split.parts import SplitParts
-from fedge.system import forward_flops
+from fedge.system import forward_flops, training_flops
+from fedge.system.compute import BACKWARD_FACTOR
 
 
 @dataclass(frozen=True)
@@ -26,3 +27,14 @@ def count_flops(parts: SplitParts) -> SplitFlops:
         aux=aux,
         server=forward_flops(parts.server, parts.smashed_shape),
     )
+
+
+def alignment_flops(flops: SplitFlops, samples: int, epochs: int) -> float:
+    """FLOPs of one FSL-SAGE alignment on ``samples`` stored samples: the server's forward pass and
+    backward pass to its input on each (its true cut-layer gradients: a training pass), then ``epochs``
+    passes of the gradient-matching loss, each a forward and backward pass of the aux model (its estimate)
+    differentiated once more in the aux weights: by the clock's rule that backward costs twice the pass
+    it differentiates, so (1 + 2) training passes of the aux model per sample and epoch."""
+    true = training_flops(flops.server, samples)
+    fit = (1.0 + BACKWARD_FACTOR) * training_flops(flops.aux, samples * epochs)
+    return float(true + fit)

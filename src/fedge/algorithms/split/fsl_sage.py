@@ -30,7 +30,11 @@ serves from the next round (and round 1 trains with the initial aux model); the 
 the summed squared difference of mean-loss gradients (whole store against one batch), ours the per-sample
 mean, equal up to a constant factor when a batch holds the whole store (its default); the code runs the
 server in training mode for the true gradients and keeps the buffer updates, we leave the server's buffers
-untouched. The alignment's compute is not charged to the simulated clock.
+untouched.
+
+On the simulated clock an alignment round ends with the alignment: the server's compute on every
+participant's store (phase ``align``, :func:`~fedge.algorithms.split.flops.alignment_flops`) and then
+the aux models' downloads, after the round's own phases (:func:`~fedge.system.aligned_round`).
 """
 
 from __future__ import annotations
@@ -46,6 +50,7 @@ from fedge.algorithms.split.alignment import Aligned, Aligner, AlignmentStore
 from fedge.algorithms.split.clients import ClientSide
 from fedge.algorithms.split.config import SplitConfig
 from fedge.algorithms.split.estimated import EstimatedGradientClients
+from fedge.algorithms.split.flops import alignment_flops
 from fedge.algorithms.split.parts import aux_only, build_parts
 from fedge.algorithms.split.protocol import SplitLearning
 from fedge.algorithms.split.round import Round
@@ -56,6 +61,7 @@ from fedge.engine import make_optimizer
 from fedge.errors import ConfigError
 from fedge.metrics import RoundReport
 from fedge.rng import numpy_rng
+from fedge.system import RoundCost, aligned_round
 from fedge.tensors import Tensors
 
 
@@ -108,6 +114,7 @@ class FslSage(SplitLearning):
             raise ConfigError("algorithm.agg_every", "not used by fsl_sage (it aggregates once per round)")
         self.store = AlignmentStore(cfg.align_samples)
         self.aligned: list[Aligned] = []
+        self.align_flops, self.aux_bits = 0.0, np.zeros(0)  # the round's alignment work, for the clock
         super().__init__(ctx, cfg)
         if cfg.upload_phase == "last" and cfg.h > self.most_batches():
             reason = f"no client has {cfg.h} batches in a round, so nothing would reach the server"
@@ -138,7 +145,7 @@ class FslSage(SplitLearning):
     def begin(self, t: int) -> Round:
         rnd = super().begin(t)
         self.round_clients = rnd.draws.clients
-        self.aligned = []
+        self.aligned, self.align_flops = [], 0.0
         return rnd
 
     def _record(self, batch: CutBatch, order: list[int]) -> None:
@@ -160,6 +167,7 @@ class FslSage(SplitLearning):
         rows of this process take the aligned model (their client keeps it at aggregation)."""
         params = dict(rnd.rows.params)
         mine = np.asarray(rnd.cohort.take(rnd.draws.clients))
+        self.aux_bits = np.zeros(len(rnd.draws))
         for client in dict.fromkeys(int(c) for c in rnd.draws.clients):
             samples = self.store.samples(client)
             if samples is None:
@@ -171,13 +179,21 @@ class FslSage(SplitLearning):
             aligned = self.aligner.align(head, self.store.optimizer_state(client), samples, g, rng)
             self.store.keep_optimizer_state(client, aligned.opt_state)
             self.aligned.append(aligned)
+            self.align_flops += alignment_flops(self.flops, len(samples[1]), self.cfg.align_epochs)
             sent = self.down.send(rnd.t, nodes.SERVER, [nodes.client(client)], "aux_down", aligned.params)
-            row = int(np.flatnonzero(rnd.draws.clients == client)[0])
-            rnd.tally.down_bits[row] += sent.bits[0]
+            self.aux_bits[int(np.flatnonzero(rnd.draws.clients == client)[0])] += sent.bits[0]
             rows = torch.as_tensor(np.flatnonzero(mine == client), device=self.ctx.device)
             for name, value in sent.payload.items():
                 params[name] = params[name].index_put((rows,), value.expand(len(rows), *value.shape))
         rnd.keep(None, (params, rnd.rows.buffers, rnd.rows.opt_state))
+
+    def round_cost(self, rnd: Round) -> RoundCost:
+        """The split round's cost, followed in an alignment round by the alignment and the aligned aux
+        models' downloads."""
+        cost = super().round_cost(rnd)
+        if not self.aligned:
+            return cost
+        return aligned_round(self.ctx.system, rnd.t, cost, self.align_flops, rnd.draws.clients, self.aux_bits)
 
     def _hold(self, count: int, participants: list[str]) -> None:
         """Besides the split family's storage, the server holds every client's alignment samples and a

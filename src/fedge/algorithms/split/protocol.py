@@ -42,6 +42,7 @@ from fedge.data.federated import BatchPlan
 from fedge.engine import ClientBank, make_optimizer
 from fedge.errors import ConfigError
 from fedge.metrics import Evaluation, RoundReport
+from fedge.system import RoundCost
 from fedge.tensors import Tensors
 
 
@@ -135,8 +136,12 @@ class SplitLearning(Algorithm):
         self._aggregate(rnd)  # upload and average the client models (and server copies)
         rnd.tally.add_up(rnd.cohort, server_losses=not self.server.in_turn)
         self._hold(len(rnd.draws), rnd.nodes)
-        self.ctx.system.charge(round_cost(self.ctx.system, rnd, self.flops, self.server.in_turn))
+        self.ctx.system.charge(self.round_cost(rnd))
         return self._report(rnd)
+
+    def round_cost(self, rnd: Round) -> RoundCost:
+        """Round ``rnd``'s latency and energy on the simulated clock, read off its tally."""
+        return round_cost(self.ctx.system, rnd, self.flops, self.server.in_turn)
 
     def learning_rates(self, t: int) -> tuple[float, float]:
         """Client and server step sizes in round t (:func:`~fedge.algorithms.split.plans.step_sizes`)."""
