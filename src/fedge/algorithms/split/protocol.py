@@ -19,6 +19,7 @@ from __future__ import annotations
 from abc import abstractmethod
 
 import numpy as np
+import torch
 
 from fedge.algorithms.base import Algorithm, Context
 from fedge.algorithms.optimizer_state import ClientOptimizerStates
@@ -29,7 +30,7 @@ from fedge.algorithms.split.cost import round_cost
 from fedge.algorithms.split.exchange import ServerExchange
 from fedge.algorithms.split.flops import count_flops
 from fedge.algorithms.split.order import server_order
-from fedge.algorithms.split.participation import check_participation, participants
+from fedge.algorithms.split.participation import Draws, check_participation, participants
 from fedge.algorithms.split.parts import initial_state
 from fedge.algorithms.split.plans import round_plan, step_sizes
 from fedge.algorithms.split.round import Round
@@ -152,8 +153,11 @@ class SplitLearning(Algorithm):
     def begin(self, t: int) -> Round:
         """Round ``t``'s participants with the global client model broadcast to them; every process draws
         the same cohort and noise keys and holds the state of its own rows."""
+        return self.start(t, *participants(self.ctx.seed, t, self.ctx.data, self.cfg))
+
+    def start(self, t: int, draws: Draws, weights: torch.Tensor) -> Round:
+        """A round ``t`` of the rows ``draws`` (aggregation ``weights``), the client model broadcast."""
         ctx = self.ctx
-        draws, weights = participants(ctx.seed, t, ctx.data, self.cfg)
         cohort = self.exchange.order.cohort(ctx.cohorts, len(draws))
         rows = ClientBank(tuple(int(c) for c in cohort.take(draws.clients)), {})
         rnd = Round(
