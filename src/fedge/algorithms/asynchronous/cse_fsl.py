@@ -239,14 +239,14 @@ class CseFslAsync(CseFsl):
             if event["kind"] == SMASHED:
                 self._serve(t, job, event, figures)
                 continue
-            self.arrived.append({**event, "seq": job.seq, "version": job.version, "start": job.start})
+            self.arrived.append({**event, "seq": job.seq, "version": job.version, "start": job.start, "time": job.time})
             instant = len(self.queue) and self.queue.peek().time == job.time
             if len(self.arrived) < self.buffer_size and not instant:
                 self.refill(t)  # the freed places, once every arrival of this instant is in
         updates = sorted(self.arrived, key=lambda u: u["seq"])
         self.arrived = []
         weights = self._merge(t, updates)
-        closing = max(updates, key=lambda u: (u["start"] + sum(u["seconds"]), u["seq"]))
+        closing = max(updates, key=lambda u: (u["time"], u["seq"]))  # the client model that closed it
         self.now = max(self.now, self.server_free)  # the merge waits for the server's backlog
         self._charge_time(began, closing)
         return self._report(t, updates, figures, weights)
@@ -300,7 +300,7 @@ class CseFslAsync(CseFsl):
         closed the round (those inside the round, in proportion), the server's backlog after it, and
         the rest as ``wait``."""
         seconds = self.now - began
-        start, arrival = closing["start"], closing["start"] + sum(closing["seconds"])
+        start, arrival = closing["start"], closing["time"]
         inside = max(0.0, arrival - max(start, began)) / max(arrival - start, 1e-300)
         path = {}
         for phase, spent in zip((DOWNLINK, CLIENT_COMPUTE, UPLINK), closing["seconds"], strict=True):
