@@ -239,7 +239,9 @@ class CseFslAsync(CseFsl):
             if event["kind"] == SMASHED:
                 self._serve(t, job, event, figures)
                 continue
-            self.arrived.append({**event, "seq": job.seq, "version": job.version, "start": job.start, "time": job.time})
+            self.arrived.append(
+                {**event, "seq": job.seq, "version": job.version, "start": job.start, "time": job.time}
+            )
             instant = len(self.queue) and self.queue.peek().time == job.time
             if len(self.arrived) < self.buffer_size and not instant:
                 self.refill(t)  # the freed places, once every arrival of this instant is in
