@@ -23,7 +23,8 @@ from fedge.cli import app
 from fedge.config import AlgorithmConfig, RunConfig, StrictModel
 
 ALGORITHM_NAMES = sorted(ALGORITHMS)
-SPLIT = ("splitfed_v1", "splitfed_v2", "fsl_an", "cse_fsl", "light_fedsl", "fedsl", "fsl_sage", "cse_fsl_async")
+SPLIT = ("splitfed_v1", "splitfed_v2", "fsl_an", "cse_fsl", "light_fedsl", "fedsl", "fsl_sage")
+SPLIT += ("cse_fsl_async",)
 HIERARCHICAL = ("hist", "hfedavg")
 
 
