@@ -272,6 +272,14 @@ ALGORITHM_SETTINGS: dict[str, tuple[str, ...]] = {
     ),
     "fedbuff": ("algorithm.fraction=0.5", "algorithm.buffer_size=2", "system.devices.cpu_hz=[1e7, 1e8]"),
     "fedasync": ("algorithm.fraction=0.5", "system.devices.cpu_hz=[1e7, 1e8]"),
+    "cse_fsl_async": (
+        *LENET,
+        "algorithm.h=2",
+        "algorithm.participation=without_replacement",
+        "algorithm.clients_per_round=4",
+        "algorithm.buffer_size=2",
+        "system.devices.cpu_hz=[1e7, 1e8]",
+    ),
 }
 
 # further branches of the same algorithms: (case name, algorithm, extra keys)

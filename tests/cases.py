@@ -24,6 +24,7 @@ from fedge.config import AlgorithmConfig, RunConfig, StrictModel
 
 ALGORITHM_NAMES = sorted(ALGORITHMS)
 SPLIT = ("splitfed_v1", "splitfed_v2", "fsl_an", "cse_fsl", "light_fedsl", "fedsl", "fsl_sage")
+SPLIT += ("cse_fsl_async",)
 HIERARCHICAL = ("hist", "hfedavg")
 
 

@@ -10,6 +10,7 @@ import numpy as np
 import torch
 from pydantic import Field, PositiveInt
 
+from fedge.algorithms.availability import choose, online_clients
 from fedge.algorithms.base import Context, GlobalModel, register
 from fedge.algorithms.optimizer_state import ClientOptimizerStates
 from fedge.comm import nodes
@@ -53,12 +54,16 @@ class FedAvgConfig(AlgorithmConfig):
     """encoding of the broadcast model"""
 
 
-def sample_clients(seed: int, round_: int, num_clients: int, fraction: float) -> np.ndarray:
-    """A sorted random subset of ``max(1, round(fraction * n))`` clients, fixed by ``(seed, round)``."""
+def sample_clients(
+    seed: int, round_: int, num_clients: int, fraction: float, online: np.ndarray | None = None
+) -> np.ndarray:
+    """A sorted random subset of ``max(1, round(fraction * n))`` clients, fixed by ``(seed, round)``;
+    only the ``online`` ones when given (:mod:`~fedge.algorithms.availability`), as many as there are."""
     count = max(1, round(fraction * num_clients))
-    if count >= num_clients:
-        return np.arange(num_clients)
-    return np.sort(numpy_rng(seed, "participants", round_).choice(num_clients, size=count, replace=False))
+    pool = num_clients if online is None else len(online)
+    if count >= pool:
+        return np.arange(num_clients) if online is None else online.copy()
+    return np.sort(choose(numpy_rng(seed, "participants", round_), num_clients, count, False, online))
 
 
 @register(
@@ -97,7 +102,11 @@ class FedAvg(GlobalModel):
 
     def run_round(self, t: int) -> RoundReport:
         ctx, cfg = self.ctx, self.cfg
-        clients = sample_clients(ctx.seed, t, ctx.data.num_clients, cfg.fraction)
+        clients = sample_clients(
+            ctx.seed, t, ctx.data.num_clients, cfg.fraction, online_clients(ctx.system, t)
+        )
+        if not len(clients):  # nobody online: the model and the clock stay as they are
+            return RoundReport(0.0, {"participants": 0})
         receivers = nodes.clients(clients)
         model = {**self.params, **floating(self.buffers)}
         down = self.down.send(t, nodes.SERVER, receivers, "model_down", model)

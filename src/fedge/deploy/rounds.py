@@ -34,6 +34,7 @@ REFUSED = {
     "fedbuff": "its asynchronous event queue runs on the simulated clock only",
     "fedasync": "its asynchronous event queue runs on the simulated clock only",
     "fedavg_deadline": "its round deadline is on the simulated clock only",
+    "cse_fsl_async": "its asynchronous event queue runs on the simulated clock only",
 }
 """Algorithms that cannot be deployed, with the reason ``fedge deploy`` prints."""
 SPLIT_ROUNDS: dict[str, type] = {

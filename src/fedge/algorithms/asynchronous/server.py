@@ -20,7 +20,7 @@ import numpy as np
 import torch
 
 from fedge.algorithms.asynchronous.config import AsyncConfig
-from fedge.algorithms.asynchronous.work import LocalWork, cohort_size, draw_clients
+from fedge.algorithms.asynchronous.work import LocalWork, cohort_size, draw_clients, idle_online
 from fedge.algorithms.base import Context, GlobalModel
 from fedge.comm import nodes
 from fedge.metrics import RoundReport
@@ -57,10 +57,8 @@ class AsyncServer(GlobalModel):
     def _eligible(self) -> np.ndarray:
         """Clients online at the next availability draw, not in flight and not waiting in the buffer."""
         self.draws += 1
-        online = self.ctx.system.online(self.draws)
         busy = self.queue.clients() | {update["client"] for update in self.arrived}
-        online[list(busy)] = False
-        return np.flatnonzero(online)
+        return idle_online(self.ctx.system, self.draws, busy)
 
     def refill(self, t: int) -> None:
         """Dispatch the current model to as many clients as there are free places (round ``t``)."""

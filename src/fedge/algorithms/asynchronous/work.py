@@ -23,7 +23,7 @@ from fedge.engine import (
 )
 from fedge.errors import ConfigError
 from fedge.rng import numpy_rng
-from fedge.system import forward_flops, training_flops
+from fedge.system import SystemModel, forward_flops, training_flops
 from fedge.system.model import PhaseCost
 from fedge.tensors import Tensors, floating
 
@@ -65,6 +65,14 @@ def draw_clients(seed: int, pool: np.ndarray, count: int, *keys: int) -> np.ndar
     if count >= len(pool):
         return pool.copy()
     return np.sort(numpy_rng(seed, "participants", *keys).choice(pool, size=count, replace=False))
+
+
+def idle_online(system: SystemModel, draw: int, busy: set[int]) -> np.ndarray:
+    """The clients online at availability draw ``draw`` (1-based) and not in ``busy``: who an
+    asynchronous server may dispatch to (one draw per dispatch)."""
+    online = system.online(draw)
+    online[list(busy)] = False
+    return np.flatnonzero(online)
 
 
 def truncated(plan: BatchPlan, steps: np.ndarray) -> BatchPlan:

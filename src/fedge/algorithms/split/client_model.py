@@ -68,7 +68,12 @@ class ClientModels:
         """Upload every row's client model and average it with the round weights: the new global model
         is ``old + global_lr * (average - old)`` (1: the plain average). Unshared heads go to
         ``local_aux``."""
-        uploaded = self._upload(rnd)
+        return self.average(rnd, self.upload(rnd), old, local_aux)
+
+    def average(
+        self, rnd: Round, uploaded: Tensors, old: ClientState, local_aux: dict[int, Tensors]
+    ) -> ClientState:
+        """The new global model from the rows' ``uploaded`` parts (see :meth:`aggregate`)."""
         params = {k: uploaded.get(k, v) for k, v in rnd.rows.params.items()}
         buffers = {k: uploaded.get(k, v) for k, v in rnd.rows.buffers.items()}
         weights = rnd.weights[rnd.cohort.rows]
@@ -80,7 +85,7 @@ class ClientModels:
             new.update(aux_only(before))
         return {"params": new, "buffers": {k: average[k] for k in buffers}}
 
-    def _upload(self, rnd: Round) -> Tensors:
+    def upload(self, rnd: Round) -> Tensors:
         """This process's rows' travelling parts as the server receives them."""
         uploaded: Tensors = {}
         for name, part in self.parts():

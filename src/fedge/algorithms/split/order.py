@@ -109,9 +109,12 @@ class ArrivalOrder(ServerOrder):
         down = self.system.download(rnd.draws.clients, rnd.tally.down_bits, rnd.t)
         rnd.timeline = Timeline.start(down.seconds, rnd.tally.down_bits)
 
-    def queue(self, rnd: Round, step: int, at: np.ndarray, bits: np.ndarray, counts: torch.Tensor) -> Queued:
-        """Place the step's uploads on the timeline and queue them by arrival."""
-        sending = super().queue(rnd, step, at, bits, counts).order
+    def place(
+        self, rnd: Round, at: np.ndarray, bits: np.ndarray, counts: torch.Tensor
+    ) -> tuple[list[int], np.ndarray]:
+        """Place a step's uploads from rows ``at`` of the round on its timeline: the sending rows
+        (indices into ``at``) and their arrival times (seconds since the round began)."""
+        sending = torch.nonzero(counts > 0).flatten().tolist()
         timeline, system, t, rows = rnd.timeline, self.system, rnd.t, at[sending]
         samples = counts.cpu().numpy()[sending].astype(np.float64)
         pending = rnd.tally.client_samples[rows] + samples - timeline.computed[rows]
@@ -123,9 +126,17 @@ class ArrivalOrder(ServerOrder):
         jitter = numpy_rng(self.seed, "arrival-jitter", t, timeline.exchanges).uniform(
             0.0, self.jitter_s, len(rows)
         )
-        arrival = timeline.arrive(rows, compute.seconds, upload, jitter)
-        service = system.server_compute(training_flops(self.flops.server, samples)).seconds
-        queued, finish = timeline.serve(rows, arrival, service)
+        return sending, timeline.arrive(rows, compute.seconds, upload, jitter)
+
+    def service(self, samples: np.ndarray) -> np.ndarray:
+        """The server's compute seconds for uploads of ``samples`` samples each."""
+        return self.system.server_compute(training_flops(self.flops.server, samples)).seconds
+
+    def queue(self, rnd: Round, step: int, at: np.ndarray, bits: np.ndarray, counts: torch.Tensor) -> Queued:
+        """Place the step's uploads on the timeline and queue them by arrival."""
+        sending, arrival = self.place(rnd, at, bits, counts)
+        samples = counts.cpu().numpy()[sending].astype(np.float64)
+        queued, finish = rnd.timeline.serve(at[sending], arrival, self.service(samples))
         return Queued([sending[i] for i in queued], finish)
 
     def returned(self, rnd: Round, at: np.ndarray, queued: Queued, bits: np.ndarray) -> None:

@@ -13,6 +13,7 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
+from fedge.algorithms.availability import choose
 from fedge.algorithms.split.config import SplitConfig
 from fedge.data.federated import FederatedData
 from fedge.errors import ConfigError
@@ -45,19 +46,28 @@ def check_participation(mode: str, count: int | None, num_clients: int) -> int:
     return count
 
 
-def draw(seed: int, round_: int, num_clients: int, mode: str, count: int | None, duplicates: str) -> Draws:
+def draw(
+    seed: int,
+    round_: int,
+    num_clients: int,
+    mode: str,
+    count: int | None,
+    duplicates: str,
+    online: np.ndarray | None = None,
+) -> Draws:
     """The draws of round ``round_`` from the stream ``(seed, "participants", round_)``, in draw order.
 
     ``full`` is every client in index order; ``without_replacement`` distinct clients in the order drawn;
     ``with_replacement`` i.i.d. uniform draws (Yang et al.'s "Strategy 1", which the SplitFed theory
-    paper's Theorems 2 and 4 assume).
+    paper's Theorems 2 and 4 assume). Given the ``online`` clients (:mod:`~fedge.algorithms.availability`)
+    the draws are among them: every one of them (``full``), or as many distinct ones as there are.
     """
     rows = check_participation(mode, count, num_clients)
     if mode == "full":
-        clients = np.arange(num_clients)
+        clients = np.arange(num_clients) if online is None else online.copy()
     else:
         rng = numpy_rng(seed, "participants", round_)
-        clients = rng.choice(num_clients, size=rows, replace=mode == "with_replacement")
+        clients = choose(rng, num_clients, rows, mode == "with_replacement", online)
     if duplicates == "merge":
         unique, first, counts = np.unique(clients, return_index=True, return_counts=True)
         order = np.argsort(first)
@@ -88,9 +98,12 @@ def aggregation_weights(
     return torch.as_tensor(raw / raw.sum())
 
 
-def participants(seed: int, t: int, data: FederatedData, cfg: SplitConfig) -> tuple[Draws, torch.Tensor]:
-    """Round ``t``'s draws under ``cfg``'s participation and their aggregation weights."""
+def participants(
+    seed: int, t: int, data: FederatedData, cfg: SplitConfig, online: np.ndarray | None = None
+) -> tuple[Draws, torch.Tensor]:
+    """Round ``t``'s draws under ``cfg``'s participation (among the ``online`` clients when given) and
+    their aggregation weights."""
     m = data.num_clients
-    draws = draw(seed, t, m, cfg.participation, cfg.clients_per_round, cfg.duplicates)
+    draws = draw(seed, t, m, cfg.participation, cfg.clients_per_round, cfg.duplicates, online)
     sizes = data.client_sizes(draws.clients)
     return draws, aggregation_weights(draws, sizes, cfg.aggregation, cfg.aggregate_divisor, m)

@@ -19,7 +19,9 @@ from __future__ import annotations
 from abc import abstractmethod
 
 import numpy as np
+import torch
 
+from fedge.algorithms.availability import online_clients
 from fedge.algorithms.base import Algorithm, Context
 from fedge.algorithms.optimizer_state import ClientOptimizerStates
 from fedge.algorithms.split.client_model import ClientModels, Part, evaluate_split
@@ -29,7 +31,7 @@ from fedge.algorithms.split.cost import round_cost
 from fedge.algorithms.split.exchange import ServerExchange
 from fedge.algorithms.split.flops import count_flops
 from fedge.algorithms.split.order import server_order
-from fedge.algorithms.split.participation import check_participation, participants
+from fedge.algorithms.split.participation import Draws, check_participation, participants
 from fedge.algorithms.split.parts import initial_state
 from fedge.algorithms.split.plans import round_plan, step_sizes
 from fedge.algorithms.split.round import Round
@@ -125,6 +127,9 @@ class SplitLearning(Algorithm):
     # ----- the round ---------------------------------------------------------------------------------
 
     def run_round(self, t: int) -> RoundReport:
+        online = self.online(t)
+        if online is not None and not len(online):  # nobody online: the models and the clock stay
+            return RoundReport(0.0, {"participants": 0, "uploads": 0})
         rnd = self.begin(t)  # draw the participants, broadcast the client model
         state, samples = self.server_pass(rnd)
         rnd.keep(None, state)
@@ -157,8 +162,16 @@ class SplitLearning(Algorithm):
     def begin(self, t: int) -> Round:
         """Round ``t``'s participants with the global client model broadcast to them; every process draws
         the same cohort and noise keys and holds the state of its own rows."""
+        online = self.online(t)
+        return self.start(t, *participants(self.ctx.seed, t, self.ctx.data, self.cfg, online))
+
+    def online(self, t: int) -> np.ndarray | None:
+        """The clients online in round ``t``, or None when all are (:mod:`~fedge.algorithms.availability`)."""
+        return online_clients(self.ctx.system, t)
+
+    def start(self, t: int, draws: Draws, weights: torch.Tensor) -> Round:
+        """A round ``t`` of the rows ``draws`` (aggregation ``weights``), the client model broadcast."""
         ctx = self.ctx
-        draws, weights = participants(ctx.seed, t, ctx.data, self.cfg)
         cohort = self.exchange.order.cohort(ctx.cohorts, len(draws))
         rows = ClientBank(tuple(int(c) for c in cohort.take(draws.clients)), {})
         rnd = Round(
