@@ -35,7 +35,7 @@ from fedge.algorithms.hierarchical.radio import CellRadio
 from fedge.models import build_model, count_parameters
 from fedge.records import evaluated
 from fedge.runner import open_run, start_run
-from fedge.sweep import paired_text
+from fedge.sweep import paired_text, paired_verdict
 from fedge.system import aircomp_cost_per_value, greedy_sizes, oma_cost_per_value, size_cap, uniform_sizes
 from fedge.system.partition_opt import round_latency
 
@@ -140,9 +140,10 @@ def mb_to_target(out: Path, target: float) -> float | None:
 
 def summary(args: argparse.Namespace) -> str:
     """Table I over seeds and splits from finished ``table1`` runs in ``OUT/<split>/s<seed>/``: per row the
-    MB per client to the target (mean over the seeds that reached it), HIST / HFedAvg paired by seed, and
-    the paper's orderings as paired differences with their 95 % t intervals (same seed: same data split,
-    cells and initial model)."""
+    MB per client to the target (mean over the seeds that reached it), HIST / HFedAvg paired by seed (the
+    geometric mean ratio and the 95 % t interval of the mean log ratio), and the paper's orderings as
+    paired differences with their 95 % t intervals (same seed: same data split, cells and initial
+    model)."""
     splits = [d.name for d in sorted(args.out.iterdir()) if d.is_dir() and any(d.glob("s*/table1-*"))]
     mb = {
         (split, name, cells, target, seed): mb_to_target(
@@ -166,10 +167,13 @@ def summary(args: argparse.Namespace) -> str:
         pairs = [(x, y) for x, y in zip(a, b, strict=True) if x is not None and y is not None]
         if len(pairs) < 2:
             return f"{len(pairs)} seed(s) reached both"
-        values = [x / y if ratio else x - y for x, y in pairs]
-        if ratio:
-            return f"{np.mean(values):.2f} (per seed {' / '.join(f'{v:.2f}' for v in values)})"
-        return paired_text(values)
+        if ratio:  # the interval of the mean log ratio, back on the ratio scale (a geometric mean)
+            v = paired_verdict([math.log(x / y) for x, y in pairs])
+            word = {"lower": "below 1", "higher": "above 1"}.get(v["verdict"], v["verdict"])
+            shown = " / ".join(f"{x / y:.2f}" for x, y in pairs)
+            low, mean, high = (math.exp(v[k]) for k in ("low", "mean", "high"))
+            return f"{mean:.2f} [{low:.2f}, {high:.2f}] {word} ({shown})"
+        return paired_text([x - y for x, y in pairs])
 
     lines = [
         "| target | split | N | HIST MB (seeds) | HFedAvg MB (seeds) | HIST / HFedAvg | HIST - HFedAvg MB |"
