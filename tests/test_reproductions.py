@@ -117,3 +117,30 @@ def test_a_cell_named_algorithm_dash_variant_is_paired_as_that_variant(tmp_path)
     assert group["differences"]["gossip"] == pytest.approx({7: 0.2, 8: 0.2})
     assert group["differences"]["afind-tau-0.5"] == pytest.approx({7: 0.1, 8: 0.1})
     assert group["afind_selected"] == pytest.approx(4.0)
+
+
+def test_hist_summary_pairs_seeds_and_tests_the_log_ratio(tmp_path):
+    import argparse
+    import math
+
+    spec = importlib.util.spec_from_file_location("hist_experiments", EXAMPLES / "hist_experiments.py")
+    hist = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(hist)
+    # MB per client per round: HIST 1, HFedAvg 4; rounds to 70 % per seed
+    rounds = {("hist", 1): 3, ("hist", 2): 4, ("hist", 3): 5, ("hfedavg", 1): 2, ("hfedavg", 2): 2}
+    for (name, seed), needed in rounds.items():
+        run = tmp_path / "fully_noniid" / f"s{seed}" / f"table1-{name}-n2"
+        run.mkdir(parents=True)
+        per_round = 1.0 if name == "hist" else 4.0
+        rows = [
+            {"round": t, "accuracy": 0.75 if t >= needed else 0.5, "client_up_mb": per_round * t}
+            for t in range(1, needed + 1)
+        ]
+        (run / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    args = argparse.Namespace(out=tmp_path, cells=[2], targets=[0.7], seeds=[1, 2, 3])
+    table = hist.summary(args)
+    row = next(line for line in table.splitlines() if line.startswith("| 70% | fully_noniid | 2 |"))
+    # HIST 3, 4, 5 MB (3 seeds); HFedAvg 8, 8 MB (seed 3 did not reach 70 %): pairs (3, 8), (4, 8)
+    assert "| 4.00 (3/3) | 8.00 (2/3) |" in row
+    assert f"{math.sqrt(3 / 8 * 4 / 8):.2f} [" in row and "(0.38 / 0.50)" in row
+    assert "2 seed(s)" not in row and "-4.50 [" in row
