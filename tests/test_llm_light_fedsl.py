@@ -15,7 +15,7 @@ from fedge.algorithms.split.pruning import sparsity_target  # noqa: E402
 from fedge.rng import torch_rng  # noqa: E402
 from fedge.runner import build_run  # noqa: E402
 
-SEQ, HIDDEN, BATCH = 16, 32, 8  # llm_cases' tiny GPT-2 and this file's batch size
+SEQ, HIDDEN, BATCH = 16, 32, 32  # llm_cases' tiny GPT-2; 70 sequences a client: round 3 pads its batch
 LIGHT = {"name": "light_fedsl", "batch_size": BATCH, "final_sparsity": 0.5, "cut_dropout": 0.3,
          "quant_bits": 8, "codec_down": "q4", "agg_interval": 2, "optimizer": {"lr": 0.05}}  # fmt: skip
 
@@ -32,7 +32,7 @@ def trained(raw: dict, rounds: int):
 
 
 def test_the_ledger_counts_kept_token_activations_and_the_quantized_gradient_exactly(corpus):
-    """Per round and client with ``c`` real sequences (batches of 8, one per round, the last of an epoch
+    """Per round and client with ``c`` real sequences (batches of 32, one per round, the last of an epoch
     short): the entries kept by the shared-seed mask (each of ``c x seq x hidden`` kept with probability
     1 - p) go up at 32 bits; their gradient comes down at a sign and 4 level bits each plus one 64-bit
     range; targets ``c x seq x 32``; in an aggregation round every client's adapters up and down at 32."""
@@ -42,7 +42,7 @@ def test_the_ledger_counts_kept_token_activations_and_the_quantized_gradient_exa
     attention = "trunk.block1.layer.attn.c_attn"
     assert algorithm.prunable == [f"{attention}.lora_A", f"{attention}.lora_B"]
     adapters = 4 * (HIDDEN + 3 * HIDDEN)  # r = 4 on c_attn: A 4 x 32, B 96 x 4
-    smashed = gradient = targets = 0
+    smashed = gradient = targets = short = 0
     for t in range(1, rounds + 1):
         for k, size in enumerate(data.client_sizes().tolist()):
             steps = -(-size // BATCH)
@@ -52,6 +52,8 @@ def test_the_ledger_counts_kept_token_activations_and_the_quantized_gradient_exa
             smashed += kept * 32
             gradient += kept * (1 + 4) + 64
             targets += c * SEQ * 32
+            short += c < BATCH
+    assert short == 3  # round 3: every client's padded batch; its padding rows send nothing
     totals = {kind: bits for (kind, _), bits in built.context.ledger.totals().items()}
     assert totals["smashed_up"] == smashed
     assert totals["grad_down"] == gradient
