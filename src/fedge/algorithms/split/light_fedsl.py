@@ -101,7 +101,8 @@ class LightFedSL(Algorithm):
         self.prunable = prunable_names(self.parts.trunk, "trunk.")
         self.adapters_only = any(name.rsplit(".", 1)[1] in ADAPTERS for name in self.prunable)
         if self.knobs.final_sparsity > 0 and not self.prunable:
-            raise ConfigError("algorithm.final_sparsity", "the client part has no conv or linear weight")
+            weightless = "the client part has no trained conv, linear or adapter weight"
+            raise ConfigError("algorithm.final_sparsity", weightless)
         client, client_buffers, server, server_buffers = initial_state(self.parts, cfg.init, ctx.seed)
         n = ctx.data.num_clients
         self.clients: dict[str, Tensors] = {
@@ -241,8 +242,8 @@ class LightFedSL(Algorithm):
         (``server_order: arrival``) the uploads' total queue wait."""
         system, clients = self.ctx.system, np.arange(len(self.nodes))
         samples = counts.cpu().numpy().astype(np.float64)
-        dense = np.zeros_like(sparsities) if self.adapters_only else sparsities  # see the module docstring
-        client = training_flops(self.flops.trunk, samples) * (1.0 - dense)
+        saving = np.zeros_like(sparsities) if self.adapters_only else sparsities  # the module docstring
+        client = training_flops(self.flops.trunk, samples) * (1.0 - saving)
         work = SplitWork(clients, up_bits, down_bits, client, training_flops(self.flops.server, samples))
         jitter = None
         if self.cfg.server_order == "arrival":
