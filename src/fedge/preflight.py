@@ -8,7 +8,8 @@ The estimate is rough on purpose (float32 values, 4 bytes each) and errs high:
   after minutes of drawing and partitioning;
 - the data: a synthetic set from its config, before it is drawn; any other set as loaded;
 - the model: parameters and buffers counted on the meta device (nothing allocated), held as the global
-  model, its gradient and the optimizer's slots (one for momentum);
+  model, its gradient and the optimizer's slots (one for momentum); a transformer's frozen base (the
+  tensors outside its trained state under LoRA) once, whatever the number of clients;
 - the clients: every client's model stacked, with its optimizer slots;
 - the largest batch: the batch plan (``[clients, steps, batch]`` int64 indices and float32 weights);
 - once the model is known to fit and is built: the activations of one training batch (per-sample outputs
@@ -33,6 +34,7 @@ from fedge.config import RunConfig
 from fedge.data.federated import FederatedData
 from fedge.errors import ConfigError
 from fedge.models import build_model
+from fedge.models.transformer import frozen_values
 
 FLOAT_BYTES = 4
 PLAN_BYTES = 8 + 4  # an int64 sample index and a float32 weight per batch entry
@@ -106,14 +108,13 @@ def synthetic_data(config: RunConfig) -> Part | None:
 
 def _model_values(
     config: RunConfig, input_shape: tuple[int, ...], num_classes: int, model: nn.Module | None = None
-) -> int:
-    """Values in the model's parameters and buffers, counted on the meta device (nothing allocated);
-    a caller's ``model`` is counted as it is."""
-    if model is not None:
-        return sum(t.numel() for t in (*model.parameters(), *model.buffers()))
-    with torch.random.fork_rng(devices=[]), torch.device("meta"):
-        model = build_model(config.model.name, input_shape, num_classes, **config.model.options)
-    return sum(t.numel() for t in (*model.parameters(), *model.buffers()))
+) -> tuple[int, int]:
+    """Values in the model's parameters and buffers, and in its frozen tensors (a transformer's base),
+    counted on the meta device (nothing allocated); a caller's ``model`` is counted as it is."""
+    if model is None:
+        with torch.random.fork_rng(devices=[]), torch.device("meta"):
+            model = build_model(config.model.name, input_shape, num_classes, **config.model.options)
+    return sum(t.numel() for t in (*model.parameters(), *model.buffers())), frozen_values(model)
 
 
 def _per_sample_activations(model: nn.Module, input_shape: tuple[int, ...]) -> int:
@@ -173,11 +174,14 @@ def _slots(config: RunConfig) -> int:
     return 0 if optimizer is None else 2 if optimizer.kind == "adam" else 1 if optimizer.momentum > 0 else 0
 
 
-def _model_parts(config: RunConfig, values: int, plan: tuple[int, int, int, str]) -> list[Part]:
-    """The global model, every client's model and the largest batch plan."""
+def _model_parts(config: RunConfig, counts: tuple[int, int], plan: tuple[int, int, int, str]) -> list[Part]:
+    """The global model, the frozen base (held once per process), every client's model and the largest
+    batch plan."""
     slots = _slots(config)
     clients, steps, batch, key = plan
-    return [
+    values, frozen = counts
+    base = [Part("model", frozen * FLOAT_BYTES, f"the frozen base of {frozen:,} values")] if frozen else []
+    return base + [
         Part("model", values * (2 + slots) * FLOAT_BYTES, f"a model of {values:,} values"),
         Part(
             "partition.num_clients",

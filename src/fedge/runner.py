@@ -137,7 +137,9 @@ def _criterion(config: RunConfig, loss: Criterion | None) -> Criterion:
 
 
 # algorithms whose model contract takes a target per token (language models; docs/llm.md)
-SEQUENCE_ALGORITHMS = ("fedavg", "centralized", "splitfed_v1", "splitfed_v2", "cse_fsl", "fsl_an", "fedsl")
+SEQUENCE_ALGORITHMS = (
+    "fedavg", "centralized", "splitfed_v1", "splitfed_v2", "cse_fsl", "fsl_an", "fedsl", "light_fedsl"
+)
 
 
 def _check_outputs(model: nn.Module, dataset: Dataset) -> None:

@@ -7,6 +7,7 @@ from typing import Literal
 from pydantic import Field, PositiveInt
 
 from fedge.algorithms.base import Algorithm, Context, register
+from fedge.algorithms.frozen import hold_frozen_base
 from fedge.comm import nodes
 from fedge.config import AlgorithmConfig, SGDConfig
 from fedge.engine import (
@@ -57,6 +58,7 @@ class Centralized(Algorithm):
         self.bank = ClientBank.broadcast([0], params, buffers_of(self.model), self.sgd.init(params))
         self.step = make_step(classification_loss(self.model, ctx.criterion), self.sgd)
         ctx.network.hold(nodes.SERVER, "model", {**params, **buffers_of(self.model)})
+        hold_frozen_base(ctx.network, nodes.SERVER, self.model)
         self.flops_per_sample = forward_flops(self.model, ctx.data.input_shape)
 
     def run_round(self, t: int) -> RoundReport:

@@ -12,6 +12,7 @@ from pydantic import Field, PositiveInt
 
 from fedge.algorithms.availability import choose, online_clients
 from fedge.algorithms.base import Context, GlobalModel, register
+from fedge.algorithms.frozen import hold_frozen_base
 from fedge.algorithms.optimizer_state import ClientOptimizerStates
 from fedge.comm import nodes
 from fedge.config import AlgorithmConfig, Fraction, SGDConfig
@@ -94,6 +95,7 @@ class FedAvg(GlobalModel):
         self.step = make_step(classification_loss(self.model, ctx.criterion), self.sgd)
         self.up, self.down = ctx.network.link(cfg.codec_up), ctx.network.link(cfg.codec_down)
         ctx.network.hold(nodes.SERVER, "model", {**self.params, **self.buffers})
+        hold_frozen_base(ctx.network, [nodes.SERVER, *nodes.clients(range(ctx.data.num_clients))], self.model)
         self.flops_per_sample = forward_flops(self.model, ctx.data.input_shape)
         cohort = len(sample_clients(ctx.seed, 1, ctx.data.num_clients, cfg.fraction))
         if cohort < ctx.cohorts.processes:

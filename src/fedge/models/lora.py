@@ -78,7 +78,7 @@ class LoRALinear(nn.Module):
         return f"in={self.in_features}, out={self.out_features}, r={self.rank}, scaling={self.scaling:g}"
 
 
-def _is_projection(module: nn.Module) -> tuple[bool, bool]:
+def is_projection(module: nn.Module) -> tuple[bool, bool]:
     """Whether ``module`` is a projection LoRA can wrap, and whether its weight is ``[in, out]``."""
     if isinstance(module, nn.Linear):
         return True, False
@@ -96,7 +96,7 @@ def add_adapters(
     replaced = []
     for parent_name, parent in list(model.named_modules()):
         for name, child in list(parent.named_children()):
-            ok, transposed = _is_projection(child)
+            ok, transposed = is_projection(child)
             if ok and name in wanted:
                 lora = LoRALinear(child.weight, child.bias, rank, alpha, dropout, transposed)
                 setattr(parent, name, lora)

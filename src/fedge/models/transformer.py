@@ -206,6 +206,21 @@ class TransformerLM(SplitModel):
         return list(seen.values())
 
 
+def frozen_values(model: nn.Module, part: nn.Module | None = None) -> int:
+    """Values of the floating frozen tensors that ``part`` (default: all of ``model``) reads, each once
+    (tied weights once): what a device holding that part keeps of the frozen base. 0 for a model that
+    holds nothing frozen (any model but a :class:`TransformerLM`)."""
+    if not isinstance(model, TransformerLM):
+        return 0
+    inside = {id(module) for module in (model if part is None else part).modules()}
+    seen: dict[int, torch.Tensor] = {}
+    for module, name in model.frozen:
+        value = getattr(module, name)
+        if id(module) in inside and value.is_floating_point():
+            seen.setdefault(id(value), value)
+    return sum(value.numel() for value in seen.values())
+
+
 def hf_config(arch: str, vocab: int, positions: int, layers: int, hidden: int, heads: int,
                kv_heads: int | None, intermediate: int | None) -> Any:  # fmt: skip
     """A transformers config of ``arch`` with the given sizes, every dropout off. GPT-2's GELU is its own

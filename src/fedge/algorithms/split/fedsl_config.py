@@ -6,9 +6,13 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Annotated, Literal
 
-from pydantic import Field, PositiveInt
+from pydantic import Field, PositiveInt, StringConstraints
 
 from fedge.config import AlgorithmConfig, SGDConfig
+
+# the returned cut-layer gradient: fp32, fp16 or the q-bit stochastic quantizer (a sign and q level bits
+# per kept value, one 64-bit range per client and message)
+GradientCodec = Annotated[str, StringConstraints(pattern=r"^(fp32|fp16|q([1-9]|[12][0-9]|3[01]))$")]
 
 
 class FedSLConfig(AlgorithmConfig):
@@ -21,7 +25,8 @@ class FedSLConfig(AlgorithmConfig):
     - ``optimizer``: one constant step size for client and server, plain SGD (Eqs. 7, 13): momentum and
       weight decay are rejected.
     - ``init``: ``torch_default`` or ``normal0.05`` (as the split family); all clients start identical.
-    - ``codec_up`` encodes the kept smashed values, ``codec_down`` the returned gradient values;
+    - ``codec_up`` encodes the kept smashed values, ``codec_down`` the returned gradient values (``fp32``,
+      ``fp16``, or ``q<bits>``: the cut-layer gradient stochastically quantized, its draws from the link);
       ``model_codec`` the client-model uploads and broadcasts: dense ``fp32`` (the default) or
       ``sparse`` (cheapest of bitmap / coordinate list, which pays off on pruned trunks).
     - ``server_order``: on the simulated clock the one server model serves every client's batch as a
@@ -42,8 +47,8 @@ class FedSLConfig(AlgorithmConfig):
     """torch_default, or normal0.05 (every weight ~ N(0, 0.05^2))"""
     codec_up: Literal["fp32", "fp16"] = "fp32"
     """encoding of uploads (smashed data, labels)"""
-    codec_down: Literal["fp32", "fp16"] = "fp32"
-    """encoding of downloads (gradients)"""
+    codec_down: GradientCodec = "fp32"
+    """encoding of downloads (cut-layer gradients): fp32, fp16 or q1..q31"""
     model_codec: Literal["fp32", "fp16", "sparse"] = "fp32"
     """encoding of client-model uploads and broadcasts: fp32, fp16 or sparse"""
     server_order: Literal["parallel", "arrival"] = "parallel"

@@ -21,6 +21,12 @@ A round is one mini-batch step of every client (Algorithm 1's t):
    mask becomes the non-zero pattern of the mean (weights every client pruned stay pruned; the next
    round's trigger prunes the denser mean back to ``rho_t``).
 
+On a LoRA transformer (docs/llm.md) the same steps act on token activations and adapters: the dropout mask
+is element-wise over ``batch x sequence x hidden``, the pruned and quantized client weights are the client
+part's adapters ``A`` and ``B``, and ``codec_down: q<bits>`` sends the cut-layer gradient quantized (the
+paper quantizes only the local update; this is our extension for the link). Pruned adapters save no
+simulated client compute: the frozen base, dense, does nearly all of it.
+
 Evaluation uses the virtual average of the client trunks with the server model (the paper names no evaluation
 model; docs/decisions.md, "Evaluation on the virtual average"). Clients start from the same initial trunk and
 no transfer is counted for it (the paper's initialisation).
@@ -57,6 +63,7 @@ from fedge.engine.noise import RowKeys
 from fedge.engine.split import make_forward
 from fedge.errors import ConfigError
 from fedge.metrics import Evaluation, RoundReport
+from fedge.models.lora import ADAPTERS
 from fedge.rng import numpy_rng
 from fedge.system import SplitWork, light_fedsl_round, training_flops
 from fedge.tensors import Tensors, floating
@@ -92,8 +99,10 @@ class LightFedSL(Algorithm):
         self.knobs = self.compression()
         self.parts = build_parts(ctx, with_aux=False)
         self.prunable = prunable_names(self.parts.trunk, "trunk.")
+        self.adapters_only = any(name.rsplit(".", 1)[1] in ADAPTERS for name in self.prunable)
         if self.knobs.final_sparsity > 0 and not self.prunable:
-            raise ConfigError("algorithm.final_sparsity", "the client part has no conv or linear weight")
+            weightless = "the client part has no trained conv, linear or adapter weight"
+            raise ConfigError("algorithm.final_sparsity", weightless)
         client, client_buffers, server, server_buffers = initial_state(self.parts, cfg.init, ctx.seed)
         n = ctx.data.num_clients
         self.clients: dict[str, Tensors] = {
@@ -233,7 +242,8 @@ class LightFedSL(Algorithm):
         (``server_order: arrival``) the uploads' total queue wait."""
         system, clients = self.ctx.system, np.arange(len(self.nodes))
         samples = counts.cpu().numpy().astype(np.float64)
-        client = training_flops(self.flops.trunk, samples) * (1.0 - sparsities)
+        saving = np.zeros_like(sparsities) if self.adapters_only else sparsities  # the module docstring
+        client = training_flops(self.flops.trunk, samples) * (1.0 - saving)
         work = SplitWork(clients, up_bits, down_bits, client, training_flops(self.flops.server, samples))
         jitter = None
         if self.cfg.server_order == "arrival":
@@ -258,7 +268,8 @@ class LightFedSL(Algorithm):
 
     def _client_storage(self) -> None:
         """Each client holds its trunk (encoded by ``model_codec``, so a sparse code shows the pruning)
-        and, with pruning, its mask at one bit per prunable weight."""
+        and, with pruning, its mask at one bit per prunable weight. On a LoRA transformer the trunk is the
+        adapters; the frozen base each device holds once is metered apart (``frozen_base``)."""
         params, buffers = self.clients["params"], self.clients["buffers"]
         self.models.store(self.nodes, "model", {**params, **floating(buffers)}, stacked=True)
         if self.knobs.final_sparsity > 0:

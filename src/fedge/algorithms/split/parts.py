@@ -14,6 +14,8 @@ import torch
 from torch import nn
 
 from fedge.algorithms.base import Context
+from fedge.algorithms.frozen import hold_frozen_base
+from fedge.comm import nodes
 from fedge.config import AuxConfig
 from fedge.engine import Criterion, buffers_of, cross_entropy, parameters_of
 from fedge.errors import ConfigError
@@ -53,7 +55,8 @@ def resolve_cut(ctx: Context, model: SplitModel) -> int:
 
 
 def build_parts(ctx: Context, with_aux: bool) -> SplitParts:
-    """Build the model once, cut it, and (for local-loss algorithms) attach the aux head.
+    """Build the model once, cut it, and (for local-loss algorithms) attach the aux head. The frozen base
+    of a transformer is metered once per device: each client holds its side's, the server its side's.
 
     The aux head is ``model.aux`` or, when that is unset, the paper's default linear head (CSE-FSL's "MLP" aux
     of Table III; Table V uses it). Its initial weights come from the stream ``(seed, "aux-init")``.
@@ -64,6 +67,8 @@ def build_parts(ctx: Context, with_aux: bool) -> SplitParts:
     trunk, server = split(model, cut)
     if isinstance(model, TransformerLM):
         check_trained_sides(trunk, server)
+    hold_frozen_base(ctx.network, nodes.clients(range(ctx.data.num_clients)), model, trunk)
+    hold_frozen_base(ctx.network, nodes.SERVER, model, server)
     shape = output_shape(trunk, ctx.data.input_shape)
     children: OrderedDict[str, nn.Module] = OrderedDict(trunk=trunk)
     if with_aux:

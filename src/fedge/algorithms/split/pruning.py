@@ -1,8 +1,10 @@
 """Client-side unstructured pruning of lightweight FedSL (Eqs. 8-10, Algorithm 1 lines 13-17).
 
 Pure functions on dicts of tensors: the cubic sparsity schedule of Zhu & Gupta, the set of prunable tensors
-(conv and linear weights of the client part; biases, BatchNorm affine parameters and buffers are never pruned,
-our choice: the paper does not discuss them), the first-order Taylor importance ``|w * g|`` ranked globally
+(conv and linear weights of the client part, GPT-2's ``Conv1D`` projections among them; biases, BatchNorm
+affine parameters and buffers are never pruned, our choice: the paper does not discuss them; on a LoRA
+transformer the adapters ``A`` and ``B`` of the client part, its only trained weights, the frozen base being
+no client state), the first-order Taylor importance ``|w * g|`` ranked globally
 over all prunable weights, and the realised sparsity (exact zeros over prunable weights).
 """
 
@@ -11,6 +13,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
+from fedge.models.lora import ADAPTERS, LoRALinear, is_projection
 from fedge.tensors import Tensors
 
 PRUNABLE_LAYERS = (nn.modules.conv._ConvNd, nn.Linear)
@@ -25,13 +28,24 @@ def sparsity_target(t: int, total: int, rho_final: float) -> float:
     return rho_final * (1.0 - (1.0 - progress) ** 3)
 
 
+def _trained_projection(layer: nn.Module) -> bool:
+    """A conv or linear layer (GPT-2's ``Conv1D`` too) whose weight trains: a frozen one's weight is a
+    plain tensor, no parameter (``fedge.models.lora.freeze``)."""
+    projection = isinstance(layer, PRUNABLE_LAYERS) or is_projection(layer)[0]
+    return projection and "weight" in layer._parameters
+
+
 def prunable_names(module: nn.Module, prefix: str = "") -> list[str]:
-    """State names (with ``prefix``) of the conv and linear weights of ``module``, in module order."""
-    return [
-        f"{prefix}{name}.weight" if name else f"{prefix}weight"
-        for name, layer in module.named_modules()
-        if isinstance(layer, PRUNABLE_LAYERS)
-    ]
+    """State names (with ``prefix``) of the trained conv and linear weights of ``module`` and the adapters
+    of its LoRA projections (``lora_A``, ``lora_B``), in module order."""
+    names = []
+    for name, layer in module.named_modules():
+        path = f"{prefix}{name}." if name else prefix
+        if isinstance(layer, LoRALinear):
+            names += [f"{path}{adapter}" for adapter in ADAPTERS]
+        elif _trained_projection(layer):
+            names.append(f"{path}weight")
+    return names
 
 
 def _flat(tensors: Tensors) -> torch.Tensor:
