@@ -49,6 +49,24 @@ def bidirectional_attention(
     return (weights.to(query.dtype) @ value).transpose(-3, -2).contiguous(), None
 
 
+class BertEmbedding(nn.Module):
+    """BERT's word + position + token-type (all type 0) embeddings and their LayerNorm, positions made on
+    the ids' device (transformers reads them from a buffer, which the frozen base holds on its own)."""
+
+    def __init__(self, embeddings: nn.Module):
+        super().__init__()
+        self.word_embeddings = embeddings.word_embeddings
+        self.position_embeddings = embeddings.position_embeddings
+        self.token_type_embeddings = embeddings.token_type_embeddings
+        self.LayerNorm = embeddings.LayerNorm
+
+    def forward(self, ids: torch.Tensor) -> torch.Tensor:
+        ids = ids.long()
+        positions = torch.arange(ids.shape[-1], device=ids.device)
+        hidden = self.word_embeddings(ids) + self.token_type_embeddings(torch.zeros_like(ids))
+        return self.LayerNorm(hidden + self.position_embeddings(positions))
+
+
 class EncoderBlock(nn.Module):
     """One encoder layer, preceded in the first block by the embeddings."""
 
@@ -59,7 +77,7 @@ class EncoderBlock(nn.Module):
         self.layer = layer
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        hidden = self.embed(x.long()) if hasattr(self, "embed") else x
+        hidden = self.embed(x) if hasattr(self, "embed") else x
         return _output(self.layer(hidden))
 
 
@@ -72,7 +90,11 @@ class ClassifierHead(nn.Module):
         self.pooler, self.classifier = pooler, classifier
 
     def forward(self, hidden: torch.Tensor) -> torch.Tensor:
-        return self.classifier(self.pooler(hidden))
+        # the frozen pooler reads the first token as a [..., 1, hidden] slice (a 3-d product, which unlike
+        # a 2-d addmm runs in the meta-device shape check, where the frozen base keeps its device); its
+        # output goes to the classifier's device (a no-op outside that check)
+        pooled = self.pooler.activation(self.pooler.dense(hidden[..., :1, :]))[..., 0, :]
+        return self.classifier(pooled.to(self.classifier.weight.device))
 
 
 class FirstTokenHead(nn.Module):
@@ -88,6 +110,18 @@ class FirstTokenHead(nn.Module):
 
     def forward(self, hidden: torch.Tensor) -> torch.Tensor:
         return self.linear(hidden[..., 0, :])
+
+
+def first_token_aux_head(
+    kind: str, smashed_shape: tuple[int, ...], classes: int, hidden: int | None
+) -> FirstTokenHead:
+    """The aux head ``model.aux`` names on a sequence classifier's cut (``linear`` or ``mlp``)."""
+    if kind not in ("linear", "mlp"):
+        refused = f"a sequence classifier's aux head is linear or mlp; got {kind!r}"
+        raise ConfigError("model.aux.kind", refused)
+    if kind == "mlp" and hidden is None:
+        raise ConfigError("model.aux.hidden", "required by the mlp aux head")
+    return FirstTokenHead(smashed_shape[-1], classes, hidden if kind == "mlp" else None)
 
 
 class SequenceClassifier(TransformerLM):
@@ -165,10 +199,10 @@ def build_bert(
     if sequence > limit:
         raise ConfigError("data.seq_len", f"sequence {sequence} is longer than the model's {limit} positions")
     _no_dropout(hf)
-    encoder = list(hf.bert.encoder.layer)
+    encoder, embed = list(hf.bert.encoder.layer), BertEmbedding(hf.bert.embeddings)
     blocks: OrderedDict[str, nn.Module] = OrderedDict()
     for i, layer in enumerate(encoder, start=1):
-        blocks[f"block{i}"] = EncoderBlock(layer, hf.bert.embeddings if i == 1 else None)
+        blocks[f"block{i}"] = EncoderBlock(layer, embed if i == 1 else None)
     blocks["head"] = ClassifierHead(hf.bert.pooler, hf.classifier)
     lora = None
     frozen_part: nn.Module = nn.ModuleList(blocks.values())
