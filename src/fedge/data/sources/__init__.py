@@ -51,7 +51,7 @@ _DESCRIPTIONS = {
     "pystdlib": "text: Python standard-library sources, one group per module (no download; byte tokens)",
     "text": "text: .txt / .jsonl files of data.root, one group per file",
     "shakespeare": "text: LEAF Shakespeare json in data.root, one group per speaking role",
-    "textcls": "text classification: .txt / .jsonl files of data.root, a class per file or jsonl 'label'",
+    "textcls": "text classes: per file or jsonl 'label' of data.root (default: stdlib modules)",
 }
 
 

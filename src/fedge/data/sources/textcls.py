@@ -3,7 +3,9 @@
 ``textcls`` reads ``data.root``, a ``.txt`` / ``.jsonl`` file or a folder of them. A ``.txt`` file is one
 document whose class is the file; a ``.jsonl`` line is an object with a ``text`` field and, optionally, a
 ``label`` field: the lines of one file with one label form one document of that label (no ``label``: the
-file is the class, as for ``.txt``). Labels are the sorted distinct names (file names, or the ``label``
+file is the class, as for ``.txt``). Without ``data.root`` the documents are the Python standard-library
+modules of the ``pystdlib`` source, each its own class (which module a window of source code comes from:
+a task with no download). Labels are the sorted distinct names (file names, modules, or the ``label``
 values as strings), numbered from 0.
 
 Each document is tokenized and cut into consecutive full windows of ``data.seq_len`` tokens, each a sample
@@ -23,7 +25,7 @@ import torch
 
 from fedge.config import DataConfig
 from fedge.data.dataset import Dataset
-from fedge.data.sources.text import _read, held_out, text_documents
+from fedge.data.sources.text import _read, held_out, stdlib_documents, text_documents
 from fedge.data.tokenizer import Tokenizer, make_tokenizer
 from fedge.errors import DataError
 
@@ -96,7 +98,11 @@ def classification_dataset(
 
 
 def load_textcls(cfg: DataConfig, seed: int) -> Dataset:
-    """Text classification: .txt / .jsonl files of data.root, windows labeled by file or 'label' field."""
+    """Text classification: .txt / .jsonl files of data.root, windows labeled by file or 'label' field
+    (without data.root: Python standard-library modules, one class each)."""
     tokenizer = make_tokenizer(cfg.tokenizer, cfg.download)
-    documents = labeled_documents(cfg.root, cfg.text_bytes)
+    if cfg.root is None:  # the offline default: which standard-library module a window comes from
+        documents = [(name, name, text) for name, text in stdlib_documents(cfg.text_bytes)]
+    else:
+        documents = labeled_documents(cfg.root, cfg.text_bytes)
     return classification_dataset(documents, tokenizer, cfg.seq_len, cfg.test_fraction)
