@@ -35,8 +35,9 @@ SMALL = {
     "cifar_cnn": ((3, 8, 8), {"dropout": 0.0}),
     "gpt2": ((8,), {"layers": 2, "hidden": 16, "heads": 2, "lora_rank": 0}),  # token sequences
     "llama": ((8,), {"layers": 2, "hidden": 16, "heads": 2, "lora_rank": 0}),
+    "bert": ((8,), {"layers": 2, "hidden": 16, "heads": 2, "lora_rank": 0}),
 }
-TOKEN_MODELS = {"gpt2", "llama"}  # inputs are token ids (vocabulary = the 5 classes)
+TOKEN_MODELS = {"gpt2", "llama", "bert"}  # inputs are token ids (vocabulary = the 5 classes)
 
 
 def small_model(name: str, seed: int = 0) -> nn.Module:

@@ -23,6 +23,7 @@ EXAMPLE_INPUTS = {
     "cifar_cnn": (3, 32, 32),
     "gpt2": (16,),  # token sequences (the vocabulary is the catalog's 10 classes)
     "llama": (16,),
+    "bert": (16,),  # token sequences, 10 labels
 }
 
 

@@ -57,6 +57,7 @@ CodecName = Annotated[str, AfterValidator(_codec_name)]
 DATASETS = ("digits", "synthetic", "mnist", "fashion-mnist", "cifar10", "cifar100", "femnist")
 TEXT_DATASETS = ("pystdlib", "text", "shakespeare")  # token sequences for language models
 DATASETS += TEXT_DATASETS
+DATASETS += ("textcls",)  # token sequences labeled by class, for sequence classifiers
 CUSTOM_DATA = "custom"  # data handed to fedge.run(train=..., test=...)
 DEFAULT_ALGORITHM = "fedavg"
 PARTITIONERS = ("iid", "dirichlet", "pathological", "shards", "natural", "grouped")

@@ -14,6 +14,7 @@ from fedge.errors import ConfigError
 from fedge.models.base import SplitModel
 from fedge.models.cnn import build_cifar_cnn, build_cnn2, build_cnn4, build_lenet5
 from fedge.models.cse import build_cse_cifar, build_cse_femnist
+from fedge.models.encoder import build_bert
 from fedge.models.mlp import build_fcnn, build_mlp
 from fedge.models.resnet import build_resnet18
 from fedge.models.transformer import build_gpt2, build_llama
@@ -35,6 +36,7 @@ MODELS: dict[str, Builder] = {
     "cse_femnist": build_cse_femnist,
     "gpt2": build_gpt2,
     "llama": build_llama,
+    "bert": build_bert,
 }
 
 

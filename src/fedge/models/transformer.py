@@ -181,6 +181,8 @@ class TransformerLM(SplitModel):
     """A causal LM as blocks (module docstring). Its frozen tensors (the base model under LoRA, and every
     constant buffer) are plain attributes outside the functional state; they follow ``.to()``."""
 
+    classifier = False  # True for a sequence classifier (logits per sequence, not per token)
+
     def __init__(self, blocks: OrderedDict[str, nn.Module], *, name: str, frozen: list[tuple[nn.Module, str]],
                  positions: int, lora: dict[str, Any] | None, config: Any = None):  # fmt: skip
         super().__init__(blocks, name=name)

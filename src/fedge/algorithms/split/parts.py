@@ -20,6 +20,7 @@ from fedge.config import AuxConfig
 from fedge.engine import Criterion, buffers_of, cross_entropy, parameters_of
 from fedge.errors import ConfigError
 from fedge.models import SplitModel, aux_head, block_cut, output_shape, split
+from fedge.models.encoder import first_token_aux_head
 from fedge.models.transformer import TransformerLM, check_trained_sides, token_aux_head
 from fedge.rng import global_stream, torch_rng
 from fedge.tensors import Tensors
@@ -74,7 +75,9 @@ def build_parts(ctx: Context, with_aux: bool) -> SplitParts:
     if with_aux:
         spec = ctx.config.model.aux or AuxConfig()
         with global_stream(ctx.seed, "aux-init"):
-            if isinstance(model, TransformerLM):  # per-token logits from the cut's hidden states
+            if isinstance(model, TransformerLM) and model.classifier:  # the first token's hidden state
+                head = first_token_aux_head(spec.kind, shape, ctx.data.num_classes, spec.hidden)
+            elif isinstance(model, TransformerLM):  # per-token logits from the cut's hidden states
                 head = token_aux_head(spec.kind, shape, ctx.data.num_classes, spec.hidden)
             else:
                 head = aux_head(spec.kind, shape, ctx.data.num_classes, spec.channels, spec.hidden)

@@ -20,6 +20,7 @@ from fedge.data.sources.femnist import load_femnist
 from fedge.data.sources.idx import load_fashion_mnist, load_mnist
 from fedge.data.sources.synthetic import load_synthetic
 from fedge.data.sources.text import load_pystdlib, load_shakespeare, load_text
+from fedge.data.sources.textcls import load_textcls
 from fedge.errors import ConfigError
 from fedge.rng import numpy_rng
 
@@ -36,6 +37,7 @@ SOURCES: dict[str, Callable[[DataConfig, int], Dataset]] = {
     "pystdlib": load_pystdlib,
     "text": load_text,
     "shakespeare": load_shakespeare,
+    "textcls": load_textcls,
 }
 
 _DESCRIPTIONS = {
@@ -49,6 +51,7 @@ _DESCRIPTIONS = {
     "pystdlib": "text: Python standard-library sources, one group per module (no download; byte tokens)",
     "text": "text: .txt / .jsonl files of data.root, one group per file",
     "shakespeare": "text: LEAF Shakespeare json in data.root, one group per speaking role",
+    "textcls": "text classes: per file or jsonl 'label' of data.root (default: stdlib modules)",
 }
 
 
