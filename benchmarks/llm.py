@@ -108,42 +108,66 @@ class PeftLoop:
 
     def round(self, t: int) -> None:
         """One round: every client from the global adapters, its batches, then the average."""
+        if self.algorithm == "splitfed_v2":
+            self._split_round(t)
+            return
         data = self.built.context.data
         clients = list(range(data.num_clients))
         plan = data.batch_plan(clients, t, 1, self.built.config.algorithm.batch_size)
         names = [n for n, p in self.model.named_parameters() if p.requires_grad]
-        server_names = [n for n in names if _block_index(n) >= self.cut]
         sums = {k: torch.zeros_like(v) for k, v in self.global_state.items()}
         sizes = torch.as_tensor(data.client_sizes(clients), dtype=torch.float32)
-        server_state = {k: v for k, v in self.global_state.items() if _block_index(k) >= self.cut}
         for c in clients:
-            self.peft.set_peft_model_state_dict(self.model, {**self.global_state, **server_state})
+            self.peft.set_peft_model_state_dict(self.model, self.global_state)
             params = dict(self.model.named_parameters())
-            if self.algorithm == "fedavg":
-                opt = torch.optim.SGD([params[n] for n in names], lr=0.01)
-            else:
-                opt = torch.optim.SGD([params[n] for n in names if n not in server_names], lr=0.01)
-                server_opt = torch.optim.SGD([params[n] for n in server_names], lr=0.01)
+            opt = torch.optim.SGD([params[n] for n in names], lr=0.01)
             for s in range(int(plan.steps[c])):
                 idx = plan.client_batch(c, s)
-                x, y = data.x_train[idx], data.y_train[idx]
                 opt.zero_grad()
-                if self.algorithm == "fedavg":
-                    cross_entropy(self._server_forward(self._client_forward(x)), y).mean().backward()
-                else:  # the cut: hidden states up, their gradient down
-                    server_opt.zero_grad()
-                    z = self._client_forward(x)
-                    received = z.detach().requires_grad_(True)
-                    cross_entropy(self._server_forward(received), y).mean().backward()
-                    server_opt.step()
-                    z.backward(received.grad)
+                logits = self._server_forward(self._client_forward(data.x_train[idx]))
+                cross_entropy(logits, data.y_train[idx]).mean().backward()
                 opt.step()
-            state, cut = self.peft.get_peft_model_state_dict(self.model), self.cut
-            if self.algorithm == "splitfed_v2":  # one shared server model: it carries on to the next client
-                server_state = {k: v.detach().clone() for k, v in state.items() if _block_index(k) >= cut}
+            state = self.peft.get_peft_model_state_dict(self.model)
             for k in sums:
                 sums[k] += state[k].detach() * (sizes[c] / sizes.sum())
-        self.global_state = {**sums, **server_state} if self.algorithm == "splitfed_v2" else sums
+        self.global_state = sums
+
+    def _split_round(self, t: int) -> None:
+        """SplitFed v2's round: step by step, the clients' batches reach the one server model in row order
+        (fedge's default ``server_order: round_robin``); each client's side keeps its own adapters, loaded
+        into the model for its step; the hidden states go up, their gradient comes back by hand."""
+        data = self.built.context.data
+        clients = list(range(data.num_clients))
+        plan = data.batch_plan(clients, t, 1, self.built.config.algorithm.batch_size)
+        self.peft.set_peft_model_state_dict(self.model, self.global_state)
+        params = {n: p for n, p in self.model.named_parameters() if p.requires_grad}
+        mine = [n for n in params if _block_index(n) < self.cut]
+        opt = torch.optim.SGD([params[n] for n in mine], lr=0.01)  # plain SGD: no state to keep per client
+        server_opt = torch.optim.SGD([p for n, p in params.items() if n not in mine], lr=0.01)
+        local = [{n: params[n].detach().clone() for n in mine} for _ in clients]
+        for s in range(int(plan.steps.max())):
+            for c in clients:
+                if s >= plan.steps[c]:
+                    continue
+                with torch.no_grad():
+                    for n in mine:
+                        params[n].copy_(local[c][n])
+                idx = plan.client_batch(c, s)
+                opt.zero_grad()
+                server_opt.zero_grad()
+                z = self._client_forward(data.x_train[idx])
+                received = z.detach().requires_grad_(True)
+                cross_entropy(self._server_forward(received), data.y_train[idx]).mean().backward()
+                server_opt.step()
+                z.backward(received.grad)
+                opt.step()
+                local[c] = {n: params[n].detach().clone() for n in mine}
+        sizes = torch.as_tensor(data.client_sizes(clients), dtype=torch.float32)
+        state = self.peft.get_peft_model_state_dict(self.model)  # the server side: the one model's
+        for n in mine:
+            key = n.replace(".default", "")
+            state[key] = sum(local[c][n] * (sizes[c] / sizes.sum()) for c in clients)
+        self.global_state = {k: state[k].detach().clone() for k in self.global_state}
 
 
 def peft_name(name: str) -> str:
