@@ -279,18 +279,20 @@ def main() -> None:
     parser.add_argument("--gpt2-small", action="store_true", help="GPT-2 small shapes (12 x 768)")
     parser.add_argument("--repeats", type=int, default=2)
     parser.add_argument("--algorithms", default="fedavg,splitfed_v2")
+    parser.add_argument("--threads", type=int, default=None, help="torch threads, every way")
     args = parser.parse_args()
     shape = dict(QUICK if args.quick else W9)
     if args.gpt2_small:
         shape.update(GPT2_SMALL)
     if args.clients:
         shape["clients"] = args.clients
-    configure_host(None, True)
+    configure_host(args.threads, True)  # one process: every way runs with the same threads
     device = torch.device(args.device)
     result = {
         "workload": "W9" if not args.quick else "W9-quick",
         "shape": shape,
         "machine": machine(device),
+        "torch_threads": torch.get_num_threads(),
         "matmul_peak_gflops": matmul_peak(device)["gflops"],
         "algorithms": {a: measure(shape, a, args.device, args.repeats) for a in args.algorithms.split(",")},
     }
