@@ -44,7 +44,7 @@ def run_config(shape: dict[str, int], algorithm: str, executor: str, device: str
         algo["clip_norm"] = None
     natural = shape["clients"] <= len(STDLIB_MODULES)  # one client per module, else iid over all of them
     modules_per_client = 1 if natural else shape["clients"] / len(STDLIB_MODULES)
-    text_bytes = int(shape["sequences"] * shape["seq_len"] * modules_per_client / 0.75) + 2  # 20 % held out
+    text_bytes = int(shape["sequences"] * shape["seq_len"] * modules_per_client / 0.8) + 2  # 20 % held out
     return {
         "seed": 0,
         "rounds": 1,
