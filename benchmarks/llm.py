@@ -9,7 +9,8 @@ timed three ways, interleaved repeat by repeat: fedge's batched executor (every 
 vmapped pass over the shared base), fedge's sequential executor, and a hand-written per-client loop as a
 researcher writes it with ``peft`` and ``torch.optim`` (one ``get_peft_model`` wrapper, the client's
 adapters loaded with ``set_peft_model_state_dict``, plain autograd, PyTorch's own sdpa attention; for
-SplitFed the loop cuts the forward pass at the block and passes the hidden states' gradient back by hand).
+SplitFed the loop cuts the forward pass at the block, passes the hidden states' gradient back by hand and
+serves the clients' batches to the one server model step by step in client order, as fedge does).
 Reported: median round seconds, ``speedup_vs_loop``, the round's executed FLOPs (counted on a real
 training step by ``torch.utils.flop_counter``) per second against the measured matmul peak, and the peak
 resident memory of a batched round against base + clients x adapters.
