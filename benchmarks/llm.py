@@ -9,7 +9,8 @@ timed three ways, interleaved repeat by repeat: fedge's batched executor (every 
 vmapped pass over the shared base), fedge's sequential executor, and a hand-written per-client loop as a
 researcher writes it with ``peft`` and ``torch.optim`` (one ``get_peft_model`` wrapper, the client's
 adapters loaded with ``set_peft_model_state_dict``, plain autograd, PyTorch's own sdpa attention; for
-SplitFed the loop cuts the forward pass at the block and passes the hidden states' gradient back by hand).
+SplitFed the loop cuts the forward pass at the block, passes the hidden states' gradient back by hand and
+serves the clients' batches to the one server model step by step in client order, as fedge does).
 Reported: median round seconds, ``speedup_vs_loop``, the round's executed FLOPs (counted on a real
 training step by ``torch.utils.flop_counter``) per second against the measured matmul peak, and the peak
 resident memory of a batched round against base + clients x adapters.
@@ -44,7 +45,7 @@ def run_config(shape: dict[str, int], algorithm: str, executor: str, device: str
         algo["clip_norm"] = None
     natural = shape["clients"] <= len(STDLIB_MODULES)  # one client per module, else iid over all of them
     modules_per_client = 1 if natural else shape["clients"] / len(STDLIB_MODULES)
-    text_bytes = int(shape["sequences"] * shape["seq_len"] * modules_per_client / 0.75) + 2  # 20 % held out
+    text_bytes = int(shape["sequences"] * shape["seq_len"] * modules_per_client / 0.8) + 2  # 20 % held out
     return {
         "seed": 0,
         "rounds": 1,
@@ -108,42 +109,66 @@ class PeftLoop:
 
     def round(self, t: int) -> None:
         """One round: every client from the global adapters, its batches, then the average."""
+        if self.algorithm == "splitfed_v2":
+            self._split_round(t)
+            return
         data = self.built.context.data
         clients = list(range(data.num_clients))
         plan = data.batch_plan(clients, t, 1, self.built.config.algorithm.batch_size)
         names = [n for n, p in self.model.named_parameters() if p.requires_grad]
-        server_names = [n for n in names if _block_index(n) >= self.cut]
         sums = {k: torch.zeros_like(v) for k, v in self.global_state.items()}
         sizes = torch.as_tensor(data.client_sizes(clients), dtype=torch.float32)
-        server_state = {k: v for k, v in self.global_state.items() if _block_index(k) >= self.cut}
         for c in clients:
-            self.peft.set_peft_model_state_dict(self.model, {**self.global_state, **server_state})
+            self.peft.set_peft_model_state_dict(self.model, self.global_state)
             params = dict(self.model.named_parameters())
-            if self.algorithm == "fedavg":
-                opt = torch.optim.SGD([params[n] for n in names], lr=0.01)
-            else:
-                opt = torch.optim.SGD([params[n] for n in names if n not in server_names], lr=0.01)
-                server_opt = torch.optim.SGD([params[n] for n in server_names], lr=0.01)
+            opt = torch.optim.SGD([params[n] for n in names], lr=0.01)
             for s in range(int(plan.steps[c])):
                 idx = plan.client_batch(c, s)
-                x, y = data.x_train[idx], data.y_train[idx]
                 opt.zero_grad()
-                if self.algorithm == "fedavg":
-                    cross_entropy(self._server_forward(self._client_forward(x)), y).mean().backward()
-                else:  # the cut: hidden states up, their gradient down
-                    server_opt.zero_grad()
-                    z = self._client_forward(x)
-                    received = z.detach().requires_grad_(True)
-                    cross_entropy(self._server_forward(received), y).mean().backward()
-                    server_opt.step()
-                    z.backward(received.grad)
+                logits = self._server_forward(self._client_forward(data.x_train[idx]))
+                cross_entropy(logits, data.y_train[idx]).mean().backward()
                 opt.step()
-            state, cut = self.peft.get_peft_model_state_dict(self.model), self.cut
-            if self.algorithm == "splitfed_v2":  # one shared server model: it carries on to the next client
-                server_state = {k: v.detach().clone() for k, v in state.items() if _block_index(k) >= cut}
+            state = self.peft.get_peft_model_state_dict(self.model)
             for k in sums:
                 sums[k] += state[k].detach() * (sizes[c] / sizes.sum())
-        self.global_state = {**sums, **server_state} if self.algorithm == "splitfed_v2" else sums
+        self.global_state = sums
+
+    def _split_round(self, t: int) -> None:
+        """SplitFed v2's round: step by step, the clients' batches reach the one server model in row order
+        (fedge's default ``server_order: round_robin``); each client's side keeps its own adapters, loaded
+        into the model for its step; the hidden states go up, their gradient comes back by hand."""
+        data = self.built.context.data
+        clients = list(range(data.num_clients))
+        plan = data.batch_plan(clients, t, 1, self.built.config.algorithm.batch_size)
+        self.peft.set_peft_model_state_dict(self.model, self.global_state)
+        params = {n: p for n, p in self.model.named_parameters() if p.requires_grad}
+        mine = [n for n in params if _block_index(n) < self.cut]
+        opt = torch.optim.SGD([params[n] for n in mine], lr=0.01)  # plain SGD: no state to keep per client
+        server_opt = torch.optim.SGD([p for n, p in params.items() if n not in mine], lr=0.01)
+        local = [{n: params[n].detach().clone() for n in mine} for _ in clients]
+        for s in range(int(plan.steps.max())):
+            for c in clients:
+                if s >= plan.steps[c]:
+                    continue
+                with torch.no_grad():
+                    for n in mine:
+                        params[n].copy_(local[c][n])
+                idx = plan.client_batch(c, s)
+                opt.zero_grad()
+                server_opt.zero_grad()
+                z = self._client_forward(data.x_train[idx])
+                received = z.detach().requires_grad_(True)
+                cross_entropy(self._server_forward(received), data.y_train[idx]).mean().backward()
+                server_opt.step()
+                z.backward(received.grad)
+                opt.step()
+                local[c] = {n: params[n].detach().clone() for n in mine}
+        sizes = torch.as_tensor(data.client_sizes(clients), dtype=torch.float32)
+        state = self.peft.get_peft_model_state_dict(self.model)  # the server side: the one model's
+        for n in mine:
+            key = n.replace(".default", "")
+            state[key] = sum(local[c][n] * (sizes[c] / sizes.sum()) for c in clients)
+        self.global_state = {k: state[k].detach().clone() for k in self.global_state}
 
 
 def peft_name(name: str) -> str:
@@ -255,18 +280,20 @@ def main() -> None:
     parser.add_argument("--gpt2-small", action="store_true", help="GPT-2 small shapes (12 x 768)")
     parser.add_argument("--repeats", type=int, default=2)
     parser.add_argument("--algorithms", default="fedavg,splitfed_v2")
+    parser.add_argument("--threads", type=int, default=None, help="torch threads, every way")
     args = parser.parse_args()
     shape = dict(QUICK if args.quick else W9)
     if args.gpt2_small:
         shape.update(GPT2_SMALL)
     if args.clients:
         shape["clients"] = args.clients
-    configure_host(None, True)
+    configure_host(args.threads, True)  # one process: every way runs with the same threads
     device = torch.device(args.device)
     result = {
         "workload": "W9" if not args.quick else "W9-quick",
         "shape": shape,
         "machine": machine(device),
+        "torch_threads": torch.get_num_threads(),
         "matmul_peak_gflops": matmul_peak(device)["gflops"],
         "algorithms": {a: measure(shape, a, args.device, args.repeats) for a in args.algorithms.split(",")},
     }

@@ -40,6 +40,11 @@ from fedge.algorithms.base import executor_name
         (["algorithm.name=light_fedsl", "model.cut=1", "partition.num_clients=5"], "cpu", "sequential"),
         (["algorithm.name=cse_fsl", "model.cut=1", "partition.num_clients=5"], "cuda", "batched"),
         (["algorithm.name=fedavg", "partition.num_clients=5"], "cpu", "batched"),
+        (["algorithm.name=splitfed_v2", "model.name=gpt2", "data.name=pystdlib", "model.cut=2",
+          "partition.num_clients=32"], "cpu", "sequential"),  # fmt: skip  # a transformer's serial server
+        (["algorithm.name=splitfed_v2", "model.name=gpt2", "data.name=pystdlib", "model.cut=2"], "cuda",
+         "batched"),  # fmt: skip
+        (["algorithm.name=fedavg", "model.name=gpt2", "data.name=pystdlib"], "cpu", "batched"),
         (["algorithm.name=gossip", "partition.num_clients=5"], "cpu", "batched"),
         (["algorithm.name=cse_fsl", "model.cut=1", "engine.executor=batched"], "cpu", "batched"),
         (["algorithm.name=fedavg", "engine.executor=sequential"], "cpu", "sequential"),

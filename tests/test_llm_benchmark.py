@@ -12,12 +12,15 @@ from benchmarks import llm  # noqa: E402
 
 @pytest.mark.parametrize("algorithm", ["fedavg", "splitfed_v2"])
 def test_the_peft_loop_computes_fedges_round(algorithm):
-    shape = {**llm.QUICK, "clients": 3, "layers": 3, "hidden": 32, "heads": 2, "seq_len": 16, "sequences": 4}
+    shape = {**llm.QUICK, "clients": 3, "layers": 3, "hidden": 32, "heads": 2, "seq_len": 16, "sequences": 4,
+             "batch": 2}  # fmt: skip
+    # two steps per client, so that SplitFed v2's server order shows
     built = llm.build_run(llm._resolved(llm.run_config(shape, algorithm, "batched", "cpu")))
     loop = llm.PeftLoop(built, algorithm, cut=2)
     built.algorithm.run_round(1)
     loop.round(1)
     ours = llm.fedge_state(built)
     assert sorted(ours) == sorted(loop.global_state)
-    assert max(float((ours[k] - loop.global_state[k]).abs().max()) for k in ours) < 1e-6
+    gap = max(float((ours[k] - loop.global_state[k]).abs().max()) for k in ours)
+    assert gap < 1e-7  # rounding alone (sdpa vs spelled-out attention); client after client: 4e-7
     assert max(float(v.abs().max()) for k, v in ours.items() if "lora_B" in k) > 0  # trained

@@ -17,6 +17,7 @@ from fedge.distributed.evaluate import evaluate_model_on
 from fedge.engine import Criterion, Executor, cross_entropy
 from fedge.metrics import Evaluation, RoundReport
 from fedge.models import SplitModel
+from fedge.models.transformer import LANGUAGE_MODELS
 from fedge.rng import derive_seed
 from fedge.system import SystemModel
 from fedge.tensors import Tensors, on_device
@@ -76,6 +77,9 @@ class Algorithm(ABC):
     batched_from: ClassVar[int] = 1
     """On a CPU, the clients one step must train together for ``engine.executor: auto`` to pick the
     batched executor (below: the sequential one); measured per family (docs/performance.md)."""
+    lm_batched_from: ClassVar[float | None] = None
+    """The same for a transformer language model (``model.name`` gpt2 or llama); None: :attr:`batched_from`
+    (measured in docs/llm.md)."""
 
     @classmethod
     def clients_per_step(cls, config: RunConfig) -> int:
@@ -136,14 +140,17 @@ def register(name: str, config_class: type[AlgorithmConfig], description: str):
 def executor_name(config: RunConfig, device_type: str) -> str:
     """The executor a run uses: ``engine.executor``, or for ``auto`` the faster one for this config -
     batched on a GPU, and on a CPU batched from the algorithm's :attr:`Algorithm.batched_from` clients
-    trained together by a step."""
+    trained together by a step (:attr:`Algorithm.lm_batched_from` for a language model)."""
     name = config.engine.executor
     if name != "auto":
         return name
     if device_type != "cpu" or config.engine.compile:
         return "batched"
     algorithm = ALGORITHMS[config.algorithm.name]
-    return "batched" if algorithm.clients_per_step(config) >= algorithm.batched_from else "sequential"
+    threshold = algorithm.batched_from
+    if config.model.name in LANGUAGE_MODELS and algorithm.lm_batched_from is not None:
+        threshold = algorithm.lm_batched_from
+    return "batched" if algorithm.clients_per_step(config) >= threshold else "sequential"
 
 
 class GlobalModel(Algorithm):

@@ -36,6 +36,7 @@ from fedge.models.lora import add_adapters, freeze
 
 LLAMA_FAMILY = ("llama", "qwen2", "mistral")
 ARCHITECTURES = ("gpt2", *LLAMA_FAMILY)
+LANGUAGE_MODELS = ("gpt2", "llama")  # the model registry's names of these builders
 # LoRA's usual attention targets per architecture (peft's defaults)
 ATTENTION = {"gpt2": ("c_attn",), **{arch: ("q_proj", "v_proj") for arch in LLAMA_FAMILY}}
 NonNegative = Annotated[int, Field(ge=0)]

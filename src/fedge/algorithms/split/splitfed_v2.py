@@ -9,6 +9,7 @@ gradient and of each client's gradient at ``clip_norm`` = 1.0 (``null`` turns it
 
 from __future__ import annotations
 
+import math
 from typing import Literal
 
 from fedge.algorithms.base import register
@@ -36,6 +37,10 @@ class SplitFedV2(GradientReturn):
     """FSL_OC: clients back-propagate returned gradients; one shared server model."""
 
     cfg: SplitFedV2Config
+    lm_batched_from = math.inf
+    """On a CPU a transformer's SplitFed v2 round is mostly the shared server's steps, one client after
+    another on either executor; the batched client side gains nothing on a dense base and its vmap
+    costs more than it saves (docs/llm.md, W9): the sequential executor."""
 
     def server_part(self, params: Tensors, buffers: Tensors) -> SplitServer:
         parts, clip = self.clients.parts, self.cfg.clip_norm
