@@ -25,8 +25,16 @@ from torch import nn
 
 from fedge.errors import ConfigError
 from fedge.models.layers import Probability
-from fedge.models.lora import add_adapters, freeze
-from fedge.models.transformer import NonNegative, TransformerLM, _import_transformers, _no_dropout, _output
+from fedge.models.lora import freeze
+from fedge.models.transformer import (
+    NonNegative,
+    TransformerLM,
+    _import_transformers,
+    _no_dropout,
+    _output,
+    adapt,
+    pretrained_config,
+)
 
 BIDIRECTIONAL = "fedge_bidirectional"
 BERT_TARGETS = ("query", "value")
@@ -149,14 +157,7 @@ def _hf_classifier(config: Any, pretrained: str | None, download: bool, classes:
     if pretrained is None:
         auto = transformers.AutoModelForSequenceClassification
         return auto.from_config(config, attn_implementation=BIDIRECTIONAL)
-    try:
-        loaded = transformers.AutoConfig.from_pretrained(pretrained, local_files_only=not download)
-    except (OSError, ValueError) as error:
-        hint = "" if download else " (set model.options.download: true to fetch it)"
-        raise ConfigError("model.options.pretrained", f"cannot load {pretrained!r}{hint}: {error}") from None
-    if loaded.model_type != "bert":
-        unknown = f"unknown architecture {loaded.model_type!r}; supported: bert"
-        raise ConfigError("model.options.pretrained", unknown)
+    loaded = pretrained_config(pretrained, download, ("bert",))
     loaded.num_labels = classes
     for key in ("hidden_dropout_prob", "attention_probs_dropout_prob", "classifier_dropout"):
         setattr(loaded, key, 0.0)
@@ -208,11 +209,8 @@ def build_bert(
     frozen_part: nn.Module = nn.ModuleList(blocks.values())
     if lora_rank:
         targets = lora_targets or BERT_TARGETS
-        replaced = add_adapters(nn.ModuleList(list(blocks.values())[:-1] + [hf.bert.pooler]), targets,
-                                lora_rank, lora_alpha, lora_dropout)  # fmt: skip
-        if not replaced:
-            raise ConfigError("model.options.lora_targets", f"no projection named {', '.join(targets)}")
-        lora = {"rank": lora_rank, "alpha": lora_alpha, "dropout": lora_dropout, "targets": list(targets)}
+        adapted = nn.ModuleList(list(blocks.values())[:-1] + [hf.bert.pooler])
+        lora = adapt(adapted, targets, lora_rank, lora_alpha, lora_dropout)
         frozen_part = nn.ModuleList([*list(blocks.values())[:-1], hf.bert.pooler])  # the classifier trains
     frozen = freeze(frozen_part, parameters=bool(lora_rank))
     return SequenceClassifier(

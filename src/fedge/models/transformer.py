@@ -264,22 +264,40 @@ def _hf_model(arch: str, spec: dict[str, Any], pretrained: str | None, download:
     if pretrained is None:
         config = hf_config(arch, **spec)
         return transformers.AutoModelForCausalLM.from_config(config, attn_implementation=ATTENTION_NAME)
-    try:
-        config = transformers.AutoConfig.from_pretrained(pretrained, local_files_only=not download)
-    except (OSError, ValueError) as error:
-        hint = "" if download else " (set model.options.download: true to fetch it)"
-        raise ConfigError("model.options.pretrained", f"cannot load {pretrained!r}{hint}: {error}") from None
-    if config.model_type not in ARCHITECTURES:
-        raise ConfigError(
-            "model.options.pretrained",
-            f"unknown architecture {config.model_type!r}; supported: {', '.join(ARCHITECTURES)}",
-        )
+    config = pretrained_config(pretrained, download, ARCHITECTURES)
     for key in ("attn_pdrop", "resid_pdrop", "embd_pdrop", "attention_dropout"):
         if hasattr(config, key):
             setattr(config, key, 0.0)
     return transformers.AutoModelForCausalLM.from_pretrained(
         pretrained, config=config, local_files_only=not download, attn_implementation=ATTENTION_NAME
     )
+
+
+def pretrained_config(pretrained: str, download: bool, supported: tuple[str, ...] | list[str]) -> Any:
+    """A checkpoint's transformers config (the hub only with ``download``), refused in one line when it
+    cannot be read or names an architecture outside ``supported``."""
+    transformers = _import_transformers()
+    try:
+        config = transformers.AutoConfig.from_pretrained(pretrained, local_files_only=not download)
+    except (OSError, ValueError) as error:
+        hint = "" if download else " (set model.options.download: true to fetch it)"
+        raise ConfigError("model.options.pretrained", f"cannot load {pretrained!r}{hint}: {error}") from None
+    if config.model_type not in supported:
+        raise ConfigError(
+            "model.options.pretrained",
+            f"unknown architecture {config.model_type!r}; supported: {', '.join(supported)}",
+        )
+    return config
+
+
+def adapt(
+    modules: nn.Module, targets: tuple[str, ...] | list[str], rank: int, alpha: float, dropout: float
+) -> dict[str, Any]:
+    """LoRA adapters on the ``targets`` projections of ``modules``; the run's record of them. A target
+    list that matches nothing is refused in one line."""
+    if not add_adapters(modules, targets, rank, alpha, dropout):
+        raise ConfigError("model.options.lora_targets", f"no projection named {', '.join(targets)}")
+    return {"rank": rank, "alpha": alpha, "dropout": dropout, "targets": list(targets)}
 
 
 class NoDropout(nn.Identity):
@@ -370,10 +388,7 @@ def build_causal_lm(
     lora = None
     if lora_rank:
         targets = lora_targets or ATTENTION[arch]
-        replaced = add_adapters(nn.ModuleList(blocks.values()), targets, lora_rank, lora_alpha, lora_dropout)
-        if not replaced:
-            raise ConfigError("model.options.lora_targets", f"no projection named {', '.join(targets)}")
-        lora = {"rank": lora_rank, "alpha": lora_alpha, "dropout": lora_dropout, "targets": list(targets)}
+        lora = adapt(nn.ModuleList(blocks.values()), targets, lora_rank, lora_alpha, lora_dropout)
     rotary = [blocks["block1"].positions] if blocks["block1"].positions is not None else []  # shared
     frozen = freeze(nn.ModuleList([*blocks.values(), *rotary]), parameters=bool(lora_rank))
     return TransformerLM(blocks, name=arch, frozen=frozen, positions=limit, lora=lora, config=hf.config)
