@@ -43,3 +43,12 @@ def lm_config(root: Path, algorithm: dict, *, arch: str = "gpt2", clients: int =
     for key, value in overrides.items():
         raw[key] = {**raw.get(key, {}), **value} if isinstance(value, dict) else value
     return raw
+
+
+def trained(raw: dict, rounds: int):
+    """The built run of ``raw`` after ``rounds`` rounds (no run directory) and its rounds' metrics."""
+    import fedge
+    from fedge.runner import build_run
+
+    built = build_run(fedge.resolve_config(raw))
+    return built, [built.algorithm.run_round(t) for t in range(1, rounds + 1)]

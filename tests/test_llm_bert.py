@@ -11,7 +11,7 @@ from torch.func import functional_call, vmap
 
 transformers = pytest.importorskip("transformers")
 
-from llm_cases import write_corpus  # noqa: E402
+from llm_cases import trained, write_corpus  # noqa: E402
 from typer.testing import CliRunner  # noqa: E402
 
 import fedge  # noqa: E402
@@ -49,11 +49,6 @@ def bert_run(root, algorithm: dict, *, clients: int = 3, **overrides) -> dict:
     for key, value in overrides.items():
         raw[key] = {**raw.get(key, {}), **value}
     return raw
-
-
-def trained(raw: dict, rounds: int):
-    built = build_run(fedge.resolve_config(raw))
-    return built, [built.algorithm.run_round(t) for t in range(1, rounds + 1)]
 
 
 @pytest.mark.parametrize("lora_rank", [0, 4])

@@ -8,7 +8,7 @@ import torch
 
 pytest.importorskip("transformers")
 
-from llm_cases import lm_config, write_corpus  # noqa: E402
+from llm_cases import lm_config, trained, write_corpus  # noqa: E402
 
 import fedge  # noqa: E402
 from fedge.algorithms.split.pruning import sparsity_target  # noqa: E402
@@ -23,12 +23,6 @@ LIGHT = {"name": "light_fedsl", "batch_size": BATCH, "final_sparsity": 0.5, "cut
 @pytest.fixture(scope="module")
 def corpus(tmp_path_factory):
     return write_corpus(tmp_path_factory.mktemp("corpus"))
-
-
-def trained(raw: dict, rounds: int):
-    built = build_run(fedge.resolve_config(raw))
-    metrics = [built.algorithm.run_round(t) for t in range(1, rounds + 1)]
-    return built, metrics
 
 
 def test_the_ledger_counts_kept_token_activations_and_the_quantized_gradient_exactly(corpus):

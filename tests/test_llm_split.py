@@ -8,7 +8,7 @@ import torch
 
 pytest.importorskip("transformers")
 
-from llm_cases import lm_config, write_corpus  # noqa: E402
+from llm_cases import lm_config, trained, write_corpus  # noqa: E402
 
 import fedge  # noqa: E402
 from fedge.algorithms.split.parts import composed  # noqa: E402
@@ -19,12 +19,6 @@ from fedge.runner import build_run  # noqa: E402
 @pytest.fixture(scope="module")
 def corpus(tmp_path_factory):
     return write_corpus(tmp_path_factory.mktemp("corpus"))
-
-
-def trained(raw: dict, rounds: int):
-    built = build_run(fedge.resolve_config(raw))
-    metrics = [built.algorithm.run_round(t) for t in range(1, rounds + 1)]
-    return built, metrics
 
 
 def max_diff(a: dict, b: dict) -> float:
