@@ -12,21 +12,30 @@ adapters loaded with ``set_peft_model_state_dict``, plain autograd, PyTorch's ow
 SplitFed the loop cuts the forward pass at the block, passes the hidden states' gradient back by hand and
 serves the clients' batches to the one server model step by step in client order, as fedge does).
 Reported: median round seconds, ``speedup_vs_loop``, the round's executed FLOPs (counted on a real
-training step by ``torch.utils.flop_counter``) per second against the measured matmul peak, and the peak
-resident memory of a batched round against base + clients x adapters.
+training step by ``torch.utils.flop_counter``) per second against the measured matmul peak, and memory.
+
+Memory is measured in a fresh process per way (a process's resident peak only grows, and the three
+ways share one here): the memory one round adds to what its built run holds (RSS sampled every
+millisecond on a CPU, allocated bytes on a GPU). The loop trains one client at a time, so its round
+adds one client's activations. The batched round is compared with the issue's model of what it must
+hold, base + clients x adapters + the activations of one chunk, the last taken as the clients the
+executor trains at once times the loop's activations of one client: ``memory_ratio`` (base and
+adapters are counted exactly, not measured).
 """
 
 from __future__ import annotations
 
 import argparse
+import gc
 import json
+import multiprocessing
 from pathlib import Path
 from typing import Any
 
 import torch
 from torch.utils.flop_counter import FlopCounterMode
 
-from benchmarks.measure import machine, matmul_peak, median, peak_rss_bytes, reset_peak_rss, timed
+from benchmarks.measure import RssSampler, machine, matmul_peak, median, rss_bytes, timed
 from fedge.data.sources.text import STDLIB_MODULES
 from fedge.engine import cross_entropy
 from fedge.engine.host import configure_host
@@ -233,7 +242,6 @@ def measure(shape: dict[str, int], algorithm: str, device: str, repeats: int) ->
     columns: dict[str, list[float]] = {"batched": [], "sequential": [], "loop": []}
     rounds = {"batched": batched.algorithm.run_round, "sequential": sequential.algorithm.run_round,
               "loop": loop.round}  # fmt: skip
-    reset_peak_rss()
     agreement = None
     for r in range(repeats + 1):  # the first repeat warms up
         for name, run in rounds.items():
@@ -243,7 +251,6 @@ def measure(shape: dict[str, int], algorithm: str, device: str, repeats: int) ->
         if r == 0:  # after one round from the same adapters: the loop does the same work
             ours = fedge_state(batched)
             agreement = max(float((ours[k] - loop.global_state[k]).abs().max()) for k in ours)
-    peak = peak_rss_bytes()
     samples = int(batched.context.data.client_sizes().sum())
     flops = executed_flops(batched) * samples
     base, adapters = adapter_bytes(batched)
@@ -260,9 +267,50 @@ def measure(shape: dict[str, int], algorithm: str, device: str, repeats: int) ->
         "base_mb": base / 2**20,
         "adapters_mb_per_client": adapters / 2**20,
         "base_plus_clients_mb": (base + shape["clients"] * adapters) / 2**20,
-        "peak_rss_mb": peak / 2**20,
-        "peak_cuda_mb": torch.cuda.max_memory_allocated() / 2**20 if dev.type == "cuda" else None,
+        **memory(shape, algorithm, device, base + shape["clients"] * adapters),
     }
+
+
+def memory(shape: dict[str, int], algorithm: str, device: str, held: int) -> dict[str, Any]:
+    """The batched round's memory against base + clients x adapters (``held`` bytes) + one chunk's
+    activations, each way measured in a fresh process."""
+    spawn = multiprocessing.get_context("spawn")
+    threads = torch.get_num_threads()
+    with spawn.Pool(1, maxtasksperchild=1) as pool:
+        rounds = {way: pool.apply(round_memory, (shape, algorithm, way, device, threads))
+                  for way in ("batched", "loop")}  # fmt: skip
+    chunk = rounds["batched"]["clients_at_once"]
+    per_client = rounds["loop"]["round_bytes"]
+    model = held + chunk * per_client
+    return {
+        "clients_at_once": chunk,
+        "loop_round_mb_one_client": per_client / 2**20,
+        "batched_round_mb": rounds["batched"]["round_bytes"] / 2**20,
+        "memory_model_mb": model / 2**20,
+        "memory_ratio": (held + rounds["batched"]["round_bytes"]) / model,
+    }
+
+
+def round_memory(
+    shape: dict[str, int], algorithm: str, way: str, device: str, threads: int
+) -> dict[str, int]:
+    """In this (fresh) process: the bytes one round of ``way`` adds to its built run, and how many
+    clients the run's executor trains at once."""
+    configure_host(threads, True)
+    built = build_run(_resolved(run_config(shape, algorithm, "batched", device)))
+    run = PeftLoop(built, algorithm, cut=2).round if way == "loop" else built.algorithm.run_round
+    dev = built.context.device
+    together = built.context.executor.clients_at_once(shape["clients"], shape["batch"], dev)
+    gc.collect()
+    if dev.type == "cuda":
+        torch.cuda.reset_peak_memory_stats(dev)
+        before = torch.cuda.memory_allocated(dev)
+        run(1)
+        return {"round_bytes": torch.cuda.max_memory_allocated(dev) - before, "clients_at_once": together}
+    before = rss_bytes() or 0
+    with RssSampler() as sampler:
+        run(1)
+    return {"round_bytes": sampler.peak - before, "clients_at_once": together}
 
 
 def _resolved(raw: dict[str, Any]):

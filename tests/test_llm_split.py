@@ -133,19 +133,44 @@ def test_full_fine_tuning_trains_every_weight_and_lora_only_adapters(corpus):
 
 def test_the_preflight_refuses_full_model_copies_where_adapters_fit(corpus, monkeypatch):
     """Every participant holds a full copy under full fine-tuning, only adapters under LoRA (beside the
-    frozen base, counted once: 66 MiB in all here)."""
+    frozen base, counted once: 66 MiB in all here, one client's activations at a time)."""
     from fedge import preflight
     from fedge.errors import ConfigError
 
     monkeypatch.setattr(preflight, "available_bytes", lambda device: 80 * 2**20)
     options, small_eval = {"layers": 6, "hidden": 256, "heads": 4}, {"batch_size": 8}
+    one_at_a_time = {"executor": "sequential"}
     full = {"options": {**options, "lora_rank": 0}}
-    raw = lm_config(corpus, {"name": "fedavg"}, model=full, eval=small_eval)
+    raw = lm_config(corpus, {"name": "fedavg"}, model=full, eval=small_eval, engine=one_at_a_time)
     with pytest.raises(ConfigError, match="clients' models") as error:
         build_run(fedge.resolve_config(raw))
     assert error.value.key == "partition.num_clients" and "\n" not in str(error.value)
-    lora = lm_config(corpus, {"name": "fedavg"}, model={"options": options}, eval=small_eval)
+    lora = lm_config(
+        corpus, {"name": "fedavg"}, model={"options": options}, eval=small_eval, engine=one_at_a_time
+    )
     build_run(fedge.resolve_config(lora))
+
+
+def test_the_preflight_counts_the_activations_of_the_clients_trained_at_once(corpus, monkeypatch):
+    """The batched executor trains the three clients together: three clients' activations, refused where
+    one client's fit; with room, the chunk is what the executor then trains at once."""
+    from fedge import preflight
+    from fedge.errors import ConfigError
+
+    monkeypatch.setattr(preflight, "available_bytes", lambda device: 80 * 2**20)
+    options = {"options": {"layers": 6, "hidden": 256, "heads": 4}}
+    batched = lm_config(
+        corpus, {"name": "fedavg"}, model=options, eval={"batch_size": 8}, engine={"executor": "batched"}
+    )
+    with pytest.raises(ConfigError, match="of 3 clients at once") as error:
+        build_run(fedge.resolve_config(batched))
+    assert error.value.key == "algorithm.batch_size" and "\n" not in str(error.value)
+    monkeypatch.setattr(preflight, "available_bytes", lambda device: 2**40)
+    built = build_run(fedge.resolve_config(batched))
+    executor, rows = built.context.executor, 8
+    assert executor.sample_bytes > 0 and executor.clients_at_once(3, rows, torch.device("cpu")) == 3
+    executor.sample_bytes = 2**30 // (2 * rows) + 1  # two clients no longer fit in the budget
+    assert executor.clients_at_once(3, rows, torch.device("cpu")) == 1
 
 
 @pytest.mark.parametrize("name", ["gossip", "hfedavg"])

@@ -12,7 +12,8 @@ The estimate is rough on purpose (float32 values, 4 bytes each) and errs high:
   tensors outside its trained state under LoRA) once, whatever the number of clients;
 - the clients: every client's model stacked, with its optimizer slots;
 - the largest batch: the batch plan (``[clients, steps, batch]`` int64 indices and float32 weights);
-- once the model is known to fit and is built: the activations of one training batch (per-sample outputs
+- once the model is known to fit and is built: the activations of the training batches of the clients
+  that train at once (one for the sequential executor, a chunk for the batched one; per-sample outputs
   of every layer, times three for the forward values, their gradients and slack) and of one evaluation
   batch.
 
@@ -241,13 +242,31 @@ def state_parts(config: RunConfig, data: FederatedData, model: nn.Module | None 
     ]
 
 
-def activation_parts(config: RunConfig, data: FederatedData, model: nn.Module) -> list[Part]:
-    """Activations of the largest training batch and of an evaluation batch of ``model``."""
+def sample_activation_bytes(model: nn.Module, input_shape: tuple[int, ...]) -> int:
+    """Bytes one sample's training step holds: every layer's output, times :data:`ACTIVATION_FACTOR`."""
+    return _per_sample_activations(model, input_shape) * FLOAT_BYTES * ACTIVATION_FACTOR
+
+
+def training_rows(config: RunConfig, data: FederatedData) -> int:
+    """Samples in the largest training batch of one client."""
+    return min(_batch_shape(config, data)[2], int(data.client_sizes().max(initial=1)))
+
+
+def activation_parts(
+    config: RunConfig, data: FederatedData, model: nn.Module, clients_at_once: int = 1
+) -> list[Part]:
+    """Activations of the largest training batches of ``clients_at_once`` clients trained together (the
+    batched executor's chunk) and of an evaluation batch of ``model``."""
     per_sample = _per_sample_activations(model, data.input_shape) * FLOAT_BYTES
-    rows = min(_batch_shape(config, data)[2], int(data.client_sizes().max(initial=1)))
+    rows = training_rows(config, data)
     eval_rows = min(config.eval.batch_size, max(data.dataset.num_test, 1))
+    together = f" of {clients_at_once:,} clients at once" if clients_at_once > 1 else ""
     return [
-        Part("algorithm.batch_size", rows * per_sample * ACTIVATION_FACTOR, f"training batches of {rows:,}"),
+        Part(
+            "algorithm.batch_size",
+            clients_at_once * rows * per_sample * ACTIVATION_FACTOR,
+            f"training batches of {rows:,}{together}",
+        ),
         Part("eval.batch_size", eval_rows * per_sample, f"evaluation batches of {eval_rows:,}"),
     ]
 

@@ -204,13 +204,15 @@ def build_run(config: RunConfig, force: bool = False, extensions: Extensions | N
         factory = model_factory(config, dataset.input_shape, dataset.num_classes)
     template = factory()
     _check_outputs(template, dataset)
-    preflight.check(parts + preflight.activation_parts(config, data, template), available, force)
-    if config.model.cut is not None:
-        split(template, block_cut(template, config.model.cut))
-    algorithm_cls = ALGORITHMS[config.algorithm.name]
     executor = make_executor(
         executor_name(config, device.type), compile_step=config.engine.compile, fused=config.engine.fused
     )
+    executor.sample_bytes = preflight.sample_activation_bytes(template, dataset.input_shape)
+    together = executor.clients_at_once(data.num_clients, preflight.training_rows(config, data), device)
+    preflight.check(parts + preflight.activation_parts(config, data, template, together), available, force)
+    if config.model.cut is not None:
+        split(template, block_cut(template, config.model.cut))
+    algorithm_cls = ALGORITHMS[config.algorithm.name]
     if has_random_layers(template):
         executor.noise = NoiseStreams(config.seed, device)
     ctx = Context(

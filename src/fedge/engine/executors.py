@@ -12,9 +12,13 @@ How the batched executor stays close to the hardware's speed:
   synchronisation (the step counts are known before the loop).
 * One gather per step: every active client's batch is read from the device-resident dataset with a
   single ``index_select`` into a buffer reused across steps, never a Python loop over clients.
-* For a :class:`~fedge.engine.step.Step`, gradients of all clients come from one vmapped call and
-  the optimizer then updates the stacked state in place (:meth:`SGD.update_`), one pass over memory
-  instead of allocating a new copy of every client's parameters at every step.
+* For a :class:`~fedge.engine.step.Step`, every client's loss comes from one vmapped forward pass and
+  their gradients from one plain backward pass of the summed losses (each client's loss depends on
+  its own rows of the stacked state only), and the optimizer then updates the stacked state in place
+  (:meth:`SGD.update_`), one pass over memory instead of allocating a new copy of every client's
+  parameters at every step. Plain autograd rather than ``torch.func.grad`` under ``vmap``: the
+  transform keeps about twice the activations for its backward pass (one W9 GPT-2 client step:
+  387 MB against 171 MB), and activations are what bounds a transformer's batch of clients.
 * Clients are trained in equal chunks whose gradients stay under ``chunk_bytes``, so a round's peak
   memory stays near the stacked state itself however many clients train; clients are independent
   during local training, so chunking does not change any number.
@@ -41,7 +45,7 @@ from typing import Any, NamedTuple
 
 import numpy as np
 import torch
-from torch.func import vjp, vmap
+from torch.func import vmap
 
 from fedge.data.federated import BatchPlan, FederatedData
 from fedge.engine.bank import ClientBank
@@ -59,6 +63,9 @@ Kernel = Callable[..., torch.Tensor]
 ClientFn = Callable[..., "Mapped"]
 
 CHUNK_BYTES = 64 * 2**20
+# training activations of the clients one vmapped call trains at once, on a CPU (on a GPU: a quarter of
+# its memory); see BatchedExecutor.activation_chunk
+ACTIVATION_BYTES = 2**30
 # batch inputs of one vmapped ``map`` call; see BatchedExecutor.map_chunk_size
 MAP_CHUNK_BYTES = 6 * 2**20
 
@@ -101,6 +108,11 @@ class Executor(ABC):
 
     name: str
     noise: NoiseStreams | None = None
+    sample_bytes: int = 0  # training activations of one sample (0: unknown); set by the runner
+
+    def clients_at_once(self, count: int, rows: int, device: torch.device) -> int:
+        """How many of ``count`` clients train together on batches of ``rows`` samples (one here)."""
+        return min(count, 1)
 
     @abstractmethod
     def train(
@@ -149,15 +161,30 @@ class Executor(ABC):
     ) -> tuple[torch.Tensor, Tensors, Callable[[torch.Tensor], Tensors]]:
         """Stacked smashed data of ``fn(buffers, params, x) -> Mapped((buffers,), (), (z,))``, the new
         buffers, and the pullback that turns cut-layer gradients ``dL/dz`` into stacked parameter
-        gradients. One forward pass; the pullback reuses it (so dropout masks stay consistent).
+        gradients. One forward pass (:meth:`map`, vmapped on the batched executor) on plain autograd;
+        the pullback is one ``autograd.grad`` call that reuses it (so dropout masks stay consistent).
+        Plain autograd rather than ``torch.func.vjp``: the transform keeps about twice the activations
+        for its backward pass (a GPT-2 client step: 387 MB against 171 MB).
         """
+        leaves = {name: p.detach().requires_grad_(True) for name, p in params.items()}
+        with torch.enable_grad():
+            out = self.map(fn, (buffers,), (x,), (), counts, inputs=(leaves,), keys=keys, stage="forward")
+        z = out.per_sample[0]
 
-        def smashed(p: Tensors) -> tuple[torch.Tensor, Tensors]:
-            out = self.map(fn, (buffers,), (x,), (), counts, inputs=(p,), keys=keys, stage="forward")
-            return out.per_sample[0], out.state[0]
+        def pullback(grad_z: torch.Tensor) -> Tensors:
+            grads = torch.autograd.grad(z, list(leaves.values()), grad_z, allow_unused=True)
+            return {
+                name: torch.zeros_like(p) if g is None else g
+                for (name, p), g in zip(leaves.items(), grads, strict=True)
+            }
 
-        z, pullback, new_buffers = vjp(smashed, params, has_aux=True)
-        return z, new_buffers, lambda grad_z: pullback(grad_z)[0]
+        return z.detach(), {name: b.detach() for name, b in out.state[0].items()}, pullback
+
+
+def _equal_chunks(count: int, fits: int) -> int:
+    """Clients per chunk: the fewest equal chunks of at most ``fits`` clients that hold ``count``."""
+    chunks = -(-count // max(fits, 1))
+    return max(1, -(-count // max(chunks, 1)))
 
 
 def _destination(bank: ClientBank) -> State:
@@ -242,22 +269,6 @@ class SequentialExecutor(Executor):
                 outs.append(call(*args, *shared))
         return _stacked(outs, state, width)
 
-    def forward_with_vjp(self, fn, params, buffers, x, counts, keys=None):
-        """One forward pass per client on plain autograd; the pullback is one ``autograd.grad`` call."""
-        leaves = {name: p.detach().requires_grad_(True) for name, p in params.items()}
-        with torch.enable_grad():
-            out = self.map(fn, (buffers,), (x,), (), counts, inputs=(leaves,), keys=keys, stage="forward")
-        z = out.per_sample[0]
-
-        def pullback(grad_z: torch.Tensor) -> Tensors:
-            grads = torch.autograd.grad(z, list(leaves.values()), grad_z, allow_unused=True)
-            return {
-                name: torch.zeros_like(p) if g is None else g
-                for (name, p), g in zip(leaves.items(), grads, strict=True)
-            }
-
-        return z.detach(), {name: b.detach() for name, b in out.state[0].items()}, pullback
-
 
 def _real_rows(plan: BatchPlan) -> Callable[[int, int], tuple[torch.Tensor, torch.Tensor]]:
     """``(r, s) ->`` the sample indices and (all-one) weights of row ``r``'s real samples at step ``s``.
@@ -302,14 +313,22 @@ def _kernels(compile_step: bool) -> Callable[[], AbstractContextManager[Any]]:
 
 
 def _step_kernel(step: Step, keyed: bool, compile_step: bool) -> Kernel:
-    """Vmapped gradients of all clients, then the optimizer's in-place update of the stacked state."""
-    gradients = _vmapped(step.gradients, (0,) * 5, keyed, compile_step)
+    """Every client's loss in one vmapped forward pass, their gradients by one plain backward pass,
+    then the optimizer's in-place update of the stacked state."""
+    losses = _vmapped(step.loss_fn, (0,) * 5, keyed, compile_step)
     kernels = _kernels(compile_step)
 
     def run(params, buffers, opt_state, x, y, weight, lr, keys):
-        with kernels():
-            args = (params, buffers, x, y, weight)
-            grads, loss, new_buffers = gradients(keys, *args) if keyed else gradients(*args)
+        leaves = {name: p.detach().requires_grad_(True) for name, p in params.items()}
+        with kernels(), torch.enable_grad():
+            args = (leaves, buffers, x, y, weight)
+            loss, new_buffers = losses(keys, *args) if keyed else losses(*args)
+            values = torch.autograd.grad(loss.sum(), list(leaves.values()), allow_unused=True)
+        grads = {
+            name: torch.zeros_like(p) if g is None else g
+            for (name, p), g in zip(leaves.items(), values, strict=True)
+        }
+        loss, new_buffers = loss.detach(), {name: b.detach() for name, b in new_buffers.items()}
         step.optimizer.update_(params, grads, opt_state, lr)
         _copy_into(buffers, new_buffers)
         return loss
@@ -338,7 +357,8 @@ class BatchedExecutor(Executor):
 
     ``chunk_clients`` fixes the number of clients per chunk; by default the clients are split into the
     fewest equal chunks whose gradients (one more copy of the chunk's parameters, the largest per-step
-    temporary of a dense model; activations are not counted) fit in ``chunk_bytes``. The default,
+    temporary of a dense model) fit in ``chunk_bytes`` and whose training activations fit in
+    :meth:`activation_chunk`'s budget (known once the runner sets :attr:`sample_bytes`). The default,
     64 MiB, keeps 100 MLP 784-200-10 clients in one chunk; larger chunks were no faster on a 2-core
     CPU and raised the peak memory (1,000 such clients: 1.35 GB peak in chunks of 100, 1.89 GB in
     chunks of 200, at the same speed). A bank of one client has nothing to batch: it trains as the
@@ -393,13 +413,31 @@ class BatchedExecutor(Executor):
         if self.chunk_clients is not None:
             return self.chunk_clients
         count = len(bank)
-        if isinstance(kernel, DenseKernel):
-            return max(count, 1)
-        grads = sum(t[0].numel() * t.element_size() for t in bank.params.values())
-        budget = self.chunk_bytes if retaining_memory() else min(self.chunk_bytes, REUSED_BLOCK_BYTES)
-        fits = max(1, budget // max(1, grads))
-        chunks = -(-count // fits)
-        return max(1, -(-count // max(chunks, 1)))
+        fits = self.activation_chunk(plan.index.shape[2], data.device)
+        if not isinstance(kernel, DenseKernel):
+            grads = sum(t[0].numel() * t.element_size() for t in bank.params.values())
+            budget = self.chunk_bytes if retaining_memory() else min(self.chunk_bytes, REUSED_BLOCK_BYTES)
+            fits = min(fits, max(1, budget // max(1, grads)))
+        return _equal_chunks(count, fits)
+
+    def activation_chunk(self, rows: int, device: torch.device) -> int:
+        """Clients whose training activations on batches of ``rows`` samples fit in the budget
+        (``ACTIVATION_BYTES`` on a CPU, a quarter of a GPU's memory); unbounded while
+        :attr:`sample_bytes` is unknown. A transformer's activations, not its adapters, are what a
+        batch of clients holds: one W9 GPT-2 client's step holds about 250 MB, 6,000 times its adapters.
+        """
+        per_client = rows * self.sample_bytes
+        if not per_client:
+            return 2**62
+        budget = ACTIVATION_BYTES
+        if device.type == "cuda":
+            budget = torch.cuda.get_device_properties(device).total_memory // 4
+        return max(1, budget // per_client)
+
+    def clients_at_once(self, count: int, rows: int, device: torch.device) -> int:
+        if self.chunk_clients is not None:
+            return min(count, self.chunk_clients)
+        return min(count, _equal_chunks(count, self.activation_chunk(rows, device)))
 
     def train(
         self, step: StepFn, bank: ClientBank, plan: BatchPlan, data: FederatedData, lr: float
@@ -439,7 +477,10 @@ class BatchedExecutor(Executor):
         28 x 28 image), and ``map`` steps allocate them anew at every step. Kept under 6 MiB of input,
         a chunk's activations stay under glibc's 32 MiB reuse limit and in the cache for longer: a
         100-client CSE-FSL round (W4) took 4.5 s in one call, 3.6 s in two of 50 clients, and no less
-        in three or four. Clients are independent within a ``map`` call, so chunks change no number.
+        in three or four. A transformer's input is a few token ids whose activations are thousands of
+        times larger, so the chunk also keeps them within :meth:`activation_chunk` (counting the whole
+        model's activations, which errs high for one side of a cut). Clients are independent within a
+        ``map`` call, so chunks change no number.
         """
         if self.chunk_clients is not None:
             return self.chunk_clients
@@ -447,7 +488,9 @@ class BatchedExecutor(Executor):
         if not per_client:
             return max(count, 1)
         chunks = -(-count * per_client // MAP_CHUNK_BYTES)
-        return max(1, -(-count // max(chunks, 1)))
+        size = max(1, -(-count // max(chunks, 1)))
+        fits = self.activation_chunk(batch[0].shape[1], batch[0].device)
+        return size if size <= fits else _equal_chunks(count, fits)
 
     def map(self, fn, state, batch, shared, counts, inputs=(), keys=None, stage="map") -> Mapped:
         if len(counts) == 1:  # one client (a split round client after client): the sequential kernels
@@ -477,11 +520,6 @@ class BatchedExecutor(Executor):
                 v * real.to(v).reshape(*real.shape, *([1] * (v.dim() - 2))) for v in per_sample
             )
         return Mapped(new_state, per_client, per_sample)
-
-    def forward_with_vjp(self, fn, params, buffers, x, counts, keys=None):
-        if len(counts) == 1:  # one client: one eager forward pass, as the sequential executor runs it
-            return SequentialExecutor.forward_with_vjp(self, fn, params, buffers, x, counts, keys)
-        return super().forward_with_vjp(fn, params, buffers, x, counts, keys)
 
     @staticmethod
     def _train_chunk(
