@@ -137,6 +137,24 @@ def test_batched_and_sequential_executors_agree_on_bert(corpus, name):
         assert any(k.startswith("aux.") for k in seq.algorithm.client["params"])
 
 
+@pytest.mark.parametrize("name", ["splitfed_v1", "light_fedsl", "gossip", "hfedavg"])
+def test_the_other_families_run_on_bert_and_their_executors_agree(corpus, name):
+    """One label per sequence fits every family's model contract: split with a server copy per client,
+    lightweight FedSL (pruned adapters, cut dropout), decentralized and hierarchical."""
+    algorithm = {"name": name, **({"cells": 1} if name == "hfedavg" else {})}
+    runs = [
+        trained(bert_run(corpus, algorithm, engine={"executor": ex}), rounds=3)
+        for ex in ("sequential", "batched")
+    ]
+    (seq, seq_metrics), (bat, bat_metrics) = runs
+    assert seq.context.ledger.totals() == bat.context.ledger.totals()
+    for m, n in zip(seq_metrics, bat_metrics, strict=True):
+        assert m["train_loss"] == pytest.approx(n["train_loss"], abs=1e-5)
+    ours, theirs = seq.algorithm.evaluate(), bat.algorithm.evaluate()
+    assert ours["loss"] == pytest.approx(theirs["loss"], abs=1e-5)
+    assert seq_metrics[-1]["train_loss"] != seq_metrics[0]["train_loss"]  # it trained
+
+
 def test_the_ledger_counts_hidden_states_labels_gradients_and_adapters_exactly(corpus):
     """SplitFed v2, one round: smashed_up and grad_down = tokens x hidden x 32 bits per sequence (every
     sequence a full window: no pad position exists to exclude), labels_up = one 32-bit label per
