@@ -133,7 +133,18 @@ def configs(tmp_path: Path) -> dict[str, dict]:
         ),  # 12 of 30 pairs: probed pair by pair
         **{name: peer_config(tmp_path, name) for name in PEER},
         **{name: split_config(tmp_path, name) for name in SPLIT},
+        "lm_fedavg": lm_config(tmp_path),
     }
+
+
+def lm_config(tmp_path: Path) -> dict:
+    """FedAvg of LoRA adapters on a tiny GPT-2 over six standard-library modules (token targets)."""
+    config = base(tmp_path, name="fedavg", batch_size=8, optimizer={"lr": 0.05})
+    config["rounds"] = 2
+    config["data"] = {"name": "pystdlib", "seq_len": 16, "text_bytes": 1200}
+    config["partition"] = {"kind": "natural", "num_clients": 6}
+    config["model"] = {"name": "gpt2", "options": {"layers": 2, "hidden": 16, "heads": 2, "lora_rank": 2}}
+    return config
 
 
 SPLIT_OPTIONS = {
@@ -285,7 +296,7 @@ def final_state(run_dir: Path) -> np.ndarray:
     return np.concatenate(flat_state(algorithm_state(run_dir)))
 
 
-@pytest.mark.parametrize("name", ["fedavg", "hist", "hfedavg", "gossip", *AFIND, *PEER, *SPLIT])
+@pytest.mark.parametrize("name", ["fedavg", "hist", "hfedavg", "gossip", *AFIND, *PEER, *SPLIT, "lm_fedavg"])
 def test_two_ranks_twice_bit_identical_and_match_one_process(runs, name):
     root = runs[name]
     two_a, two_b, one = (root / f"{name}-{tag}" for tag in ("a", "b", "single"))
@@ -300,6 +311,17 @@ def test_two_ranks_twice_bit_identical_and_match_one_process(runs, name):
     if name == "dispfl":  # evolved a share per rank, gathered: the same masks as one process
         masks = [algorithm_state(run)["masks"] for run in (two_a, one)]
         assert all(torch.equal(masks[0][k], masks[1][k]) for k in masks[1])
+
+
+def test_a_language_models_token_figures_on_two_ranks_are_one_process_figures(runs):
+    """Each rank scores its share of the held-out sequences; correct tokens and loss sums come back
+    together, so accuracy, loss and perplexity are per token as in one process."""
+    root = runs["lm_fedavg"]
+    two, one = rows(root / "lm_fedavg-a"), rows(root / "lm_fedavg-single")
+    assert [r["round"] for r in two] == [r["round"] for r in one] and "perplexity" in one[-1]
+    for a, b in zip(two, one, strict=True):
+        for key in ("accuracy", "loss", "perplexity"):
+            assert a.get(key) == pytest.approx(b.get(key), rel=1e-6, abs=1e-9)
 
 
 def test_environment_records_the_world_size_and_backend(runs):

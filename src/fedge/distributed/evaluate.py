@@ -9,6 +9,7 @@ from torch import nn
 from fedge.data.federated import FederatedData
 from fedge.distributed.cohort import Cohort, Cohorts
 from fedge.engine import ClientBank, evaluate_model
+from fedge.engine.evaluate import evaluation
 from fedge.engine.personal import client_summary, client_test_sets, evaluate_rows
 from fedge.metrics import Evaluation
 from fedge.tensors import Tensors
@@ -19,15 +20,17 @@ def evaluate_model_on(
     batch_size: int,
 ) -> Evaluation:  # fmt: skip
     """:func:`~fedge.engine.evaluate_model` with the test rows split over the processes; correct counts
-    are summed exactly (integers), losses as float64 sums. In one process: the plain evaluation."""
+    are summed exactly (integers), losses as float64 sums, both over targets (tokens of a sequence each
+    count, so a language model's per-token figures and perplexity come out as in one process). In one
+    process: the plain evaluation."""
     rows = cohorts.of(len(y))
     if not rows.spread:
         return evaluate_model(model, params, buffers, x, y, batch_size)
-    part = evaluate_model(model, params, buffers, x[rows.rows], y[rows.rows], batch_size)
-    counts = rows.gather_array([round(part.accuracy * len(rows))])
-    loss = rows.sum_float(part.loss * len(rows))
-    total = max(len(y), 1)
-    return Evaluation(int(counts.sum()) / total, loss / total)
+    mine = y[rows.rows]
+    part = evaluate_model(model, params, buffers, x[rows.rows], mine, batch_size)
+    counts = rows.gather_array([round(part.accuracy * mine.numel())])
+    loss_sum = rows.sum_float(part.loss * mine.numel())
+    return evaluation(int(counts.sum()), loss_sum, y)
 
 
 def evaluate_clients_on(

@@ -32,8 +32,14 @@ def evaluate_model(
             correct += int((logits.argmax(dim=1) == yb).sum())
     finally:
         model.train(was_training)
+    return evaluation(correct, loss_sum, y)
+
+
+def evaluation(correct: int, loss_sum: float, y: torch.Tensor) -> Evaluation:
+    """Accuracy and mean loss from the counts over the targets ``y`` (per token for sequences, with the
+    perplexity ``exp(loss)``)."""
     count = max(y.numel(), 1)
-    if y.dim() == 1:
-        return Evaluation(correct / count, loss_sum / count)
     loss = loss_sum / count
+    if y.dim() == 1:
+        return Evaluation(correct / count, loss)
     return Evaluation(correct / count, loss, {"perplexity": math.exp(min(loss, 700.0))})
