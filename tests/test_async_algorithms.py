@@ -10,6 +10,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from async_cases import HETEROGENEOUS, IDENTICAL, interrupted_and_resumed, rows
 from cases import tiny
 
 import fedge
@@ -17,10 +18,6 @@ from fedge import results
 from fedge.checkpoint import load
 from fedge.errors import ConfigError
 from fedge.system.events import EventQueue
-
-WALL = ("wall_seconds",)
-IDENTICAL = {"distance_min_m": 200.0, "distance_max_m": 200.0}  # with iid data: every job alike
-HETEROGENEOUS = {"devices": {"cpu_hz": [1e6, 1e7], "availability": 0.8}}  # 10x compute spread
 
 
 def config(tmp_path: Path, algorithm: str, name: str, rounds: int = 4, **knobs) -> dict:
@@ -34,10 +31,6 @@ def config(tmp_path: Path, algorithm: str, name: str, rounds: int = 4, **knobs) 
 
 def final_params(result: fedge.Result) -> dict[str, torch.Tensor]:
     return load(result.run_dir / results.CHECKPOINT).state["algorithm"]["params"]
-
-
-def rows(result: fedge.Result) -> list[dict]:
-    return [{k: v for k, v in row.items() if k not in WALL} for row in result.metrics]
 
 
 @pytest.mark.parametrize("executor", ["batched", "sequential"])
@@ -148,23 +141,9 @@ def test_an_interrupted_async_run_resumes_bit_identically(tmp_path, algorithm):
     cfg = config(tmp_path / "ref", algorithm, "run", rounds=8)
     cfg["system"] = HETEROGENEOUS
     cfg["output"]["checkpoint_every"] = 3
-    reference = fedge.run(cfg)
-
-    class Killed(Exception):
-        pass
-
-    def die(t: int, row: dict) -> None:
-        if t == 5:  # after round 5; the last checkpoint is round 3's, with jobs in flight
-            raise Killed
-
-    cut = {**cfg, "output": {**cfg["output"], "dir": str(tmp_path / "cut")}}
-    with pytest.raises(Killed):
-        fedge.run(cut, on_round=die)
-    run_dir = tmp_path / "cut" / "run"
-    assert load(run_dir / results.CHECKPOINT).state["algorithm"]["queue"]["jobs"]  # jobs in flight saved
-    resumed = fedge.resume(run_dir)
-    assert rows(resumed) == rows(reference)
-    assert (run_dir / "ledger.csv").read_bytes() == (reference.run_dir / "ledger.csv").read_bytes()
+    # after round 5; the last checkpoint is round 3's, with jobs in flight
+    reference, saved, resumed = interrupted_and_resumed(cfg, tmp_path, after=5)
+    assert saved["queue"]["jobs"]  # jobs in flight saved
     for name, value in final_params(reference).items():
         assert torch.equal(value, final_params(resumed)[name])
 

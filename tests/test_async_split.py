@@ -7,16 +7,13 @@ from pathlib import Path
 
 import pytest
 import torch
+from async_cases import HETEROGENEOUS, IDENTICAL, interrupted_and_resumed, rows
 from cases import tiny
 
 import fedge
 from fedge import results
 from fedge.checkpoint import load
 from fedge.errors import ConfigError
-
-WALL = ("wall_seconds",)
-IDENTICAL = {"distance_min_m": 200.0, "distance_max_m": 200.0}  # with iid equal shards: every job alike
-HETEROGENEOUS = {"devices": {"cpu_hz": [1e6, 1e7], "availability": 0.8}}  # 10x compute spread
 
 
 def config(tmp_path: Path, algorithm: str, name: str, rounds: int = 4, **knobs) -> dict:
@@ -30,10 +27,6 @@ def config(tmp_path: Path, algorithm: str, name: str, rounds: int = 4, **knobs) 
 
 def state(result: fedge.Result) -> dict:
     return load(result.run_dir / results.CHECKPOINT).state["algorithm"]
-
-
-def rows(result: fedge.Result) -> list[dict]:
-    return [{k: v for k, v in row.items() if k not in WALL} for row in result.metrics]
 
 
 def assert_same_models(a: dict, b: dict) -> None:
@@ -89,24 +82,9 @@ def test_an_interrupted_async_cse_fsl_run_resumes_bit_identically(tmp_path):
     cfg = config(tmp_path / "ref", "cse_fsl_async", "run", rounds=8, buffer_size=2)
     cfg["system"] = HETEROGENEOUS
     cfg["output"]["checkpoint_every"] = 3
-    reference = fedge.run(cfg)
-
-    class Killed(Exception):
-        pass
-
-    def die(t: int, row: dict) -> None:
-        if t == 5:  # after round 5; the last checkpoint is round 3's, with uploads and models in flight
-            raise Killed
-
-    cut = {**cfg, "output": {**cfg["output"], "dir": str(tmp_path / "cut")}}
-    with pytest.raises(Killed):
-        fedge.run(cut, on_round=die)
-    run_dir = tmp_path / "cut" / "run"
-    saved = load(run_dir / results.CHECKPOINT).state["algorithm"]
+    # after round 5; the last checkpoint is round 3's, with uploads and models in flight
+    reference, saved, resumed = interrupted_and_resumed(cfg, tmp_path, after=5)
     assert saved["queue"]["jobs"] and {e["kind"] for e in saved["flight"].values()} == {"smashed", "model"}
-    resumed = fedge.resume(run_dir)
-    assert rows(resumed) == rows(reference)
-    assert (run_dir / "ledger.csv").read_bytes() == (reference.run_dir / "ledger.csv").read_bytes()
     assert_same_models(state(reference), state(resumed))
 
 
