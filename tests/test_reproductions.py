@@ -53,6 +53,14 @@ def _fake_run(root: Path, name: str, algorithm: str, accuracies: list[float], se
     (run / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
 
 
+def _write_index(root, entries: list[dict]) -> None:
+    """A sweep's index.csv of ``entries`` (label, seed, run)."""
+    with (root / "index.csv").open("w", newline="") as handle:
+        writer = csv.DictWriter(handle, ["label", "seed", "run"])
+        writer.writeheader()
+        writer.writerows(entries)
+
+
 def test_paired_differences_are_per_seed_within_a_group(tmp_path):
     entries = []
     for seed, (a, g) in {7: (0.9, 0.8), 8: (0.7, 0.75)}.items():
@@ -62,10 +70,7 @@ def test_paired_differences_are_per_seed_within_a_group(tmp_path):
             entries.append({"label": f"small, {algo}", "seed": seed, "run": f"runs/{name}"})
     _fake_run(tmp_path, "big-gossip-s7", "gossip", [0.5])  # another group, no AFIND+ run: no pair
     entries.append({"label": "big, gossip", "seed": 7, "run": "runs/big-gossip-s7"})
-    with (tmp_path / "index.csv").open("w", newline="") as handle:
-        writer = csv.DictWriter(handle, ["label", "seed", "run"])
-        writer.writeheader()
-        writer.writerows(entries)
+    _write_index(tmp_path, entries)
     paired = _paired()
     result = paired.paired(paired.finished_runs(tmp_path), "afind", "best_accuracy")
     small = result["small"]
@@ -107,10 +112,7 @@ def test_a_cell_named_algorithm_dash_variant_is_paired_as_that_variant(tmp_path)
             name = f"{cell}-s{seed}"
             _fake_run(tmp_path, name, algo, [acc], selected=4.0 if cell == "afind-tau-0.1" else None)
             entries.append({"label": f"{cell}, kind=dirichlet", "seed": seed, "run": f"runs/{name}"})
-    with (tmp_path / "index.csv").open("w", newline="") as handle:
-        writer = csv.DictWriter(handle, ["label", "seed", "run"])
-        writer.writeheader()
-        writer.writerows(entries)
+    _write_index(tmp_path, entries)
     paired = _paired()
     result = paired.paired(paired.finished_runs(tmp_path), "afind-tau-0.1", "best_accuracy")
     group = result["kind=dirichlet"]
