@@ -17,7 +17,7 @@ training step by ``torch.utils.flop_counter``) per second against the measured m
 Memory is measured in a fresh process per way (a process's resident peak only grows, and the three
 ways share one here): the memory one round adds to what its built run holds (RSS sampled every
 millisecond on a CPU, allocated bytes on a GPU). The loop trains one client at a time, so its round
-adds one client's activations. The batched round is compared with the issue's model of what it must
+adds one client's activations. The batched round is compared with W9's memory target, what it must
 hold, base + clients x adapters + the activations of one chunk, the last taken as the clients the
 executor trains at once times the loop's activations of one client: ``memory_ratio`` (base and
 adapters are counted exactly, not measured).

@@ -20,7 +20,7 @@ from torch.func import grad_and_value
 
 from fedge.engine.bind import call_at
 from fedge.engine.executors import ClientFn, Mapped, TwoForms
-from fedge.engine.step import Criterion, Optimizer, cross_entropy
+from fedge.engine.step import Criterion, Optimizer, cross_entropy, grad_leaves, leaf_gradients
 from fedge.tensors import Tensors
 
 
@@ -87,15 +87,11 @@ def eager_grad_and_value(loss: Callable[..., Any]) -> Callable[..., Any]:
     """``grad_and_value(loss, has_aux=True)`` (gradient in the first argument) on plain autograd."""
 
     def call(params: Tensors, *args: Any) -> tuple[Tensors, tuple[torch.Tensor, Any]]:
-        leaves = {name: p.detach().requires_grad_(True) for name, p in params.items()}
+        leaves = grad_leaves(params)
         with torch.enable_grad():
             value, aux = loss(leaves, *args)
-            grads = torch.autograd.grad(value, list(leaves.values()), allow_unused=True)
-        out = {
-            name: torch.zeros_like(p) if g is None else g
-            for (name, p), g in zip(leaves.items(), grads, strict=True)
-        }
-        return out, (value.detach(), aux)
+            grads = leaf_gradients(value, leaves)
+        return grads, (value.detach(), aux)
 
     return call
 
@@ -171,7 +167,7 @@ def _eager_server_grad(loss: Callable[..., Any], grad_z: bool) -> Callable[..., 
     ``grad_z`` in the smashed data ``z``), the loss and the new buffers."""
 
     def call(params: Tensors, z, buffers: Tensors, y, weight):
-        leaves = {name: p.detach().requires_grad_(True) for name, p in params.items()}
+        leaves = grad_leaves(params)
         inputs = [*leaves.values()]
         if grad_z:
             z = z.detach().requires_grad_(True)

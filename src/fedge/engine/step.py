@@ -31,6 +31,19 @@ LossFn = Callable[[Tensors, Tensors, torch.Tensor, torch.Tensor, torch.Tensor], 
 StepFn = Callable[..., tuple[Tensors, Tensors, Tensors, torch.Tensor]]
 
 
+def grad_leaves(params: Tensors) -> Tensors:
+    """``params`` as fresh autograd leaves (detached, requiring gradients)."""
+    return {name: p.detach().requires_grad_(True) for name, p in params.items()}
+
+
+def leaf_gradients(output: torch.Tensor, leaves: Tensors, grad_output: torch.Tensor | None = None) -> Tensors:
+    """``d output / d leaves`` by plain autograd (a vector-Jacobian product with ``grad_output`` when
+    given), zeros for a leaf the output does not reach."""
+    values = torch.autograd.grad(output, list(leaves.values()), grad_output, allow_unused=True)
+    pairs = zip(leaves.items(), values, strict=True)
+    return {name: torch.zeros_like(p) if g is None else g for (name, p), g in pairs}
+
+
 def parameters_of(module: nn.Module) -> Tensors:
     """The module's parameters as a detached dict (the functional view of its weights)."""
     return {name: p.detach().clone() for name, p in module.named_parameters()}
@@ -245,14 +258,10 @@ class Step:
         The same operations and backward formulas, so the same numbers, without ``torch.func``'s
         per-call transform and pytree work, which dominate a small model's step on one client.
         """
-        leaves = {name: p.detach().requires_grad_(True) for name, p in params.items()}
+        leaves = grad_leaves(params)
         with torch.enable_grad():
             loss, new_buffers = self.loss_fn(leaves, buffers, x, y, weight)
-            values = torch.autograd.grad(loss, list(leaves.values()), allow_unused=True)
-        grads = {
-            name: torch.zeros_like(p) if g is None else g
-            for (name, p), g in zip(leaves.items(), values, strict=True)
-        }
+            grads = leaf_gradients(loss, leaves)
         return grads, loss.detach(), {name: b.detach() for name, b in new_buffers.items()}
 
     def __call__(self, params, buffers, opt_state, x, y, weight, lr):
