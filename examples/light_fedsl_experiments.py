@@ -1,10 +1,10 @@
-"""Small-scale versions of lightweight FedSL's figures (Figs. 2-4) on digits.
+"""Small-scale versions of lightweight FedSL's figures (Figs. 2-4) on digits (or ``--dataset``).
 
 Every run is ``light-fedsl-digits.yaml`` (mini-VGG-13-BN at width 1/4, 5 iid clients, b = 32, eta = 0.05,
 T = 300 one-step rounds) with the overrides of its group, over several seeds:
 
 - ``fig2b`` quantization (rho_f = 0, p = 0, I = 1, cut 4): q = 4 and 8 against the FedSL baseline;
-  ``fig2b_pair`` the claim's pair alone (q = 8 against q = 4; the same runs);
+  ``fig2b_pair`` (and ``fig2a_pair``) the claim's pair alone, without the baseline (the same runs);
 - ``fig2a`` pruning (q full, p = 0, I = 1, cut 4): rho_f = 0 (the baseline), 0.35, 0.7;
 - ``fig3a`` aggregation interval (rho_f = 0.35, q = 8, p = 0.3, cut 4): I = 1, 5, 10, and the same on a
   Dirichlet(0.3) label-skewed split (``fig3a_dirichlet``: iid shards hide the effect);
@@ -80,7 +80,9 @@ GROUPS: dict[str, list[tuple[str, dict[str, Any], int]]] = {
 GROUPS["fig3bd_ends"] = [
     (f"cut={c} p={p}", {**PROPOSED, "cut_dropout": p}, c) for c in (2, 6) for p in (0.0, 0.7)
 ]
-# Fig. 2(b)'s claim (q = 4 clearly worse than q = 8) needs only those two: the pair without the baseline.
+# Fig. 2(a)'s and 2(b)'s claims (0.7 pruning noisier than 0.35; q = 4 clearly worse than q = 8) need only
+# their pairs: the groups without the baseline (the same runs).
+GROUPS["fig2a_pair"] = GROUPS["fig2a"][1:]
 GROUPS["fig2b_pair"] = GROUPS["fig2b"][1:]
 # Fig. 3(c): the number of clients K (the paper gives no values; 5, 10 and 20 are ours), the data split K
 # ways, the same T: the paper finds accuracy at fixed T lower with more clients.
@@ -194,17 +196,17 @@ def mean_curve(runs: list[list[dict]]) -> list[dict[str, float]]:
     return [{k: statistics.fmean(rows[i][k] for rows in runs) for k in keys} for i in range(len(runs[0]))]
 
 
-def plot_group(name: str, curves: list[tuple[str, list[dict]]], out: Path) -> None:
+def plot_group(name: str, curves: list[tuple[str, list[dict]]], out: Path, dataset: str) -> None:
     for key, xlabel in (("sim_seconds", "simulated time (s)"), ("round", "round")):
         figure, axis = plt.subplots(figsize=(6.4, 4.2))
         for label, rows in curves:
             axis.plot([r[key] for r in rows], [100 * r["accuracy"] for r in rows], label=label, lw=1.2)
         axis.set_xlabel(xlabel)
         axis.set_ylabel("test accuracy (%), mean of seeds")
-        axis.set_ylim(80, 100)
+        axis.set_ylim(top=100)
         axis.grid(alpha=0.3)
         axis.legend(fontsize=7)
-        axis.set_title(f"{name}: lightweight FedSL on digits (mini-VGG)")
+        axis.set_title(f"{name}: lightweight FedSL on {dataset} (mini-VGG)")
         suffix = "time" if key == "sim_seconds" else "round"
         figure.savefig(out / f"{name}_accuracy_vs_{suffix}.png", dpi=110, bbox_inches="tight")
         plt.close(figure)
@@ -217,7 +219,7 @@ def vgg19_smashed(cut: int) -> int:
     return int(np.prod(output_shape(trunk, (3, 32, 32))))
 
 
-def plot_latency(table: dict[str, dict], out: Path) -> dict[str, list[float]]:
+def plot_latency(table: dict[str, dict], out: Path, dataset: str) -> dict[str, list[float]]:
     """Measured mini-VGG cut latency per round against p, and the analytic VGG-19 curves (Fig. 4)."""
     ps = (0.0, 0.3, 0.7)
     system = SystemModel(SystemConfig(distances="linspace"), 5, seed=0)
@@ -229,7 +231,7 @@ def plot_latency(table: dict[str, dict], out: Path) -> dict[str, list[float]]:
         )
     for cut, values in analytic.items():
         right.plot(ps, values, marker="o", label=f"Lc = {cut}")
-    left.set_title("mini-VGG on digits, b = 32 (measured)")
+    left.set_title(f"mini-VGG on {dataset}, b = 32 (measured)")
     right.set_title("VGG-19-BN on CIFAR, b = 64, 300 m (analytic)")
     left.set_ylabel("cut latency per round (ms)")
     right.set_ylabel("cut latency per round (s)")
@@ -317,8 +319,8 @@ def sweep(
             curves.append((label, mean_curve(cache[names[label]])))
         tables[group] = table
         pairs[group] = group_pairs(group, {label: cache[name] for label, name in names.items()})
-        plot_group(group, curves, out / "plots")
-    analytic = plot_latency(tables["fig3bd"], out / "plots") if "fig3bd" in tables else None
+        plot_group(group, curves, out / "plots", dataset)
+    analytic = plot_latency(tables["fig3bd"], out / "plots", dataset) if "fig3bd" in tables else None
     summary = {
         "seeds": seeds,
         "rounds": rounds,
