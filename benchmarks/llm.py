@@ -300,7 +300,7 @@ def round_memory(
     built = build_run(_resolved(run_config(shape, algorithm, "batched", device)))
     run = PeftLoop(built, algorithm, cut=2).round if way == "loop" else built.algorithm.run_round
     dev = built.context.device
-    together = built.context.executor.clients_at_once(shape["clients"], shape["batch"], dev)
+    together = built.context.executor.clients_at_once(shape["clients"], shape["batch"])
     gc.collect()
     if dev.type == "cuda":
         torch.cuda.reset_peak_memory_stats(dev)

@@ -3,6 +3,8 @@ frozen base (equal to centralized fine-tuning with one client), executor agreeme
 
 from __future__ import annotations
 
+from unittest import mock
+
 import pytest
 import torch
 
@@ -151,26 +153,58 @@ def test_the_preflight_refuses_full_model_copies_where_adapters_fit(corpus, monk
     build_run(fedge.resolve_config(lora))
 
 
-def test_the_preflight_counts_the_activations_of_the_clients_trained_at_once(corpus, monkeypatch):
-    """The batched executor trains the three clients together: three clients' activations, refused where
-    one client's fit; with room, the chunk is what the executor then trains at once."""
+def test_the_batched_executor_trains_as_many_clients_at_once_as_a_quarter_of_the_memory_holds(
+    corpus, monkeypatch
+):
+    """The chunk is the clients whose training activations fit in a quarter of the memory available,
+    and the pre-flight counts that chunk: with room, the three clients train together; where three
+    clients' activations would not fit but one client's does, they train one at a time and the run
+    is accepted."""
     from fedge import preflight
     from fedge.errors import ConfigError
 
-    monkeypatch.setattr(preflight, "available_bytes", lambda device: 80 * 2**20)
     options = {"options": {"layers": 6, "hidden": 256, "heads": 4}}
     batched = lm_config(
         corpus, {"name": "fedavg"}, model=options, eval={"batch_size": 8}, engine={"executor": "batched"}
     )
-    with pytest.raises(ConfigError, match="of 3 clients at once") as error:
-        build_run(fedge.resolve_config(batched))
-    assert error.value.key == "algorithm.batch_size" and "\n" not in str(error.value)
     monkeypatch.setattr(preflight, "available_bytes", lambda device: 2**40)
+    roomy = build_run(fedge.resolve_config(batched)).context.executor
+    rows = 8
+    assert roomy.sample_bytes > 0 and roomy.clients_at_once(3, rows) == 3
+    one_client = rows * roomy.sample_bytes
+    monkeypatch.setattr(preflight, "available_bytes", lambda device: int(2.5 * one_client))
     built = build_run(fedge.resolve_config(batched))
-    executor, rows = built.context.executor, 8
-    assert executor.sample_bytes > 0 and executor.clients_at_once(3, rows, torch.device("cpu")) == 3
-    executor.sample_bytes = 2**30 // (2 * rows) + 1  # two clients no longer fit in the budget
-    assert executor.clients_at_once(3, rows, torch.device("cpu")) == 1
+    assert built.context.executor.clients_at_once(3, rows) == 1
+    config, data, model = built.config, built.context.data, built.context.build_model()
+    parts = preflight.state_parts(config, data) + preflight.activation_parts(config, data, model, 3)
+    with pytest.raises(ConfigError, match="of 3 clients at once"):  # three at once would not have fitted
+        preflight.check(parts, int(2.5 * one_client), force=False)
+
+
+@pytest.mark.parametrize("executor", ["sequential", "batched"])
+def test_a_split_step_past_the_activation_budget_recomputes_its_graph_a_chunk_at_a_time(
+    corpus, executor, monkeypatch
+):
+    """With the budget below two clients' activations, SplitFed v2's clients keep no graph between the
+    upload and the returned gradient and recompute it one client at a time: the same numbers (LoRA
+    dropout on, so the recomputed pass must draw the same masks), the same ledger."""
+    from fedge import preflight
+    from fedge.engine import executors
+
+    options = {"options": {"layers": 2, "hidden": 32, "heads": 2, "lora_rank": 4, "lora_dropout": 0.2}}
+    algorithm = {"name": "splitfed_v2", "clip_norm": None}
+    raw = lm_config(corpus, algorithm, model=options, engine={"executor": executor})
+    kept, kept_metrics = trained(raw, rounds=2)
+    recompute = mock.patch.object(executors.Executor, "_recomputed_vjp", autospec=True,
+                                  side_effect=executors.Executor._recomputed_vjp)  # fmt: skip
+    monkeypatch.setattr(executors.Executor, "activation_budget", 1)  # one client at a time
+    monkeypatch.setattr(preflight, "available_bytes", lambda device: None)  # the runner keeps that budget
+    with recompute as spy:
+        again, again_metrics = trained(raw, rounds=2)
+    assert spy.call_count > 0 and all(call.args[-1] == 1 for call in spy.call_args_list)
+    assert max_diff(_state(kept.algorithm), _state(again.algorithm)) == 0.0
+    assert kept.context.ledger.totals() == again.context.ledger.totals()
+    assert [m["train_loss"] for m in kept_metrics] == [m["train_loss"] for m in again_metrics]
 
 
 @pytest.mark.parametrize("name", ["gossip", "hfedavg"])

@@ -208,7 +208,9 @@ def build_run(config: RunConfig, force: bool = False, extensions: Extensions | N
         executor_name(config, device.type), compile_step=config.engine.compile, fused=config.engine.fused
     )
     executor.sample_bytes = preflight.sample_activation_bytes(template, dataset.input_shape)
-    together = executor.clients_at_once(data.num_clients, preflight.training_rows(config, data), device)
+    if available is not None:
+        executor.activation_budget = available // 4
+    together = executor.clients_at_once(data.num_clients, preflight.training_rows(config, data))
     preflight.check(parts + preflight.activation_parts(config, data, template, together), available, force)
     if config.model.cut is not None:
         split(template, block_cut(template, config.model.cut))

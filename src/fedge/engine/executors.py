@@ -64,8 +64,8 @@ Kernel = Callable[..., torch.Tensor]
 ClientFn = Callable[..., "Mapped"]
 
 CHUNK_BYTES = 64 * 2**20
-# training activations of the clients one vmapped call trains at once, on a CPU (on a GPU: a quarter of
-# its memory); see BatchedExecutor.activation_chunk
+# training activations of the clients trained (or kept for a split step's pullback) at once, where the
+# runner has not set a quarter of the memory available; see Executor.activation_chunk
 ACTIVATION_BYTES = 2**30
 # batch inputs of one vmapped ``map`` call; see BatchedExecutor.map_chunk_size
 MAP_CHUNK_BYTES = 6 * 2**20
@@ -110,8 +110,9 @@ class Executor(ABC):
     name: str
     noise: NoiseStreams | None = None
     sample_bytes: int = 0  # training activations of one sample (0: unknown); set by the runner
+    activation_budget: int = ACTIVATION_BYTES  # set by the runner: a quarter of the memory available
 
-    def clients_at_once(self, count: int, rows: int, device: torch.device) -> int:
+    def clients_at_once(self, count: int, rows: int) -> int:
         """How many of ``count`` clients train together on batches of ``rows`` samples (one here)."""
         return min(count, 1)
 
@@ -166,13 +167,53 @@ class Executor(ABC):
         the pullback is one ``autograd.grad`` call that reuses it (so dropout masks stay consistent).
         Plain autograd rather than ``torch.func.vjp``: the transform keeps about twice the activations
         for its backward pass (a GPT-2 client step: 387 MB against 171 MB).
+
+        The graph lives from the upload until the server's gradients return, for every row at once. When
+        the rows' training activations would pass the budget of :meth:`activation_chunk` (a language
+        model's clients), the forward pass keeps no graph and the pullback recomputes it a chunk of rows
+        at a time: one more client-side forward pass for memory bounded by a chunk. The recomputed pass
+        reads the same rows, keys and buffers, so it gives the same numbers.
         """
+        size = self.activation_chunk(x.shape[1])
+        if len(counts) > size:
+            return self._recomputed_vjp(fn, params, buffers, x, counts, keys, size)
         leaves = grad_leaves(params)
         with torch.enable_grad():
             out = self.map(fn, (buffers,), (x,), (), counts, inputs=(leaves,), keys=keys, stage="forward")
         z = out.per_sample[0]
         pullback = partial(leaf_gradients, z, leaves)
         return z.detach(), {name: b.detach() for name, b in out.state[0].items()}, pullback
+
+    def _recomputed_vjp(self, fn, params, buffers, x, counts, keys, size):
+        """:meth:`forward_with_vjp` without a kept graph: the pullback recomputes ``size`` rows at a time."""
+        with torch.no_grad():
+            out = self.map(fn, (buffers,), (x,), (), counts, inputs=(params,), keys=keys, stage="forward")
+
+        def pullback(grad_z: torch.Tensor) -> Tensors:
+            parts = []
+            for start in range(0, len(counts), size):
+                part = slice(start, start + size)
+                leaves = grad_leaves(rows(params, part))
+                if not bool((counts[part] > 0).any()):  # nothing sent, nothing to differentiate
+                    parts.append({name: torch.zeros_like(p) for name, p in leaves.items()})
+                    continue
+                chunk_keys = None if keys is None else keys[part]
+                with torch.enable_grad():
+                    again = self.map(fn, (rows(buffers, part),), (x[part],), (), counts[part],
+                                     inputs=(leaves,), keys=chunk_keys, stage="forward")  # fmt: skip
+                parts.append(leaf_gradients(again.per_sample[0], leaves, grad_z[part]))
+            return {name: torch.cat([part[name] for part in parts]) for name in params}
+
+        return out.per_sample[0], out.state[0], pullback
+
+    def activation_chunk(self, rows: int) -> int:
+        """Clients whose training activations on batches of ``rows`` samples fit in
+        :attr:`activation_budget`; unbounded while :attr:`sample_bytes` is unknown. A transformer's
+        activations, not its adapters, are what a batch of clients holds: one W9 GPT-2 client's step
+        holds about 250 MB, 6,000 times its adapters.
+        """
+        per_client = rows * self.sample_bytes
+        return max(1, self.activation_budget // per_client) if per_client else 2**62
 
 
 def _equal_chunks(count: int, fits: int) -> int:
@@ -403,31 +444,17 @@ class BatchedExecutor(Executor):
         if self.chunk_clients is not None:
             return self.chunk_clients
         count = len(bank)
-        fits = self.activation_chunk(plan.index.shape[2], data.device)
+        fits = self.activation_chunk(plan.index.shape[2])
         if not isinstance(kernel, DenseKernel):
             grads = sum(t[0].numel() * t.element_size() for t in bank.params.values())
             budget = self.chunk_bytes if retaining_memory() else min(self.chunk_bytes, REUSED_BLOCK_BYTES)
             fits = min(fits, max(1, budget // max(1, grads)))
         return _equal_chunks(count, fits)
 
-    def activation_chunk(self, rows: int, device: torch.device) -> int:
-        """Clients whose training activations on batches of ``rows`` samples fit in the budget
-        (``ACTIVATION_BYTES`` on a CPU, a quarter of a GPU's memory); unbounded while
-        :attr:`sample_bytes` is unknown. A transformer's activations, not its adapters, are what a
-        batch of clients holds: one W9 GPT-2 client's step holds about 250 MB, 6,000 times its adapters.
-        """
-        per_client = rows * self.sample_bytes
-        if not per_client:
-            return 2**62
-        budget = ACTIVATION_BYTES
-        if device.type == "cuda":
-            budget = torch.cuda.get_device_properties(device).total_memory // 4
-        return max(1, budget // per_client)
-
-    def clients_at_once(self, count: int, rows: int, device: torch.device) -> int:
+    def clients_at_once(self, count: int, rows: int) -> int:
         if self.chunk_clients is not None:
             return min(count, self.chunk_clients)
-        return min(count, _equal_chunks(count, self.activation_chunk(rows, device)))
+        return min(count, _equal_chunks(count, self.activation_chunk(rows)))
 
     def train(
         self, step: StepFn, bank: ClientBank, plan: BatchPlan, data: FederatedData, lr: float
@@ -479,7 +506,7 @@ class BatchedExecutor(Executor):
             return max(count, 1)
         chunks = -(-count * per_client // MAP_CHUNK_BYTES)
         size = max(1, -(-count // max(chunks, 1)))
-        fits = self.activation_chunk(batch[0].shape[1], batch[0].device)
+        fits = self.activation_chunk(batch[0].shape[1])
         return size if size <= fits else _equal_chunks(count, fits)
 
     def map(self, fn, state, batch, shared, counts, inputs=(), keys=None, stage="map") -> Mapped:
