@@ -213,7 +213,8 @@ def build_run(config: RunConfig, force: bool = False, extensions: Extensions | N
     together = executor.clients_at_once(data.num_clients, preflight.training_rows(config, data))
     preflight.check(parts + preflight.activation_parts(config, data, template, together), available, force)
     if config.model.cut is not None:
-        split(template, block_cut(template, config.model.cut))
+        client_part, _ = split(template, block_cut(template, config.model.cut))
+        executor.cut_sample_bytes = preflight.sample_activation_bytes(client_part, dataset.input_shape)
     algorithm_cls = ALGORITHMS[config.algorithm.name]
     if has_random_layers(template):
         executor.noise = NoiseStreams(config.seed, device)

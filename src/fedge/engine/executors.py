@@ -110,6 +110,7 @@ class Executor(ABC):
     name: str
     noise: NoiseStreams | None = None
     sample_bytes: int = 0  # training activations of one sample (0: unknown); set by the runner
+    cut_sample_bytes: int = 0  # the same for a split model's client part (0: unknown)
     activation_budget: int = ACTIVATION_BYTES  # set by the runner: a quarter of the memory available
 
     def clients_at_once(self, count: int, rows: int) -> int:
@@ -169,12 +170,12 @@ class Executor(ABC):
         for its backward pass (a GPT-2 client step: 387 MB against 171 MB).
 
         The graph lives from the upload until the server's gradients return, for every row at once. When
-        the rows' training activations would pass the budget of :meth:`activation_chunk` (a language
-        model's clients), the forward pass keeps no graph and the pullback recomputes it a chunk of rows
+        the rows' training activations (the client part's, :attr:`cut_sample_bytes`) would pass the
+        budget of :meth:`activation_chunk` (many clients of a language model), the forward pass keeps no graph and the pullback recomputes it a chunk of rows
         at a time: one more client-side forward pass for memory bounded by a chunk. The recomputed pass
         reads the same rows, keys and buffers, so it gives the same numbers.
         """
-        size = self.activation_chunk(x.shape[1])
+        size = self.activation_chunk(x.shape[1], self.cut_sample_bytes or self.sample_bytes)
         if len(counts) > size:
             return self._recomputed_vjp(fn, params, buffers, x, counts, keys, size)
         leaves = grad_leaves(params)
@@ -206,13 +207,13 @@ class Executor(ABC):
 
         return out.per_sample[0], out.state[0], pullback
 
-    def activation_chunk(self, rows: int) -> int:
-        """Clients whose training activations on batches of ``rows`` samples fit in
-        :attr:`activation_budget`; unbounded while :attr:`sample_bytes` is unknown. A transformer's
-        activations, not its adapters, are what a batch of clients holds: one W9 GPT-2 client's step
-        holds about 250 MB, 6,000 times its adapters.
+    def activation_chunk(self, rows: int, sample_bytes: int | None = None) -> int:
+        """Clients whose training activations on batches of ``rows`` samples (``sample_bytes`` each,
+        by default the whole model's :attr:`sample_bytes`) fit in :attr:`activation_budget`; unbounded
+        while that size is unknown. A transformer's activations, not its adapters, are what a batch of
+        clients holds: one W9 GPT-2 client's step holds about 250 MB, 6,000 times its adapters.
         """
-        per_client = rows * self.sample_bytes
+        per_client = rows * (self.sample_bytes if sample_bytes is None else sample_bytes)
         return max(1, self.activation_budget // per_client) if per_client else 2**62
 
 
