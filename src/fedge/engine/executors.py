@@ -171,9 +171,10 @@ class Executor(ABC):
 
         The graph lives from the upload until the server's gradients return, for every row at once. When
         the rows' training activations (the client part's, :attr:`cut_sample_bytes`) would pass the
-        budget of :meth:`activation_chunk` (many clients of a language model), the forward pass keeps no graph and the pullback recomputes it a chunk of rows
-        at a time: one more client-side forward pass for memory bounded by a chunk. The recomputed pass
-        reads the same rows, keys and buffers, so it gives the same numbers.
+        budget of :meth:`activation_chunk` (many clients of a language model), the forward pass keeps
+        no graph and the pullback recomputes it a chunk of rows at a time: one more client-side forward
+        pass for memory bounded by a chunk. The recomputed pass reads the same rows, keys and buffers,
+        so it gives the same numbers.
         """
         size = self.activation_chunk(x.shape[1], self.cut_sample_bytes or self.sample_bytes)
         if len(counts) > size:
