@@ -174,9 +174,10 @@ def test_the_batched_executor_trains_as_many_clients_at_once_as_a_quarter_of_the
     one_client = rows * roomy.sample_bytes
     monkeypatch.setattr(preflight, "available_bytes", lambda device: int(2.5 * one_client))
     built = build_run(fedge.resolve_config(batched))
+    tight_bytes = built.context.executor.sample_bytes
     assert built.context.executor.clients_at_once(3, rows) == 1
-    config, data, model = built.config, built.context.data, built.context.build_model()
-    parts = preflight.state_parts(config, data) + preflight.activation_parts(config, data, model, 3)
+    config, data = built.config, built.context.data
+    parts = preflight.state_parts(config, data) + preflight.activation_parts(config, data, tight_bytes, 3)
     with pytest.raises(ConfigError, match="of 3 clients at once"):  # three at once would not have fitted
         preflight.check(parts, int(2.5 * one_client), force=False)
 

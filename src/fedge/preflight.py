@@ -253,21 +253,25 @@ def training_rows(config: RunConfig, data: FederatedData) -> int:
 
 
 def activation_parts(
-    config: RunConfig, data: FederatedData, model: nn.Module, clients_at_once: int = 1
+    config: RunConfig, data: FederatedData, sample_bytes: int, clients_at_once: int = 1
 ) -> list[Part]:
     """Activations of the largest training batches of ``clients_at_once`` clients trained together (the
-    batched executor's chunk) and of an evaluation batch of ``model``."""
-    per_sample = _per_sample_activations(model, data.input_shape) * FLOAT_BYTES
+    batched executor's chunk) and of an evaluation batch, for a model whose training step holds
+    ``sample_bytes`` per sample (:func:`sample_activation_bytes`)."""
     rows = training_rows(config, data)
     eval_rows = min(config.eval.batch_size, max(data.dataset.num_test, 1))
     together = f" of {clients_at_once:,} clients at once" if clients_at_once > 1 else ""
     return [
         Part(
             "algorithm.batch_size",
-            clients_at_once * rows * per_sample * ACTIVATION_FACTOR,
+            clients_at_once * rows * sample_bytes,
             f"training batches of {rows:,}{together}",
         ),
-        Part("eval.batch_size", eval_rows * per_sample, f"evaluation batches of {eval_rows:,}"),
+        Part(
+            "eval.batch_size",
+            eval_rows * sample_bytes // ACTIVATION_FACTOR,
+            f"evaluation batches of {eval_rows:,}",
+        ),
     ]
 
 

@@ -211,7 +211,8 @@ def build_run(config: RunConfig, force: bool = False, extensions: Extensions | N
     if available is not None:
         executor.activation_budget = available // 4
     together = executor.clients_at_once(data.num_clients, preflight.training_rows(config, data))
-    preflight.check(parts + preflight.activation_parts(config, data, template, together), available, force)
+    activations = preflight.activation_parts(config, data, executor.sample_bytes, together)
+    preflight.check(parts + activations, available, force)
     if config.model.cut is not None:
         client_part, _ = split(template, block_cut(template, config.model.cut))
         executor.cut_sample_bytes = preflight.sample_activation_bytes(client_part, dataset.input_shape)
