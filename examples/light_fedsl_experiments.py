@@ -4,7 +4,8 @@ Every run is ``light-fedsl-digits.yaml`` (mini-VGG-13-BN at width 1/4, 5 iid cli
 T = 300 one-step rounds) with the overrides of its group, over several seeds:
 
 - ``fig2b`` quantization (rho_f = 0, p = 0, I = 1, cut 4): q = 4 and 8 against the FedSL baseline;
-  ``fig2b_pair`` (and ``fig2a_pair``) the claim's pair alone, without the baseline (the same runs);
+  ``fig2b_pair`` (and ``fig2a_pair``, ``fig3a_pair``) the claim's variants alone, without the baseline (the
+  same runs);
 - ``fig2a`` pruning (q full, p = 0, I = 1, cut 4): rho_f = 0 (the baseline), 0.35, 0.7;
 - ``fig3a`` aggregation interval (rho_f = 0.35, q = 8, p = 0.3, cut 4): I = 1, 5, 10, and the same on a
   Dirichlet(0.3) label-skewed split (``fig3a_dirichlet``: iid shards hide the effect);
@@ -80,10 +81,12 @@ GROUPS: dict[str, list[tuple[str, dict[str, Any], int]]] = {
 GROUPS["fig3bd_ends"] = [
     (f"cut={c} p={p}", {**PROPOSED, "cut_dropout": p}, c) for c in (2, 6) for p in (0.0, 0.7)
 ]
-# Fig. 2(a)'s and 2(b)'s claims (0.7 pruning noisier than 0.35; q = 4 clearly worse than q = 8) need only
-# their pairs: the groups without the baseline (the same runs).
+# Fig. 2(a)'s, 2(b)'s and 3(a)'s claims (0.7 pruning noisier than 0.35; q = 4 clearly worse than q = 8; a
+# longer aggregation interval costs accuracy) need only their variants: the groups without the baseline (the
+# same runs).
 GROUPS["fig2a_pair"] = GROUPS["fig2a"][1:]
 GROUPS["fig2b_pair"] = GROUPS["fig2b"][1:]
+GROUPS["fig3a_pair"] = GROUPS["fig3a"][1:]
 # Fig. 3(c): the number of clients K (the paper gives no values; 5, 10 and 20 are ours), the data split K
 # ways, the same T: the paper finds accuracy at fixed T lower with more clients.
 GROUPS["fig3c"] = [(f"K={k}", PROPOSED, 4) for k in (5, 10, 20)]

@@ -104,3 +104,104 @@ def test_a_hugging_face_tokenizer_folder_gives_its_ids_and_vocabulary(tmp_path):
     with pytest.raises(ConfigError, match="data.download: true") as error:
         load_dataset(DataConfig(name="text", root=root, tokenizer=str(tmp_path / "missing")), 0)
     assert error.value.key == "data.tokenizer"
+
+
+EDITION = """The Project Gutenberg Etext of Shakespeare's First Folio
+
+1603
+
+THE TRAGEDY OF HAMLET, PRINCE OF DENMARK
+
+by William Shakespeare
+
+Dramatis Personae
+
+  Claudius, King of Denmark.
+
+ACT I. SCENE I.
+Elsinore. A platform before the Castle.
+
+Enter two Sentinels-[first,] Francisco, [who paces up and down
+
+  Ber. Who's there?
+  Fran. Nay, answer me. Stand and unfold yourself, for I would know the name
+    of him that comes so late and so unbidden to the watch tonight. The night is cold
+    and the air bites shrewdly; it is very cold, and I am sick at heart, for the
+    bell then beating one has struck, and the star that is westward from the pole
+    had made his course to illume that part of heaven where now it burns. Who goes
+    there, I say again, and what is your business on this platform at this hour,
+    when honest men are in their beds and only ghosts and sentinels walk abroad?
+    Speak, or I will call the officers of the guard and have you taken at once,
+    for I am charged to let no stranger pass before the morning comes, and so
+    to the watch tonight.
+  Ber. Long live the King!
+
+<<THIS ELECTRONIC VERSION OF THE COMPLETE WORKS OF WILLIAM SHAKESPEARE IS COPYRIGHT>>
+
+1593
+
+THE COMEDY OF ERRORS
+
+by William Shakespeare
+
+ACT I. SCENE I.
+
+Duke. Merchant of Syracusa, plead no more; I am not partial to infringe our laws;
+the enmity and discord which of late sprung from the rancorous outrage of your duke.
+
+Aegeon. Proceed, Solinus, to procure my fall, and by the doom of death end woes and all.
+"""
+
+
+def test_leaf_json_is_built_from_gutenbergs_edition_as_leaf_reads_it(tmp_path):
+    """Roles per (work, speaker) with indented speeches and their continuations (and a work read flush
+    left), 80-character windows with the next character, LEAF's 80/20 split by sample with no window
+    shared between train and test; the reader then takes the json as LEAF's."""
+    from fedge.data.sources import gutenberg
+
+    roles = gutenberg.roles(EDITION)
+    assert set(roles) == {
+        "THE_TRAGEDY_OF_HAMLET,_PRINCE_OF_DENMARK_Ber",
+        "THE_TRAGEDY_OF_HAMLET,_PRINCE_OF_DENMARK_Fran",
+        "THE_COMEDY_OF_ERRORS_Duke",
+        "THE_COMEDY_OF_ERRORS_Aegeon",
+    }
+    assert roles["THE_TRAGEDY_OF_HAMLET,_PRINCE_OF_DENMARK_Ber"] == "Who's there? Long live the King!"
+    fran = roles["THE_TRAGEDY_OF_HAMLET,_PRINCE_OF_DENMARK_Fran"]
+    assert fran.startswith("Nay, answer me.") and fran.endswith("to the watch tonight.") and "  " not in fran
+    assert roles["THE_COMEDY_OF_ERRORS_Duke"].endswith("of your duke.")
+    (tmp_path / gutenberg.RAW_NAME).write_text(EDITION)
+    data = load_dataset(DataConfig(name="shakespeare", root=tmp_path, seq_len=80), 0)
+    train = json.loads((tmp_path / "train" / "all_data_train.json").read_text())
+    test = json.loads((tmp_path / "test" / "all_data_test.json").read_text())
+    assert train["users"] == [  # Ber's 32 characters and Aegeon's 80 hold no window of 80 and the next
+        "THE_TRAGEDY_OF_HAMLET,_PRINCE_OF_DENMARK_Fran",
+        "THE_COMEDY_OF_ERRORS_Duke",
+    ]
+    count = len(fran) - 80
+    kept = int(0.8 * count)
+    record = train["user_data"]["THE_TRAGEDY_OF_HAMLET,_PRINCE_OF_DENMARK_Fran"]
+    assert record["x"][0] == fran[:80] and record["y"][0] == fran[80] and len(record["x"]) == kept
+    held = test["user_data"]["THE_TRAGEDY_OF_HAMLET,_PRINCE_OF_DENMARK_Fran"]
+    assert held["x"][0] == fran[kept + 80 : kept + 160] and len(held["x"]) == count - kept - 80
+    assert train["num_samples"] == [len(train["user_data"][u]["x"]) for u in train["users"]]
+    assert data.x_train.shape == (sum(train["num_samples"]), 80)
+    assert fran[:80] in {bytes(row.tolist()).decode() for row in data.x_train}
+    assert len(set(data.train_groups)) == 2
+
+
+def test_shakespeare_downloads_gutenbergs_edition_only_when_asked(tmp_path, monkeypatch):
+    import zipfile
+
+    from fedge.data.sources import gutenberg
+
+    bundle = tmp_path / "edition.zip"
+    with zipfile.ZipFile(bundle, "w") as z:
+        z.writestr("100.txt", EDITION)
+    monkeypatch.setattr(gutenberg, "URLS", (bundle.as_uri(),))
+    folder = tmp_path / "cache"
+    with pytest.raises(DataError, match="data.download=true"):
+        load_dataset(DataConfig(name="shakespeare", root=folder, seq_len=40), 0)
+    data = load_dataset(DataConfig(name="shakespeare", root=folder, seq_len=40, download=True), 0)
+    assert len(set(data.train_groups)) == 2 and data.x_train.shape[1] == 40
+    assert sorted(p.name for p in folder.iterdir()) == ["100.txt", "test", "train"]  # the zip is gone

@@ -25,6 +25,7 @@ cgroup's limit where one is set, or the free memory of the CUDA device. A run th
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -118,18 +119,29 @@ def _model_values(
     return sum(t.numel() for t in (*model.parameters(), *model.buffers())), frozen_values(model)
 
 
-def _per_sample_activations(model: nn.Module, input_shape: tuple[int, ...]) -> int:
-    """Output values of every layer for one sample: a forward pass in eval mode, without gradients.
+def _per_sample_activations(model: nn.Module, input_shape: tuple[int, ...], cut: int) -> tuple[int, int]:
+    """Output values of every layer for one sample, in the whole model and in its first ``cut`` blocks: one
+    forward pass in eval mode, without gradients.
 
     Run on a real (already built) model: a meta-device forward would import half of torch's compiler.
     """
-    outputs = [0]
+    whole, client, inside = [0], [0], [False]  # inside: the forward pass is in a client block
 
     def count(module: nn.Module, args: object, output: object) -> None:
-        outputs[0] += output.numel() if isinstance(output, torch.Tensor) else 0
+        numel = output.numel() if isinstance(output, torch.Tensor) else 0
+        whole[0] += numel
+        client[0] += numel if inside[0] else 0
+
+    def entering(now: bool) -> Callable[..., None]:
+        return lambda *_: inside.__setitem__(0, now)
 
     leaves = [module for module in model.modules() if not any(module.children())]
     hooks = [module.register_forward_hook(count) for module in leaves]
+    for block in list(model.children())[:cut]:
+        hooks += [
+            block.register_forward_pre_hook(entering(True)),
+            block.register_forward_hook(entering(False)),
+        ]
     training = model.training
     try:
         with torch.no_grad():
@@ -138,7 +150,7 @@ def _per_sample_activations(model: nn.Module, input_shape: tuple[int, ...]) -> i
         model.train(training)
         for hook in hooks:
             hook.remove()
-    return outputs[0]
+    return whole[0], client[0]
 
 
 def _plan(config: RunConfig, clients: int, largest: int | None) -> tuple[int, int, int, str]:
@@ -242,9 +254,11 @@ def state_parts(config: RunConfig, data: FederatedData, model: nn.Module | None 
     ]
 
 
-def sample_activation_bytes(model: nn.Module, input_shape: tuple[int, ...]) -> int:
-    """Bytes one sample's training step holds: every layer's output, times :data:`ACTIVATION_FACTOR`."""
-    return _per_sample_activations(model, input_shape) * FLOAT_BYTES * ACTIVATION_FACTOR
+def sample_activation_bytes(model: nn.Module, input_shape: tuple[int, ...], cut: int = 0) -> tuple[int, int]:
+    """Bytes one sample's training step holds, every layer's output times :data:`ACTIVATION_FACTOR`: in the
+    whole model, and in a split model's client part (its first ``cut`` blocks; 0 without a cut)."""
+    whole, client = _per_sample_activations(model, input_shape, cut)
+    return whole * FLOAT_BYTES * ACTIVATION_FACTOR, client * FLOAT_BYTES * ACTIVATION_FACTOR
 
 
 def training_rows(config: RunConfig, data: FederatedData) -> int:

@@ -40,7 +40,7 @@ from fedge.environment import cuda_missing, write_environment
 from fedge.errors import CheckpointError, ConfigError, DataError, Diverged, FedgeError
 from fedge.extend import load_config
 from fedge.metrics import Evaluation, RoundReport
-from fedge.models import SplitModel, block_cut, build_model, output_shape, split, user_factory
+from fedge.models import SplitModel, block_cut, build_model, output_shape, user_factory
 from fedge.plots import plot_run
 from fedge.rng import global_stream, numpy_rng
 from fedge.system import SystemModel
@@ -207,15 +207,14 @@ def build_run(config: RunConfig, force: bool = False, extensions: Extensions | N
     executor = make_executor(
         executor_name(config, device.type), compile_step=config.engine.compile, fused=config.engine.fused
     )
-    executor.sample_bytes = preflight.sample_activation_bytes(template, dataset.input_shape)
+    cut = 0 if config.model.cut is None else block_cut(template, config.model.cut)
+    sample_bytes = preflight.sample_activation_bytes(template, dataset.input_shape, cut)
+    executor.sample_bytes, executor.cut_sample_bytes = sample_bytes
     if available is not None:
         executor.activation_budget = available // 4
     together = executor.clients_at_once(data.num_clients, preflight.training_rows(config, data))
     activations = preflight.activation_parts(config, data, executor.sample_bytes, together)
     preflight.check(parts + activations, available, force)
-    if config.model.cut is not None:
-        client_part, _ = split(template, block_cut(template, config.model.cut))
-        executor.cut_sample_bytes = preflight.sample_activation_bytes(client_part, dataset.input_shape)
     algorithm_cls = ALGORITHMS[config.algorithm.name]
     if has_random_layers(template):
         executor.noise = NoiseStreams(config.seed, device)

@@ -50,7 +50,7 @@ _DESCRIPTIONS = {
     "femnist": "FEMNIST 1x28x28, 62 classes, grouped by writer (LEAF json in data.root)",
     "pystdlib": "text: Python standard-library sources, one group per module (no download; byte tokens)",
     "text": "text: .txt / .jsonl files of data.root, one group per file",
-    "shakespeare": "text: LEAF Shakespeare json in data.root, one group per speaking role",
+    "shakespeare": "text: LEAF Shakespeare json (data.root, or made from Gutenberg's), a group per role",
     "textcls": "text classes: per file or jsonl 'label' of data.root (default: stdlib modules)",
 }
 

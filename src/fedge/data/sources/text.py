@@ -14,8 +14,10 @@ Sources:
   calendars...), the naturally non-i.i.d. split of a character-level model.
 - ``text``: ``data.root``, a ``.txt`` / ``.jsonl`` file or a folder of them (one document per file; a
   JSONL line is an object whose ``text`` field is read).
-- ``shakespeare``: LEAF's Shakespeare json (``train/`` and ``test/`` folders in ``data.root``, from LEAF's
-  preprocessing), one group per speaking role, each sample its 80 characters followed by the next one.
+- ``shakespeare``: LEAF's Shakespeare json (``train/`` and ``test/`` folders in ``data.root``, or in the
+  cache folder without it), one group per speaking role, each sample its 80 characters followed by the next
+  one. Where the json is absent it is built from Project Gutenberg's edition that LEAF reads (a
+  ``100.txt`` in that folder, or downloaded with ``data.download``; :mod:`fedge.data.sources.gutenberg`).
 """
 
 from __future__ import annotations
@@ -29,6 +31,8 @@ import torch
 
 from fedge.config import DataConfig
 from fedge.data.dataset import Dataset
+from fedge.data.sources import gutenberg
+from fedge.data.sources.fetch import cache_folder, not_found
 from fedge.data.tokenizer import Tokenizer, make_tokenizer
 from fedge.errors import DataError
 
@@ -168,12 +172,27 @@ def _leaf_split(folder: Path) -> dict[str, list[str]]:
     return roles
 
 
-def shakespeare_dataset(root: Path | None, tokenizer: Tokenizer, seq_len: int) -> Dataset:
+def leaf_folder(root: Path | None, allow_download: bool) -> Path:
+    """The folder holding LEAF's ``train/`` and ``test/`` json: ``data.root`` (or the cache folder), built
+    there from Project Gutenberg's edition (a ``100.txt`` in it, or downloaded) when neither is present."""
+    base = Path(root).expanduser() if root is not None else cache_folder("shakespeare")
+    if (base / "train").exists() or (base / "test").exists():
+        return base  # LEAF's json (a missing half is named by the reader)
+    raw = base / gutenberg.RAW_NAME
+    if not raw.is_file() and allow_download:
+        raw = gutenberg.fetch_edition(base)
+    if raw.is_file():
+        gutenberg.convert(raw, base)
+        return base
+    raise not_found(
+        "shakespeare", [base], f"put LEAF's train/ and test/ or Gutenberg's 1994 {raw.name} there"
+    )
+
+
+def shakespeare_dataset(root: Path, tokenizer: Tokenizer, seq_len: int) -> Dataset:
     """LEAF Shakespeare: each sample the last ``seq_len + 1`` tokens of its 80 characters and the next one
     (LEAF's own next-character task is the final target); one group per role, LEAF's train/test split."""
-    if root is None:
-        raise DataError(f"data.root: shakespeare reads LEAF's json; {LEAF_HOW_TO}")
-    splits = [_leaf_split(Path(root).expanduser() / part) for part in ("train", "test")]
+    splits = [_leaf_split(Path(root) / part) for part in ("train", "test")]
     roles = sorted(set(splits[0]) | set(splits[1]))
     arrays = []
     for samples_by_role in splits:
@@ -210,5 +229,7 @@ def load_text(cfg: DataConfig, seed: int) -> Dataset:
 
 
 def load_shakespeare(cfg: DataConfig, seed: int) -> Dataset:
-    """LEAF Shakespeare json in data.root, one group per speaking role."""
-    return shakespeare_dataset(cfg.root, make_tokenizer(cfg.tokenizer, cfg.download), cfg.seq_len)
+    """LEAF Shakespeare json in data.root (or built from Project Gutenberg's edition), one group per
+    speaking role."""
+    folder = leaf_folder(cfg.root, cfg.download)
+    return shakespeare_dataset(folder, make_tokenizer(cfg.tokenizer, cfg.download), cfg.seq_len)
