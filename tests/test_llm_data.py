@@ -4,15 +4,18 @@ per document, and the real file formats (plain text, JSONL, LEAF Shakespeare jso
 from __future__ import annotations
 
 import json
+import zipfile
+from pathlib import Path
 
 import numpy as np
 import pytest
 import torch
 from llm_cases import write_corpus
 
+import fedge
 from fedge.config import DataConfig
 from fedge.data.partition import partition_labels
-from fedge.data.sources import load_dataset
+from fedge.data.sources import gutenberg, load_dataset
 from fedge.data.sources.text import pack
 from fedge.data.tokenizer import ByteTokenizer
 from fedge.errors import ConfigError, DataError
@@ -157,8 +160,6 @@ def test_leaf_json_is_built_from_gutenbergs_edition_as_leaf_reads_it(tmp_path):
     """Roles per (work, speaker) with indented speeches and their continuations (and a work read flush
     left), 80-character windows with the next character, LEAF's 80/20 split by sample with no window
     shared between train and test; the reader then takes the json as LEAF's."""
-    from fedge.data.sources import gutenberg
-
     roles = gutenberg.roles(EDITION)
     assert set(roles) == {
         "THE_TRAGEDY_OF_HAMLET,_PRINCE_OF_DENMARK_Ber",
@@ -191,10 +192,6 @@ def test_leaf_json_is_built_from_gutenbergs_edition_as_leaf_reads_it(tmp_path):
 
 
 def test_shakespeare_downloads_gutenbergs_edition_only_when_asked(tmp_path, monkeypatch):
-    import zipfile
-
-    from fedge.data.sources import gutenberg
-
     bundle = tmp_path / "edition.zip"
     with zipfile.ZipFile(bundle, "w") as z:
         z.writestr("100.txt", EDITION)
@@ -205,3 +202,16 @@ def test_shakespeare_downloads_gutenbergs_edition_only_when_asked(tmp_path, monk
     data = load_dataset(DataConfig(name="shakespeare", root=folder, seq_len=40, download=True), 0)
     assert len(set(data.train_groups)) == 2 and data.x_train.shape[1] == 40
     assert sorted(p.name for p in folder.iterdir()) == ["100.txt", "test", "train"]  # the zip is gone
+
+
+def test_the_shakespeare_example_runs_its_first_round_on_gutenbergs_layout(tmp_path):
+    """``examples/llm-shakespeare.yaml`` validates and runs a round on a generated ``100.txt`` in
+    data.root (two roles with samples here, so two clients, both in the round)."""
+    (tmp_path / gutenberg.RAW_NAME).write_text(EDITION)
+    overrides = [f"data.root={tmp_path}", "data.download=false", "partition.num_clients=2", "rounds=1",
+                 "algorithm.clients_per_round=2", "algorithm.local_steps=2", "eval.every=1",
+                 f"output.dir={tmp_path / 'runs'}", "output.plots=false"]  # fmt: skip
+    result = fedge.run(str(Path(__file__).parents[1] / "examples" / "llm-shakespeare.yaml"), overrides)
+    row = result.metrics[-1]
+    assert row["round"] == 1 and np.isfinite(row["train_loss"]) and row["perplexity"] > 1.0
+    assert result.summary["bits_up"] > 0
