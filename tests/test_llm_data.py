@@ -151,6 +151,7 @@ ACT I. SCENE I.
 
 Duke. Merchant of Syracusa, plead no more; I am not partial to infringe our laws;
 the enmity and discord which of late sprung from the rancorous outrage of your duke.
+ACT I. SCENE II.
 
 Aegeon. Proceed, Solinus, to procure my fall, and by the doom of death end woes and all.
 """
@@ -170,7 +171,7 @@ def test_leaf_json_is_built_from_gutenbergs_edition_as_leaf_reads_it(tmp_path):
     assert roles["THE_TRAGEDY_OF_HAMLET,_PRINCE_OF_DENMARK_Ber"] == "Who's there? Long live the King!"
     fran = roles["THE_TRAGEDY_OF_HAMLET,_PRINCE_OF_DENMARK_Fran"]
     assert fran.startswith("Nay, answer me.") and fran.endswith("to the watch tonight.") and "  " not in fran
-    assert roles["THE_COMEDY_OF_ERRORS_Duke"].endswith("of your duke.")
+    assert roles["THE_COMEDY_OF_ERRORS_Duke"].endswith("of your duke.")  # the heading closed the speech
     (tmp_path / gutenberg.RAW_NAME).write_text(EDITION)
     data = load_dataset(DataConfig(name="shakespeare", root=tmp_path, seq_len=80), 0)
     train = json.loads((tmp_path / "train" / "all_data_train.json").read_text())

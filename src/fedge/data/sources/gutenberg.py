@@ -70,14 +70,25 @@ def speeches(lines: list[str]) -> list[tuple[str, str]]:
     open_speech = False
     for line in lines:
         started = opener.match(line)
-        if started and not HEADINGS.match(started.group(1)):
-            out.append((started.group(1).strip(), [started.group(2)]))
-            open_speech = True
-        elif open_speech and (go_on := INDENTED_CONTINUATION.match(line) if indented else line.strip()):
-            out[-1][1].append(go_on.group(1) if indented else line)  # type: ignore[union-attr]
-        else:
+        if started:  # a speech opens, or a heading closes the open one
+            open_speech = not HEADINGS.match(started.group(1))
+            if open_speech:
+                out.append((started.group(1).strip(), [started.group(2)]))
+            continue
+        words = _continued(line, indented) if open_speech else None
+        if words is None:
             open_speech = False
+        else:
+            out[-1][1].append(words)
     return [(speaker, " ".join(parts)) for speaker, parts in out]
+
+
+def _continued(line: str, indented: bool) -> str | None:
+    """The words ``line`` adds to an open speech, or None where it ends the speech."""
+    if indented:
+        match = INDENTED_CONTINUATION.match(line)
+        return match.group(1) if match else None
+    return line if line.strip() else None
 
 
 def roles(text: str) -> dict[str, str]:
