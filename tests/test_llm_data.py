@@ -4,6 +4,7 @@ per document, and the real file formats (plain text, JSONL, LEAF Shakespeare jso
 from __future__ import annotations
 
 import json
+import shutil
 import zipfile
 from pathlib import Path
 
@@ -203,6 +204,10 @@ def test_shakespeare_downloads_gutenbergs_edition_only_when_asked(tmp_path, monk
     data = load_dataset(DataConfig(name="shakespeare", root=folder, seq_len=40, download=True), 0)
     assert len(set(data.train_groups)) == 2 and data.x_train.shape[1] == 40
     assert sorted(p.name for p in folder.iterdir()) == ["100.txt", "test", "train"]  # the zip is gone
+    shutil.rmtree(folder / "train")  # a conversion stopped before train/: rebuilt from the 100.txt kept
+    bundle.unlink()
+    rebuilt = load_dataset(DataConfig(name="shakespeare", root=folder, seq_len=40, download=True), 0)
+    assert torch.equal(rebuilt.x_train, data.x_train) and torch.equal(rebuilt.y_test, data.y_test)
 
 
 def test_the_shakespeare_example_runs_its_first_round_on_gutenbergs_layout(tmp_path):

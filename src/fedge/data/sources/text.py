@@ -176,9 +176,9 @@ def leaf_folder(root: Path | None, allow_download: bool) -> Path:
     """The folder holding LEAF's ``train/`` and ``test/`` json: ``data.root`` (or the cache folder), built
     there from Project Gutenberg's edition (a ``100.txt`` in it, or downloaded) when neither is present."""
     base = Path(root).expanduser() if root is not None else cache_folder("shakespeare")
-    if (base / "train").exists() or (base / "test").exists():
-        return base  # LEAF's json (a missing half is named by the reader)
     raw = base / gutenberg.RAW_NAME
+    if (base / "train").exists() or ((base / "test").exists() and not raw.is_file()):
+        return base  # LEAF's json (ours writes train/ last; a missing half is named by the reader)
     if not raw.is_file() and allow_download:
         raw = gutenberg.fetch_edition(base)
     if raw.is_file():
