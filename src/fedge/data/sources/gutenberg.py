@@ -26,13 +26,15 @@ LEAF had written it. The reading:
 from __future__ import annotations
 
 import json
+import os
 import re
+import tempfile
 import zipfile
 from pathlib import Path
 
+from fedge import umask
 from fedge.data.sources.fetch import download
 from fedge.errors import DataError
-from fedge.results import atomic_write, write_text
 
 RAW_NAME = "100.txt"
 URLS = (
@@ -135,6 +137,19 @@ def read_edition(path: Path) -> str:
         return raw.decode("latin-1")
 
 
+def _write_json(value: dict, dest: Path) -> None:
+    """``value`` as json at ``dest``, through a temporary file renamed into place."""
+    dest.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(dir=dest.parent, prefix=f".{dest.name}.", suffix=".part")
+    try:
+        umask.share_file(fd)
+        with os.fdopen(fd, "w") as out:
+            json.dump(value, out)
+        os.replace(tmp, dest)
+    finally:
+        Path(tmp).unlink(missing_ok=True)
+
+
 def convert(raw: Path, folder: Path) -> None:
     """Write LEAF's ``train/`` and ``test/`` json of the edition ``raw`` into ``folder``, each file through a
     temporary one renamed into place, ``train/`` last: a folder with ``train/`` is complete."""
@@ -142,20 +157,24 @@ def convert(raw: Path, folder: Path) -> None:
     if not splits["train"]["users"]:
         raise DataError(f"{raw}: no speeches found; expected Project Gutenberg's 1994 edition of ebook 100")
     for split in ("test", "train"):
-        (folder / split).mkdir(parents=True, exist_ok=True)
-        write_text(folder / split / f"all_data_{split}.json", json.dumps(splits[split]))
+        _write_json(splits[split], folder / split / f"all_data_{split}.json")
 
 
 def fetch_edition(folder: Path) -> Path:
     """Download the 1994 edition's zip into ``folder`` and extract its ``100.txt``; return that file."""
     archive = download(URLS, folder / Path(URLS[0]).name)
+    fd, tmp = tempfile.mkstemp(dir=folder, prefix=f".{RAW_NAME}.", suffix=".part")
     try:
-        with zipfile.ZipFile(archive) as bundle:
+        umask.share_file(fd)
+        with zipfile.ZipFile(archive) as bundle, os.fdopen(fd, "wb") as out:
             member = next((n for n in bundle.namelist() if Path(n).name == RAW_NAME), None)
             if member is None:
                 raise DataError(f"{archive}: no {RAW_NAME} inside")
-            atomic_write(folder / RAW_NAME, lambda out: out.write(bundle.read(member)))
+            out.write(bundle.read(member))
+        os.replace(tmp, folder / RAW_NAME)
     except (OSError, zipfile.BadZipFile) as error:
         raise DataError(f"{archive}: cannot extract {RAW_NAME} ({error})") from None
+    finally:
+        Path(tmp).unlink(missing_ok=True)
     archive.unlink()
     return folder / RAW_NAME
