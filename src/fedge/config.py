@@ -166,6 +166,8 @@ class DataConfig(StrictModel):
     """text: bytes (UTF-8 bytes, 256 tokens) or a Hugging Face tokenizer name or folder"""
     text_bytes: PositiveInt | None = None
     """text: bytes read from the start of each document (default: all)"""
+    sequences: Literal["windows", "lines"] = "windows"
+    """textcls: a sample is a full seq_len window of a document, or a line cut and right-padded to seq_len"""
 
     registered: ClassVar[set[str]] = set()  # names added by fedge.register_dataset / entry points
 
@@ -177,6 +179,13 @@ class DataConfig(StrictModel):
             near = difflib.get_close_matches(value, known, n=1)
             hint = f"did you mean {near[0]!r}?" if near else f"known: {', '.join(known)}"
             raise ValueError(f"unknown dataset {value!r}; {hint}")
+        return value
+
+    @field_validator("sequences")
+    @classmethod
+    def _padded_for_classifiers(cls, value: str, info: ValidationInfo) -> str:
+        if value == "lines" and info.data.get("name") != "textcls":
+            raise ValueError("lines (padded sequences) is for textcls only; language-model text is packed")
         return value
 
 

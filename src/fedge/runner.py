@@ -153,6 +153,21 @@ def _check_outputs(model: nn.Module, dataset: Dataset) -> None:
         )
 
 
+def _check_padding(model: nn.Module, dataset: Dataset) -> None:
+    """Padded sequences need a model that masks the data's pad id (``SplitModel.pad_id``)."""
+    if dataset.pad_id is None:
+        return
+    masked = getattr(model, "pad_id", None)
+    if masked is None:
+        name = getattr(model, "name", type(model).__name__)
+        refused = f"lines pads sequences and the model {name} reads no padding; use bert"
+        raise ConfigError("data.sequences", refused)
+    if masked != dataset.pad_id:
+        raise ConfigError(
+            "data.tokenizer", f"it pads with token id {dataset.pad_id} but the model masks id {masked}"
+        )
+
+
 def build_run(config: RunConfig, force: bool = False, extensions: Extensions | None = None) -> Built:
     """Load data, partition it, check the model and build the algorithm; no file is written.
 
@@ -203,6 +218,7 @@ def build_run(config: RunConfig, force: bool = False, extensions: Extensions | N
     else:
         factory = model_factory(config, dataset.input_shape, dataset.num_classes)
     template = factory()
+    _check_padding(template, dataset)
     _check_outputs(template, dataset)
     executor = make_executor(
         executor_name(config, device.type), compile_step=config.engine.compile, fused=config.engine.fused

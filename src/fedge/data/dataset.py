@@ -15,6 +15,7 @@ class Dataset:
     ``x_*`` are float32 tensors of shape ``[N, *input_shape]`` (images as ``[N, C, H, W]``), already
     scaled and normalised; ``y_*`` are int64 class labels. ``train_groups`` / ``test_groups`` hold a
     natural group id per sample (the FEMNIST writer) or ``None`` where the dataset has no such groups.
+    ``pad_id`` is the token id right-padded sequences are filled with (``None``: no sample is padded).
     """
 
     name: str
@@ -25,6 +26,7 @@ class Dataset:
     num_classes: int
     train_groups: np.ndarray | None = None
     test_groups: np.ndarray | None = None
+    pad_id: int | None = None
 
     @property
     def input_shape(self) -> tuple[int, ...]:

@@ -22,15 +22,18 @@ class Tokenizer(Protocol):
 
     name: str
     vocab_size: int
+    pad_id: int | None  # the id a padded sequence is filled with (None: the tokenizer has none)
 
     def encode(self, text: str) -> np.ndarray: ...
 
 
 class ByteTokenizer:
-    """UTF-8 bytes as tokens: ids 0..255."""
+    """UTF-8 bytes as tokens: ids 0..255; padding is 0, the NUL byte, which text does not hold (and
+    BERT's own ``[PAD]`` id)."""
 
     name = BYTES
     vocab_size = 256
+    pad_id = 0
 
     def encode(self, text: str) -> np.ndarray:
         """The text's UTF-8 bytes as int64 ids."""
@@ -58,6 +61,7 @@ class HFTokenizer:
             raise ConfigError("data.tokenizer", f"cannot load {name!r}{hint}: {error}") from None
         self.name = name
         self.vocab_size = len(self.tokenizer)
+        self.pad_id = self.tokenizer.pad_token_id
 
     def encode(self, text: str) -> np.ndarray:
         return np.asarray(self.tokenizer.encode(text, add_special_tokens=False), dtype=np.int64)

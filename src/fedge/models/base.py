@@ -16,8 +16,12 @@ class SplitModel(nn.Sequential):
     """An ``nn.Sequential`` of named blocks that can be cut between any two blocks.
 
     ``name`` is the zoo name used in messages; ``default_cut`` is the cut the model's paper uses (the number
-    of blocks on the client side), or ``None`` where no paper defines one.
+    of blocks on the client side), or ``None`` where no paper defines one. ``pad_id`` is the input id a
+    model masks as padding (a sequence classifier reading right-padded token sequences, whose pad positions
+    cross the cut as zero vectors and are never sent); ``None`` for a model that reads no padding.
     """
+
+    pad_id: int | None = None
 
     def __init__(
         self, blocks: OrderedDict[str, nn.Module], *, name: str = "model", default_cut: int | None = None

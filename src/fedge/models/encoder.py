@@ -7,9 +7,17 @@ cut ``k`` (1..N) gives the client the embeddings and encoder layers 1..k, the se
 and the classifier; the smashed data are the hidden states ``[batch, sequence, hidden]`` after layer k.
 
 The model reads token ids ``[batch, sequence]`` and returns class logits ``[batch, classes]``, as
-transformers' ``BertForSequenceClassification`` does. Attention is bidirectional with no padding mask:
-fedge's classification sequences are full windows of a document (no padding, see
-:mod:`fedge.data.sources.textcls`), so every position is a real token. Dropout inside the encoder is off.
+transformers' ``BertForSequenceClassification`` does with the attention mask ``ids != pad``. Sequences
+may be right-padded with the model's pad id (``pad_token_id`` of its config: 0 for a model built from
+sizes, the checkpoint's own otherwise; ``data.sequences: lines``). A pad position is masked out of every
+attention (no real token reads it) and its hidden state is set to zero at the end of every block, so a
+padded sequence gives the logits of its unpadded self. The zero vector is how a pad position crosses the
+cut: it is never sent (the ledger counts real tokens only) and the receiving side, which sees no ids,
+reads an all-zero hidden state as padding. A real token's hidden state is a LayerNorm output, never
+exactly the zero vector, and fedge's codecs keep a zero vector zero; an entry dropped by light FedSL's
+cut dropout is zero too, so a real token with every entry dropped (probability ``p ** hidden``) arrives
+as nothing and is read as padding, which is what its receiver would see. Dropout inside the encoder is
+off.
 Under LoRA the adapters (default on ``query`` and ``value``, peft's BERT targets) and the freshly drawn
 classifier train, as peft's ``modules_to_save`` does for a classification head; the rest is frozen.
 """
@@ -50,10 +58,16 @@ def bidirectional_attention(
     dropout: float = 0.0,
     **kwargs: Any,
 ) -> tuple[torch.Tensor, None]:
-    """Softmax attention over every position, written with plain tensor operations (batches over clients
-    under ``vmap``, which ``scaled_dot_product_attention`` does not on the CPU). No mask: no padding."""
+    """Softmax attention over every real position, written with plain tensor operations (batches over
+    clients under ``vmap``, which ``scaled_dot_product_attention`` does not on the CPU).
+    ``attention_mask``: True at the real keys, ``[..., 1, 1, sequence]`` (an unpadded sequence's is all
+    True and changes no number). A masked key's score is the dtype's lowest value rather than -inf, so a
+    row with no real token (a batch's filler row) stays finite; any real key outweighs it entirely."""
     scale = query.shape[-1] ** -0.5 if scaling is None else scaling
-    weights = torch.softmax((query @ key.transpose(-1, -2)) * scale, dim=-1, dtype=torch.float32)
+    scores = (query @ key.transpose(-1, -2)) * scale
+    if attention_mask is not None:
+        scores = scores.masked_fill(~attention_mask, torch.finfo(scores.dtype).min)
+    weights = torch.softmax(scores, dim=-1, dtype=torch.float32)
     return (weights.to(query.dtype) @ value).transpose(-3, -2).contiguous(), None
 
 
@@ -75,18 +89,32 @@ class BertEmbedding(nn.Module):
         return self.LayerNorm(hidden + self.position_embeddings(positions))
 
 
-class EncoderBlock(nn.Module):
-    """One encoder layer, preceded in the first block by the embeddings."""
+def real_positions(hidden: torch.Tensor) -> torch.Tensor:
+    """True where a hidden state ``[..., sequence, hidden]`` is a real token (not the zero vector of a pad
+    position, see the module docstring)."""
+    return hidden.ne(0).any(dim=-1)
 
-    def __init__(self, layer: nn.Module, embed: nn.Module | None):
+
+class EncoderBlock(nn.Module):
+    """One encoder layer, preceded in the first block by the embeddings; pad positions (``pad_id`` in the
+    ids, the zero vector in hidden states) are masked out of attention and leave the block as zeros."""
+
+    def __init__(self, layer: nn.Module, embed: nn.Module | None, pad_id: int):
         super().__init__()
         if embed is not None:
             self.embed = embed
         self.layer = layer
+        self.pad_id = pad_id
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        hidden = self.embed(x) if hasattr(self, "embed") else x
-        return _output(self.layer(hidden))
+        if hasattr(self, "embed"):
+            real, hidden = x.long().ne(self.pad_id), self.embed(x)
+            if real.device != hidden.device:  # the meta-device shape check, where the frozen base keeps its
+                real = torch.ones(real.shape, dtype=torch.bool, device=hidden.device)  # device: no values
+        else:
+            real, hidden = real_positions(x), x
+        out = _output(self.layer(hidden, attention_mask=real[..., None, None, :]))
+        return out * real[..., None].to(out.dtype)
 
 
 class ClassifierHead(nn.Module):
@@ -133,7 +161,8 @@ def first_token_aux_head(
 
 
 class SequenceClassifier(TransformerLM):
-    """A BERT-family encoder with a classification head, as blocks (module docstring)."""
+    """A BERT-family encoder with a classification head, as blocks (module docstring); ``pad_id`` is the
+    token id it masks as padding."""
 
     classifier = True
 
@@ -200,10 +229,11 @@ def build_bert(
     if sequence > limit:
         raise ConfigError("data.seq_len", f"sequence {sequence} is longer than the model's {limit} positions")
     _no_dropout(hf)
+    pad_id = 0 if hf.config.pad_token_id is None else int(hf.config.pad_token_id)
     encoder, embed = list(hf.bert.encoder.layer), BertEmbedding(hf.bert.embeddings)
     blocks: OrderedDict[str, nn.Module] = OrderedDict()
     for i, layer in enumerate(encoder, start=1):
-        blocks[f"block{i}"] = EncoderBlock(layer, embed if i == 1 else None)
+        blocks[f"block{i}"] = EncoderBlock(layer, embed if i == 1 else None, pad_id)
     blocks["head"] = ClassifierHead(hf.bert.pooler, hf.classifier)
     lora = None
     frozen_part: nn.Module = nn.ModuleList(blocks.values())
@@ -213,6 +243,8 @@ def build_bert(
         lora = adapt(adapted, targets, lora_rank, lora_alpha, lora_dropout)
         frozen_part = nn.ModuleList([*list(blocks.values())[:-1], hf.bert.pooler])  # the classifier trains
     frozen = freeze(frozen_part, parameters=bool(lora_rank))
-    return SequenceClassifier(
+    model = SequenceClassifier(
         blocks, name="bert", frozen=frozen, positions=limit, lora=lora, config=hf.config
     )
+    model.pad_id = pad_id
+    return model

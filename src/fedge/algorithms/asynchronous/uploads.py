@@ -47,6 +47,7 @@ class DeferredExchange(ServerExchange):
     def __init__(self, exchange: ServerExchange):
         self.up, self.down, self.labels = exchange.up, exchange.down, exchange.labels
         self.server, self.order, self.cohorts = exchange.server, exchange.order, exchange.cohorts
+        self.padded = exchange.padded
         self.collected: list[Upload] = []
 
     def __call__(self, rnd: Round, row_ids: torch.Tensor, batch: CutBatch, step: int, grad_z: bool) -> Served:

@@ -22,6 +22,7 @@ import numpy as np
 import torch
 
 from fedge.algorithms.split.order import ServerOrder
+from fedge.algorithms.split.padding import sent_entries
 from fedge.algorithms.split.round import Round
 from fedge.algorithms.split.server import CutBatch, Served, SplitServer
 from fedge.comm import FloatCodec, Network, nodes
@@ -29,10 +30,12 @@ from fedge.distributed import Cohort, Cohorts
 
 
 class Uploaded(NamedTuple):
-    """A step's cut batch as the server received it, and the bits each exchange row sent."""
+    """A step's cut batch as the server received it, the bits each exchange row sent, and the entries
+    sent (``None``: every entry of the real rows; else pad positions left out)."""
 
     batch: CutBatch
     bits: np.ndarray
+    keep: torch.Tensor | None
 
 
 class ServerExchange:
@@ -46,8 +49,10 @@ class ServerExchange:
         server: SplitServer,
         order: ServerOrder,
         cohorts: Cohorts,
+        padded: bool = False,
     ):
         self.up, self.down = network.link(codecs[0]), network.link(codecs[1])
+        self.padded = padded  # the model reads padded sequences: pad positions are never sent
         # labels are integers: a dense float codec carries them exactly, a lossy one would corrupt them
         self.labels = self.up if isinstance(self.up.codec, FloatCodec) else network.link("fp32")
         self.server, self.order, self.cohorts = server, order, cohorts
@@ -71,8 +76,9 @@ class ServerExchange:
         rnd.tally.uploads += len(queued.order)
         if not grad_z:
             return served
+        answer = {"g": served.grad_z}
         grads = cohort.send(
-            self.down, rnd.t, nodes.SERVER, senders, "grad_down", {"g": served.grad_z}, lengths=lengths
+            self.down, rnd.t, nodes.SERVER, senders, "grad_down", answer, lengths=lengths, keep=sent.keep
         )
         np.add.at(rnd.tally.down_bits, at, grads.bits)
         if queued.finish is not None:
@@ -82,16 +88,16 @@ class ServerExchange:
     def _upload(
         self, rnd: Round, cohort: Cohort, senders: list[str], batch: CutBatch, lengths: torch.Tensor
     ) -> Uploaded:
-        """Send this process's rows' smashed data and labels; the batch as the server receives it and
-        every exchange row's bits."""
+        """Send this process's rows' smashed data (a padded sequence's pad positions left out) and labels;
+        the batch as the server receives it and every exchange row's bits."""
         t, mine = rnd.t, cohort.rows
-        smashed = cohort.send(
-            self.up, t, senders, nodes.SERVER, "smashed_up", {"z": batch.z.detach()}, lengths=lengths
-        )
+        keep = sent_entries(batch.z, lengths) if self.padded else None
+        z = {"z": batch.z.detach()}
+        smashed = cohort.send(self.up, t, senders, nodes.SERVER, "smashed_up", z, lengths=lengths, keep=keep)
         labels = cohort.send(
             self.labels, t, senders, nodes.SERVER, "labels_up", {"y": batch.y[mine]}, lengths=lengths
         )
-        return Uploaded(batch._replace(z=smashed.payload["z"]), smashed.bits + labels.bits)
+        return Uploaded(batch._replace(z=smashed.payload["z"]), smashed.bits + labels.bits, keep)
 
     def _serve(self, rnd: Round, cohort: Cohort, batch: CutBatch, grad_z: bool, order: list[int]) -> Served:
         """The server's answer to this process's rows of ``batch`` (whose ``z`` holds only those rows);

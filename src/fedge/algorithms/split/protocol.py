@@ -85,7 +85,8 @@ class SplitLearning(Algorithm):
         self.flops = count_flops(self.parts)
         order = server_order(cfg.server_order, ctx.system, ctx.seed, cfg.arrival_jitter_s, self.flops)
         codecs = (cfg.codec_up, cfg.codec_down)
-        self.exchange = ServerExchange(ctx.network, codecs, self.server, order, ctx.cohorts)
+        padded = self.parts.model.pad_id is not None
+        self.exchange = ServerExchange(ctx.network, codecs, self.server, order, ctx.cohorts, padded)
         self.up, self.down = ctx.network.link(cfg.codec_up), ctx.network.link(cfg.codec_down)
         self.models = ClientModels(self.up, self.down, self.clients.shares_aux, cfg.global_lr, ctx.device)
         self.local_steps = LocalSteps(ctx.data, self.clients, self.exchange, self.uploads_at, cfg.agg_every,

@@ -1,4 +1,5 @@
-"""Text classification datasets for sequence classifiers: every window of a document labeled by its class.
+"""Text classification datasets for sequence classifiers: windows of a document, or its lines, labeled by
+its class.
 
 ``textcls`` reads ``data.root``, a ``.txt`` / ``.jsonl`` file or a folder of them. A ``.txt`` file is one
 document whose class is the file; a ``.jsonl`` line is an object with a ``text`` field and, optionally, a
@@ -8,11 +9,22 @@ modules of the ``pystdlib`` source, each its own class (which module a window of
 a task with no download). Labels are the sorted distinct names (file names, modules, or the ``label``
 values as strings), numbered from 0.
 
-Each document is tokenized and cut into consecutive full windows of ``data.seq_len`` tokens, each a sample
-labeled with its document's class; a short tail is dropped and a document shorter than one window is an
-error. So no sequence is padded: every position a model reads is a real token, and the ledger's
-``tokens x hidden x bits`` counts no pad position. The last ``data.test_fraction`` of each document's
-windows is held out (a contiguous tail); each document is a natural group (``partition.kind: natural``).
+``data.sequences`` says what a sample is:
+
+- ``windows`` (the default): each document is tokenized and cut into consecutive full windows of
+  ``data.seq_len`` tokens, each labeled with its document's class; a short tail is dropped and a document
+  shorter than one window is an error. No sequence is padded.
+- ``lines``: each non-blank line of a document (for ``.jsonl``, each record, its own line breaks read as
+  spaces; surrounding white space stripped) is one sample, as sentence-level tasks (sentiment, topic)
+  are: tokenized, cut to its first ``data.seq_len`` tokens, and right-padded to ``data.seq_len`` with
+  the tokenizer's pad id (the byte tokenizer's is 0, the NUL byte; a Hugging Face tokenizer's is its
+  ``[PAD]``). The model masks the pad positions (``bert``: every attention, and the cut, where they are
+  never sent, so the ledger counts real tokens only) and must pad on the same id, which the run checks.
+  No special token is added, in either mode.
+
+A real token equal to the pad id (a NUL byte in a text, for the byte tokenizer) is an error in both
+modes: the model would read it as padding. The last ``data.test_fraction`` of each document's samples is
+held out (a contiguous tail); each document is a natural group (``partition.kind: natural``).
 """
 
 from __future__ import annotations
@@ -27,7 +39,7 @@ from fedge.config import DataConfig
 from fedge.data.dataset import Dataset
 from fedge.data.sources.text import _read, held_out, stdlib_documents, text_documents
 from fedge.data.tokenizer import Tokenizer, make_tokenizer
-from fedge.errors import DataError
+from fedge.errors import ConfigError, DataError
 
 
 def windows(tokens: np.ndarray, seq_len: int) -> np.ndarray:
@@ -36,46 +48,85 @@ def windows(tokens: np.ndarray, seq_len: int) -> np.ndarray:
     return tokens[: count * seq_len].reshape(count, seq_len)
 
 
-def _labeled_jsonl(path: Path, limit: int | None) -> list[tuple[str, str, str]]:
-    """A JSONL file's documents ``(title, label, text)``: its lines joined per ``label`` field."""
+def _labeled_jsonl(path: Path, limit: int | None, one_line: bool) -> list[tuple[str, str, str]]:
+    """A JSONL file's documents ``(title, label, text)``: its lines joined per ``label`` field, each
+    record on one line of its own when ``one_line`` (its line breaks read as spaces)."""
     texts: dict[str, list[str]] = {}
     for number, line in enumerate(_read(path, None).splitlines(), start=1):
         if not line.strip():
             continue
         try:
             record = json.loads(line)
-            texts.setdefault(str(record.get("label", path.name)), []).append(str(record["text"]))
+            text = str(record["text"])
+            text = " ".join(text.splitlines()) if one_line else text
+            texts.setdefault(str(record.get("label", path.name)), []).append(text)
         except (ValueError, KeyError, TypeError, AttributeError):
             raise DataError(f"{path}:{number}: a JSONL line must be an object with a 'text' field") from None
     clip = lambda t: t if limit is None else t.encode("utf-8")[:limit].decode("utf-8", errors="ignore")  # noqa: E731
     return [(f"{path.name}:{label}", label, clip("\n".join(parts))) for label, parts in texts.items()]
 
 
-def labeled_documents(root: Path | None, limit: int | None) -> list[tuple[str, str, str]]:
-    """Every document ``(title, label, text)`` of ``data.root`` (module docstring)."""
+def labeled_documents(
+    root: Path | None, limit: int | None, one_line: bool = False
+) -> list[tuple[str, str, str]]:
+    """Every document ``(title, label, text)`` of ``data.root`` (module docstring); ``one_line`` puts each
+    JSONL record on a line of its own."""
     files = text_documents(root, limit)  # checks data.root; .txt texts read here
     folder = Path(root).expanduser()  # type: ignore[arg-type]
     documents = []
     for name, text in files:
         path = folder if folder.is_file() else folder / name
-        documents += _labeled_jsonl(path, limit) if path.suffix == ".jsonl" else [(name, name, text)]
+        jsonl = path.suffix == ".jsonl"
+        documents += _labeled_jsonl(path, limit, one_line) if jsonl else [(name, name, text)]
     return documents
 
 
+def padded_lines(title: str, text: str, tokenizer: Tokenizer, seq_len: int, pad_id: int) -> np.ndarray:
+    """Each non-blank line of document ``title``'s ``text`` as token ids cut to ``seq_len`` and
+    right-padded with ``pad_id``: ``[lines, seq_len]``."""
+    lines = [tokenizer.encode(line.strip())[:seq_len] for line in text.splitlines() if line.strip()]
+    rows = np.full((len(lines), seq_len), pad_id, dtype=np.int64)
+    for row, ids in zip(rows, lines, strict=True):
+        _refuse_pad_tokens(title, ids, pad_id)
+        row[: len(ids)] = ids
+    return rows
+
+
+def pad_token(tokenizer: Tokenizer) -> int:
+    """The tokenizer's pad id; a Hugging Face tokenizer without one is refused (``data.tokenizer``)."""
+    pad = getattr(tokenizer, "pad_id", None)
+    if pad is None:
+        refused = f"{tokenizer.name} has no pad token; data.sequences: lines needs one"
+        raise ConfigError("data.tokenizer", refused)
+    return int(pad)
+
+
 def classification_dataset(
-    documents: list[tuple[str, str, str]], tokenizer: Tokenizer, seq_len: int, test_fraction: float
+    documents: list[tuple[str, str, str]],
+    tokenizer: Tokenizer,
+    seq_len: int,
+    test_fraction: float,
+    sequences: str = "windows",
 ) -> Dataset:
-    """The windowed, held-out-tailed classification dataset of labeled ``documents``."""
+    """The held-out-tailed classification dataset of labeled ``documents``: full windows, or padded lines
+    (``sequences``, module docstring)."""
     labels = sorted({label for _, label, _ in documents})
     if len(labels) < 2:
         raise DataError(f"textcls: {len(labels)} class in data.root; a classifier needs at least two")
     index = {label: i for i, label in enumerate(labels)}
     parts: dict[str, list[np.ndarray]] = {"x_train": [], "y_train": [], "g_train": [], "x_test": [],
                                           "y_test": [], "g_test": []}  # fmt: skip
+    pad = pad_token(tokenizer) if sequences == "lines" else None
     for group, (title, label, text) in enumerate(documents):
-        rows = windows(tokenizer.encode(text), seq_len)
-        if not len(rows):
-            raise DataError(f"textcls: {title} has fewer than {seq_len} tokens (data.seq_len {seq_len})")
+        if pad is not None:
+            rows = padded_lines(title, text, tokenizer, seq_len, pad)
+            if not len(rows):
+                raise DataError(f"textcls: {title} has no line of text (data.sequences: lines)")
+        else:
+            rows = windows(tokenizer.encode(text), seq_len)
+            if not len(rows):
+                raise DataError(f"textcls: {title} has fewer than {seq_len} tokens (data.seq_len {seq_len})")
+            _refuse_pad_tokens(title, rows, getattr(tokenizer, "pad_id", None))
         cut = len(rows) - held_out(len(rows), test_fraction)
         for split, chunk in (("train", rows[:cut]), ("test", rows[cut:])):
             parts[f"x_{split}"].append(chunk)
@@ -94,7 +145,15 @@ def classification_dataset(
         num_classes=len(labels),
         train_groups=joined["g_train"],
         test_groups=joined["g_test"],
+        pad_id=pad,
     )
+
+
+def _refuse_pad_tokens(title: str, tokens: np.ndarray, pad: int | None) -> None:
+    """A real token equal to the pad id is refused: a model would read it as padding."""
+    if pad is not None and bool((tokens == pad).any()):
+        byte = " (a NUL byte)" if pad == 0 else ""
+        raise DataError(f"textcls: {title} holds the pad token id {pad}{byte}, which a model reads as pad")
 
 
 def load_textcls(cfg: DataConfig, seed: int) -> Dataset:
@@ -104,5 +163,5 @@ def load_textcls(cfg: DataConfig, seed: int) -> Dataset:
     if cfg.root is None:  # the offline default: which standard-library module a window comes from
         documents = [(name, name, text) for name, text in stdlib_documents(cfg.text_bytes)]
     else:
-        documents = labeled_documents(cfg.root, cfg.text_bytes)
-    return classification_dataset(documents, tokenizer, cfg.seq_len, cfg.test_fraction)
+        documents = labeled_documents(cfg.root, cfg.text_bytes, one_line=cfg.sequences == "lines")
+    return classification_dataset(documents, tokenizer, cfg.seq_len, cfg.test_fraction, cfg.sequences)

@@ -1,0 +1,165 @@
+"""Padded sentence classification (``data.sequences: lines``): a line per sample, right-padded; BERT masks
+the pad positions as transformers does with an attention mask, the cut never sends them, and the executors
+agree."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+import torch
+
+transformers = pytest.importorskip("transformers")
+
+from llm_cases import WORDS, trained  # noqa: E402
+
+import fedge  # noqa: E402
+from fedge.data.sources.textcls import load_textcls  # noqa: E402
+from fedge.errors import ConfigError, DataError  # noqa: E402
+from fedge.models import build_model, split  # noqa: E402
+from fedge.models.encoder import bert_config  # noqa: E402
+from fedge.runner import build_run  # noqa: E402
+
+SEQ = 48
+
+
+@pytest.fixture(scope="module")
+def sentences(tmp_path_factory):
+    """Two labels of seeded sentences of 1 to 7 words (most shorter than ``SEQ`` bytes)."""
+    folder = tmp_path_factory.mktemp("sentences")
+    rng = np.random.default_rng(0)
+    records = []
+    for i in range(120):
+        label = ("pos", "neg")[i % 2]
+        vocabulary = WORDS[:6] if label == "pos" else WORDS[5:]
+        words = [vocabulary[j] for j in rng.integers(0, len(vocabulary), size=rng.integers(1, 8))]
+        records.append({"text": " ".join(words), "label": label})
+    (folder / "train.jsonl").write_text("\n".join(json.dumps(r) for r in records) + "\n")
+    return folder
+
+
+def lines_run(root, algorithm: dict, **overrides) -> dict:
+    raw = {
+        "seed": 5,
+        "rounds": 2,
+        "data": {"name": "textcls", "root": str(root), "seq_len": SEQ, "sequences": "lines"},
+        "partition": {"kind": "iid", "num_clients": 3},
+        "model": {"name": "bert", "cut": 1, "options": {"layers": 2, "hidden": 32, "heads": 2}},
+        "algorithm": {"batch_size": 8, "optimizer": {"lr": 0.05}, **algorithm},
+        "eval": {"batch_size": 64},
+        "output": {"plots": False},
+    }
+    for key, value in overrides.items():
+        raw[key] = {**raw.get(key, {}), **value}
+    return raw
+
+
+def test_a_padded_batch_gives_transformers_outputs_with_its_attention_mask_at_every_cut():
+    torch.manual_seed(0)
+    ours = build_model("bert", (16,), 5, layers=3, hidden=32, heads=4, lora_rank=0)
+    torch.manual_seed(0)
+    reference = transformers.BertForSequenceClassification(bert_config(256, 5, 16, 3, 32, 4, None)).eval()
+    x = torch.randint(1, 256, (4, 16))
+    for row, length in enumerate((16, 5, 1, 9)):
+        x[row, length:] = 0
+    real = x != 0
+    masked = reference.bert(x, attention_mask=real.long()).last_hidden_state
+    unmasked = reference.bert(x).last_hidden_state
+    assert float((masked - unmasked).detach()[real].abs().max()) > 0.01  # the mask matters to real tokens
+    torch.testing.assert_close(ours(x), reference(x, attention_mask=real.long()).logits, rtol=1e-5, atol=1e-5)
+    for cut in ours.cut_points:
+        client, server = split(ours, cut)
+        z = client(x)
+        assert torch.equal(z.ne(0).any(-1), real)  # pad positions cross the cut as zero vectors
+        torch.testing.assert_close(server(z), ours(x), rtol=1e-5, atol=1e-5)
+    hidden = split(ours, 3)[0](x)  # every encoder layer on the client side
+    torch.testing.assert_close(hidden[real], masked[real], rtol=1e-5, atol=1e-5)
+
+
+def test_lines_are_samples_cut_and_right_padded_with_the_pad_id(tmp_path):
+    (tmp_path / "a.txt").write_text("short\n\n  a line longer than ten bytes  \n")
+    records = [{"text": "two\nlines", "label": "x"}, {"text": "yy", "label": "x"}]
+    (tmp_path / "b.jsonl").write_text("".join(json.dumps(r) + "\n" for r in records))
+    raw = {"data": {"name": "textcls", "root": str(tmp_path), "seq_len": 10, "sequences": "lines"}}
+    data = load_textcls(fedge.resolve_config(raw).data, 0)
+    assert data.pad_id == 0 and data.input_shape == (10,)
+    rows = {bytes(r[r != 0].tolist()).decode(): int(y) for r, y in zip(
+        torch.cat([data.x_train, data.x_test]), torch.cat([data.y_train, data.y_test]), strict=True
+    )}  # fmt: skip
+    assert rows == {"short": 0, "a line lon": 0, "two lines": 1, "yy": 1}  # cut, stripped, one per record
+    assert data.x_train.shape[0] == 2 and data.x_test.shape[0] == 2  # each document's last line held out
+    (tmp_path / "c.txt").write_text("nul \0 byte\n")
+    with pytest.raises(DataError, match="c.txt holds the pad token id 0"):
+        load_textcls(fedge.resolve_config(raw).data, 0)
+
+
+def test_lines_are_refused_where_nothing_reads_padding(sentences, tmp_path):
+    with pytest.raises(ConfigError, match="textcls only") as error:
+        fedge.resolve_config({"data": {"name": "text", "root": str(tmp_path), "sequences": "lines"}})
+    assert error.value.key == "data.sequences"
+    raw = lines_run(sentences, {"name": "splitfed_v2"}, model={"name": "gpt2", "options": {}})
+    with pytest.raises(ConfigError) as error:
+        build_run(fedge.resolve_config(raw))
+    assert error.value.key == "data.sequences" and "\n" not in str(error.value)
+
+
+def test_the_ledger_counts_real_tokens_only(sentences):
+    """SplitFed v2, one round: smashed_up and grad_down = real tokens x hidden x 32 bits, labels one per
+    sequence; the padded positions (more than half of them here) are not counted."""
+    built, _ = trained(lines_run(sentences, {"name": "splitfed_v2"}), rounds=1)
+    data = built.context.data
+    x = data.dataset.x_train[np.concatenate([data.client_train[k] for k in range(3)])]
+    real = int((x != 0).sum())
+    assert real < 0.6 * x.numel()
+    totals = {kind: bits for (kind, _), bits in built.context.ledger.totals().items()}
+    assert totals["smashed_up"] == totals["grad_down"] == real * 32 * 32
+    assert totals["labels_up"] == len(x) * 32
+
+
+@pytest.mark.parametrize("name", ["splitfed_v1", "cse_fsl", "light_fedsl", "fedavg"])
+def test_executors_agree_on_padded_sequences(sentences, name):
+    algorithm = {"name": name, **({"h": 2} if name == "cse_fsl" else {})}
+    runs = [
+        trained(lines_run(sentences, algorithm, engine={"executor": ex}), rounds=3)
+        for ex in ("sequential", "batched")
+    ]
+    (seq, seq_metrics), (bat, bat_metrics) = runs
+    assert seq.context.ledger.totals() == bat.context.ledger.totals()
+    for m, n in zip(seq_metrics, bat_metrics, strict=True):
+        assert m["train_loss"] == pytest.approx(n["train_loss"], abs=1e-5)
+    assert seq.algorithm.evaluate()["loss"] == pytest.approx(bat.algorithm.evaluate()["loss"], abs=1e-5)
+    assert seq_metrics[-1]["train_loss"] != seq_metrics[0]["train_loss"]
+
+
+def test_light_fedsl_counts_the_kept_entries_of_real_tokens(sentences):
+    """One batch of 8 sequences per client per round: without dropout the cut sends their real tokens
+    (fewer than the 3 x 8 x SEQ positions), with p = 0.5 about half of those entries."""
+    up = {}
+    for p in (0.0, 0.5):
+        built, _ = trained(lines_run(sentences, {"name": "light_fedsl", "cut_dropout": p}), rounds=1)
+        up[p] = {kind: bits for (kind, _), bits in built.context.ledger.totals().items()}["smashed_up"]
+    assert up[0.0] % (32 * 32) == 0 and up[0.0] < 3 * 8 * SEQ * 32 * 32
+    assert 0.4 < up[0.5] / up[0.0] < 0.6
+
+
+def test_from_the_cli_a_run_and_a_pad_byte_in_the_data(sentences, tmp_path):
+    from typer.testing import CliRunner
+
+    from fedge.cli import app
+
+    path = tmp_path / "lines.json"
+    raw = lines_run(sentences, {"name": "splitfed_v2"}, output={"dir": str(tmp_path / "r")})
+    path.write_text(json.dumps(raw))
+    result = CliRunner().invoke(app, ["run", str(path)])
+    assert result.exit_code == 0, result.output
+    summary = json.loads((tmp_path / "r" / "splitfed_v2-textcls" / "summary.json").read_text())
+    assert 0.0 <= summary["final_accuracy"] <= 1.0
+    bad = tmp_path / "bad"
+    bad.mkdir()
+    (bad / "a.txt").write_text("fine\n")
+    (bad / "b.txt").write_text("a \0 inside\n")
+    path.write_text(json.dumps(lines_run(bad, {"name": "splitfed_v2"}, output={"dir": str(tmp_path / "s")})))
+    result = CliRunner().invoke(app, ["run", str(path)])
+    assert result.exit_code == 2
+    assert "b.txt holds the pad token id 0" in result.output and not (tmp_path / "s").exists()
