@@ -163,3 +163,22 @@ def test_from_the_cli_a_run_and_a_pad_byte_in_the_data(sentences, tmp_path):
     result = CliRunner().invoke(app, ["run", str(path)])
     assert result.exit_code == 2
     assert "b.txt holds the pad token id 0" in result.output and not (tmp_path / "s").exists()
+
+
+def test_a_hugging_face_tokenizer_frames_each_line_with_its_special_tokens(tmp_path):
+    vocab = ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]", "the", "cut", "layer", "client", "server"]
+    folder = tmp_path / "tokenizer"
+    transformers.BertTokenizer(vocab={w: i for i, w in enumerate(vocab)}).save_pretrained(folder)
+    (tmp_path / "pos.txt").write_text("the cut\nthe cut layer client server the cut\n")
+    (tmp_path / "neg.txt").write_text("server\nclient client\n")
+    data_cfg = {"name": "textcls", "root": str(tmp_path), "seq_len": 6, "sequences": "lines",
+                "tokenizer": str(folder)}  # fmt: skip
+    data = load_textcls(fedge.resolve_config({"data": data_cfg}).data, 0)
+    assert data.pad_id == 0
+    rows = {tuple(r.tolist()) for r in torch.cat([data.x_train, data.x_test])}
+    assert rows == {
+        (2, 5, 6, 3, 0, 0),  # [CLS] the cut [SEP], padded
+        (2, 5, 6, 7, 8, 3),  # the long line truncated inside [CLS] ... [SEP]
+        (2, 9, 3, 0, 0, 0),
+        (2, 8, 8, 3, 0, 0),
+    }

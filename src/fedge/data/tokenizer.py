@@ -26,6 +26,10 @@ class Tokenizer(Protocol):
 
     def encode(self, text: str) -> np.ndarray: ...
 
+    def encode_sample(self, text: str, length: int) -> np.ndarray:
+        """One stand-alone sample's ids, at most ``length``, with the tokenizer's special tokens."""
+        ...
+
 
 class ByteTokenizer:
     """UTF-8 bytes as tokens: ids 0..255; padding is 0, the NUL byte, which text does not hold (and
@@ -39,13 +43,18 @@ class ByteTokenizer:
         """The text's UTF-8 bytes as int64 ids."""
         return np.frombuffer(text.encode("utf-8"), dtype=np.uint8).astype(np.int64)
 
+    def encode_sample(self, text: str, length: int) -> np.ndarray:
+        """The text's first ``length`` bytes (bytes have no special tokens)."""
+        return self.encode(text)[:length]
+
     def decode(self, ids: Any) -> str:
         """Ids back to text (invalid UTF-8 replaced)."""
         return bytes(int(i) for i in ids).decode("utf-8", errors="replace")
 
 
 class HFTokenizer:
-    """A Hugging Face tokenizer; ids without special tokens, the vocabulary its full length."""
+    """A Hugging Face tokenizer: ids without special tokens (text to pack), or one sample with them; the
+    vocabulary its full length."""
 
     def __init__(self, name: str, download: bool):
         try:
@@ -65,6 +74,12 @@ class HFTokenizer:
 
     def encode(self, text: str) -> np.ndarray:
         return np.asarray(self.tokenizer.encode(text, add_special_tokens=False), dtype=np.int64)
+
+    def encode_sample(self, text: str, length: int) -> np.ndarray:
+        """The text as the model was trained to read one sample (BERT: ``[CLS] text [SEP]``, which its
+        pooler and classifier expect), the text truncated so that the whole is at most ``length``."""
+        ids = self.tokenizer(text, truncation=True, max_length=length)["input_ids"]
+        return np.asarray(ids, dtype=np.int64)
 
 
 def make_tokenizer(name: str, download: bool = False) -> Tokenizer:

@@ -16,11 +16,13 @@ values as strings), numbered from 0.
   shorter than one window is an error. No sequence is padded.
 - ``lines``: each non-blank line of a document (for ``.jsonl``, each record, its own line breaks read as
   spaces; surrounding white space stripped) is one sample, as sentence-level tasks (sentiment, topic)
-  are: tokenized, cut to its first ``data.seq_len`` tokens, and right-padded to ``data.seq_len`` with
-  the tokenizer's pad id (the byte tokenizer's is 0, the NUL byte; a Hugging Face tokenizer's is its
+  are: tokenized as one sample (a Hugging Face tokenizer adds its special tokens, BERT's
+  ``[CLS] text [SEP]``, which a pretrained pooler expects; bytes have none), cut to ``data.seq_len``
+  tokens (the text is truncated, the special tokens kept) and right-padded to ``data.seq_len`` with the
+  tokenizer's pad id (the byte tokenizer's is 0, the NUL byte; a Hugging Face tokenizer's its
   ``[PAD]``). The model masks the pad positions (``bert``: every attention, and the cut, where they are
   never sent, so the ledger counts real tokens only) and must pad on the same id, which the run checks.
-  No special token is added, in either mode.
+  Windows add no special token.
 
 A real token equal to the pad id (a NUL byte in a text, for the byte tokenizer) is an error in both
 modes: the model would read it as padding. The last ``data.test_fraction`` of each document's samples is
@@ -84,7 +86,7 @@ def labeled_documents(
 def padded_lines(title: str, text: str, tokenizer: Tokenizer, seq_len: int, pad_id: int) -> np.ndarray:
     """Each non-blank line of document ``title``'s ``text`` as token ids cut to ``seq_len`` and
     right-padded with ``pad_id``: ``[lines, seq_len]``."""
-    lines = [tokenizer.encode(line.strip())[:seq_len] for line in text.splitlines() if line.strip()]
+    lines = [tokenizer.encode_sample(line.strip(), seq_len) for line in text.splitlines() if line.strip()]
     rows = np.full((len(lines), seq_len), pad_id, dtype=np.int64)
     for row, ids in zip(rows, lines, strict=True):
         _refuse_pad_tokens(title, ids, pad_id)
