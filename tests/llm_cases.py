@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from collections.abc import Callable
 from pathlib import Path
 
 import numpy as np
@@ -52,3 +53,19 @@ def trained(raw: dict, rounds: int):
 
     built = build_run(fedge.resolve_config(raw))
     return built, [built.algorithm.run_round(t) for t in range(1, rounds + 1)]
+
+
+def executors_agree(config: Callable[[dict], dict], rounds: int = 3):
+    """Both executors' runs of ``config(engine)`` after ``rounds`` rounds, checked to agree (identical
+    ledgers, every round's training loss and the held-out loss within 1e-5) and to have trained (the loss
+    moved); returns ``(built, metrics)`` of the sequential run, then of the batched one."""
+    import pytest
+
+    runs = [trained(config({"executor": ex}), rounds) for ex in ("sequential", "batched")]
+    (seq, seq_metrics), (bat, bat_metrics) = runs
+    assert seq.context.ledger.totals() == bat.context.ledger.totals()
+    for m, n in zip(seq_metrics, bat_metrics, strict=True):
+        assert m["train_loss"] == pytest.approx(n["train_loss"], abs=1e-5)
+    assert seq.algorithm.evaluate()["loss"] == pytest.approx(bat.algorithm.evaluate()["loss"], abs=1e-5)
+    assert seq_metrics[-1]["train_loss"] != seq_metrics[0]["train_loss"]  # it trained
+    return runs

@@ -12,7 +12,7 @@ import torch
 
 transformers = pytest.importorskip("transformers")
 
-from llm_cases import WORDS, trained  # noqa: E402
+from llm_cases import WORDS, executors_agree, trained  # noqa: E402
 
 import fedge  # noqa: E402
 from fedge.data.sources.textcls import load_textcls  # noqa: E402
@@ -120,16 +120,7 @@ def test_the_ledger_counts_real_tokens_only(sentences):
 @pytest.mark.parametrize("name", ["splitfed_v1", "cse_fsl", "light_fedsl", "fedavg"])
 def test_executors_agree_on_padded_sequences(sentences, name):
     algorithm = {"name": name, **({"h": 2} if name == "cse_fsl" else {})}
-    runs = [
-        trained(lines_run(sentences, algorithm, engine={"executor": ex}), rounds=3)
-        for ex in ("sequential", "batched")
-    ]
-    (seq, seq_metrics), (bat, bat_metrics) = runs
-    assert seq.context.ledger.totals() == bat.context.ledger.totals()
-    for m, n in zip(seq_metrics, bat_metrics, strict=True):
-        assert m["train_loss"] == pytest.approx(n["train_loss"], abs=1e-5)
-    assert seq.algorithm.evaluate()["loss"] == pytest.approx(bat.algorithm.evaluate()["loss"], abs=1e-5)
-    assert seq_metrics[-1]["train_loss"] != seq_metrics[0]["train_loss"]
+    executors_agree(lambda engine: lines_run(sentences, algorithm, engine=engine))
 
 
 def test_light_fedsl_counts_the_kept_entries_of_real_tokens(sentences):
