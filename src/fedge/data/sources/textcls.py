@@ -96,7 +96,7 @@ def padded_lines(title: str, text: str, tokenizer: Tokenizer, seq_len: int, pad_
 
 def pad_token(tokenizer: Tokenizer) -> int:
     """The tokenizer's pad id; a Hugging Face tokenizer without one is refused (``data.tokenizer``)."""
-    pad = getattr(tokenizer, "pad_id", None)
+    pad = tokenizer.pad_id
     if pad is None:
         refused = f"{tokenizer.name} has no pad token; data.sequences: lines needs one"
         raise ConfigError("data.tokenizer", refused)
@@ -128,7 +128,7 @@ def classification_dataset(
             rows = windows(tokenizer.encode(text), seq_len)
             if not len(rows):
                 raise DataError(f"textcls: {title} has fewer than {seq_len} tokens (data.seq_len {seq_len})")
-            _refuse_pad_tokens(title, rows, getattr(tokenizer, "pad_id", None))
+            _refuse_pad_tokens(title, rows, tokenizer.pad_id)
         cut = len(rows) - held_out(len(rows), test_fraction)
         for split, chunk in (("train", rows[:cut]), ("test", rows[cut:])):
             parts[f"x_{split}"].append(chunk)
