@@ -46,6 +46,27 @@ def lm_config(root: Path, algorithm: dict, *, arch: str = "gpt2", clients: int =
     return raw
 
 
+def bert_run(root, algorithm: dict, *, clients: int = 3, **overrides) -> dict:
+    """A tiny classification run: 16-byte windows of the files in ``root`` labeled by file, i.i.d. split."""
+    raw = {
+        "seed": 3,
+        "rounds": 2,
+        "data": {"name": "textcls", "root": str(root), "seq_len": 16},
+        "partition": {"kind": "iid", "num_clients": clients},
+        "model": {
+            "name": "bert",
+            "cut": 1,
+            "options": {"layers": 2, "hidden": 32, "heads": 2, "lora_rank": 4},
+        },
+        "algorithm": {"batch_size": 8, "optimizer": {"lr": 0.05}, **algorithm},
+        "eval": {"batch_size": 64},
+        "output": {"plots": False},
+    }
+    for key, value in overrides.items():
+        raw[key] = {**raw.get(key, {}), **value}
+    return raw
+
+
 def trained(raw: dict, rounds: int):
     """The built run of ``raw`` after ``rounds`` rounds (no run directory) and its rounds' metrics."""
     import fedge

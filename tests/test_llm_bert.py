@@ -11,7 +11,7 @@ from torch.func import functional_call, vmap
 
 transformers = pytest.importorskip("transformers")
 
-from llm_cases import executors_agree, trained, write_corpus  # noqa: E402
+from llm_cases import bert_run, executors_agree, trained, write_corpus  # noqa: E402
 from typer.testing import CliRunner  # noqa: E402
 
 import fedge  # noqa: E402
@@ -28,27 +28,6 @@ SIZES = {"layers": 3, "hidden": 32, "heads": 4}
 @pytest.fixture(scope="module")
 def corpus(tmp_path_factory):
     return write_corpus(tmp_path_factory.mktemp("corpus"))
-
-
-def bert_run(root, algorithm: dict, *, clients: int = 3, **overrides) -> dict:
-    """A tiny classification run: 16-byte windows of the files in ``root`` labeled by file, i.i.d. split."""
-    raw = {
-        "seed": 3,
-        "rounds": 2,
-        "data": {"name": "textcls", "root": str(root), "seq_len": 16},
-        "partition": {"kind": "iid", "num_clients": clients},
-        "model": {
-            "name": "bert",
-            "cut": 1,
-            "options": {"layers": 2, "hidden": 32, "heads": 2, "lora_rank": 4},
-        },
-        "algorithm": {"batch_size": 8, "optimizer": {"lr": 0.05}, **algorithm},
-        "eval": {"batch_size": 64},
-        "output": {"plots": False},
-    }
-    for key, value in overrides.items():
-        raw[key] = {**raw.get(key, {}), **value}
-    return raw
 
 
 @pytest.mark.parametrize("lora_rank", [0, 4])

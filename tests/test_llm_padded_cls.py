@@ -12,7 +12,7 @@ import torch
 
 transformers = pytest.importorskip("transformers")
 
-from llm_cases import WORDS, executors_agree, trained  # noqa: E402
+from llm_cases import WORDS, bert_run, executors_agree, trained  # noqa: E402
 
 import fedge  # noqa: E402
 from fedge.data.sources.textcls import load_textcls  # noqa: E402
@@ -40,19 +40,9 @@ def sentences(tmp_path_factory):
 
 
 def lines_run(root, algorithm: dict, **overrides) -> dict:
-    raw = {
-        "seed": 5,
-        "rounds": 2,
-        "data": {"name": "textcls", "root": str(root), "seq_len": SEQ, "sequences": "lines"},
-        "partition": {"kind": "iid", "num_clients": 3},
-        "model": {"name": "bert", "cut": 1, "options": {"layers": 2, "hidden": 32, "heads": 2}},
-        "algorithm": {"batch_size": 8, "optimizer": {"lr": 0.05}, **algorithm},
-        "eval": {"batch_size": 64},
-        "output": {"plots": False},
-    }
-    for key, value in overrides.items():
-        raw[key] = {**raw.get(key, {}), **value}
-    return raw
+    """``bert_run`` on padded lines of ``SEQ`` tokens."""
+    data = {"seq_len": SEQ, "sequences": "lines", **overrides.pop("data", {})}
+    return bert_run(root, algorithm, data=data, **overrides)
 
 
 def test_a_padded_batch_gives_transformers_outputs_with_its_attention_mask_at_every_cut():
