@@ -5,9 +5,10 @@
     python -m benchmarks.llm --device cuda --gpt2-small --clients 100 --out llm.json
 
 For FedAvg-LoRA and SplitFed v2 (cut after block 2), one round of the same clients on the same batches,
-timed three ways, interleaved repeat by repeat: fedge's batched executor (every client's adapters in one
-vmapped pass over the shared base), fedge's sequential executor, and a hand-written per-client loop as a
-researcher writes it with ``peft`` and ``torch.optim`` (one ``get_peft_model`` wrapper, the client's
+timed three ways, interleaved repeat by repeat: fedge's batched executor (the clients folded into one
+plain batch over the shared base, every client's adapters as one batched product), fedge's sequential
+executor, and a hand-written per-client loop as a researcher writes it with ``peft`` and ``torch.optim``
+(one ``get_peft_model`` wrapper, the client's
 adapters loaded with ``set_peft_model_state_dict``, plain autograd, PyTorch's own sdpa attention; for
 SplitFed the loop cuts the forward pass at the block, passes the hidden states' gradient back by hand and
 serves the clients' batches to the one server model step by step in client order, as fedge does).
@@ -33,12 +34,14 @@ from pathlib import Path
 from typing import Any
 
 import torch
+from torch.func import vmap
 from torch.utils.flop_counter import FlopCounterMode
 
 from benchmarks.measure import RssSampler, machine, matmul_peak, median, rss_bytes, timed
 from fedge.data.sources.text import STDLIB_MODULES
 from fedge.engine import cross_entropy
 from fedge.engine.host import configure_host
+from fedge.preflight import available_bytes
 from fedge.runner import Built, build_run
 
 W9 = {"clients": 32, "layers": 6, "hidden": 384, "heads": 6, "seq_len": 128, "sequences": 16, "batch": 8}
@@ -217,11 +220,16 @@ def _block_index(name: str) -> int:
 
 def executed_flops(built: Built) -> float:
     """FLOPs of one training step (forward and backward as executed) of the whole model on one
-    sequence, counted on a real step of the LoRA model."""
+    sequence, counted on a real step of the LoRA model.
+
+    The step runs under ``vmap`` (one row), where the attention is written out as products: PyTorch's
+    fused attention, which every way runs on plain tensors, is invisible to the counter on a CPU (it
+    counts 0). Attention is thus counted as its scores and weighted values over every position pair,
+    the products the written-out form executes, for every way alike."""
     model = built.context.build_model().to(built.context.device)
     x, y = built.context.data.x_train[:2], built.context.data.y_train[:2]
     with FlopCounterMode(display=False) as counter:
-        cross_entropy(model(x), y).mean().backward()
+        cross_entropy(vmap(model)(x[None])[0], y).mean().backward()
     return counter.get_total_flops() / 2
 
 
@@ -233,10 +241,12 @@ def adapter_bytes(built: Built) -> tuple[int, int]:
     return base, adapters
 
 
-def measure(shape: dict[str, int], algorithm: str, device: str, repeats: int) -> dict[str, Any]:
+def measure(
+    shape: dict[str, int], algorithm: str, device: str, repeats: int, budget: int | None
+) -> dict[str, Any]:
     """Round seconds of the three ways, FLOP rate and memory, for one algorithm."""
-    batched = build_run(_resolved(run_config(shape, algorithm, "batched", device)))
-    sequential = build_run(_resolved(run_config(shape, algorithm, "sequential", device)))
+    batched = built_run(shape, algorithm, "batched", device, budget)
+    sequential = built_run(shape, algorithm, "sequential", device, budget)
     loop = PeftLoop(batched, algorithm, cut=2)
     dev = batched.context.device
     columns: dict[str, list[float]] = {"batched": [], "sequential": [], "loop": []}
@@ -267,17 +277,32 @@ def measure(shape: dict[str, int], algorithm: str, device: str, repeats: int) ->
         "base_mb": base / 2**20,
         "adapters_mb_per_client": adapters / 2**20,
         "base_plus_clients_mb": (base + shape["clients"] * adapters) / 2**20,
-        **memory(shape, algorithm, device, base + shape["clients"] * adapters),
+        **memory(shape, algorithm, device, base + shape["clients"] * adapters, budget),
     }
 
 
-def memory(shape: dict[str, int], algorithm: str, device: str, held: int) -> dict[str, Any]:
+def built_run(shape: dict[str, int], algorithm: str, executor: str, device: str, budget: int | None) -> Built:
+    """The fedge run of one way, its executor's activation budget set to ``budget``.
+
+    The runner sets the budget to a quarter of the memory available when the run is built, and this
+    process holds the runs built before it: the second of two identical runs got a budget one client
+    short of W9's SplitFed client side and recomputed its graph (27.0 s a round against 23.5 s). Every
+    way gets the budget the process had before it built anything."""
+    built = build_run(_resolved(run_config(shape, algorithm, executor, device)))
+    if budget is not None:
+        built.context.executor.activation_budget = budget
+    return built
+
+
+def memory(
+    shape: dict[str, int], algorithm: str, device: str, held: int, budget: int | None
+) -> dict[str, Any]:
     """The batched round's memory against base + clients x adapters (``held`` bytes) + one chunk's
     activations, each way measured in a fresh process."""
     spawn = multiprocessing.get_context("spawn")
     threads = torch.get_num_threads()
     with spawn.Pool(1, maxtasksperchild=1) as pool:
-        rounds = {way: pool.apply(round_memory, (shape, algorithm, way, device, threads))
+        rounds = {way: pool.apply(round_memory, (shape, algorithm, way, device, threads, budget))
                   for way in ("batched", "loop")}  # fmt: skip
     chunk = rounds["batched"]["clients_at_once"]
     per_client = rounds["loop"]["round_bytes"]
@@ -292,12 +317,12 @@ def memory(shape: dict[str, int], algorithm: str, device: str, held: int) -> dic
 
 
 def round_memory(
-    shape: dict[str, int], algorithm: str, way: str, device: str, threads: int
+    shape: dict[str, int], algorithm: str, way: str, device: str, threads: int, budget: int | None
 ) -> dict[str, int]:
     """In this (fresh) process: the bytes one round of ``way`` adds to its built run, and how many
     clients the run's executor trains at once."""
     configure_host(threads, True)
-    built = build_run(_resolved(run_config(shape, algorithm, "batched", device)))
+    built = built_run(shape, algorithm, "batched", device, budget)
     run = PeftLoop(built, algorithm, cut=2).round if way == "loop" else built.algorithm.run_round
     dev = built.context.device
     together = built.context.executor.clients_at_once(shape["clients"], shape["batch"])
@@ -337,13 +362,18 @@ def main() -> None:
         shape["clients"] = args.clients
     configure_host(args.threads, True)  # one process: every way runs with the same threads
     device = torch.device(args.device)
+    available = available_bytes(device)
+    budget = None if available is None else available // 4  # the runner's rule, before any run is built
     result = {
         "workload": "W9" if not args.quick else "W9-quick",
         "shape": shape,
         "machine": machine(device),
         "torch_threads": torch.get_num_threads(),
         "matmul_peak_gflops": matmul_peak(device)["gflops"],
-        "algorithms": {a: measure(shape, a, args.device, args.repeats) for a in args.algorithms.split(",")},
+        "activation_budget_mb": None if budget is None else budget / 2**20,
+        "algorithms": {
+            a: measure(shape, a, args.device, args.repeats, budget) for a in args.algorithms.split(",")
+        },
     }
     for figures in result["algorithms"].values():
         figures["batched_fraction_of_peak"] = figures["batched_gflops"] / result["matmul_peak_gflops"]

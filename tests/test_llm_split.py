@@ -188,7 +188,9 @@ def test_a_split_step_past_the_activation_budget_recomputes_its_graph_a_chunk_at
 ):
     """With the budget below two clients' activations, SplitFed v2's clients keep no graph between the
     upload and the returned gradient and recompute it one client at a time: the same numbers (LoRA
-    dropout on, so the recomputed pass must draw the same masks), the same ledger."""
+    dropout on, so the recomputed pass must draw the same masks), the same ledger. One client at a time
+    runs the sequential kernels (PyTorch's fused attention) where the kept graph was vmapped, so the
+    numbers agree to rounding."""
     from fedge import preflight
     from fedge.engine import executors
 
@@ -203,9 +205,10 @@ def test_a_split_step_past_the_activation_budget_recomputes_its_graph_a_chunk_at
     with recompute as spy:
         again, again_metrics = trained(raw, rounds=2)
     assert spy.call_count > 0 and all(call.args[-1] == 1 for call in spy.call_args_list)
-    assert max_diff(_state(kept.algorithm), _state(again.algorithm)) == 0.0
+    assert max_diff(_state(kept.algorithm), _state(again.algorithm)) <= 1e-6
     assert kept.context.ledger.totals() == again.context.ledger.totals()
-    assert [m["train_loss"] for m in kept_metrics] == [m["train_loss"] for m in again_metrics]
+    losses = [(m["train_loss"], n["train_loss"]) for m, n in zip(kept_metrics, again_metrics, strict=True)]
+    assert all(a == pytest.approx(b, abs=1e-6) for a, b in losses)
 
 
 @pytest.mark.parametrize("name", ["gossip", "hfedavg"])

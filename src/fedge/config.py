@@ -313,7 +313,8 @@ class EngineConfig(StrictModel):
     compile: bool = False
     """torch.compile the batched executor's step (first rounds pay compilation)"""
     fused: bool = True
-    """dense networks (Linear/ReLU, cross-entropy) skip autograd: batched clients, split's shared server"""
+    """batched kernels beyond vmap: dense networks (Linear/ReLU, cross-entropy) skip autograd (batched
+    clients, split's shared server); LoRA transformers fold every client's batch into one plain pass"""
     retain_memory: bool = True
     """on CPU, keep freed memory for reuse"""
     dist_timeout: Annotated[float, Field(gt=0.0, le=86400.0)] = 300.0

@@ -51,6 +51,7 @@ from torch.func import vmap
 from fedge.data.federated import BatchPlan, FederatedData
 from fedge.engine.bank import ClientBank
 from fedge.engine.dense import DenseKernel, dense_kernel
+from fedge.engine.folded import FoldedKernel, clients_per_fold, folded_kernel
 from fedge.engine.host import REUSED_BLOCK_BYTES, release_free_memory, retaining_memory
 from fedge.engine.kernels import batched_kernels
 from fedge.engine.noise import NoiseStreams, RowKeys, keyed_noise
@@ -187,9 +188,18 @@ class Executor(ABC):
         return z.detach(), {name: b.detach() for name, b in out.state[0].items()}, pullback
 
     def _recomputed_vjp(self, fn, params, buffers, x, counts, keys, size):
-        """:meth:`forward_with_vjp` without a kept graph: the pullback recomputes ``size`` rows at a time."""
+        """:meth:`forward_with_vjp` without a kept graph: the pullback recomputes ``size`` rows at a time.
+        The forward pass maps the same chunks of rows, so both passes take the same path (one row runs
+        the sequential kernels, several the batched ones) and round alike."""
+        parts = [slice(start, start + size) for start in range(0, len(counts), size)]
         with torch.no_grad():
-            out = self.map(fn, (buffers,), (x,), (), counts, inputs=(params,), keys=keys, stage="forward")
+            outs = [
+                self.map(fn, (rows(buffers, part),), (x[part],), (), counts[part],
+                         inputs=(rows(params, part),), keys=None if keys is None else keys[part],
+                         stage="forward")  # fmt: skip
+                for part in parts
+            ]
+        out = outs[0] if len(outs) == 1 else _concatenated(outs)
 
         def pullback(grad_z: torch.Tensor) -> Tensors:
             parts = []
@@ -428,7 +438,7 @@ class BatchedExecutor(Executor):
 
     def _kernel(self, step: StepFn, keyed: bool, sample_shape: tuple[int, ...], trained: Tensors) -> Kernel:
         if self.fused and not keyed and isinstance(step, Step):
-            fused = dense_kernel(step, sample_shape, trained)
+            fused = dense_kernel(step, sample_shape, trained) or folded_kernel(step)
             if fused is not None:
                 return fused
         build = _step_kernel if isinstance(step, Step) else _generic_kernel
@@ -451,6 +461,9 @@ class BatchedExecutor(Executor):
             grads = sum(t[0].numel() * t.element_size() for t in bank.params.values())
             budget = self.chunk_bytes if retaining_memory() else min(self.chunk_bytes, REUSED_BLOCK_BYTES)
             fits = min(fits, max(1, budget // max(1, grads)))
+        if isinstance(kernel, FoldedKernel):
+            positions = plan.index.shape[2] * data.x_train[0].numel()
+            fits = min(fits, clients_per_fold(data.device, positions) or fits)
         return _equal_chunks(count, fits)
 
     def clients_at_once(self, count: int, rows: int) -> int:
@@ -516,8 +529,11 @@ class BatchedExecutor(Executor):
             return SequentialExecutor.map(self, fn, state, batch, shared, counts, inputs, keys, stage)
         in_dims = (0,) * (len(state) + len(inputs) + len(batch)) + (None,) * len(shared)
         keyed = keys is not None
-        mapped = _vmapped(fn, in_dims, keyed, False)
+        folded = getattr(fn, "folded", None) if self.fused and not keyed else None  # clients in one batch
+        mapped = folded or _vmapped(fn, in_dims, keyed, False)
         size = self.map_chunk_size(batch, len(counts))
+        if folded is not None and batch and self.chunk_clients is None:
+            size = min(size, clients_per_fold(batch[0].device, batch[0][0].numel()) or size)
         outs = []
         with batched_kernels():
             for start in range(0, len(counts), size):

@@ -20,6 +20,7 @@ from torch.func import grad_and_value
 
 from fedge.engine.bind import call_at
 from fedge.engine.executors import ClientFn, Mapped, TwoForms
+from fedge.engine.folded import folded_forward, folds_clients
 from fedge.engine.step import Criterion, Optimizer, cross_entropy, grad_leaves, leaf_gradients
 from fedge.tensors import Tensors
 
@@ -96,15 +97,30 @@ def eager_grad_and_value(loss: Callable[..., Any]) -> Callable[..., Any]:
     return call
 
 
-def make_forward(trunk: nn.Module) -> ClientFn:
-    """The client part's forward pass (state names prefixed ``trunk.``): new buffers and smashed data."""
+class ClientForward:
+    """The client part's forward pass (state names prefixed ``trunk.``): new buffers and smashed data.
 
-    def forward(buffers: Tensors, params: Tensors, x):
+    ``folded`` is the same pass over every row at once with the clients folded into the batch
+    (:mod:`fedge.engine.folded`), or None where the part does not fold; the batched executor's
+    :meth:`~fedge.engine.executors.Executor.map` uses it when the rows draw no noise.
+    """
+
+    def __init__(self, trunk: nn.Module):
+        self.trunk = trunk
+        self.folded = self._folded if folds_clients(trunk) else None
+
+    def __call__(self, buffers: Tensors, params: Tensors, x: torch.Tensor) -> Mapped:
         new_buffers = _clone(buffers)
-        z = call_at(trunk, {**prefixed(params, "trunk."), **prefixed(new_buffers, "trunk.")}, (x,))
+        z = call_at(self.trunk, {**prefixed(params, "trunk."), **prefixed(new_buffers, "trunk.")}, (x,))
         return Mapped((new_buffers,), (), (z,))
 
-    return forward
+    def _folded(self, buffers: Tensors, params: Tensors, x: torch.Tensor) -> Mapped:
+        return Mapped((buffers,), (), (folded_forward(self.trunk, prefixed(params, "trunk."), x),))
+
+
+def make_forward(trunk: nn.Module) -> ClientForward:
+    """The client part's forward pass (:class:`ClientForward`)."""
+    return ClientForward(trunk)
 
 
 def make_apply(sgd: Optimizer, clip_norm: float | None) -> ClientFn:

@@ -33,7 +33,7 @@ from torch import nn
 
 from fedge.errors import ConfigError
 from fedge.models.layers import Probability
-from fedge.models.lora import freeze
+from fedge.models.lora import FoldsClients, freeze
 from fedge.models.transformer import (
     NonNegative,
     TransformerLM,
@@ -95,7 +95,7 @@ def real_positions(hidden: torch.Tensor) -> torch.Tensor:
     return hidden.ne(0).any(dim=-1)
 
 
-class EncoderBlock(nn.Module):
+class EncoderBlock(FoldsClients, nn.Module):
     """One encoder layer, preceded in the first block by the embeddings; pad positions (``pad_id`` in the
     ids, the zero vector in hidden states) are masked out of attention and leave the block as zeros."""
 

@@ -71,11 +71,37 @@ class LoRALinear(nn.Module):
         return F.linear(x, self.weight, self.bias)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if self.lora_A.dim() == 3:
+            return self._folded(x)
         update = (self.dropout(x) @ self.lora_A.transpose(0, 1)) @ self.lora_B.transpose(0, 1)
         return self.base(x) + update * self.scaling
 
+    def _folded(self, x: torch.Tensor) -> torch.Tensor:
+        """Several clients' batches folded into one: ``x`` holds ``clients`` equal runs of rows (client
+        after client), the adapters are stacked ``[clients, r, in]`` and ``[clients, out, r]``. The
+        frozen projection runs once over every row; the update is one batched product per client."""
+        clients = self.lora_A.shape[0]
+        rows = self.dropout(x).reshape(clients, -1, self.in_features)
+        update = torch.bmm(torch.bmm(rows, self.lora_A.transpose(1, 2)), self.lora_B.transpose(1, 2))
+        return self.base(x) + update.reshape(*x.shape[:-1], self.out_features) * self.scaling
+
     def extra_repr(self) -> str:
         return f"in={self.in_features}, out={self.out_features}, r={self.rank}, scaling={self.scaling:g}"
+
+
+def adapters_only(module: nn.Module) -> bool:
+    """Whether every parameter of ``module`` is a LoRA adapter: what a block needs to fold clients into
+    one batch (:mod:`fedge.engine.folded`), since only :class:`LoRALinear` reads stacked rows."""
+    return all(isinstance(m, LoRALinear) or next(m.parameters(False), None) is None for m in module.modules())
+
+
+class FoldsClients:
+    """A block that computes every sample on its own (no batch statistics, nothing mixed across
+    samples): clients fold into one batch of it (:mod:`fedge.engine.folded`) when it trains adapters only."""
+
+    @property
+    def folds_clients(self) -> bool:
+        return adapters_only(self)
 
 
 def is_projection(module: nn.Module) -> tuple[bool, bool]:

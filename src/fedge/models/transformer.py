@@ -26,13 +26,14 @@ from collections.abc import Callable
 from typing import Annotated, Any, Literal, get_type_hints
 
 import torch
+import torch.nn.functional as F
 from pydantic import Field, PositiveInt
 from torch import nn
 
 from fedge.errors import ConfigError
 from fedge.models.base import SplitModel
 from fedge.models.layers import Probability
-from fedge.models.lora import add_adapters, freeze
+from fedge.models.lora import FoldsClients, add_adapters, freeze
 
 LLAMA_FAMILY = ("llama", "qwen2", "mistral")
 ARCHITECTURES = ("gpt2", *LLAMA_FAMILY)
@@ -62,10 +63,15 @@ def causal_attention(
     clients as every other product does, with the same result up to rounding. Key/value heads are
     repeated for grouped-query attention; packed sequences carry no padding mask.
     """
+    scale = query.shape[-1] ** -0.5 if scaling is None else scaling
+    if not torch._C._functorch.is_functorch_wrapped_tensor(query):  # plain tensors: PyTorch's fused kernel
+        out = F.scaled_dot_product_attention(
+            query, key, value, is_causal=True, scale=scale, enable_gqa=query.shape[-3] != key.shape[-3]
+        )
+        return out.transpose(-3, -2).contiguous(), None
     groups = query.shape[-3] // key.shape[-3]
     if groups > 1:
         key, value = key.repeat_interleave(groups, dim=-3), value.repeat_interleave(groups, dim=-3)
-    scale = query.shape[-1] ** -0.5 if scaling is None else scaling
     scores = (query @ key.transpose(-1, -2)) * scale
     rows, cols = scores.shape[-2:]
     future = torch.ones(rows, cols, dtype=torch.bool, device=scores.device).triu(cols - rows + 1)
@@ -95,7 +101,7 @@ class _Positions(nn.Module):
         return self.rotary(hidden, positions)
 
 
-class DecoderBlock(nn.Module):
+class DecoderBlock(FoldsClients, nn.Module):
     """One decoder layer, preceded in the first block by the embeddings."""
 
     def __init__(self, layer: nn.Module, embed: nn.Module | None, positions: _Positions | None):
@@ -135,7 +141,7 @@ class TokenEmbedding(nn.Module):
         return self.embed_tokens(ids.long())
 
 
-class LMHead(nn.Module):
+class LMHead(FoldsClients, nn.Module):
     """The final norm and the language-model head; logits with the vocabulary second."""
 
     def __init__(self, norm: nn.Module, head: nn.Module):
