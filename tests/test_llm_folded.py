@@ -109,3 +109,20 @@ def test_a_run_with_lora_dropout_keeps_the_vmapped_path(corpus):
     with mock.patch.object(FoldedKernel, "__call__", autospec=True) as spy:
         _trained(raw)
     assert not spy.called
+
+
+def test_a_folded_step_trims_the_padding_of_a_short_last_batch(corpus):
+    """Three clients of 70 sequences in batches of 8: the ninth step holds 6 real rows per client, and the
+    folded kernel computes those rows only (the sequential executor does the same; the runs agree above)."""
+    built = build_run(fedge.resolve_config(lm_config(corpus, {"name": "fedavg"})))
+    assert built.context.data.client_sizes().tolist() == [70, 70, 70]
+    shapes = []
+    original = FoldedKernel.__call__
+
+    def recording(self, params, buffers, opt_state, x, y, weight, lr, keys):
+        shapes.append((tuple(x.shape[:2]), float(weight.sum())))
+        return original(self, params, buffers, opt_state, x, y, weight, lr, keys)
+
+    with mock.patch.object(FoldedKernel, "__call__", recording):
+        built.algorithm.run_round(1)
+    assert shapes == [((3, 8), 24.0)] * 8 + [((3, 6), 18.0)]

@@ -583,22 +583,38 @@ class BatchedExecutor(Executor):
             picked = torch.as_tensor(chunk, device=data.device)
             work = _each(source, lambda t: t.index_select(0, picked))
             index, weight = plan.index[picked], plan.weight[picked]
-        batch, shape = plan.index.shape[2], data.x_train.shape[1:]
+        shape = data.x_train.shape[1:]
+        widths = _real_widths(weight, steps) if isinstance(kernel, FoldedKernel) else None
         loss_sums = torch.zeros(count, device=data.device)
         for s in range(int(steps[0]) if count else 0):
             active = int(np.count_nonzero(steps > s))
-            idx = index[:active, s].reshape(-1)
+            batch = plan.index.shape[2] if widths is None else int(widths[s])
+            idx = index[:active, s, :batch].reshape(-1)
             x = torch.index_select(data.x_train, 0, idx, out=x_buffer[: idx.numel()])
             targets = data.y_train.shape[1:]  # one target per sample, or per token of a sequence
             x, y = x.view(active, batch, *shape), data.y_train[idx].view(active, batch, *targets)
             params, buffers, opt_state = _each(work, lambda t, n=active: t[:n])
             step_keys = None if keys is None else keys[:active, s]
-            loss_sums[:active] += kernel(params, buffers, opt_state, x, y, weight[:active, s], lr, step_keys)
+            step_weight = weight[:active, s, :batch]
+            loss_sums[:active] += kernel(params, buffers, opt_state, x, y, step_weight, lr, step_keys)
         if not contiguous:
             for targets, tensors in zip(destination, work, strict=True):
                 for name, t in tensors.items():
                     targets[name].index_copy_(0, picked, t)
         return loss_sums
+
+
+def _real_widths(weight: torch.Tensor, steps: np.ndarray) -> np.ndarray:
+    """Per step, the batch columns up to the last real sample of any client still training then
+    (``weight`` ``[rows, steps, batch]``, rows by descending ``steps``). A folded step trims the columns
+    past it: a short last batch (every client's, when their sizes leave the same remainder) costs its real
+    rows only, not a full batch of zero-weight padding."""
+    real = (weight > 0).cpu().numpy()
+    widths = np.ones(real.shape[1], dtype=np.int64)
+    for s in range(real.shape[1]):
+        columns = np.flatnonzero(real[: int(np.count_nonzero(steps > s)), s].any(axis=0))
+        widths[s] = columns[-1] + 1 if columns.size else 1
+    return widths
 
 
 def _each_row(value: Tensors | torch.Tensor, part: slice) -> Tensors | torch.Tensor:

@@ -18,7 +18,9 @@ A module folds when it says so: each of its blocks declares ``folds_clients`` (i
 on its own, with no batch statistics, and every parameter it trains is a LoRA adapter) and it keeps no
 buffers. Random layers (LoRA dropout) draw per-client keyed noise under ``vmap``, which a folded batch
 cannot reproduce, so a run with random layers keeps the ``vmap`` path. Folded and ``vmap``ped steps
-compute the same formulas; products of different shapes round differently (agreement about 1e-7).
+compute the same formulas; products of different shapes round differently (agreement about 1e-7). A
+folded step also drops the batch columns past the last real sample of every client it trains (the
+executor's ``_real_widths``): a short last batch costs its real rows, as on the sequential executor.
 """
 
 from __future__ import annotations
