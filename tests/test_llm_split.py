@@ -211,6 +211,35 @@ def test_a_split_step_past_the_activation_budget_recomputes_its_graph_a_chunk_at
     assert all(a == pytest.approx(b, abs=1e-6) for a, b in losses)
 
 
+def test_a_recomputed_split_step_gives_idle_clients_nothing_and_the_others_their_gradients(
+    tmp_path, monkeypatch
+):
+    """Documents of unequal length give the clients unequal numbers of steps, so late steps have idle
+    rows; recomputed one client at a time (a budget below two clients), an idle client's chunk computes
+    nothing and the run equals the one that keeps its graph, to rounding, with the same ledger."""
+    from fedge import preflight
+    from fedge.engine import executors
+
+    root = tmp_path / "docs"
+    root.mkdir()
+    for i, chars in enumerate((1400, 900, 500)):
+        (root / f"doc{i}.txt").write_text((" ".join(["edge", "cut", "radio", "token"][i:] * 400))[:chars])
+    raw = lm_config(root, {"name": "splitfed_v2", "clip_norm": None}, engine={"executor": "batched"})
+    kept, kept_metrics = trained(raw, rounds=2)
+    assert len(set(kept.context.data.client_sizes().tolist())) == 3
+    recompute = mock.patch.object(executors.Executor, "_recomputed_vjp", autospec=True,
+                                  side_effect=executors.Executor._recomputed_vjp)  # fmt: skip
+    monkeypatch.setattr(executors.Executor, "activation_budget", 1)
+    monkeypatch.setattr(preflight, "available_bytes", lambda device: None)
+    with recompute as spy:
+        again, again_metrics = trained(raw, rounds=2)
+    assert spy.call_count > 0
+    assert max_diff(_state(kept.algorithm), _state(again.algorithm)) <= 1e-6
+    assert kept.context.ledger.totals() == again.context.ledger.totals()
+    losses = [(m["train_loss"], n["train_loss"]) for m, n in zip(kept_metrics, again_metrics, strict=True)]
+    assert all(a == pytest.approx(b, abs=1e-6) for a, b in losses)
+
+
 @pytest.mark.parametrize("name", ["gossip", "hfedavg"])
 def test_algorithms_without_a_per_token_contract_are_refused_in_one_line(corpus, name):
     from fedge.errors import ConfigError

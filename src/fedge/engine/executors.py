@@ -190,31 +190,39 @@ class Executor(ABC):
     def _recomputed_vjp(self, fn, params, buffers, x, counts, keys, size):
         """:meth:`forward_with_vjp` without a kept graph: the pullback recomputes ``size`` rows at a time.
         The forward pass maps the same chunks of rows, so both passes take the same path (one row runs
-        the sequential kernels, several the batched ones) and round alike."""
-        parts = [slice(start, start + size) for start in range(0, len(counts), size)]
+        the sequential kernels, several the batched ones) and round alike; a chunk with no active row
+        computes nothing and sends zeros."""
+        chunks = [slice(start, start + size) for start in range(0, len(counts), size)]
+        active = [bool((counts[part] > 0).any()) for part in chunks]
+        active[0] = active[0] or not any(active)  # an all-idle call maps as map does (for its shapes)
+
+        def forward(part: slice, weights: Tensors) -> Mapped:
+            return self.map(fn, (rows(buffers, part),), (x[part],), (), counts[part], inputs=(weights,),
+                            keys=None if keys is None else keys[part], stage="forward")  # fmt: skip
+
         with torch.no_grad():
             outs = [
-                self.map(fn, (rows(buffers, part),), (x[part],), (), counts[part],
-                         inputs=(rows(params, part),), keys=None if keys is None else keys[part],
-                         stage="forward")  # fmt: skip
-                for part in parts
+                forward(part, rows(params, part)) if on else None
+                for part, on in zip(chunks, active, strict=True)
             ]
+        template = next(o for o in outs if o is not None)
+        outs = [
+            o if o is not None else _idle(template, rows(buffers, part), len(counts[part]))
+            for o, part in zip(outs, chunks, strict=True)
+        ]
         out = outs[0] if len(outs) == 1 else _concatenated(outs)
 
         def pullback(grad_z: torch.Tensor) -> Tensors:
-            parts = []
-            for start in range(0, len(counts), size):
-                part = slice(start, start + size)
+            grads = []
+            for part, on in zip(chunks, active, strict=True):
                 leaves = grad_leaves(rows(params, part))
-                if not bool((counts[part] > 0).any()):  # nothing sent, nothing to differentiate
-                    parts.append({name: torch.zeros_like(p) for name, p in leaves.items()})
+                if not on:  # nothing sent, nothing to differentiate
+                    grads.append({name: torch.zeros_like(p) for name, p in leaves.items()})
                     continue
-                chunk_keys = None if keys is None else keys[part]
                 with torch.enable_grad():
-                    again = self.map(fn, (rows(buffers, part),), (x[part],), (), counts[part],
-                                     inputs=(leaves,), keys=chunk_keys, stage="forward")  # fmt: skip
-                parts.append(leaf_gradients(again.per_sample[0], leaves, grad_z[part]))
-            return {name: torch.cat([part[name] for part in parts]) for name in params}
+                    again = forward(part, leaves)
+                grads.append(leaf_gradients(again.per_sample[0], leaves, grad_z[part]))
+            return {name: torch.cat([g[name] for g in grads]) for name in params}
 
         return out.per_sample[0], out.state[0], pullback
 
@@ -615,6 +623,12 @@ def _real_widths(weight: torch.Tensor, steps: np.ndarray) -> np.ndarray:
         columns = np.flatnonzero(real[: int(np.count_nonzero(steps > s)), s].any(axis=0))
         widths[s] = columns[-1] + 1 if columns.size else 1
     return widths
+
+
+def _idle(template: Mapped, buffers: Tensors, count: int) -> Mapped:
+    """A forward ``map`` output for ``count`` rows that have no sample: their buffers as they are and
+    zero per-sample outputs shaped like ``template``'s."""
+    return Mapped((buffers,), (), tuple(v.new_zeros(count, *v.shape[1:]) for v in template.per_sample))
 
 
 def _each_row(value: Tensors | torch.Tensor, part: slice) -> Tensors | torch.Tensor:
