@@ -84,12 +84,9 @@ def test_lines_are_samples_cut_and_right_padded_with_the_pad_id(tmp_path):
         load_textcls(fedge.resolve_config(raw).data, 0)
 
 
-def test_lines_are_refused_where_nothing_reads_padding(sentences, tmp_path):
-    with pytest.raises(ConfigError, match="textcls only") as error:
-        fedge.resolve_config({"data": {"name": "text", "root": str(tmp_path), "sequences": "lines"}})
-    assert error.value.key == "data.sequences"
-    raw = lines_run(sentences, {"name": "splitfed_v2"}, model={"name": "gpt2", "options": {}})
-    with pytest.raises(ConfigError) as error:
+def test_lines_are_refused_where_nothing_reads_padding(sentences):
+    raw = lines_run(sentences, {"name": "splitfed_v2"}, model={"name": "mlp", "options": {}})
+    with pytest.raises(ConfigError, match="the model mlp reads no padding") as error:
         build_run(fedge.resolve_config(raw))
     assert error.value.key == "data.sequences" and "\n" not in str(error.value)
 
@@ -163,3 +160,24 @@ def test_a_hugging_face_tokenizer_frames_each_line_with_its_special_tokens(tmp_p
         (2, 9, 3, 0, 0, 0),
         (2, 8, 8, 3, 0, 0),
     }
+
+
+def test_windows_are_framed_by_the_tokenizers_special_tokens(tmp_path):
+    """A Hugging Face BERT tokenizer frames each window as ``[CLS] window [SEP]`` (seq_len in all, as a
+    pretrained pooler reads a sample); a seq_len with no room for text is refused in one line."""
+    vocab = ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]", "the", "cut", "layer", "client", "server"]
+    folder = tmp_path / "tokenizer"
+    transformers.BertTokenizer(vocab={w: i for i, w in enumerate(vocab)}).save_pretrained(folder)
+    corpus = tmp_path / "corpus"
+    corpus.mkdir()
+    (corpus / "pos.txt").write_text("the cut layer client server the cut layer")
+    (corpus / "neg.txt").write_text("server client layer cut the")
+    data_cfg = {"name": "textcls", "root": str(corpus), "seq_len": 5, "tokenizer": str(folder)}
+    data = load_textcls(fedge.resolve_config({"data": data_cfg}).data, 0)
+    rows = [tuple(r.tolist()) for r in torch.cat([data.x_train, data.x_test])]
+    assert sorted(rows) == sorted([
+        (2, 9, 8, 7, 3), (2, 5, 6, 7, 3), (2, 8, 9, 5, 3),  # 3 text tokens each, the tails dropped
+    ])  # fmt: skip
+    with pytest.raises(ConfigError, match="no room for a text") as error:
+        load_textcls(fedge.resolve_config({"data": {**data_cfg, "seq_len": 2}}).data, 0)
+    assert error.value.key == "data.seq_len"

@@ -58,6 +58,7 @@ DATASETS = ("digits", "synthetic", "mnist", "fashion-mnist", "cifar10", "cifar10
 TEXT_DATASETS = ("pystdlib", "text", "shakespeare")  # token sequences for language models
 DATASETS += TEXT_DATASETS
 DATASETS += ("textcls",)  # token sequences labeled by class, for sequence classifiers
+LINE_DATASETS = ("text", "pystdlib", "textcls")  # text read one sample per line (data.sequences: lines)
 CUSTOM_DATA = "custom"  # data handed to fedge.run(train=..., test=...)
 DEFAULT_ALGORITHM = "fedavg"
 PARTITIONERS = ("iid", "dirichlet", "pathological", "shards", "natural", "grouped")
@@ -167,7 +168,8 @@ class DataConfig(StrictModel):
     text_bytes: PositiveInt | None = None
     """text: bytes read from the start of each document (default: all)"""
     sequences: Literal["windows", "lines"] = "windows"
-    """textcls: a sample is a full seq_len window of a document, or a line cut and right-padded to seq_len"""
+    """text, pystdlib, textcls: a sample is a full seq_len window of a document (language models: packed),
+    or a line cut and right-padded to seq_len"""
 
     registered: ClassVar[set[str]] = set()  # names added by fedge.register_dataset / entry points
 
@@ -184,8 +186,9 @@ class DataConfig(StrictModel):
     @field_validator("sequences")
     @classmethod
     def _padded_for_classifiers(cls, value: str, info: ValidationInfo) -> str:
-        if value == "lines" and info.data.get("name") != "textcls":
-            raise ValueError("lines (padded sequences) is for textcls only; language-model text is packed")
+        if value == "lines" and info.data.get("name") not in LINE_DATASETS:
+            known = ", ".join(LINE_DATASETS)
+            raise ValueError(f"lines (a padded sequence per line) is for text data: {known}")
         return value
 
 

@@ -12,6 +12,7 @@ ledger needs to be carried over.
 
 from __future__ import annotations
 
+import functools
 import os
 import time
 from collections.abc import Callable
@@ -20,7 +21,6 @@ from pathlib import Path
 from typing import Any
 
 import torch
-import torch.nn.functional as F
 from torch import nn
 
 from fedge import checkpoint, divergence, preflight, records, restore, results, stop
@@ -41,6 +41,7 @@ from fedge.errors import CheckpointError, ConfigError, DataError, Diverged, Fedg
 from fedge.extend import load_config
 from fedge.metrics import Evaluation, RoundReport
 from fedge.models import SplitModel, block_cut, build_model, output_shape, user_factory
+from fedge.models.transformer import LANGUAGE_MODELS, TransformerLM
 from fedge.plots import plot_run
 from fedge.rng import global_stream, numpy_rng
 from fedge.system import SystemModel
@@ -97,14 +98,18 @@ def _device(name: str) -> torch.device:
 
 
 def model_factory(
-    config: RunConfig, input_shape: tuple[int, ...], num_classes: int
+    config: RunConfig, input_shape: tuple[int, ...], num_classes: int, pad_id: int | None = None
 ) -> Callable[[], SplitModel]:
-    """A builder of the configured model whose initial weights depend only on the run seed."""
+    """A builder of the configured model whose initial weights depend only on the run seed. A language
+    model reading right-padded data (the data's ``pad_id``) is told that id, unless its options name one."""
     spec = config.model
+    options = dict(spec.options)
+    if pad_id is not None and spec.name in LANGUAGE_MODELS:
+        options.setdefault("pad_id", pad_id)
 
     def build() -> SplitModel:
         with global_stream(config.seed, "model-init"):
-            return build_model(spec.name, input_shape, num_classes, **spec.options)
+            return build_model(spec.name, input_shape, num_classes, **options)
 
     return build
 
@@ -133,7 +138,7 @@ def _criterion(config: RunConfig, loss: Criterion | None) -> Criterion:
         return cross_entropy
     if not ALGORITHMS[config.algorithm.name].takes_loss:
         raise ConfigError("train.label_smoothing", f"{config.algorithm.name} trains with plain cross-entropy")
-    return lambda logits, y: F.cross_entropy(logits, y, reduction="none", label_smoothing=smoothing)
+    return functools.partial(cross_entropy, label_smoothing=smoothing)
 
 
 # algorithms whose model contract takes a target per token (language models; docs/llm.md)
@@ -154,13 +159,17 @@ def _check_outputs(model: nn.Module, dataset: Dataset) -> None:
 
 
 def _check_padding(model: nn.Module, dataset: Dataset) -> None:
-    """Padded sequences need a model that masks the data's pad id (``SplitModel.pad_id``)."""
-    if dataset.pad_id is None:
-        return
+    """Padded sequences need a model that masks the data's pad id (``SplitModel.pad_id``); packed text
+    (every id a real token) needs a language model that masks none."""
     masked = getattr(model, "pad_id", None)
+    if dataset.pad_id is None:
+        if masked is not None and isinstance(model, TransformerLM) and not model.classifier:
+            refused = f"packed text has no padding, and masking id {masked} would hide real tokens; unset it"
+            raise ConfigError("model.options.pad_id", refused)
+        return
     if masked is None:
         name = getattr(model, "name", type(model).__name__)
-        refused = f"lines pads sequences and the model {name} reads no padding; use bert"
+        refused = f"lines pads sequences and the model {name} reads no padding; use bert, gpt2 or llama"
         raise ConfigError("data.sequences", refused)
     if masked != dataset.pad_id:
         raise ConfigError(
@@ -216,7 +225,7 @@ def build_run(config: RunConfig, force: bool = False, extensions: Extensions | N
     if ext.model is not None:
         factory = user_factory(ext.model)
     else:
-        factory = model_factory(config, dataset.input_shape, dataset.num_classes)
+        factory = model_factory(config, dataset.input_shape, dataset.num_classes, dataset.pad_id)
     template = factory()
     _check_padding(template, dataset)
     _check_outputs(template, dataset)

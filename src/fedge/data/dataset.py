@@ -7,6 +7,10 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
+IGNORED_TARGET = -100
+"""The target of a language model's pad position (``data.sequences: lines``): PyTorch's cross-entropy
+default ``ignore_index``, so no loss, gradient or count reads it."""
+
 
 @dataclass(frozen=True)
 class Dataset:
@@ -15,7 +19,8 @@ class Dataset:
     ``x_*`` are float32 tensors of shape ``[N, *input_shape]`` (images as ``[N, C, H, W]``), already
     scaled and normalised; ``y_*`` are int64 class labels. ``train_groups`` / ``test_groups`` hold a
     natural group id per sample (the FEMNIST writer) or ``None`` where the dataset has no such groups.
-    ``pad_id`` is the token id right-padded sequences are filled with (``None``: no sample is padded).
+    ``pad_id`` is the token id right-padded sequences are filled with (``None``: no sample is padded); a
+    language model's targets at those positions are :data:`IGNORED_TARGET`.
     """
 
     name: str

@@ -15,6 +15,7 @@ import numpy as np
 from fedge.errors import ConfigError
 
 BYTES = "bytes"
+FRAMING_PROBE = "a sample"  # a text whose framing shows a tokenizer's special tokens
 
 
 class Tokenizer(Protocol):
@@ -28,6 +29,15 @@ class Tokenizer(Protocol):
 
     def encode_sample(self, text: str, length: int) -> np.ndarray:
         """One stand-alone sample's ids, at most ``length``, with the tokenizer's special tokens."""
+        ...
+
+    def frame(self, ids: np.ndarray) -> np.ndarray:
+        """Ids of a text (``encode``'s) framed as one stand-alone sample: the special tokens around them."""
+        ...
+
+    @property
+    def framing(self) -> int:
+        """How many special tokens :meth:`frame` adds."""
         ...
 
 
@@ -46,6 +56,12 @@ class ByteTokenizer:
     def encode_sample(self, text: str, length: int) -> np.ndarray:
         """The text's first ``length`` bytes (bytes have no special tokens)."""
         return self.encode(text)[:length]
+
+    def frame(self, ids: np.ndarray) -> np.ndarray:
+        """The ids as they are (bytes have no special tokens)."""
+        return ids
+
+    framing = 0
 
     def decode(self, ids: Any) -> str:
         """Ids back to text (invalid UTF-8 replaced)."""
@@ -71,6 +87,18 @@ class HFTokenizer:
         self.name = name
         self.vocab_size = len(self.tokenizer)
         self.pad_id = self.tokenizer.pad_token_id
+        self.prefix, self.suffix = self._special_tokens()
+
+    def _special_tokens(self) -> tuple[list[int], list[int]]:
+        """The special tokens a stand-alone sample starts and ends with (BERT: ``[CLS]`` and ``[SEP]``, a
+        LLaMA tokenizer: BOS and none, GPT-2: none), read off the tokenizer's own framing of a probe text."""
+        bare = self.tokenizer.encode(FRAMING_PROBE, add_special_tokens=False)
+        framed = self.tokenizer(FRAMING_PROBE)["input_ids"]
+        for start in range(len(framed) - len(bare) + 1):
+            if framed[start : start + len(bare)] == bare:
+                return framed[:start], framed[start + len(bare) :]
+        changed = f"{self.name} changes a text's own tokens when it frames a sample"
+        raise ConfigError("data.tokenizer", changed)
 
     def encode(self, text: str) -> np.ndarray:
         return np.asarray(self.tokenizer.encode(text, add_special_tokens=False), dtype=np.int64)
@@ -80,6 +108,14 @@ class HFTokenizer:
         pooler and classifier expect), the text truncated so that the whole is at most ``length``."""
         ids = self.tokenizer(text, truncation=True, max_length=length)["input_ids"]
         return np.asarray(ids, dtype=np.int64)
+
+    def frame(self, ids: np.ndarray) -> np.ndarray:
+        """The special tokens of one sample around ``ids``."""
+        return np.concatenate([np.asarray(self.prefix, np.int64), ids, np.asarray(self.suffix, np.int64)])
+
+    @property
+    def framing(self) -> int:
+        return len(self.prefix) + len(self.suffix)
 
 
 def make_tokenizer(name: str, download: bool = False) -> Tokenizer:

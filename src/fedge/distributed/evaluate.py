@@ -9,7 +9,7 @@ from torch import nn
 from fedge.data.federated import FederatedData
 from fedge.distributed.cohort import Cohort, Cohorts
 from fedge.engine import ClientBank, evaluate_model
-from fedge.engine.evaluate import evaluation
+from fedge.engine.evaluate import evaluation, target_count
 from fedge.engine.personal import client_summary, client_test_sets, evaluate_rows
 from fedge.metrics import Evaluation
 from fedge.tensors import Tensors
@@ -28,8 +28,8 @@ def evaluate_model_on(
         return evaluate_model(model, params, buffers, x, y, batch_size)
     mine = y[rows.rows]
     part = evaluate_model(model, params, buffers, x[rows.rows], mine, batch_size)
-    counts = rows.gather_array([round(part.accuracy * mine.numel())])
-    loss_sum = rows.sum_float(part.loss * mine.numel())
+    counts = rows.gather_array([round(part.accuracy * target_count(mine))])
+    loss_sum = rows.sum_float(part.loss * target_count(mine))
     return evaluation(int(counts.sum()), loss_sum, y)
 
 

@@ -8,6 +8,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from fedge.data.dataset import IGNORED_TARGET
 from fedge.engine.bind import call_at
 from fedge.metrics import Evaluation
 from fedge.tensors import Tensors
@@ -35,10 +36,17 @@ def evaluate_model(
     return evaluation(correct, loss_sum, y)
 
 
+def target_count(y: torch.Tensor) -> int:
+    """Targets that count in ``y``: every label, or every token of a sequence but a padded one's
+    :data:`~fedge.data.dataset.IGNORED_TARGET` positions (which no cross-entropy reads and no argmax
+    matches)."""
+    return y.numel() if y.dim() == 1 else int(y.ne(IGNORED_TARGET).sum())
+
+
 def evaluation(correct: int, loss_sum: float, y: torch.Tensor) -> Evaluation:
-    """Accuracy and mean loss from the counts over the targets ``y`` (per token for sequences, with the
-    perplexity ``exp(loss)``)."""
-    count = max(y.numel(), 1)
+    """Accuracy and mean loss from the counts over the targets ``y`` (per real token for sequences, with
+    the perplexity ``exp(loss)``)."""
+    count = max(target_count(y), 1)
     loss = loss_sum / count
     if y.dim() == 1:
         return Evaluation(correct / count, loss)

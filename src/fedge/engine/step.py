@@ -22,6 +22,7 @@ from torch import nn
 from torch.func import grad_and_value
 
 from fedge.config import OptimizerConfig
+from fedge.data.dataset import IGNORED_TARGET
 from fedge.engine.bind import call_at
 from fedge.tensors import Tensors
 
@@ -54,11 +55,19 @@ def buffers_of(module: nn.Module) -> Tensors:
     return {name: b.detach().clone() for name, b in module.named_buffers()}
 
 
-def cross_entropy(logits: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+def cross_entropy(logits: torch.Tensor, y: torch.Tensor, label_smoothing: float = 0.0) -> torch.Tensor:
     """Per-sample cross-entropy: the default training criterion. For a sequence (logits ``[B, V, T]``,
-    targets ``[B, T]``: a language model) a sample's loss is the mean over its tokens."""
-    loss = F.cross_entropy(logits, y, reduction="none")
-    return loss if loss.dim() == 1 else loss.flatten(1).mean(dim=1)
+    targets ``[B, T]``: a language model) a sample's loss is the mean over its targets, a padded
+    sequence's :data:`~fedge.data.dataset.IGNORED_TARGET` positions left out: each sample weighs the same
+    however many real tokens it has, as every sample does elsewhere in fedge (Hugging Face's Trainer
+    weighs tokens instead). On the CPU, a sum divided by the count is exactly PyTorch's mean of an
+    unpadded sequence. ``label_smoothing`` is ``train.label_smoothing``."""
+    loss = F.cross_entropy(
+        logits, y, reduction="none", ignore_index=IGNORED_TARGET, label_smoothing=label_smoothing
+    )
+    if loss.dim() == 1:
+        return loss
+    return loss.flatten(1).sum(dim=1) / y.ne(IGNORED_TARGET).flatten(1).sum(dim=1).clamp_min(1)
 
 
 @dataclass(frozen=True)

@@ -17,8 +17,8 @@ class SplitModel(nn.Sequential):
 
     ``name`` is the zoo name used in messages; ``default_cut`` is the cut the model's paper uses (the number
     of blocks on the client side), or ``None`` where no paper defines one. ``pad_id`` is the input id a
-    model masks as padding (a sequence classifier reading right-padded token sequences, whose pad positions
-    cross the cut as zero vectors and are never sent); ``None`` for a model that reads no padding.
+    model masks as padding (a transformer reading right-padded token sequences, whose pad positions cross
+    the cut as zero vectors and are never sent); ``None`` for a model that reads no padding.
     """
 
     pad_id: int | None = None

@@ -42,6 +42,7 @@ from fedge.models.transformer import (
     _output,
     adapt,
     pretrained_config,
+    real_tokens,
 )
 
 BIDIRECTIONAL = "fedge_bidirectional"
@@ -89,12 +90,6 @@ class BertEmbedding(nn.Module):
         return self.LayerNorm(hidden + self.position_embeddings(positions))
 
 
-def real_positions(hidden: torch.Tensor) -> torch.Tensor:
-    """True where a hidden state ``[..., sequence, hidden]`` is a real token (not the zero vector of a pad
-    position, see the module docstring)."""
-    return hidden.ne(0).any(dim=-1)
-
-
 class EncoderBlock(FoldsClients, nn.Module):
     """One encoder layer, preceded in the first block by the embeddings; pad positions (``pad_id`` in the
     ids, the zero vector in hidden states) are masked out of attention and leave the block as zeros."""
@@ -107,12 +102,8 @@ class EncoderBlock(FoldsClients, nn.Module):
         self.pad_id = pad_id
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        if hasattr(self, "embed"):
-            real, hidden = x.long().ne(self.pad_id), self.embed(x)
-            if real.device != hidden.device:  # the meta-device shape check, where the frozen base keeps its
-                real = torch.ones(real.shape, dtype=torch.bool, device=hidden.device)  # device: no values
-        else:
-            real, hidden = real_positions(x), x
+        hidden = self.embed(x) if hasattr(self, "embed") else x
+        real = real_tokens(self, x, hidden)
         out = _output(self.layer(hidden, attention_mask=real[..., None, None, :]))
         return out * real[..., None].to(out.dtype)
 

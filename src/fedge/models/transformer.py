@@ -9,8 +9,12 @@ hidden states ``[batch, sequence, hidden]`` after layer k.
 The model reads token ids ``[batch, sequence]`` and returns logits ``[batch, vocabulary, sequence]``
 (the class dimension second, as ``torch.nn.functional.cross_entropy`` takes it), so fedge's per-sample
 cross-entropy is every token's loss and its mean over a sequence is the sample's loss
-(:func:`~fedge.engine.cross_entropy`). Attention is causal (no attention mask: packed sequences have no
-padding). Dropout inside the transformer is off (LoRA's own ``lora_dropout`` is the random layer).
+(:func:`~fedge.engine.cross_entropy`). Attention is causal, with no attention mask: packed text has no
+padding, and a right-padded sequence (``data.sequences: lines``; the run sets ``pad_id`` from the data)
+needs none, since no real token attends to a later position. Its pad positions, whose targets are
+ignored, leave every block as the zero vector: that is how they cross the cut, never sent, as a BERT
+encoder's do (:mod:`fedge.models.encoder`). Dropout inside the transformer is off (LoRA's own
+``lora_dropout`` is the random layer).
 
 Architectures: GPT-2 (``gpt2``) and the LLaMA family (``llama``, ``qwen2``, ``mistral``: RMSNorm,
 rotary positions, grouped-query attention). A model is built from a config (random initial weights
@@ -101,21 +105,47 @@ class _Positions(nn.Module):
         return self.rotary(hidden, positions)
 
 
-class DecoderBlock(FoldsClients, nn.Module):
-    """One decoder layer, preceded in the first block by the embeddings."""
+def real_positions(hidden: torch.Tensor) -> torch.Tensor:
+    """True where a hidden state ``[..., sequence, hidden]`` is a real token, not the zero vector of a pad
+    position (a real token's hidden state is a norm's or a residual sum's output, never exactly zero)."""
+    return hidden.ne(0).any(dim=-1)
 
-    def __init__(self, layer: nn.Module, embed: nn.Module | None, positions: _Positions | None):
+
+def real_tokens(block: nn.Module, x: torch.Tensor, hidden: torch.Tensor) -> torch.Tensor:
+    """A block's real positions: ids other than its ``pad_id`` in the first block (``x`` ids), nonzero
+    hidden states after it. On the meta device of the shape check, where the frozen base keeps its own
+    device, every position is real (there are no values to read)."""
+    if not hasattr(block, "embed"):
+        return real_positions(x)
+    real = x.long().ne(block.pad_id)
+    if real.device != hidden.device:
+        return torch.ones(real.shape, dtype=torch.bool, device=hidden.device)
+    return real
+
+
+class DecoderBlock(FoldsClients, nn.Module):
+    """One decoder layer, preceded in the first block by the embeddings. With a ``pad_id`` (right-padded
+    sequences), pad positions leave the block as zero vectors (module docstring)."""
+
+    def __init__(
+        self, layer: nn.Module, embed: nn.Module | None, positions: _Positions | None, pad_id: int | None
+    ):
         super().__init__()
         if embed is not None:
             self.embed = embed
         self.layer = layer
+        self.pad_id = pad_id
         object.__setattr__(self, "positions", positions)  # shared, not a child: its tensors are frozen
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         hidden = self.embed(x) if hasattr(self, "embed") else x
         if self.positions is None:
-            return _output(self.layer(hidden))
-        return _output(self.layer(hidden, position_embeddings=self.positions(hidden)))
+            out = _output(self.layer(hidden))
+        else:
+            out = _output(self.layer(hidden, position_embeddings=self.positions(hidden)))
+        if self.pad_id is None:
+            return out
+        return out * real_tokens(self, x, out)[..., None].to(out.dtype)
 
 
 class GPT2Embedding(nn.Module):
@@ -320,7 +350,9 @@ def _no_dropout(model: nn.Module) -> None:
                 setattr(parent, name, NoDropout())
 
 
-def _blocks(hf: nn.Module, arch: str, untie: bool) -> tuple[OrderedDict[str, nn.Module], int]:
+def _blocks(
+    hf: nn.Module, arch: str, untie: bool, pad_id: int | None
+) -> tuple[OrderedDict[str, nn.Module], int]:
     """The split blocks of a transformers causal LM and its number of positions; with ``untie`` a head
     tied to the embeddings gets its own copy (trained weights: each side of a cut trains its own)."""
     if arch == "gpt2":
@@ -337,7 +369,7 @@ def _blocks(hf: nn.Module, arch: str, untie: bool) -> tuple[OrderedDict[str, nn.
         head.weight = nn.Parameter(hf.lm_head.weight.detach().clone())
     blocks: OrderedDict[str, nn.Module] = OrderedDict()
     for i, layer in enumerate(layers, start=1):
-        blocks[f"block{i}"] = DecoderBlock(layer, embed if i == 1 else None, positions)
+        blocks[f"block{i}"] = DecoderBlock(layer, embed if i == 1 else None, positions, pad_id)
     blocks["head"] = LMHead(norm, head)
     return blocks, limit
 
@@ -364,13 +396,16 @@ def build_causal_lm(
     lora_alpha: Annotated[float, Field(gt=0.0)] = 16.0,
     lora_dropout: Probability = 0.0,
     lora_targets: tuple[str, ...] | None = None,
+    pad_id: NonNegative | None = None,
 ) -> TransformerLM:
     """A causal transformer LM (GPT-2 or LLaMA family) of ``layers`` decoder blocks; LoRA r=8 on attention.
 
     Input: token ids ``[sequence]`` per sample (``num_classes`` is the vocabulary). ``lora_rank: 0`` trains
     every weight (full fine-tuning); otherwise only adapters on ``lora_targets`` (default: attention,
     ``c_attn`` / ``q_proj, v_proj``) train and the base is frozen. ``pretrained``: a checkpoint folder or
-    hub name (downloaded only with ``download``); sizes then come from it.
+    hub name (downloaded only with ``download``); sizes then come from it. ``pad_id``: the id of
+    right-padded sequences' pad positions, which the run sets from the data (``data.sequences: lines``);
+    unset for packed text, where every id is a real token.
     """
     if len(input_shape) != 1:
         raise ConfigError(
@@ -388,7 +423,7 @@ def build_causal_lm(
             "model.options.pretrained", f"vocabulary {hf.config.vocab_size} < the data's {num_classes} tokens"
         )
     _no_dropout(hf)
-    blocks, limit = _blocks(hf, arch, untie=not lora_rank)
+    blocks, limit = _blocks(hf, arch, untie=not lora_rank, pad_id=pad_id)
     if sequence > limit:
         raise ConfigError("data.seq_len", f"sequence {sequence} is longer than the model's {limit} positions")
     lora = None
@@ -397,7 +432,9 @@ def build_causal_lm(
         lora = adapt(nn.ModuleList(blocks.values()), targets, lora_rank, lora_alpha, lora_dropout)
     rotary = [blocks["block1"].positions] if blocks["block1"].positions is not None else []  # shared
     frozen = freeze(nn.ModuleList([*blocks.values(), *rotary]), parameters=bool(lora_rank))
-    return TransformerLM(blocks, name=arch, frozen=frozen, positions=limit, lora=lora, config=hf.config)
+    model = TransformerLM(blocks, name=arch, frozen=frozen, positions=limit, lora=lora, config=hf.config)
+    model.pad_id = pad_id
+    return model
 
 
 def _family(arch: str | None, summary: str) -> Callable[..., TransformerLM]:

@@ -22,7 +22,7 @@ import numpy as np
 import torch
 
 from fedge.algorithms.split.order import ServerOrder
-from fedge.algorithms.split.padding import sent_entries
+from fedge.algorithms.split.padding import sent_entries, sent_targets
 from fedge.algorithms.split.round import Round
 from fedge.algorithms.split.server import CutBatch, Served, SplitServer
 from fedge.comm import FloatCodec, Network, nodes
@@ -94,8 +94,10 @@ class ServerExchange:
         keep = sent_entries(batch.z, lengths) if self.padded else None
         z = {"z": batch.z.detach()}
         smashed = cohort.send(self.up, t, senders, nodes.SERVER, "smashed_up", z, lengths=lengths, keep=keep)
+        y = batch.y[mine]
+        targets = sent_targets(y, lengths) if self.padded else None
         labels = cohort.send(
-            self.labels, t, senders, nodes.SERVER, "labels_up", {"y": batch.y[mine]}, lengths=lengths
+            self.labels, t, senders, nodes.SERVER, "labels_up", {"y": y}, lengths=lengths, keep=targets
         )
         return Uploaded(batch._replace(z=smashed.payload["z"]), smashed.bits + labels.bits, keep)
 

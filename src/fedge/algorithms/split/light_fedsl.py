@@ -53,7 +53,7 @@ from fedge.algorithms.split.fedsl_client import ClientUpdate, cut_masks
 from fedge.algorithms.split.fedsl_config import Compression, FedSLConfig, LightFedSLConfig
 from fedge.algorithms.split.fedsl_steps import CutStep, ServedCut, Trained
 from fedge.algorithms.split.flops import count_flops
-from fedge.algorithms.split.padding import sent_entries
+from fedge.algorithms.split.padding import sent_entries, sent_targets
 from fedge.algorithms.split.parts import build_parts, composed, initial_state
 from fedge.algorithms.split.pruning import prunable_names, sparsity, sparsity_target
 from fedge.algorithms.split.server import SERVER_STAGE, CutBatch
@@ -211,10 +211,13 @@ class LightFedSL(Algorithm):
         labels up, the server's mean-gradient step, the kept entries' gradient down, as received. A
         padded sequence's pad positions are not sent either (:mod:`~fedge.algorithms.split.padding`)."""
         cohort, n = self.cohort, len(self.nodes)
+        targets = None
         if self.parts.model.pad_id is not None:
-            keep = keep * sent_entries(dropped, own)
+            keep, targets = keep * sent_entries(dropped, own), sent_targets(y, own)
         smashed = cohort.send(self.up, t, self.nodes, nodes.SERVER, "smashed_up", {"z": dropped}, keep=keep)
-        labels = cohort.send(self.labels, t, self.nodes, nodes.SERVER, "labels_up", {"y": y}, lengths=own)
+        labels = cohort.send(
+            self.labels, t, self.nodes, nodes.SERVER, "labels_up", {"y": y}, lengths=own, keep=targets
+        )
         server_keys = None if keys is None else keys.at(0, SERVER_STAGE)
         batch = CutBatch(None, smashed.payload["z"], y, own, server_keys, cohort=n)
         served = self.server.serve(batch, self.cfg.optimizer.lr, True, list(range(len(own))))

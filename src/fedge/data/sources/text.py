@@ -1,10 +1,24 @@
-"""Text datasets for language models: documents tokenized, packed into sequences, a tail held out.
+"""Text datasets for language models: documents tokenized, packed into sequences (or one padded sequence
+per line), a tail held out.
 
 Every text source yields named documents; each document is a natural group (a client under the
-``natural`` partitioner). A document's tokens are packed into windows of ``data.seq_len + 1`` tokens,
-one after another with no padding: the input is a window's first ``seq_len`` tokens and the targets its
-last ``seq_len`` (the next token at every position), so every token is predicted once. The last
-``data.test_fraction`` of each document's windows (at least one, when it has two) is held out for
+``natural`` partitioner). ``data.sequences`` says what a sample is:
+
+- ``windows`` (the default): a document's tokens are packed into windows of ``data.seq_len + 1`` tokens,
+  one after another with no padding: the input is a window's first ``seq_len`` tokens and the targets
+  its last ``seq_len`` (the next token at every position), so every token is predicted once.
+- ``lines``: each non-blank line of a document (white space around it stripped; a ``.jsonl`` record's
+  ``text`` is one line, its own line breaks read as spaces) is one sample, as instruction or chat data
+  is: tokenized as one stand-alone sample (a Hugging Face tokenizer adds its own special tokens, a
+  LLaMA tokenizer's BOS; bytes have none), cut to ``seq_len + 1`` tokens, its input the first of them and
+  its targets the next token at each input position. Both are right-padded to ``seq_len``: the input
+  with the tokenizer's pad id, the targets with
+  :data:`~fedge.data.dataset.IGNORED_TARGET`, which no loss, gradient or count reads. A line of one
+  token predicts nothing and is skipped; a document with no longer line is an error. The model is told
+  the pad id, and its pad positions cross the cut as nothing (:mod:`fedge.models.transformer`). A real
+  token equal to the pad id (a NUL byte, for bytes) is refused: the model would read it as padding.
+
+The last ``data.test_fraction`` of each document's samples (at least one, when it has two) is held out for
 evaluation: a contiguous tail, so no held-out token is ever an input or target of training.
 
 Sources:
@@ -16,8 +30,9 @@ Sources:
   JSONL line is an object whose ``text`` field is read).
 - ``shakespeare``: LEAF's Shakespeare json (``train/`` and ``test/`` folders in ``data.root``, or in the
   cache folder without it), one group per speaking role, each sample its 80 characters followed by the next
-  one. Where the json is absent it is built from Project Gutenberg's edition that LEAF reads (a
-  ``100.txt`` in that folder, or downloaded with ``data.download``; :mod:`fedge.data.sources.gutenberg`).
+  one (fixed-length samples: ``windows`` only). Where the json is absent it is built from Project
+  Gutenberg's edition that LEAF reads (a ``100.txt`` in that folder, or downloaded with
+  ``data.download``; :mod:`fedge.data.sources.gutenberg`).
 """
 
 from __future__ import annotations
@@ -30,11 +45,11 @@ import numpy as np
 import torch
 
 from fedge.config import DataConfig
-from fedge.data.dataset import Dataset
+from fedge.data.dataset import IGNORED_TARGET, Dataset
 from fedge.data.sources import gutenberg
 from fedge.data.sources.fetch import cache_folder, not_found
 from fedge.data.tokenizer import Tokenizer, make_tokenizer
-from fedge.errors import DataError
+from fedge.errors import ConfigError, DataError
 
 # Pure-Python standard-library modules (a file or a package's __init__) of every supported Python version
 STDLIB_MODULES = (
@@ -62,35 +77,99 @@ def held_out(count: int, fraction: float) -> int:
     return 0 if count < 2 else min(count - 1, max(1, round(fraction * count)))
 
 
+def pad_token(tokenizer: Tokenizer) -> int:
+    """The tokenizer's pad id; a Hugging Face tokenizer without one is refused (``data.tokenizer``)."""
+    pad = tokenizer.pad_id
+    if pad is None:
+        refused = f"{tokenizer.name} has no pad token; data.sequences: lines needs one"
+        raise ConfigError("data.tokenizer", refused)
+    return int(pad)
+
+
+def refuse_pad_tokens(name: str, title: str, tokens: np.ndarray, pad: int | None) -> None:
+    """A real token equal to the pad id is refused: a model would read it as padding."""
+    if pad is not None and bool((tokens == pad).any()):
+        byte = " (a NUL byte)" if pad == 0 else ""
+        raise DataError(f"{name}: {title} holds the pad token id {pad}{byte}, which a model reads as pad")
+
+
+def sample_lines(text: str) -> list[str]:
+    """A document's non-blank lines, white space around each stripped: one sample each."""
+    return [line.strip() for line in text.splitlines() if line.strip()]
+
+
+def right_filled(
+    name: str, title: str, samples: list[np.ndarray], width: int, fill: int, pad: int
+) -> np.ndarray:
+    """Document ``title``'s token ``samples`` (each at most ``width``) right-filled with ``fill``:
+    ``[samples, width]``; a real token equal to the pad id is refused."""
+    rows = np.full((len(samples), width), fill, dtype=np.int64)
+    for row, ids in zip(rows, samples, strict=True):
+        refuse_pad_tokens(name, title, ids, pad)
+        row[: len(ids)] = ids
+    return rows
+
+
+def padded_lines(name: str, title: str, text: str, tokenizer: Tokenizer, seq_len: int) -> np.ndarray:
+    """Each line of document ``title`` of at least two tokens, cut to ``seq_len + 1`` tokens:
+    ``[lines, seq_len + 1]``, the tail of a short line :data:`IGNORED_TARGET` (module docstring)."""
+    encoded = [tokenizer.encode_sample(line, seq_len + 1) for line in sample_lines(text)]
+    encoded = [ids for ids in encoded if len(ids) >= 2]
+    return right_filled(name, title, encoded, seq_len + 1, IGNORED_TARGET, pad_token(tokenizer))
+
+
+def _inputs_and_targets(rows: np.ndarray, pad: int | None) -> tuple[torch.Tensor, torch.Tensor]:
+    """Inputs (each row's first ``seq_len`` tokens) and targets (the next token at each position) of
+    ``[n, seq_len + 1]`` token rows; an input whose target is ignored (a padded line's last token and
+    the padding after it) is the pad id, so a position is real in both or in neither."""
+    x, y = rows[:, :-1].copy(), rows[:, 1:]
+    if pad is not None:
+        x[y == IGNORED_TARGET] = pad
+    as_tensor = lambda a: torch.from_numpy(np.ascontiguousarray(a))  # noqa: E731
+    return as_tensor(x), as_tensor(y)
+
+
 def token_dataset(
-    name: str, documents: list[tuple[str, str]], tokenizer: Tokenizer, seq_len: int, test_fraction: float
-) -> Dataset:
-    """The packed, held-out-tailed token dataset of named ``documents`` (module docstring)."""
+    name: str, documents: list[tuple[str, str]], tokenizer: Tokenizer, seq_len: int, test_fraction: float,
+    sequences: str = "windows",
+) -> Dataset:  # fmt: skip
+    """The held-out-tailed token dataset of named ``documents``: packed windows, or padded lines
+    (``sequences``, module docstring)."""
+    lines = sequences == "lines"
     train, test, train_groups, test_groups = [], [], [], []
     for group, (title, text) in enumerate(documents):
-        windows = pack(tokenizer.encode(text), seq_len)
-        if not len(windows):
-            raise DataError(f"{name}: {title} has fewer than {seq_len + 1} tokens (data.seq_len {seq_len})")
-        cut = len(windows) - held_out(len(windows), test_fraction)
-        train.append(windows[:cut])
-        test.append(windows[cut:])
+        if lines:
+            rows = padded_lines(name, title, text, tokenizer, seq_len)
+            if not len(rows):
+                raise DataError(f"{name}: {title} has no line of two tokens or more (data.sequences: lines)")
+        else:
+            rows = pack(tokenizer.encode(text), seq_len)
+            if not len(rows):
+                short = f"has fewer than {seq_len + 1} tokens (data.seq_len {seq_len})"
+                raise DataError(f"{name}: {title} {short}")
+        cut = len(rows) - held_out(len(rows), test_fraction)
+        train.append(rows[:cut])
+        test.append(rows[cut:])
         train_groups += [group] * cut
-        test_groups += [group] * (len(windows) - cut)
+        test_groups += [group] * (len(rows) - cut)
     if not documents:
         raise DataError(f"{name}: no documents")
-    windows_train, windows_test = np.concatenate(train), np.concatenate(test)
-    if not len(windows_test):
-        raise DataError(f"{name}: no document is long enough to hold out a test window; lower data.seq_len")
-    as_tensor = lambda a: torch.from_numpy(np.ascontiguousarray(a))  # noqa: E731
+    rows_train, rows_test = np.concatenate(train), np.concatenate(test)
+    if not len(rows_test):
+        raise DataError(f"{name}: no document is long enough to hold out a test sample; lower data.seq_len")
+    pad = pad_token(tokenizer) if lines else None
+    x_train, y_train = _inputs_and_targets(rows_train, pad)
+    x_test, y_test = _inputs_and_targets(rows_test, pad)
     return Dataset(
         name=name,
-        x_train=as_tensor(windows_train[:, :-1]),
-        y_train=as_tensor(windows_train[:, 1:]),
-        x_test=as_tensor(windows_test[:, :-1]),
-        y_test=as_tensor(windows_test[:, 1:]),
+        x_train=x_train,
+        y_train=y_train,
+        x_test=x_test,
+        y_test=y_test,
         num_classes=tokenizer.vocab_size,
         train_groups=np.asarray(train_groups, dtype=np.int64),
         test_groups=np.asarray(test_groups, dtype=np.int64),
+        pad_id=pad,
     )
 
 
@@ -104,15 +183,17 @@ def _read(path: Path, limit: int | None) -> str:
     return raw.decode("utf-8", errors="replace")
 
 
-def _jsonl(path: Path, limit: int | None) -> str:
-    """The ``text`` fields of a JSONL file's lines, one after another (the first ``limit`` bytes)."""
+def _jsonl(path: Path, limit: int | None, one_line: bool = False) -> str:
+    """The ``text`` fields of a JSONL file's lines, one after another (the first ``limit`` bytes); each on
+    one line of its own when ``one_line`` (its line breaks read as spaces)."""
     parts = []
     for number, line in enumerate(_read(path, None).splitlines(), start=1):
         if not line.strip():
             continue
         try:
             record = json.loads(line)
-            parts.append(str(record["text"]))
+            text = str(record["text"])
+            parts.append(" ".join(text.splitlines()) if one_line else text)
         except (ValueError, KeyError, TypeError):
             raise DataError(f"{path}:{number}: a JSONL line must be an object with a 'text' field") from None
     text = "\n".join(parts)
@@ -133,8 +214,9 @@ def stdlib_documents(limit: int | None) -> list[tuple[str, str]]:
     return documents
 
 
-def text_documents(root: Path | None, limit: int | None) -> list[tuple[str, str]]:
-    """One document per ``.txt`` / ``.jsonl`` file of ``data.root`` (a file or a folder)."""
+def text_documents(root: Path | None, limit: int | None, one_line: bool = False) -> list[tuple[str, str]]:
+    """One document per ``.txt`` / ``.jsonl`` file of ``data.root`` (a file or a folder); ``one_line``
+    puts each JSONL record on a line of its own."""
     if root is None:
         raise DataError(
             "data.root: the text source reads a .txt/.jsonl file or a folder of them; set data.root"
@@ -145,7 +227,7 @@ def text_documents(root: Path | None, limit: int | None) -> list[tuple[str, str]
         raise DataError(f"{root}: not found (data.root)")
     if not files:
         raise DataError(f"{root}: no .txt or .jsonl files (data.root)")
-    return [(p.name, _jsonl(p, limit) if p.suffix == ".jsonl" else _read(p, limit)) for p in files]
+    return [(p.name, _jsonl(p, limit, one_line) if p.suffix == ".jsonl" else _read(p, limit)) for p in files]
 
 
 def _leaf_split(folder: Path) -> dict[str, list[str]]:
@@ -218,14 +300,14 @@ def load_pystdlib(cfg: DataConfig, seed: int) -> Dataset:
     """Python standard-library sources, one group per module; bytes as tokens by default."""
     tokenizer = make_tokenizer(cfg.tokenizer, cfg.download)
     documents = stdlib_documents(cfg.text_bytes)
-    return token_dataset("pystdlib", documents, tokenizer, cfg.seq_len, cfg.test_fraction)
+    return token_dataset("pystdlib", documents, tokenizer, cfg.seq_len, cfg.test_fraction, cfg.sequences)
 
 
 def load_text(cfg: DataConfig, seed: int) -> Dataset:
     """Plain text / JSONL files of data.root, one group per file."""
     tokenizer = make_tokenizer(cfg.tokenizer, cfg.download)
-    documents = text_documents(cfg.root, cfg.text_bytes)
-    return token_dataset("text", documents, tokenizer, cfg.seq_len, cfg.test_fraction)
+    documents = text_documents(cfg.root, cfg.text_bytes, one_line=cfg.sequences == "lines")
+    return token_dataset("text", documents, tokenizer, cfg.seq_len, cfg.test_fraction, cfg.sequences)
 
 
 def load_shakespeare(cfg: DataConfig, seed: int) -> Dataset:

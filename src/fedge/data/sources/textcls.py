@@ -11,9 +11,11 @@ values as strings), numbered from 0.
 
 ``data.sequences`` says what a sample is:
 
-- ``windows`` (the default): each document is tokenized and cut into consecutive full windows of
-  ``data.seq_len`` tokens, each labeled with its document's class; a short tail is dropped and a document
-  shorter than one window is an error. No sequence is padded.
+- ``windows`` (the default): each document is tokenized and cut into consecutive full windows, each
+  framed as one sample by the tokenizer's special tokens (a Hugging Face BERT tokenizer's
+  ``[CLS] window [SEP]``, which a pretrained pooler expects; bytes have none) to ``data.seq_len`` tokens
+  in all, and labeled with its document's class; a short tail is dropped and a document shorter than one
+  window is an error. No sequence is padded.
 - ``lines``: each non-blank line of a document (for ``.jsonl``, each record, its own line breaks read as
   spaces; surrounding white space stripped) is one sample, as sentence-level tasks (sentiment, topic)
   are: tokenized as one sample (a Hugging Face tokenizer adds its special tokens, BERT's
@@ -22,7 +24,6 @@ values as strings), numbered from 0.
   tokenizer's pad id (the byte tokenizer's is 0, the NUL byte; a Hugging Face tokenizer's its
   ``[PAD]``). The model masks the pad positions (``bert``: every attention, and the cut, where they are
   never sent, so the ledger counts real tokens only) and must pad on the same id, which the run checks.
-  Windows add no special token.
 
 A real token equal to the pad id (a NUL byte in a text, for the byte tokenizer) is an error in both
 modes: the model would read it as padding. The last ``data.test_fraction`` of each document's samples is
@@ -39,7 +40,16 @@ import torch
 
 from fedge.config import DataConfig
 from fedge.data.dataset import Dataset
-from fedge.data.sources.text import _read, held_out, stdlib_documents, text_documents
+from fedge.data.sources.text import (
+    _read,
+    held_out,
+    pad_token,
+    refuse_pad_tokens,
+    right_filled,
+    sample_lines,
+    stdlib_documents,
+    text_documents,
+)
 from fedge.data.tokenizer import Tokenizer, make_tokenizer
 from fedge.errors import ConfigError, DataError
 
@@ -48,6 +58,20 @@ def windows(tokens: np.ndarray, seq_len: int) -> np.ndarray:
     """Consecutive full windows ``[n, seq_len]`` of ``tokens``; a short tail is dropped."""
     count = len(tokens) // seq_len
     return tokens[: count * seq_len].reshape(count, seq_len)
+
+
+def framed_windows(title: str, text: str, tokenizer: Tokenizer, seq_len: int) -> np.ndarray:
+    """Document ``title``'s consecutive full windows, each framed as one sample by the tokenizer's special
+    tokens (BERT: ``[CLS] window [SEP]``) to ``seq_len`` tokens in all: ``[windows, seq_len]``."""
+    width = seq_len - tokenizer.framing
+    if width < 1:
+        special = f"{tokenizer.name}'s {tokenizer.framing} special tokens"
+        refused = f"{seq_len} leaves no room for a text between {special}"
+        raise ConfigError("data.seq_len", refused)
+    rows = windows(tokenizer.encode(text), width)
+    if not len(rows):
+        raise DataError(f"textcls: {title} has fewer than {width} tokens (data.seq_len {seq_len})")
+    return np.stack([tokenizer.frame(row) for row in rows])
 
 
 def _labeled_jsonl(path: Path, limit: int | None, one_line: bool) -> list[tuple[str, str, str]]:
@@ -83,24 +107,11 @@ def labeled_documents(
     return documents
 
 
-def padded_lines(title: str, text: str, tokenizer: Tokenizer, seq_len: int, pad_id: int) -> np.ndarray:
+def padded_samples(title: str, text: str, tokenizer: Tokenizer, seq_len: int, pad_id: int) -> np.ndarray:
     """Each non-blank line of document ``title``'s ``text`` as token ids cut to ``seq_len`` and
     right-padded with ``pad_id``: ``[lines, seq_len]``."""
-    lines = [tokenizer.encode_sample(line.strip(), seq_len) for line in text.splitlines() if line.strip()]
-    rows = np.full((len(lines), seq_len), pad_id, dtype=np.int64)
-    for row, ids in zip(rows, lines, strict=True):
-        _refuse_pad_tokens(title, ids, pad_id)
-        row[: len(ids)] = ids
-    return rows
-
-
-def pad_token(tokenizer: Tokenizer) -> int:
-    """The tokenizer's pad id; a Hugging Face tokenizer without one is refused (``data.tokenizer``)."""
-    pad = tokenizer.pad_id
-    if pad is None:
-        refused = f"{tokenizer.name} has no pad token; data.sequences: lines needs one"
-        raise ConfigError("data.tokenizer", refused)
-    return int(pad)
+    lines = [tokenizer.encode_sample(line, seq_len) for line in sample_lines(text)]
+    return right_filled("textcls", title, lines, seq_len, pad_id, pad_id)
 
 
 def classification_dataset(
@@ -121,14 +132,12 @@ def classification_dataset(
     pad = pad_token(tokenizer) if sequences == "lines" else None
     for group, (title, label, text) in enumerate(documents):
         if pad is not None:
-            rows = padded_lines(title, text, tokenizer, seq_len, pad)
+            rows = padded_samples(title, text, tokenizer, seq_len, pad)
             if not len(rows):
                 raise DataError(f"textcls: {title} has no line of text (data.sequences: lines)")
         else:
-            rows = windows(tokenizer.encode(text), seq_len)
-            if not len(rows):
-                raise DataError(f"textcls: {title} has fewer than {seq_len} tokens (data.seq_len {seq_len})")
-            _refuse_pad_tokens(title, rows, tokenizer.pad_id)
+            rows = framed_windows(title, text, tokenizer, seq_len)
+            refuse_pad_tokens("textcls", title, rows, tokenizer.pad_id)
         cut = len(rows) - held_out(len(rows), test_fraction)
         for split, chunk in (("train", rows[:cut]), ("test", rows[cut:])):
             parts[f"x_{split}"].append(chunk)
@@ -149,13 +158,6 @@ def classification_dataset(
         test_groups=joined["g_test"],
         pad_id=pad,
     )
-
-
-def _refuse_pad_tokens(title: str, tokens: np.ndarray, pad: int | None) -> None:
-    """A real token equal to the pad id is refused: a model would read it as padding."""
-    if pad is not None and bool((tokens == pad).any()):
-        byte = " (a NUL byte)" if pad == 0 else ""
-        raise DataError(f"textcls: {title} holds the pad token id {pad}{byte}, which a model reads as pad")
 
 
 def load_textcls(cfg: DataConfig, seed: int) -> Dataset:
