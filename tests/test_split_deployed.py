@@ -114,9 +114,10 @@ class Loopback:
         return node.split_upload(self.state[c]) if out.config["final"] else {}
 
 
-def run_both(algorithm: str, **silence) -> tuple:
-    """Two rounds simulated and deployed: each side's algorithm, context and round reports."""
-    cfg = config(algorithm)
+def run_both(algorithm: str, cfg=None, **silence) -> tuple:
+    """Two rounds simulated and deployed (``cfg``, default :func:`config`): each side's algorithm,
+    context and round reports."""
+    cfg = cfg or config(algorithm)
     simulated = build_run(cfg)
     ctx = build_run(cfg).context
     deployed = ALGORITHMS[algorithm][1](ctx, cfg.algorithm)
@@ -148,6 +149,32 @@ def test_deployed_round_equals_the_simulation(algorithm):
         assert deployed.extra.get("participants", CLIENTS) == simulated.extra.get("participants", CLIENTS)
         assert deployed.extra.get("participants", CLIENTS) == CLIENTS
         assert deployed.extra["dropped"] == 0
+
+
+@pytest.mark.parametrize("algorithm", ["splitfed_v2", "cse_fsl", "light_fedsl"])
+def test_a_language_model_on_padded_lines_deployed_equals_the_simulation(algorithm, tmp_path):
+    """Targets per token and pad positions never sent: the deployed round stacks a language model's
+    targets as the simulation does and ends with its model and ledger."""
+    pytest.importorskip("transformers")
+    from llm_cases import WORDS, lm_config
+
+    for f in range(2):
+        words = [WORDS[(f + 3 * i) % len(WORDS)] for i in range(60)]
+        lines = [" ".join(words[i : i + 1 + i % 5]) for i in range(40)]  # 1 to 5 words: padded
+        (tmp_path / f"doc{f}.txt").write_text("\n".join(lines) + "\n")
+    raw = lm_config(tmp_path, ALGORITHMS[algorithm][0] | {"batch_size": 8}, clients=CLIENTS)
+    raw["data"] |= {"sequences": "lines", "seq_len": 24}
+    raw["partition"] = {"kind": "iid", "num_clients": CLIENTS}
+    raw["engine"] = {"executor": "sequential", "threads": 1}
+    sides, reports = run_both(algorithm, resolve_config(raw))
+    (sim, sim_ctx), (dep, dep_ctx) = sides["simulated"], sides["deployed"]
+    want, got = client_model(sim), client_model(dep)
+    assert max(float((got[k] - want[k]).abs().max()) for k in want) <= 1e-5
+    assert _entries(dep_ctx) == _entries(sim_ctx)
+    kinds = Counter(entry[3] for entry in _entries(sim_ctx))
+    assert kinds["labels_up"] > 0
+    for simulated, deployed in zip(reports["simulated"], reports["deployed"], strict=True):
+        assert deployed.train_loss == pytest.approx(simulated.train_loss, abs=1e-5)
 
 
 @pytest.mark.parametrize("algorithm", [a for a in ALGORITHMS if "fedsl" not in a])

@@ -27,7 +27,7 @@ from fedge.algorithms.split.fedsl_client import cut_masks
 from fedge.algorithms.split.fedsl_steps import ServedCut, Trained
 from fedge.algorithms.split.light_fedsl import LightFedSL
 from fedge.deploy.transport import Outgoing, Reply, Transport, dropout_figures
-from fedge.deploy.wire import F32, LABELS, Spec, expect, wire_dtype
+from fedge.deploy.wire import F32, Spec, expect, labels, wire_dtype
 from fedge.engine.noise import RowKeys
 from fedge.errors import FedgeError
 from fedge.metrics import RoundReport
@@ -87,7 +87,7 @@ class DeployedFedSL:
             k: Outgoing({part: (tensors, F32) for part, tensors in s.items()}) for k, s in state.items()
         }
         specs = {
-            k: {"smashed_up": {"z": Spec(None, up)}, "labels_up": {"y": Spec((sizes[k],), LABELS)}}
+            k: {"smashed_up": {"z": Spec(None, up)}, "labels_up": {"y": labels(sizes[k], self.ctx.data)}}
             for k in state
         }
         replies = self.transport.exchange(t, "query.forward", outgoing, specs)
@@ -110,9 +110,10 @@ class DeployedFedSL:
         if not forward:
             raise FedgeError(f"round {t}: no client replied ({self.transport.dropped.get(t)})")
         device, n = self.ctx.device, len(self.nodes)
-        shape = next(iter(forward.values())).records["smashed_up"]["z"].shape[1:]
-        dropped = torch.zeros(n, index.shape[1], *shape, device=device)
-        y = torch.zeros(n, index.shape[1], dtype=torch.int64, device=device)
+        first = next(iter(forward.values())).records
+        dropped = torch.zeros(n, index.shape[1], *first["smashed_up"]["z"].shape[1:], device=device)
+        targets = first["labels_up"]["y"].shape[1:]  # none for classes, the sequence for a language model
+        y = torch.zeros(n, index.shape[1], *targets, dtype=torch.int64, device=device)
         own = torch.zeros_like(counts)
         for k, reply in forward.items():
             c = int(counts[k])

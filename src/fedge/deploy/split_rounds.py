@@ -37,7 +37,7 @@ from fedge.algorithms.split.tally import Tally
 from fedge.comm import nodes
 from fedge.data.federated import BatchPlan
 from fedge.deploy.transport import Outgoing, Reply, Transport, dropout_figures
-from fedge.deploy.wire import LABELS, WIRE_DTYPES, Spec, expect, wire_dtype
+from fedge.deploy.wire import LABELS, WIRE_DTYPES, Spec, expect, labels, wire_dtype
 from fedge.engine import ClientBank
 from fedge.errors import ConfigError, FedgeError
 from fedge.metrics import RoundReport
@@ -142,9 +142,9 @@ class DeployedSplit(SplitLearning):
         """Feed step ``step``'s uploads (``cut``, by row) to the round's server exchange, stacked as the
         simulation stacks them: ``[rows, width, ...]``, real rows first, zeros elsewhere."""
         count, device = len(rnd.draws), self.ctx.device
-        shape = next(iter(cut.values()))[0].shape[1:]
-        z = torch.zeros(count, width, *shape, device=device)
-        y = torch.zeros(count, width, dtype=torch.int64, device=device)
+        z_row, y_row = next(iter(cut.values()))
+        z = torch.zeros(count, width, *z_row.shape[1:], device=device)
+        y = torch.zeros(count, width, *y_row.shape[1:], dtype=torch.int64, device=device)  # class or tokens
         counts = torch.zeros(count, dtype=torch.int64, device=device)
         for r, (zr, yr) in cut.items():
             z[r, : len(zr)], y[r, : len(yr)], counts[r] = zr.to(z), yr.to(y), len(zr)
@@ -326,7 +326,7 @@ class GradientRemote(DeployedSplit):
             clients[r]: Outgoing({} if r in started else self._broadcast(rnd), {"step": s}) for r in sizes
         }
         specs = {
-            clients[r]: {"smashed_up": {"z": Spec(None, up)}, "labels_up": {"y": Spec((c,), LABELS)}}
+            clients[r]: {"smashed_up": {"z": Spec(None, up)}, "labels_up": {"y": labels(c, self.ctx.data)}}
             for r, c in sizes.items()
         }
         replies = self.transport.exchange(t, "query.smashed", outgoing, specs)

@@ -9,6 +9,7 @@ import numpy as np
 import torch
 from flwr.app import Array, ArrayRecord
 
+from fedge.data.federated import FederatedData
 from fedge.tensors import Tensors
 
 WIRE_DTYPES = {"fp32": np.float32, "fp16": np.float16}  # what each codec puts on the air
@@ -54,6 +55,12 @@ class Spec:
 
     shape: tuple[int, ...] | None
     dtype: np.dtype
+
+
+def labels(count: int, data: FederatedData) -> Spec:
+    """What a client's labels of ``count`` samples must be: one class each, or a language model's target
+    per token (the shape of the data's targets)."""
+    return Spec((count, *data.dataset.y_train.shape[1:]), LABELS)
 
 
 def expect(tensors: Tensors, dtype: np.dtype | None = None) -> dict[str, Spec]:
