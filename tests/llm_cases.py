@@ -67,6 +67,16 @@ def bert_run(root, algorithm: dict, *, clients: int = 3, **overrides) -> dict:
     return raw
 
 
+def cli_run(raw: dict, path: Path):
+    """``fedge run`` through the command line on config ``raw``, written to ``path``: the CLI's result."""
+    from typer.testing import CliRunner
+
+    from fedge.cli import app
+
+    path.write_text(json.dumps(raw))
+    return CliRunner().invoke(app, ["run", str(path)])
+
+
 def trained(raw: dict, rounds: int):
     """The built run of ``raw`` after ``rounds`` rounds (no run directory) and its rounds' metrics."""
     import fedge

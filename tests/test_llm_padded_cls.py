@@ -12,7 +12,7 @@ import torch
 
 transformers = pytest.importorskip("transformers")
 
-from llm_cases import WORDS, bert_run, executors_agree, trained  # noqa: E402
+from llm_cases import WORDS, bert_run, cli_run, executors_agree, trained  # noqa: E402
 
 import fedge  # noqa: E402
 from fedge.data.sources.textcls import load_textcls  # noqa: E402
@@ -122,14 +122,8 @@ def test_light_fedsl_counts_the_kept_entries_of_real_tokens(sentences):
 
 
 def test_from_the_cli_a_run_and_a_pad_byte_in_the_data(sentences, tmp_path):
-    from typer.testing import CliRunner
-
-    from fedge.cli import app
-
     path = tmp_path / "lines.json"
-    raw = lines_run(sentences, {"name": "splitfed_v2"}, output={"dir": str(tmp_path / "r")})
-    path.write_text(json.dumps(raw))
-    result = CliRunner().invoke(app, ["run", str(path)])
+    result = cli_run(lines_run(sentences, {"name": "splitfed_v2"}, output={"dir": str(tmp_path / "r")}), path)
     assert result.exit_code == 0, result.output
     summary = json.loads((tmp_path / "r" / "splitfed_v2-textcls" / "summary.json").read_text())
     assert 0.0 <= summary["final_accuracy"] <= 1.0
@@ -137,8 +131,7 @@ def test_from_the_cli_a_run_and_a_pad_byte_in_the_data(sentences, tmp_path):
     bad.mkdir()
     (bad / "a.txt").write_text("fine\n")
     (bad / "b.txt").write_text("a \0 inside\n")
-    path.write_text(json.dumps(lines_run(bad, {"name": "splitfed_v2"}, output={"dir": str(tmp_path / "s")})))
-    result = CliRunner().invoke(app, ["run", str(path)])
+    result = cli_run(lines_run(bad, {"name": "splitfed_v2"}, output={"dir": str(tmp_path / "s")}), path)
     assert result.exit_code == 2
     assert "b.txt holds the pad token id 0" in result.output and not (tmp_path / "s").exists()
 

@@ -13,7 +13,7 @@ import torch.nn.functional as F
 
 transformers = pytest.importorskip("transformers")
 
-from llm_cases import WORDS, executors_agree, lm_config, trained  # noqa: E402
+from llm_cases import WORDS, cli_run, executors_agree, lm_config, trained  # noqa: E402
 
 import fedge  # noqa: E402
 from fedge.data.dataset import IGNORED_TARGET  # noqa: E402
@@ -169,21 +169,14 @@ def test_light_fedsl_sends_the_kept_entries_of_real_tokens_and_every_real_target
 
 
 def test_from_the_cli_a_run_and_a_pad_id_on_packed_text(lines, tmp_path):
-    from typer.testing import CliRunner
-
-    from fedge.cli import app
-
     path = tmp_path / "lines.json"
-    raw = lines_run(lines, {"name": "splitfed_v2"}, output={"dir": str(tmp_path / "r")})
-    path.write_text(json.dumps(raw))
-    result = CliRunner().invoke(app, ["run", str(path)])
+    result = cli_run(lines_run(lines, {"name": "splitfed_v2"}, output={"dir": str(tmp_path / "r")}), path)
     assert result.exit_code == 0, result.output
     metrics = (tmp_path / "r" / "splitfed_v2-text" / "metrics.jsonl").read_text()
     rows = [json.loads(r) for r in metrics.splitlines()]
     assert all(np.isfinite(r["test_loss"]) for r in rows if "test_loss" in r)
     packed = lm_config(lines, {"name": "splitfed_v2"}, output={"dir": str(tmp_path / "s")})
     packed["model"]["options"]["pad_id"] = 0
-    path.write_text(json.dumps(packed))
-    result = CliRunner().invoke(app, ["run", str(path)])
+    result = cli_run(packed, path)
     assert result.exit_code == 2 and "model.options.pad_id" in result.output
     assert not (tmp_path / "s").exists()

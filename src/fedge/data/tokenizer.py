@@ -48,6 +48,7 @@ class ByteTokenizer:
     name = BYTES
     vocab_size = 256
     pad_id = 0
+    framing = 0  # no special tokens
 
     def encode(self, text: str) -> np.ndarray:
         """The text's UTF-8 bytes as int64 ids."""
@@ -60,8 +61,6 @@ class ByteTokenizer:
     def frame(self, ids: np.ndarray) -> np.ndarray:
         """The ids as they are (bytes have no special tokens)."""
         return ids
-
-    framing = 0
 
     def decode(self, ids: Any) -> str:
         """Ids back to text (invalid UTF-8 replaced)."""
