@@ -180,3 +180,21 @@ def test_from_the_cli_a_run_and_a_pad_id_on_packed_text(lines, tmp_path):
     result = cli_run(packed, path)
     assert result.exit_code == 2 and "model.options.pad_id" in result.output
     assert not (tmp_path / "s").exists()
+
+
+def test_label_smoothing_gives_a_language_model_one_loss_per_sample(lines):
+    """train.label_smoothing reduces a sequence as the plain loss does (it once returned per-token losses,
+    which a batch's sample weights could not multiply), and a run with it trains."""
+    from fedge.runner import _criterion
+
+    raw = lines_run(lines, {"name": "splitfed_v2"}, train={"label_smoothing": 0.1})
+    smoothed = _criterion(fedge.resolve_config(raw), None)
+    torch.manual_seed(2)
+    logits, y = torch.randn(3, 11, 6), torch.randint(0, 11, (3, 6))
+    y[1, 3:] = IGNORED_TARGET
+    per_sample = smoothed(logits, y)
+    assert per_sample.shape == (3,)
+    alone = F.cross_entropy(logits[1:2, :, :3], y[1:2, :3], label_smoothing=0.1)
+    assert float(per_sample[1]) == pytest.approx(float(alone), abs=1e-6)
+    _, metrics = trained(raw, rounds=2)
+    assert np.isfinite(metrics[-1]["train_loss"]) and metrics[-1]["train_loss"] != metrics[0]["train_loss"]
