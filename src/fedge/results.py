@@ -42,23 +42,16 @@ def _reason(error: OSError) -> str:
 def atomic_write(path: Path, write: Callable[[IO[bytes]], None]) -> None:
     """Write ``path`` through ``write(file)`` on a temporary file in the same folder, then rename it."""
     path = Path(path)
+    staging = contextlib.ExitStack()
     try:
-        fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+        handle = staging.enter_context(umask.staged_file(path, sync=True))
     except OSError as error:
         raise PathError(path.parent, f"cannot be written ({_reason(error)})") from None
     try:
-        umask.share_file(fd)
-        with os.fdopen(fd, "wb") as handle:
+        with staging:
             write(handle)
-            handle.flush()
-            os.fsync(handle.fileno())
-        os.replace(tmp, path)
     except OSError as error:
-        Path(tmp).unlink(missing_ok=True)
         raise PathError(path, f"cannot be written ({_reason(error)})") from None
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
 
 
 def write_text(path: Path, text: str) -> None:

@@ -6,8 +6,6 @@ silently; a download goes to a temporary file that is renamed into place.
 
 from __future__ import annotations
 
-import os
-import tempfile
 import urllib.request
 from collections.abc import Sequence
 from pathlib import Path
@@ -26,18 +24,16 @@ def download(urls: Sequence[str], dest: Path) -> Path:
     dest.parent.mkdir(parents=True, exist_ok=True)
     failures = []
     for url in urls:
-        fd, tmp = tempfile.mkstemp(dir=dest.parent, prefix=f".{dest.name}.", suffix=".part")
         try:
-            umask.share_file(fd)
-            with os.fdopen(fd, "wb") as out, urllib.request.urlopen(url, timeout=60) as response:
+            with (
+                umask.staged_file(dest, suffix=".part") as out,
+                urllib.request.urlopen(url, timeout=60) as response,
+            ):
                 while chunk := response.read(1 << 20):
                     out.write(chunk)
-            os.replace(tmp, dest)
             return dest
         except OSError as error:  # URLError and HTTPError are OSErrors
             failures.append(f"{url} ({getattr(error, 'reason', error)})")
-        finally:
-            Path(tmp).unlink(missing_ok=True)
     raise DataError(f"{dest}: download failed from {'; '.join(failures)}")
 
 

@@ -26,9 +26,7 @@ LEAF had written it. The reading:
 from __future__ import annotations
 
 import json
-import os
 import re
-import tempfile
 import zipfile
 from pathlib import Path
 
@@ -140,14 +138,8 @@ def read_edition(path: Path) -> str:
 def _write_json(value: dict, dest: Path) -> None:
     """``value`` as json at ``dest``, through a temporary file renamed into place."""
     dest.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=dest.parent, prefix=f".{dest.name}.", suffix=".part")
-    try:
-        umask.share_file(fd)
-        with os.fdopen(fd, "w") as out:
-            json.dump(value, out)
-        os.replace(tmp, dest)
-    finally:
-        Path(tmp).unlink(missing_ok=True)
+    with umask.staged_file(dest, mode="w", suffix=".part") as out:
+        json.dump(value, out)
 
 
 def convert(raw: Path, folder: Path) -> None:
@@ -163,18 +155,13 @@ def convert(raw: Path, folder: Path) -> None:
 def fetch_edition(folder: Path) -> Path:
     """Download the 1994 edition's zip into ``folder`` and extract its ``100.txt``; return that file."""
     archive = download(URLS, folder / Path(URLS[0]).name)
-    fd, tmp = tempfile.mkstemp(dir=folder, prefix=f".{RAW_NAME}.", suffix=".part")
     try:
-        umask.share_file(fd)
-        with zipfile.ZipFile(archive) as bundle, os.fdopen(fd, "wb") as out:
+        with zipfile.ZipFile(archive) as bundle, umask.staged_file(folder / RAW_NAME, suffix=".part") as out:
             member = next((n for n in bundle.namelist() if Path(n).name == RAW_NAME), None)
             if member is None:
                 raise DataError(f"{archive}: no {RAW_NAME} inside")
             out.write(bundle.read(member))
-        os.replace(tmp, folder / RAW_NAME)
     except (OSError, zipfile.BadZipFile) as error:
         raise DataError(f"{archive}: cannot extract {RAW_NAME} ({error})") from None
-    finally:
-        Path(tmp).unlink(missing_ok=True)
     archive.unlink()
     return folder / RAW_NAME
