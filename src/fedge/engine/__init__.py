@@ -23,6 +23,7 @@ from fedge.engine.step import (
     make_optimizer,
     make_step,
     parameters_of,
+    weighted_mean,
 )
 
 __all__ = [
@@ -48,5 +49,6 @@ __all__ = [
     "make_step",
     "parameters_of",
     "stack_copies",
+    "weighted_mean",
     "weighted_sum",
 ]

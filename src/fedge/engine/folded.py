@@ -31,7 +31,7 @@ import torch
 from torch import nn
 
 from fedge.engine.bind import call_at
-from fedge.engine.step import ClassificationLoss, Step, grad_leaves, leaf_gradients
+from fedge.engine.step import ClassificationLoss, Step, grad_leaves, leaf_gradients, weighted_mean
 from fedge.tensors import Tensors
 
 # token positions of one folded pass on a CPU. A pass over many clients' batches holds activations far
@@ -86,7 +86,7 @@ class FoldedKernel:
         with torch.enable_grad():
             logits = call_at(loss.model, leaves, (fold(x),))
             per_sample = unfold(loss.criterion(logits, fold(y)), x.shape[0])
-            losses = (per_sample * weight).sum(dim=1) / weight.sum(dim=1).clamp_min(1.0)
+            losses = weighted_mean(per_sample, weight, dim=1)
             grads = leaf_gradients(losses.sum(), leaves)
         self.step.optimizer.update_(params, grads, opt_state, lr)
         return losses.detach()

@@ -21,7 +21,14 @@ from torch.func import grad_and_value
 from fedge.engine.bind import call_at
 from fedge.engine.executors import ClientFn, Mapped, TwoForms
 from fedge.engine.folded import folded_forward, folds_clients
-from fedge.engine.step import Criterion, Optimizer, cross_entropy, grad_leaves, leaf_gradients
+from fedge.engine.step import (
+    Criterion,
+    Optimizer,
+    cross_entropy,
+    grad_leaves,
+    leaf_gradients,
+    weighted_mean,
+)
 from fedge.tensors import Tensors
 
 
@@ -35,7 +42,7 @@ def weighted_loss(
     logits: torch.Tensor, y: torch.Tensor, weight: torch.Tensor, criterion: Criterion = cross_entropy
 ) -> torch.Tensor:
     """Mean of ``criterion`` (cross-entropy by default) over the real rows (``weight`` 1) of a batch."""
-    return (criterion(logits, y) * weight).sum() / weight.sum().clamp_min(1.0)
+    return weighted_mean(criterion(logits, y), weight)
 
 
 def clip_global_norm(grads: Tensors, max_norm: float | None) -> Tensors:

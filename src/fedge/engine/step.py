@@ -70,6 +70,14 @@ def cross_entropy(logits: torch.Tensor, y: torch.Tensor, label_smoothing: float 
     return loss.flatten(1).sum(dim=1) / y.ne(IGNORED_TARGET).flatten(1).sum(dim=1).clamp_min(1)
 
 
+def weighted_mean(values: torch.Tensor, weight: torch.Tensor, dim: int | None = None) -> torch.Tensor:
+    """Mean of per-sample ``values`` over the real samples (``weight`` 1, padding 0), over ``dim`` or all
+    of them; an all-padding batch gives 0 rather than 0 / 0."""
+    if dim is None:
+        return (values * weight).sum() / weight.sum().clamp_min(1.0)
+    return (values * weight).sum(dim=dim) / weight.sum(dim=dim).clamp_min(1.0)
+
+
 @dataclass(frozen=True)
 class ClassificationLoss:
     """Weighted mean of ``criterion`` of ``model`` at explicit parameters: a :data:`LossFn`.
@@ -90,7 +98,7 @@ class ClassificationLoss:
         new_buffers = {name: b.clone() for name, b in buffers.items()}
         logits = call_at(self.model, {**params, **new_buffers}, (x,))
         per_sample = self.criterion(logits, y)
-        return (per_sample * weight).sum() / weight.sum().clamp_min(1.0), new_buffers
+        return weighted_mean(per_sample, weight), new_buffers
 
 
 def classification_loss(model: nn.Module, criterion: Criterion = cross_entropy) -> ClassificationLoss:

@@ -25,7 +25,7 @@ from fedge.algorithms.decentralized.common import PeerAlgorithm
 from fedge.algorithms.decentralized.config import PeerConfig
 from fedge.algorithms.decentralized.hosted import HostedConfig, PeerChoice
 from fedge.algorithms.decentralized.probes import ProbeBatches
-from fedge.engine import make_step
+from fedge.engine import make_step, weighted_mean
 from fedge.engine.mixing import masked_mix
 from fedge.errors import ConfigError
 from fedge.metrics import Evaluation, RoundReport
@@ -119,7 +119,7 @@ class DisPFL(PeerAlgorithm):
         masks = {k: v for k, v in buffers.items() if k.startswith(MASK)}
         effective = {k: p * masks[MASK + k] if MASK + k in masks else p for k, p in params.items()}
         logits = functional_call(self.model, {**effective, **state}, (x,))
-        loss = (F.cross_entropy(logits, y, reduction="none") * w).sum() / w.sum().clamp_min(1.0)
+        loss = weighted_mean(F.cross_entropy(logits, y, reduction="none"), w)
         return loss, {**state, **masks}
 
     def _dense_grads(self, params: Tensors, buffers: Tensors, batches: ProbeBatches, rows: slice) -> Tensors:
@@ -130,7 +130,7 @@ class DisPFL(PeerAlgorithm):
             def loss(q: Tensors) -> torch.Tensor:
                 logits = functional_call(self.model, {**p, **q, **b}, (self.ctx.data.x_train[ix],))
                 per = F.cross_entropy(logits, self.ctx.data.y_train[ix], reduction="none")
-                return (per * w).sum() / w.sum().clamp_min(1.0)
+                return weighted_mean(per, w)
 
             return grad(loss)({k: p[k] for k in self.masks})
 

@@ -21,7 +21,7 @@ from fedge.algorithms.decentralized.config import PeerConfig
 from fedge.algorithms.decentralized.hosted import HostedConfig, PeerChoice
 from fedge.comm import nodes
 from fedge.config import keys
-from fedge.engine import ClientBank, make_step
+from fedge.engine import ClientBank, make_step, weighted_mean
 from fedge.metrics import Evaluation, RoundReport
 from fedge.tensors import Tensors, rows
 
@@ -68,7 +68,7 @@ class Ditto(PeerAlgorithm):
         """Weighted cross-entropy plus ``lam/2 ||params - anchor||^2`` (anchors ride in the buffers)."""
         state = {k: v.clone() for k, v in buffers.items() if not k.startswith(ANCHOR)}
         logits = functional_call(self.model, {**params, **state}, (x,))
-        ce = (F.cross_entropy(logits, y, reduction="none") * w).sum() / w.sum().clamp_min(1.0)
+        ce = weighted_mean(F.cross_entropy(logits, y, reduction="none"), w)
         prox = sum(((params[k] - buffers[ANCHOR + k]) ** 2).sum() for k in params)
         return ce + 0.5 * self.cfg.lam * prox, {
             **state,

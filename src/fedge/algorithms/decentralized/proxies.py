@@ -22,6 +22,7 @@ from fedge.algorithms.decentralized.probes import CHUNK_FLOATS, ProbeBatches, ga
 from fedge.algorithms.decentralized.proxy_layers import LinearProxy, linear_proxy
 from fedge.algorithms.decentralized.scores import clip_rows, cosine
 from fedge.data.federated import FederatedData
+from fedge.engine import weighted_mean
 from fedge.errors import ConfigError
 from fedge.models import SplitModel, output_shape, split
 from fedge.tensors import Tensors
@@ -62,7 +63,7 @@ class Prober:
 
     def _loss(self, params: Tensors, buffers: Tensors, x: torch.Tensor, y: torch.Tensor, w: torch.Tensor):
         logits = functional_call(self.model, {**params, **buffers}, (x,))
-        return (F.cross_entropy(logits, y, reduction="none") * w).sum() / w.sum().clamp_min(1.0)
+        return weighted_mean(F.cross_entropy(logits, y, reduction="none"), w)
 
     def _features(self, params: Tensors, buffers: Tensors, x: torch.Tensor) -> torch.Tensor:
         state = {k: v for k, v in {**params, **buffers}.items() if k in self.featurizer_keys}
@@ -273,4 +274,3 @@ class Prober:
         else:
             per_requester = n * (self.dim * (2 + (batch if clip is not None else 0)))
         return max(1, CHUNK_FLOATS // max(per_requester, 1))
-
