@@ -14,6 +14,8 @@ SplitFed the loop cuts the forward pass at the block, passes the hidden states' 
 serves the clients' batches to the one server model step by step in client order, as fedge does).
 Reported: median round seconds, ``speedup_vs_loop``, the round's executed FLOPs (counted on a real
 training step by ``torch.utils.flop_counter``) per second against the measured matmul peak, and memory.
+The peak is read before every timed repeat (a shared machine's speed drifts over the minutes a
+measurement takes) and the fractions use the median of those readings.
 
 Memory is measured in a fresh process per way (a process's resident peak only grows, and the three
 ways share one here): the memory one round adds to what its built run holds (RSS sampled every
@@ -253,7 +255,10 @@ def measure(
     rounds = {"batched": batched.algorithm.run_round, "sequential": sequential.algorithm.run_round,
               "loop": loop.round}  # fmt: skip
     agreement = None
+    peaks = []
     for r in range(repeats + 1):  # the first repeat warms up
+        if r:
+            peaks.append(matmul_peak(dev)["gflops"])
         for name, run in rounds.items():
             seconds = timed(lambda run=run, r=r: run(r + 1), dev)
             if r:
@@ -265,8 +270,13 @@ def measure(
     flops = executed_flops(batched) * samples
     base, adapters = adapter_bytes(batched)
     times = {k: median(v) for k, v in columns.items()}
+    peak = median(peaks)
     return {
         "round_s": times,
+        "matmul_peak_gflops": peak,
+        "matmul_peak_readings": peaks,
+        "batched_fraction_of_peak": flops / times["batched"] / 1e9 / peak,
+        "loop_fraction_of_peak": flops / times["loop"] / 1e9 / peak,
         "speedup_vs_loop": times["loop"] / times["batched"],
         "loop_vs_fedge_max_diff_round1": agreement,
         "speedup_vs_sequential": times["sequential"] / times["batched"],
@@ -369,14 +379,12 @@ def main() -> None:
         "shape": shape,
         "machine": machine(device),
         "torch_threads": torch.get_num_threads(),
-        "matmul_peak_gflops": matmul_peak(device)["gflops"],
+        "matmul_peak_gflops_at_start": matmul_peak(device)["gflops"],
         "activation_budget_mb": None if budget is None else budget / 2**20,
         "algorithms": {
             a: measure(shape, a, args.device, args.repeats, budget) for a in args.algorithms.split(",")
         },
     }
-    for figures in result["algorithms"].values():
-        figures["batched_fraction_of_peak"] = figures["batched_gflops"] / result["matmul_peak_gflops"]
     args.out.write_text(json.dumps(result, indent=1))
     print(json.dumps(result, indent=1))
 

@@ -116,11 +116,14 @@ def test_errors_name_their_key(tmp_path):
 
 
 def test_a_saved_checkpoint_loads_as_pretrained(tmp_path):
-    """The pretrained path (here a local folder; a hub name downloads only with download: true)."""
+    """The pretrained path (here a local folder; a hub name downloads only with download: true). GPT-2's
+    ``gelu_new`` runs as the one fused kernel of the same formula."""
     torch.manual_seed(1)
     config = transformers.GPT2Config(vocab_size=64, n_positions=16, n_embd=32, n_layer=2, n_head=2)
+    assert config.activation_function == "gelu_new"
     transformers.GPT2LMHeadModel(config).save_pretrained(tmp_path)
     model = tiny("gpt2", pretrained=str(tmp_path))
+    assert {type(m).__name__ for m in model.modules()} >= {"GELUTanh"}
     saved = transformers.GPT2LMHeadModel.from_pretrained(tmp_path).eval()
     x = torch.randint(0, 64, (2, 16))
     torch.testing.assert_close(model(x), saved(x).logits.transpose(1, 2), rtol=1e-5, atol=1e-5)

@@ -12,13 +12,18 @@ Why fedge writes this layer instead of wrapping the model with ``peft``: ``peft`
 adapters per module as ``nn.Parameter`` s next to a base weight that is itself a (frozen) parameter, so the
 functional view of the model would carry the base with every client, and it trains one adapter set at a
 time. fedge's batched executor needs the opposite: the adapters as explicit stacked tensors
-``[clients, r, in]`` and the base shared. Under ``torch.func.vmap`` over the client dimension this layer
-is the stacked-adapter kernel: the frozen projection ``x W^T`` (``W`` not batched) runs as one matrix
-product over every client's tokens, and the low-rank term as two batched products ``bmm(bmm(x, A^T),
-B^T)``, one per client row, added to it. The sequential executor calls the same layer on one client's
-``[r, in]`` adapters, so both run the same formula. ``peft`` stays the way a researcher writes the
-per-client loop (``benchmarks/llm.py`` uses it as that baseline); its module naming (``lora_A``,
-``lora_B``, ``r``, ``lora_alpha``, ``target_modules``) is kept here.
+``[clients, r, in]`` and the base shared. With the clients' batches folded into one (:meth:`_folded`)
+this layer is the stacked-adapter kernel: the frozen projection ``x W^T`` (``W`` not batched) runs as
+one matrix product over every client's tokens, and the low-rank term as two batched products, one per
+client: ``(alpha / r) * bmm(x, A^T)`` (the scaling on the rank-``r`` intermediate, a pass over ``r``
+columns instead of ``out``; the same numbers as scaling the update when ``alpha / r`` is a power of two,
+as the default 16 / 8 is, and a rounding apart otherwise), whose product with ``B^T`` is accumulated
+into the projection's output in place (``baddbmm_``: no separate pass to scale or add the update,
+forward or backward). Under
+``torch.func.vmap`` over stacked adapters, and in the sequential executor on one client's ``[r, in]``
+adapters, the layer computes the same sum, the update added to the projection with ``add_``. ``peft``
+stays the way a researcher writes the per-client loop (``benchmarks/llm.py`` uses it as that baseline);
+its module naming (``lora_A``, ``lora_B``, ``r``, ``lora_alpha``, ``target_modules``) is kept here.
 """
 
 from __future__ import annotations
@@ -64,26 +69,27 @@ class LoRALinear(nn.Module):
         self.dropout = nn.Dropout(dropout) if dropout > 0 else nn.Identity()
 
     def base(self, x: torch.Tensor) -> torch.Tensor:
-        """The frozen projection alone."""
+        """The frozen projection alone (a new tensor: the adapters' update is added to it in place)."""
         if self.transposed:
             out = x @ self.weight
-            return out if self.bias is None else out + self.bias
+            return out if self.bias is None else out.add_(self.bias)
         return F.linear(x, self.weight, self.bias)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if self.lora_A.dim() == 3:
             return self._folded(x)
-        update = (self.dropout(x) @ self.lora_A.transpose(0, 1)) @ self.lora_B.transpose(0, 1)
-        return self.base(x) + update * self.scaling
+        low = (self.dropout(x) @ self.lora_A.transpose(0, 1)) * self.scaling
+        return self.base(x).add_(low @ self.lora_B.transpose(0, 1))  # add_: vmap has no addmm_ rule
 
     def _folded(self, x: torch.Tensor) -> torch.Tensor:
         """Several clients' batches folded into one: ``x`` holds ``clients`` equal runs of rows (client
         after client), the adapters are stacked ``[clients, r, in]`` and ``[clients, out, r]``. The
-        frozen projection runs once over every row; the update is one batched product per client."""
-        clients = self.lora_A.shape[0]
-        rows = self.dropout(x).reshape(clients, -1, self.in_features)
-        update = torch.bmm(torch.bmm(rows, self.lora_A.transpose(1, 2)), self.lora_B.transpose(1, 2))
-        return self.base(x) + update.reshape(*x.shape[:-1], self.out_features) * self.scaling
+        frozen projection runs once over every row; the update is one batched product per client, added
+        into the projection's output by the product itself."""
+        rows = x.reshape(self.lora_A.shape[0], -1, self.in_features)
+        low = torch.bmm(self.dropout(rows), self.lora_A.transpose(1, 2)) * self.scaling
+        out = self.base(rows).baddbmm_(low, self.lora_B.transpose(1, 2))
+        return out.reshape(*x.shape[:-1], self.out_features)
 
     def extra_repr(self) -> str:
         return f"in={self.in_features}, out={self.out_features}, r={self.rank}, scaling={self.scaling:g}"
