@@ -270,20 +270,21 @@ def measure(
     flops = executed_flops(batched) * samples
     base, adapters = adapter_bytes(batched)
     times = {k: median(v) for k, v in columns.items()}
+    gflops = {way: flops / times[way] / 1e9 for way in ("batched", "loop")}
     peak = median(peaks)
     return {
         "round_s": times,
         "matmul_peak_gflops": peak,
         "matmul_peak_readings": peaks,
-        "batched_fraction_of_peak": flops / times["batched"] / 1e9 / peak,
-        "loop_fraction_of_peak": flops / times["loop"] / 1e9 / peak,
+        "batched_fraction_of_peak": gflops["batched"] / peak,
+        "loop_fraction_of_peak": gflops["loop"] / peak,
         "speedup_vs_loop": times["loop"] / times["batched"],
         "loop_vs_fedge_max_diff_round1": agreement,
         "speedup_vs_sequential": times["sequential"] / times["batched"],
         "sequences_per_round": samples,
         "executed_tflop_per_round": flops / 1e12,
-        "batched_gflops": flops / times["batched"] / 1e9,
-        "loop_gflops": flops / times["loop"] / 1e9,
+        "batched_gflops": gflops["batched"],
+        "loop_gflops": gflops["loop"],
         "base_mb": base / 2**20,
         "adapters_mb_per_client": adapters / 2**20,
         "base_plus_clients_mb": (base + shape["clients"] * adapters) / 2**20,

@@ -19,11 +19,11 @@ client: ``(alpha / r) * bmm(x, A^T)`` (the scaling on the rank-``r`` intermediat
 columns instead of ``out``; the same numbers as scaling the update when ``alpha / r`` is a power of two,
 as the default 16 / 8 is, and a rounding apart otherwise), whose product with ``B^T`` is accumulated
 into the projection's output in place (``baddbmm_``: no separate pass to scale or add the update,
-forward or backward). Under
-``torch.func.vmap`` over stacked adapters, and in the sequential executor on one client's ``[r, in]``
-adapters, the layer computes the same sum, the update added to the projection with ``add_``. ``peft``
-stays the way a researcher writes the per-client loop (``benchmarks/llm.py`` uses it as that baseline);
-its module naming (``lora_A``, ``lora_B``, ``r``, ``lora_alpha``, ``target_modules``) is kept here.
+forward or backward). Under ``torch.func.vmap`` over stacked adapters, and in the sequential executor on
+one client's ``[r, in]`` adapters, the layer computes the same sum, the update added to the projection
+with ``add_``. ``peft`` stays the way a researcher writes the per-client loop (``benchmarks/llm.py`` uses
+it as that baseline); its module naming (``lora_A``, ``lora_B``, ``r``, ``lora_alpha``,
+``target_modules``) is kept here.
 """
 
 from __future__ import annotations
