@@ -3,8 +3,11 @@
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 import pytest
+import yaml
+from cases import tiny
 from typer.testing import CliRunner
 
 import fedge
@@ -42,3 +45,41 @@ def test_compare_cli_rejects_unknown_algorithm_without_a_directory(tmp_path):
     result = CliRunner().invoke(app, args)
     assert result.exit_code == 2 and "nope" in result.output
     assert not (tmp_path / "r").exists()
+
+
+def _split_compare_args(tmp_path, *overrides: str) -> list[str]:
+    config = tiny("splitfed_v2", tmp_path / "runs", rounds=1)
+    path = tmp_path / "split.yaml"
+    path.write_text(yaml.safe_dump(config))
+    return ["compare", str(path), *overrides, "-a", "splitfed_v2,cse_fsl", "-q", "--json"]
+
+
+def test_an_algorithm_override_goes_only_to_the_algorithms_that_have_the_key(tmp_path):
+    result = CliRunner().invoke(app, _split_compare_args(tmp_path, "algorithm.h=2", "rounds=2"))
+    assert result.exit_code == 0, result.output
+    out_dir = Path(json.loads(result.output)["out_dir"])
+    configs = {
+        name: yaml.safe_load((out_dir / f"{name}-s0" / "config.yaml").read_text())
+        for name in ("splitfed_v2", "cse_fsl")
+    }
+    assert configs["cse_fsl"]["algorithm"]["upload_every"] == 2  # h is its short name
+    assert "upload_every" not in configs["splitfed_v2"]["algorithm"]
+    assert configs["splitfed_v2"]["rounds"] == configs["cse_fsl"]["rounds"] == 2
+    saved = json.loads((out_dir / "comparison.json").read_text())
+    assert saved["dropped_keys"] == {"splitfed_v2": ["h"]}
+
+
+@pytest.mark.parametrize(
+    ("override", "named"),
+    [("algorithm.hh=2", "algorithm.hh"), ("algorithm.name=fedavg", "algorithm.name"), ("algorithm.h=0", "h")],
+)
+def test_a_bad_algorithm_override_is_refused_before_any_directory(tmp_path, override, named):
+    result = CliRunner().invoke(app, _split_compare_args(tmp_path, override))
+    assert result.exit_code == 2 and named in result.output
+    assert not (tmp_path / "runs").exists()
+
+
+def test_retarget_applies_an_override_the_algorithm_knows(tiny_config):
+    config = fedge.resolve_config(tiny_config)
+    target, dropped = retarget(config, "fedavg", ["algorithm.fraction=0.4", "algorithm.h=3"])
+    assert target.algorithm.fraction == 0.4 and dropped == ["h"]

@@ -316,7 +316,11 @@ def compare(
         ),
     ] = None,
     overrides: Annotated[
-        list[str] | None, typer.Argument(help="dotted overrides (e.g. rounds=50), or more runs")
+        list[str] | None,
+        typer.Argument(
+            help="dotted overrides (e.g. rounds=50; algorithm.KEY=V goes to the algorithms that have KEY), "
+            "or more runs"
+        ),
     ] = None,
     algorithms: Annotated[str, typer.Option("--algorithms", "-a", help="comma-separated names")] = "fedavg",
     seeds: Annotated[str, typer.Option("--seeds", "-s", help="a count (3) or a list (1,2,3)")] = "1",
@@ -327,7 +331,7 @@ def compare(
     as_json: AsJson = False,
 ) -> None:
     """Run several algorithms on one config over seeds (or read finished runs) and print a table."""
-    from fedge.precheck import precheck
+    from fedge.precheck import check_algorithm_overrides, precheck, split_algorithm_overrides
     from fedge.rundirs import find_run_dirs, names_runs
 
     config, overrides = _split_config_argument(config, overrides)
@@ -338,10 +342,12 @@ def compare(
 
             outcome = compare_runs(find_run_dirs(paths), target)
         else:
-            precheck(config, overrides)  # a bad config answers before torch loads
+            names = [name.strip() for name in algorithms.split(",") if name.strip()]
+            per_algorithm, shared = split_algorithm_overrides(overrides)
+            precheck(config, shared)  # a bad config answers before torch loads
+            check_algorithm_overrides(per_algorithm, names)
             from fedge.compare import compare as run_comparison
 
-            names = [name.strip() for name in algorithms.split(",") if name.strip()]
             seed_list = _seed_list(seeds) or [0]
             count = seed_list[0] if len(seed_list) == 1 else None
 
@@ -350,12 +356,13 @@ def compare(
                     console.print(f"[bold]{name}[/] seed {runner.config.seed} -> {runner.run_dir}")
 
             outcome = run_comparison(
-                fedge.resolve_config(config, overrides),
+                fedge.resolve_config(config, shared),
                 names,
                 count if count is not None else len(seed_list),
                 on_run=announce,
                 target=target,
                 seed_list=None if count is not None else seed_list,
+                algorithm_overrides=per_algorithm,
             )
     if as_json:
         typer.echo(json.dumps({"out_dir": str(outcome.out_dir), "rows": outcome.rows}, indent=1))

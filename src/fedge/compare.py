@@ -2,7 +2,9 @@
 
 Each algorithm gets the base config with its ``algorithm`` block re-targeted: of the keys the user set,
 those its own config class knows are kept and the rest dropped (and reported); every other key takes
-that algorithm's own default, and ``name`` is set. Seeds are
+that algorithm's own default, and ``name`` is set. ``algorithm.KEY=VALUE`` overrides given for the
+comparison follow the same rule, so ``-a splitfed_v2,cse_fsl algorithm.h=2`` sets CSE-FSL's ``h`` and
+leaves SplitFed v2 alone; a key none of the compared algorithms knows is refused as a typo. Seeds are
 ``seed, seed + 1, ...``. Results land in ``output.dir/compare-<name>/<algorithm>-s<seed>/`` next to
 ``comparison.json`` and plots of the seed-averaged curves.
 """
@@ -16,11 +18,12 @@ from pathlib import Path
 from typing import Any
 
 from fedge import results, stop
-from fedge.config import AlgorithmConfig, RunConfig, config_keys
+from fedge.config import AlgorithmConfig, RunConfig, apply_override, config_keys
 from fedge.errors import ConfigError, FedgeError
 from fedge.extend import load_config, parse_config
 from fedge.labels import run_labels
 from fedge.plots import plot_runs
+from fedge.precheck import check_algorithm_overrides
 from fedge.records import MIB, evaluated
 from fedge.runner import BREAKDOWN, Result, start_run
 
@@ -35,13 +38,22 @@ class Comparison:
     dropped: dict[str, list[str]]
 
 
-def retarget(config: RunConfig, name: str) -> tuple[RunConfig, list[str]]:
-    """``config`` with its algorithm block moved to algorithm ``name``; also the keys that did not fit."""
+def _algorithm_keys(name: str) -> list[str]:
+    """The keys algorithm ``name``'s block accepts; an unknown name is refused."""
     known = AlgorithmConfig.registry
     if name not in known:
         raise ConfigError("--algorithms", f"unknown algorithm {name!r}; known: {', '.join(sorted(known))}")
-    fields = config_keys(known[name])
-    block = config.algorithm.model_dump(mode="json", exclude={"name"}, exclude_unset=True)
+    return config_keys(known[name])
+
+
+def retarget(config: RunConfig, name: str, overrides: list[str] | None = None) -> tuple[RunConfig, list[str]]:
+    """``config`` with its algorithm block moved to algorithm ``name`` and the ``algorithm.*`` overrides
+    applied; also the keys that did not fit ``name`` (dropped)."""
+    fields = _algorithm_keys(name)
+    holder = {"algorithm": config.algorithm.model_dump(mode="json", exclude={"name"}, exclude_unset=True)}
+    for assignment in overrides or []:
+        apply_override(holder, assignment)
+    block = holder["algorithm"]
     kept = {k: v for k, v in block.items() if k in fields}
     raw = config.model_dump(mode="json")
     raw["algorithm"] = {**kept, "name": name}
@@ -133,18 +145,23 @@ def compare(
     on_run=None,
     target: float | None = None,
     seed_list: list[int] | None = None,
+    algorithm_overrides: list[str] | None = None,
 ) -> Comparison:
     """Run every algorithm of ``algorithms`` on ``config`` for ``seeds`` seeds and tabulate them.
 
     Seeds are ``config.seed + 0 .. seeds - 1``, or exactly ``seed_list``; with ``target`` the rows also
     give the mean rounds, MB and simulated seconds to the first evaluated round at that accuracy.
+    ``algorithm_overrides``: ``algorithm.KEY=VALUE`` strings, each applied to the algorithms that have
+    ``KEY`` (module docstring).
     """
     seed_values = seed_list if seed_list is not None else [config.seed + offset for offset in range(seeds)]
     if not seed_values:
         raise ConfigError("--seeds", "must be at least 1")
     if not algorithms:
         raise ConfigError("--algorithms", "name at least one algorithm")
-    targets = {name: retarget(config, name) for name in algorithms}  # validate all before running any
+    check_algorithm_overrides(algorithm_overrides or [], algorithms)
+    # validate all before running any
+    targets = {name: retarget(config, name, algorithm_overrides) for name in algorithms}
     base_name = config.output.name or f"{config.data.name}"
     out_dir = results.create_run_dir(config.output.dir, f"compare-{base_name}", config.to_yaml())
     runs: dict[str, list[Result]] = {}

@@ -3,7 +3,8 @@
 Every block is validated as a run validates it. The algorithm's name is checked against fedge's
 algorithms (the shipped catalog) and the installed plugins' (their entry points' names, read without
 importing them); a built-in algorithm's keys, types, bounds and choices against its block rebuilt from
-the shipped schema (:mod:`fedge.schema_blocks`). A plugin algorithm's keys, the few rules a schema cannot
+the shipped schema (:mod:`fedge.schema_blocks`); a comparison's ``algorithm.*`` overrides against the keys
+of the algorithms compared. A plugin algorithm's keys, the few rules a schema cannot
 state, and what needs the data or the model are checked when the run is built, after the algorithms load.
 """
 
@@ -14,6 +15,7 @@ from typing import Any
 
 from fedge import catalog, plugins
 from fedge.config import AlgorithmConfig, RunConfig, config_keys, parse_config
+from fedge.errors import ConfigError
 from fedge.locate import raw_config
 from fedge.schema_blocks import algorithm_blocks
 
@@ -52,3 +54,37 @@ def algorithm_keys(name: str, names: dict[str, Any] | None = None) -> list[str] 
     load_entry_points()
     block = AlgorithmConfig.registry.get(name)
     return None if block is None else config_keys(block)
+
+
+ALGORITHM_PREFIX = "algorithm."
+
+
+def split_algorithm_overrides(overrides: list[str]) -> tuple[list[str], list[str]]:
+    """``overrides`` parted into the ``algorithm.*`` ones and the rest (a comparison applies the first
+    per algorithm, the rest to the shared config)."""
+    algorithm = [o for o in overrides if o.split("=", 1)[0].strip().startswith(ALGORITHM_PREFIX)]
+    return algorithm, [o for o in overrides if o not in algorithm]
+
+
+def check_algorithm_overrides(
+    overrides: list[str], algorithms: list[str], names: dict[str, Any] | None = None
+) -> None:
+    """Refuse an unknown algorithm of ``algorithms``, an ``algorithm.*`` override none of them accepts
+    (a typo), and one that sets the name (``algorithms`` names them)."""
+    names = names or known_names()
+    keys_of: dict[str, list[str]] = {}
+    for name in algorithms:
+        keys = algorithm_keys(name, names)
+        if keys is None:
+            known = ", ".join(sorted(names["algorithms"]))
+            raise ConfigError("--algorithms", f"unknown algorithm {name!r}; known: {known}")
+        keys_of[name] = keys
+    for assignment in overrides:
+        dotted = assignment.split("=", 1)[0].strip()
+        if not dotted.startswith(ALGORITHM_PREFIX):
+            raise ConfigError(dotted, "is not an algorithm key (algorithm.KEY=VALUE)")
+        key = dotted.removeprefix(ALGORITHM_PREFIX).split(".")[0]
+        if key == "name":
+            raise ConfigError(dotted, "the compared algorithms come from --algorithms; drop this override")
+        if not any(key in keys for keys in keys_of.values()):
+            raise ConfigError(dotted, f"none of the compared algorithms ({', '.join(keys_of)}) has this key")
