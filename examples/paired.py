@@ -10,8 +10,11 @@ noise`` where it holds zero), and AFIND+'s mean coreset size::
     python examples/paired.py runs/afind-closest --reference afind --metric final_accuracy --json out.json
     python examples/paired.py runs/afind-factors-s7 runs/afind-factors-s8   # one sweep per seed list
     python examples/paired.py runs/afind-tau --reference afind-tau-0.1   # cells named <algorithm>-<variant>
+    python examples/paired.py docs/results/afind-closest-s7.csv runs/afind-closest-s10   # a kept results.csv
 
-Only finished runs count, so it can be read while a sweep is still running.
+A ``.csv`` argument is a sweep's ``results.csv`` (its run directories need not exist; it has no neighbour
+trace, so AFIND+'s coreset size averages the runs that have one). Only finished runs count, so it can be
+read while a sweep is still running.
 """
 
 from __future__ import annotations
@@ -31,9 +34,19 @@ from fedge.records import evaluated
 from fedge.sweep import paired_verdict
 
 
+def _group(label: str, name: str) -> tuple[str, str]:
+    """A run's group (its cell label without the algorithm) and algorithm; a cell named after its
+    algorithm and a variant ("afind-tau-0.1") is that variant."""
+    parts = [p.strip() for p in label.split(",")]
+    variant = next((p for p in parts if p.startswith(f"{name}-")), name)
+    return ", ".join(p for p in parts if p not in (name, f"name={name}", variant)) or "all", variant
+
+
 def finished_runs(sweep: Path) -> list[dict[str, Any]]:
-    """Every finished run of ``sweep``: its group (the cell label without the algorithm), algorithm,
-    seed, summary figures and mean selected neighbours (AFIND+'s ``selected_mean``)."""
+    """Every finished run of ``sweep`` (a sweep directory, or its ``results.csv``): its group, algorithm,
+    seed, summary figures and mean selected neighbours (AFIND+'s ``selected_mean``, None from a csv)."""
+    if sweep.suffix == ".csv":
+        return kept_runs(sweep)
     out = []
     with (sweep / "index.csv").open() as handle:
         for entry in csv.DictReader(handle):
@@ -44,10 +57,7 @@ def finished_runs(sweep: Path) -> list[dict[str, Any]]:
             if summary.get("status") != "finished":
                 continue
             name = yaml.safe_load((run / results.CONFIG).read_text())["algorithm"]["name"]
-            parts = [p.strip() for p in entry["label"].split(",")]
-            # a cell named after its algorithm and a variant ("afind-tau-0.1") is that variant
-            variant = next((p for p in parts if p.startswith(f"{name}-")), name)
-            group = ", ".join(p for p in parts if p not in (name, f"name={name}", variant)) or "all"
+            group, variant = _group(entry["label"], name)
             every = results.read_jsonl(run / results.METRICS)
             rows = evaluated(every)
             selected = [r["selected_mean"] for r in every if "selected_mean" in r]
@@ -62,6 +72,28 @@ def finished_runs(sweep: Path) -> list[dict[str, Any]]:
                     "selected": statistics.fmean(selected) if selected else None,
                 }
             )
+    return out
+
+
+def kept_runs(table: Path) -> list[dict[str, Any]]:
+    """The runs of a sweep's ``results.csv`` (one row per finished run), as :func:`finished_runs` gives
+    them."""
+    with table.open() as handle:
+        rows = list(csv.DictReader(handle))
+    out = []
+    for row in rows:
+        group, variant = _group(row["label"], row["algorithm.name"])
+        out.append(
+            {
+                "group": group,
+                "algorithm": variant,
+                "seed": int(row["seed"]),
+                "best_accuracy": float(row["best_accuracy"]),
+                "final_accuracy": float(row["final_accuracy"]),
+                "rounds": int(row["rounds"]),
+                "selected": None,
+            }
+        )
     return out
 
 

@@ -80,6 +80,29 @@ def test_paired_differences_are_per_seed_within_a_group(tmp_path):
     assert "s7: +10.00" in paired.markdown(result, "afind")
 
 
+def test_a_kept_results_csv_pairs_like_its_sweep_and_mixes_with_a_live_sweep(tmp_path):
+    kept = EXAMPLES.parent / "docs" / "results" / "afind-closest-s7.csv"
+    paired = _paired()
+    runs = paired.finished_runs(kept)
+    with kept.open() as handle:
+        rows = {(r["label"], int(r["seed"])): float(r["best_accuracy"]) for r in csv.DictReader(handle)}
+    assert len(runs) == len(rows) == 12
+    gossip = next(r for r in runs if r["group"] == "dir-0.1" and r["algorithm"] == "gossip")
+    assert gossip["best_accuracy"] == rows[("dir-0.1, gossip", 7)] and gossip["selected"] is None
+    _fake_run(tmp_path, "dir-0.1-afind-s10", "afind", [0.5, 0.9], selected=2.5)
+    _fake_run(tmp_path, "dir-0.1-gossip-s10", "gossip", [0.85])
+    _write_index(
+        tmp_path,
+        [{"label": f"dir-0.1, {a}", "seed": 10, "run": f"runs/dir-0.1-{a}-s10"} for a in ("afind", "gossip")],
+    )
+    result = paired.paired(runs + paired.finished_runs(tmp_path), "afind", "best_accuracy")
+    afind_s7 = rows[("dir-0.1, afind", 7)]
+    assert result["dir-0.1"]["differences"]["gossip"] == pytest.approx(
+        {7: afind_s7 - gossip["best_accuracy"], 10: 0.05}
+    )
+    assert result["dir-0.1"]["afind_selected"] == pytest.approx(2.5)  # only the live run has a trace
+
+
 def test_a_paired_difference_is_called_within_noise_only_when_its_interval_holds_zero():
     verdict = _paired().verdict
     assert verdict([0.01, -0.01, 0.005]).endswith("within noise")
