@@ -62,8 +62,13 @@ ALGORITHM_PREFIX = "algorithm."
 def split_algorithm_overrides(overrides: list[str]) -> tuple[list[str], list[str]]:
     """``overrides`` parted into the ``algorithm.*`` ones and the rest (a comparison applies the first
     per algorithm, the rest to the shared config)."""
-    algorithm = [o for o in overrides if o.split("=", 1)[0].strip().startswith(ALGORITHM_PREFIX)]
+    algorithm = [o for o in overrides if _dotted_key(o).startswith(ALGORITHM_PREFIX)]
     return algorithm, [o for o in overrides if o not in algorithm]
+
+
+def _dotted_key(assignment: str) -> str:
+    """The ``a.b.c`` of a ``a.b.c=value`` override."""
+    return assignment.split("=", 1)[0].strip()
 
 
 def check_algorithm_overrides(
@@ -80,7 +85,7 @@ def check_algorithm_overrides(
             raise ConfigError("--algorithms", f"unknown algorithm {name!r}; known: {known}")
         keys_of[name] = keys
     for assignment in overrides:
-        dotted = assignment.split("=", 1)[0].strip()
+        dotted = _dotted_key(assignment)
         if not dotted.startswith(ALGORITHM_PREFIX):
             raise ConfigError(dotted, "is not an algorithm key (algorithm.KEY=VALUE)")
         key = dotted.removeprefix(ALGORITHM_PREFIX).split(".")[0]
