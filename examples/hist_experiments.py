@@ -138,12 +138,39 @@ def mb_to_target(out: Path, target: float) -> float | None:
     return row["client_up_mb"] if row is not None else None
 
 
+def best_within(rows: list[dict[str, Any]], budget: float) -> float:
+    """The best accuracy among the evaluated rounds whose MB per client is within ``budget``."""
+    return max((r["accuracy"] for r in rows if r["client_up_mb"] <= budget + 1e-9), default=float("nan"))
+
+
+def equal_traffic(run_dir: Path, cells: int, seeds: list[int]) -> tuple[list[float], list[float]]:
+    """Per seed, the traffic at which the first of HIST and HFedAvg stopped (its target reached or its
+    rounds spent) and the accuracy points HIST leads by within it: the comparison a row needs when a
+    target is not reached by both (Table I reports traffic to a target; this is the same trade read at a
+    fixed traffic instead)."""
+    budgets, leads = [], []
+    for seed in seeds:
+        runs = [
+            run_dir / f"s{seed}" / f"table1-{name}-n{cells}" / results.METRICS for name in ("hist", "hfedavg")
+        ]
+        if not all(path.is_file() for path in runs):
+            continue
+        hist, avg = (evaluated(results.read_jsonl(path)) for path in runs)
+        budget = min(hist[-1]["client_up_mb"], avg[-1]["client_up_mb"])
+        lead = 100 * (best_within(hist, budget) - best_within(avg, budget))
+        if not math.isnan(lead):  # nan: one run's first round already cost more than the budget
+            budgets.append(budget)
+            leads.append(lead)
+    return budgets, leads
+
+
 def summary(args: argparse.Namespace) -> str:
     """Table I over seeds and splits from finished ``table1`` runs in ``OUT/<split>/s<seed>/``: per row the
     MB per client to the target (mean over the seeds that reached it), HIST / HFedAvg paired by seed (the
     geometric mean ratio and the 95 % t interval of the mean log ratio), and the paper's orderings as
     paired differences with their 95 % t intervals (same seed: same data split, cells and initial
-    model)."""
+    model); last, per split and N, HIST's accuracy lead at equal traffic (:func:`equal_traffic`), which
+    still compares the two where a target is out of reach."""
     splits = [d.name for d in sorted(args.out.iterdir()) if d.is_dir() and any(d.glob("s*/table1-*"))]
     mb = {
         (split, name, cells, target, seed): mb_to_target(
@@ -205,6 +232,19 @@ def summary(args: argparse.Namespace) -> str:
                 lines.append(
                     f"| {100 * target:.0f}% N={cells}: hist cell_iid - fully_noniid | {paired(iid, noniid)} |"
                 )
+    lines += [
+        "",
+        "| split | N | MB per client (the first of the two to stop; per seed) "
+        "| HIST - HFedAvg, best accuracy within it (points; per seed) |",
+        "|---|---|---|---|",
+    ]
+    for split in splits:
+        for cells in args.cells:
+            budgets, leads = equal_traffic(args.out / split, cells, args.seeds)
+            if leads:
+                shown = " / ".join(f"{b:.1f}" for b in budgets)
+                each = " / ".join(f"{lead:+.2f}" for lead in leads)
+                lines.append(f"| {split} | {cells} | {shown} | {paired_text(leads)} ({each}) |")
     return "\n".join(lines)
 
 

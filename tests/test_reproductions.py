@@ -169,3 +169,7 @@ def test_hist_summary_pairs_seeds_and_tests_the_log_ratio(tmp_path):
     assert "| 4.00 (3/3) | 8.00 (2/3) |" in row
     assert f"{math.sqrt(3 / 8 * 4 / 8):.2f} [" in row and "(0.38 / 0.50)" in row
     assert "2 seed(s)" not in row and "-4.50 [" in row
+    # at equal traffic: seed 1's HFedAvg spent more than HIST's 3 MB in its first round (no pair), seed 2's
+    # budget is HFedAvg's 4 MB, within which HIST reached 75 % and HFedAvg 50 %; seed 3 has no HFedAvg run
+    equal = next(line for line in table.splitlines() if line.startswith("| fully_noniid | 2 |"))
+    assert equal.startswith("| fully_noniid | 2 | 4.0 | +25.00 [") and equal.endswith("one seed (+25.00) |")
