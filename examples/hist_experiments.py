@@ -102,12 +102,17 @@ def reached(rows: list[dict[str, Any]], target: float, key: str, unit: str) -> s
     return text
 
 
+def table1_run(name: str, cells: int) -> str:
+    """The run directory's name of one ``table1`` run, which ``summary`` reads back."""
+    return f"table1-{name}-n{cells}"
+
+
 def table1(args: argparse.Namespace) -> str:
     config = EXAMPLES / "hist-fmnist.yaml"
     runs = {}
     for cells in args.cells:
         for name in ("hist", "hfedavg"):
-            label = f"table1-{name}-n{cells}"
+            label = table1_run(name, cells)
             overrides = [f"algorithm.name={name}", f"algorithm.cells={cells}", *args.set]
             runs[(name, cells)] = train(
                 config, overrides, args.rounds, max(args.targets), args.out / label, args.reuse
@@ -151,7 +156,7 @@ def equal_traffic(run_dir: Path, cells: int, seeds: list[int]) -> tuple[list[flo
     budgets, leads = [], []
     for seed in seeds:
         runs = [
-            run_dir / f"s{seed}" / f"table1-{name}-n{cells}" / results.METRICS for name in ("hist", "hfedavg")
+            run_dir / f"s{seed}" / table1_run(name, cells) / results.METRICS for name in ("hist", "hfedavg")
         ]
         if not all(path.is_file() for path in runs):
             continue
@@ -174,7 +179,7 @@ def summary(args: argparse.Namespace) -> str:
     splits = [d.name for d in sorted(args.out.iterdir()) if d.is_dir() and any(d.glob("s*/table1-*"))]
     mb = {
         (split, name, cells, target, seed): mb_to_target(
-            args.out / split / f"s{seed}" / f"table1-{name}-n{cells}", target
+            args.out / split / f"s{seed}" / table1_run(name, cells), target
         )
         for split in splits
         for name in ("hist", "hfedavg")
