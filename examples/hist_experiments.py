@@ -6,6 +6,8 @@ latency to a target accuracy with optimised vs uniform mask sizes (Fig. 6 / Eq. 
     python examples/hist_experiments.py latency [--rounds 20] [--target 0.75]
     python examples/hist_experiments.py table1 --seeds 1,2,3 --dataset mnist   # a set of runs per seed
     python examples/hist_experiments.py summary --seeds 1,2,3 --out OUT   # OUT/<split>/s<seed>, paired
+    python examples/hist_experiments.py summary --seeds 1,2,3 --targets 0.7 --sweeps SWEEP ... --out OUT
+        # the same from ``fedge sweep`` runs (examples/sweeps/hist-lenet-table1.yaml), keyed by their configs
 
 Every run starts from ``examples/hist-fmnist.yaml`` or ``examples/hist-aircomp.yaml`` plus dotted
 overrides (``--set key=value`` adds more, e.g. ``--set model.name=lenet5`` for the paper's Table I model),
@@ -18,6 +20,7 @@ rerun. Full scale: raise ``--rounds``.
 from __future__ import annotations
 
 import argparse
+import csv
 import math
 import shutil
 from pathlib import Path
@@ -25,6 +28,7 @@ from typing import Any
 
 import numpy as np
 import torch
+import yaml
 
 import fedge
 from fedge import results
@@ -136,10 +140,38 @@ def table1(args: argparse.Namespace) -> str:
     return "\n".join(lines)
 
 
-def mb_to_target(out: Path, target: float) -> float | None:
-    """A finished table1 run's MB per client at the first round reaching ``target``, or None."""
-    path = out / results.METRICS
-    row = first(evaluated(results.read_jsonl(path)), target) if path.is_file() else None
+# a Table I run: (split, algorithm, N, seed)
+RunKey = tuple[str, str, int, int]
+
+
+def table1_runs(out: Path) -> dict[RunKey, Path]:
+    """The ``table1`` command's runs under ``OUT/<split>/s<seed>/table1-<name>-n<cells>``."""
+    runs = {}
+    for run in out.glob("*/s*/table1-*-n*"):
+        name, cells = run.name.removeprefix("table1-").rsplit("-n", 1)
+        runs[(run.parent.parent.name, name, int(cells), int(run.parent.name.removeprefix("s")))] = run
+    return runs
+
+
+def sweep_runs(sweep: Path) -> dict[RunKey, Path]:
+    """The runs of a ``fedge sweep`` directory (its ``index.csv``), keyed by each run's own config: the
+    sweep's grid may name them in any order or leave split and N at the base config's."""
+    runs = {}
+    with (sweep / "index.csv").open() as handle:
+        for entry in csv.DictReader(handle):
+            run = sweep / entry["run"]
+            if not (run / results.CONFIG).is_file():
+                continue  # a pending run
+            config = yaml.safe_load((run / results.CONFIG).read_text())
+            algorithm = config["algorithm"]
+            runs[(algorithm["split"], algorithm["name"], int(algorithm["cells"]), int(config["seed"]))] = run
+    return runs
+
+
+def mb_to_target(run: Path | None, target: float) -> float | None:
+    """A run's MB per client at the first round reaching ``target``, or None (not reached, or no run)."""
+    path = run / results.METRICS if run is not None else None
+    row = first(evaluated(results.read_jsonl(path)), target) if path and path.is_file() else None
     return row["client_up_mb"] if row is not None else None
 
 
@@ -148,19 +180,19 @@ def best_within(rows: list[dict[str, Any]], budget: float) -> float:
     return max((r["accuracy"] for r in rows if r["client_up_mb"] <= budget + 1e-9), default=float("nan"))
 
 
-def equal_traffic(run_dir: Path, cells: int, seeds: list[int]) -> tuple[list[float], list[float]]:
+def equal_traffic(
+    runs: dict[RunKey, Path], split: str, cells: int, seeds: list[int]
+) -> tuple[list[float], list[float]]:
     """Per seed, the traffic at which the first of HIST and HFedAvg stopped (its target reached or its
     rounds spent) and the accuracy points HIST leads by within it: the comparison a row needs when a
     target is not reached by both (Table I reports traffic to a target; this is the same trade read at a
     fixed traffic instead)."""
     budgets, leads = [], []
     for seed in seeds:
-        runs = [
-            run_dir / f"s{seed}" / table1_run(name, cells) / results.METRICS for name in ("hist", "hfedavg")
-        ]
-        if not all(path.is_file() for path in runs):
+        paths = [runs.get((split, name, cells, seed)) for name in ("hist", "hfedavg")]
+        if not all(path is not None and (path / results.METRICS).is_file() for path in paths):
             continue
-        hist, avg = (evaluated(results.read_jsonl(path)) for path in runs)
+        hist, avg = (evaluated(results.read_jsonl(path / results.METRICS)) for path in paths)
         budget = min(hist[-1]["client_up_mb"], avg[-1]["client_up_mb"])
         lead = 100 * (best_within(hist, budget) - best_within(avg, budget))
         if not math.isnan(lead):  # nan: one run's first round already cost more than the budget
@@ -170,17 +202,19 @@ def equal_traffic(run_dir: Path, cells: int, seeds: list[int]) -> tuple[list[flo
 
 
 def summary(args: argparse.Namespace) -> str:
-    """Table I over seeds and splits from finished ``table1`` runs in ``OUT/<split>/s<seed>/``: per row the
+    """Table I over seeds and splits from finished ``table1`` runs in ``OUT/<split>/s<seed>/`` and the
+    runs of ``--sweeps`` (where both hold a run, the sweep's counts): per row the
     MB per client to the target (mean over the seeds that reached it), HIST / HFedAvg paired by seed (the
     geometric mean ratio and the 95 % t interval of the mean log ratio), and the paper's orderings as
     paired differences with their 95 % t intervals (same seed: same data split, cells and initial
     model); last, per split and N, HIST's accuracy lead at equal traffic (:func:`equal_traffic`), which
     still compares the two where a target is out of reach."""
-    splits = [d.name for d in sorted(args.out.iterdir()) if d.is_dir() and any(d.glob("s*/table1-*"))]
+    runs = table1_runs(args.out)
+    for sweep in args.sweeps:
+        runs |= sweep_runs(sweep)
+    splits = sorted({split for split, *_ in runs})
     mb = {
-        (split, name, cells, target, seed): mb_to_target(
-            args.out / split / f"s{seed}" / table1_run(name, cells), target
-        )
+        (split, name, cells, target, seed): mb_to_target(runs.get((split, name, cells, seed)), target)
         for split in splits
         for name in ("hist", "hfedavg")
         for cells in args.cells
@@ -245,7 +279,7 @@ def summary(args: argparse.Namespace) -> str:
     ]
     for split in splits:
         for cells in args.cells:
-            budgets, leads = equal_traffic(args.out / split, cells, args.seeds)
+            budgets, leads = equal_traffic(runs, split, cells, args.seeds)
             if leads:
                 shown = " / ".join(f"{b:.1f}" for b in budgets)
                 each = " / ".join(f"{lead:+.2f}" for lead in leads)
@@ -386,11 +420,15 @@ def main() -> None:
     parser.add_argument("--out", type=Path, default=Path("runs/hist-experiments"))
     parser.add_argument("--threads", type=int, default=1)
     parser.add_argument("--reuse", action="store_true", help="read runs whose OUT/<run>.jsonl already answer")
+    parser.add_argument(
+        "--sweeps", type=Path, nargs="*", default=[], help="summary: fedge sweep directories to read too"
+    )
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
     if args.command == "summary":
         args.seeds = args.seeds or [1]
         table = summary(args)
+        args.out.mkdir(parents=True, exist_ok=True)
         (args.out / "summary.md").write_text(table + "\n")
         print(table)
         return

@@ -162,7 +162,7 @@ def test_hist_summary_pairs_seeds_and_tests_the_log_ratio(tmp_path):
             for t in range(1, needed + 1)
         ]
         (run / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
-    args = argparse.Namespace(out=tmp_path, cells=[2], targets=[0.7], seeds=[1, 2, 3])
+    args = argparse.Namespace(out=tmp_path, cells=[2], targets=[0.7], seeds=[1, 2, 3], sweeps=[])
     table = hist.summary(args)
     row = next(line for line in table.splitlines() if line.startswith("| 70% | fully_noniid | 2 |"))
     # HIST 3, 4, 5 MB (3 seeds); HFedAvg 8, 8 MB (seed 3 did not reach 70 %): pairs (3, 8), (4, 8)
@@ -173,3 +173,53 @@ def test_hist_summary_pairs_seeds_and_tests_the_log_ratio(tmp_path):
     # budget is HFedAvg's 4 MB, within which HIST reached 75 % and HFedAvg 50 %; seed 3 has no HFedAvg run
     equal = next(line for line in table.splitlines() if line.startswith("| fully_noniid | 2 |"))
     assert equal.startswith("| fully_noniid | 2 | 4.0 | +25.00 [") and equal.endswith("one seed (+25.00) |")
+
+
+def test_hist_summary_reads_sweep_runs_by_their_configs(tmp_path):
+    """LeNet-5's Table I rows come from ``fedge sweep`` directories: each run is found by its own config
+    (split, algorithm, N, seed), pending runs are skipped, and a second sweep adds seeds to the same rows."""
+    import argparse
+
+    spec = importlib.util.spec_from_file_location("hist_experiments", EXAMPLES / "hist_experiments.py")
+    hist = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(hist)
+    # (sweep, split, name, seed, rounds to 70 %); MB per client per round: HIST 1, HFedAvg 2
+    runs = [
+        ("paper", "fully_noniid", "hist", 1, 2),
+        ("paper", "fully_noniid", "hfedavg", 1, 2),
+        ("paper", "fully_noniid", "hist", 2, 3),
+        ("paper", "fully_noniid", "hfedavg", 2, None),  # pending: no config yet
+        ("more", "fully_noniid", "hist", 3, 4),
+        ("more", "fully_noniid", "hfedavg", 3, 3),
+    ]
+    for sweep, split, name, seed, needed in runs:
+        run = tmp_path / sweep / "runs" / f"{name}-s{seed}"  # a name that says nothing of split or N
+        run.mkdir(parents=True)
+        index = tmp_path / sweep / "index.csv"
+        if not index.exists():
+            index.write_text("cell,label,seed,run,state\n")
+        with index.open("a") as handle:
+            handle.write(f"{name},{name},{seed},runs/{name}-s{seed},done\n")
+        if needed is None:
+            continue
+        config = {"seed": seed, "algorithm": {"name": name, "split": split, "cells": 2}}
+        (run / "config.yaml").write_text(yaml.safe_dump(config))
+        per_round = 1.0 if name == "hist" else 2.0
+        rows = [
+            {"round": t, "accuracy": 0.75 if t >= needed else 0.5, "client_up_mb": per_round * t}
+            for t in range(1, needed + 1)
+        ]
+        (run / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    found = hist.sweep_runs(tmp_path / "paper")
+    assert set(found) == {
+        ("fully_noniid", "hist", 2, 1),
+        ("fully_noniid", "hfedavg", 2, 1),
+        ("fully_noniid", "hist", 2, 2),
+    }
+    sweeps = [tmp_path / "paper", tmp_path / "more"]
+    args = argparse.Namespace(out=tmp_path / "none", cells=[2], targets=[0.7], seeds=[1, 2, 3], sweeps=sweeps)
+    row = next(
+        line for line in hist.summary(args).splitlines() if line.startswith("| 70% | fully_noniid | 2 |")
+    )
+    # HIST 2, 3, 4 MB; HFedAvg 4 (seed 1), 6 (seed 3); pairs: seeds 1 and 3, ratios 0.50 and 0.67
+    assert "| 3.00 (3/3) | 5.00 (2/3) |" in row and "(0.50 / 0.67)" in row
