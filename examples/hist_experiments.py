@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import argparse
 import csv
+import json
 import math
 import shutil
 from pathlib import Path
@@ -154,14 +155,17 @@ def table1_runs(out: Path) -> dict[RunKey, Path]:
 
 
 def sweep_runs(sweep: Path) -> dict[RunKey, Path]:
-    """The runs of a ``fedge sweep`` directory (its ``index.csv``), keyed by each run's own config: the
-    sweep's grid may name them in any order or leave split and N at the base config's."""
+    """The finished runs of a ``fedge sweep`` directory (its ``index.csv``), keyed by each run's own
+    config: the sweep's grid may name them in any order or leave split and N at the base config's. A run
+    still going (or killed) is left out: its last round is not where it stops, which the equal-traffic
+    comparison reads."""
     runs = {}
     with (sweep / "index.csv").open() as handle:
         for entry in csv.DictReader(handle):
             run = sweep / entry["run"]
-            if not (run / results.CONFIG).is_file():
-                continue  # a pending run
+            summary = run / results.SUMMARY
+            if not summary.is_file() or json.loads(summary.read_text()).get("status") != "finished":
+                continue
             config = yaml.safe_load((run / results.CONFIG).read_text())
             algorithm = config["algorithm"]
             runs[(algorithm["split"], algorithm["name"], int(algorithm["cells"]), int(config["seed"]))] = run

@@ -177,7 +177,8 @@ def test_hist_summary_pairs_seeds_and_tests_the_log_ratio(tmp_path):
 
 def test_hist_summary_reads_sweep_runs_by_their_configs(tmp_path):
     """LeNet-5's Table I rows come from ``fedge sweep`` directories: each run is found by its own config
-    (split, algorithm, N, seed), pending runs are skipped, and a second sweep adds seeds to the same rows."""
+    (split, algorithm, N, seed), runs not finished are skipped, and a second sweep adds seeds to the same
+    rows."""
     import argparse
 
     spec = importlib.util.spec_from_file_location("hist_experiments", EXAMPLES / "hist_experiments.py")
@@ -189,6 +190,7 @@ def test_hist_summary_reads_sweep_runs_by_their_configs(tmp_path):
         ("paper", "fully_noniid", "hfedavg", 1, 2),
         ("paper", "fully_noniid", "hist", 2, 3),
         ("paper", "fully_noniid", "hfedavg", 2, None),  # pending: no config yet
+        ("paper", "fully_noniid", "hist", 4, 1),  # killed after reaching 70 %: no summary
         ("more", "fully_noniid", "hist", 3, 4),
         ("more", "fully_noniid", "hfedavg", 3, 3),
     ]
@@ -210,6 +212,8 @@ def test_hist_summary_reads_sweep_runs_by_their_configs(tmp_path):
             for t in range(1, needed + 1)
         ]
         (run / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+        if seed != 4:
+            (run / "summary.json").write_text(json.dumps({"status": "finished"}))
     found = hist.sweep_runs(tmp_path / "paper")
     assert set(found) == {
         ("fully_noniid", "hist", 2, 1),
