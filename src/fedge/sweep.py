@@ -388,8 +388,11 @@ def paired_verdict(differences: list[float]) -> dict[str, Any]:
 
 
 def paired_text(differences: list[float]) -> str:
-    """``+1.23 [+0.45, +2.01] higher``: :func:`paired_verdict` as one cell of a table."""
+    """``+1.23 [+0.45, +2.01] higher``: :func:`paired_verdict` as one cell of a table (``+1.23 one seed``
+    where one pair gives no interval to print)."""
     v = paired_verdict(differences)
+    if v["n"] < 2:
+        return f"{v['mean']:+.2f} {v['verdict']}"
     return f"{v['mean']:+.2f} [{v['low']:+.2f}, {v['high']:+.2f}] {v['verdict']}"
 
 
