@@ -20,8 +20,6 @@ rerun. Full scale: raise ``--rounds``.
 from __future__ import annotations
 
 import argparse
-import csv
-import json
 import math
 import shutil
 from pathlib import Path
@@ -40,7 +38,7 @@ from fedge.algorithms.hierarchical.radio import CellRadio
 from fedge.models import build_model, count_parameters
 from fedge.records import evaluated
 from fedge.runner import open_run, start_run
-from fedge.sweep import paired_text, paired_verdict
+from fedge.sweep import finished_runs, paired_text, paired_verdict
 from fedge.system import aircomp_cost_per_value, greedy_sizes, oma_cost_per_value, size_cap, uniform_sizes
 from fedge.system.partition_opt import round_latency
 
@@ -160,15 +158,10 @@ def sweep_runs(sweep: Path) -> dict[RunKey, Path]:
     still going (or killed) is left out: its last round is not where it stops, which the equal-traffic
     comparison reads."""
     runs = {}
-    with (sweep / "index.csv").open() as handle:
-        for entry in csv.DictReader(handle):
-            run = sweep / entry["run"]
-            summary = run / results.SUMMARY
-            if not summary.is_file() or json.loads(summary.read_text()).get("status") != "finished":
-                continue
-            config = yaml.safe_load((run / results.CONFIG).read_text())
-            algorithm = config["algorithm"]
-            runs[(algorithm["split"], algorithm["name"], int(algorithm["cells"]), int(config["seed"]))] = run
+    for _, run in finished_runs(sweep):
+        config = yaml.safe_load((run / results.CONFIG).read_text())
+        algorithm = config["algorithm"]
+        runs[(algorithm["split"], algorithm["name"], int(algorithm["cells"]), int(config["seed"]))] = run
     return runs
 
 

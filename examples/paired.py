@@ -31,6 +31,7 @@ import yaml
 
 from fedge import results
 from fedge.records import evaluated
+from fedge.sweep import finished_runs as sweep_finished_runs
 from fedge.sweep import paired_verdict
 
 
@@ -48,30 +49,24 @@ def finished_runs(sweep: Path) -> list[dict[str, Any]]:
     if sweep.suffix == ".csv":
         return kept_runs(sweep)
     out = []
-    with (sweep / "index.csv").open() as handle:
-        for entry in csv.DictReader(handle):
-            run = sweep / entry["run"]
-            if not (run / results.SUMMARY).is_file():
-                continue
-            summary = json.loads((run / results.SUMMARY).read_text())
-            if summary.get("status") != "finished":
-                continue
-            name = yaml.safe_load((run / results.CONFIG).read_text())["algorithm"]["name"]
-            group, variant = _group(entry["label"], name)
-            every = results.read_jsonl(run / results.METRICS)
-            rows = evaluated(every)
-            selected = [r["selected_mean"] for r in every if "selected_mean" in r]
-            out.append(
-                {
-                    "group": group,
-                    "algorithm": variant,
-                    "seed": int(entry["seed"]),
-                    "best_accuracy": max(r["accuracy"] for r in rows),
-                    "final_accuracy": rows[-1]["accuracy"],
-                    "rounds": summary.get("rounds"),
-                    "selected": statistics.fmean(selected) if selected else None,
-                }
-            )
+    for entry, run in sweep_finished_runs(sweep):
+        summary = json.loads((run / results.SUMMARY).read_text())
+        name = yaml.safe_load((run / results.CONFIG).read_text())["algorithm"]["name"]
+        group, variant = _group(entry["label"], name)
+        every = results.read_jsonl(run / results.METRICS)
+        rows = evaluated(every)
+        selected = [r["selected_mean"] for r in every if "selected_mean" in r]
+        out.append(
+            {
+                "group": group,
+                "algorithm": variant,
+                "seed": int(entry["seed"]),
+                "best_accuracy": max(r["accuracy"] for r in rows),
+                "final_accuracy": rows[-1]["accuracy"],
+                "rounds": summary.get("rounds"),
+                "selected": statistics.fmean(selected) if selected else None,
+            }
+        )
     return out
 
 

@@ -39,6 +39,7 @@ RANKS = {
     "records": 8,
     "checkpoint": 8,
     "restore": 8,
+    "run_length": 8,
     "divergence": 8,
     "preflight": 8,
     "rundirs": 8,

@@ -78,8 +78,11 @@ def resume(
     train: UserData | None = None,
     test: UserData | None = None,
     loss: Criterion | None = None,
+    rounds: int | None = None,
 ) -> Result:
     """Continue an interrupted run from its last (verified) checkpoint to the identical result (a run
-    of a caller's model or data needs the same objects again)."""
+    of a caller's model or data needs the same objects again). ``rounds`` gives the run another length:
+    a finished run goes on to more rounds, with the numbers a run of that length gives, unless its
+    algorithm has a schedule over the run (:mod:`fedge.run_length`)."""
     ext = Extensions(model, train, test, loss)
-    return open_run(Path(run_dir), on_round=on_round, force=force, extensions=ext).run()
+    return open_run(Path(run_dir), on_round=on_round, force=force, extensions=ext, rounds=rounds).run()

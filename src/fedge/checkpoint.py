@@ -5,13 +5,16 @@ dicts keyed by tuples, Python numbers, strings, ``None``) is JSON, and every ten
 a dtype, a shape and bytes. The file is::
 
     FEDGE-CHECKPOINT\\n
-    {"format": 1, "algorithm": ..., "config_sha256": ..., "round": t, "body_bytes": n, "body_sha256": ...}\\n
+    {"format": 1, "algorithm": ..., "config_sha256": ..., "rounds": T, "round": t, "body_bytes": n,
+     "body_sha256": ...}\\n
     {"tree": ..., "arrays": [{"kind", "dtype", "shape", "offset", "nbytes", ...}, ...]}\\n
     the bytes of every array, each padded to 64 bytes
 
 :func:`load` refuses, with a one-line :class:`~fedge.errors.CheckpointError`, a file that is empty, not a
 checkpoint, truncated or altered (length and SHA-256 of the body), of another format version, or (given
-the run's config) written by another algorithm or for another config; also a path that is no regular
+the run's config) written by another algorithm or for another config (``rounds``, the run's length, is
+left out of that comparison and kept in the header as ``rounds``: a run may be continued past its
+length, :mod:`fedge.run_length`); also a path that is no regular
 file, and a file whose size is not its header's (checked before the body is read). The checksum detects
 damage, not forgery (anyone who can write the file can recompute it): :mod:`fedge.restore` checks that
 what a checkpoint says makes sense for the run before a resume uses it. Round trips are exact: float
@@ -69,10 +72,24 @@ class Checkpoint:
     header: dict[str, Any]
     state: dict[str, Any]
 
+    def written_rounds(self, config: RunConfig) -> int:
+        """The ``rounds`` of the config this checkpoint was written under (a checkpoint of an older fedge,
+        whose digest covers ``rounds``, matched ``config`` and so was written under its ``rounds``)."""
+        return self.header.get("rounds", config.rounds)
+
 
 def config_digest(config: RunConfig) -> str:
-    """SHA-256 of everything in a config that shapes the run's state (``output`` and ``stop`` do not)."""
-    data = config.model_dump(mode="json", exclude={"output", "stop"})
+    """SHA-256 of everything in a config that shapes the run's state up to a round (``output`` and
+    ``stop`` do not; ``rounds`` is checked apart, by :mod:`fedge.run_length`)."""
+    return _digest(config.model_dump(mode="json", exclude={"output", "stop", "rounds"}))
+
+
+def _older_digest(config: RunConfig) -> str:
+    """The digest a checkpoint without a ``rounds`` header field holds: it covers ``rounds`` too."""
+    return _digest(config.model_dump(mode="json", exclude={"output", "stop"}))
+
+
+def _digest(data: dict[str, Any]) -> str:
     return hashlib.sha256(json.dumps(data, sort_keys=True).encode()).hexdigest()
 
 
@@ -205,6 +222,7 @@ def save(path: Path, state: dict[str, Any], config: RunConfig, round_: int) -> N
         "format": FORMAT,
         "algorithm": config.algorithm.name,
         "config_sha256": config_digest(config),
+        "rounds": config.rounds,
         "round": int(round_),
         "body_bytes": len(body_head) + sum(raw.nbytes + len(pad) for raw, pad in chunks),
         "body_sha256": digest.hexdigest(),
@@ -239,6 +257,8 @@ def _header(path: Path, data: bytes) -> tuple[dict[str, Any], int]:
     if not isinstance(header, dict) or not all(
         isinstance(header.get(key), kind) for key, kind in {**HEADER_FIELDS, "body_sha256": str}.items()
     ):
+        raise CheckpointError(path, "is damaged: its header cannot be read")
+    if "rounds" in header and type(header["rounds"]) is not int:
         raise CheckpointError(path, "is damaged: its header cannot be read")
     if header["format"] != FORMAT:
         raise CheckpointError(path, f"has format {header['format']}; this fedge reads format {FORMAT}")
@@ -309,7 +329,8 @@ def load(path: Path, config: RunConfig | None = None) -> Checkpoint:
             raise CheckpointError(
                 path, f"belongs to a {header['algorithm']} run, not to this {config.algorithm.name} run"
             )
-        if header["config_sha256"] != config_digest(config):
+        digest = config_digest(config) if "rounds" in header else _older_digest(config)
+        if header["config_sha256"] != digest:
             raise CheckpointError(path, "was written for another config than this run's config.yaml")
     split = data.find(b"\n", start) - start
     try:

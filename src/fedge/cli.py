@@ -228,14 +228,25 @@ def resume(
     quiet: Quiet = False,
     force: Annotated[bool, typer.Option("--force", help=FORCE_HELP)] = False,
     procs: Procs = 1,
+    rounds: Annotated[
+        int | None,
+        typer.Option(
+            "--rounds",
+            help="run to this many rounds: a finished run goes on (refused where the algorithm has a "
+            "schedule over the run)",
+        ),
+    ] = None,
 ) -> None:
-    """Continue an interrupted run from its last checkpoint to the identical result."""
+    """Continue an interrupted run from its last checkpoint to the identical result, or a finished one to
+    more rounds (--rounds)."""
     from fedge.runner import open_run
 
     if procs > 1:
-        return _launch(procs, ["resume", str(run_dir), *(["--quiet"] * quiet), *(["--force"] * force)])
+        flags = ["--quiet"] * quiet + ["--force"] * force + [f"--rounds={rounds}"] * (rounds is not None)
+        return _launch(procs, ["resume", str(run_dir), *flags])
     with _reported():
-        result = _run_with_progress(open_run(run_dir, force=force), quiet or not _rank_zero())
+        runner = open_run(run_dir, force=force, rounds=rounds)
+        result = _run_with_progress(runner, quiet or not _rank_zero())
     if _rank_zero():
         _print_summary(result)
 

@@ -23,7 +23,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from fedge import checkpoint, divergence, preflight, records, restore, results, stop
+from fedge import checkpoint, divergence, preflight, records, restore, results, run_length, stop
 from fedge.algorithms import ALGORITHMS, Algorithm, Context
 from fedge.algorithms.base import executor_name
 from fedge.comm import Ledger, Network
@@ -488,9 +488,14 @@ def start_run(
 
 
 def open_run(
-    run_dir: Path, on_round=None, force: bool = False, extensions: Extensions | None = None
+    run_dir: Path,
+    on_round=None,
+    force: bool = False,
+    extensions: Extensions | None = None,
+    rounds: int | None = None,
 ) -> Runner:
-    """A runner that continues the run in ``run_dir`` from its last checkpoint.
+    """A runner that continues the run in ``run_dir`` from its last checkpoint (with ``rounds``: to that
+    length, a finished run too, where :mod:`fedge.run_length` allows).
 
     Everything is checked before anything in ``run_dir`` changes: the folder can be written and no other
     process runs it, and the checkpoint is intact and belongs to this run's ``config.yaml``. Only then
@@ -500,7 +505,8 @@ def open_run(
     config_path = run_dir / results.CONFIG
     if not config_path.is_file():
         raise FedgeError(f"{run_dir}: not a run directory (no {results.CONFIG})")
-    config = load_config(config_path)
+    written = load_config(config_path)
+    config = written if rounds is None else load_config(config_path, [f"rounds={rounds}"])
     writes = launched_rank() == 0  # every rank reads the run directory, only rank 0 changes it
     if writes:
         results.check_writable(run_dir)
@@ -508,9 +514,10 @@ def open_run(
     path = run_dir / results.CHECKPOINT
     try:
         # anything at the path is read (a directory or a FIFO is refused, not taken for no checkpoint)
-        saved = checkpoint.load(path, config) if os.path.lexists(path) else None
+        saved = checkpoint.load(path, written) if os.path.lexists(path) else None
         runner = Runner(build_run(config, force, extensions), run_dir, on_round=on_round, lock=lock)
         if saved is not None:
+            run_length.check(saved, written, config, runner.built.algorithm, run_dir)
             runner.restore(saved)
     except BaseException:
         if lock is not None:
@@ -518,6 +525,8 @@ def open_run(
         raise
     if writes:
         results.remove_temporaries(run_dir)
+        if run_length.changed(saved, written, config):
+            run_length.relengthen(run_dir, saved, written, config)
         device = runner.built.context.device
         write_environment(run_dir, str(device), runner.group, executor_name(config, device.type))
     return runner

@@ -14,9 +14,12 @@ Every cell's algorithm block keeps only the keys its algorithm knows (as ``fedge
 ``algorithm.h`` applies to CSE-FSL and not to SplitFed; cells that become the same config are one cell.
 Runs go to ``output.dir/<name>/runs/<cell>-s<seed>/``, in ``jobs`` processes. Running the same sweep
 again continues it: finished runs are skipped and interrupted ones resumed from their checkpoint, so a
-killed sweep ends with the same ``results.csv`` as an uninterrupted one. ``index.csv`` lists every run
-and its state, ``results.csv`` has one row of computed figures per finished run (no wall time, so it is
-reproducible), and ``table.csv`` / ``table.md`` the mean, standard deviation and 95 % interval per cell.
+killed sweep ends with the same ``results.csv`` as an uninterrupted one. Running it again with another
+``rounds`` gives every run that length: finished runs go on to the new last round where their algorithm
+allows (:mod:`fedge.run_length`), so a sweep capped too early is continued, not rerun. ``index.csv``
+lists every run and its state, ``results.csv`` has one row of computed figures per finished run (no wall
+time, so it is reproducible), and ``table.csv`` / ``table.md`` the mean, standard deviation and 95 %
+interval per cell.
 """
 
 from __future__ import annotations
@@ -107,6 +110,16 @@ class Task:
         if (self.run_dir / results.SUMMARY).is_file():
             return "done"
         return "interrupted" if (self.run_dir / results.CONFIG).is_file() else "pending"
+
+    def rounds(self) -> int:
+        """The length this sweep gives the run."""
+        return _parse(self.cell.raw).rounds
+
+    def to_do(self) -> bool:
+        """Whether the run is unfinished, or finished with another length than the sweep's."""
+        if self.state() != "done":
+            return True
+        return _parse(load_raw(self.run_dir / results.CONFIG)).rounds != self.rounds()
 
 
 @dataclass
@@ -287,8 +300,9 @@ def plan(base: dict[str, Any], spec: SweepSpec) -> tuple[Path, list[Task]]:
 
 
 def _identity(base: dict[str, Any], spec: SweepSpec) -> str:
-    """What makes two sweeps the same (``jobs`` may change between sessions)."""
-    return yaml.safe_dump({"base": base, "sweep": spec.model_dump(exclude={"jobs"})}, sort_keys=False)
+    """What makes two sweeps the same (``jobs`` and ``rounds`` may change between sessions)."""
+    kept = {key: value for key, value in base.items() if key != "rounds"}
+    return yaml.safe_dump({"base": kept, "sweep": spec.model_dump(exclude={"jobs"})}, sort_keys=False)
 
 
 def _claim(sweep_dir: Path, base: dict[str, Any], spec: SweepSpec) -> None:
@@ -319,8 +333,8 @@ def run_task(task: Task) -> dict[str, Any]:
     """Run (or resume) one task to its end; its summary."""
     from fedge.runner import open_run, start_run
 
-    if task.state() == "interrupted":
-        return open_run(task.run_dir).run().summary
+    if task.state() != "pending":
+        return open_run(task.run_dir, rounds=task.rounds()).run().summary
     raw = copy.deepcopy(task.cell.raw)
     raw["seed"] = task.seed
     raw.setdefault("output", {}).update(dir=str(task.run_dir.parent), name=task.run_dir.name)
@@ -466,6 +480,22 @@ def _write_index(sweep_dir: Path, tasks: list[Task], wall: dict[Path, float]) ->
     results.write_text(sweep_dir / INDEX, _csv(rows))
 
 
+def finished_runs(sweep_dir: Path) -> list[tuple[dict[str, str], Path]]:
+    """The runs of a sweep directory that finished, each with its ``index.csv`` entry (cell, label,
+    seed, ...). A run still going, killed or stopped as diverged is left out: its last round is not
+    where it ends."""
+    import json
+
+    out = []
+    with (Path(sweep_dir) / INDEX).open() as handle:
+        for entry in csv.DictReader(handle):
+            run = Path(sweep_dir) / entry["run"]
+            summary = run / results.SUMMARY
+            if summary.is_file() and json.loads(summary.read_text()).get("status") == "finished":
+                out.append((entry, run))
+    return out
+
+
 def collect(sweep_dir: Path, tasks: list[Task], targets: list[float]) -> SweepResult:
     """Read every finished run's summary and write ``results.csv``, ``table.csv`` and ``table.md``."""
     import json
@@ -494,7 +524,7 @@ def run_sweep(base: dict[str, Any], spec: SweepSpec, on_done: Announce | None = 
     sweep_dir, tasks = plan(base, spec)
     _claim(sweep_dir, base, spec)
     targets = stop.targets(_parse(tasks[0].cell.raw).stop)
-    todo = [t for t in tasks if t.state() != "done"]
+    todo = [t for t in tasks if t.to_do()]
     done, total, began = len(tasks) - len(todo), len(tasks), time.monotonic()
     _write_index(sweep_dir, tasks, {})
 

@@ -92,6 +92,13 @@ class Algorithm(ABC):
         self.ctx = ctx
         self.cfg = cfg
 
+    def reads_run_length(self) -> str | None:
+        """Why rounds 1..t of this run depend on its total ``config.rounds`` (a schedule over the run),
+        or ``None`` when they do not, so the run may be continued past its length with the numbers a
+        longer run gives (:mod:`fedge.run_length`). An algorithm says ``None`` only when it knows: the
+        built-in families do where it is true; an extension's algorithm overrides this to opt in."""
+        return f"{self.name} does not say that its rounds ignore the run's length (reads_run_length)"
+
     @abstractmethod
     def run_round(self, t: int) -> RoundReport:
         """Run global round ``t``; report its training loss and figures."""
@@ -160,6 +167,9 @@ class GlobalModel(Algorithm):
     model: torch.nn.Module
     params: Tensors
     buffers: Tensors
+
+    def reads_run_length(self) -> str | None:
+        return None  # no round reads config.rounds
 
     def evaluate(self) -> Evaluation:
         data = self.ctx.data

@@ -49,6 +49,9 @@ class Centralized(Algorithm):
 
     state_fields = ("bank",)
 
+    def reads_run_length(self) -> str | None:
+        return None  # no round reads config.rounds
+
     def __init__(self, ctx: Context, cfg: CentralizedConfig):
         super().__init__(ctx, cfg)
         self.data = ctx.data.pooled()

@@ -61,6 +61,9 @@ class PeerAlgorithm(LocalTraining, PeerExchange, FineTunedEvaluation, Algorithm)
     cfg: PeerConfig
     state_fields: ClassVar[tuple[str, ...]] = ("round", "bank")
 
+    def reads_run_length(self) -> str | None:
+        return None  # no round reads config.rounds
+
     def __init__(self, ctx: Context, cfg: PeerConfig):
         super().__init__(ctx, cfg)
         if cfg.local_update == "alternating" and cfg.head_epochs >= cfg.local_epochs:

@@ -147,6 +147,9 @@ class DisPFL(PeerAlgorithm):
         finally:
             self.model.train()
 
+    def reads_run_length(self) -> str | None:
+        return "dispfl anneals its mask updates by a cosine over the run's rounds"
+
     def _evolve(self, t: int, params: Tensors, buffers: Tensors, batches: ProbeBatches) -> float:
         """Prune the ``alpha_t`` smallest active weights per layer and regrow as many by gradient;
         returns ``alpha_t``. Every client's masks evolve on their own, so the clients are a cohort: each

@@ -59,6 +59,11 @@ class Pens(PeerAlgorithm):
         self.counts = torch.zeros(n, n, dtype=torch.int64, device=ctx.device)
         self.friends: torch.Tensor | None = None
 
+    def reads_run_length(self) -> str | None:
+        if self.cfg.selection_rounds:
+            return None
+        return "pens's selection phase is 10 % of the run's rounds; set algorithm.selection_rounds to fix it"
+
     def peer_round(self, t: int) -> RoundReport:
         own = torch.arange(self.num_clients, device=self.ctx.device)
         params, buffers = self.rows(own)

@@ -57,6 +57,9 @@ class HierarchicalFL(CellTransfers, EdgeAggregation, Algorithm):
     partitioned: ClassVar[bool] = False
     state_fields = ("params", "buffers", "client_up_bits")
 
+    def reads_run_length(self) -> str | None:
+        return None  # no round reads config.rounds
+
     def __init__(self, ctx: Context, cfg: HierarchicalConfig):
         super().__init__(ctx, cfg)
         self.model = ctx.build_model().to(ctx.device)

@@ -140,6 +140,14 @@ class LightFedSL(Algorithm):
             cfg.final_sparsity, total, bits, cfg.quant_granularity, cfg.cut_dropout, cfg.agg_interval
         )
 
+    def reads_run_length(self) -> str | None:
+        if self.knobs.final_sparsity == 0 or self.cfg.schedule_rounds:  # traditional FedSL: no pruning
+            return None
+        return (
+            f"{self.name}'s pruning reaches final_sparsity at the run's last round (Eq. 10's T); set "
+            "algorithm.schedule_rounds to fix T"
+        )
+
     # ----- one round ---------------------------------------------------------------------------------
 
     def run_round(self, t: int) -> RoundReport:

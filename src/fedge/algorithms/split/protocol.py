@@ -62,6 +62,9 @@ class SplitLearning(Algorithm):
             return 1
         return super().clients_per_step(config)
 
+    def reads_run_length(self) -> str | None:
+        return None  # no round reads config.rounds
+
     def __init__(self, ctx: Context, cfg: SplitConfig):
         super().__init__(ctx, cfg)
         m = ctx.data.num_clients
