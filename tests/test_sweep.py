@@ -17,7 +17,7 @@ from typer.testing import CliRunner
 import fedge
 from fedge.cli import app
 from fedge.errors import FedgeError
-from fedge.sweep import SweepSpec, expand, load_sweep, plan, run_sweep
+from fedge.sweep import SweepSpec, expand, finished_runs, load_sweep, plan, run_sweep
 
 
 def test_grid_cells_keep_only_keys_their_algorithm_knows(tiny_config):
@@ -100,3 +100,18 @@ def test_example_sweeps_validate_every_cell(name):
     sweep_dir, tasks = plan(base, spec)
     assert len(tasks) == {"split-mnist": 18, "split-h": 12, "link-codecs": 18}[name]
     assert sweep_dir.name == spec.name
+
+
+def test_finished_runs_keeps_only_runs_whose_summary_says_finished(tmp_path):
+    rows = [("a", "runs/a", "finished"), ("b", "runs/b", "diverged"), ("c", "runs/c", None)]
+    with (tmp_path / "index.csv").open("w", newline="") as handle:
+        writer = csv.writer(handle)
+        writer.writerow(["cell", "seed", "run"])
+        for cell, run, status in rows:
+            writer.writerow([cell, 1, run])
+            (tmp_path / run).mkdir(parents=True)
+            if status is not None:
+                (tmp_path / run / "summary.json").write_text(f'{{"status": "{status}"}}')
+    assert [(entry["cell"], run) for entry, run in finished_runs(tmp_path)] == [("a", tmp_path / "runs/a")]
+    with pytest.raises(FedgeError, match="not a sweep directory"):
+        finished_runs(tmp_path / "runs")

@@ -486,8 +486,11 @@ def finished_runs(sweep_dir: Path) -> list[tuple[dict[str, str], Path]]:
     where it ends."""
     import json
 
+    index = Path(sweep_dir) / INDEX
+    if not index.is_file():
+        raise FedgeError(f"{sweep_dir}: not a sweep directory (no {INDEX})")
     out = []
-    with (Path(sweep_dir) / INDEX).open() as handle:
+    with index.open() as handle:
         for entry in csv.DictReader(handle):
             run = Path(sweep_dir) / entry["run"]
             summary = run / results.SUMMARY
