@@ -11,6 +11,12 @@ noise`` where it holds zero), and AFIND+'s mean coreset size::
     python examples/paired.py runs/afind-factors-s7 runs/afind-factors-s8   # one sweep per seed list
     python examples/paired.py runs/afind-tau --reference afind-tau-0.1   # cells named <algorithm>-<variant>
     python examples/paired.py docs/results/afind-closest-s7.csv runs/afind-closest-s10   # a kept results.csv
+    python examples/paired.py runs/afind-factors --versus-cell small   # how each cell moves the margins
+
+``--versus-cell CELL`` adds, for every group ``OTHER, rest`` beside a group ``CELL, rest``, how much the
+reference's margin over each algorithm moves from ``CELL`` to ``OTHER``, seed by seed (the margin in
+``OTHER`` minus the margin in ``CELL`` on the same seed), with its interval: whether a factor moves a
+margin is itself a paired test.
 
 A ``.csv`` argument is a sweep's ``results.csv`` (its run directories need not exist; it has no neighbour
 trace, so AFIND+'s coreset size averages the runs that have one). Only finished runs count, so it can be
@@ -112,6 +118,21 @@ def paired(runs: list[dict[str, Any]], reference: str, metric: str) -> dict[str,
     return out
 
 
+def moved(result: dict[str, Any], baseline: str) -> list[tuple[str, str, dict[int, float]]]:
+    """For every group ``OTHER, rest`` with a group ``baseline, rest``: each algorithm's margin (the
+    reference minus it) in ``OTHER`` minus its margin in ``baseline``, by seed."""
+    out = []
+    for group, entry in result.items():
+        cell, _, rest = group.partition(", ")
+        base = result.get(", ".join(p for p in (baseline, rest) if p))
+        if cell == baseline or base is None:
+            continue
+        for name, margins in entry["differences"].items():
+            before = base["differences"].get(name, {})
+            out.append((group, name, {s: margins[s] - before[s] for s in sorted(set(margins) & set(before))}))
+    return out
+
+
 def pm(values: list[float]) -> str:
     """Points (x100): mean ± sample std, or the single value."""
     if not values:
@@ -149,16 +170,32 @@ def markdown(result: dict[str, Any], reference: str) -> str:
     return "\n".join(lines)
 
 
+def moved_markdown(rows: list[tuple[str, str, dict[int, float]]], reference: str, baseline: str) -> str:
+    lines = [
+        f"| group | vs | {reference}'s margin here - in {baseline}, per seed (points) | mean ± std"
+        " | 95 % interval |",
+        "|---|---|---|---|---|",
+    ]
+    for group, name, shifts in rows:
+        seeds = " / ".join(f"s{s}: {100 * d:+.2f}" for s, d in shifts.items())
+        values = list(shifts.values())
+        lines.append(f"| {group} | {name} | {seeds} | {pm(values)} | {verdict(values)} |")
+    return "\n".join(lines)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("sweeps", type=Path, nargs="+", help="sweep directories (output.dir/NAME)")
     parser.add_argument("--reference", default="afind", help="the algorithm the others are compared with")
     parser.add_argument("--metric", default="best_accuracy", choices=["best_accuracy", "final_accuracy"])
     parser.add_argument("--json", type=Path, help="also write the figures to this JSON file")
+    parser.add_argument("--versus-cell", help="also: how each cell moves the margins from this cell's")
     args = parser.parse_args()
     runs = [run for sweep in args.sweeps for run in finished_runs(sweep)]
     result = paired(runs, args.reference, args.metric)
     print(markdown(result, args.reference))
+    if args.versus_cell:
+        print("\n" + moved_markdown(moved(result, args.versus_cell), args.reference, args.versus_cell))
     if args.json:
         args.json.write_text(json.dumps(result, indent=2) + "\n")
 

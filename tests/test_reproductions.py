@@ -228,3 +228,16 @@ def test_hist_summary_reads_sweep_runs_by_their_configs(tmp_path):
     )
     # HIST 2, 3, 4 MB; HFedAvg 4 (seed 1), 6 (seed 3); pairs: seeds 1 and 3, ratios 0.50 and 0.67
     assert "| 3.00 (3/3) | 5.00 (2/3) |" in row and "(0.50 / 0.67)" in row
+
+
+def test_how_a_cell_moves_a_margin_is_paired_by_seed_against_the_baseline_cell():
+    paired = _paired()
+    result = {
+        "small, kind=dirichlet": {"differences": {"gossip": {7: 0.01, 8: 0.02}}},
+        "epochs-5, kind=dirichlet": {"differences": {"gossip": {7: 0.03, 8: 0.01, 9: 0.05}}},
+        "epochs-5, kind=pathological": {"differences": {"gossip": {7: 0.03}}},  # no baseline group
+    }
+    rows = paired.moved(result, "small")
+    assert [(group, name) for group, name, _ in rows] == [("epochs-5, kind=dirichlet", "gossip")]
+    assert rows[0][2] == pytest.approx({7: 0.02, 8: -0.01})  # seed 9 has no baseline pair
+    assert "s7: +2.00 / s8: -1.00" in paired.moved_markdown(rows, "afind", "small")
