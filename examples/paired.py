@@ -152,7 +152,7 @@ def verdict(values: list[float]) -> str:
 def markdown(result: dict[str, Any], reference: str) -> str:
     lines = [
         f"| group | vs | {reference} - other, per seed (points) | mean ± std | 95 % interval"
-        f" | {reference} |C| |"
+        f" | {reference} neighbours a round |"
     ]
     lines.append("|---|---|---|---|---|---|")
     for group, entry in result.items():
