@@ -158,7 +158,7 @@ def sweep_runs(sweep: Path) -> dict[RunKey, Path]:
     still going (or killed) is left out: its last round is not where it stops, which the equal-traffic
     comparison reads."""
     runs = {}
-    for _, run in finished_runs(sweep):
+    for run in (finished.path for finished in finished_runs(sweep)):
         config = yaml.safe_load((run / results.CONFIG).read_text())
         algorithm = config["algorithm"]
         runs[(algorithm["split"], algorithm["name"], int(algorithm["cells"]), int(config["seed"]))] = run

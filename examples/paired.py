@@ -55,8 +55,7 @@ def finished_runs(sweep: Path) -> list[dict[str, Any]]:
     if sweep.suffix == ".csv":
         return kept_runs(sweep)
     out = []
-    for entry, run in sweep_finished_runs(sweep):
-        summary = json.loads((run / results.SUMMARY).read_text())
+    for entry, run, summary in sweep_finished_runs(sweep):
         name = yaml.safe_load((run / results.CONFIG).read_text())["algorithm"]["name"]
         group, variant = _group(entry["label"], name)
         every = results.read_jsonl(run / results.METRICS)

@@ -137,6 +137,31 @@ def test_a_sweep_rerun_with_more_rounds_continues_its_runs(tmp_path):
     assert [{k: v for k, v in r.items() if k not in WALL} for r in grown] == _rows(fresh)
 
 
+def test_a_sweep_weighs_its_eta_by_the_share_of_each_run_left_to_run(tmp_path):
+    from fedge.sweep import load_sweep, plan, run_sweep
+
+    base = _config("fedavg", tmp_path, 2, "x")
+    del base["output"]["name"]
+    spec = {"grid": {"stop.target_accuracy": [0.01, 1.0]}, "seeds": [1, 2], "name": "eta"}
+    path = tmp_path / "sweep.yaml"
+    path.write_text(yaml.safe_dump({**base, "sweep": spec}))
+    etas = []
+    run_sweep(*load_sweep(path), on_done=lambda task, done, total, eta: etas.append(eta))
+    assert etas[-1] == 0.0 and all(eta > 0 for eta in etas[:-1])
+    base_raw, sweep = load_sweep(path, ["rounds=8"])
+    left = {task.run_dir.name: task.work_left() for task in plan(base_raw, sweep)[1]}
+    assert sorted(left.values()) == [0.0, 0.0, 0.75, 0.75]  # target met at round 1: it stays stopped
+    etas.clear()
+
+    def announce(task, done, total, eta):
+        etas.append((left[task.run_dir.name], eta))
+
+    run_sweep(base_raw, sweep, on_done=announce)
+    # the stopped runs go first (grid order) and cost nothing: no rate to tell until a run has rounds
+    assert [weight for weight, _ in etas] == [0.0, 0.0, 0.75, 0.75]
+    assert etas[0][1] is None and etas[1][1] is None and etas[2][1] > 0 and etas[3][1] == 0.0
+
+
 def test_an_algorithm_on_the_bare_interface_does_not_go_on_until_it_says_so():
     from types import SimpleNamespace
 

@@ -112,6 +112,8 @@ def test_finished_runs_keeps_only_runs_whose_summary_says_finished(tmp_path):
             (tmp_path / run).mkdir(parents=True)
             if status is not None:
                 (tmp_path / run / "summary.json").write_text(f'{{"status": "{status}"}}')
-    assert [(entry["cell"], run) for entry, run in finished_runs(tmp_path)] == [("a", tmp_path / "runs/a")]
+    assert [(run.entry["cell"], run.path, run.summary) for run in finished_runs(tmp_path)] == [
+        ("a", tmp_path / "runs/a", {"status": "finished"})
+    ]
     with pytest.raises(FedgeError, match="not a sweep directory"):
         finished_runs(tmp_path / "runs")

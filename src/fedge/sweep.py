@@ -38,14 +38,14 @@ from collections.abc import Callable
 from concurrent.futures import FIRST_COMPLETED, ProcessPoolExecutor, wait
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 import yaml
 from pydantic import Field, PositiveInt, ValidationError
 
 from fedge import results, stop
 from fedge.config import DEFAULT_ALGORITHM, StrictModel, load_raw, split_values
-from fedge.errors import ConfigError, FedgeError
+from fedge.errors import ConfigError, FedgeError, PathError
 from fedge.labels import short_keys
 from fedge.precheck import algorithm_keys, known_names, precheck
 
@@ -100,26 +100,44 @@ class Cell:
 
 @dataclass
 class Task:
-    """One run: a cell at a seed, and its run directory."""
+    """One run: a cell at a seed, its run directory and the length the sweep gives it."""
 
     cell: Cell
     seed: int
     run_dir: Path
+    rounds: int
 
     def state(self) -> str:
         if (self.run_dir / results.SUMMARY).is_file():
             return "done"
         return "interrupted" if (self.run_dir / results.CONFIG).is_file() else "pending"
 
-    def rounds(self) -> int:
-        """The length this sweep gives the run."""
-        return _parse(self.cell.raw).rounds
+    def work_left(self) -> float:
+        """The share of the run's length still to run, which the sweep's ETA weighs runs by: 1 for a
+        run not started, 0 for one a stop rule ended (it stays stopped)."""
+        import json
+
+        state = self.state()
+        if state == "pending":
+            return 1.0
+        if state == "done":
+            summary = json.loads((self.run_dir / results.SUMMARY).read_text())
+            if summary.get("stopped_by", "rounds") != "rounds":
+                return 0.0
+            done = summary["rounds"]
+        else:
+            try:
+                rows = results.read_jsonl(self.run_dir / results.METRICS)
+            except PathError:  # none yet, or a line torn by the kill: count the run as not started
+                rows = []
+            done = rows[-1].get("round", 0) if rows else 0
+        return max(0.0, 1.0 - done / self.rounds)
 
     def to_do(self) -> bool:
         """Whether the run is unfinished, or finished with another length than the sweep's."""
         if self.state() != "done":
             return True
-        return _parse(load_raw(self.run_dir / results.CONFIG)).rounds != self.rounds()
+        return load_raw(self.run_dir / results.CONFIG)["rounds"] != self.rounds
 
 
 @dataclass
@@ -279,24 +297,30 @@ def plan(base: dict[str, Any], spec: SweepSpec) -> tuple[Path, list[Task]]:
     """Validate every run's config (before anything runs) and give each its run directory."""
     cells = expand(base, spec)
     sweep_dir = Path((base.get("output") or {}).get("dir", "runs")) / spec.name
-    tasks, raws = [], []
+    runs = []
     for cell in cells:
         for seed in spec.seeds:
             run_name = f"{cell.slug}-s{seed}"
             raw = copy.deepcopy(cell.raw)
             raw["seed"] = seed
             raw.setdefault("output", {}).update(dir=str(sweep_dir / RUNS), name=run_name)
-            tasks.append(Task(cell, seed, sweep_dir / RUNS / run_name))
-            raws.append(raw)
+            runs.append((cell, seed, sweep_dir / RUNS / run_name, raw))
     names = known_names()
-    early = functools.partial(precheck, names=names)  # every config's schema first, before torch loads
-    for check in (early, lambda raw: _parse(copy.deepcopy(raw))):
-        for task, raw in zip(tasks, raws, strict=True):
-            try:
-                check(raw)
-            except ConfigError as error:
-                raise ConfigError(error.key, f"{error.message} (cell {task.cell.label})") from None
+    for cell, *_, raw in runs:  # every config's schema first, before torch loads
+        _in_cell(cell, functools.partial(precheck, raw, names=names))
+    tasks = [
+        Task(cell, seed, run_dir, _in_cell(cell, lambda raw=raw: _parse(copy.deepcopy(raw))).rounds)
+        for cell, seed, run_dir, raw in runs
+    ]
     return sweep_dir, tasks
+
+
+def _in_cell(cell: Cell, check: Callable[[], Any]) -> Any:
+    """``check()``'s result; a config error it raises names ``cell``."""
+    try:
+        return check()
+    except ConfigError as error:
+        raise ConfigError(error.key, f"{error.message} (cell {cell.label})") from None
 
 
 def _identity(base: dict[str, Any], spec: SweepSpec) -> str:
@@ -334,7 +358,7 @@ def run_task(task: Task) -> dict[str, Any]:
     from fedge.runner import open_run, start_run
 
     if task.state() != "pending":
-        return open_run(task.run_dir, rounds=task.rounds()).run().summary
+        return open_run(task.run_dir, rounds=task.rounds).run().summary
     raw = copy.deepcopy(task.cell.raw)
     raw["seed"] = task.seed
     raw.setdefault("output", {}).update(dir=str(task.run_dir.parent), name=task.run_dir.name)
@@ -480,10 +504,18 @@ def _write_index(sweep_dir: Path, tasks: list[Task], wall: dict[Path, float]) ->
     results.write_text(sweep_dir / INDEX, _csv(rows))
 
 
-def finished_runs(sweep_dir: Path) -> list[tuple[dict[str, str], Path]]:
-    """The runs of a sweep directory that finished, each with its ``index.csv`` entry (cell, label,
-    seed, ...). A run still going, killed or stopped as diverged is left out: its last round is not
-    where it ends."""
+class FinishedRun(NamedTuple):
+    """A finished run of a sweep: its ``index.csv`` entry (cell, label, seed, ...), directory and
+    ``summary.json``."""
+
+    entry: dict[str, str]
+    path: Path
+    summary: dict[str, Any]
+
+
+def finished_runs(sweep_dir: Path) -> list[FinishedRun]:
+    """The runs of a sweep directory that finished. A run still going, killed or stopped as diverged is
+    left out: its last round is not where it ends."""
     import json
 
     index = Path(sweep_dir) / INDEX
@@ -493,9 +525,10 @@ def finished_runs(sweep_dir: Path) -> list[tuple[dict[str, str], Path]]:
     with index.open() as handle:
         for entry in csv.DictReader(handle):
             run = Path(sweep_dir) / entry["run"]
-            summary = run / results.SUMMARY
-            if summary.is_file() and json.loads(summary.read_text()).get("status") == "finished":
-                out.append((entry, run))
+            path = run / results.SUMMARY
+            summary = json.loads(path.read_text()) if path.is_file() else {}
+            if summary.get("status") == "finished":
+                out.append(FinishedRun(entry, run, summary))
     return out
 
 
@@ -528,16 +561,17 @@ def run_sweep(base: dict[str, Any], spec: SweepSpec, on_done: Announce | None = 
     _claim(sweep_dir, base, spec)
     targets = stop.targets(_parse(tasks[0].cell.raw).stop)
     todo = [t for t in tasks if t.to_do()]
-    done, total, began = len(tasks) - len(todo), len(tasks), time.monotonic()
+    left = {t.run_dir: t.work_left() for t in todo}  # runs' shares of their length; the ETA's weights
+    done, total, ran, began = len(tasks) - len(todo), len(tasks), 0.0, time.monotonic()
     _write_index(sweep_dir, tasks, {})
 
     def finished(task: Task) -> None:
-        nonlocal done
+        nonlocal done, ran
         done += 1
-        ran = done - (len(tasks) - len(todo))
-        rate = (time.monotonic() - began) / ran
+        ran += left.pop(task.run_dir)
+        eta = (time.monotonic() - began) / ran * sum(left.values()) if ran else None
         if on_done is not None:
-            on_done(task, done, total, rate * (total - done))
+            on_done(task, done, total, eta)
         _write_index(sweep_dir, tasks, {})
 
     if spec.jobs == 1 or len(todo) <= 1:
