@@ -166,8 +166,8 @@ def test_hist_summary_pairs_seeds_and_tests_the_log_ratio(tmp_path):
     args = argparse.Namespace(out=tmp_path, cells=[2], targets=[0.7], seeds=[1, 2, 3], sweeps=[])
     table = hist.summary(args)
     row = next(line for line in table.splitlines() if line.startswith("| 70% | fully_noniid | 2 |"))
-    # HIST 3, 4, 5 MB (3 seeds); HFedAvg 8, 8 MB (seed 3 did not reach 70 %): pairs (3, 8), (4, 8)
-    assert "| 4.00 (3/3) | 8.00 (2/3) |" in row
+    # HIST 3, 4, 5 MB (3 seeds); HFedAvg 8, 8 MB (seed 3 has no run, which is named): pairs (3, 8), (4, 8)
+    assert "| 4.00 (3/3) | 8.00 (2/2); seed 3 not finished |" in row
     assert f"{math.sqrt(3 / 8 * 4 / 8):.2f} [" in row and "(0.38 / 0.50)" in row
     assert "2 seed(s)" not in row and "-4.50 [" in row
     # at equal traffic: seed 1's HFedAvg spent more than HIST's 3 MB in its first round (no pair), seed 2's
@@ -226,8 +226,8 @@ def test_hist_summary_reads_sweep_runs_by_their_configs(tmp_path):
     row = next(
         line for line in hist.summary(args).splitlines() if line.startswith("| 70% | fully_noniid | 2 |")
     )
-    # HIST 2, 3, 4 MB; HFedAvg 4 (seed 1), 6 (seed 3); pairs: seeds 1 and 3, ratios 0.50 and 0.67
-    assert "| 3.00 (3/3) | 5.00 (2/3) |" in row and "(0.50 / 0.67)" in row
+    # HIST 2, 3, 4 MB; HFedAvg 4 (seed 1), 6 (seed 3), seed 2 pending; pairs: seeds 1 and 3, ratios 0.50, 0.67
+    assert "| 3.00 (3/3) | 5.00 (2/2); seed 2 not finished |" in row and "(0.50 / 0.67)" in row
 
 
 def test_how_a_cell_moves_a_margin_is_paired_by_seed_against_the_baseline_cell():
