@@ -222,13 +222,14 @@ def summary(args: argparse.Namespace) -> str:
     def per_seed(split: str, name: str, cells: int, target: float) -> list[float | None]:
         return [mb[split, name, cells, target, seed] for seed in args.seeds]
 
-    def mean_text(split: str, name: str, cells: int, target: float) -> str:
-        """The mean MB over the seeds that reached ``target``, out of those whose run finished; the
-        seeds without a finished run are named, as not reached is not the same as not run."""
+    def mean_text(split: str, name: str, cells: int, values: list[float | None]) -> str:
+        """The mean of ``values`` (MB per seed to the target; None: not reached or not run) over the
+        seeds that reached it, out of those whose run finished; the seeds without a finished run are
+        named, as not reached is not the same as not run."""
         finished = [seed for seed in args.seeds if (split, name, cells, seed) in runs]
         if not finished:
             return "not finished"
-        hits = [v for v in per_seed(split, name, cells, target) if v is not None]
+        hits = [v for v in values if v is not None]
         text = f"{np.mean(hits):.2f} ({len(hits)}/{len(finished)})" if hits else f"none of {len(finished)}"
         missing = [str(seed) for seed in args.seeds if seed not in finished]
         if not missing:
@@ -259,8 +260,8 @@ def summary(args: argparse.Namespace) -> str:
                 paper = PAPER_TABLE_I.get((target, cells))
                 paper_text = f"{paper[0]:.2f}, {paper[1]:.2f}" if paper and split == "fully_noniid" else "-"
                 lines.append(
-                    f"| {100 * target:.0f}% | {split} | {cells} | {mean_text(split, 'hist', cells, target)} "
-                    f"| {mean_text(split, 'hfedavg', cells, target)} "
+                    f"| {100 * target:.0f}% | {split} | {cells} | {mean_text(split, 'hist', cells, hist)} "
+                    f"| {mean_text(split, 'hfedavg', cells, avg)} "
                     f"| {paired(hist, avg, ratio=True)} | {paired(hist, avg)} | {paper_text} |"
                 )
     lines += ["", "| ordering (paper's) | paired difference, MB (95 % interval) |", "|---|---|"]
