@@ -176,6 +176,26 @@ def test_hist_summary_pairs_seeds_and_tests_the_log_ratio(tmp_path):
     assert equal == "| fully_noniid | 2 | 4.0 | +25.00 one seed (+25.00) |"
 
 
+def test_hist_summary_names_the_papers_figures_for_each_split(tmp_path):
+    """Table I gives both splits: each row of the summary carries its own split's paper figures."""
+    import argparse
+
+    spec = importlib.util.spec_from_file_location("hist_experiments", EXAMPLES / "hist_experiments.py")
+    hist = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(hist)
+    for split in ("fully_noniid", "cell_iid"):
+        for name in ("hist", "hfedavg"):
+            run = tmp_path / split / "s1" / f"table1-{name}-n4"
+            run.mkdir(parents=True)
+            row = {"round": 1, "accuracy": 0.75, "client_up_mb": 1.0}
+            (run / "metrics.jsonl").write_text(json.dumps(row))
+    args = argparse.Namespace(out=tmp_path, cells=[4], targets=[0.7], seeds=[1], sweeps=[])
+    table = hist.summary(args).splitlines()
+    rows = {line.split(" | ")[1]: line for line in table if line.startswith("| 70% |")}
+    assert rows["fully_noniid"].endswith("| 8.08, 20.28 |")
+    assert rows["cell_iid"].endswith("| 3.32, 11.84 |")
+
+
 def test_hist_summary_reads_sweep_runs_by_their_configs(tmp_path):
     """LeNet-5's Table I rows come from ``fedge sweep`` directories: each run is found by its own config
     (split, algorithm, N, seed), runs not finished are skipped, and a second sweep adds seeds to the same
