@@ -34,11 +34,16 @@ def test_closest_afind_setup_is_the_papers_where_it_claims_to_be():
     assert afind["algorithm"]["local_epochs"] == gossip["algorithm"]["local_epochs"] == 5
 
 
-def _paired():
-    spec = importlib.util.spec_from_file_location("paired", EXAMPLES / "paired.py")
+def _example(name: str):
+    """The example script ``examples/<name>.py`` as a module (examples are scripts, not a package)."""
+    spec = importlib.util.spec_from_file_location(name, EXAMPLES / f"{name}.py")
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
     return module
+
+
+def _paired():
+    return _example("paired")
 
 
 def _fake_run(root: Path, name: str, algorithm: str, accuracies: list[float], selected=None) -> None:
@@ -149,9 +154,7 @@ def test_hist_summary_pairs_seeds_and_tests_the_log_ratio(tmp_path):
     import argparse
     import math
 
-    spec = importlib.util.spec_from_file_location("hist_experiments", EXAMPLES / "hist_experiments.py")
-    hist = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(hist)
+    hist = _example("hist_experiments")
     # MB per client per round: HIST 1, HFedAvg 4; rounds to 70 % per seed
     rounds = {("hist", 1): 3, ("hist", 2): 4, ("hist", 3): 5, ("hfedavg", 1): 2, ("hfedavg", 2): 2}
     for (name, seed), needed in rounds.items():
@@ -180,9 +183,7 @@ def test_hist_summary_names_the_papers_figures_for_each_split(tmp_path):
     """Table I gives both splits: each row of the summary carries its own split's paper figures."""
     import argparse
 
-    spec = importlib.util.spec_from_file_location("hist_experiments", EXAMPLES / "hist_experiments.py")
-    hist = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(hist)
+    hist = _example("hist_experiments")
     for split in ("fully_noniid", "cell_iid"):
         for name in ("hist", "hfedavg"):
             run = tmp_path / split / "s1" / f"table1-{name}-n4"
@@ -202,9 +203,7 @@ def test_hist_summary_reads_sweep_runs_by_their_configs(tmp_path):
     rows."""
     import argparse
 
-    spec = importlib.util.spec_from_file_location("hist_experiments", EXAMPLES / "hist_experiments.py")
-    hist = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(hist)
+    hist = _example("hist_experiments")
     # (sweep, split, name, seed, rounds to 70 %); MB per client per round: HIST 1, HFedAvg 2
     runs = [
         ("paper", "fully_noniid", "hist", 1, 2),
