@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import csv
 import os
+import pickle
 import signal
 import subprocess
 import sys
@@ -16,7 +17,7 @@ from typer.testing import CliRunner
 
 import fedge
 from fedge.cli import app
-from fedge.errors import FedgeError
+from fedge.errors import CheckpointError, ConfigError, DataError, Diverged, FedgeError, PathError
 from fedge.sweep import SweepSpec, expand, finished_runs, load_sweep, plan, run_sweep
 
 
@@ -52,6 +53,34 @@ def test_sweep_tabulates_mean_std_and_interval_over_seeds(tiny_config, tmp_path)
     assert run_sweep(base, spec).rows == outcome.rows
     with pytest.raises(FedgeError, match="different sweep"):
         run_sweep(base, spec.model_copy(update={"seeds": [1]}))
+
+
+@pytest.mark.parametrize(
+    "error",
+    [
+        ConfigError("model.options.hidden", "unknown option for cnn2"),
+        PathError("/runs/a", "not writable"),
+        CheckpointError("/runs/a/checkpoint.pt", "damaged"),
+        DataError("/data/x: missing"),
+        Diverged(Path("/runs/a"), 3, "loss is nan", 2),
+    ],
+)
+def test_errors_survive_the_trip_from_a_worker_process(error):
+    """A sweep's worker hands its error to the parent pickled: it arrives as itself, with its line."""
+    again = pickle.loads(pickle.dumps(error))
+    assert type(again) is type(error) and str(again) == str(error) and vars(again) == vars(error)
+
+
+@pytest.mark.slow
+def test_bad_cell_in_a_parallel_sweep_names_its_key(tiny_config, tmp_path):
+    """A value only a run can refuse (a model option) fails in a worker process; the sweep reports the
+    key, not a broken process pool."""
+    path = tmp_path / "sweep.yaml"
+    tiny_config["model"]["options"] = {"bogus": 1}
+    tiny_config["sweep"] = {"grid": {"algorithm.fraction": [0.6, 1.0]}, "jobs": 2}
+    path.write_text(yaml.safe_dump(tiny_config))
+    with pytest.raises(ConfigError, match="model.options.bogus"):
+        run_sweep(*load_sweep(path))
 
 
 @pytest.mark.parametrize("jobs", [1, pytest.param(2, marks=pytest.mark.slow)])

@@ -15,7 +15,13 @@ EXIT_PEER_LOST = 4  # a rank of a distributed run whose peer died or stopped ans
 
 
 class FedgeError(Exception):
-    """Base class of errors the CLI reports as one line with exit code 2 (:attr:`exit_code`)."""
+    """Base class of errors the CLI reports as one line with exit code 2 (:attr:`exit_code`).
+
+    An error whose constructor takes more than the message passes its arguments on to
+    ``Exception.__init__`` and words its line in ``__str__``: an exception is pickled as its class
+    and ``args``, and a sweep's worker process hands its error to the parent that way; with the line
+    alone in ``args`` the parent could not rebuild it and would report a broken process pool instead.
+    """
 
     exit_code = EXIT_BAD_INPUT
 
@@ -25,7 +31,10 @@ class ConfigError(FedgeError):
 
     def __init__(self, key: str, message: str):
         self.key, self.message = key, message  # the message without the key, to re-raise with more
-        super().__init__(f"{key}: {message}")
+        super().__init__(key, message)
+
+    def __str__(self) -> str:
+        return f"{self.key}: {self.message}"
 
 
 class DataError(FedgeError):
@@ -36,8 +45,11 @@ class PathError(FedgeError):
     """A file or folder cannot be used: not writable, not a directory, in use by another run."""
 
     def __init__(self, path: Path | str, message: str):
-        self.path = Path(path)
-        super().__init__(f"{path}: {message}")
+        self.path, self.message = Path(path), message
+        super().__init__(path, message)
+
+    def __str__(self) -> str:
+        return f"{self.args[0]}: {self.message}"
 
 
 class CheckpointError(PathError):
@@ -52,7 +64,12 @@ class Diverged(Exception):
 
     def __init__(self, run_dir: Path, round_: int, what: str, checkpoint_round: int | None):
         self.run_dir, self.round, self.what, self.checkpoint_round = run_dir, round_, what, checkpoint_round
-        kept = f"checkpoint of round {checkpoint_round} kept" if checkpoint_round else "no checkpoint yet"
-        super().__init__(
-            f"{run_dir}: diverged in round {round_}: {what} ({kept}; stop.on_nonfinite=continue runs on)"
+        super().__init__(run_dir, round_, what, checkpoint_round)  # picklable, as FedgeError explains
+
+    def __str__(self) -> str:
+        round_ = self.checkpoint_round
+        kept = f"checkpoint of round {round_} kept" if round_ else "no checkpoint yet"
+        return (
+            f"{self.run_dir}: diverged in round {self.round}: {self.what} "
+            f"({kept}; stop.on_nonfinite=continue runs on)"
         )
