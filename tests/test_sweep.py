@@ -29,6 +29,17 @@ def test_grid_cells_keep_only_keys_their_algorithm_knows(tiny_config):
     assert [c.slug for c in cells] == ["fedavg-fraction0.5", "fedavg-fraction1.0", "centralized"]
 
 
+def test_sweep_file_merges_into_its_base_and_a_dotted_key_replaces(tiny_config, tmp_path):
+    """As docs/usage.md says: a nested mapping in the sweep file merges into the base's, so an empty one
+    changes nothing; a cell's dotted key replaces the mapping whole."""
+    (tmp_path / "base.yaml").write_text(yaml.safe_dump(tiny_config))
+    sweep = {"sweep": {"base": "base.yaml", "cells": {"kept": {}, "bare": {"model.options": {}}}}}
+    (tmp_path / "sweep.yaml").write_text(yaml.safe_dump({**sweep, "model": {"options": {}}}))
+    base, spec = load_sweep(tmp_path / "sweep.yaml")
+    options = {cell.slug: cell.raw["model"]["options"] for cell in expand(base, spec)}
+    assert options == {"kept": {"hidden": [16]}, "bare": {}}
+
+
 def test_sweep_tabulates_mean_std_and_interval_over_seeds(tiny_config, tmp_path):
     path = tmp_path / "sweep.yaml"
     tiny_config["sweep"] = {"grid": {"algorithm.fraction": [0.6, 1.0]}, "seeds": [5, 6], "name": "s"}
