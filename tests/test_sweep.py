@@ -82,15 +82,28 @@ def test_errors_survive_the_trip_from_a_worker_process(error):
     assert type(again) is type(error) and str(again) == str(error) and vars(again) == vars(error)
 
 
-@pytest.mark.slow
-def test_bad_cell_in_a_parallel_sweep_names_its_key(tiny_config, tmp_path):
-    """A value only a run can refuse (a model option) fails in a worker process; the sweep reports the
-    key, not a broken process pool."""
+def test_sweep_refuses_an_unknown_model_option_before_any_run(tiny_config, tmp_path):
+    """Model options are the builder's: a misspelt one is refused with its key and cell while planning,
+    not by a worker half-way through the sweep."""
     path = tmp_path / "sweep.yaml"
+    tiny_config["sweep"] = {"grid": {"algorithm.fraction": [0.6, 1.0]}, "name": "s"}
     tiny_config["model"]["options"] = {"bogus": 1}
+    path.write_text(yaml.safe_dump(tiny_config))
+    refused = r"model.options.bogus: unknown option for mlp.*\(cell fraction=0.6\)"
+    with pytest.raises(ConfigError, match=refused):
+        run_sweep(*load_sweep(path))
+    assert not (tmp_path / "runs" / "s" / "runs").exists()
+
+
+@pytest.mark.slow
+def test_a_worker_error_reaches_the_sweep_as_itself(tiny_config, tmp_path):
+    """A run that diverges in one of two worker processes stops the sweep with its own error (the
+    parent unpickles it), not a broken process pool."""
+    path = tmp_path / "sweep.yaml"
+    tiny_config["algorithm"]["optimizer"]["lr"] = 1e30
     tiny_config["sweep"] = {"grid": {"algorithm.fraction": [0.6, 1.0]}, "jobs": 2}
     path.write_text(yaml.safe_dump(tiny_config))
-    with pytest.raises(ConfigError, match="model.options.bogus"):
+    with pytest.raises(Diverged, match="diverged in round 1"):
         run_sweep(*load_sweep(path))
 
 

@@ -67,8 +67,8 @@ class Diverged(Exception):
         super().__init__(run_dir, round_, what, checkpoint_round)  # picklable, as FedgeError explains
 
     def __str__(self) -> str:
-        round_ = self.checkpoint_round
-        kept = f"checkpoint of round {round_} kept" if round_ else "no checkpoint yet"
+        saved = self.checkpoint_round
+        kept = f"checkpoint of round {saved} kept" if saved else "no checkpoint yet"
         return (
             f"{self.run_dir}: diverged in round {self.round}: {self.what} "
             f"({kept}; stop.on_nonfinite=continue runs on)"

@@ -31,6 +31,7 @@ from fedge.data.sources import SOURCES
 from fedge.data.user import user_dataset
 from fedge.errors import ConfigError
 from fedge.models import MODELS
+from fedge.models.registry import validate_options
 
 BUILT_IN = {"model": frozenset(MODELS), "dataset": frozenset(SOURCES), "algorithm": frozenset(ALGORITHMS)}
 _LOADED: set[str] = set()
@@ -119,10 +120,18 @@ def load_entry_points() -> None:
 def parse_config(raw: dict[str, Any]) -> RunConfig:
     """A nested dict validated into a :class:`RunConfig`, installed plugins registered first."""
     load_entry_points()
-    return config.parse_config(raw)
+    return _options_checked(config.parse_config(raw))
 
 
 def load_config(path: Path | None = None, overrides: list[str] | None = None) -> RunConfig:
     """A YAML config file (or the defaults) with dotted overrides, installed plugins registered first."""
     load_entry_points()
-    return config.load_config(path, overrides)
+    return _options_checked(config.load_config(path, overrides))
+
+
+def _options_checked(parsed: RunConfig) -> RunConfig:
+    """``parsed``, its zoo model's options checked against the builder (as building it would), so that
+    a sweep refuses a misspelt option before any run starts; a model outside the zoo is the user's."""
+    if parsed.model.name in MODELS:
+        validate_options(parsed.model.name, parsed.model.options)
+    return parsed

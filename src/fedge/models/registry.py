@@ -47,7 +47,7 @@ def _option_types(builder: Builder) -> dict[str, Any]:
     return {p.name: hints[p.name] for p in params if p.kind is inspect.Parameter.KEYWORD_ONLY}
 
 
-def _validate_options(name: str, options: dict[str, Any]) -> dict[str, Any]:
+def validate_options(name: str, options: dict[str, Any]) -> dict[str, Any]:
     """Options checked and coerced against the builder's annotations, each error naming its key."""
     types = _option_types(MODELS[name])
     valid = {}
@@ -67,7 +67,7 @@ def build_model(name: str, input_shape: tuple[int, ...], num_classes: int, **opt
     global RNG (the caller seeds it)."""
     if name not in MODELS:
         raise ConfigError("model.name", f"unknown model {name!r}; known: {', '.join(MODELS)}")
-    return as_split_model(MODELS[name](tuple(input_shape), num_classes, **_validate_options(name, options)))
+    return as_split_model(MODELS[name](tuple(input_shape), num_classes, **validate_options(name, options)))
 
 
 def model_descriptions() -> dict[str, str]:
