@@ -346,6 +346,11 @@ def aircomp(args: argparse.Namespace) -> str:
     return "\n".join(lines)
 
 
+def latency_run(scheme: str, sizes: str) -> str:
+    """The run directory's name of one ``latency`` run (``latency-oma-hist-optimised``)."""
+    return f"latency-{scheme.split()[0].lower()}-{sizes}"
+
+
 def latency(args: argparse.Namespace) -> str:
     lines = [
         "| scheme | mask sizes | latency to target (simulated s) | mean latency per round (s) |",
@@ -363,8 +368,9 @@ def latency(args: argparse.Namespace) -> str:
                 f"algorithm.local_steps={args.steps}",
                 *args.set,
             ]
-            label = f"latency-{scheme.split()[0].lower()}-{sizes}"
-            rows = train(config, overrides, args.rounds, args.target, args.out / label, args.reuse)
+            rows = train(
+                config, overrides, args.rounds, args.target, args.out / latency_run(scheme, sizes), args.reuse
+            )
             per_round = rows[-1]["sim_seconds"] / len(rows)
             lines.append(
                 f"| {scheme} | {sizes} | {reached(rows, args.target, 'sim_seconds', ' s')} "
@@ -405,6 +411,71 @@ def model_latency(args: argparse.Namespace, draws: int = 30) -> str:
         u, o = np.mean(uniform), np.mean(optimised)
         lines.append(f"| {scheme} | {u:.4f} | {o:.4f} | {100 * (1 - o / u):.1f}% | {np.mean(full):.4f} |")
     return "\n".join(lines)
+
+
+def seed_rows(out: Path, seeds: list[int], name: str) -> list[list[dict[str, Any]]]:
+    """The evaluated rows of run ``name`` for each seed, from ``OUT/s<seed>/<name>``."""
+    return [evaluated(results.read_jsonl(out / f"s{seed}" / name / results.METRICS)) for seed in seeds]
+
+
+def swing(rows: list[dict[str, Any]], tail: int = 5) -> float:
+    """Max minus min accuracy over the last ``tail`` rounds, in points: Fig. 7(a)'s oscillation."""
+    last = [100 * r["accuracy"] for r in rows[-tail:]]
+    return max(last) - min(last)
+
+
+def finals(runs: list[list[dict[str, Any]]]) -> str:
+    """Each seed's final accuracy in percent, ``75.03 / 74.10``."""
+    return " / ".join(f"{100 * rows[-1]['accuracy']:.2f}" for rows in runs)
+
+
+def aircomp_paired(args: argparse.Namespace, out: Path, seeds: list[int]) -> str:
+    """Fig. 7(a) over seeds, paired (same seed: same data, cells, initial model and radio draws): OMA-HIST's
+    final accuracy minus each AirComp run's (what the channel noise costs), and the AirComp run's swing
+    over the last 5 rounds minus OMA's (the oscillation the figure shows at low SNR)."""
+    oma = seed_rows(out, seeds, "fig7a-oma")
+    lines = [
+        "| run | final acc. % (per seed) | OMA - it, final acc. (points) | its swing - OMA's, last 5 rounds "
+        "(points) |",
+        "|---|---|---|---|",
+        f"| OMA-HIST | {finals(oma)} | - | - |",
+    ]
+    for snr in args.snr:
+        for norm in args.normalisation:
+            runs = seed_rows(out, seeds, f"fig7a-{snr:+.0f}dB-{norm}")
+            cost = [100 * (a[-1]["accuracy"] - b[-1]["accuracy"]) for a, b in zip(oma, runs, strict=True)]
+            wobble = [swing(b) - swing(a) for a, b in zip(oma, runs, strict=True)]
+            lines.append(
+                f"| AirComp-HIST {snr:+.0f} dB ({norm}) | {finals(runs)} | {paired_text(cost)} "
+                f"| {paired_text(wobble)} |"
+            )
+    return "\n".join(lines)
+
+
+def latency_paired(args: argparse.Namespace, out: Path, seeds: list[int]) -> str:
+    """Latency to the target over seeds, paired: uniform mask sizes' simulated seconds minus the optimised
+    sizes' (Eq. 19's saving), over the seeds where both runs reached the target, and per round."""
+    optimised, uniform = (
+        seed_rows(out, seeds, latency_run("OMA-HIST", kind)) for kind in ("optimised", "uniform")
+    )
+    to_target, per_round, shown = [], [], []
+    for a, b in zip(uniform, optimised, strict=True):
+        per_round.append(b[-1]["sim_seconds"] / len(b) / (a[-1]["sim_seconds"] / len(a)) - 1)
+        hit_a, hit_b = first(a, args.target), first(b, args.target)
+        if hit_a is not None and hit_b is not None:
+            to_target.append(hit_a["sim_seconds"] - hit_b["sim_seconds"])
+            shown.append(f"{hit_a['sim_seconds']:.2f} - {hit_b['sim_seconds']:.2f}")
+    return "\n".join(
+        [
+            "| figure | per seed | paired over seeds |",
+            "|---|---|---|",
+            f"| uniform - optimised, simulated s to {100 * args.target:.0f} % ({len(to_target)} of "
+            f"{len(seeds)} seeds reached it with both) | {' / '.join(shown)} | {paired_text(to_target)} |",
+            "| optimised / uniform - 1, simulated s per round (%) "
+            f"| {' / '.join(f'{100 * v:+.1f}' for v in per_round)} "
+            f"| {paired_text([100 * v for v in per_round])} |",
+        ]
+    )
 
 
 def main() -> None:
@@ -453,6 +524,11 @@ def main() -> None:
         table = command(args)
         (args.out / f"{args.command}.md").write_text(table + "\n")
         print(table if seed is None else f"seed {seed}\n{table}")
+    pairing = {"aircomp": aircomp_paired, "latency": latency_paired}.get(args.command)
+    if pairing is not None and args.seeds and len(args.seeds) > 1:
+        table = pairing(args, out, args.seeds)
+        (out / f"{args.command}-paired.md").write_text(table + "\n")
+        print(f"paired over seeds {', '.join(map(str, args.seeds))}\n{table}")
 
 
 if __name__ == "__main__":

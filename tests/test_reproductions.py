@@ -16,7 +16,8 @@ EXAMPLES = Path(__file__).parents[1] / "examples"
 
 
 @pytest.mark.parametrize(
-    ("name", "runs"), [("afind-factors", 144), ("afind-closest", 36), ("hist-lenet-table1", 8)]
+    ("name", "runs"),
+    [("afind-factors", 144), ("afind-closest", 36), ("afind-table1", 90), ("hist-lenet-table1", 8)],
 )
 def test_reproduction_sweeps_validate_every_cell(name, runs):
     base, spec = load_sweep(f"example:sweeps/{name}")
@@ -260,3 +261,69 @@ def test_how_a_cell_moves_a_margin_is_paired_by_seed_against_the_baseline_cell()
     assert [(group, name) for group, name, _ in rows] == [("epochs-5, kind=dirichlet", "gossip")]
     assert rows[0][2] == pytest.approx({7: 0.02, 8: -0.01})  # seed 9 has no baseline pair
     assert "s7: +2.00 / s8: -1.00" in paired.moved_markdown(rows, "afind", "small")
+
+
+def _rows_run(run: Path, rows: list[dict]) -> None:
+    run.mkdir(parents=True)
+    (run / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+
+
+def test_hist_aircomp_is_paired_by_seed_against_oma(tmp_path):
+    """Fig. 7(a) over seeds: OMA's final accuracy minus AirComp's, and AirComp's extra swing, per seed."""
+    import argparse
+
+    hist = _example("hist_experiments")
+    finals = {"fig7a-oma": (0.75, 0.73, 0.74), "fig7a--20dB-paper": (0.64, 0.60, 0.66)}
+    for name, per_seed in finals.items():
+        for seed, final in zip((1, 2, 3), per_seed, strict=True):
+            wobble = 0.04 if "dB" in name else 0.0  # AirComp swings 4 points over the last rounds, OMA none
+            rows = [{"round": t, "accuracy": final - wobble * (t % 2)} for t in range(1, 11)]
+            rows[-1]["accuracy"] = final
+            _rows_run(tmp_path / f"s{seed}" / name, rows)
+    args = argparse.Namespace(snr=[-20.0], normalisation=["paper"])
+    table = hist.aircomp_paired(args, tmp_path, [1, 2, 3])
+    row = next(line for line in table.splitlines() if line.startswith("| AirComp-HIST -20 dB"))
+    # OMA - AirComp: 11, 13, 8 points (mean 10.67); swing 4 points more on every seed (no spread)
+    assert "| 64.00 / 60.00 / 66.00 |" in row and "+10.67 [" in row and "] higher" in row
+    assert row.endswith("| +4.00 [+4.00, +4.00] higher |")
+
+
+def test_hist_latency_pairs_only_seeds_where_both_sizes_reach_the_target(tmp_path):
+    import argparse
+
+    hist = _example("hist_experiments")
+    # (seconds per round, rounds to 75 %) per seed; seed 3's uniform run never reaches it
+    runs = {"optimised": [(1.0, 4), (1.2, 5), (1.0, 4)], "uniform": [(1.5, 4), (1.5, 6), (1.5, None)]}
+    for sizes, per_seed in runs.items():
+        for seed, (per_round, needed) in enumerate(per_seed, start=1):
+            rows = [
+                {"round": t, "sim_seconds": per_round * t, "accuracy": 0.8 if t == needed else 0.5}
+                for t in range(1, (needed or 8) + 1)
+            ]
+            _rows_run(tmp_path / f"s{seed}" / hist.latency_run("OMA-HIST", sizes), rows)
+    table = hist.latency_paired(argparse.Namespace(target=0.75), tmp_path, [1, 2, 3]).splitlines()
+    # uniform - optimised to 75 %: seed 1 6.0 - 4.0, seed 2 9.0 - 6.0; seed 3 is left out, and named
+    assert "(2 of 3 seeds reached it with both) | 6.00 - 4.00 / 9.00 - 6.00 | +2.50 [" in table[2]
+    # optimised / uniform - 1 per round: -33.3, -20.0, -33.3 %
+    assert "| -33.3 / -20.0 / -33.3 | -28.89 [" in table[3]
+
+
+def test_light_fedsl_pairs_speed_for_fig3a_and_stability_for_fig2a():
+    light = _example("light_fedsl_experiments")
+
+    def curve(reach_at: int, wobble: float = 0.0) -> list[dict]:
+        return [
+            {"round": t, "accuracy": (0.96 if t >= reach_at else 0.5) + wobble * (t % 2)}
+            for t in range(1, 21)
+        ]
+
+    fig3a = {"I=1": [curve(4), curve(5), curve(6)], "I=5": [curve(7), curve(9), curve(30)]}
+    pairs = light.group_pairs("fig3a_dirichlet", fig3a)
+    # I=5 - I=1 rounds to 95 %: 3 and 4 rounds; the third seed's I=5 never reaches 95 % and is named
+    assert pairs["rounds to 95 %: I=5 - I=1"].startswith("+3.50 [")
+    assert pairs["rounds to 95 %: I=5 - I=1"].endswith("(2 of 3 seeds reached it in both)")
+    assert "I=1 - I=5" in pairs  # the final accuracy's pair stays
+    fig2a = {"rho_f=0.35": [curve(1)] * 3, "rho_f=0.7": [curve(1, wobble=0.02)] * 3}
+    noisier = light.group_pairs("fig2a_pair", fig2a)["fluctuation (pp): rho_f=0.7 - rho_f=0.35"]
+    expected = 100 * (light.fluctuation(curve(1, wobble=0.02)) - light.fluctuation(curve(1)))
+    assert expected > 1.5 and noisier == f"{expected:+.2f} [{expected:+.2f}, {expected:+.2f}] higher"
