@@ -5,6 +5,7 @@ latency to a target accuracy with optimised vs uniform mask sizes (Fig. 6 / Eq. 
     python examples/hist_experiments.py aircomp [--rounds 15] [--snr -20 -10 10] [--steps 20]
     python examples/hist_experiments.py latency [--rounds 20] [--target 0.75]
     python examples/hist_experiments.py table1 --seeds 1,2,3 --dataset mnist   # a set of runs per seed
+    python examples/hist_experiments.py aircomp --seeds 1,2,3,4,5   # then paired over the seeds
     python examples/hist_experiments.py summary --seeds 1,2,3 --out OUT   # OUT/<split>/s<seed>, paired
     python examples/hist_experiments.py summary --seeds 1,2,3 --targets 0.7 --sweeps SWEEP ... --out OUT
         # the same from ``fedge sweep`` runs (examples/sweeps/hist-lenet-table1.yaml), keyed by their configs
@@ -14,7 +15,10 @@ overrides (``--set key=value`` adds more, e.g. ``--set model.name=lenet5`` for t
 stops once it has reached every target (``stop.target_accuracy``, or after ``--rounds``) and is an ordinary
 run directory ``OUT/<run>/`` (``metrics.jsonl`` with one row per global round, ``fedge report OUT`` draws
 them all); the summary table goes to ``OUT/<command>.md``. With ``--reuse`` a finished run is read, not
-rerun. Full scale: raise ``--rounds``.
+rerun. With several ``--seeds``, ``aircomp`` and ``latency`` also pair the seeds' runs (same seed: same
+data, cells, initial model and radio draws) into ``OUT/<command>-paired.md``: what AirComp costs against
+OMA, and what optimised mask sizes save against uniform ones, each with its 95 % interval. Full scale:
+raise ``--rounds``.
 """
 
 from __future__ import annotations
@@ -131,7 +135,7 @@ def table1(args: argparse.Namespace) -> str:
     ]
     for target in args.targets:
         for cells in args.cells:
-            paper = [f"{v:.2f}" for v in PAPER_TABLE_I.get((target, split, cells), (float("nan"),) * 2)]
+            paper = [f"{v:.2f}" for v in PAPER_TABLE_I.get((target, split, cells), ())] or ["-", "-"]
             hist = reached(runs[("hist", cells)], target, "client_up_mb", "")
             avg = reached(runs[("hfedavg", cells)], target, "client_up_mb", "")
             lines.append(f"| {100 * target:.0f}% | {cells} | {hist} | {avg} | {paper[0]} | {paper[1]} |")
@@ -300,6 +304,11 @@ def summary(args: argparse.Namespace) -> str:
     return "\n".join(lines)
 
 
+def aircomp_run(snr: float, normalisation: str) -> str:
+    """The run directory's name of one AirComp run of the ``aircomp`` command (``fig7a--20dB-paper``)."""
+    return f"fig7a-{snr:+.0f}dB-{normalisation}"
+
+
 def aircomp(args: argparse.Namespace) -> str:
     config = EXAMPLES / "hist-aircomp.yaml"
     base = [f"algorithm.local_steps={args.steps}", *args.set]
@@ -326,7 +335,7 @@ def aircomp(args: argparse.Namespace) -> str:
                 overrides,
                 args.rounds,
                 None,
-                args.out / f"fig7a-{snr:+.0f}dB-{norm}",
+                args.out / aircomp_run(snr, norm),
                 args.reuse,
             )
     tail = min(5, args.rounds)
@@ -442,7 +451,7 @@ def aircomp_paired(args: argparse.Namespace, out: Path, seeds: list[int]) -> str
     ]
     for snr in args.snr:
         for norm in args.normalisation:
-            runs = seed_rows(out, seeds, f"fig7a-{snr:+.0f}dB-{norm}")
+            runs = seed_rows(out, seeds, aircomp_run(snr, norm))
             cost = [100 * (a[-1]["accuracy"] - b[-1]["accuracy"]) for a, b in zip(oma, runs, strict=True)]
             wobble = [swing(b) - swing(a) for a, b in zip(oma, runs, strict=True)]
             lines.append(
@@ -470,7 +479,8 @@ def latency_paired(args: argparse.Namespace, out: Path, seeds: list[int]) -> str
             "| figure | per seed | paired over seeds |",
             "|---|---|---|",
             f"| uniform - optimised, simulated s to {100 * args.target:.0f} % ({len(to_target)} of "
-            f"{len(seeds)} seeds reached it with both) | {' / '.join(shown)} | {paired_text(to_target)} |",
+            f"{len(seeds)} seeds reached it with both) | {' / '.join(shown) or '-'} "
+            f"| {paired_text(to_target) if to_target else '-'} |",
             "| optimised / uniform - 1, simulated s per round (%) "
             f"| {' / '.join(f'{100 * v:+.1f}' for v in per_round)} "
             f"| {paired_text([100 * v for v in per_round])} |",

@@ -3,7 +3,8 @@
 Every run is ``light-fedsl-digits.yaml`` (mini-VGG-13-BN at width 1/4, 5 iid clients, b = 32, eta = 0.05,
 T = 300 one-step rounds) with the overrides of its group, over several seeds:
 
-- ``fig2b`` quantization (rho_f = 0, p = 0, I = 1, cut 4): q = 4 and 8 against the FedSL baseline;
+- ``fig2b`` quantization (rho_f = 0, p = 0, I = 1, cut 4): q = 4, 8 and full precision against the FedSL
+  baseline;
   ``fig2b_pair`` (and ``fig2a_pair``, ``fig3a_pair``) the claim's variants alone, without the baseline (the
   same runs);
 - ``fig2a`` pruning (q full, p = 0, I = 1, cut 4): rho_f = 0 (the baseline), 0.35, 0.7;
@@ -68,6 +69,7 @@ GROUPS: dict[str, list[tuple[str, dict[str, Any], int]]] = {
         BASELINE,
         ("q=8", {**OFF, "quant_bits": 8}, 4),
         ("q=4", {**OFF, "quant_bits": 4}, 4),
+        ("q=full", OFF, 4),  # the same client with quantization off: "q = 8 ~ full precision" pairs with it
     ],
     "fig2a": [
         BASELINE,

@@ -306,6 +306,9 @@ def test_hist_latency_pairs_only_seeds_where_both_sizes_reach_the_target(tmp_pat
     assert "(2 of 3 seeds reached it with both) | 6.00 - 4.00 / 9.00 - 6.00 | +2.50 [" in table[2]
     # optimised / uniform - 1 per round: -33.3, -20.0, -33.3 %
     assert "| -33.3 / -20.0 / -33.3 | -28.89 [" in table[3]
+    # at a target no run reaches, the per-round figure still stands and the time to it is a dash
+    table = hist.latency_paired(argparse.Namespace(target=0.9), tmp_path, [1, 2, 3]).splitlines()
+    assert "(0 of 3 seeds reached it with both) | - | - |" in table[2] and "-28.89 [" in table[3]
 
 
 def test_light_fedsl_pairs_speed_for_fig3a_and_stability_for_fig2a():
