@@ -296,14 +296,13 @@ def group_pairs(group: str, runs: dict[str, list[list[dict]]]) -> dict[str, str]
     """The paired tests a group's claim needs. Fig. 3(b,d) claims shallow cuts are robust to the cut
     dropout p and deep ones fragile: per cut, p = 0 minus each p > 0 (what dropout costs), and the cost at
     the shallowest cut minus the cost at the deepest (a difference of paired differences, which the claim
-    says is below zero). Every other group: its first variant minus each of the others."""
+    says is below zero). Every other group: its first variant minus each of the others, and where the claim
+    is about speed (Fig. 3(a)) or stability (Fig. 2(a)) each other's rounds to 95 % or fluctuation minus
+    the first's."""
     if not group.startswith("fig3bd"):
-        variants = [label for label in runs if label != BASELINE[0]]
-        out = {
-            f"{variants[0]} - {label}": paired_final(runs[variants[0]], runs[label]) for label in variants[1:]
-        }
-        first = variants[0]
-        for label in variants[1:]:
+        first, *others = [label for label in runs if label != BASELINE[0]]
+        out = {f"{first} - {label}": paired_final(runs[first], runs[label]) for label in others}
+        for label in others:
             if group.startswith("fig3a"):  # "larger I is slower": a claim about speed, not the end point
                 out[f"rounds to 95 %: {label} - {first}"] = paired_rounds(runs[label], runs[first])
             if group.startswith("fig2a"):  # "larger rho_f is less stable": the curve's noisiness
