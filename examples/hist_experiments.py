@@ -304,6 +304,9 @@ def summary(args: argparse.Namespace) -> str:
     return "\n".join(lines)
 
 
+OMA_RUN = "fig7a-oma"  # the run directory of the ``aircomp`` command's OMA baseline
+
+
 def aircomp_run(snr: float, normalisation: str) -> str:
     """The run directory's name of one AirComp run of the ``aircomp`` command (``fig7a--20dB-paper``)."""
     return f"fig7a-{snr:+.0f}dB-{normalisation}"
@@ -318,7 +321,7 @@ def aircomp(args: argparse.Namespace) -> str:
             [*base, "algorithm.aggregation=oma"],
             args.rounds,
             None,
-            args.out / "fig7a-oma",
+            args.out / OMA_RUN,
             args.reuse,
         )
     }
@@ -442,7 +445,7 @@ def aircomp_paired(args: argparse.Namespace, out: Path, seeds: list[int]) -> str
     """Fig. 7(a) over seeds, paired (same seed: same data, cells, initial model and radio draws): OMA-HIST's
     final accuracy minus each AirComp run's (what the channel noise costs), and the AirComp run's swing
     over the last 5 rounds minus OMA's (the oscillation the figure shows at low SNR)."""
-    oma = seed_rows(out, seeds, "fig7a-oma")
+    oma = seed_rows(out, seeds, OMA_RUN)
     lines = [
         "| run | final acc. % (per seed) | OMA - it, final acc. (points) | its swing - OMA's, last 5 rounds "
         "(points) |",
