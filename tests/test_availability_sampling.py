@@ -1,4 +1,4 @@
-"""Availability-aware participant sampling (fedge.algorithms.availability): the synchronous algorithms
+"""Availability-aware participant sampling (fedge.runtime.availability): the synchronous algorithms
 that sample participants draw them among the clients online in the round, and nothing changes when
 every client is online."""
 

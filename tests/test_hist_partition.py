@@ -7,6 +7,7 @@ import numpy as np
 import pytest
 import torch
 
+from fedge.aggregation import AnchoredMean, Updates
 from fedge.algorithms.hierarchical.cost import values_mb
 from fedge.algorithms.hierarchical.masks import (
     check_cells,
@@ -99,7 +100,9 @@ def test_merge_of_untouched_submodels_is_the_model_bit_exactly(form, name, shape
     sizes = uniform_owner_sizes(layout, 3) + np.array([1, 1, -2])  # uneven: compact form pads
     views = CellViews.build(layout, draw_owners(layout, sizes, np.random.default_rng(0)), 3, form)
     cells = views.gather(params)
-    merged = views.merge(cells)
+    merged = views.merge(
+        cells, lambda shared: AnchoredMean().reduce(Updates.of("cloud", 1, shared, torch.ones(3) / 3))
+    )
     assert all(torch.equal(merged[k], params[k]) for k in params)
     shared = sum(p.numel() for k, p in params.items() if k not in partitioned_names(layout))
     assert views.values(params).sum() == sum(p.numel() for p in params.values()) + 2 * shared

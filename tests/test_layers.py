@@ -32,6 +32,8 @@ RANKS = {
     "system": 4,
     "comm": 5,
     "engine": 6,
+    "aggregation": 6,
+    "runtime": 6,
     "distributed": 6,
     "algorithms": 7,
     "results": 8,

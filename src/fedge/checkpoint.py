@@ -81,12 +81,18 @@ class Checkpoint:
 def config_digest(config: RunConfig) -> str:
     """SHA-256 of everything in a config that shapes the run's state up to a round (``output`` and
     ``stop`` do not; ``rounds`` is checked apart, by :mod:`fedge.run_length`)."""
-    return _digest(config.model_dump(mode="json", exclude={"output", "stop", "rounds"}))
+    return _digest(config.model_dump(mode="json", exclude=_unshaping(config, {"output", "stop", "rounds"})))
 
 
 def _older_digest(config: RunConfig) -> str:
     """The digest a checkpoint without a ``rounds`` header field holds: it covers ``rounds`` too."""
-    return _digest(config.model_dump(mode="json", exclude={"output", "stop"}))
+    return _digest(config.model_dump(mode="json", exclude=_unshaping(config, {"output", "stop"})))
+
+
+def _unshaping(config: RunConfig, keys: set[str]) -> set[str]:
+    """``keys`` and, while it is empty, the ``aggregation`` block: a run without stages has the digest it
+    had before the block existed, so its older checkpoints still resume."""
+    return keys if config.aggregation.stages else {*keys, "aggregation"}
 
 
 def _digest(data: dict[str, Any]) -> str:

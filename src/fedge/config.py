@@ -527,6 +527,37 @@ class TrackerConfig(StrictModel):
     """MLflow tracking URI (default: its own, MLFLOW_TRACKING_URI)"""
 
 
+
+AggregationSite = Literal["server", "edge", "cloud", "peer", "buffer"]
+
+
+class StageConfig(StrictModel):
+    """One stage of the aggregation pipeline (``fedge.aggregation``): a transform of the received updates
+    or the reducer that closes the chain; a plain name is enough."""
+
+    name: str
+    """the stage: mean (each site's own) or one registered with fedge.register_stage"""
+    at: list[AggregationSite] | None = None
+    """the sites it applies at: server, edge, cloud, peer, buffer (default: every site)"""
+    options: dict[str, Any] = Field(default_factory=dict)
+    """the stage's own keywords"""
+
+
+class AggregationConfig(StrictModel):
+    """What happens to the updates a node receives before they become its new state: an ordered chain
+    of stages at every aggregation site; with none, each site takes its own mean, as its paper does."""
+
+    stages: list[StageConfig] = Field(default_factory=list)
+    """the stages in order (a reducer, if any, last at each site)"""
+
+    @field_validator("stages", mode="before")
+    @classmethod
+    def _stages_by_name(cls, value: Any) -> Any:
+        if isinstance(value, str | dict):
+            value = [value]
+        return [{"name": item} if isinstance(item, str) else item for item in value or []]
+
+
 class RunConfig(StrictModel):
     """Everything that defines a run."""
 
@@ -546,6 +577,8 @@ class RunConfig(StrictModel):
         default_factory=lambda: {"name": DEFAULT_ALGORITHM}, validate_default=True
     )
     """the algorithm (by name) and its knobs: `fedge list --algorithm NAME`"""
+    aggregation: AggregationConfig = Field(default_factory=AggregationConfig)
+    """the stages between the updates a node receives and its new state"""
     system: SystemConfig = Field(default_factory=SystemConfig)
     """the wireless system and compute model behind the simulated clock"""
     engine: EngineConfig = Field(default_factory=EngineConfig)

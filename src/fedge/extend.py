@@ -1,12 +1,16 @@
-"""The public extension API: register models, datasets and algorithms by name for use from YAML.
+"""The public extension API: register models, datasets, algorithms and aggregation stages by name for use
+from YAML.
 
 ``register_model(name, factory)``: ``factory(input_shape, num_classes, **options) -> nn.Module``; its
 keyword-only, annotated parameters are the ``model.options`` a config may set (checked like the zoo's).
 ``register_dataset(name, loader)``: ``loader(data_config, seed)`` returns a
 :class:`~fedge.data.dataset.Dataset` or a ``(train, test)`` pair, each a torch Dataset or ``(X, y)``.
 ``register_algorithm(name, cls, config_cls)``: an :class:`~fedge.algorithms.Algorithm` subclass and its
-config (a subclass of :class:`~fedge.config.AlgorithmConfig`). A name that a built-in already has, or
-that another object already took, is refused with a one-line error. Installed packages register through
+config (a subclass of :class:`~fedge.config.AlgorithmConfig`). ``register_stage(name, factory)``:
+``factory(**options)`` returns an aggregation :class:`~fedge.aggregation.Transform` or
+:class:`~fedge.aggregation.Reducer` (:mod:`fedge.aggregation.pipeline`). A name that a built-in already
+has, or that another object already took, is refused with a one-line error. Installed packages register
+through
 the entry-point groups of :mod:`fedge.plugins`; :func:`load_entry_points` loads them once.
 
 :func:`parse_config` and :func:`load_config` are the config readers of every layer above this one (the
@@ -24,6 +28,8 @@ from typing import Any
 from torch import nn
 
 from fedge import config, plugins
+from fedge.aggregation import SITES, STAGES, Stage, build_pipeline
+from fedge.aggregation import registry as aggregation_registry
 from fedge.algorithms import ALGORITHMS, Algorithm, register
 from fedge.config import AlgorithmConfig, DataConfig, RunConfig
 from fedge.data.dataset import Dataset
@@ -33,7 +39,12 @@ from fedge.errors import ConfigError
 from fedge.models import MODELS
 from fedge.models.registry import validate_options
 
-BUILT_IN = {"model": frozenset(MODELS), "dataset": frozenset(SOURCES), "algorithm": frozenset(ALGORITHMS)}
+BUILT_IN = {
+    "model": frozenset(MODELS),
+    "dataset": frozenset(SOURCES),
+    "algorithm": frozenset(ALGORITHMS),
+    "stage": frozenset(aggregation_registry.BUILT_IN),
+}
 _LOADED: set[str] = set()
 
 
@@ -91,7 +102,19 @@ def register_algorithm(name: str, cls: type[Algorithm], config_cls: type[Algorit
     register(name, config_cls, doc)(cls)
 
 
-REGISTER = {"models": register_model, "datasets": register_dataset, "algorithms": register_algorithm}
+def register_stage(name: str, factory: Callable[..., Stage]) -> None:
+    """Make ``aggregation.stages: [{name: NAME, options: {...}}]`` apply ``factory(**options)``, a
+    :class:`~fedge.aggregation.Transform` or a :class:`~fedge.aggregation.Reducer`."""
+    if _check_name("stage", name, STAGES, factory, lambda old: old is factory):
+        STAGES[name] = factory
+
+
+REGISTER = {
+    "models": register_model,
+    "datasets": register_dataset,
+    "algorithms": register_algorithm,
+    "stages": register_stage,
+}
 
 
 def load_entry_points() -> None:
@@ -134,4 +157,6 @@ def _options_checked(parsed: RunConfig) -> RunConfig:
     a sweep refuses a misspelt option before any run starts; a model outside the zoo is the user's."""
     if parsed.model.name in MODELS:
         validate_options(parsed.model.name, parsed.model.options)
+    for site in SITES:  # a misspelt stage, its options or its order: refused before any run starts
+        build_pipeline(parsed.aggregation, site)
     return parsed

@@ -422,6 +422,7 @@ class Runner:
     def finish(self) -> Result:
         """Write summary, ledger and plots of a run that reached its last round."""
         summary = {**summarize(self.config, self.rows), **self._energy_summary()}
+        summary.update(aggregation=self.built.context.aggregation_summary())
         summary.update(status="finished", first_nonfinite=self.nonfinite)
         if not self.group.writes:
             self.group.barrier()  # rank 0 has written the results when any rank returns

@@ -1,60 +1,21 @@
-"""The one interface every algorithm implements, its build context and the algorithm registry."""
+"""The one interface every algorithm implements and the algorithm registry (the context an algorithm is
+built from is :class:`fedge.runtime.Context`, re-exported here)."""
 
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
-from collections.abc import Callable
-from dataclasses import dataclass
 from typing import Any, ClassVar
 
 import torch
 
-from fedge.comm import Ledger, Network
 from fedge.config import AlgorithmConfig, RunConfig, register_algorithm_config
-from fedge.data.federated import FederatedData
-from fedge.distributed import SINGLE_PROCESS, Cohorts
 from fedge.distributed.evaluate import evaluate_model_on
-from fedge.engine import Criterion, Executor, cross_entropy
 from fedge.metrics import Evaluation, RoundReport
-from fedge.models import SplitModel
 from fedge.models.transformer import LANGUAGE_MODELS
-from fedge.rng import derive_seed
-from fedge.system import SystemModel
+from fedge.runtime import Context
 from fedge.tensors import Tensors, on_device
 
-
-@dataclass
-class Context:
-    """What an algorithm is built from: data, a model factory, the engine, the network (links and the
-    ledger behind them), the wireless system (with its simulated clock), the device, the seed and the
-    cohorts (which rows of a set of participants this process runs)."""
-
-    config: RunConfig
-    data: FederatedData
-    build_model: Callable[[], SplitModel]
-    executor: Executor
-    network: Network
-    system: SystemModel
-    device: torch.device
-    seed: int
-    criterion: Criterion = cross_entropy  # the per-sample training loss (train.loss, or the API's)
-    cohorts: Cohorts = SINGLE_PROCESS  # which rows this process runs, and how they come back together
-
-    @property
-    def ledger(self) -> Ledger:
-        """The run's ledger (what the runner reports; algorithms send through ``network`` links)."""
-        return self.network.ledger
-
-    def start(self, purpose: str, round_: int) -> None:
-        """Open the random streams of ``purpose`` (``train`` or ``evaluate``) in round ``round_``.
-
-        Called once by the runner before each round and each evaluation: training noise (dropout) then
-        comes from keys derived from ``(seed, purpose, round, phase, client)`` (:mod:`fedge.engine.noise`),
-        and torch's global generator, left to layers fedge does not key, is seeded from the same names.
-        """
-        torch.manual_seed(derive_seed(self.seed, f"{purpose}-noise", round_))
-        if self.executor.noise is not None:
-            self.executor.noise.open(purpose, round_)
+__all__ = ["ALGORITHMS", "Algorithm", "Context", "GlobalModel", "executor_name", "register"]
 
 
 class Algorithm(ABC):

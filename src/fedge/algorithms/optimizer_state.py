@@ -15,7 +15,7 @@ import numpy as np
 import torch
 
 from fedge.distributed import Cohort
-from fedge.engine import Optimizer, stack_copies
+from fedge.engine import ClientBank, Optimizer, stack_copies
 from fedge.tensors import Tensors
 
 
@@ -33,6 +33,15 @@ class ClientOptimizerStates:
             return stack_copies(fresh, len(clients))
         own = [self.kept.get(int(c), fresh) for c in clients]
         return {name: torch.stack([state[name] for state in own]) for name in fresh}
+
+    def bank(self, clients: np.ndarray, params: Tensors, buffers: Tensors) -> ClientBank:
+        """A bank of ``clients`` (this process's rows) starting from the broadcast ``params`` and
+        ``buffers``, each with its optimizer state for the round (fresh tensors: the bank owns them)."""
+        if self.keep:
+            bank = ClientBank.broadcast(clients, params, buffers)
+            bank.opt_state = self.start(clients, params)
+            return bank
+        return ClientBank.broadcast(clients, params, buffers, self.optimizer.init(params))
 
     def end(self, clients: np.ndarray, own: Tensors, cohort: Cohort) -> None:
         """With ``keep``: store the state each of the round's ``clients`` (every row, in row order) ends

@@ -11,12 +11,12 @@ from __future__ import annotations
 import numpy as np
 import torch
 
+from fedge.aggregation import Part, Updates
 from fedge.algorithms.base import Context
 from fedge.algorithms.decentralized.config import PeerConfig
 from fedge.algorithms.decentralized.probes import ProbeBatches, probe_batches
 from fedge.comm import Link, nodes
 from fedge.data.federated import FederatedData
-from fedge.engine.mixing import mix
 from fedge.rng import numpy_rng
 from fedge.tensors import Tensors
 
@@ -33,6 +33,8 @@ def sample_peers(seed: int, purpose: str, round_: int, allowed: np.ndarray, k: i
             chosen[i, take] = True
     return chosen
 
+
+PEER_SITE = "peer"
 
 
 class PeerExchange:
@@ -60,7 +62,8 @@ class PeerExchange:
         return sample_peers(self.ctx.seed, "peers", t, allowed, k or self.cfg.peers)
 
     def mixed(self, weights: torch.Tensor, params: Tensors, buffers: Tensors) -> tuple[Tensors, Tensors]:
-        """New client state: shared tensors ``weights @ rows``; private ones and counters from own rows.
+        """New client state: shared tensors ``weights @ rows`` (through the peers' aggregation pipeline,
+        whose default is that product); private ones and counters from own rows.
 
         ``weights`` is ``[n, R]`` over the ``R`` rows of ``params``/``buffers``, whose first ``n`` rows
         must be the clients' own rows (in client order): they supply the private head and counters.
@@ -68,13 +71,13 @@ class PeerExchange:
         n = self.num_clients
         shared = self.shared({**params, **buffers})
         if self.models.codec.lossless:
-            mixed = mix(shared, weights)
-        else:
+            parts = (Part(shared, weights),)
+        else:  # a client's own row exactly, every other row as its message decodes
             own = torch.zeros_like(weights, dtype=torch.bool)
             own[:, :n] = torch.eye(n, dtype=torch.bool, device=weights.device)
-            from_self = mix(shared, weights * own)
-            from_peers = mix(self.peer_rows(shared), weights * ~own)
-            mixed = {k: from_self[k] + from_peers[k] for k in from_self}
+            parts = (Part(shared, weights * own), Part(self.peer_rows(shared), weights * ~own))
+        updates = Updates(PEER_SITE, self.round, parts, {k: v[:n] for k, v in shared.items()})
+        mixed = self.ctx.pipeline(PEER_SITE).reduce(updates)
         new_p = {k: mixed[k] if k in mixed else v[:n] for k, v in params.items()}
         new_b = {k: mixed[k] if k in mixed else v[:n] for k, v in buffers.items()}
         return new_p, new_b

@@ -16,11 +16,13 @@ does not model, counts the same client-side compute and uplinks (:mod:`fedge.sys
 
 from __future__ import annotations
 
+from functools import partial
 from typing import Any, ClassVar
 
 import numpy as np
 import torch
 
+from fedge.aggregation import Updates
 from fedge.algorithms.base import Algorithm, Context
 from fedge.algorithms.hierarchical.aggregation import EdgeAggregation
 from fedge.algorithms.hierarchical.cells import Cells, split_data
@@ -44,6 +46,8 @@ from fedge.engine import (
 )
 from fedge.metrics import Evaluation, RoundReport
 from fedge.system import CellsWork, cells_round
+
+CLOUD_SITE = "cloud"
 
 
 class HierarchicalFL(CellTransfers, EdgeAggregation, Algorithm):
@@ -109,7 +113,9 @@ class HierarchicalFL(CellTransfers, EdgeAggregation, Algorithm):
         cell_params, cell_buffers, _ = self._send_cells(
             t, "submodel_up", True, views, cell_params, cell_buffers
         )
-        self.params, self.buffers = views.merge(cell_params), views.merge(cell_buffers)
+        merged = views.merge(cell_params | cell_buffers, partial(self._cloud_mean, t))
+        self.params = {k: merged[k] for k in self.params}
+        self.buffers = {k: merged[k] for k in self.buffers}
         values = views.values(self.params)
         latency = self._latency(values, cpu, rates, self.cell_up_bits)
         self._storage(cell_bits)
@@ -124,6 +130,14 @@ class HierarchicalFL(CellTransfers, EdgeAggregation, Algorithm):
         if mses:
             metrics["aircomp_mse"] = float(np.mean(mses))
         return RoundReport(float(torch.stack(losses).double().mean()), metrics)
+
+    def _cloud_mean(self, t: int, shared: Tensors) -> Tensors:
+        """The cloud's aggregation of the cells' shared tensors (stacked ``[N, ...]``), through its
+        pipeline: by default their unweighted mean (Eq. 7); the previous global model is the reference."""
+        cells = self.cells.num_cells
+        weights = torch.full((cells,), 1.0 / cells, dtype=torch.float64, device=self.ctx.device)
+        reference = {k: v for k, v in (self.params | self.buffers).items() if k in shared}
+        return self.ctx.pipeline(CLOUD_SITE).reduce(Updates.of(CLOUD_SITE, t, shared, weights, reference))
 
     def _edge_round(
         self,

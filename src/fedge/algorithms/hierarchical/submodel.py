@@ -17,6 +17,7 @@ tensors carry a leading cell (or client) dimension throughout.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Literal
 
@@ -56,14 +57,6 @@ def apply_valid_(params: Tensors, layout: tuple[HiddenLayer, ...], valid: list[t
         for name in layer.rows:
             params[name].mul_(_row_factor(params[name], v))
         params[layer.column].mul_(_column_factor(params[layer.column], v))
-
-
-def average(stacked: torch.Tensor) -> torch.Tensor:
-    """Mean over the leading dimension, written ``x_0 + mean(x - x_0)`` so that identical copies average to
-    themselves bit-exactly; integer tensors (counters) take the max."""
-    if not stacked.is_floating_point():
-        return stacked.max(dim=0).values
-    return stacked[0] + (stacked - stacked[0]).mean(dim=0)
 
 
 def apply_valid(params: Tensors, layout: tuple[HiddenLayer, ...], valid: list[torch.Tensor]) -> Tensors:
@@ -142,14 +135,16 @@ class CellViews:
         columns = full[:, index]  # [out, N, w] or [out, w]
         return mask_columns(columns if cell is not None else columns.transpose(0, 1).contiguous(), valid)
 
-    def merge(self, cells: Tensors) -> Tensors:
-        """The cloud model from stacked cell submodels (Eq. 7): shared tensors averaged over the cells,
-        partitioned ones assembled from each cell's real slots (each neuron is held by exactly one cell)."""
+    def merge(self, cells: Tensors, reduce: Callable[[Tensors], Tensors]) -> Tensors:
+        """The cloud model from stacked cell submodels (Eq. 7): the shared tensors ``reduce``d over the
+        cells (the cloud's aggregation pipeline: by default their mean), partitioned ones assembled from
+        each cell's real slots (each neuron is held by exactly one cell)."""
+        averaged = reduce({name: t for name, t in cells.items() if name not in self.roles})
         out = {}
         for name, t in cells.items():
             role = self.roles.get(name)
             if role is None:
-                out[name] = average(t)
+                out[name] = averaged[name]
                 continue
             layer, ids, real = self.layout[role[0]], self.index[role[0]], self.valid[role[0]]
             if role[1] == "row":

@@ -13,11 +13,11 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-from fedge.algorithms.availability import choose
 from fedge.algorithms.split.config import SplitConfig
 from fedge.data.federated import FederatedData
 from fedge.errors import ConfigError
 from fedge.rng import numpy_rng
+from fedge.runtime.availability import choose
 
 
 @dataclass(frozen=True)
@@ -59,7 +59,7 @@ def draw(
 
     ``full`` is every client in index order; ``without_replacement`` distinct clients in the order drawn;
     ``with_replacement`` i.i.d. uniform draws (Yang et al.'s "Strategy 1", which the SplitFed theory
-    paper's Theorems 2 and 4 assume). Given the ``online`` clients (:mod:`~fedge.algorithms.availability`)
+    paper's Theorems 2 and 4 assume). Given the ``online`` clients (:mod:`~fedge.runtime.availability`)
     the draws are among them: every one of them (``full``), or as many distinct ones as there are.
     """
     rows = check_participation(mode, count, num_clients)

@@ -21,7 +21,6 @@ from abc import abstractmethod
 import numpy as np
 import torch
 
-from fedge.algorithms.availability import online_clients
 from fedge.algorithms.base import Algorithm, Context
 from fedge.algorithms.optimizer_state import ClientOptimizerStates
 from fedge.algorithms.split.client_model import ClientModels, Part, evaluate_split
@@ -44,6 +43,7 @@ from fedge.data.federated import BatchPlan
 from fedge.engine import ClientBank, make_optimizer
 from fedge.errors import ConfigError
 from fedge.metrics import Evaluation, RoundReport
+from fedge.runtime.availability import online_clients
 from fedge.system import RoundCost
 from fedge.tensors import Tensors
 
@@ -170,7 +170,7 @@ class SplitLearning(Algorithm):
         return self.start(t, *participants(self.ctx.seed, t, self.ctx.data, self.cfg, online))
 
     def online(self, t: int) -> np.ndarray | None:
-        """The clients online in round ``t``, or None when all are (:mod:`~fedge.algorithms.availability`)."""
+        """The clients online in round ``t``, or None when all are (:mod:`~fedge.runtime.availability`)."""
         return online_clients(self.ctx.system, t)
 
     def start(self, t: int, draws: Draws, weights: torch.Tensor) -> Round:

@@ -1,0 +1,64 @@
+"""The built-in reducers: the means each aggregation site has always taken.
+
+``mean`` is the site's own mean: the weighted mean (:class:`WeightedMean`) at a server, an edge, a peer
+and an asynchronous buffer, and HIST's unweighted cloud average of the cells' shared tensors written
+``x_0 + mean(x - x_0)`` (:class:`AnchoredMean`, so that cells that agree average to themselves
+bit-exactly).
+"""
+
+from __future__ import annotations
+
+from typing import ClassVar
+
+import torch
+
+from fedge.aggregation.stage import Reducer
+from fedge.aggregation.updates import Updates
+from fedge.tensors import Tensors
+
+
+def _flat(t: torch.Tensor) -> torch.Tensor:
+    return t.reshape(t.shape[0], -1)
+
+
+class WeightedMean(Reducer):
+    """``sum_r w[r] * row[r]`` per output, one matrix product per tensor and part (the parts' products
+    added in order), so no temporary as large as the stacked rows.
+
+    Integer tensors (counters) take the largest row's value for one output and are left to the
+    receivers' own values for one output per receiver. The weights are the site's (sample counts at a
+    FedAvg server, a mixing matrix between peers); this reducer does not renormalise them.
+    """
+
+    additive: ClassVar[bool] = True
+
+    def reduce(self, updates: Updates) -> Tensors:
+        out: Tensors = {}
+        for name, first in updates.parts[0].rows.items():
+            if not first.is_floating_point():
+                if not updates.per_receiver:
+                    out[name] = torch.cat([part.rows[name] for part in updates.parts]).max(dim=0).values
+                continue
+            total: torch.Tensor | None = None
+            for part in updates.parts:
+                t = part.rows[name]
+                w = part.weights.to(device=t.device, dtype=t.dtype)
+                term = w @ _flat(t)
+                total = term if total is None else total + term
+            assert total is not None
+            shape = (*total.shape[:-1], *first.shape[1:])
+            out[name] = total.reshape(shape)
+        return out
+
+
+class AnchoredMean(Reducer):
+    """The unweighted mean over the rows, written ``x_0 + mean(x - x_0)`` so that identical rows average
+    to themselves bit-exactly (HIST's cloud, Eq. 7); integer tensors take the maximum. One output."""
+
+    def reduce(self, updates: Updates) -> Tensors:
+        if updates.per_receiver:
+            raise ValueError("the anchored mean has one output; this site has one per receiver")
+        out: Tensors = {}
+        for name, t in updates.joined().rows.items():
+            out[name] = t.max(dim=0).values if not t.is_floating_point() else t[0] + (t - t[0]).mean(dim=0)
+        return out

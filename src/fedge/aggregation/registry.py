@@ -1,0 +1,38 @@
+"""Aggregation stages by name: the built-in ones, and those registered by :func:`fedge.register_stage`
+or an installed package's ``fedge.stages`` entry point.
+
+A stage is a class (or any callable) that, called with a stage's ``options`` as keywords, returns a
+:class:`~fedge.aggregation.stage.Transform` or a :class:`~fedge.aggregation.stage.Reducer`.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+from fedge.aggregation.means import AnchoredMean, WeightedMean
+from fedge.aggregation.stage import Reducer, Stage
+
+SITE_MEANS: dict[str, type[Reducer]] = {
+    "server": WeightedMean,
+    "edge": WeightedMean,
+    "peer": WeightedMean,
+    "buffer": WeightedMean,
+    "cloud": AnchoredMean,
+}
+"""The mean every site takes when no reducer is configured (its paper's)."""
+
+MEAN = "mean"
+"""The built-in stage name for a site's own mean."""
+
+STAGES: dict[str, Callable[..., Stage]] = {}
+"""Registered stages by name (the built-in ``mean`` is resolved per site, not through this table)."""
+
+BUILT_IN = frozenset({MEAN})
+
+
+def site_mean(site: str, **options: Any) -> Reducer:
+    """The site's own mean (``mean`` takes no options)."""
+    if options:
+        raise TypeError(f"takes no options (got {', '.join(sorted(options))})")
+    return SITE_MEANS[site]()

@@ -1,0 +1,46 @@
+"""The two kinds of aggregation stage: a transform (updates in, updates out) and a reducer (updates in,
+the new state out).
+
+A :class:`~fedge.aggregation.pipeline.Pipeline` applies its transforms in order and closes with one
+reducer. Clipping, noise, masking for secure aggregation and compression are transforms; a mean, a
+coordinate-wise median, a trimmed mean or Krum is a reducer. A user's own stage subclasses one of the
+two and is registered with :func:`fedge.register_stage` (or an entry point in the ``fedge.stages``
+group), then named in the config's ``aggregation.stages``.
+"""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from typing import ClassVar
+
+from fedge.aggregation.updates import Updates
+from fedge.tensors import Tensors
+
+
+class Transform(ABC):
+    """A stage that changes the updates before they are reduced (rows, weights or both)."""
+
+    @abstractmethod
+    def apply(self, updates: Updates) -> Updates:
+        """The updates as the next stage receives them."""
+
+
+class Reducer(ABC):
+    """The stage that closes a pipeline: the new state from the updates.
+
+    For one output (``updates.per_receiver`` false) each tensor comes back without the row dimension;
+    for one output per receiver, with ``n_out`` leading rows. A reducer may leave a tensor out (an
+    integer counter that cannot be averaged, say): the site then keeps that tensor's own value.
+    ``additive`` says the reduction is a sum over the rows (a weighted mean is); on a run whose rows are
+    spread over processes each process then reduces its own rows and the partial results are added,
+    where any other reducer sees every process's rows.
+    """
+
+    additive: ClassVar[bool] = False
+
+    @abstractmethod
+    def reduce(self, updates: Updates) -> Tensors:
+        """The new state from ``updates``."""
+
+
+Stage = Transform | Reducer

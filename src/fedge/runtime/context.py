@@ -1,0 +1,65 @@
+"""What an algorithm is built from: the run's data, model factory, engine, network, system and seed, and
+the aggregation pipelines of its sites (:class:`Context`)."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+import torch
+
+from fedge.aggregation import Pipeline, build_pipeline
+from fedge.comm import Ledger, Network
+from fedge.config import RunConfig
+from fedge.data.federated import FederatedData
+from fedge.distributed import SINGLE_PROCESS, Cohorts
+from fedge.engine import Criterion, Executor, cross_entropy
+from fedge.models import SplitModel
+from fedge.rng import derive_seed
+from fedge.system import SystemModel
+
+
+@dataclass
+class Context:
+    """What an algorithm is built from: data, a model factory, the engine, the network (links and the
+    ledger behind them), the wireless system (with its simulated clock), the device, the seed and the
+    cohorts (which rows of a set of participants this process runs)."""
+
+    config: RunConfig
+    data: FederatedData
+    build_model: Callable[[], SplitModel]
+    executor: Executor
+    network: Network
+    system: SystemModel
+    device: torch.device
+    seed: int
+    criterion: Criterion = cross_entropy  # the per-sample training loss (train.loss, or the API's)
+    cohorts: Cohorts = SINGLE_PROCESS  # which rows this process runs, and how they come back together
+    pipelines: dict[str, Pipeline] = field(default_factory=dict, repr=False)  # built by pipeline(site)
+
+    @property
+    def ledger(self) -> Ledger:
+        """The run's ledger (what the runner reports; algorithms send through ``network`` links)."""
+        return self.network.ledger
+
+    def pipeline(self, site: str) -> Pipeline:
+        """The aggregation pipeline at ``site`` (server, edge, cloud, peer, buffer) from the config's
+        ``aggregation`` block, built once: every aggregation of the algorithm goes through it."""
+        if site not in self.pipelines:
+            self.pipelines[site] = build_pipeline(self.config.aggregation, site)
+        return self.pipelines[site]
+
+    def aggregation_summary(self) -> dict[str, list[str]]:
+        """The stages of every site this run aggregates at, by site (``summary.json``)."""
+        return {site: list(pipeline.names) for site, pipeline in sorted(self.pipelines.items())}
+
+    def start(self, purpose: str, round_: int) -> None:
+        """Open the random streams of ``purpose`` (``train`` or ``evaluate``) in round ``round_``.
+
+        Called once by the runner before each round and each evaluation: training noise (dropout) then
+        comes from keys derived from ``(seed, purpose, round, phase, client)`` (:mod:`fedge.engine.noise`),
+        and torch's global generator, left to layers fedge does not key, is seeded from the same names.
+        """
+        torch.manual_seed(derive_seed(self.seed, f"{purpose}-noise", round_))
+        if self.executor.noise is not None:
+            self.executor.noise.open(purpose, round_)

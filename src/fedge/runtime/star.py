@@ -1,0 +1,136 @@
+"""The star round: a server, the clients drawn for a round, and the work every server-client round does.
+
+FedAvg's round (and every algorithm with one global model on a server) is its paper's lines -- train
+locally from the broadcast model, send the trained model back, average -- around the same pipes: draw
+the participants (only the online ones under device profiles), send the model down, train this
+process's rows of the participants, send the trained models up, charge the clock by the star rule
+(:func:`fedge.system.star_round`), aggregate through the server's pipeline and hold the new model on
+every participant. :class:`StarRuntime` opens a round; :class:`StarRound` does those steps, so that no
+algorithm writes a link send, a storage hold, cohort row arithmetic or a latency formula itself.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from functools import cached_property
+
+import numpy as np
+import torch
+
+from fedge.aggregation import Updates
+from fedge.comm import Link, nodes
+from fedge.data.federated import BatchPlan
+from fedge.distributed import Cohort
+from fedge.engine import ClientBank
+from fedge.engine.step import StepFn
+from fedge.rng import numpy_rng
+from fedge.runtime.availability import choose, online_clients
+from fedge.runtime.context import Context
+from fedge.system import star_round, training_flops
+from fedge.tensors import Tensors, floating
+
+SERVER_SITE = "server"
+
+
+def sample_clients(
+    seed: int, round_: int, num_clients: int, fraction: float, online: np.ndarray | None = None
+) -> np.ndarray:
+    """A sorted random subset of ``max(1, round(fraction * n))`` clients, fixed by ``(seed, round)``;
+    only the ``online`` ones when given, as many as there are."""
+    count = max(1, round(fraction * num_clients))
+    pool = num_clients if online is None else len(online)
+    if count >= pool:
+        return np.arange(num_clients) if online is None else online.copy()
+    return np.sort(choose(numpy_rng(seed, "participants", round_), num_clients, count, False, online))
+
+
+@dataclass
+class StarRound:
+    """Round ``round`` of the server and its participants ``clients`` (sorted; the whole cohort), of
+    which this process runs the rows of ``cohort``."""
+
+    ctx: Context
+    round: int
+    clients: np.ndarray
+    cohort: Cohort
+
+    @property
+    def receivers(self) -> list[str]:
+        """The participants' node names."""
+        return nodes.clients(self.clients)
+
+    @property
+    def mine(self) -> np.ndarray:
+        """The participants this process trains."""
+        return np.asarray(self.cohort.take(self.clients))
+
+    @cached_property
+    def weights(self) -> torch.Tensor:
+        """This process's rows of the participants' sample weights ``n_k / sum n_k`` (float64)."""
+        sizes = torch.as_tensor(self.ctx.data.client_sizes(self.clients), dtype=torch.float64)
+        return (sizes / sizes.sum())[self.cohort.rows].to(self.ctx.device)
+
+    def broadcast(self, link: Link, params: Tensors, buffers: Tensors) -> tuple[Tensors, Tensors]:
+        """The server sends the model (parameters and floating buffers) to every participant
+        (``model_down``); the participants' decoded copy comes back (integer counters stay as they are)."""
+        model = {**params, **floating(buffers)}
+        down = link.send(self.round, nodes.SERVER, self.receivers, "model_down", model)
+        return {k: down.payload[k] for k in params}, {k: down.payload.get(k, v) for k, v in buffers.items()}
+
+    def plan(self, epochs: int, batch_size: int, drop_last: bool) -> BatchPlan:
+        """This process's participants' local steps: ``epochs`` passes in batches of ``batch_size``."""
+        return self.ctx.data.batch_plan(self.mine, self.round, epochs, batch_size, drop_last)
+
+    def train(self, step: StepFn, bank: ClientBank, plan: BatchPlan, lr: float) -> torch.Tensor:
+        """The executor trains ``bank`` by ``plan``; each row's mean training loss."""
+        return self.ctx.executor.train(step, bank, plan, self.ctx.data, lr)
+
+    def collect(self, link: Link, bank: ClientBank) -> Tensors:
+        """Every participant sends its trained model up (``model_up``); the server's decoded rows (this
+        process's), parameters then buffers (integer counters as trained: they are not sent)."""
+        trained = {**bank.params, **floating(bank.buffers)}
+        up = self.cohort.send(link, self.round, self.receivers, nodes.SERVER, "model_up", trained)
+        stacked = {k: up.payload[k] for k in bank.params}
+        stacked.update({k: up.payload.get(k, v) for k, v in bank.buffers.items()})
+        return stacked
+
+    def charge(self, flops_per_sample: float, plan: BatchPlan) -> None:
+        """Advance the clock by the star rule: each participant downloads, trains on the samples of its
+        ``plan`` and uploads the round's traffic, participants in parallel."""
+        samples = self.cohort.gather_array(plan.weight.sum(dim=(1, 2)).cpu().numpy())
+        flops = training_flops(flops_per_sample, samples)
+        system, traffic = self.ctx.system, self.ctx.network.traffic(self.round)
+        system.charge(star_round(system, self.round, self.clients, flops, traffic))
+
+    def aggregate(self, stacked: Tensors, reference: Tensors) -> Tensors:
+        """The server's new state from the participants' rows, through the server's pipeline (by default
+        the sample-weighted mean); ``reference`` is the model they started from."""
+        updates = Updates.of(SERVER_SITE, self.round, stacked, self.weights, reference)
+        return self.ctx.pipeline(SERVER_SITE).reduce(updates, self.cohort)
+
+    def hold(self, state: Tensors) -> None:
+        """Every participant stores the new model (a FedAvg client keeps the last model it received)."""
+        self.ctx.network.hold(self.receivers, "model", state)
+
+    def mean(self, losses: torch.Tensor) -> float:
+        """The participants' sample-weighted mean of a per-row value (this process's rows in ``losses``)."""
+        return self.cohort.sum_float(float((losses.double().cpu() * self.weights.cpu()).sum()))
+
+
+class StarRuntime:
+    """Opens the star rounds of an algorithm that samples ``fraction`` of the clients each round."""
+
+    def __init__(self, ctx: Context, fraction: float):
+        self.ctx, self.fraction = ctx, fraction
+
+    def participants(self, t: int) -> np.ndarray:
+        """Round ``t``'s participants, among the clients online in it."""
+        ctx = self.ctx
+        return sample_clients(ctx.seed, t, ctx.data.num_clients, self.fraction, online_clients(ctx.system, t))
+
+    def open(self, t: int) -> StarRound | None:
+        """Round ``t``, or None when nobody is online (the model and the clock then stay as they are)."""
+        clients = self.participants(t)
+        if not len(clients):
+            return None
+        return StarRound(self.ctx, t, clients, self.ctx.cohorts.of(len(clients)))
