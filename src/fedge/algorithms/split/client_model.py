@@ -19,13 +19,15 @@ from collections.abc import Callable
 import numpy as np
 import torch
 
+from fedge.aggregation import Pipeline, Updates
 from fedge.algorithms.base import Context
 from fedge.algorithms.split.parts import SplitParts, aux_only, composed, trunk_only
 from fedge.algorithms.split.round import Round
 from fedge.comm import Link, Network, nodes, state_bits
 from fedge.distributed.evaluate import evaluate_model_on
-from fedge.engine import stack_copies, weighted_sum
+from fedge.engine import stack_copies
 from fedge.metrics import Evaluation
+from fedge.runtime.star import SERVER_SITE
 from fedge.tensors import Tensors, floating
 
 Part = Callable[[Tensors], Tensors]
@@ -35,9 +37,17 @@ ClientState = dict[str, Tensors]  # {"params": ..., "buffers": ...}
 class ClientModels:
     """Broadcast, upload and averaging of the global client model through the links ``up`` and ``down``."""
 
-    def __init__(self, up: Link, down: Link, shares_aux: bool, global_lr: float, device: torch.device):
+    def __init__(
+        self,
+        up: Link,
+        down: Link,
+        shares_aux: bool,
+        global_lr: float,
+        device: torch.device,
+        pipeline: Pipeline,
+    ):
         self.up, self.down, self.shares_aux = up, down, shares_aux
-        self.global_lr, self.device = global_lr, device
+        self.global_lr, self.device, self.pipeline = global_lr, device, pipeline
 
     def parts(self) -> list[tuple[str, Part]]:
         """The parts of the client model that travel, by name: the trunk, and the aux head if shared."""
@@ -73,11 +83,14 @@ class ClientModels:
     def average(
         self, rnd: Round, uploaded: Tensors, old: ClientState, local_aux: dict[int, Tensors]
     ) -> ClientState:
-        """The new global model from the rows' ``uploaded`` parts (see :meth:`aggregate`)."""
+        """The new global model from the rows' ``uploaded`` parts (see :meth:`aggregate`), through the
+        server's aggregation pipeline (by default the round weights' mean)."""
         params = {k: uploaded.get(k, v) for k, v in rnd.rows.params.items()}
         buffers = {k: uploaded.get(k, v) for k, v in rnd.rows.buffers.items()}
         weights = rnd.weights[rnd.cohort.rows]
-        average = rnd.cohort.sum({**weighted_sum(params, weights), **weighted_sum(buffers, weights)})
+        reference = {**old["params"], **old["buffers"]}
+        updates = Updates.of(SERVER_SITE, rnd.t, {**params, **buffers}, weights, reference)
+        average = self.pipeline.reduce(updates, rnd.cohort)
         before, step = old["params"], self.global_lr
         new = {k: average[k] if step == 1.0 else before[k] + step * (average[k] - before[k]) for k in params}
         if not self.shares_aux:

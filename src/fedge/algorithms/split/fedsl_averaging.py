@@ -6,9 +6,11 @@ from __future__ import annotations
 import numpy as np
 import torch
 
+from fedge.aggregation import Pipeline, Updates
 from fedge.comm import Link, Network, nodes
 from fedge.distributed import Cohort
-from fedge.engine import stack_copies, weighted_sum
+from fedge.engine import stack_copies
+from fedge.runtime.star import SERVER_SITE
 from fedge.tensors import Tensors, floating
 
 States = dict[str, Tensors]  # stacked "params", "buffers" and "masks" of clients
@@ -27,9 +29,17 @@ class Averaging:
     all-reduce adds the sums, and every process then holds every client's state.
     """
 
-    def __init__(self, network: Network, link: Link, cohort: Cohort, clients: list[str], pruned: bool):
+    def __init__(
+        self,
+        network: Network,
+        link: Link,
+        cohort: Cohort,
+        clients: list[str],
+        pruned: bool,
+        pipeline: Pipeline,
+    ):
         self.network, self.link, self.cohort = network, link, cohort
-        self.clients, self.pruned = clients, pruned
+        self.clients, self.pruned, self.pipeline = clients, pruned, pipeline
 
     def __call__(
         self, t: int, trained: States, mask_names: list[str]
@@ -44,7 +54,7 @@ class Averaging:
         device = next(iter(params.values())).device
         uniform = torch.full((len(cohort),), 1.0 / n, dtype=torch.float64, device=device)
         received = {k: up.payload.get(k, v) for k, v in {**params, **buffers}.items()}
-        summed = cohort.sum(weighted_sum(received, uniform))
+        summed = self.pipeline.reduce(Updates.of(SERVER_SITE, t, received, uniform), cohort)
         mean_params, mean_buffers = {k: summed[k] for k in params}, {k: summed[k] for k in buffers}
         mean = {**mean_params, **floating(mean_buffers)}
         down = self.link.send(t, nodes.SERVER, self.clients, "model_down", mean)

@@ -126,7 +126,8 @@ class LightFedSL(Algorithm):
         self.flops = count_flops(self.parts)
         self.nodes = nodes.clients(range(n))
         pruned = self.knobs.final_sparsity > 0
-        self.averaging = Averaging(network, self.models, self.cohort, self.nodes, pruned)
+        server_pipeline = ctx.pipeline("server")
+        self.averaging = Averaging(network, self.models, self.cohort, self.nodes, pruned, server_pipeline)
         self.totals = {"comm_seconds": 0.0, "agg_seconds": 0.0}
         network.hold(nodes.SERVER, "server_model", self.server.storage_bits(n))
         self._client_storage()

@@ -91,7 +91,9 @@ class SplitLearning(Algorithm):
         padded = self.parts.model.pad_id is not None
         self.exchange = ServerExchange(ctx.network, codecs, self.server, order, ctx.cohorts, padded)
         self.up, self.down = ctx.network.link(cfg.codec_up), ctx.network.link(cfg.codec_down)
-        self.models = ClientModels(self.up, self.down, self.clients.shares_aux, cfg.global_lr, ctx.device)
+        self.models = ClientModels(
+            self.up, self.down, self.clients.shares_aux, cfg.global_lr, ctx.device, ctx.pipeline("server")
+        )
         self.local_steps = LocalSteps(ctx.data, self.clients, self.exchange, self.uploads_at, cfg.agg_every,
                                       self._synchronise)  # fmt: skip
         self._hold(self.rows_per_round, [])
