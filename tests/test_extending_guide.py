@@ -1,6 +1,7 @@
-"""docs/extending.md's three examples, run as they are: a custom CNN on numpy arrays (FedAvg, then CSE-FSL
+"""docs/extending.md's examples, run as they are: a custom CNN on numpy arrays (FedAvg, then CSE-FSL
 cut after its second block), FedProx added as an algorithm and run from YAML, and a model and a dataset
-from a separate package through entry points (installed here as a dist-info folder on sys.path)."""
+from a separate package through entry points (installed here as a dist-info folder on sys.path); the
+median stage is shown word for word here and run by tests/test_aggregation.py."""
 
 from __future__ import annotations
 
@@ -27,6 +28,7 @@ SHOWN = [
     "custom_cnn.py",
     "fedprox.py",
     "fedprox.yaml",
+    "median.py",
     "fedge_tinyplugin/pyproject.toml",
     "fedge_tinyplugin/src/fedge_tinyplugin/__init__.py",
     "fedge_tinyplugin/stripes.yaml",

@@ -58,7 +58,7 @@ def _sent_counts(
         return value_counts(payload, True), nonzero_counts(payload, True) if nonzeros else None
     values, nonzero = [], []
     for t in payload.values():
-        if keep is None and not nonzeros:
+        if keep is None and not nonzeros and lengths is not None:
             values.append(lengths * t[0, 0].numel())
             continue
         if keep is not None:

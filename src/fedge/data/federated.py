@@ -18,6 +18,9 @@ import torch
 from fedge.data.dataset import Dataset
 from fedge.rng import numpy_rng
 
+ClientIds = Sequence[int] | np.ndarray
+"""Client indices: a sequence or a 1-D integer array."""
+
 
 @dataclass(frozen=True)
 class BatchPlan:
@@ -64,7 +67,7 @@ class ResampledClients(Sequence[np.ndarray]):
             raise IndexError(f"client {client} out of range (population {self.count})")
         return numpy_rng(self.seed, "resampled-client", client).integers(0, self.pool, self.size)
 
-    def sizes(self, clients: Sequence[int] | None = None) -> np.ndarray:
+    def sizes(self, clients: ClientIds | None = None) -> np.ndarray:
         """Every client's (or ``clients``') number of samples, without drawing them."""
         return np.full(self.count if clients is None else len(clients), self.size, dtype=np.int64)
 
@@ -102,7 +105,7 @@ class FederatedData:
     def input_shape(self) -> tuple[int, ...]:
         return self.dataset.input_shape
 
-    def client_sizes(self, clients: Sequence[int] | None = None) -> np.ndarray:
+    def client_sizes(self, clients: ClientIds | None = None) -> np.ndarray:
         """Training-set size of each client (of ``clients``, or all)."""
         if isinstance(self.client_train, ResampledClients):
             return self.client_train.sizes(clients)
@@ -111,7 +114,7 @@ class FederatedData:
 
     def batch_plan(
         self,
-        clients: Sequence[int],
+        clients: ClientIds,
         round_: int,
         epochs: int,
         batch_size: int,
