@@ -313,7 +313,8 @@ def code_loop(built, rounds: int, lr: float) -> tuple[list[float], list[dict[int
 
     def module(template, params, prefix):
         copy_ = copy.deepcopy(template)
-        copy_.load_state_dict({k[len(prefix) :]: v.clone() for k, v in params.items() if k.startswith(prefix)})
+        mine = {k.removeprefix(prefix): v for k, v in params.items() if k.startswith(prefix)}
+        copy_.load_state_dict({k: v.clone() for k, v in mine.items()})
         return copy_
 
     clients = range(data.num_clients)
@@ -357,8 +358,9 @@ def code_loop(built, rounds: int, lr: float) -> tuple[list[float], list[dict[int
                     server_opt.zero_grad()
                     ce(server(leaf), y).backward()
                     server_opt.step()
-                    old = stores.get(c, (z[:0].detach(), y[:0]))
-                    stores[c] = tuple(torch.cat([o, n.detach()])[-cfg.align_samples :] for o, n in zip(old, (z, y)))
+                    old_z, old_y = stores.get(c, (z[:0].detach(), y[:0]))
+                    keep = cfg.align_samples
+                    stores[c] = (torch.cat([old_z, z.detach()])[-keep:], torch.cat([old_y, y])[-keep:])
                 if (t - 1) % cfg.align_every == 0 and s == 0:
                     align(t, c)
                 leaf = z.detach().requires_grad_(True)
@@ -374,7 +376,7 @@ def code_loop(built, rounds: int, lr: float) -> tuple[list[float], list[dict[int
         with torch.no_grad():
             right = server(trunks[0](data.x_test)).argmax(dim=1) == data.y_test
         accuracy.append(float(right.double().mean()))
-        heads.append({c: {f"aux.{k}": v.detach().clone() for k, v in auxes[c].state_dict().items()} for c in clients})
+        heads.append({c: {f"aux.{k}": v.clone() for k, v in auxes[c].state_dict().items()} for c in clients})
     return accuracy, heads
 
 
@@ -384,8 +386,9 @@ def test_the_code_switches_run_fsl_sage_as_its_authors_code_does_round_for_round
     states kept) fedge equals the independent reference of the public code's loop: accuracy each round,
     aux models to float noise; an alignment every 2 rounds on a store larger than an alignment batch."""
     rounds, lr = 3, 0.01
-    algorithm = {**SAGE, **CODE_FORMS, "server_order": "client_after_client", "client_optimizer_state": "keep",
-                 "optimizer": {"kind": "adam", "lr": lr}, "align_batch_size": 24, "align_epochs": 4}  # fmt: skip
+    algorithm = {**SAGE, **CODE_FORMS, "server_order": "client_after_client", "align_epochs": 4,
+                 "client_optimizer_state": "keep", "optimizer": {"kind": "adam", "lr": lr},
+                 "align_batch_size": 24}  # fmt: skip
     raw = config(algorithm, engine={"executor": executor, "fused": False})
     built = build_run(fedge.resolve_config(raw))
     expected, expected_heads = code_loop(build_run(fedge.resolve_config(raw)), rounds, lr)
@@ -403,7 +406,8 @@ def test_fedges_default_timing_differs_from_the_codes_from_round_one():
     runs = {}
     for name, forms in {"default": {}, "first_batch": {"alignment_timing": "first_batch"},
                         "code_loss": {"alignment_loss": "mean_loss_gradients"}}.items():  # fmt: skip
-        runs[name], _ = trained(config({**SAGE, "optimizer": {"kind": "adam", "lr": 0.01}, **forms}), rounds=1)
+        adam = {"optimizer": {"kind": "adam", "lr": 0.01}}
+        runs[name], _ = trained(config({**SAGE, **adam, **forms}), rounds=1)
     trunk = {name: trunk_only(run.algorithm.client["params"]) for name, run in runs.items()}
     assert max_diff(trunk["default"], trunk["first_batch"]) > 1e-4
     assert max_diff(trunk["default"], trunk["code_loss"]) == 0  # the aux models align after the steps

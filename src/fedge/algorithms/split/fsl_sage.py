@@ -93,11 +93,9 @@ class FslSageConfig(SplitConfig):
     aux_optimizer: OptimizerConfig = Field(default_factory=lambda: OptimizerConfig(kind="adam", lr=1e-3))
     """the server's optimizer of the aux models during alignment (default: Adam, lr 0.001)"""
     alignment_timing: Literal["after_local_steps", "first_batch"] = "after_local_steps"
-    """when an alignment round aligns: after its local steps (serving from the next round) or right after
-    each client's first upload, which then trains on the aligned model (the public code)"""
+    """align after the local steps, or on each client's first upload, its first batch then aligned (code)"""
     alignment_loss: AlignmentLoss = "per_sample_mean"
-    """gradient matching: mean over samples of ||estimate - truth||^2, or the public code's summed
-    squared difference of the batch's and the store's mean-loss gradients (1/N of it on one batch of N)"""
+    """per-sample mean |estimate - truth|^2, or the code's sum on mean-loss gradients (1/N of it at B = N)"""
 
 
 class RecordingServer(SharedServer):
@@ -152,10 +150,11 @@ class FslSage(SplitLearning):
         self.fresh: dict[int, Tensors] = {}  # first_batch: the round's aligned aux models, by client
         self.realigned_rows: set[int] = set()  # rows of the round that train on them
         self.served_rows: torch.Tensor | None = None  # the last served batch's rows (None: the cohort's)
-        self.server.record = self._record
+        server, clients = self.server, self.clients
+        assert isinstance(server, RecordingServer) and isinstance(clients, EstimatedGradientClients)
+        server.record = self._record
         if cfg.alignment_timing == "first_batch":
-            self.server.due, self.server.after = self._due, self._align_after
-            self.clients.realigned = self._realigned
+            server.due, server.after, clients.realigned = self._due, self._align_after, self._realigned
         aux = self.parts.local.aux
         optimizer = make_optimizer(cfg.aux_optimizer)
         self.aligner = Aligner(self.parts.server, aux, ctx.criterion, optimizer, cfg.aux_optimizer.lr,
