@@ -413,3 +413,25 @@ def test_fedges_default_timing_differs_from_the_codes_from_round_one():
     assert max_diff(trunk["default"], trunk["code_loss"]) == 0  # the aux models align after the steps
     heads = {name: run.algorithm.local_aux[0] for name, run in runs.items()}
     assert max_diff(heads["default"], heads["code_loss"]) > 1e-4
+
+
+@pytest.mark.slow
+def test_the_first_batch_timing_on_two_ranks_is_one_processs_run(tmp_path):
+    """Spread over 2 gloo ranks (3 + 3 clients, a random queue order), each rank retakes the first steps
+    of its own rows with the aux models aligned on every rank: the ledger and metrics are one process's,
+    the final state within 1e-5 (docs/scale-out.md)."""
+    from test_distributed import final_state, launch, rows, split_config
+
+    raw = split_config(tmp_path, "fsl_sage")
+    raw["algorithm"].update(CODE_FORMS)
+    (tmp_path / "seen").mkdir()
+    launch(2, [(raw, "two")], tmp_path / "seen")
+    fedge.run(raw, ["output.name=one"])
+    two, one = tmp_path / "runs" / "two", tmp_path / "runs" / "one"
+    assert (two / "ledger.csv").read_text() == (one / "ledger.csv").read_text()
+    assert np.abs(final_state(two) - final_state(one)).max() <= 1e-5
+    drop = ("accuracy", "loss", "train_loss", "server_loss", "align_loss_before", "align_loss_after")
+    assert [{k: v for k, v in r.items() if k not in drop} for r in rows(two)] == [
+        {k: v for k, v in r.items() if k not in drop} for r in rows(one)
+    ]
+    assert [r["aligned"] for r in rows(one)] == [6, 6]
