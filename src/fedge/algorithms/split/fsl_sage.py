@@ -207,6 +207,7 @@ class FslSage(SplitLearning):
         rows of this process take the aligned model (their client keeps it at aggregation)."""
         params = dict(rnd.rows.params)
         mine = np.asarray(rnd.cohort.take(rnd.draws.clients))
+        self.aux_bits = np.zeros(len(rnd.draws))  # the rows that answered (a deployed round may lose some)
         for client in dict.fromkeys(int(c) for c in rnd.draws.clients):
             head = self._align_client(rnd, client)
             if head is None:
