@@ -245,6 +245,11 @@ class DeployedFslSage(AuxHeadRemote, FslSage):
         self.aux_aligned: dict[int, int] = {}  # per client: the round of its latest aligned aux model
         self.aux_delivered: dict[int, int] = {}  # per client: the round of the one its node received
 
+    def check_deployable(self) -> None:
+        super().check_deployable()
+        if self.cfg.alignment_timing == "first_batch":  # a node trains its round in one message
+            raise ConfigError("algorithm.alignment_timing", "a deployed run aligns after the local steps")
+
     def _outgoing(self, rnd: Round, client: int, broadcast: dict[str, tuple[Tensors, np.dtype]]) -> Outgoing:
         """The broadcast and the round of the client's aux model, with the model itself if its node
         missed it."""

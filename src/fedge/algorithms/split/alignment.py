@@ -10,14 +10,25 @@ passes of optimizer steps over the store in shuffled batches on the gradient-mat
 
 in the aux model's weights (a second-order autograd pass: the aux model's input gradient is a function of
 its weights). This is the paper's alignment objective (the aux model's estimated smashed-activation
-gradient against the server's), :class:`Aligner`. The aux model's optimizer state is the server's, kept
-per client across alignments.
+gradient against the server's), :class:`Aligner`. The public code's form of it (``mean_loss_gradients``)
+compares gradients of mean losses instead: the aux model's input gradient of its batch's mean loss
+(``ghat_n / B`` for a batch of B) against the stored gradients of the whole store's mean loss
+(``g_n / N`` for a store of N), summed over the batch,
+
+    sum over the batch of || ghat_n / B  -  g_n / N ||^2,
+
+which is ``1 / N^2`` times the sum of ``|| ghat_n - g_n ||^2``, so 1/N times the per-sample mean above,
+when a batch is the whole store (the code's default); with smaller batches its two sides carry different
+scales. Adam undoes a constant factor only where its gradients are large against its eps, and the code's
+form makes them about N times smaller: the aligned models differ (docs/decisions.md, "FSL-SAGE", gives
+the measured difference). The aux model's optimizer state is the server's, kept per client across
+alignments.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Literal
 
 import numpy as np
 import torch
@@ -30,6 +41,8 @@ from fedge.engine.noise import has_random_layers, keyed_noise
 from fedge.engine.split import prefixed
 from fedge.engine.step import Criterion
 from fedge.tensors import Tensors
+
+AlignmentLoss = Literal["per_sample_mean", "mean_loss_gradients"]
 
 
 class AlignmentStore:
@@ -97,9 +110,10 @@ class Aligner:
         lr: float,
         epochs: int,
         batch_size: int,
+        loss: AlignmentLoss = "per_sample_mean",
     ):
         self.server, self.aux, self.criterion, self.optimizer = server, aux, criterion, optimizer
-        self.lr, self.epochs, self.batch_size = lr, epochs, batch_size
+        self.lr, self.epochs, self.batch_size, self.loss = lr, epochs, batch_size, loss
         self.random_server = has_random_layers(server)
 
     def true_gradients(
@@ -122,11 +136,18 @@ class Aligner:
         (grad,) = torch.autograd.grad(losses.sum(), leaf, create_graph=True)
         return grad
 
-    def mismatch(self, params: Tensors, z: torch.Tensor, y: torch.Tensor, g: torch.Tensor) -> torch.Tensor:
-        """The gradient-matching loss of aux weights ``params`` on samples ``z``, ``y`` with true gradients
-        ``g``: the mean over samples of the squared distance between estimate and truth."""
-        diff = self._estimates(params, z, y) - g
-        return diff.flatten(1).pow(2).sum(dim=1).mean()
+    def mismatch(
+        self, params: Tensors, z: torch.Tensor, y: torch.Tensor, g: torch.Tensor, stored: int | None = None
+    ) -> torch.Tensor:
+        """The gradient-matching loss of aux weights ``params`` on samples ``z``, ``y`` with true per-sample
+        gradients ``g``, drawn from a store of ``stored`` samples (default: the samples are the store):
+        ``per_sample_mean``, the mean over samples of the squared distance between estimate and truth, or
+        ``mean_loss_gradients``, the code's sum of squared differences between the gradients of the
+        batch's and the store's mean losses."""
+        estimates = self._estimates(params, z, y)
+        if self.loss == "mean_loss_gradients":
+            return (estimates / len(y) - g / (stored or len(y))).pow(2).sum()
+        return (estimates - g).flatten(1).pow(2).sum(dim=1).mean()
 
     def align(
         self,
@@ -146,7 +167,7 @@ class Aligner:
                 order = torch.as_tensor(rng.permutation(len(y)), device=z.device)
                 for batch in order.split(self.batch_size):
                     leaves = self._leaves(params)
-                    loss = self.mismatch(leaves, z[batch], y[batch], g[batch])
+                    loss = self.mismatch(leaves, z[batch], y[batch], g[batch], len(y))
                     grads = dict(zip(leaves, torch.autograd.grad(loss, list(leaves.values())), strict=True))
                     params, state = self.optimizer.update(params, grads, state, self.lr)
                     params = {name: t.detach() for name, t in params.items()}

@@ -7,7 +7,9 @@ would have returned (the FSL-SAGE paper's estimated smashed-activation gradient)
 through the trunk is the gradient of the aux loss in the trunk's weights, so one autograd pass of that
 loss over the trunk alone takes the step; the aux model is a constant of the step (the server aligns it,
 :mod:`~fedge.algorithms.split.alignment`). The smashed data of the step's forward pass is what an upload
-step sends.
+step sends. Where the server aligns a client's aux model on that upload (``alignment_timing:
+first_batch``, the public code's), the step is taken again from its start with the aligned aux model:
+its smashed data, a function of the trunk alone, is the one sent.
 """
 
 from __future__ import annotations
@@ -18,7 +20,7 @@ from typing import Any
 from torch import nn
 from torch.func import grad_and_value
 
-from fedge.algorithms.split.clients import ClientSide, LocalStep
+from fedge.algorithms.split.clients import ClientSide, LocalStep, State
 from fedge.algorithms.split.parts import SplitParts
 from fedge.engine import SGD, Executor
 from fedge.engine.bind import call_at
@@ -65,9 +67,17 @@ class EstimatedGradientClients(ClientSide):
     def __init__(self, parts: SplitParts, sgd: SGD, executor: Executor):
         super().__init__(parts, sgd, executor)
         self.local_step = make_estimated_step(parts.local, sgd, parts.criterion)
+        self.realigned: Callable[[State], State | None] | None = None
+        """after an upload: the rows' state with the aux models the server aligned on it, or None"""
 
     def step(self, state, batch, counts, lr, keys, exchange, upload) -> LocalStep:
-        out = self.executor.map(self.local_step, state, batch, (lr,), counts, keys=keys, stage="sage step")
+        out = self._mapped(state, batch, counts, lr, keys)
         if upload:
             exchange(out.per_sample[0], False)
+            aligned = None if self.realigned is None else self.realigned(state)
+            if aligned is not None:  # the step again, on the aux model aligned on its upload (same z)
+                out = self._mapped(aligned, batch, counts, lr, keys)
         return LocalStep(out.state, out.per_client[0])
+
+    def _mapped(self, state: State, batch, counts, lr: float, keys) -> Mapped:
+        return self.executor.map(self.local_step, state, batch, (lr,), counts, keys=keys, stage="sage step")

@@ -12,11 +12,14 @@ A round (the paper's client, federating-server and split-server algorithms, read
    one server model takes an SGD step per upload (as CSE-FSL's server) and stores the sample for its
    client's alignment (the last ``align_samples`` samples per client, the code's ``max_dataset_size``).
    Nothing comes back during the local steps.
-3. In every ``l``-th round (rounds 1, l + 1, 2l + 1, ...: the code's 0-based ``t % l == 0``), after the
-   local steps, the server recomputes its cut-layer gradients of each participant's stored samples with
-   its current model and fits that client's aux model to them (``align_epochs`` passes in batches of
-   ``align_batch_size`` with ``aux_optimizer``: :mod:`~fedge.algorithms.split.alignment`), then sends the
-   aligned aux model down (``aux_down``). The client trains with it from its next round.
+3. In every ``l``-th round (rounds 1, l + 1, 2l + 1, ...: the code's 0-based ``t % l == 0``) the server
+   recomputes its cut-layer gradients of each participant's stored samples with its current model and
+   fits that client's aux model to them (``align_epochs`` passes in batches of ``align_batch_size`` with
+   ``aux_optimizer`` on the ``alignment_loss``: :mod:`~fedge.algorithms.split.alignment`), then sends the
+   aligned aux model down (``aux_down``). With ``alignment_timing: after_local_steps`` (the default) it
+   does so after the round's local steps, and the client trains with it from its next round; with
+   ``first_batch`` (the code's) right after the server's step on the client's first upload of the round
+   (its store then holds that batch), and the client's first batch already trains with it.
 4. The trunks go up and are averaged (FedAvg); the server's one model needs no averaging.
 
 Traffic per round and participant with n local batches of B samples, cut size d (values per sample),
@@ -24,21 +27,25 @@ trunk size |x_c| and aux size |x_a| (32-bit values): u * B * d smashed values an
 u = ceil(n / h) (``first``) or floor(n / h) (``last``), |x_c| down and |x_c| up, and |x_a| down in an
 alignment round. The code counts the same but no labels (they are on their own ledger kind here).
 
-Where paper and code differ, and our choices (docs/decisions.md, "FSL-SAGE"): the code aligns right after
-a client's first batch of an alignment round, we after the round's local steps, so the aligned model
+Where paper and code differ, and our choices (docs/decisions.md, "FSL-SAGE"; the paper's algorithm lines
+could not be read here, so neither default is the paper's word): the code aligns right after a client's
+first upload of an alignment round, fedge by default after the round's local steps, so the aligned model
 serves from the next round (and round 1 trains with the initial aux model); the code's alignment loss is
-the summed squared difference of mean-loss gradients (whole store against one batch), ours the per-sample
-mean, equal up to a constant factor when a batch holds the whole store (its default); the code runs the
-server in training mode for the true gradients and keeps the buffer updates, we leave the server's buffers
-untouched.
+the summed squared difference of mean-loss gradients (``mean_loss_gradients``: one batch against the
+whole store), fedge's default the per-sample mean (``per_sample_mean``), N times the code's when a batch
+holds the whole store of N (its default); both switches together run the code's algorithm. The code runs
+the server in training mode for the true gradients and keeps the buffer updates, we leave the server's
+buffers untouched.
 
 On the simulated clock an alignment round ends with the alignment: the server's compute on every
 participant's store (phase ``align``, :func:`~fedge.algorithms.split.flops.alignment_flops`) and then
-the aux models' downloads, after the round's own phases (:func:`~fedge.system.aligned_round`).
+the aux models' downloads, after the round's own phases (:func:`~fedge.system.aligned_round`), under
+either timing (the clock does not model the clients waiting for a mid-round alignment).
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Literal
 
 import numpy as np
@@ -46,8 +53,8 @@ import torch
 from pydantic import Field, PositiveInt
 
 from fedge.algorithms.base import Context, register
-from fedge.algorithms.split.alignment import Aligned, Aligner, AlignmentStore
-from fedge.algorithms.split.clients import ClientSide
+from fedge.algorithms.split.alignment import Aligned, Aligner, AlignmentLoss, AlignmentStore
+from fedge.algorithms.split.clients import ClientSide, State
 from fedge.algorithms.split.config import SplitConfig
 from fedge.algorithms.split.estimated import EstimatedGradientClients
 from fedge.algorithms.split.flops import alignment_flops
@@ -85,17 +92,33 @@ class FslSageConfig(SplitConfig):
     """samples per alignment step"""
     aux_optimizer: OptimizerConfig = Field(default_factory=lambda: OptimizerConfig(kind="adam", lr=1e-3))
     """the server's optimizer of the aux models during alignment (default: Adam, lr 0.001)"""
+    alignment_timing: Literal["after_local_steps", "first_batch"] = "after_local_steps"
+    """align after the local steps, or on each client's first upload, its first batch then aligned (code)"""
+    alignment_loss: AlignmentLoss = "per_sample_mean"
+    """per-sample mean |estimate - truth|^2, or the code's sum on mean-loss gradients (1/N of it at B = N)"""
 
 
 class RecordingServer(SharedServer):
-    """CSE-FSL's one shared server model, which also hands every upload it serves to ``record``."""
+    """CSE-FSL's one shared server model, which also hands every upload it serves to ``record`` and, for
+    the rows ``due`` names, calls ``after`` right after its step on that row's upload (the others' steps
+    wait: the queue is served one upload at a time then)."""
 
-    record = None
+    record: Callable[[CutBatch, list[int]], None] | None = None
+    due: Callable[[CutBatch, list[int]], set[int]] | None = None
+    after: Callable[[CutBatch, int], None] | None = None
 
     def serve(self, batch: CutBatch, lr: float, grad_z: bool, order: list[int]) -> Served:
         if self.record is not None:
             self.record(batch, order)
-        return super().serve(batch, lr, grad_z, order)
+        due = set() if self.due is None else self.due(batch, order)
+        if not due or self.after is None:
+            return super().serve(batch, lr, grad_z, order)
+        loss = torch.zeros(len(batch.counts), device=batch.z.device)
+        for r in order:  # FSL-SAGE's clients never ask for the cut-layer gradient
+            loss[r] = super().serve(batch, lr, False, [r]).loss[r]
+            if r in due:
+                self.after(batch, r)
+        return Served(loss, None)
 
 
 @register(
@@ -119,12 +142,23 @@ class FslSage(SplitLearning):
         if cfg.upload_phase == "last" and cfg.h > self.most_batches():
             reason = f"no client has {cfg.h} batches in a round, so nothing would reach the server"
             raise ConfigError("algorithm.h", f"h={cfg.h} with upload_phase=last but {reason}")
+        if cfg.alignment_timing == "first_batch" and not self.uploads_at(0):
+            reason = f"first_batch aligns on a first batch's upload; upload_phase=last, h={cfg.h} has none"
+            raise ConfigError("algorithm.alignment_timing", reason)
+        self.rnd: Round | None = None  # the round in progress: the server's mid-round alignments act on it
         self.round_clients = np.zeros(0, dtype=np.int64)
-        self.server.record = self._record
+        self.fresh: dict[int, Tensors] = {}  # first_batch: the round's aligned aux models, by client
+        self.realigned_rows: set[int] = set()  # rows of the round that train on them
+        self.served_rows: torch.Tensor | None = None  # the last served batch's rows (None: the cohort's)
+        server, clients = self.server, self.clients
+        assert isinstance(server, RecordingServer) and isinstance(clients, EstimatedGradientClients)
+        server.record = self._record
+        if cfg.alignment_timing == "first_batch":
+            server.due, server.after, clients.realigned = self._due, self._align_after, self._realigned
         aux = self.parts.local.aux
         optimizer = make_optimizer(cfg.aux_optimizer)
         self.aligner = Aligner(self.parts.server, aux, ctx.criterion, optimizer, cfg.aux_optimizer.lr,
-                               cfg.align_epochs, cfg.align_batch_size)  # fmt: skip
+                               cfg.align_epochs, cfg.align_batch_size, cfg.alignment_loss)  # fmt: skip
 
     def client_side(self) -> ClientSide:
         parts = build_parts(self.ctx, with_aux=True)
@@ -144,21 +178,27 @@ class FslSage(SplitLearning):
 
     def begin(self, t: int) -> Round:
         rnd = super().begin(t)
-        self.round_clients = rnd.draws.clients
-        self.aligned, self.align_flops = [], 0.0
+        self.rnd, self.round_clients = rnd, rnd.draws.clients
+        self.aligned, self.align_flops, self.aux_bits = [], 0.0, np.zeros(len(rnd.draws))
+        self.fresh, self.realigned_rows = {}, set()
         return rnd
+
+    def _client_of(self, batch: CutBatch, r: int) -> int:
+        """The client of row ``r`` of a served batch."""
+        return int(self.round_clients[r if batch.rows is None else int(batch.rows[r])])
 
     def _record(self, batch: CutBatch, order: list[int]) -> None:
         """Keep each served upload for its client's alignment (every row of the cohort: the shared
         server sees them all)."""
+        self.served_rows = batch.rows
         counts = batch.counts.tolist()
         for r in order:
-            row = r if batch.rows is None else int(batch.rows[r])
-            self.store.add(int(self.round_clients[row]), batch.z[r, : counts[r]], batch.y[r, : counts[r]])
+            self.store.add(self._client_of(batch, r), batch.z[r, : counts[r]], batch.y[r, : counts[r]])
 
     def _aggregate(self, rnd: Round) -> None:
-        """In an alignment round, align the participants' aux models first, then average the trunks."""
-        if self.aligns(rnd.t):
+        """In an alignment round, align the participants' aux models first (after the local steps),
+        then average the trunks."""
+        if self.aligns(rnd.t) and self.cfg.alignment_timing == "after_local_steps":
             self._align(rnd)
         super()._aggregate(rnd)
 
@@ -167,25 +207,77 @@ class FslSage(SplitLearning):
         rows of this process take the aligned model (their client keeps it at aggregation)."""
         params = dict(rnd.rows.params)
         mine = np.asarray(rnd.cohort.take(rnd.draws.clients))
-        self.aux_bits = np.zeros(len(rnd.draws))
+        self.aux_bits = np.zeros(len(rnd.draws))  # the rows that answered (a deployed round may lose some)
         for client in dict.fromkeys(int(c) for c in rnd.draws.clients):
-            samples = self.store.samples(client)
-            if samples is None:
+            head = self._align_client(rnd, client)
+            if head is None:
                 continue
-            rng = numpy_rng(self.ctx.seed, "fsl-sage-align", rnd.t, client)
-            key = int(rng.integers(2**31))
-            g = self.aligner.true_gradients(*self.server.evaluation_model(), *samples, key)
-            head = self.local_aux.get(client, aux_only(self.client["params"]))
-            aligned = self.aligner.align(head, self.store.optimizer_state(client), samples, g, rng)
-            self.store.keep_optimizer_state(client, aligned.opt_state)
-            self.aligned.append(aligned)
-            self.align_flops += alignment_flops(self.flops, len(samples[1]), self.cfg.align_epochs)
-            sent = self.down.send(rnd.t, nodes.SERVER, [nodes.client(client)], "aux_down", aligned.params)
-            self.aux_bits[int(np.flatnonzero(rnd.draws.clients == client)[0])] += sent.bits[0]
             rows = torch.as_tensor(np.flatnonzero(mine == client), device=self.ctx.device)
-            for name, value in sent.payload.items():
+            for name, value in head.items():
                 params[name] = params[name].index_put((rows,), value.expand(len(rows), *value.shape))
         rnd.keep(None, (params, rnd.rows.buffers, rnd.rows.opt_state))
+
+    def _align_client(self, rnd: Round, client: int) -> Tensors | None:
+        """Align ``client``'s aux model to the server's current model on its stored samples and send it
+        down: the aligned model as the client receives it (None: nothing stored yet)."""
+        samples = self.store.samples(client)
+        if samples is None:
+            return None
+        rng = numpy_rng(self.ctx.seed, "fsl-sage-align", rnd.t, client)
+        key = int(rng.integers(2**31))
+        g = self.aligner.true_gradients(*self.server.evaluation_model(), *samples, key)
+        head = self.local_aux.get(client, aux_only(self.client["params"]))
+        aligned = self.aligner.align(head, self.store.optimizer_state(client), samples, g, rng)
+        self.store.keep_optimizer_state(client, aligned.opt_state)
+        self.aligned.append(aligned)
+        self.align_flops += alignment_flops(self.flops, len(samples[1]), self.cfg.align_epochs)
+        sent = self.down.send(rnd.t, nodes.SERVER, [nodes.client(client)], "aux_down", aligned.params)
+        self.aux_bits[int(np.flatnonzero(rnd.draws.clients == client)[0])] += sent.bits[0]
+        return sent.payload
+
+    def _due(self, batch: CutBatch, order: list[int]) -> set[int]:
+        """``first_batch`` timing: the rows of ``order`` after whose server step their client aligns, the
+        first served upload of each client not yet aligned in an alignment round."""
+        assert self.rnd is not None
+        if not self.aligns(self.rnd.t):
+            return set()
+        due, seen = set(), set(self.fresh)
+        for r in order:
+            client = self._client_of(batch, r)
+            if client not in seen:
+                due.add(r)
+                seen.add(client)
+        return due
+
+    def _align_after(self, batch: CutBatch, r: int) -> None:
+        """Align row ``r``'s client right after the server's step on its upload (``first_batch``)."""
+        assert self.rnd is not None
+        client = self._client_of(batch, r)
+        head = self._align_client(self.rnd, client)
+        if head is not None:
+            self.fresh[client] = head
+
+    def _realigned(self, state: State) -> State | None:
+        """After an upload: the state of the rows that just sent (this process's) with the aux models
+        aligned since, for rows not yet given theirs; None when there are none (``first_batch``)."""
+        assert self.rnd is not None
+        if not self.fresh:
+            return None
+        rnd = self.rnd
+        rows = self.served_rows
+        ids = np.arange(len(rnd.draws))[rnd.cohort.rows] if rows is None else rows.cpu().numpy()
+        clients = self.round_clients[ids]
+        update = [p for p, row in enumerate(ids.tolist()) if row not in self.realigned_rows]
+        update = [p for p in update if int(clients[p]) in self.fresh]
+        if not update:
+            return None
+        params = dict(state[0])
+        for p in update:
+            self.realigned_rows.add(int(ids[p]))
+            at = (torch.tensor([p], device=self.ctx.device),)
+            for name, value in self.fresh[int(clients[p])].items():
+                params[name] = params[name].index_put(at, value[None])
+        return params, state[1], state[2]
 
     def round_cost(self, rnd: Round) -> RoundCost:
         """The split round's cost, followed in an alignment round by the alignment and the aligned aux
