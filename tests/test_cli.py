@@ -54,3 +54,21 @@ def test_bad_input_exits_2_with_one_line_and_no_directory(tmp_path, args, needle
 def test_resume_of_a_non_run_directory_fails_cleanly(tmp_path):
     result = runner.invoke(app, ["resume", str(tmp_path)])
     assert result.exit_code == 2 and "not a run directory" in result.output
+
+
+@pytest.mark.parametrize(
+    ("args", "line"),
+    [
+        (["frobnicate"], "fedge: no such command 'frobnicate' (fedge --help lists them)"),
+        (["run", "--bogus"], "fedge run: no such option '--bogus' (fedge run --help lists them)"),
+        (["resume"], "fedge resume: missing argument 'RUN_DIR' (fedge resume --help)"),
+        (["run", "--procs", "0"], "fedge run: invalid value for '--procs': 0 is not in the range x>=1"),
+        ([], "fedge: missing command (fedge --help lists them)"),
+    ],
+)
+def test_a_usage_error_is_one_line_and_exit_2(args, line):
+    """An unknown command or option, or a missing argument: one line naming it, no usage box."""
+    result = runner.invoke(app, args)
+    assert result.exit_code == 2, result.output
+    lines = [text for text in result.output.splitlines() if text.strip()]
+    assert len(lines) == 1 and lines[0].startswith(line), result.output

@@ -3,7 +3,8 @@
 Bad input (an unknown key, an impossible value, a missing or unwritable file, a damaged checkpoint, a run
 too large for the machine's memory) prints one line ``error: <key or file>: <message>`` and exits with
 code 2; no results directory is created for it. A run stopped by a NaN or infinite number prints one
-line and exits with code 3. The heavy modules (torch, the runner,
+line and exits with code 3. A usage error (an unknown command or option, a missing argument) is one line
+naming it, exit code 2, not click's usage box. The heavy modules (torch, the runner,
 matplotlib) are imported inside the commands, so ``--help``, ``--version`` and ``list`` answer at once.
 When output goes to a file or a pipe, tables are printed at their full width (no cut headers), and
 the commands that print tables also take ``--json``.
@@ -17,10 +18,12 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import TYPE_CHECKING, Annotated, Any
 
+import click
 import typer
 from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
+from typer.core import TyperGroup
 
 import fedge
 from fedge.cli_bounds import bounds
@@ -39,7 +42,38 @@ def _console(stderr: bool = False) -> Console:
     return console if console.is_terminal else Console(stderr=stderr, width=PIPE_WIDTH)
 
 
-app = typer.Typer(add_completion=False, no_args_is_help=False, help=fedge.__doc__)
+def usage_line(error: click.UsageError) -> str:
+    """A usage error (unknown command or option, missing or bad argument) as one line naming it and the
+    help that lists what is valid; click's own is a usage line, a hint and a boxed message."""
+    path = " ".join(["fedge", *(error.ctx.command_path.split()[1:] if error.ctx is not None else [])])
+    message = error.format_message().strip().rstrip(".")
+    message = message[:1].lower() + message[1:]
+    lists = message.startswith(("no such command", "missing command", "no such option"))
+    return f"{path}: {message} ({path} --help{' lists them' if lists else ''})"
+
+
+class OneLineUsage(TyperGroup):
+    """The ``fedge`` command group, with its usage errors in one line and exit code 2."""
+
+    def make_context(self, *args: Any, **kwargs: Any) -> click.Context:
+        with _usage_in_one_line():
+            return super().make_context(*args, **kwargs)
+
+    def invoke(self, ctx: click.Context) -> Any:
+        with _usage_in_one_line():
+            return super().invoke(ctx)
+
+
+@contextmanager
+def _usage_in_one_line() -> Iterator[None]:
+    try:
+        yield
+    except click.UsageError as error:
+        click.echo(usage_line(error), err=True)
+        raise click.exceptions.Exit(EXIT_BAD_INPUT) from None
+
+
+app = typer.Typer(cls=OneLineUsage, add_completion=False, no_args_is_help=False, help=fedge.__doc__)
 console = _console()
 errors = _console(stderr=True)
 app.command("bounds")(bounds)
