@@ -13,6 +13,7 @@ the commands that print tables also take ``--json``.
 from __future__ import annotations
 
 import json
+import warnings
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -60,7 +61,7 @@ class OneLineUsage(TyperGroup):
             return super().make_context(*args, **kwargs)
 
     def invoke(self, ctx: click.Context) -> Any:
-        with _usage_in_one_line():
+        with _usage_in_one_line(), _notes_in_one_line():
             return super().invoke(ctx)
 
 
@@ -71,6 +72,27 @@ def _usage_in_one_line() -> Iterator[None]:
     except click.UsageError as error:
         click.echo(usage_line(error), err=True)
         raise click.exceptions.Exit(EXIT_BAD_INPUT) from None
+
+
+@contextmanager
+def _notes_in_one_line() -> Iterator[None]:
+    """A config reader's note (keys dropped on switching algorithms) as one ``note:`` line, once, from
+    the process that prints (rank 0 of a launched run); other warnings as Python shows them."""
+    with warnings.catch_warnings():
+        python_shows = warnings.showwarning
+        noted: set[str] = set()  # a config is read twice (the quick check, then the run)
+
+        def show(message: Warning | str, category: type[Warning], *args: Any, **kwargs: Any) -> None:
+            from fedge.locate import DroppedKeys
+
+            if not issubclass(category, DroppedKeys):
+                python_shows(message, category, *args, **kwargs)
+            elif str(message) not in noted and _rank_zero():
+                noted.add(str(message))
+                errors.print(f"note: {_one_line(str(message))}", highlight=False, soft_wrap=True)
+
+        warnings.showwarning = show
+        yield
 
 
 app = typer.Typer(cls=OneLineUsage, add_completion=False, no_args_is_help=False, help=fedge.__doc__)

@@ -22,6 +22,7 @@ from fedge.config import AlgorithmConfig, RunConfig, apply_override, config_keys
 from fedge.errors import ConfigError, FedgeError
 from fedge.extend import load_config, parse_config
 from fedge.labels import run_labels
+from fedge.locate import switch_algorithm
 from fedge.plots import plot_runs
 from fedge.precheck import check_algorithm_overrides
 from fedge.records import MIB, evaluated
@@ -48,16 +49,24 @@ def _algorithm_keys(name: str) -> list[str]:
 
 def retarget(config: RunConfig, name: str, overrides: list[str] | None = None) -> tuple[RunConfig, list[str]]:
     """``config`` with its algorithm block moved to algorithm ``name`` and the ``algorithm.*`` overrides
-    applied; also the keys that did not fit ``name`` (dropped)."""
+    applied; also the keys that did not fit ``name`` (dropped).
+
+    The block's keys follow the rule every command reads configs by (:func:`fedge.locate.switch_algorithm`);
+    an override goes only to the algorithms that have its key."""
     fields = _algorithm_keys(name)
-    holder = {"algorithm": config.algorithm.model_dump(mode="json", exclude={"name"}, exclude_unset=True)}
-    for assignment in overrides or []:
-        apply_override(holder, assignment)
-    block = holder["algorithm"]
-    kept = {k: v for k, v in block.items() if k in fields}
     raw = config.model_dump(mode="json")
-    raw["algorithm"] = {**kept, "name": name}
-    return parse_config(raw), sorted(set(block) - set(kept))
+    raw["algorithm"] = {
+        **config.algorithm.model_dump(mode="json", exclude={"name"}, exclude_unset=True),
+        "name": name,
+    }
+    dropped = switch_algorithm(raw, config.algorithm.name)
+    for assignment in overrides or []:
+        key = assignment.split("=", 1)[0].strip().removeprefix("algorithm.").split(".")[0]
+        if key in fields:
+            apply_override(raw, assignment)
+        else:
+            dropped.append(key)
+    return parse_config(raw), sorted(set(dropped))
 
 
 def _mean_std(values: list[float]) -> tuple[float, float]:
