@@ -14,8 +14,8 @@ from __future__ import annotations
 
 import json
 import warnings
-from collections.abc import Iterator
-from contextlib import contextmanager
+from collections.abc import Callable, Iterator
+from contextlib import AbstractContextManager, contextmanager
 from pathlib import Path
 from typing import TYPE_CHECKING, Annotated, Any
 
@@ -413,28 +413,58 @@ def compare(
             per_algorithm, shared = split_algorithm_overrides(overrides)
             precheck(config, shared)  # a bad config answers before torch loads
             check_algorithm_overrides(per_algorithm, names)
+            from fedge.compare import Unfinished
             from fedge.compare import compare as run_comparison
 
             seed_list = _seed_list(seeds) or [0]
             count = seed_list[0] if len(seed_list) == 1 else None
+            total = len(names) * (count if count is not None else len(seed_list))
+            if not quiet:
+                console.print(f"checking all {total} runs before training any", highlight=False)
+            try:
+                outcome = run_comparison(
+                    fedge.resolve_config(config, shared),
+                    names,
+                    count if count is not None else len(seed_list),
+                    watch=_compare_progress(total, quiet),
+                    target=target,
+                    seed_list=None if count is not None else seed_list,
+                    algorithm_overrides=per_algorithm,
+                )
+            except Unfinished as stopped:  # the finished runs' table, then the error's one line
+                _show_comparison(stopped.comparison, target, as_json)
+                raise stopped.error from None
+    _show_comparison(outcome, target, as_json)
 
-            def announce(name: str, offset: int, runner: Runner) -> None:
-                if not quiet:
-                    console.print(f"[bold]{name}[/] seed {runner.config.seed} -> {runner.run_dir}")
 
-            outcome = run_comparison(
-                fedge.resolve_config(config, shared),
-                names,
-                count if count is not None else len(seed_list),
-                on_run=announce,
-                target=target,
-                seed_list=None if count is not None else seed_list,
-                algorithm_overrides=per_algorithm,
-            )
+def _compare_progress(total: int, quiet: bool) -> Callable[[str, int, Runner], AbstractContextManager[Any]]:
+    """Each run of a comparison announced (``[i/N] name seed s -> dir``), then its rounds shown as
+    ``fedge run`` shows them (a bar, or plain lines when piped)."""
+    from fedge.progress import RunProgress
+
+    started = 0
+
+    @contextmanager
+    def watch(name: str, offset: int, runner: Runner) -> Iterator[None]:
+        nonlocal started
+        started += 1
+        seed = runner.config.seed
+        if not quiet:
+            console.print(f"[{started}/{total}] {name} seed {seed} -> {runner.run_dir}", markup=False)
+        label = f"{name} s{seed}"
+        with RunProgress(console, runner.config.rounds, runner.start, quiet, label=label) as progress:
+            runner.on_round = progress
+            yield
+
+    return watch
+
+
+def _show_comparison(outcome: Any, target: float | None, as_json: bool) -> None:
+    """A comparison's table (or JSON); nothing when no run finished."""
     if as_json:
         typer.echo(json.dumps({"out_dir": str(outcome.out_dir), "rows": outcome.rows}, indent=1))
-        return
-    _print_comparison(outcome, target)
+    elif outcome.rows:
+        _print_comparison(outcome, target)
 
 
 def _mean_std(row: dict[str, Any], key: str, scale: float = 1.0) -> str:
