@@ -122,20 +122,31 @@ def switch_algorithm(
 ) -> list[str]:
     """Remove from ``raw``'s algorithm block, and return, the keys algorithm ``original`` has and the
     algorithm the block now names lacks (none when the name did not change). ``kept``: keys the user typed,
-    left for the check to refuse. An unknown algorithm drops nothing (the check names it)."""
-    from fedge.precheck import algorithm_keys, known_names  # precheck reads configs through this module
-
+    left for the check to refuse. An algorithm whose keys are not known without importing a plugin drops
+    nothing (the check then names the key, or the unknown algorithm)."""
     block = raw.get("algorithm")
     name = algorithm_name(raw)
     if not isinstance(block, dict) or not isinstance(name, str) or not isinstance(original, str):
         return []
     if name == original:
         return []
-    names = known_names()
-    had, has = algorithm_keys(original, names), algorithm_keys(name, names)
+    had, has = _keys_known_now(original), _keys_known_now(name)
     if had is None or has is None:
         return []
     dropped = sorted(key for key in block if key in had and key not in has and key not in kept)
     for key in dropped:
         del block[key]
     return dropped
+
+
+def _keys_known_now(name: str) -> list[str] | None:
+    """Algorithm ``name``'s keys, from the shipped schema or an algorithm registered already; None where
+    knowing them would import a plugin (reading a config never does)."""
+    from fedge.config import AlgorithmConfig, config_keys
+    from fedge.precheck import known_names  # precheck reads configs through this module
+
+    blocks = known_names()["blocks"]
+    if name in blocks:
+        return config_keys(blocks[name])
+    registered = AlgorithmConfig.registry.get(name)
+    return None if registered is None else config_keys(registered)
