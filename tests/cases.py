@@ -160,11 +160,13 @@ def read_only(path: Path) -> Iterator[None]:
             pass
         else:
             probe.unlink()
-            immutable = subprocess.run(["chattr", "+i", str(path)], capture_output=True).returncode == 0
+            immutable = (
+                subprocess.run(["chattr", "+i", str(path)], capture_output=True, timeout=60).returncode == 0
+            )
             if not immutable:
                 pytest.skip("cannot make a folder read-only here")
         yield
     finally:
         if immutable:
-            subprocess.run(["chattr", "-i", str(path)], check=True)
+            subprocess.run(["chattr", "-i", str(path)], check=True, timeout=60)
         os.chmod(path, 0o755)

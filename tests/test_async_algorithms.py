@@ -8,6 +8,7 @@ import signal
 import time
 from pathlib import Path
 
+import children
 import pytest
 import torch
 from async_cases import HETEROGENEOUS, IDENTICAL, interrupted_and_resumed, rows
@@ -197,7 +198,7 @@ def test_a_sigkilled_async_run_resumes_bit_identically(tmp_path):
             break
         time.sleep(0.001)
     os.kill(pid, signal.SIGKILL)
-    os.waitpid(pid, 0)
+    children.reap(pid)
     assert not (run_dir / "summary.json").exists(), "the run finished before it could be killed"
     resumed = fedge.resume(run_dir)
     assert rows(resumed) == rows(reference)

@@ -83,3 +83,52 @@ def test_retarget_applies_an_override_the_algorithm_knows(tiny_config):
     config = fedge.resolve_config(tiny_config)
     target, dropped = retarget(config, "fedavg", ["algorithm.fraction=0.4", "algorithm.h=3"])
     assert target.algorithm.fraction == 0.4 and dropped == ["h"]
+
+
+def _compare_cli(tiny_config, tmp_path, *args: str):
+    path = tmp_path / "base.yaml"
+    path.write_text(yaml.safe_dump(tiny_config))
+    return CliRunner().invoke(app, ["compare", str(path), *args])
+
+
+def test_every_run_is_checked_before_any_trains(tiny_config, tmp_path):
+    """A split algorithm on a model without a default cut is refused before FedAvg trains for nothing."""
+    result = _compare_cli(tiny_config, tmp_path, "-a", "fedavg,cse_fsl_async")
+    assert result.exit_code == 2, result.output
+    lines = [line for line in result.output.splitlines() if line.strip()]
+    assert lines[-1].startswith("error: model.cut: split learning needs a cut"), result.output
+    assert lines[-1].endswith("(cse_fsl_async, seed 3)"), result.output
+    assert "round" not in result.output and not (tmp_path / "runs").exists()
+
+
+def test_a_late_failure_keeps_the_table_of_the_finished_runs(tiny_config, tmp_path, monkeypatch):
+    """The second algorithm's run diverges: the first one's row is printed and written, then the error."""
+    from fedge.errors import Diverged
+    from fedge.runner import Runner
+
+    finish = Runner.run
+
+    def run_or_diverge(self):
+        if self.config.algorithm.name == "centralized":
+            raise Diverged(self.run_dir, 1, "loss nan", None)
+        return finish(self)
+
+    monkeypatch.setattr(Runner, "run", run_or_diverge)
+    result = _compare_cli(tiny_config, tmp_path, "-a", "fedavg,centralized", "-q")
+    assert result.exit_code == 3, result.output
+    assert "fedge compare" in result.output and "fedavg" in result.output
+    last = result.output.strip().splitlines()[-1]
+    assert last.startswith("error: ") and "centralized-s0: diverged in round 1" in last, result.output
+    (out_dir,) = (tmp_path / "runs").glob("compare-*")
+    saved = json.loads((out_dir / "comparison.json").read_text())
+    assert [row["algorithm"] for row in saved["rows"]] == ["fedavg"]
+    assert saved["failed"]["algorithm"] == "centralized" and "diverged" in saved["failed"]["error"]
+
+
+def test_compare_shows_each_runs_progress_as_run_does(tiny_config, tmp_path):
+    result = _compare_cli(tiny_config, tmp_path, "-a", "fedavg,centralized", "--seeds", "2")
+    assert result.exit_code == 0, result.output
+    lines = result.output.splitlines()
+    assert any(line.startswith("[1/4] fedavg seed 3") for line in lines), result.output
+    assert any(line.startswith("[4/4] centralized seed 4") for line in lines), result.output
+    assert any(line.startswith("fedavg s3  round 4/4  acc") for line in lines), result.output

@@ -9,6 +9,7 @@ quantizer, random sparsification) have their own launch: their noise must be one
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import socket
@@ -18,6 +19,7 @@ import time
 from pathlib import Path
 from unittest import mock
 
+import children
 import numpy as np
 import pytest
 import torch
@@ -213,16 +215,19 @@ def launch(world: int, jobs: list[tuple[dict, str]], seen: Path, timeout: float 
     rank writes the most rows per executor stage of each run to ``seen``."""
     env = {**os.environ, "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(free_port()), "OMP_NUM_THREADS": "1"}
     env["PYTHONPATH"] = os.pathsep.join([str(Path(fedge.__file__).parents[1]), env.get("PYTHONPATH", "")])
-    procs = [
-        subprocess.Popen(
-            [sys.executable, "-c", WORKER, json.dumps(jobs), str(seen)],
-            env={**env, "RANK": str(r), "LOCAL_RANK": str(r), "WORLD_SIZE": str(world)},
-            stderr=subprocess.PIPE,
-            text=True,
-        )
-        for r in range(world)
-    ]
-    errors = [p.communicate(timeout=timeout)[1] for p in procs]
+    with contextlib.ExitStack() as stack:
+        procs = [
+            stack.enter_context(
+                children.started(
+                    [sys.executable, "-c", WORKER, json.dumps(jobs), str(seen)],
+                    env={**env, "RANK": str(r), "LOCAL_RANK": str(r), "WORLD_SIZE": str(world)},
+                    stderr=subprocess.PIPE,
+                    text=True,
+                )
+            )
+            for r in range(world)
+        ]
+        errors = [children.finish(p, timeout)[1] for p in procs]
     failed = [
         f"rank {r}: {err[-2000:]}"
         for r, (p, err) in enumerate(zip(procs, errors, strict=True))
@@ -434,28 +439,32 @@ def test_a_killed_rank_stops_the_other_and_resume_on_one_process_finishes_the_sa
     path.write_text(json.dumps(cfg))
     env = {**os.environ, "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(free_port()), "OMP_NUM_THREADS": "1"}
     env["PYTHONPATH"] = os.pathsep.join([str(Path(fedge.__file__).parents[1]), env.get("PYTHONPATH", "")])
-    procs = [
-        subprocess.Popen(
-            [sys.executable, "-m", "fedge", "run", str(path), "-q"],
-            env={**env, "RANK": str(r), "LOCAL_RANK": str(r), "WORLD_SIZE": "2"},
-            stderr=subprocess.PIPE,
-            text=True,
-        )
-        for r in range(2)
-    ]
-    metrics = tmp_path / "runs" / "killed" / "metrics.jsonl"
-    deadline = time.monotonic() + 120
-    while not (metrics.exists() and len(metrics.read_text().splitlines()) >= 5):
-        assert time.monotonic() < deadline and procs[0].poll() is None
-        time.sleep(0.05)
-    procs[1].kill()
-    killed_at = time.monotonic()
-    stderr = procs[0].communicate(timeout=60)[1]
-    assert time.monotonic() - killed_at < 20 + 10
-    assert procs[0].returncode not in (0, None)
-    lines = [line for line in stderr.splitlines() if line.strip()]
-    assert len(lines) == 1 and lines[0].startswith("error: distributed: rank 0:"), stderr[-2000:]
-    procs[1].communicate()
+    with contextlib.ExitStack() as stack:
+        procs = [
+            stack.enter_context(
+                children.started(
+                    [sys.executable, "-m", "fedge", "run", str(path), "-q"],
+                    env={**env, "RANK": str(r), "LOCAL_RANK": str(r), "WORLD_SIZE": "2"},
+                    stderr=subprocess.PIPE,
+                    text=True,
+                )
+            )
+            for r in range(2)
+        ]
+        metrics = tmp_path / "runs" / "killed" / "metrics.jsonl"
+        deadline = time.monotonic() + 120
+        while not (metrics.exists() and len(metrics.read_text().splitlines()) >= 5):
+            if time.monotonic() > deadline or procs[0].poll() is not None:
+                children.fail(procs[0], "rank 0 did not reach round 5")
+            time.sleep(0.05)
+        procs[1].kill()
+        killed_at = time.monotonic()
+        stderr = children.finish(procs[0], timeout=60)[1]
+        assert time.monotonic() - killed_at < 20 + 10
+        assert procs[0].returncode not in (0, None)
+        lines = [line for line in stderr.splitlines() if line.strip()]
+        assert len(lines) == 1 and lines[0].startswith("error: distributed: rank 0:"), stderr[-2000:]
+        children.finish(procs[1], timeout=children.REAP)
     run_dir = metrics.parent
     kept = checkpoint.load(run_dir / "checkpoint.pt", load_config(run_dir / "config.yaml"))
     assert 2 <= kept.state["round"] < 150

@@ -8,8 +8,11 @@ import signal
 import subprocess
 import sys
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
+import children
 import pytest
 from cases import tiny
 from torch.distributed.elastic.multiprocessing.errors import ProcessFailure
@@ -77,23 +80,21 @@ def _gone_within(pids: list[int], seconds: float) -> bool:
 @pytest.mark.skipif(not sys.platform.startswith("linux"), reason="the parent-death signal is Linux's")
 def test_a_process_that_asked_to_die_with_its_parent_does(tmp_path):
     ready = tmp_path / "ready"
-    parent = subprocess.Popen(
-        [sys.executable, "-c", CHILD, GRANDCHILD, str(ready)], stdout=subprocess.PIPE, text=True, env=_env()
-    )
-    grandchild = int(parent.stdout.readline())
-    try:
-        deadline = time.monotonic() + 60
-        while not ready.exists():  # past its imports and its request
-            assert time.monotonic() < deadline and _alive(grandchild)
-            time.sleep(0.05)
-        parent.send_signal(signal.SIGKILL)
-        parent.wait()
-        assert _gone_within([grandchild], 10)
-    finally:
-        for pid in (parent.pid, grandchild):
-            if _alive(pid):
-                os.kill(pid, signal.SIGKILL)
-        parent.wait()
+    command = [sys.executable, "-c", CHILD, GRANDCHILD, str(ready)]
+    with children.started(command, stdout=subprocess.PIPE, text=True, env=_env()) as parent:
+        grandchild = int(children.Lines(parent.stdout).next(timeout=60))
+        try:
+            deadline = time.monotonic() + 60
+            while not ready.exists():  # past its imports and its request
+                if time.monotonic() > deadline or not _alive(grandchild):
+                    children.fail(parent, "the grandchild never got ready")
+                time.sleep(0.05)
+            parent.send_signal(signal.SIGKILL)
+            parent.wait(timeout=children.REAP)
+            assert _gone_within([grandchild], 10)
+        finally:
+            if _alive(grandchild):
+                os.kill(grandchild, signal.SIGKILL)
 
 
 def _ranks(launcher: int) -> dict[int, int]:
@@ -113,41 +114,50 @@ def _ranks(launcher: int) -> dict[int, int]:
     return found
 
 
-def _start(tmp_path: Path) -> tuple[subprocess.Popen, dict[int, int], Path]:
-    """A long 2-rank run, once both ranks are past their second round."""
+READY_SECONDS = 180  # for both ranks' second round: generous, a busy machine once took 60 s
+
+
+@contextmanager
+def _started(tmp_path: Path) -> Iterator[tuple[subprocess.Popen, dict[int, int]]]:
+    """A long 2-rank run, once both ranks are past their second round; the launcher and both ranks are
+    killed when the block ends."""
     cfg = tiny("fedavg", tmp_path / "runs", rounds=100000)
     cfg["output"].update(name="long", checkpoint_every=50)
     path = tmp_path / "run.json"
     tmp_path.mkdir(exist_ok=True)
     path.write_text(json.dumps(cfg))
     command = [sys.executable, "-m", "fedge", "run", str(path), "-q", "--procs", "2"]
-    launcher = subprocess.Popen(command, stderr=subprocess.PIPE, text=True, env=_env())
-    metrics = tmp_path / "runs" / "long" / "metrics.jsonl"
-    deadline = time.monotonic() + 60
-    while not (metrics.exists() and len(metrics.read_text().splitlines()) >= 2):
-        assert time.monotonic() < deadline and launcher.poll() is None, launcher.stderr.read()[-2000:]
-        time.sleep(0.05)
-    ranks = _ranks(launcher.pid)
-    assert sorted(ranks) == [0, 1], ranks
-    return launcher, ranks, metrics
+    ranks: dict[int, int] = {}
+    with children.started(command, stderr=subprocess.PIPE, text=True, env=_env()) as launcher:
+        try:
+            metrics = tmp_path / "runs" / "long" / "metrics.jsonl"
+            deadline = time.monotonic() + READY_SECONDS
+            while not (metrics.exists() and len(metrics.read_text().splitlines()) >= 2):
+                if launcher.poll() is not None:
+                    children.fail(launcher, f"exited with code {launcher.returncode} before round 2")
+                if time.monotonic() > deadline:
+                    children.fail(launcher, f"not at round 2 after {READY_SECONDS} s")
+                time.sleep(0.05)
+            ranks.update(_ranks(launcher.pid))
+            assert sorted(ranks) == [0, 1], ranks
+            yield launcher, ranks
+        finally:
+            for pid in ranks.values():
+                if _alive(pid):
+                    os.kill(pid, signal.SIGKILL)
 
 
 @pytest.mark.skipif(not sys.platform.startswith("linux"), reason="reads /proc")
 def test_two_real_ranks_rank_one_killed_then_the_launcher_killed(tmp_path):
     """Rank 1 SIGKILLed: the launcher exits 1 naming rank 1. Then a second run's launcher SIGKILLed:
     both its ranks are gone within seconds, no orphan left."""
-    launcher, ranks, _ = _start(tmp_path / "one")
-    os.kill(ranks[1], signal.SIGKILL)
-    stderr = launcher.communicate(timeout=60)[1]
-    assert launcher.returncode == 1, stderr[-2000:]
-    last = [line for line in stderr.splitlines() if line.startswith("error: distributed: rank")][-1]
-    assert last.startswith("error: distributed: rank 1 of 2 failed first (killed by SIGKILL)"), stderr[-2000:]
-    launcher, ranks, _ = _start(tmp_path / "two")
-    try:
+    with _started(tmp_path / "one") as (launcher, ranks):
+        os.kill(ranks[1], signal.SIGKILL)
+        stderr = children.finish(launcher, timeout=60)[1]
+        assert launcher.returncode == 1, stderr[-2000:]
+        last = [line for line in stderr.splitlines() if line.startswith("error: distributed: rank")][-1]
+        assert last.startswith("error: distributed: rank 1 of 2 failed first (killed by SIGKILL)"), stderr
+    with _started(tmp_path / "two") as (launcher, ranks):
         launcher.send_signal(signal.SIGKILL)
-        launcher.communicate(timeout=30)
+        children.finish(launcher, timeout=30)
         assert _gone_within(list(ranks.values()), 10), ranks
-    finally:
-        for pid in ranks.values():
-            if _alive(pid):
-                os.kill(pid, signal.SIGKILL)

@@ -15,6 +15,7 @@ import signal
 import time
 from pathlib import Path
 
+import children
 import pytest
 from cases import tiny
 
@@ -65,11 +66,12 @@ def killed(tmp_path_factory) -> dict[str, tuple[Path, fedge.Result]]:
             rows = len(metrics.read_text().splitlines()) if metrics.is_file() else 0
             if rows >= KILL_AFTER or os.waitpid(pid, os.WNOHANG) != (0, 0):
                 os.kill(pid, signal.SIGKILL)
-                os.waitpid(pid, 0)
+                children.reap(pid)
                 del pids[family]
         time.sleep(0.002)
     for pid in pids.values():
         os.kill(pid, signal.SIGKILL)
+        children.reap(pid)
     return {family: (run_dirs[family], references[family]) for family in FAMILIES}
 
 
@@ -121,10 +123,11 @@ def test_kill_matrix_every_moment_resumes_bit_identically(tmp_path, algorithm):
         for _ in range(ATTEMPTS):  # a write is short: under load the kill may land after its rename
             shutil.rmtree(run_dir, ignore_errors=True)
             pid = _fork_run(killed)
+            deadline = time.monotonic() + 120
             while os.waitpid(pid, os.WNOHANG) == (0, 0) and not reached(run_dir):
-                pass
+                assert time.monotonic() < deadline, f"{moment}: not reached in 120 s"
             os.kill(pid, signal.SIGKILL)
-            os.waitpid(pid, 0)
+            children.reap(pid)
             if moment != "during a write" or _temporaries(run_dir):
                 break
         if (run_dir / "summary.json").exists():

@@ -5,11 +5,11 @@ from __future__ import annotations
 import json
 import os
 import signal
-import subprocess
 import sys
 import time
 from pathlib import Path
 
+import children
 import yaml
 
 import fedge
@@ -104,16 +104,16 @@ def test_killed_run_resumes_to_identical_metrics(tiny_config, tmp_path):
     path = tmp_path / "run.yaml"
     path.write_text(yaml.safe_dump(tiny_config))
     env = {**os.environ, "PYTHONPATH": str(Path(fedge.__file__).parents[1])}
-    proc = subprocess.Popen([sys.executable, "-m", "fedge", "run", str(path), "-q"], env=env)
-    run_dir = tmp_path / "runs" / "killed"
-    metrics = run_dir / "metrics.jsonl"
-    deadline = time.monotonic() + 120
-    while time.monotonic() < deadline and proc.poll() is None:
-        if metrics.is_file() and len(metrics.read_text().splitlines()) >= 5:
-            break
-        time.sleep(0.01)
-    proc.send_signal(signal.SIGKILL)
-    proc.wait()
+    with children.started([sys.executable, "-m", "fedge", "run", str(path), "-q"], env=env) as proc:
+        run_dir = tmp_path / "runs" / "killed"
+        metrics = run_dir / "metrics.jsonl"
+        deadline = time.monotonic() + 120
+        while time.monotonic() < deadline and proc.poll() is None:
+            if metrics.is_file() and len(metrics.read_text().splitlines()) >= 5:
+                break
+            time.sleep(0.01)
+        proc.send_signal(signal.SIGKILL)
+        proc.wait(timeout=children.REAP)
     assert not (run_dir / "summary.json").exists(), "the run finished before it could be killed"
     resumed = fedge.resume(run_dir)
     tiny_config["output"]["name"] = "uninterrupted"

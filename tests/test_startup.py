@@ -26,7 +26,11 @@ def _fresh(code: str) -> subprocess.CompletedProcess:
     """Run ``code`` in a new interpreter; it must end by printing the heavy modules it imported."""
     heavy = "print(sorted(m for m in ('torch', 'sklearn') if m in sys.modules))"
     return subprocess.run(
-        [sys.executable, "-c", f"import sys\n{code}\n{heavy}"], env=ENV, capture_output=True, text=True
+        [sys.executable, "-c", f"import sys\n{code}\n{heavy}"],
+        env=ENV,
+        capture_output=True,
+        text=True,
+        timeout=120,
     )
 
 

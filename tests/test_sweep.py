@@ -6,11 +6,11 @@ import csv
 import os
 import pickle
 import signal
-import subprocess
 import sys
 import time
 from pathlib import Path
 
+import children
 import pytest
 import yaml
 from typer.testing import CliRunner
@@ -122,25 +122,25 @@ def test_killed_sweep_continues_to_the_same_results(tiny_config, tmp_path, jobs)
     path = tmp_path / "sweep.yaml"
     path.write_text(yaml.safe_dump(tiny_config))
     env = {**os.environ, "PYTHONPATH": str(Path(fedge.__file__).parents[1])}
-    proc = subprocess.Popen([sys.executable, "-m", "fedge", "sweep", str(path), "-q"], env=env)
-    sweep_dir = tmp_path / "runs" / "killed"
-    deadline = time.monotonic() + 120
-    while time.monotonic() < deadline and proc.poll() is None:
-        rows = [len(p.read_text().splitlines()) for p in sweep_dir.glob("runs/*/metrics.jsonl")]
-        if len(rows) >= jobs and max(rows) >= 4:
-            break
-        time.sleep(0.02)
-    proc.send_signal(signal.SIGKILL)
-    proc.wait()
-    with (sweep_dir / "index.csv").open() as handle:
-        states = [row["state"] for row in csv.DictReader(handle)]
-    assert "interrupted" in states or "pending" in states, "the sweep finished before it could be killed"
-    time.sleep(0.3)
-    frozen = {p: p.stat().st_mtime for p in sweep_dir.glob("runs/*/metrics.jsonl")}
-    time.sleep(0.5)
-    assert frozen == {p: p.stat().st_mtime for p in sweep_dir.glob("runs/*/metrics.jsonl")}, (
-        "workers outlived it"
-    )
+    with children.started([sys.executable, "-m", "fedge", "sweep", str(path), "-q"], env=env) as proc:
+        sweep_dir = tmp_path / "runs" / "killed"
+        deadline = time.monotonic() + 120
+        while time.monotonic() < deadline and proc.poll() is None:
+            rows = [len(p.read_text().splitlines()) for p in sweep_dir.glob("runs/*/metrics.jsonl")]
+            if len(rows) >= jobs and max(rows) >= 4:
+                break
+            time.sleep(0.02)
+        proc.send_signal(signal.SIGKILL)
+        proc.wait(timeout=children.REAP)
+        with (sweep_dir / "index.csv").open() as handle:
+            states = [row["state"] for row in csv.DictReader(handle)]
+        assert "interrupted" in states or "pending" in states, "the sweep finished before it could be killed"
+        time.sleep(0.3)
+        frozen = {p: p.stat().st_mtime for p in sweep_dir.glob("runs/*/metrics.jsonl")}
+        time.sleep(0.5)
+        assert frozen == {p: p.stat().st_mtime for p in sweep_dir.glob("runs/*/metrics.jsonl")}, (
+            "workers outlived it"
+        )
     continued = run_sweep(*load_sweep(path, jobs=1))  # the same sweep: skips, resumes, runs the rest
     assert continued.sweep_dir == sweep_dir and len(continued.rows) == 4
     reference = run_sweep(*load_sweep(path, name="uninterrupted", jobs=1))

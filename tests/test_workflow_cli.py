@@ -10,6 +10,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+import children
 import pytest
 from typer.testing import CliRunner
 
@@ -25,9 +26,9 @@ ENV = {**os.environ, "PYTHONPATH": str(Path(fedge.__file__).parents[1])}
 
 def test_cli_entry_imports_no_torch():
     code = "import sys, fedge.cli; assert 'torch' not in sys.modules and 'matplotlib' not in sys.modules"
-    subprocess.run([sys.executable, "-c", code], env=ENV, check=True)
+    subprocess.run([sys.executable, "-c", code], env=ENV, check=True, timeout=120)
     done = subprocess.run(
-        [sys.executable, "-m", "fedge", "--version"], env=ENV, capture_output=True, text=True
+        [sys.executable, "-m", "fedge", "--version"], env=ENV, capture_output=True, text=True, timeout=120
     )
     assert done.stdout.strip() == f"fedge {fedge.__version__}"
 
@@ -57,11 +58,12 @@ def test_piped_run_prints_progress_lines_while_it_runs(tiny_config, tmp_path):
     tiny_config.update(rounds=60, engine={"threads": 1})
     (tmp_path / "run.yaml").write_text(json.dumps(tiny_config))
     args = [sys.executable, "-m", "fedge", "run", str(tmp_path / "run.yaml")]
-    proc = subprocess.Popen(args, env=ENV, stdout=subprocess.PIPE, text=True)
-    first = proc.stdout.readline()
-    still_running = not (tmp_path / "runs" / "fedavg-synthetic" / "summary.json").exists()
-    rest = proc.stdout.read()
-    proc.wait()
+    with children.started(args, env=ENV, stdout=subprocess.PIPE, text=True) as proc:
+        lines = children.Lines(proc.stdout)
+        first = lines.next(timeout=120)
+        still_running = not (tmp_path / "runs" / "fedavg-synthetic" / "summary.json").exists()
+        rest = lines.rest(timeout=300)
+        proc.wait(timeout=children.REAP)
     assert first.startswith("round 1/60  acc") and " MB " in first and still_running
     assert "round 60/60  acc" in rest and "final accuracy" in rest
 

@@ -3,7 +3,8 @@
 Bad input (an unknown key, an impossible value, a missing or unwritable file, a damaged checkpoint, a run
 too large for the machine's memory) prints one line ``error: <key or file>: <message>`` and exits with
 code 2; no results directory is created for it. A run stopped by a NaN or infinite number prints one
-line and exits with code 3. The heavy modules (torch, the runner,
+line and exits with code 3. A usage error (an unknown command or option, a missing argument) is one line
+naming it, exit code 2, not click's usage box. The heavy modules (torch, the runner,
 matplotlib) are imported inside the commands, so ``--help``, ``--version`` and ``list`` answer at once.
 When output goes to a file or a pipe, tables are printed at their full width (no cut headers), and
 the commands that print tables also take ``--json``.
@@ -12,15 +13,18 @@ the commands that print tables also take ``--json``.
 from __future__ import annotations
 
 import json
-from collections.abc import Iterator
-from contextlib import contextmanager
+import warnings
+from collections.abc import Callable, Iterator
+from contextlib import AbstractContextManager, contextmanager
 from pathlib import Path
 from typing import TYPE_CHECKING, Annotated, Any
 
+import click
 import typer
 from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
+from typer.core import TyperGroup
 
 import fedge
 from fedge.cli_bounds import bounds
@@ -39,7 +43,59 @@ def _console(stderr: bool = False) -> Console:
     return console if console.is_terminal else Console(stderr=stderr, width=PIPE_WIDTH)
 
 
-app = typer.Typer(add_completion=False, no_args_is_help=False, help=fedge.__doc__)
+def usage_line(error: click.UsageError) -> str:
+    """A usage error (unknown command or option, missing or bad argument) as one line naming it and the
+    help that lists what is valid; click's own is a usage line, a hint and a boxed message."""
+    path = " ".join(["fedge", *(error.ctx.command_path.split()[1:] if error.ctx is not None else [])])
+    message = error.format_message().strip().rstrip(".")
+    message = message[:1].lower() + message[1:]
+    lists = message.startswith(("no such command", "missing command", "no such option"))
+    return f"{path}: {message} ({path} --help{' lists them' if lists else ''})"
+
+
+class OneLineUsage(TyperGroup):
+    """The ``fedge`` command group, with its usage errors in one line and exit code 2."""
+
+    def make_context(self, *args: Any, **kwargs: Any) -> click.Context:
+        with _usage_in_one_line():
+            return super().make_context(*args, **kwargs)
+
+    def invoke(self, ctx: click.Context) -> Any:
+        with _usage_in_one_line(), _notes_in_one_line():
+            return super().invoke(ctx)
+
+
+@contextmanager
+def _usage_in_one_line() -> Iterator[None]:
+    try:
+        yield
+    except click.UsageError as error:
+        click.echo(usage_line(error), err=True)
+        raise click.exceptions.Exit(EXIT_BAD_INPUT) from None
+
+
+@contextmanager
+def _notes_in_one_line() -> Iterator[None]:
+    """A config reader's note (keys dropped on switching algorithms) as one ``note:`` line, once, from
+    the process that prints (rank 0 of a launched run); other warnings as Python shows them."""
+    with warnings.catch_warnings():
+        python_shows = warnings.showwarning
+        noted: set[str] = set()  # a config is read twice (the quick check, then the run)
+
+        def show(message: Warning | str, category: type[Warning], *args: Any, **kwargs: Any) -> None:
+            from fedge.locate import DroppedKeys
+
+            if not issubclass(category, DroppedKeys):
+                python_shows(message, category, *args, **kwargs)
+            elif str(message) not in noted and _rank_zero():
+                noted.add(str(message))
+                errors.print(f"note: {_one_line(str(message))}", highlight=False, soft_wrap=True)
+
+        warnings.showwarning = show
+        yield
+
+
+app = typer.Typer(cls=OneLineUsage, add_completion=False, no_args_is_help=False, help=fedge.__doc__)
 console = _console()
 errors = _console(stderr=True)
 app.command("bounds")(bounds)
@@ -357,28 +413,58 @@ def compare(
             per_algorithm, shared = split_algorithm_overrides(overrides)
             precheck(config, shared)  # a bad config answers before torch loads
             check_algorithm_overrides(per_algorithm, names)
+            from fedge.compare import Unfinished
             from fedge.compare import compare as run_comparison
 
             seed_list = _seed_list(seeds) or [0]
             count = seed_list[0] if len(seed_list) == 1 else None
+            total = len(names) * (count if count is not None else len(seed_list))
+            if not quiet:
+                console.print(f"checking all {total} runs before training any", highlight=False)
+            try:
+                outcome = run_comparison(
+                    fedge.resolve_config(config, shared),
+                    names,
+                    count if count is not None else len(seed_list),
+                    watch=_compare_progress(total, quiet),
+                    target=target,
+                    seed_list=None if count is not None else seed_list,
+                    algorithm_overrides=per_algorithm,
+                )
+            except Unfinished as stopped:  # the finished runs' table, then the error's one line
+                _show_comparison(stopped.comparison, target, as_json)
+                raise stopped.error from None
+    _show_comparison(outcome, target, as_json)
 
-            def announce(name: str, offset: int, runner: Runner) -> None:
-                if not quiet:
-                    console.print(f"[bold]{name}[/] seed {runner.config.seed} -> {runner.run_dir}")
 
-            outcome = run_comparison(
-                fedge.resolve_config(config, shared),
-                names,
-                count if count is not None else len(seed_list),
-                on_run=announce,
-                target=target,
-                seed_list=None if count is not None else seed_list,
-                algorithm_overrides=per_algorithm,
-            )
+def _compare_progress(total: int, quiet: bool) -> Callable[[str, int, Runner], AbstractContextManager[Any]]:
+    """Each run of a comparison announced (``[i/N] name seed s -> dir``), then its rounds shown as
+    ``fedge run`` shows them (a bar, or plain lines when piped)."""
+    from fedge.progress import RunProgress
+
+    started = 0
+
+    @contextmanager
+    def watch(name: str, offset: int, runner: Runner) -> Iterator[None]:
+        nonlocal started
+        started += 1
+        seed = runner.config.seed
+        if not quiet:
+            console.print(f"[{started}/{total}] {name} seed {seed} -> {runner.run_dir}", markup=False)
+        label = f"{name} s{seed}"
+        with RunProgress(console, runner.config.rounds, runner.start, quiet, label=label) as progress:
+            runner.on_round = progress
+            yield
+
+    return watch
+
+
+def _show_comparison(outcome: Any, target: float | None, as_json: bool) -> None:
+    """A comparison's table (or JSON); nothing when no run finished."""
     if as_json:
         typer.echo(json.dumps({"out_dir": str(outcome.out_dir), "rows": outcome.rows}, indent=1))
-        return
-    _print_comparison(outcome, target)
+    elif outcome.rows:
+        _print_comparison(outcome, target)
 
 
 def _mean_std(row: dict[str, Any], key: str, scale: float = 1.0) -> str:

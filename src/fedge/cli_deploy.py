@@ -19,7 +19,7 @@ import typer
 from rich.console import Console
 
 from fedge import results
-from fedge.errors import EXIT_BAD_INPUT, FedgeError
+from fedge.errors import FedgeError
 
 if TYPE_CHECKING:
     from fedge.runner import Result
@@ -34,12 +34,12 @@ def deploy(
     home: Annotated[Path | None, typer.Option(help="Flower home: settings, logs, certificates")] = None,
 ) -> None:
     """Run CONFIG with a SuperLink and one SuperNode per client on this host (Flower Deployment Runtime)."""
-    errors = Console(stderr=True)
+    from fedge.cli import _fail  # the other commands' one-line error (imported here: cli imports this)
+
     try:
         run_dir = _deploy(config, overrides or [], tls, round_timeout, join_timeout, home)
     except FedgeError as error:
-        errors.print(f"[bold red]error:[/] {error}", highlight=False, markup=True)
-        raise typer.Exit(code=EXIT_BAD_INPUT) from None
+        raise _fail(str(error), error.exit_code) from None
     print_deployed(run_dir)
 
 

@@ -5,27 +5,32 @@ those its own config class knows are kept and the rest dropped (and reported); e
 that algorithm's own default, and ``name`` is set. ``algorithm.KEY=VALUE`` overrides given for the
 comparison follow the same rule, so ``-a splitfed_v2,cse_fsl algorithm.h=2`` sets CSE-FSL's ``h`` and
 leaves SplitFed v2 alone; a key none of the compared algorithms knows is refused as a typo. Seeds are
-``seed, seed + 1, ...``. Results land in ``output.dir/compare-<name>/<algorithm>-s<seed>/`` next to
-``comparison.json`` and plots of the seed-averaged curves.
+``seed, seed + 1, ...``. Every run is built (config, data, model) before any trains, and a run that
+fails later leaves the table of those that finished. Results land in
+``output.dir/compare-<name>/<algorithm>-s<seed>/`` next to ``comparison.json`` and plots of the
+seed-averaged curves.
 """
 
 from __future__ import annotations
 
 import json
 import statistics
+from collections.abc import Callable
+from contextlib import AbstractContextManager, nullcontext
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from fedge import results, stop
 from fedge.config import AlgorithmConfig, RunConfig, apply_override, config_keys
-from fedge.errors import ConfigError, FedgeError
+from fedge.errors import ConfigError, Diverged, FedgeError
 from fedge.extend import load_config, parse_config
 from fedge.labels import run_labels
+from fedge.locate import switch_algorithm
 from fedge.plots import plot_runs
 from fedge.precheck import check_algorithm_overrides
 from fedge.records import MIB, evaluated
-from fedge.runner import BREAKDOWN, Result, start_run
+from fedge.runner import BREAKDOWN, Result, Runner, build_run, start_run
 
 
 @dataclass
@@ -48,16 +53,24 @@ def _algorithm_keys(name: str) -> list[str]:
 
 def retarget(config: RunConfig, name: str, overrides: list[str] | None = None) -> tuple[RunConfig, list[str]]:
     """``config`` with its algorithm block moved to algorithm ``name`` and the ``algorithm.*`` overrides
-    applied; also the keys that did not fit ``name`` (dropped)."""
+    applied; also the keys that did not fit ``name`` (dropped).
+
+    The block's keys follow the rule every command reads configs by (:func:`fedge.locate.switch_algorithm`);
+    an override goes only to the algorithms that have its key."""
     fields = _algorithm_keys(name)
-    holder = {"algorithm": config.algorithm.model_dump(mode="json", exclude={"name"}, exclude_unset=True)}
-    for assignment in overrides or []:
-        apply_override(holder, assignment)
-    block = holder["algorithm"]
-    kept = {k: v for k, v in block.items() if k in fields}
     raw = config.model_dump(mode="json")
-    raw["algorithm"] = {**kept, "name": name}
-    return parse_config(raw), sorted(set(block) - set(kept))
+    raw["algorithm"] = {
+        **config.algorithm.model_dump(mode="json", exclude={"name"}, exclude_unset=True),
+        "name": name,
+    }
+    dropped = switch_algorithm(raw, config.algorithm.name)
+    for assignment in overrides or []:
+        key = assignment.split("=", 1)[0].strip().removeprefix("algorithm.").split(".")[0]
+        if key in fields:
+            apply_override(raw, assignment)
+        else:
+            dropped.append(key)
+    return parse_config(raw), sorted(set(dropped))
 
 
 def _mean_std(values: list[float]) -> tuple[float, float]:
@@ -138,11 +151,23 @@ def _mean_curve(runs: list[Result]) -> list[dict[str, float]]:
     return curve
 
 
+RunWatch = Callable[[str, int, Runner], AbstractContextManager[Any]]
+
+
+class Unfinished(Exception):
+    """A comparison that a run's error stopped: the table of the runs that finished (written to
+    ``comparison.json`` with the failure), and the error itself."""
+
+    def __init__(self, comparison: Comparison, error: BaseException):
+        self.comparison, self.error = comparison, error
+        super().__init__(comparison, error)
+
+
 def compare(
     config: RunConfig,
     algorithms: list[str],
     seeds: int = 1,
-    on_run=None,
+    watch: RunWatch | None = None,
     target: float | None = None,
     seed_list: list[int] | None = None,
     algorithm_overrides: list[str] | None = None,
@@ -152,7 +177,12 @@ def compare(
     Seeds are ``config.seed + 0 .. seeds - 1``, or exactly ``seed_list``; with ``target`` the rows also
     give the mean rounds, MB and simulated seconds to the first evaluated round at that accuracy.
     ``algorithm_overrides``: ``algorithm.KEY=VALUE`` strings, each applied to the algorithms that have
-    ``KEY`` (module docstring).
+    ``KEY`` (module docstring). ``watch(name, seed offset, runner)`` gives the context each run runs in
+    (the command line's progress).
+
+    Every run is built once (config, data, model, algorithm) before any trains, so bad input fails in
+    seconds, not after the runs before it. A run that fails later (a diverged loss, an interruption)
+    raises :class:`Unfinished` with the table of the runs that finished, written like a whole one.
     """
     seed_values = seed_list if seed_list is not None else [config.seed + offset for offset in range(seeds)]
     if not seed_values:
@@ -160,31 +190,49 @@ def compare(
     if not algorithms:
         raise ConfigError("--algorithms", "name at least one algorithm")
     check_algorithm_overrides(algorithm_overrides or [], algorithms)
-    # validate all before running any
     targets = {name: retarget(config, name, algorithm_overrides) for name in algorithms}
+    plans = [
+        (name, offset, target_config.model_copy(update={"seed": seed}))
+        for name, (target_config, _) in targets.items()
+        for offset, seed in enumerate(seed_values)
+    ]
+    results.check_output_dir(config.output.dir)
+    for name, _, planned in plans:  # every run's config, data and model, before any trains
+        try:
+            build_run(planned)
+        except ConfigError as error:
+            raise ConfigError(error.key, f"{error.message} ({name}, seed {planned.seed})") from None
     base_name = config.output.name or f"{config.data.name}"
     out_dir = results.create_run_dir(config.output.dir, f"compare-{base_name}", config.to_yaml())
-    runs: dict[str, list[Result]] = {}
-    for name, (target_config, _) in targets.items():
-        runs[name] = []
-        for offset, seed in enumerate(seed_values):
-            seeded = target_config.model_copy(
-                update={
-                    "seed": seed,
-                    "output": target_config.output.model_copy(
-                        update={"dir": out_dir, "name": f"{name}-s{offset}"}
-                    ),
-                }
-            )
-            runner = start_run(seeded)
-            if on_run is not None:
-                on_run(name, offset, runner)
-            runs[name].append(runner.run())
-    rows = [_row(name, group, target) for name, group in runs.items()]
     dropped = {name: keys for name, (_, keys) in targets.items() if keys}
-    results.write_json(out_dir / "comparison.json", {"rows": rows, "dropped_keys": dropped})
-    curves = [(name, _mean_curve(group)) for name, group in runs.items()]
-    plot_runs(curves, out_dir / results.PLOTS)
+    runs: dict[str, list[Result]] = {}
+    for name, offset, planned in plans:
+        output = planned.output.model_copy(update={"dir": out_dir, "name": f"{name}-s{offset}"})
+        try:
+            runner = start_run(planned.model_copy(update={"output": output}))
+            with watch(name, offset, runner) if watch is not None else nullcontext():
+                result = runner.run()
+        except (FedgeError, Diverged, KeyboardInterrupt) as error:
+            failed = {"algorithm": name, "seed": planned.seed, "error": str(error) or type(error).__name__}
+            raise Unfinished(_tabulate(out_dir, runs, dropped, target, failed), error) from error
+        runs.setdefault(name, []).append(result)
+    return _tabulate(out_dir, runs, dropped, target)
+
+
+def _tabulate(
+    out_dir: Path,
+    runs: dict[str, list[Result]],
+    dropped: dict[str, list[str]],
+    target: float | None,
+    failed: dict[str, Any] | None = None,
+) -> Comparison:
+    """The comparison of the finished ``runs``, written to ``comparison.json`` (with the run that
+    ``failed``, if one did) beside plots of the seed-averaged curves."""
+    rows = [_row(name, group, target) for name, group in runs.items()]
+    record = {"rows": rows, "dropped_keys": dropped, **({"failed": failed} if failed else {})}
+    results.write_json(out_dir / "comparison.json", record)
+    if runs:
+        plot_runs([(name, _mean_curve(group)) for name, group in runs.items()], out_dir / results.PLOTS)
     return Comparison(out_dir, runs, rows, dropped)
 
 

@@ -3,17 +3,23 @@ with fedge), YAML text, a dict, a :class:`~fedge.config.RunConfig`, or nothing (
 
 Nothing here imports torch, so the command line reads and checks a config before any training code
 loads. The caller's objects are read, never changed: overrides apply to a copy.
+
+An override that switches the algorithm (``algorithm.name=cse_fsl`` on an example written for FedAvg)
+drops the keys the config set for its own algorithm that the new one lacks, with a :class:`DroppedKeys`
+warning (``fedge`` prints it as one ``note:`` line); a key typed on the command line that the algorithm
+lacks stays an error. ``fedge run``, ``deploy`` and ``compare`` all read configs by this rule.
 """
 
 from __future__ import annotations
 
 import copy
+import warnings
 from pathlib import Path
 from typing import Any
 
 import yaml
 
-from fedge.config import CUSTOM_DATA, RunConfig, apply_override, load_raw
+from fedge.config import CUSTOM_DATA, DEFAULT_ALGORITHM, RunConfig, apply_override, load_raw
 from fedge.errors import ConfigError
 
 EXAMPLE_PREFIX = "example:"
@@ -78,10 +84,69 @@ def raw_config(
         raw = text
     else:
         raw = load_raw(config_source(config) if config is not None else None)
+    original = algorithm_name(raw)
     for assignment in overrides or []:
         apply_override(raw, assignment)
+    typed = {_algorithm_key(assignment) for assignment in overrides or []}
+    dropped = switch_algorithm(raw, original, typed - {None})
+    if dropped:
+        keys = ", ".join(f"algorithm.{key}" for key in dropped)
+        new = algorithm_name(raw)
+        warnings.warn(f"{keys} set for {original}, which {new} lacks: dropped", DroppedKeys, stacklevel=2)
     if custom_data:
         raw["data"] = {**(raw.get("data") or {}), "name": CUSTOM_DATA}
     if custom_model:
         raw["model"] = {**(raw.get("model") or {}), "name": CUSTOM_MODEL}
     return raw
+
+
+class DroppedKeys(UserWarning):
+    """Algorithm keys a config set for its own algorithm, dropped because an override switched to an
+    algorithm that lacks them."""
+
+
+def algorithm_name(raw: dict[str, Any]) -> Any:
+    """The algorithm a raw config names (FedAvg when it names none)."""
+    block = raw.get("algorithm")
+    return block.get("name", DEFAULT_ALGORITHM) if isinstance(block, dict) else DEFAULT_ALGORITHM
+
+
+def _algorithm_key(assignment: str) -> str | None:
+    """The algorithm key an ``algorithm.KEY...=VALUE`` override sets (None for any other override)."""
+    parts = assignment.split("=", 1)[0].strip().split(".")
+    return parts[1] if len(parts) > 1 and parts[0] == "algorithm" else None
+
+
+def switch_algorithm(
+    raw: dict[str, Any], original: Any, kept: set[str] | frozenset[str] = frozenset()
+) -> list[str]:
+    """Remove from ``raw``'s algorithm block, and return, the keys algorithm ``original`` has and the
+    algorithm the block now names lacks (none when the name did not change). ``kept``: keys the user typed,
+    left for the check to refuse. An algorithm whose keys are not known without importing a plugin drops
+    nothing (the check then names the key, or the unknown algorithm)."""
+    block = raw.get("algorithm")
+    name = algorithm_name(raw)
+    if not isinstance(block, dict) or not isinstance(name, str) or not isinstance(original, str):
+        return []
+    if name == original:
+        return []
+    had, has = _keys_known_now(original), _keys_known_now(name)
+    if had is None or has is None:
+        return []
+    dropped = sorted(key for key in block if key in had and key not in has and key not in kept)
+    for key in dropped:
+        del block[key]
+    return dropped
+
+
+def _keys_known_now(name: str) -> list[str] | None:
+    """Algorithm ``name``'s keys, from the shipped schema or an algorithm registered already; None where
+    knowing them would import a plugin (reading a config never does)."""
+    from fedge.config import AlgorithmConfig, config_keys
+    from fedge.precheck import known_names  # precheck reads configs through this module
+
+    blocks = known_names()["blocks"]
+    if name in blocks:
+        return config_keys(blocks[name])
+    registered = AlgorithmConfig.registry.get(name)
+    return None if registered is None else config_keys(registered)

@@ -2,7 +2,8 @@
 
 On a terminal a run shows a live bar; when its output goes to a file or a pipe it prints plain lines
 instead, one every ``interval`` seconds and one at the end, each with the round, the latest accuracy
-and the MB so far. Both are ``on_round(t, row)`` hooks, the same callback ``fedge.run`` takes.
+and the MB so far (after a ``label`` naming the run, where a command runs several). Both are
+``on_round(t, row)`` hooks, the same callback ``fedge.run`` takes.
 """
 
 from __future__ import annotations
@@ -11,6 +12,7 @@ import time
 from typing import Any
 
 from rich.console import Console
+from rich.markup import escape
 
 PLAIN_INTERVAL = 10.0  # seconds between plain progress lines
 
@@ -24,8 +26,17 @@ def format_eta(seconds: float) -> str:
 class RunProgress:
     """A run's progress: a bar on a terminal, plain lines otherwise (``quiet`` shows nothing)."""
 
-    def __init__(self, console: Console, total: int, start: int = 0, quiet: bool = False, interval=None):
+    def __init__(
+        self,
+        console: Console,
+        total: int,
+        start: int = 0,
+        quiet: bool = False,
+        interval: float | None = None,
+        label: str = "",
+    ):
         self.console, self.total, self.quiet = console, total, quiet
+        self.prefix = f"{label}  " if label else ""  # which run, where several run one after another
         self.interval = PLAIN_INTERVAL if interval is None else interval
         self.accuracy: float | None = None
         self.bar = None
@@ -34,7 +45,7 @@ class RunProgress:
             from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
             self.bar = Progress(
-                TextColumn("[bold]round"),
+                TextColumn(f"[bold]{escape(self.prefix)}round"),
                 MofNCompleteColumn(),
                 BarColumn(),
                 TextColumn("{task.fields[status]}"),
@@ -69,5 +80,7 @@ class RunProgress:
         if now - self.last_line >= self.interval or t == self.total:
             self.last_line = now
             self.console.print(
-                f"round {t}/{self.total}  {status}  wall {row['wall_seconds']:.1f} s", highlight=False
+                f"{self.prefix}round {t}/{self.total}  {status}  wall {row['wall_seconds']:.1f} s",
+                highlight=False,
+                markup=False,
             )
