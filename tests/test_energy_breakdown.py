@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import csv
 import math
+from types import SimpleNamespace
 
 import numpy as np
 import pytest
@@ -16,7 +17,7 @@ import fedge
 from fedge.cli import app
 from fedge.comm import nodes
 from fedge.config import SystemConfig
-from fedge.report import render
+from fedge.report import energy_models, render
 from fedge.system import Clock, RoundCost
 from fedge.system.clock import client_nodes
 from fedge.system.model import SystemModel, energy_assumption
@@ -175,3 +176,12 @@ def test_the_energy_model_states_each_cells_own_where_they_differ():
     assert "100 GFLOP/J" in energy_assumption(cheap)
     assert "free" in energy_assumption(SystemConfig(kappa=0.0))
     assert energy_assumption(cheap) != energy_assumption(SystemConfig())
+
+    def cell(label: str, system: dict) -> SimpleNamespace:
+        return SimpleNamespace(label=label, runs=[SimpleNamespace(config={"system": system})])
+
+    same = energy_models([cell("a", {}), cell("b", {"distances": "linspace"})])
+    assert same == energy_assumption(SystemConfig())  # one model: stated once
+    mixed = energy_models([cell("a", {}), cell("b", {"server_compute_w": 1.0}), cell("old", {"gone": 1})])
+    assert "a: client 10" in mixed and "b: client 10" in mixed and "100 GFLOP/J" in mixed
+    assert "old: the system block of config.yaml" in mixed  # a key this fedge no longer reads

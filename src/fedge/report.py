@@ -313,13 +313,20 @@ def headline_table(cells: list[Cell]) -> str:
 
 def energy_models(cells: list[Cell]) -> str:
     """Each distinct energy model of the cells' runs (:func:`fedge.system.model.energy_assumption`), with
-    the cells that use it where they differ."""
+    the cells that use it where they differ (a run whose ``system`` block this fedge no longer reads is
+    pointed to its config)."""
+    from pydantic import ValidationError
+
     from fedge.config import SystemConfig  # pydantic and torch: only for a report that has joules
     from fedge.system.model import energy_assumption
 
     used: dict[str, list[str]] = defaultdict(list)
     for cell in cells:
-        system = SystemConfig.model_validate(cell.runs[0].config.get("system") or {})
+        try:
+            system = SystemConfig.model_validate(cell.runs[0].config.get("system") or {})
+        except ValidationError:
+            used[f"the system block of {results.CONFIG}"].append(cell.label)
+            continue
         used[energy_assumption(system)].append(cell.label)
     if len(used) == 1:
         return html.escape(next(iter(used)))
