@@ -139,8 +139,8 @@ class LocalWork:
         return self.ctx.data.batch_plan(clients, key, cfg.local_epochs, cfg.batch_size, cfg.drop_last)
 
     def train(self, plan: BatchPlan, params: Tensors, buffers: Tensors) -> Trained:
-        """Every client of ``plan`` trains from ``params`` / ``buffers`` with a fresh optimizer state
-        (a proximal objective pulling towards ``params``)."""
+        """Every client of ``plan`` trains from ``params`` / ``buffers`` with a fresh optimizer state (with
+        ``proximal_mu``, on an objective that pulls it back towards ``params``, the model it received)."""
         clients = np.asarray(plan.clients, dtype=np.int64)
         anchors = {ANCHOR + k: v for k, v in params.items()} if self.proximal_mu else {}
         bank = ClientBank.broadcast(clients, params, {**buffers, **anchors}, self.sgd.init(params))
