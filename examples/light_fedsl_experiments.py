@@ -18,7 +18,9 @@ T = 300 one-step rounds) with the overrides of its group, over several seeds:
 
 The traditional-FedSL baseline (``fedsl``, cut 4) is drawn in every figure. Writes, under ``--out``:
 ``runs/`` (one sweep: a run directory per configuration and seed, ``results.csv`` and a table over
-seeds; rerunning continues an interrupted sweep), ``results.json``, ``table.md`` and
+seeds; rerunning continues an interrupted sweep), ``results.json`` (each group's means, every
+configuration's figures seed by seed under ``per_seed``, from which each paired interval can be
+recomputed, and the pairs), ``table.md`` and
 ``plots/<group>_accuracy_vs_time.png``, ``plots/<group>_accuracy_vs_round.png`` and
 ``plots/fig4_latency_vs_dropout.png`` (measured mini-VGG latency next to the analytic VGG-19 curve).
 
@@ -132,9 +134,10 @@ def cell_name(group: str, label: str, algorithm: dict[str, Any], cut: int) -> st
 
 def run_all(
     seeds: list[int], rounds: int, out: Path, dataset: str, jobs: int, groups: list[str]
-) -> dict[str, list[list[dict]]]:
-    """Evaluated metric rows of every configuration (by cell name) and seed: one sweep of the groups'
-    configurations, whose cells are run once however many groups draw them (rerunning continues it)."""
+) -> tuple[dict[str, list[list[dict]]], dict[str, list[int]]]:
+    """Evaluated metric rows of every configuration (by cell name) and seed, and each cell's seeds in the
+    same order: one sweep of the groups' configurations, whose cells are run once however many groups
+    draw them (rerunning continues it)."""
     cells: dict[str, dict[str, Any]] = {}
     for group in groups:
         partition = PARTITIONS.get(group, {})
@@ -152,11 +155,13 @@ def run_all(
         raw, spec, on_done=lambda t, n, total, eta: print(f"[{n}/{total}] {t.cell.label} seed {t.seed}")
     )
     runs: dict[str, list[list[dict]]] = {}
+    seeds_of: dict[str, list[int]] = {}
     for task in done.tasks:
         runs.setdefault(task.cell.group, []).append(
             evaluated(results.read_jsonl(task.run_dir / results.METRICS))
         )
-    return runs
+        seeds_of.setdefault(task.cell.group, []).append(task.seed)
+    return runs, seeds_of
 
 
 def first_round(rows: list[dict], level: float) -> float:
@@ -195,6 +200,28 @@ def summarize(runs: list[list[dict]]) -> dict[str, float]:
         "mb_total": statistics.fmean(r["mb_total"] for r in last),
         "client_sparsity": statistics.fmean(r["sparsity"] for r in last),
     }
+
+
+def per_seed(seeds: list[int], runs: list[list[dict]]) -> list[dict[str, float]]:
+    """One configuration's figures seed by seed (what its means and paired intervals are made of): final,
+    last-5 and best accuracy, the first round at 95 % (None if never), fluctuation, simulated seconds
+    and MB."""
+    out = []
+    for seed, rows in zip(seeds, runs, strict=True):
+        reached = first_round(rows, 0.95)
+        out.append(
+            {
+                "seed": seed,
+                "final_accuracy": rows[-1]["accuracy"],
+                "tail5_accuracy": statistics.fmean(x["accuracy"] for x in rows[-5:]),
+                "best_accuracy": max(x["accuracy"] for x in rows),
+                "round_to_95": None if np.isnan(reached) else reached,
+                "fluctuation": fluctuation(rows),
+                "sim_seconds": rows[-1]["sim_seconds"],
+                "mb_total": rows[-1]["mb_total"],
+            }
+        )
+    return out
 
 
 def mean_curve(runs: list[list[dict]]) -> list[dict[str, float]]:
@@ -333,9 +360,10 @@ def sweep(
 ) -> None:
     (out / "plots").mkdir(parents=True, exist_ok=True)
     chosen = list(groups) or list(GROUPS)
-    cache = run_all(seeds, rounds, out, dataset, jobs, chosen)
+    cache, seeds_of = run_all(seeds, rounds, out, dataset, jobs, chosen)
     tables: dict[str, dict[str, dict]] = {}
     pairs: dict[str, dict[str, str]] = {}
+    seed_rows: dict[str, dict[str, list[dict[str, float]]]] = {}
     for group in chosen:
         curves, table, names = [], {}, {}
         for label, algorithm, cut in GROUPS[group]:
@@ -343,6 +371,7 @@ def sweep(
             table[label] = summarize(cache[names[label]])
             curves.append((label, mean_curve(cache[names[label]])))
         tables[group] = table
+        seed_rows[group] = {label: per_seed(seeds_of[name], cache[name]) for label, name in names.items()}
         pairs[group] = group_pairs(group, {label: cache[name] for label, name in names.items()})
         plot_group(group, curves, out / "plots", dataset)
     analytic = plot_latency(tables["fig3bd"], out / "plots", dataset) if "fig3bd" in tables else None
@@ -350,6 +379,7 @@ def sweep(
         "seeds": seeds,
         "rounds": rounds,
         "groups": tables,
+        "per_seed": seed_rows,
         "paired": pairs,
         "fig4_vgg19_analytic_s": analytic,
     }

@@ -52,6 +52,11 @@ SERVER_POWER = (
     "the server's compute energy is its stated power draw (system.server_compute_w = 100 W) times its "
     "compute time instead of the clients' kappa f^2 at 1e11 Hz (100 kW): plausible joules"
 )
+ENERGY_FIELDS = frozenset({"sim_joules", "sim_joules_by_phase", "sim_joules_by_tier", "sim_joules_top_nodes"})
+SERVER_EFFICIENCY = (
+    "the server's compute is charged 2 W for its 1e11 FLOP/s (system.server_compute_w: 50 GFLOP/J, a "
+    "data-centre GPU) instead of 100 W (1 GFLOP/J, ten times a client's joules per FLOP): energy only"
+)
 # intended changes since the recording: (case name patterns, changed fields or None for all, why)
 CHANGED_BY_DESIGN: list[tuple[tuple[str, ...], frozenset[str] | None, str]] = [
     (
@@ -127,6 +132,24 @@ CHANGED_BY_DESIGN: list[tuple[tuple[str, ...], frozenset[str] | None, str]] = [
         }),  # fmt: skip
         "FSL-SAGE's alignment is on the simulated clock: the server's fitting of the aux models (phase "
         "align) and the aligned aux models' downloads after it, in alignment rounds",
+    ),
+    (
+        (
+            "splitfed_v1*", "splitfed_v2*", "fsl_an*", "cse_fsl*", "light_fedsl*", "fedsl*",
+            "centralized*", "fsl_sage*",
+        ),
+        ENERGY_FIELDS,
+        SERVER_EFFICIENCY,
+    ),  # fmt: skip
+    (
+        ("fedbuff*",),
+        None,
+        "FedBuff weights each buffered update 1/K, the paper's (weighting: uniform), instead of by samples",
+    ),
+    (
+        ("fedasync*",),
+        None,
+        "FedAsync's clients train on the paper's regularised objective (proximal_mu = 0.005)",
     ),
 ]
 

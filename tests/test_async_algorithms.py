@@ -16,7 +16,13 @@ from cases import tiny
 
 import fedge
 from fedge import results
+from fedge.algorithms.asynchronous.config import FedAsyncConfig
+from fedge.algorithms.asynchronous.fedasync import staleness_weight
+from fedge.algorithms.asynchronous.fedbuff import FedBuff
+from fedge.algorithms.asynchronous.server import AsyncServer
+from fedge.algorithms.asynchronous.work import ProximalLoss
 from fedge.checkpoint import load
+from fedge.engine import classification_loss
 from fedge.errors import ConfigError
 from fedge.system.events import EventQueue
 
@@ -35,10 +41,11 @@ def final_params(result: fedge.Result) -> dict[str, torch.Tensor]:
 
 
 @pytest.mark.parametrize("executor", ["batched", "sequential"])
-def test_fedbuff_with_k_equal_to_the_cohort_on_identical_devices_is_fedavg(tmp_path, executor):
+def test_fedbuff_with_sample_weights_and_k_the_cohort_on_identical_devices_is_fedavg(tmp_path, executor):
     runs = {}
     for algorithm in ("fedavg", "fedbuff"):
-        cfg = config(tmp_path, algorithm, f"{algorithm}-{executor}")
+        knobs = {"weighting": "samples"} if algorithm == "fedbuff" else {}
+        cfg = config(tmp_path, algorithm, f"{algorithm}-{executor}", **knobs)
         cfg["system"] = IDENTICAL
         cfg["engine"]["executor"] = executor
         runs[algorithm] = fedge.run(cfg)
@@ -137,9 +144,17 @@ def test_fedasync_mixes_each_arrival_by_its_staleness(tmp_path):
     assert rows(again) == rows(first)  # same seed, same events
 
 
-@pytest.mark.parametrize("algorithm", ["fedbuff", "fedasync"])
-def test_an_interrupted_async_run_resumes_bit_identically(tmp_path, algorithm):
-    cfg = config(tmp_path / "ref", algorithm, "run", rounds=8)
+@pytest.mark.parametrize(
+    ("algorithm", "knobs"),
+    [
+        ("fedbuff", {}),
+        ("fedbuff", {"weighting": "samples"}),
+        ("fedasync", {}),
+        ("fedasync", {"staleness": "hinge", "hinge_b": 0, "hinge_a": 2.0, "proximal_mu": 0.5}),
+    ],
+)
+def test_an_interrupted_async_run_resumes_bit_identically(tmp_path, algorithm, knobs):
+    cfg = config(tmp_path / "ref", algorithm, "run", rounds=8, **knobs)
     cfg["system"] = HETEROGENEOUS
     cfg["output"]["checkpoint_every"] = 3
     # after round 5; the last checkpoint is round 3's, with jobs in flight
@@ -223,3 +238,129 @@ def test_the_async_critical_path_adds_up_to_the_simulated_time(tmp_path):
     for row in fedge.run(cfg).metrics:
         assert sum(row["sim_seconds_by_phase"].values()) == pytest.approx(row["sim_seconds"], rel=1e-9)
         assert row["sim_seconds_by_phase"]["client_compute"] > 0
+
+
+def recorded_aggregations(monkeypatch) -> list[dict]:
+    """Every FedBuff aggregation of the runs that follow: its updates, staleness and the model before and
+    after."""
+    seen: list[dict] = []
+    original = FedBuff.aggregate
+
+    def recording(self, updates):
+        before = {k: v.clone() for k, v in self.params.items()}
+        stale = [self.staleness(u) for u in updates]
+        original(self, updates)
+        sizes = [float(self.sizes[u["client"]]) for u in updates]
+        seen.append(
+            {"updates": updates, "stale": stale, "sizes": sizes, "before": before, "after": dict(self.params)}
+        )
+
+    monkeypatch.setattr(FedBuff, "aggregate", recording)
+    return seen
+
+
+def test_fedbuff_defaults_to_the_papers_k_of_ten_below_the_clients_in_flight(tmp_path):
+    """Nguyen et al. aggregate every K = 10 updates with far more clients in flight; K used to be the
+    clients in flight (here 12)."""
+    cfg = config(tmp_path, "fedbuff", "paper-k", rounds=2)
+    cfg["partition"]["num_clients"] = 24
+    cfg["system"] = HETEROGENEOUS
+    result = fedge.run(cfg)
+    assert [row["participants"] for row in result.metrics] == [10, 10]
+
+
+@pytest.mark.parametrize("weighting", ["uniform", "samples"])
+def test_fedbuff_weights_each_update_one_over_k_or_by_its_samples(tmp_path, monkeypatch, weighting):
+    """x += server_lr sum_k w_k s(tau_k) delta_k with w_k = 1/K (the paper's, the default) or the sample
+    shares; checked against the updates each aggregation received, stale ones included."""
+    seen = recorded_aggregations(monkeypatch)
+    knobs = {} if weighting == "uniform" else {"weighting": weighting}
+    cfg = config(tmp_path, "fedbuff", weighting, rounds=5, buffer_size=2, server_lr=0.7, **knobs)
+    cfg["partition"].update(kind="dirichlet", alpha=1.0)  # unequal shards
+    cfg["system"] = HETEROGENEOUS
+    fedge.run(cfg)
+    assert any(max(a["stale"]) > 0 for a in seen)
+    assert any(len(set(a["sizes"])) > 1 for a in seen)
+    for aggregation in seen:
+        updates = aggregation["updates"]
+        sizes = [1.0] * len(updates) if weighting == "uniform" else aggregation["sizes"]
+        weights = [n / sum(sizes) for n in sizes]
+        for name, before in aggregation["before"].items():
+            step = sum(
+                w * (1.0 + tau) ** -0.5 * u["delta"][name].double()
+                for w, tau, u in zip(weights, aggregation["stale"], updates, strict=True)
+            )
+            expected = before.double() + 0.7 * step
+            torch.testing.assert_close(aggregation["after"][name].double(), expected, rtol=1e-5, atol=1e-6)
+
+
+def test_fedbuff_weightings_differ_on_unequal_shards(tmp_path):
+    runs = {}
+    for weighting in ("uniform", "samples"):
+        cfg = config(tmp_path, "fedbuff", weighting, rounds=2, buffer_size=2, weighting=weighting)
+        cfg["partition"].update(kind="dirichlet", alpha=1.0)
+        runs[weighting] = final_params(fedge.run(cfg))
+    assert any(not torch.equal(runs["uniform"][k], runs["samples"][k]) for k in runs["uniform"])
+
+
+def test_fedasync_staleness_functions_are_the_papers():
+    """Xie et al.'s constant, polynomial (1 + tau)^-a and hinge: 1 up to b versions, then 1/(a(tau-b)+1)."""
+    hinge = FedAsyncConfig(staleness="hinge", hinge_a=10.0, hinge_b=4)
+    assert [staleness_weight(hinge, tau) for tau in (0, 4, 5, 7)] == [1.0, 1.0, 1 / 11, 1 / 31]
+    poly = FedAsyncConfig(staleness="polynomial", exponent=0.5)
+    assert staleness_weight(poly, 3) == pytest.approx(0.5)
+    assert staleness_weight(FedAsyncConfig(staleness="constant"), 9) == 1.0
+
+
+def test_fedasync_hinge_mixes_stale_updates_in_less(tmp_path):
+    runs = {}
+    for staleness in ("constant", "hinge"):
+        cfg = config(tmp_path, "fedasync", staleness, rounds=6, staleness=staleness, hinge_b=0)
+        cfg["system"] = HETEROGENEOUS
+        runs[staleness] = fedge.run(cfg)
+    assert rows(runs["constant"])[0]["accuracy"] == rows(runs["hinge"])[0]["accuracy"]  # fresh: equal
+    assert final_params(runs["constant"]).keys() == final_params(runs["hinge"]).keys()
+    assert any(
+        not torch.equal(final_params(runs["constant"])[k], final_params(runs["hinge"])[k])
+        for k in final_params(runs["hinge"])
+    )
+
+
+def test_the_proximal_objective_adds_the_pull_to_the_received_model():
+    """rho/2 ||x - x_tau||^2 on top of the loss, its gradient rho (x - x_tau); the anchor passes through."""
+    torch.manual_seed(0)
+    model = torch.nn.Linear(3, 2)
+    params = {k: v.detach().clone().requires_grad_(True) for k, v in model.named_parameters()}
+    anchor = {f"anchor::{k}": v.detach() + 0.5 for k, v in params.items()}
+    x, y, w = torch.randn(4, 3), torch.tensor([0, 1, 1, 0]), torch.ones(4)
+    plain, _ = classification_loss(model)(params, {}, x, y, w)
+    proximal, buffers = ProximalLoss(classification_loss(model), 0.2)(params, anchor, x, y, w)
+    assert proximal.item() == pytest.approx(
+        plain.item() + 0.5 * 0.2 * 0.25 * sum(v.numel() for v in params.values())
+    )
+    assert set(buffers) == set(anchor)
+    grads = torch.autograd.grad(proximal - plain, list(params.values()))
+    for g in grads:
+        torch.testing.assert_close(g, torch.full_like(g, -0.2 * 0.5))
+
+
+@pytest.mark.parametrize("executor", ["batched", "sequential"])
+def test_fedasync_proximal_term_keeps_clients_near_the_model_they_received(tmp_path, monkeypatch, executor):
+    """With rho the local models drift less from the model they received; both executors train it."""
+    drift: dict[float, list[float]] = {}
+    original = AsyncServer.receive
+
+    for mu in (0.0, 5.0):
+        drift[mu] = []
+
+        def receive(self, t, job, mu=mu):
+            original(self, t, job)
+            delta = self.arrived[-1]["delta"]
+            drift[mu].append(float(sum((v.double() ** 2).sum() for v in delta.values())))
+
+        monkeypatch.setattr(AsyncServer, "receive", receive)
+        cfg = config(tmp_path, "fedasync", f"mu-{mu}-{executor}", rounds=3, proximal_mu=mu)
+        cfg["engine"]["executor"] = executor
+        fedge.run(cfg)
+    assert len(drift[0.0]) == len(drift[5.0])
+    assert all(a > b for a, b in zip(drift[0.0], drift[5.0], strict=True))

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import csv
 import math
+from types import SimpleNamespace
 
 import numpy as np
 import pytest
@@ -15,8 +16,11 @@ from typer.testing import CliRunner
 import fedge
 from fedge.cli import app
 from fedge.comm import nodes
+from fedge.config import SystemConfig
+from fedge.report import energy_models, render
 from fedge.system import Clock, RoundCost
 from fedge.system.clock import client_nodes
+from fedge.system.model import SystemModel, energy_assumption
 
 BREAKDOWN = ("sim_seconds_by_phase", "sim_joules_by_phase", "sim_joules_by_tier")
 
@@ -141,3 +145,43 @@ def test_the_summary_table_shows_the_breakdown(tmp_path):
     assert "time on the critical path" in outcome.output
     assert "energy by phase" in outcome.output
     assert "client_compute" in outcome.output
+
+
+def test_default_energy_per_flop_follows_the_hardware_classes():
+    """A data-centre server does more FLOPs per joule than a phone-class client (it used to be charged
+    ten times a client's joules per FLOP), each within its hardware class: a mobile SoC a few to about
+    ten GFLOP/J, a GPU server tens of GFLOP/J or more."""
+    system = SystemModel(SystemConfig(), num_clients=2, seed=0)
+    flops = np.array([1e9])
+    client = flops[0] / system.client_compute(flops, np.array([0])).joules[0]
+    server = flops[0] / system.server_compute(flops).joules[0]
+    assert server > client
+    assert 1e9 <= client <= 2e10
+    assert 1e10 <= server <= 1e12
+
+
+def test_the_energy_model_is_printed_beside_the_joules(tmp_path):
+    outcome = CliRunner().invoke(
+        app, ["run", f"output.dir={tmp_path}", "rounds=1", "system.server_compute_w=4"]
+    )
+    assert outcome.exit_code == 0, outcome.output
+    line = next(row for row in outcome.output.splitlines() if "energy model" in row)
+    assert "server 25 GFLOP/J" in line and "client 10 GFLOP/J" in line
+    page = render(tmp_path)
+    assert "server 25 GFLOP/J" in page
+
+
+def test_the_energy_model_states_each_cells_own_where_they_differ():
+    cheap = SystemConfig(server_compute_w=1.0)
+    assert "100 GFLOP/J" in energy_assumption(cheap)
+    assert "free" in energy_assumption(SystemConfig(kappa=0.0))
+    assert energy_assumption(cheap) != energy_assumption(SystemConfig())
+
+    def cell(label: str, system: dict) -> SimpleNamespace:
+        return SimpleNamespace(label=label, runs=[SimpleNamespace(config={"system": system})])
+
+    same = energy_models([cell("a", {}), cell("b", {"distances": "linspace"})])
+    assert same == energy_assumption(SystemConfig())  # one model: stated once
+    mixed = energy_models([cell("a", {}), cell("b", {"server_compute_w": 1.0}), cell("old", {"gone": 1})])
+    assert "a: client 10" in mixed and "b: client 10" in mixed and "100 GFLOP/J" in mixed
+    assert "old: the system block of config.yaml" in mixed  # a key this fedge no longer reads

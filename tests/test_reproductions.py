@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from fedge.sweep import load_sweep, plan
+from fedge.sweep import load_sweep, paired_text, plan
 
 EXAMPLES = Path(__file__).parents[1] / "examples"
 
@@ -330,3 +330,22 @@ def test_light_fedsl_pairs_speed_for_fig3a_and_stability_for_fig2a():
     noisier = light.group_pairs("fig2a_pair", fig2a)["fluctuation (pp): rho_f=0.7 - rho_f=0.35"]
     expected = 100 * (light.fluctuation(curve(1, wobble=0.02)) - light.fluctuation(curve(1)))
     assert expected > 1.5 and noisier == f"{expected:+.2f} [{expected:+.2f}, {expected:+.2f}] higher"
+
+
+def test_light_fedsl_keeps_each_seeds_figures_so_its_intervals_can_be_checked():
+    light = _example("light_fedsl_experiments")
+
+    def curve(reach_at: int) -> list[dict]:
+        return [
+            {"round": t, "accuracy": 0.96 if t >= reach_at else 0.5, "sim_seconds": 0.1 * t, "mb_total": t}
+            for t in range(1, 21)
+        ]
+
+    one, five = [curve(4), curve(5), curve(6)], [curve(7), curve(9), curve(30)]
+    rows = {label: light.per_seed([3, 1, 2], runs) for label, runs in (("I=1", one), ("I=5", five))}
+    assert [r["seed"] for r in rows["I=5"]] == [3, 1, 2]
+    assert [r["round_to_95"] for r in rows["I=5"]] == [7, 9, None]  # never reached: None, not a mean
+    pairs_by_seed = zip(rows["I=5"], rows["I=1"], strict=True)
+    both = [a["round_to_95"] - b["round_to_95"] for a, b in pairs_by_seed if a["round_to_95"]]
+    pairs = light.group_pairs("fig3a_dirichlet", {"I=1": one, "I=5": five})
+    assert pairs["rounds to 95 %: I=5 - I=1"].startswith(paired_text(both))

@@ -167,6 +167,8 @@ def _run_with_progress(runner: Runner, quiet: bool) -> Result:
 
 
 def _print_summary(result: Result) -> None:
+    from fedge.system.model import energy_assumption
+
     s = result.summary
     table = Table(title=f"fedge · {s['algorithm']} on {s['dataset']}", show_header=False)
     table.add_row("final accuracy", f"{100 * s['final_accuracy']:.2f} % (round {s['rounds']})")
@@ -188,6 +190,7 @@ def _print_summary(result: Result) -> None:
     ):
         if s.get(key):
             table.add_row(label, breakdown_text(s[key], unit))
+    table.add_row("  energy model", energy_assumption(result.config.system))
     table.add_row("wall time", f"{s['wall_seconds']:.1f} s")
     if s.get("stopped_by", "rounds") != "rounds":
         table.add_row("stopped by", f"stop.{s['stopped_by']} at round {s['rounds']}")

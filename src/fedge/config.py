@@ -395,11 +395,16 @@ class SystemConfig(StrictModel):
     Radio defaults are lightweight FedSL's Sec. IV values (5 MHz sub-channel per client, 23 dBm client
     and 37 dBm base-station transmit power, -174 dBm/Hz noise, clients 100-300 m away). Fading and the
     compute and energy model are our completion of the papers, which give none (docs/decisions.md,
-    "Platform"): a client is a phone-class processor at 1 GHz, one FLOP per cycle, drawing
-    ``kappa f^3`` = 0.1 W while it computes (``kappa`` = 1e-28, ``kappa f^2`` = 0.1 nJ per cycle,
-    the usual mobile-edge value); the server does 1e11 cycles per second in all (a multi-core node or
-    accelerator serving every client: 100 times a client, not one 100 GHz core) and draws
-    ``server_compute_w`` = 100 W while it computes (1 nJ per FLOP). Transmit energy is the transmit
+    "Platform"), each node kind at a plausible efficiency for its class of hardware: a client is a
+    phone-class processor at 1 GHz, one FLOP per cycle, drawing ``kappa f^3`` = 0.1 W while it computes
+    (``kappa`` = 1e-28, ``kappa f^2`` = 0.1 nJ per cycle, the usual mobile-edge value): 10 GFLOP/J, the
+    order of a mobile SoC's CPU cores (a few to about ten GFLOP per joule). The server does 1e11 cycles
+    per second in all (a multi-core node or accelerator serving every client: 100 times a client, not
+    one 100 GHz core) and is charged ``server_compute_w`` = 2 W for them: 50 GFLOP/J, the FP32 efficiency
+    of a data-centre GPU at its rated power (tens of GFLOP per joule: for instance 19.5 TFLOP/s at 400 W,
+    the order of the Green500 list's leading systems), so the share of such a node's draw that 1e11
+    FLOP/s take. The run summary and ``fedge report`` print these figures beside the joules
+    (:func:`fedge.system.model.energy_assumption`). Transmit energy is the transmit
     power times the airtime; receiving and idling cost nothing.
 
     Every value is bounded far beyond any radio or processor (1 Hz to 1 THz, -100 to 100 dBm, 1 m to
@@ -429,9 +434,10 @@ class SystemConfig(StrictModel):
     cycles_per_flop: Annotated[float, Field(gt=0.0, le=1e9)] = 1.0
     """processor cycles per floating-point operation (client and server)"""
     kappa: Annotated[float, Field(ge=0.0, le=1.0)] = 1e-28
-    """clients' effective switched capacitance: energy kappa f^2 per cycle (0.1 nJ at 1 GHz)"""
-    server_compute_w: Annotated[float, Field(ge=0.0, le=1e9)] = 100.0
-    """server power draw while it computes, in watts (our completion: 100 W, 1 nJ per FLOP at 1e11)"""
+    """clients' effective switched capacitance: energy kappa f^2 per cycle (0.1 nJ at 1 GHz: 10 GFLOP/J)"""
+    server_compute_w: Annotated[float, Field(ge=0.0, le=1e9)] = 2.0
+    """server power charged while it computes, in watts (our completion: 2 W for 1e11 FLOP/s, 50 GFLOP/J,
+    a data-centre GPU's efficiency)"""
     devices: DevicesConfig | None = None
     """per-client device profiles: compute, radio, energy budget, availability (docs/async.md)"""
 

@@ -311,6 +311,29 @@ def headline_table(cells: list[Cell]) -> str:
     return _table(head + ["final perplexity"] * perplexity, rows)
 
 
+def energy_models(cells: list[Cell]) -> str:
+    """Each distinct energy model of the cells' runs (:func:`fedge.system.model.energy_assumption`), with
+    the cells that use it where they differ (a run whose ``system`` block this fedge no longer reads is
+    pointed to its config)."""
+    from pydantic import ValidationError
+
+    from fedge.config import SystemConfig  # pydantic and torch: only for a report that has joules
+    from fedge.system.model import energy_assumption
+
+    used: dict[str, list[str]] = defaultdict(list)
+    for cell in cells:
+        try:
+            system = SystemConfig.model_validate(cell.runs[0].config.get("system") or {})
+        except ValidationError:
+            used[f"the system block of {results.CONFIG}"].append(cell.label)
+            continue
+        used[energy_assumption(system)].append(cell.label)
+    if len(used) == 1:
+        return html.escape(next(iter(used)))
+    parts = (f"{', '.join(labels)}: {text}" for text, labels in used.items())
+    return html.escape("; ".join(parts))
+
+
 def breakdown_tables(cells: list[Cell]) -> str:
     """Each cell's mean simulated seconds by phase along the critical path, and joules by phase and by
     node tier (runs from before the breakdown show dashes)."""
@@ -418,8 +441,8 @@ def render(paths: str | Path | Sequence[str | Path], targets: list[float] | None
         parts.append(
             "<p>From the wireless system model, mean over seeds: the seconds of each round's critical path "
             "(its slowest participant, or a shared server's compute when that is longer) by phase, and "
-            "every node's joules by phase and by tier (clients, edge servers, server, cloud). The model's "
-            "defaults are stated in the <code>system</code> block's documentation.</p>"
+            "every node's joules by phase and by tier (clients, edge servers, server, cloud). Energy model "
+            f"(the <code>system</code> block): {energy_models(finished)}.</p>"
         )
         parts.append(breakdown_tables(finished))
     parts.append("<h2>Accuracy against rounds, communication and simulated time</h2>")

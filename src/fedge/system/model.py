@@ -4,12 +4,14 @@ Defaults follow lightweight FedSL's Sec. IV and our completion of it (docs/decis
 5 MHz orthogonal sub-channel per client on both links, 23 dBm client and 37 dBm base-station power,
 -174 dBm/Hz noise, 3GPP path loss with distances uniform on [100, 300] m drawn once per run, Shannon
 rates. Fading (Exp(1) power per client and round) and the
-compute model (FLOPs x cycles-per-FLOP at a CPU frequency, kappa f^2 energy) are our completions,
-labelled as such in the config.
+compute model (FLOPs x cycles-per-FLOP at a CPU frequency, kappa f^2 energy; the server's stated power
+draw) are our completions, labelled as such in the config, at each node kind's plausible efficiency
+(:func:`energy_assumption` states them beside every printed energy figure).
 """
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 import numpy as np
@@ -51,6 +53,25 @@ class PhaseCost:
     joules: np.ndarray
     phase: str
     payers: list[str] | None = None
+
+
+def energy_assumption(cfg: SystemConfig) -> str:
+    """The energy model's figures per node kind, in one line, to print beside a run's joules: each
+    compute's FLOPs per joule (a client's at the nominal ``client_cpu_hz``) and the transmit powers."""
+    client = 1.0 / (cfg.kappa * cfg.client_cpu_hz**2 * cfg.cycles_per_flop) if cfg.kappa else math.inf
+    server_flops = cfg.server_cpu_hz / cfg.cycles_per_flop
+    server = server_flops / cfg.server_compute_w if cfg.server_compute_w else math.inf
+    return (
+        f"client {_efficiency(client)} (kappa {cfg.kappa:g} at {cfg.client_cpu_hz / 1e9:g} GHz), "
+        f"server {_efficiency(server)} ({cfg.server_compute_w:g} W at {server_flops:g} FLOP/s); "
+        f"transmit {dbm_to_watt(cfg.client_power_dbm):.3g} W client, "
+        f"{dbm_to_watt(cfg.server_power_dbm):.3g} W base station"
+    )
+
+
+def _efficiency(flops_per_joule: float) -> str:
+    """FLOPs per joule as ``N GFLOP/J``, three significant digits (``free`` for a cost of zero)."""
+    return "free" if math.isinf(flops_per_joule) else f"{flops_per_joule / 1e9:.3g} GFLOP/J"
 
 
 class SystemModel:

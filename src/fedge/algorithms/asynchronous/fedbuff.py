@@ -7,7 +7,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from fedge.algorithms.asynchronous.config import FedBuffConfig
+from fedge.algorithms.asynchronous.config import PAPER_BUFFER, FedBuffConfig
 from fedge.algorithms.asynchronous.server import AsyncServer
 from fedge.algorithms.base import Context, register
 from fedge.engine import weighted_sum
@@ -18,15 +18,17 @@ from fedge.tensors import Tensors, floating
 @register("fedbuff", FedBuffConfig, "FedBuff: asynchronous clients, the server aggregates every K updates")
 class FedBuff(AsyncServer):
     """The server keeps ``fraction * n`` clients in flight and aggregates once ``buffer_size`` (K)
-    updates have arrived: ``x += server_lr * sum_k w_k s(tau_k) (x_k - x_{v_k})``, with ``w_k`` the
-    clients' sample shares within the buffer and ``s(tau) = 1 / sqrt(1 + tau)`` (or 1). When every
-    update is fresh and the server's step is 1 the new model is the buffer's sample-weighted average
-    itself, computed as FedAvg computes it: with identical devices and K = cohort, FedBuff is FedAvg.
+    updates have arrived: ``x += server_lr * sum_k w_k s(tau_k) (x_k - x_{v_k})``, with ``w_k`` = 1/K
+    (``weighting: uniform``, the paper's; 1 / the updates merged when an empty queue merges fewer) or the
+    clients' sample shares within the buffer (``samples``) and ``s(tau) = 1 / sqrt(1 + tau)`` (or 1).
+    When every update is fresh and the server's step is 1 the new model is the buffer's weighted average
+    itself, computed as FedAvg computes it: with sample weights, identical devices and K = cohort,
+    FedBuff is FedAvg.
     """
 
     def __init__(self, ctx: Context, cfg: FedBuffConfig):
         super().__init__(ctx, cfg)
-        self.buffer_size = cfg.buffer_size or self.concurrency
+        self.buffer_size = cfg.buffer_size or min(PAPER_BUFFER, self.concurrency)
         if self.buffer_size > self.concurrency:
             raise ConfigError(
                 "algorithm.buffer_size",
@@ -39,6 +41,8 @@ class FedBuff(AsyncServer):
     def aggregate(self, updates: list[dict[str, Any]]) -> None:
         cfg: FedBuffConfig = self.cfg
         sizes = torch.as_tensor(self.sizes[[u["client"] for u in updates]], dtype=torch.float64)
+        if cfg.weighting == "uniform":
+            sizes = torch.ones_like(sizes)
         weights = (sizes / sizes.sum()).to(self.ctx.device)
         stale = [self.staleness(u) for u in updates]
         current = {**self.params, **floating(self.buffers)}

@@ -36,9 +36,9 @@ class AsyncServer(GlobalModel):
 
     state_fields = ("params", "buffers", "version", "now", "draws", "refills", "queue", "flight", "arrived")
 
-    def __init__(self, ctx: Context, cfg: AsyncConfig):
+    def __init__(self, ctx: Context, cfg: AsyncConfig, proximal_mu: float = 0.0):
         super().__init__(ctx, cfg)
-        self.work = LocalWork(ctx, cfg)
+        self.work = LocalWork(ctx, cfg, proximal_mu)
         self.model = self.work.model
         self.params, self.buffers = self.work.params, self.work.buffers
         self.concurrency = cohort_size(ctx.data.num_clients, cfg.fraction)

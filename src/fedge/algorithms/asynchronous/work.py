@@ -21,6 +21,7 @@ from fedge.engine import (
     make_step,
     parameters_of,
 )
+from fedge.engine.step import LossFn
 from fedge.errors import ConfigError
 from fedge.rng import numpy_rng
 from fedge.system import SystemModel, forward_flops, training_flops
@@ -51,6 +52,27 @@ class Phases:
     def seconds(self) -> np.ndarray:
         """Each job's duration: download, compute and upload one after another."""
         return self.down.seconds + self.compute.seconds + self.up.seconds
+
+
+ANCHOR = "anchor::"  # buffer prefix of the model a proximal job started from
+
+
+@dataclass(frozen=True)
+class ProximalLoss:
+    """FedAsync's regularised local objective (Xie et al., 2019, Algorithm 1): the weighted loss plus
+    ``mu / 2 ||params - anchor||^2``, the anchor (the model the client received) riding in the buffers
+    under :data:`ANCHOR` so that both executors carry it row by row."""
+
+    loss: LossFn
+    mu: float
+
+    def __call__(
+        self, params: Tensors, buffers: Tensors, x: torch.Tensor, y: torch.Tensor, weight: torch.Tensor
+    ) -> tuple[torch.Tensor, Tensors]:
+        anchors = {k: v for k, v in buffers.items() if k.startswith(ANCHOR)}
+        loss, new = self.loss(params, {k: v for k, v in buffers.items() if k not in anchors}, x, y, weight)
+        pull = sum(((params[k] - anchors[ANCHOR + k]) ** 2).sum() for k in params)
+        return loss + 0.5 * self.mu * pull, {**new, **anchors}
 
 
 def cohort_size(num_clients: int, fraction: float) -> int:
@@ -84,17 +106,19 @@ def truncated(plan: BatchPlan, steps: np.ndarray) -> BatchPlan:
 
 
 class LocalWork:
-    """FedAvg's client side (model, step, links) and the simulated cost of a job."""
+    """FedAvg's client side (model, step, links) and the simulated cost of a job; with ``proximal_mu``
+    > 0 the local objective is :class:`ProximalLoss` (FedAsync's)."""
 
-    def __init__(self, ctx: Context, cfg: LocalWorkConfig):
+    def __init__(self, ctx: Context, cfg: LocalWorkConfig, proximal_mu: float = 0.0):
         if ctx.cohorts.processes > 1:
             raise ConfigError("algorithm.name", f"{cfg.name} runs in one process (not across ranks)")
-        self.ctx, self.cfg = ctx, cfg
+        self.ctx, self.cfg, self.proximal_mu = ctx, cfg, proximal_mu
         self.model = ctx.build_model().to(ctx.device)
         self.params = parameters_of(self.model)
         self.buffers = buffers_of(self.model)
         self.sgd = make_optimizer(cfg.optimizer)
-        self.step = make_step(classification_loss(self.model, ctx.criterion), self.sgd)
+        loss: LossFn = classification_loss(self.model, ctx.criterion)
+        self.step = make_step(ProximalLoss(loss, proximal_mu) if proximal_mu else loss, self.sgd)
         self.up, self.down = ctx.network.link(cfg.codec_up), ctx.network.link(cfg.codec_down)
         self.flops_per_sample = forward_flops(self.model, ctx.data.input_shape)
         model = {**self.params, **floating(self.buffers)}  # what travels each way: one model
@@ -115,13 +139,16 @@ class LocalWork:
         return self.ctx.data.batch_plan(clients, key, cfg.local_epochs, cfg.batch_size, cfg.drop_last)
 
     def train(self, plan: BatchPlan, params: Tensors, buffers: Tensors) -> Trained:
-        """Every client of ``plan`` trains from ``params`` / ``buffers`` with a fresh optimizer state."""
+        """Every client of ``plan`` trains from ``params`` / ``buffers`` with a fresh optimizer state (with
+        ``proximal_mu``, on an objective that pulls it back towards ``params``, the model it received)."""
         clients = np.asarray(plan.clients, dtype=np.int64)
-        bank = ClientBank.broadcast(clients, params, buffers, self.sgd.init(params))
+        anchors = {ANCHOR + k: v for k, v in params.items()} if self.proximal_mu else {}
+        bank = ClientBank.broadcast(clients, params, {**buffers, **anchors}, self.sgd.init(params))
         self.model.train()
         losses = self.ctx.executor.train(self.step, bank, plan, self.ctx.data, self.cfg.optimizer.lr)
         samples = plan.weight.sum(dim=(1, 2)).cpu().numpy().astype(np.float64)
-        return Trained(clients, bank.params, bank.buffers, losses, samples)
+        trained = {k: v for k, v in bank.buffers.items() if k not in anchors}
+        return Trained(clients, bank.params, trained, losses, samples)
 
     def phases(self, t: int, clients: np.ndarray, samples: np.ndarray) -> Phases:
         """What each of ``clients``' jobs costs: receiving the model, training on ``samples`` samples,
