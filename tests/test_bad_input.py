@@ -329,7 +329,7 @@ def test_a_jsonl_text_that_is_no_string_is_refused(tmp_path, value):
         ("client,bandwidth_hz\n0,1e-300\n1,1\n2,1\n3,1\n", "bandwidth_hz must be between 1 and 1e+12"),
         ("client,distance_m\n0,1e-300\n1,1\n2,1\n3,1\n", "distance_m must be between 1 and 1e+07"),
         ("client,shadowing_db\n0,1e300\n1,1\n2,1\n3,1\n", "shadowing_db must be between"),
-        ("client,cpu_hz\n" + "9" * 5000 + ",1e9\n1,1e9\n2,1e9\n3,1e9\n", "row 1 client '99999"),
+        ("client,cpu_hz\n" + "9" * 5000 + ",1e9\n1,1e9\n2,1e9\n3,1e9\n", "row 1 client: '99999"),
         ("client,cpu_hz\n0,\n1,1e9\n2,1e9\n3,1e9\n", "row 1 cpu_hz: '' is not a number"),
         ("client,energy_budget_j\n0,-inf\n1,1\n2,1\n3,1\n", "energy_budget_j must be positive"),
     ],
