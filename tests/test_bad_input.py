@@ -299,8 +299,8 @@ def test_a_text_file_past_the_size_cap_is_refused_unread(tmp_path, monkeypatch):
     refused_run(tmp_path, text_run(root), f"data.root: {root / 'b.txt'}: is 2,048 MiB")
     monkeypatch.setattr(text, "MAX_TEXT_BYTES", 64)
     (root / "b.txt").unlink()
-    (root / "b.jsonl").write_text('{"text": "the cut layer"}\n' * 10)
-    refused_run(tmp_path, text_run(root), f"data.root: {root / 'b.jsonl'}: is ")
+    (root / "b.jsonl").write_text('{"text": "the cut layer"}\n' * 10)  # read whole: past the cap
+    refused_run(tmp_path, text_run(root, text_bytes=32), f"data.root: {root / 'b.jsonl'}: is ")
 
 
 @pytest.mark.parametrize("value", ["null", "3", '["a"]', '{"a": 1}', "true"])
