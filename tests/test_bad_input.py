@@ -389,7 +389,7 @@ def test_physically_meaningless_device_figures_are_refused(tmp_path, override, k
 
 def test_a_peer_count_no_client_can_have_is_refused(tmp_path):
     line = refused(tmp_path, "gossip", ["algorithm.peers=4"], "algorithm.peers: ")
-    assert "4 clients" in line
+    assert "of 4 clients each has 3 others" in line
 
 
 def test_a_llama_whose_key_value_heads_do_not_divide_its_heads_is_refused(tmp_path):
