@@ -401,14 +401,28 @@ def test_a_llama_whose_key_value_heads_do_not_divide_its_heads_is_refused(tmp_pa
     refused_run(tmp_path, config, "model.options.kv_heads: heads 3 is not a multiple of kv_heads 2")
 
 
-def test_a_model_too_large_for_any_memory_is_refused_from_its_options(tmp_path):
-    """Checked from the options alone: building the 10^9 layers, even on the meta device, never ends."""
+def test_a_model_too_large_to_build_is_refused_from_its_options(tmp_path):
+    """Checked from the options alone: 100,000 layers kept the pre-flight's meta-device build busy for
+    39 minutes; weights beyond all memory are refused before any tensor exists."""
     from fedge.models.registry import validate_options
 
-    with pytest.raises(ConfigError, match=r"^model.options.layers: .* at least"):
-        validate_options("gpt2", {"layers": 10**9, "hidden": 32})
+    started = time.perf_counter()
+    with pytest.raises(ConfigError, match=r"^model.options.layers: 100,000 layers: .* at most 1,024"):
+        validate_options("gpt2", {"layers": 100_000, "hidden": 32})
     with pytest.raises(ConfigError, match=r"^model.options.layers: "):
         validate_options("llama", {"layers": 10**9})
-    with pytest.raises(ConfigError, match=r"^model.options.hidden: "):
-        validate_options("bert", {"hidden": 10**9, "heads": 1})
+    with pytest.raises(
+        ConfigError, match=r"^model.options.hidden: at least .* GiB as float32\), more than all"
+    ):
+        validate_options("bert", {"hidden": 2**30, "heads": 1})
+    with pytest.raises(ConfigError, match=r"^model.options.intermediate: at least "):
+        validate_options("llama", {"intermediate": 2**50})
+    assert time.perf_counter() - started < 1.0
     assert validate_options("gpt2", {"layers": 4, "hidden": 32}) == {"layers": 4, "hidden": 32}
+    assert validate_options("gpt2", {"layers": 100_000, "pretrained": "a-folder"})["layers"] == 100_000
+    root = tmp_path / "text"
+    root.mkdir()
+    (root / "a.txt").write_text("the cut layer client server token " * 20)
+    config = text_run(root)
+    config["model"]["options"]["layers"] = 100_000
+    refused_run(tmp_path, config, "model.options.layers: 100,000 layers")
