@@ -288,6 +288,20 @@ def test_a_fifo_in_a_text_folder_is_refused_without_waiting(tmp_path):
         refused_run(tmp_path, text_run(root), f"data.root: {path}: is not a regular file (a FIFO)")
 
 
+@pytest.mark.parametrize("name", ["femnist", "shakespeare"])
+def test_a_fifo_among_leaf_json_files_is_refused_without_waiting(tmp_path, name):
+    from fedge.config import DataConfig
+    from fedge.data.sources import load_dataset
+    from fedge.errors import DataError
+
+    for split in ("train", "test"):
+        (tmp_path / split).mkdir()
+    refusal = pytest.raises((ConfigError, DataError), match=r"part_0.json: is not a regular file \(a FIFO\)")
+    with fifo(tmp_path / "train" / "part_0.json") as path, refusal:
+        load_dataset(DataConfig(name=name, root=tmp_path, seq_len=8), seed=0)
+    assert path.exists()
+
+
 def test_a_text_file_past_the_size_cap_is_refused_unread(tmp_path, monkeypatch):
     from fedge.data.sources import text
 
