@@ -401,6 +401,22 @@ def test_physically_meaningless_device_figures_are_refused(tmp_path, override, k
     refused(tmp_path, "fedavg", [override], f"{key}: ")
 
 
+@pytest.mark.parametrize(
+    "override",
+    [
+        "algorithm.radio.bandwidth_hz=1e-300",
+        "algorithm.radio.cpu_ghz=[[5e-324,5e-324]]",
+        "algorithm.radio.subcarrier_hz=1e-300",
+        "algorithm.radio.symbol_s=1e-320",
+        "algorithm.radio.cycles_per_step=1e-300",
+        "algorithm.radio.snr_db=[1e300,40]",
+    ],
+)
+def test_physically_meaningless_hist_radio_figures_are_refused(tmp_path, override):
+    """A denormal CPU frequency made HIST's round time infinite (exit 3 after a NumPy warning)."""
+    refused(tmp_path, "hist", [override], f"{override.split('=')[0]}")
+
+
 def test_a_peer_count_no_client_can_have_is_refused(tmp_path):
     line = refused(tmp_path, "gossip", ["algorithm.peers=4"], "algorithm.peers: ")
     assert "of 4 clients each has 3 others" in line
