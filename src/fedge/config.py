@@ -407,7 +407,7 @@ class DevicesConfig(StrictModel):
                 raise ValueError(f"[{low}, {high}]: a probability is at most 1")
             reason = figure_out_of_bounds(name, low) or figure_out_of_bounds(name, high)
             if reason is not None:
-                raise ValueError(f"[{low:g}, {high:g}]: {reason}")
+                raise ValueError(f"[{low:g}, {high:g}]: {reason.removeprefix(name + ' ')}")
         if value is not None and not value:
             raise ValueError("needs at least one range")
         return value
