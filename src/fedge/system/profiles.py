@@ -170,7 +170,7 @@ def _csv_rows(path: Path, text: str) -> list[dict[str, object]]:
     repeated = next((name for i, name in enumerate(header) if name in header[:i]), None)
     if repeated is not None:
         raise ConfigError(f"{KEY}.file", f"{path}: column {_shown(repeated)} appears twice")
-    rows = []
+    rows: list[dict[str, object]] = []
     for line, cells in enumerate(lines[1:], start=1):
         if len(cells) != len(header):
             count = f"{len(cells)} cell{'s' * (len(cells) != 1)}"
@@ -229,7 +229,7 @@ def _read_trace(path: Path, count: int) -> np.ndarray:
     """An availability trace: one row per round of ``count`` 0/1 values (a first non-numeric row is a
     header; lines starting with ``#`` are comments)."""
     lines = _text(path, f"{KEY}.trace").splitlines()
-    rows = []
+    rows: list[list[bool]] = []
     for number, line in enumerate(lines, start=1):
         cells = [cell.strip() for cell in line.split(",")]
         if not line.strip() or line.lstrip().startswith("#"):
