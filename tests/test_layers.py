@@ -25,6 +25,7 @@ RANKS = {
     "plugins": 0,
     "locate": 0,
     "umask": 0,
+    "regular": 0,
     "theory": 1,
     "costs": 1,
     "data": 2,

@@ -221,3 +221,20 @@ def test_the_shakespeare_example_runs_its_first_round_on_gutenbergs_layout(tmp_p
     row = result.metrics[-1]
     assert row["round"] == 1 and np.isfinite(row["train_loss"]) and row["perplexity"] > 1.0
     assert result.summary["bits_up"] > 0
+
+
+def test_a_tokenizer_json_without_added_tokens_is_one_line(tmp_path):
+    """transformers reads ``added_tokens`` unguarded: a ``tokenizer.json`` without it raised a KeyError."""
+    tokenizers = pytest.importorskip("tokenizers")
+    transformers = pytest.importorskip("transformers")
+    bpe = tokenizers.Tokenizer(tokenizers.models.BPE())
+    bpe.pre_tokenizer = tokenizers.pre_tokenizers.ByteLevel(add_prefix_space=False)
+    transformers.PreTrainedTokenizerFast(tokenizer_object=bpe).save_pretrained(tmp_path / "tok")
+    spec = tmp_path / "tok" / "tokenizer.json"
+    spec.write_text(
+        json.dumps({k: v for k, v in json.loads(spec.read_text()).items() if k != "added_tokens"})
+    )
+    root = write_corpus(tmp_path / "corpus")
+    with pytest.raises(ConfigError, match=r"cannot load .*tok.*added_tokens") as error:
+        load_dataset(DataConfig(name="text", root=root, seq_len=8, tokenizer=str(tmp_path / "tok")), 0)
+    assert error.value.key == "data.tokenizer" and "\n" not in str(error.value)

@@ -136,3 +136,28 @@ def test_the_run_directory_keeps_the_profiles(tmp_path):
     cpu = [float(line.split(",")[1]) for line in lines[1:]]
     assert all(1e8 <= c <= 1e9 for c in cpu) and len(set(cpu)) == 4
     assert not (fedge.run({**tiny("fedavg", tmp_path / "plain")}).run_dir / "devices.csv").exists()
+
+
+@pytest.mark.parametrize("none", ["", "inf", "Infinity", " INF "])
+def test_a_blank_or_infinite_energy_budget_means_none(tmp_path, none):
+    """A blank cell (or infinity) in ``energy_budget_j`` is a client without a budget; in JSON, null."""
+    path = tmp_path / "devices.csv"
+    path.write_text(f"client,energy_budget_j,cpu_hz\n0,5,1e9\n1,{none},1e9\n2,7,1e9\n")
+    profiles = device_profiles(system({"file": str(path)}), 3, seed=0)
+    np.testing.assert_array_equal(profiles.energy_budget_j, [5, np.inf, 7])
+    as_json = tmp_path / "devices.json"
+    as_json.write_text(json.dumps([{"client": i, "energy_budget_j": [5, None, 7][i]} for i in range(3)]))
+    np.testing.assert_array_equal(
+        device_profiles(system({"file": str(as_json)}), 3, 0).energy_budget_j, [5, np.inf, 7]
+    )
+    path.write_text("client,energy_budget_j,cpu_hz\n0,5,\n1,5,1e9\n2,7,1e9\n")  # blank elsewhere: no value
+    with pytest.raises(ConfigError, match=r"row 1 cpu_hz: '' is not a number"):
+        device_profiles(system({"file": str(path)}), 3, seed=0)
+
+
+def test_a_client_without_a_budget_runs_beside_one_whose_budget_runs_out(tmp_path):
+    path = tmp_path / "devices.csv"
+    path.write_text("client,energy_budget_j\n0,1e-9\n1,\n2,inf\n3,\n")
+    model = SystemModel(system({"file": str(path)}), 4, seed=0)
+    model.clock.charge(RoundCost(0.0, 2.0, {}, {f"client:{i}": {"client_compute": 2.0} for i in range(4)}))
+    assert model.online(2).tolist() == [False, True, True, True]

@@ -27,7 +27,6 @@ import hashlib
 import json
 import math
 import os
-import stat
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -38,6 +37,7 @@ import torch
 from fedge import preflight
 from fedge.config import RunConfig
 from fedge.errors import CheckpointError
+from fedge.regular import NotReadable, open_regular
 from fedge.results import atomic_write
 
 MAGIC = b"FEDGE-CHECKPOINT\n"
@@ -271,15 +271,6 @@ def _header(path: Path, data: bytes) -> tuple[dict[str, Any], int]:
     return header, end + 1
 
 
-KINDS = {  # what a path is when it is no regular file, for the refusal
-    stat.S_ISDIR: "a directory",
-    stat.S_ISCHR: "a character device",
-    stat.S_ISBLK: "a block device",
-    stat.S_ISFIFO: "a FIFO",
-    stat.S_ISSOCK: "a socket",
-}
-
-
 def _read(path: Path) -> bytes:
     """The bytes of the checkpoint at ``path``, read only once its header says how many there must be.
 
@@ -288,16 +279,12 @@ def _read(path: Path) -> bytes:
     not the header's, or whose body would not fit in memory, before the body is read.
     """
     try:
-        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK)
-    except OSError as error:
-        raise CheckpointError(path, f"cannot be read ({error.strerror})") from None
-    info = os.fstat(fd)
-    if not stat.S_ISREG(info.st_mode):
-        os.close(fd)
-        kind = next((name for test, name in KINDS.items() if test(info.st_mode)), "not a file")
-        raise CheckpointError(path, f"is not a regular file ({kind}); fedge only reads a checkpoint it wrote")
-    with os.fdopen(fd, "rb") as handle:
-        size = info.st_size
+        opened = open_regular(path)
+    except NotReadable as error:
+        only = "; fedge only reads a checkpoint it wrote" if error.kind else ""
+        raise CheckpointError(path, f"{error}{only}") from None
+    with opened as handle:
+        size = os.fstat(handle.fileno()).st_size
         try:
             head = handle.read(len(MAGIC) + MAX_HEADER_BYTES)
             header, start = _header(path, head)

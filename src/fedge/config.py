@@ -328,6 +328,24 @@ Ranges = list[tuple[float, float]]
 # a device figure as written: a number, a [low, high] range or a list of ranges (always ranges once read)
 DeviceFigure = float | tuple[float, float] | Ranges
 DEVICE_FIGURES = ("cpu_hz", "distance_m", "bandwidth_hz", "shadowing_db", "energy_budget_j", "availability")
+FIGURE_BOUNDS = {  # each figure's physical range (the system keys' bounds): rates and times stay finite
+    "cpu_hz": (1.0, 1e15),
+    "distance_m": (1.0, 1e7),
+    "bandwidth_hz": (1.0, 1e12),
+    "shadowing_db": (-200.0, 200.0),
+    "energy_budget_j": (1e-12, 1e30),
+    "availability": (0.0, 1.0),  # a probability: above 0, at most 1
+}
+
+
+def figure_out_of_bounds(name: str, value: float) -> str | None:
+    """Why ``value`` is no value of device figure ``name`` (``None``: it is one)."""
+    low, high = FIGURE_BOUNDS[name]
+    if name != "shadowing_db" and value <= 0.0:
+        return f"{name} must be positive (got {value:g})"
+    if name == "availability":
+        return None if value <= 1.0 else f"{name} is at most 1 (got {value:g})"
+    return None if low <= value <= high else f"{name} must be between {low:g} and {high:g} (got {value:g})"
 
 
 def _ranges(value: Any) -> Any:
@@ -347,7 +365,9 @@ class DevicesConfig(StrictModel):
     (HIST's halves at 1-2 GHz and 2-4 GHz: ``cpu_hz: [[1e9, 2e9], [2e9, 4e9]]``). Draws are uniform, or
     log-uniform with ``spread: log``, from the run seed. A figure left out keeps the system's own value.
     ``file`` (CSV or JSON, one row per client) overrides drawn figures column by column; ``trace`` (CSV,
-    one row per round, one 0/1 column per client) replaces the availability draws.
+    one row per round, one 0/1 column per client) replaces the availability draws. Every figure is bounded
+    as the system key it stands for is (1 Hz to 1 PHz, 1 m to 10,000 km, 1 Hz to 1 THz, -200 to 200 dB, a
+    budget from 1 pJ), in ranges and files alike, so that rates, times and energies stay finite.
     """
 
     cpu_hz: DeviceFigure | None = None
@@ -377,13 +397,17 @@ class DevicesConfig(StrictModel):
     @field_validator(*DEVICE_FIGURES)
     @classmethod
     def _positive_ranges(cls, value: Ranges | None, info: ValidationInfo) -> Ranges | None:
-        signed = info.field_name == "shadowing_db"
+        name = str(info.field_name)
+        signed = name == "shadowing_db"
         for low, high in value or []:
             if not (signed or low > 0.0) or not low <= high:
                 kind = "numbers" if signed else "positive numbers"
                 raise ValueError(f"[{low}, {high}] is no range of {kind} with low <= high")
-            if info.field_name == "availability" and high > 1.0:
+            if name == "availability" and high > 1.0:
                 raise ValueError(f"[{low}, {high}]: a probability is at most 1")
+            reason = figure_out_of_bounds(name, low) or figure_out_of_bounds(name, high)
+            if reason is not None:
+                raise ValueError(f"[{low:g}, {high:g}]: {reason.removeprefix(name + ' ')}")
         if value is not None and not value:
             raise ValueError("needs at least one range")
         return value

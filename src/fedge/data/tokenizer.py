@@ -83,6 +83,9 @@ class HFTokenizer:
         except (OSError, ValueError) as error:
             hint = "" if download else " (set data.download: true to fetch it)"
             raise ConfigError("data.tokenizer", f"cannot load {name!r}{hint}: {error}") from None
+        except (KeyError, TypeError, AttributeError) as error:  # a field transformers reads unguarded
+            malformed = f"its files are malformed ({type(error).__name__}: {error})"
+            raise ConfigError("data.tokenizer", f"cannot load {name!r}: {malformed}") from None
         self.name = name
         self.vocab_size = len(self.tokenizer)
         self.pad_id = self.tokenizer.pad_token_id

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import inspect
+import os
 from collections.abc import Callable
 from typing import Any, get_type_hints
 
@@ -40,6 +41,11 @@ MODELS: dict[str, Builder] = {
 }
 
 
+TRANSFORMERS = ("gpt2", "llama", "bert")  # built layer by layer from sizes (or read from a checkpoint)
+MAX_LAYERS = 1024  # layers of a transformer built from its config (the deepest published have ~100-200)
+FLOAT_BYTES = 4
+
+
 def _option_types(builder: Builder) -> dict[str, Any]:
     """The builder's keyword-only parameters (its options) and their annotated types."""
     hints = get_type_hints(builder, include_extras=True)
@@ -48,7 +54,8 @@ def _option_types(builder: Builder) -> dict[str, Any]:
 
 
 def validate_options(name: str, options: dict[str, Any]) -> dict[str, Any]:
-    """Options checked and coerced against the builder's annotations, each error naming its key."""
+    """Options checked and coerced against the builder's annotations, each error naming its key; a
+    config-built transformer's size is bounded from them before anything is built (:func:`check_size`)."""
     types = _option_types(MODELS[name])
     valid = {}
     for key, value in options.items():
@@ -59,7 +66,54 @@ def validate_options(name: str, options: dict[str, Any]) -> dict[str, Any]:
             valid[key] = TypeAdapter(types[key]).validate_python(value)
         except ValidationError as error:
             raise ConfigError(f"model.options.{key}", f"{error.errors()[0]['msg']} (got {value!r})") from None
+    if name in TRANSFORMERS:
+        check_size(name, valid)
     return valid
+
+
+def least_weights(name: str, options: dict[str, Any]) -> int:
+    """A lower bound on the weights of transformer ``name`` built from ``options`` (defaults filled in):
+    its layers' attention and MLP matrices, without embeddings, biases or norms (the sizes of
+    :func:`~fedge.models.transformer.hf_config` and :func:`~fedge.models.encoder.bert_config`)."""
+    defaults = inspect.signature(MODELS[name]).parameters
+    get = lambda key: options.get(key, defaults[key].default)  # noqa: E731
+    hidden, heads = get("hidden"), get("heads")
+    intermediate = get("intermediate") or 4 * hidden
+    if name == "llama" and get("arch") != "gpt2":  # grouped key/value heads, gated MLP
+        kv_width = (get("kv_heads") or heads) * (hidden // heads)
+        per_layer = 2 * hidden * hidden + 2 * hidden * kv_width + 3 * hidden * intermediate
+    else:
+        per_layer = 4 * hidden * hidden + 2 * hidden * intermediate
+    return get("layers") * per_layer
+
+
+def check_size(name: str, options: dict[str, Any]) -> None:
+    """Refuse a config-built transformer from its options alone: more than :data:`MAX_LAYERS` layers
+    (each takes about 20 ms to build, even on the meta device: 100,000 layers kept the memory pre-flight
+    busy for 39 minutes), or weights that, as float32, exceed all of this machine's memory. A
+    ``pretrained`` model's sizes come from its checkpoint, which the pre-flight reads."""
+    if options.get("pretrained") is not None:
+        return
+    layers = options.get("layers", inspect.signature(MODELS[name]).parameters["layers"].default)
+    if layers > MAX_LAYERS:
+        built = f"a model built from its config has at most {MAX_LAYERS:,} (each takes ~20 ms to build)"
+        raise ConfigError("model.options.layers", f"{layers:,} layers: {built}")
+    weights = least_weights(name, options)
+    memory = physical_memory()
+    if memory is not None and weights * FLOAT_BYTES > memory:
+        key = next((k for k in ("hidden", "intermediate", "layers") if k in options), "layers")
+        need = f"at least {weights:.3g} weights ({weights * FLOAT_BYTES / 2**30:,.0f} GiB as float32)"
+        raise ConfigError(
+            f"model.options.{key}", f"{need}, more than all {memory / 2**30:,.0f} GiB of memory"
+        )
+
+
+def physical_memory() -> int | None:
+    """This machine's memory in bytes (``None`` where the system does not say)."""
+    try:
+        return os.sysconf("SC_PHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
+    except (ValueError, OSError, AttributeError):
+        return None
 
 
 def build_model(name: str, input_shape: tuple[int, ...], num_classes: int, **options: Any) -> SplitModel:

@@ -430,6 +430,8 @@ def build_causal_lm(
                 kv_heads=kv_heads, intermediate=intermediate)  # fmt: skip
     if pretrained is None and hidden % heads:
         raise ConfigError("model.options.heads", f"hidden {hidden} is not a multiple of heads {heads}")
+    if pretrained is None and arch != "gpt2" and kv_heads is not None and heads % kv_heads:
+        raise ConfigError("model.options.kv_heads", f"heads {heads} is not a multiple of kv_heads {kv_heads}")
     hf = _hf_model(arch, spec, pretrained, download)
     arch = hf.config.model_type
     if hf.config.vocab_size < num_classes:

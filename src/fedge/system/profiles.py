@@ -18,14 +18,16 @@ from pathlib import Path
 
 import numpy as np
 
-from fedge.config import DEVICE_FIGURES, DevicesConfig, SystemConfig
+from fedge.config import DEVICE_FIGURES, DevicesConfig, SystemConfig, figure_out_of_bounds
 from fedge.errors import ConfigError
+from fedge.regular import NotReadable, read_regular
 from fedge.rng import numpy_rng
 from fedge.system.channel import draw_distances
 
 FIGURES = DEVICE_FIGURES
-SIGNED = ("shadowing_db",)  # the only figure that may be zero or negative
 KEY = "system.devices"
+MAX_FILE_BYTES = 256 * 2**20  # a profile or trace file larger than this is refused unread
+NO_BUDGET = ("", "inf", "+inf", "infinity", "+infinity")  # energy_budget_j cells that mean no budget
 
 
 @dataclass(frozen=True)
@@ -75,62 +77,127 @@ def _draw(rng: np.random.Generator, count: int, ranges: list[tuple[float, float]
     return out
 
 
-def _number(text: str, where: str) -> float:
-    try:
-        value = float(text)
-    except (TypeError, ValueError):
-        raise ConfigError(f"{KEY}.file", f"{where}: {text!r} is not a number") from None
-    if not math.isfinite(value):
-        raise ConfigError(f"{KEY}.file", f"{where}: {text!r} is not a finite number")
-    return value
+def _shown(value: object, quoted: bool = True) -> str:
+    """A cell as a refusal quotes it (a string in quotes where ``quoted``): at most 40 characters."""
+    if isinstance(value, str):
+        text = repr(value) if quoted else value
+    else:
+        try:
+            text = json.dumps(value)
+        except (TypeError, ValueError, RecursionError):
+            text = f"a {type(value).__name__}"
+    return text if len(text) <= 40 else f"{text[:36]}..."
+
+
+def _number(value: object, where: str, infinite: bool = False) -> float:
+    """A cell's number (a numeric string or a JSON number); finite unless ``infinite``."""
+    number = None
+    if isinstance(value, str) or isinstance(value, int | float) and not isinstance(value, bool):
+        try:
+            number = float(value)
+        except ValueError:
+            number = None
+        except OverflowError:  # an integer beyond any float
+            number = math.inf
+    if number is None or math.isnan(number):
+        raise ConfigError(f"{KEY}.file", f"{where}: {_shown(value)} is not a number")
+    if not (infinite or math.isfinite(number)):
+        raise ConfigError(f"{KEY}.file", f"{where}: {_shown(value)} is not a finite number")
+    return number
+
+
+def _budget(value: object, where: str) -> float:
+    """An energy budget cell: joules, or no budget (``inf``) for a blank cell, ``inf`` or JSON null."""
+    if value is None or isinstance(value, str) and value.strip().lower() in NO_BUDGET:
+        return math.inf
+    return _number(value, where, infinite=True)
 
 
 def _text(path: Path, key: str) -> str:
-    """The UTF-8 text of ``path``; a one-line error naming ``key`` when it cannot be read."""
+    """The UTF-8 text of ``path``, a regular file of at most :data:`MAX_FILE_BYTES`; a one-line error
+    naming ``key`` when it cannot be read (a FIFO or a device is refused without waiting on it)."""
     try:
-        return path.read_text(encoding="utf-8")
-    except OSError as error:
-        raise ConfigError(key, f"{path}: cannot be read ({error.strerror or type(error).__name__})") from None
+        raw = read_regular(path, MAX_FILE_BYTES)
+    except NotReadable as error:
+        raise ConfigError(key, f"{path}: {error}") from None
+    try:
+        return raw.decode("utf-8")
     except UnicodeDecodeError:
         raise ConfigError(key, f"{path}: is not UTF-8 text") from None
 
 
-def _rows(path: Path) -> list[dict[str, str]]:
-    """The per-client rows of a CSV file (with a header) or a JSON list of objects."""
-    text = _text(path, f"{KEY}.file")
-    if path.suffix.lower() == ".json":
-        try:
-            data = json.loads(text)
-        except json.JSONDecodeError as error:
-            raise ConfigError(f"{KEY}.file", f"{path}: not JSON ({error})") from None
-        if isinstance(data, dict) and isinstance(data.get("clients"), list):
-            data = data["clients"]
-        if not isinstance(data, list) or not all(isinstance(row, dict) for row in data):
-            raise ConfigError(f"{KEY}.file", f"{path}: expected a list of per-client objects")
-        return [{str(k): str(v) for k, v in row.items()} for row in data]
-    reader = csv.DictReader(io.StringIO(text))
-    if reader.fieldnames is None:
+def _unique_keys(pairs: list[tuple[str, object]]) -> dict[str, object]:
+    """A JSON object whose keys are distinct (a repeated key would silently override the first)."""
+    row = dict(pairs)
+    if len(row) != len(pairs):
+        repeated = next(key for i, (key, _) in enumerate(pairs) if key in dict(pairs[:i]))
+        raise ValueError(f"key {_shown(repeated)} appears twice in one object")
+    return row
+
+
+def _integer(digits: str) -> int | str:
+    """A JSON integer; past 300 digits (beyond any float) its digits, which Python's ``int`` would refuse
+    past 4,300 with an error of its own."""
+    return int(digits) if len(digits) <= 300 else digits
+
+
+def _json_rows(path: Path, text: str) -> list[dict[str, object]]:
+    """The per-client objects of a JSON profile file (a list, or ``{"clients": [...]}``); an integer of
+    more digits than any figure has stays its digits, refused as a number rather than converted."""
+    try:
+        data = json.loads(text, parse_int=_integer, object_pairs_hook=_unique_keys)
+    except RecursionError:
+        raise ConfigError(f"{KEY}.file", f"{path}: not JSON this reader takes (nested too deeply)") from None
+    except ValueError as error:
+        raise ConfigError(f"{KEY}.file", f"{path}: not JSON ({error})") from None
+    if isinstance(data, dict) and isinstance(data.get("clients"), list):
+        data = data["clients"]
+    if not isinstance(data, list) or not all(isinstance(row, dict) for row in data):
+        raise ConfigError(f"{KEY}.file", f"{path}: expected a list of per-client objects")
+    return data
+
+
+def _csv_rows(path: Path, text: str) -> list[dict[str, object]]:
+    """The rows of a CSV profile file by its header: each row exactly as many cells as the header,
+    each column named once."""
+    try:
+        lines = [cells for cells in csv.reader(io.StringIO(text)) if cells]
+    except csv.Error as error:
+        raise ConfigError(f"{KEY}.file", f"{path}: not CSV ({error})") from None
+    if not lines:
         raise ConfigError(f"{KEY}.file", f"{path}: empty (expected a header: client,cpu_hz,...)")
-    return [{k.strip(): (v or "").strip() for k, v in row.items() if k is not None} for row in reader]
+    header = [cell.strip() for cell in lines[0]]
+    repeated = next((name for i, name in enumerate(header) if name in header[:i]), None)
+    if repeated is not None:
+        raise ConfigError(f"{KEY}.file", f"{path}: column {_shown(repeated)} appears twice")
+    rows: list[dict[str, object]] = []
+    for line, cells in enumerate(lines[1:], start=1):
+        if len(cells) != len(header):
+            count = f"{len(cells)} cell{'s' * (len(cells) != 1)}"
+            raise ConfigError(f"{KEY}.file", f"{path}: row {line} has {count}, the header {len(header)}")
+        rows.append(dict(zip(header, (cell.strip() for cell in cells), strict=True)))
+    return rows
 
 
 def _read_file(path: Path, count: int) -> dict[str, np.ndarray]:
-    """The figures a profile file gives, by name: every client 0..count-1 exactly once."""
-    rows = _rows(path)
+    """The figures a profile file gives, by name: every client 0..count-1 exactly once, each figure
+    within its physical range (:data:`~fedge.config.FIGURE_BOUNDS`)."""
+    text = _text(path, f"{KEY}.file")
+    rows = _json_rows(path, text) if path.suffix.lower() == ".json" else _csv_rows(path, text)
     columns: dict[str, np.ndarray] = {}
     seen = np.zeros(count, dtype=bool)
     for line, row in enumerate(rows, start=1):
         unknown = sorted(set(row) - {"client", *FIGURES})
         if unknown:
-            raise ConfigError(
-                f"{KEY}.file", f"{path}: unknown column {unknown[0]!r}; known: client, {', '.join(FIGURES)}"
-            )
+            known = f"known: client, {', '.join(FIGURES)}"
+            raise ConfigError(f"{KEY}.file", f"{path}: unknown column {_shown(unknown[0])}; {known}")
         if "client" not in row:
             raise ConfigError(f"{KEY}.file", f"{path}: row {line} has no 'client'")
-        client = _number(row["client"], f"{path} row {line} client")
+        client = _number(row["client"], f"{path}: row {line} client")
         if client != int(client) or not 0 <= client < count:
+            shown = _shown(row["client"], quoted=False)
             raise ConfigError(
-                f"{KEY}.file", f"{path}: row {line}: client {row['client']} is not one of 0..{count - 1}"
+                f"{KEY}.file", f"{path}: row {line}: client {shown} is not one of 0..{count - 1}"
             )
         client = int(client)
         if seen[client]:
@@ -139,13 +206,12 @@ def _read_file(path: Path, count: int) -> dict[str, np.ndarray]:
         for name in FIGURES:
             if name not in row:
                 continue
-            value = _number(row[name], f"{path} row {line} {name}")
-            if name not in SIGNED and value <= 0:
-                raise ConfigError(f"{KEY}.file", f"{path}: row {line}: {name} must be positive (got {value})")
-            if name == "availability" and value > 1:
-                raise ConfigError(
-                    f"{KEY}.file", f"{path}: row {line}: availability is at most 1 (got {value})"
-                )
+            where = f"{path}: row {line} {name}"
+            read = _budget if name == "energy_budget_j" else _number
+            value = read(row[name], where)
+            reason = None if value == math.inf else figure_out_of_bounds(name, value)
+            if reason is not None:
+                raise ConfigError(f"{KEY}.file", f"{path}: row {line}: {reason}")
             columns.setdefault(name, np.full(count, np.nan))[client] = value
     if not seen.all():
         missing = int(np.flatnonzero(~seen)[0])
@@ -163,7 +229,7 @@ def _read_trace(path: Path, count: int) -> np.ndarray:
     """An availability trace: one row per round of ``count`` 0/1 values (a first non-numeric row is a
     header; lines starting with ``#`` are comments)."""
     lines = _text(path, f"{KEY}.trace").splitlines()
-    rows = []
+    rows: list[list[bool]] = []
     for number, line in enumerate(lines, start=1):
         cells = [cell.strip() for cell in line.split(",")]
         if not line.strip() or line.lstrip().startswith("#"):

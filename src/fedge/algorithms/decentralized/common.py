@@ -70,6 +70,9 @@ class PeerAlgorithm(LocalTraining, PeerExchange, FineTunedEvaluation, Algorithm)
             raise ConfigError("algorithm.head_epochs", "must be below local_epochs in alternating mode")
         self.model = ctx.build_model().to(ctx.device)
         n = ctx.data.num_clients
+        if cfg.peers >= n and cfg.peers != type(cfg).model_fields["peers"].default:  # the default: all
+            others = f"of {n} clients each has {n - 1} others (the default takes them all)"
+            raise ConfigError("algorithm.peers", f"{cfg.peers} peers per client, but {others}")
         self.num_clients = n
         self.train_data: FederatedData = ctx.data  # what local training, probes and fine-tunes draw from
         self.adjacency = build_topology(cfg.topology, n, ctx.seed)

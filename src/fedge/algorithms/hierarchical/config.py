@@ -9,11 +9,16 @@ from __future__ import annotations
 
 from typing import Annotated, Literal
 
-from pydantic import Field, PositiveFloat, PositiveInt, ValidationInfo, field_validator
+from pydantic import Field, PositiveInt, ValidationInfo, field_validator
 
 from fedge.config import AlgorithmConfig, CodecName, SGDConfig, StrictModel
 
 Split = Literal["fully_noniid", "global_shards", "cell_iid", "partition"]
+
+
+# Bounded as the system keys are (fedge.config.SystemConfig), so that rates and times stay finite
+Hertz = Annotated[float, Field(ge=1.0, le=1e12)]
+Gigahertz = Annotated[float, Field(ge=1e-9, le=1e6)]  # 1 Hz to 1 PHz
 
 
 class RadioConfig(StrictModel):
@@ -24,21 +29,21 @@ class RadioConfig(StrictModel):
     range per band, from which every client draws its CPU frequency each global round.
     """
 
-    bandwidth_hz: PositiveFloat = 9e6
+    bandwidth_hz: Hertz = 9e6
     """uplink bandwidth"""
     snr_db: list[float] = Field(default_factory=lambda: [30.0, 40.0], min_length=1)
     """SNR of each band of cells"""
-    cpu_ghz: list[tuple[PositiveFloat, PositiveFloat]] = Field(
+    cpu_ghz: list[tuple[Gigahertz, Gigahertz]] = Field(
         default_factory=lambda: [(1.0, 2.0), (2.0, 4.0)], min_length=1
     )
     """per band of cells, the [low, high] range of client CPU frequencies"""
     antennas: PositiveInt = 10
     """edge server antennas (AirComp beamforming)"""
-    cycles_per_step: PositiveFloat = 1e6
+    cycles_per_step: Annotated[float, Field(ge=1.0, le=1e18)] = 1e6
     """CPU cycles of one local step on the full model"""
-    subcarrier_hz: PositiveFloat = 15e3
+    subcarrier_hz: Hertz = 15e3
     """AirComp: OFDM subcarrier spacing"""
-    symbol_s: PositiveFloat = 1.0 / 14e3
+    symbol_s: Annotated[float, Field(ge=1e-12, le=1e3)] = 1.0 / 14e3
     """AirComp: OFDM symbol duration"""
     noise_model: Literal["paper", "real_part"] = "paper"
     """AirComp noise as the paper writes it, or its real part"""

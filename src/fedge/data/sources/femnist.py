@@ -15,6 +15,7 @@ import torch
 from fedge.config import DataConfig
 from fedge.data.dataset import Dataset
 from fedge.errors import DataError
+from fedge.regular import NotReadable, read_regular
 
 NUM_CLASSES = 62
 PIXELS = 28 * 28
@@ -23,14 +24,17 @@ MEAN = 0.9637
 STD = 0.1592
 HOW_TO = "run LEAF's femnist preprocessing (https://github.com/TalwarLab/leaf) and set data.root to its data/"
 
+MAX_JSON_BYTES = 2**30  # a LEAF json file larger than this is refused unread (LEAF's are ~100 MB)
 Writers = dict[str, tuple[np.ndarray, np.ndarray]]
 
 
 def _read_file(path: Path, writers: Writers) -> None:
     """Add the ``(x [n,784] float32, y [n] int64)`` of every writer in one LEAF json file to ``writers``."""
     try:
-        user_data = json.loads(path.read_text())["user_data"]
-    except (OSError, ValueError, KeyError, TypeError) as error:
+        user_data = json.loads(read_regular(path, MAX_JSON_BYTES))["user_data"]
+    except NotReadable as error:
+        raise DataError(f"{path}: {error} (data.root)") from None
+    except (ValueError, KeyError, TypeError, RecursionError) as error:
         raise DataError(f"{path}: not a LEAF json file with 'user_data' ({error})") from None
     if not isinstance(user_data, dict):
         raise DataError(f"{path}: 'user_data' must map writer names to their samples")

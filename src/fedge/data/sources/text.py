@@ -27,7 +27,9 @@ Sources:
   a corpus with no download whose documents differ as their modules do (argument parsing, e-mail, HTTP,
   calendars...), the naturally non-i.i.d. split of a character-level model.
 - ``text``: ``data.root``, a ``.txt`` / ``.jsonl`` file or a folder of them (one document per file; a
-  JSONL line is an object whose ``text`` field is read).
+  JSONL line is an object whose ``text`` field, a string, is read). Only regular files are read (a FIFO
+  or a device in the folder is refused without waiting on it), each of at most 1 GiB unless
+  ``data.text_bytes`` asks for less of it.
 - ``shakespeare``: LEAF's Shakespeare json (``train/`` and ``test/`` folders in ``data.root``, or in the
   cache folder without it), one group per speaking role, each sample its 80 characters followed by the next
   one (fixed-length samples: ``windows`` only). Where the json is absent it is built from Project
@@ -40,6 +42,7 @@ from __future__ import annotations
 import json
 import sysconfig
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import torch
@@ -50,6 +53,7 @@ from fedge.data.sources import gutenberg
 from fedge.data.sources.fetch import cache_folder, not_found
 from fedge.data.tokenizer import Tokenizer, make_tokenizer
 from fedge.errors import ConfigError, DataError
+from fedge.regular import NotReadable, read_regular
 
 # Pure-Python standard-library modules (a file or a package's __init__) of every supported Python version
 STDLIB_MODULES = (
@@ -61,6 +65,7 @@ STDLIB_MODULES = (
     "statistics", "string", "tarfile", "textwrap", "threading", "tokenize", "typing", "unittest/case",
     "urllib/parse", "uuid", "wave", "zipfile",
 )  # fmt: skip
+MAX_TEXT_BYTES = 2**30  # a text file larger than this is refused unread (or read in part: data.text_bytes)
 LEAF_HOW_TO = "run LEAF's shakespeare preprocessing (https://github.com/TalwarLab/leaf) and set data.root"
 
 
@@ -173,29 +178,44 @@ def token_dataset(
     )
 
 
-def _read(path: Path, limit: int | None) -> str:
-    """A file's text (its first ``limit`` bytes), as UTF-8 with undecodable bytes replaced."""
+def _read(path: Path, limit: int | None, key: str = "data.root") -> str:
+    """A file's text (its first ``limit`` bytes), as UTF-8 with undecodable bytes replaced; only a regular
+    file (a FIFO or a device is refused without waiting on it) of at most :data:`MAX_TEXT_BYTES`, or the
+    first ``limit`` bytes of a larger one."""
     try:
-        with path.open("rb") as handle:
-            raw = handle.read() if limit is None else handle.read(limit)
-    except OSError as error:
-        raise DataError(f"{path}: {error.strerror or error}") from None
+        raw = read_regular(path, MAX_TEXT_BYTES, prefix=limit)
+    except NotReadable as error:
+        raise ConfigError(key, f"{path}: {error}") from None
     return raw.decode("utf-8", errors="replace")
+
+
+def jsonl_records(path: Path) -> list[tuple[int, dict[str, Any]]]:
+    """The records of a JSONL file with their line numbers: each non-blank line an object whose ``text``
+    is a string (a null or a number would otherwise be trained on as the text ``None`` or ``3``)."""
+    records = []
+    for number, line in enumerate(_read(path, None).splitlines(), start=1):
+        if not line.strip():
+            continue
+        try:
+            record = json.loads(line)
+        except (ValueError, RecursionError):
+            record = None
+        if not isinstance(record, dict) or "text" not in record:
+            raise DataError(f"{path}:{number}: a JSONL line must be an object with a 'text' field")
+        if not isinstance(record["text"], str):
+            got = "null" if record["text"] is None else type(record["text"]).__name__
+            raise DataError(f"{path}:{number}: 'text' must be a string (got {got})")
+        records.append((number, record))
+    return records
 
 
 def _jsonl(path: Path, limit: int | None, one_line: bool = False) -> str:
     """The ``text`` fields of a JSONL file's lines, one after another (the first ``limit`` bytes); each on
     one line of its own when ``one_line`` (its line breaks read as spaces)."""
     parts = []
-    for number, line in enumerate(_read(path, None).splitlines(), start=1):
-        if not line.strip():
-            continue
-        try:
-            record = json.loads(line)
-            text = str(record["text"])
-            parts.append(" ".join(text.splitlines()) if one_line else text)
-        except (ValueError, KeyError, TypeError):
-            raise DataError(f"{path}:{number}: a JSONL line must be an object with a 'text' field") from None
+    for _, record in jsonl_records(path):
+        text = record["text"]
+        parts.append(" ".join(text.splitlines()) if one_line else text)
     text = "\n".join(parts)
     return text if limit is None else text.encode("utf-8")[:limit].decode("utf-8", errors="ignore")
 
@@ -242,7 +262,7 @@ def _leaf_split(folder: Path) -> dict[str, list[str]]:
     roles: dict[str, list[str]] = {}
     for path in files:
         try:
-            user_data = json.loads(path.read_text())["user_data"]
+            user_data = json.loads(_read(path, None))["user_data"]
             for role, record in user_data.items():
                 roles.setdefault(role, []).extend(
                     str(x) + str(y) for x, y in zip(record["x"], record["y"], strict=True)

@@ -2,12 +2,12 @@
 its class.
 
 ``textcls`` reads ``data.root``, a ``.txt`` / ``.jsonl`` file or a folder of them. A ``.txt`` file is one
-document whose class is the file; a ``.jsonl`` line is an object with a ``text`` field and, optionally, a
-``label`` field: the lines of one file with one label form one document of that label (no ``label``: the
-file is the class, as for ``.txt``). Without ``data.root`` the documents are the Python standard-library
-modules of the ``pystdlib`` source, each its own class (which module a window of source code comes from:
-a task with no download). Labels are the sorted distinct names (file names, modules, or the ``label``
-values as strings), numbered from 0.
+document whose class is the file; a ``.jsonl`` line is an object with a ``text`` string and, optionally, a
+``label`` (a string or a number): the lines of one file with one label form one document of that label
+(no ``label``: the file is the class, as for ``.txt``). Without ``data.root`` the documents are the Python
+standard-library modules of the ``pystdlib`` source, each its own class (which module a window of source
+code comes from: a task with no download). Labels are the sorted distinct names (file names, modules, or
+the ``label`` values as strings), numbered from 0.
 
 ``data.sequences`` says what a sample is:
 
@@ -32,7 +32,6 @@ held out (a contiguous tail); each document is a natural group (``partition.kind
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
 import numpy as np
@@ -41,8 +40,8 @@ import torch
 from fedge.config import DataConfig
 from fedge.data.dataset import Dataset
 from fedge.data.sources.text import (
-    _read,
     held_out,
+    jsonl_records,
     pad_token,
     refuse_pad_tokens,
     right_filled,
@@ -78,16 +77,12 @@ def _labeled_jsonl(path: Path, limit: int | None, one_line: bool) -> list[tuple[
     """A JSONL file's documents ``(title, label, text)``: its lines joined per ``label`` field, each
     record on one line of its own when ``one_line`` (its line breaks read as spaces)."""
     texts: dict[str, list[str]] = {}
-    for number, line in enumerate(_read(path, None).splitlines(), start=1):
-        if not line.strip():
-            continue
-        try:
-            record = json.loads(line)
-            text = str(record["text"])
-            text = " ".join(text.splitlines()) if one_line else text
-            texts.setdefault(str(record.get("label", path.name)), []).append(text)
-        except (ValueError, KeyError, TypeError, AttributeError):
-            raise DataError(f"{path}:{number}: a JSONL line must be an object with a 'text' field") from None
+    for number, record in jsonl_records(path):
+        text = " ".join(record["text"].splitlines()) if one_line else record["text"]
+        label = record.get("label", path.name)
+        if isinstance(label, bool) or not isinstance(label, str | int | float):
+            raise DataError(f"{path}:{number}: 'label' must be a string or a number (got {label!r:.40})")
+        texts.setdefault(str(label), []).append(text)
     clip = lambda t: t if limit is None else t.encode("utf-8")[:limit].decode("utf-8", errors="ignore")  # noqa: E731
     return [(f"{path.name}:{label}", label, clip("\n".join(parts))) for label, parts in texts.items()]
 
