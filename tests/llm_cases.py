@@ -63,7 +63,7 @@ def bert_run(root, algorithm: dict, *, clients: int = 3, **overrides) -> dict:
         "output": {"plots": False},
     }
     for key, value in overrides.items():
-        raw[key] = {**raw.get(key, {}), **value}
+        raw[key] = {**raw.get(key, {}), **value} if isinstance(value, dict) else value
     return raw
 
 
