@@ -84,6 +84,7 @@ def mean_curve(curves: list[list[dict[str, float]]]) -> list[dict[str, float]]:
 def lm_figure(curves: list[tuple[str, list[dict[str, float]]]]) -> Any:
     """Three panels: loss and perplexity against rounds, perplexity against MB; a band of +-1 std."""
     import matplotlib.pyplot as plt
+    from matplotlib import ticker
 
     figure, axes = plt.subplots(1, 3, figsize=(13.5, 3.9))
     for axis, (x_key, y_key, x_label, y_label) in zip(axes, PANELS, strict=True):
@@ -98,6 +99,10 @@ def lm_figure(curves: list[tuple[str, list[dict[str, float]]]]) -> Any:
             axis.fill_between(x, low, high, color=look["color"], alpha=0.18, linewidth=0)
         if y_key == "perplexity":
             axis.set_yscale("log")
+            axis.yaxis.set_major_formatter(ticker.FormatStrFormatter("%g"))
+            axis.yaxis.set_minor_formatter(ticker.FormatStrFormatter("%g"))
+        if x_key == "round":
+            axis.xaxis.set_major_locator(ticker.MaxNLocator(integer=True))
         axis.set_xlabel(x_label)
         axis.set_ylabel(y_label)
         axis.grid(alpha=0.3)
