@@ -95,3 +95,18 @@ def test_a_checkpoint_too_large_is_refused_from_its_config_alone(corpus, tmp_pat
     assert "\n" not in message and message.startswith("error: model:"), message
     assert "frozen base" in message and "memory" in message
     assert not (tmp_path / "runs").exists()
+
+
+@pytest.mark.parametrize("arch", list(CHECKPOINTS))
+def test_the_preflight_counts_what_the_checkpoint_loads(corpus, saved, arch):
+    """The pre-flight's count from the config alone (meta device) is the loaded model's count."""
+    from fedge.models import build_model
+    from fedge.models.transformer import frozen_values
+    from fedge.preflight import _model_values
+
+    config = fedge.resolve_config(pretrained_run(corpus, saved[arch], arch, 4))
+    classes = 3 if arch == "bert" else 256
+    counted = _model_values(config, (SEQ,), classes)
+    loaded = build_model(config.model.name, (SEQ,), classes, **config.model.options)
+    values = sum(t.numel() for t in (*loaded.parameters(), *loaded.buffers()))
+    assert counted == (values, frozen_values(loaded)) and counted[1] > 0
