@@ -99,8 +99,10 @@ def lm_figure(curves: list[tuple[str, list[dict[str, float]]]]) -> Any:
             axis.fill_between(x, low, high, color=look["color"], alpha=0.18, linewidth=0)
         if y_key == "perplexity":
             axis.set_yscale("log")
+            low, high = axis.get_ylim()
+            minor = ticker.FormatStrFormatter("%g") if high / low < 10 else ticker.NullFormatter()
             axis.yaxis.set_major_formatter(ticker.FormatStrFormatter("%g"))
-            axis.yaxis.set_minor_formatter(ticker.FormatStrFormatter("%g"))
+            axis.yaxis.set_minor_formatter(minor)  # labelled minor ticks only within one decade
         if x_key == "round":
             axis.xaxis.set_major_locator(ticker.MaxNLocator(integer=True))
         axis.set_xlabel(x_label)
