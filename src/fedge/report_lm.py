@@ -14,7 +14,7 @@ from __future__ import annotations
 import html
 import math
 import statistics
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any, Protocol
 
@@ -123,9 +123,10 @@ def _row(label: str, curves: list[list[dict[str, float]]], started: bool) -> lis
     return [html.escape(label), first, f"{mean[-1]['perplexity']:.2f}", f"{mean[-1]['round']:.0f}"]
 
 
-def lm_section(
-    cells: list[LMCell], figure_uri: Callable[[Any], str], table: Callable[[list[str], list[list[str]]], str]
-) -> str:
+Table = Callable[[list[str], list[list[str]]], str]  # the report's HTML table of a head and rows
+
+
+def lm_section(cells: Sequence[LMCell], figure_uri: Callable[[Any], str], table: Table) -> str:
     """The section's HTML (empty unless every cell is a language model's): the figure (``figure_uri``
     embeds it) and a ``table`` of the perplexity before training and at the last round."""
     if not cells or not all(is_language_model(cell) for cell in cells):
