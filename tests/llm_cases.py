@@ -7,7 +7,19 @@ from collections.abc import Callable
 from pathlib import Path
 
 import numpy as np
+import pytest
 
+
+def llm_extra() -> bool:
+    """Whether the llm extra (transformers) can be imported."""
+    try:
+        import transformers  # noqa: F401
+    except ImportError:
+        return False
+    return True
+
+
+needs_llm = pytest.mark.skipif(not llm_extra(), reason="needs the llm extra: pip install 'fedge[llm]'")
 WORDS = ("the", "cut", "layer", "client", "server", "token", "adapter", "round", "model", "edge", "radio")
 
 
@@ -63,7 +75,7 @@ def bert_run(root, algorithm: dict, *, clients: int = 3, **overrides) -> dict:
         "output": {"plots": False},
     }
     for key, value in overrides.items():
-        raw[key] = {**raw.get(key, {}), **value}
+        raw[key] = {**raw.get(key, {}), **value} if isinstance(value, dict) else value
     return raw
 
 

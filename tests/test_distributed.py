@@ -23,6 +23,7 @@ import children
 import numpy as np
 import pytest
 import torch
+from llm_cases import llm_extra, needs_llm
 
 import fedge
 import fedge.algorithms.decentralized.training as peer
@@ -135,6 +136,13 @@ def configs(tmp_path: Path) -> dict[str, dict]:
         ),  # 12 of 30 pairs: probed pair by pair
         **{name: peer_config(tmp_path, name) for name in PEER},
         **{name: split_config(tmp_path, name) for name in SPLIT},
+        **(lm_configs(tmp_path) if llm_extra() else {}),  # the language models need the llm extra
+    }
+
+
+def lm_configs(tmp_path: Path) -> dict[str, dict]:
+    """The language-model cases: FedAvg and the split algorithms of :data:`LM_SPLIT`."""
+    return {
         "lm_fedavg": lm_config(tmp_path),
         **{f"lm_{name}": lm_split_config(tmp_path, name) for name in LM_SPLIT},
     }
@@ -314,7 +322,7 @@ def final_state(run_dir: Path) -> np.ndarray:
     return np.concatenate(flat_state(algorithm_state(run_dir)))
 
 
-LM = ["lm_fedavg", *(f"lm_{name}" for name in LM_SPLIT)]
+LM = [pytest.param(name, marks=needs_llm) for name in ("lm_fedavg", *(f"lm_{name}" for name in LM_SPLIT))]
 
 
 @pytest.mark.parametrize("name", ["fedavg", "hist", "hfedavg", "gossip", *AFIND, *PEER, *SPLIT, *LM])

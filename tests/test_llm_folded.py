@@ -6,7 +6,7 @@ from unittest import mock
 
 import pytest
 import torch
-from llm_cases import lm_config, write_corpus
+from llm_cases import lm_config, needs_llm, write_corpus
 from torch.func import vmap
 
 import fedge
@@ -28,6 +28,7 @@ def _model(corpus, **options):
     return build_run(fedge.resolve_config(raw)).context.build_model()
 
 
+@needs_llm
 def test_a_lora_transformer_folds_and_a_fully_trained_one_does_not(corpus):
     assert folds_clients(_model(corpus))
     assert not folds_clients(_model(corpus, lora_rank=0))  # its norms and projections train: not per row
@@ -74,6 +75,7 @@ def _state(algorithm) -> dict:
     return {**algorithm.client["params"], **algorithm.server.params}
 
 
+@needs_llm
 @pytest.mark.parametrize("name", ["fedavg", "splitfed_v2", "cse_fsl"])
 @pytest.mark.parametrize("positions", [2048, 128])  # every client in one pass; one client a pass
 def test_folded_vmapped_and_sequential_runs_agree(corpus, name, positions, monkeypatch):
@@ -102,6 +104,7 @@ def test_folded_vmapped_and_sequential_runs_agree(corpus, name, positions, monke
         assert built.context.ledger.totals() == ref.context.ledger.totals()
 
 
+@needs_llm
 def test_a_run_with_lora_dropout_keeps_the_vmapped_path(corpus):
     """Folding cannot draw each client's own dropout masks, so random layers keep ``vmap``."""
     raw = lm_config(corpus, {"name": "fedavg"})
@@ -111,6 +114,7 @@ def test_a_run_with_lora_dropout_keeps_the_vmapped_path(corpus):
     assert not spy.called
 
 
+@needs_llm
 def test_a_folded_step_trims_the_padding_of_a_short_last_batch(corpus):
     """Three clients of 70 sequences in batches of 8: the ninth step holds 6 real rows per client, and the
     folded kernel computes those rows only (the sequential executor does the same; the runs agree above)."""

@@ -7,7 +7,8 @@ The estimate is rough on purpose (float32 values, 4 bytes each) and errs high:
   the least batch plan any partition can give -- so ten million clients are refused in a second, not
   after minutes of drawing and partitioning;
 - the data: a synthetic set from its config, before it is drawn; any other set as loaded;
-- the model: parameters and buffers counted on the meta device (nothing allocated), held as the global
+- the model: parameters and buffers counted on the meta device (nothing allocated; a pretrained
+  checkpoint's sizes from its config, no weights read), held as the global
   model, its gradient and the optimizer's slots (one for momentum); a transformer's frozen base (the
   tensors outside its trained state under LoRA) once, whatever the number of clients;
 - the clients: every client's model stacked, with its optimizer slots;
@@ -36,7 +37,7 @@ from fedge.config import RunConfig
 from fedge.data.federated import FederatedData
 from fedge.errors import ConfigError
 from fedge.models import build_model
-from fedge.models.transformer import frozen_values
+from fedge.models.transformer import frozen_values, sizes_only
 
 FLOAT_BYTES = 4
 PLAN_BYTES = 8 + 4  # an int64 sample index and a float32 weight per batch entry
@@ -112,9 +113,10 @@ def _model_values(
     config: RunConfig, input_shape: tuple[int, ...], num_classes: int, model: nn.Module | None = None
 ) -> tuple[int, int]:
     """Values in the model's parameters and buffers, and in its frozen tensors (a transformer's base),
-    counted on the meta device (nothing allocated); a caller's ``model`` is counted as it is."""
+    counted on the meta device (nothing allocated; a pretrained checkpoint built from its config, its
+    weights not read); a caller's ``model`` is counted as it is."""
     if model is None:
-        with torch.random.fork_rng(devices=[]), torch.device("meta"):
+        with torch.random.fork_rng(devices=[]), torch.device("meta"), sizes_only():
             model = build_model(config.model.name, input_shape, num_classes, **config.model.options)
     return sum(t.numel() for t in (*model.parameters(), *model.buffers())), frozen_values(model)
 

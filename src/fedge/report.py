@@ -6,7 +6,8 @@ between cells. The page shows accuracy against rounds, MB and simulated seconds 
 seeds with a band of one standard deviation), the simulated time and energy by phase and node tier, the
 time-to-target table, the cost per link (ledger kind and direction) and per node (traffic, peak storage
 and simulated energy), the config diff between cells and each cell's runs. Figures are PNG data URIs:
-the file opens anywhere, with no network.
+the file opens anywhere, with no network. A language model's runs also get their held-out loss and
+perplexity from round 0, the model before training (:mod:`fedge.report_lm`).
 """
 
 from __future__ import annotations
@@ -30,6 +31,7 @@ import yaml
 from fedge import results
 from fedge.labels import config_diff, labels
 from fedge.records import MIB, evaluated
+from fedge.report_lm import lm_section
 from fedge.report_selection import selection_section
 from fedge.rundirs import find_run_dirs
 
@@ -452,6 +454,7 @@ def render(paths: str | Path | Sequence[str | Path], targets: list[float] | None
         "MB = 2<sup>20</sup> bytes over all links; simulated time from the wireless system model."
         "</figcaption></figure>"
     )
+    parts.append(lm_section(cells, _figure_uri, _table))
     parts.append(selection_section(cells, _figure_uri))
     if levels:
         parts.append("<h2>Time to target accuracy</h2>")

@@ -3,7 +3,8 @@
 The byte-level tokenizer maps a text to its UTF-8 bytes: a vocabulary of 256 tokens, no file, no
 download, every text representable (a character-level model for ASCII text). A Hugging Face tokenizer
 (``data.tokenizer``: a hub name or a local folder) gives a pretrained model the ids it was trained on; it
-is read from the local cache, and downloaded only with ``data.download: true``.
+is read from the local cache, and downloaded only with ``data.download: true``; a tokenizer that would run
+code of its own (an ``auto_map``) is refused (:mod:`fedge.remote_code`).
 """
 
 from __future__ import annotations
@@ -13,6 +14,7 @@ from typing import Any, Protocol
 import numpy as np
 
 from fedge.errors import ConfigError
+from fedge.remote_code import refuse_local
 
 BYTES = "bytes"
 FRAMING_PROBE = "a sample"  # a text whose framing shows a tokenizer's special tokens
@@ -78,8 +80,11 @@ class HFTokenizer:
             raise ConfigError(
                 "data.tokenizer", "a Hugging Face tokenizer needs the llm extra: fedge[llm]"
             ) from None
+        refuse_local(name, "data.tokenizer", False, "")
         try:
-            self.tokenizer = transformers.AutoTokenizer.from_pretrained(name, local_files_only=not download)
+            self.tokenizer = transformers.AutoTokenizer.from_pretrained(
+                name, local_files_only=not download, trust_remote_code=False
+            )
         except (OSError, ValueError) as error:
             hint = "" if download else " (set data.download: true to fetch it)"
             raise ConfigError("data.tokenizer", f"cannot load {name!r}{hint}: {error}") from None

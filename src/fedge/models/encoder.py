@@ -41,6 +41,7 @@ from fedge.models.transformer import (
     _no_dropout,
     _output,
     adapt,
+    from_checkpoint,
     pretrained_config,
     real_tokens,
 )
@@ -169,21 +170,22 @@ def bert_config(vocab: int, classes: int, positions: int, layers: int, hidden: i
     )  # fmt: skip
 
 
-def _hf_classifier(config: Any, pretrained: str | None, download: bool, classes: int) -> nn.Module:
+def _hf_classifier(
+    config: Any, pretrained: str | None, download: bool, classes: int, trust: bool
+) -> nn.Module:
     """transformers' ``BertForSequenceClassification``, from ``config`` (random weights) or a checkpoint
-    (its classifier drawn fresh for ``classes`` labels)."""
+    (its classifier drawn fresh for ``classes`` labels; ``trust``: it may run code of its own)."""
     transformers = _import_transformers()
     transformers.AttentionInterface.register(BIDIRECTIONAL, bidirectional_attention)
     if pretrained is None:
         auto = transformers.AutoModelForSequenceClassification
         return auto.from_config(config, attn_implementation=BIDIRECTIONAL)
-    loaded = pretrained_config(pretrained, download, ("bert",))
+    loaded = pretrained_config(pretrained, download, ("bert",), trust)
     loaded.num_labels = classes
     for key in ("hidden_dropout_prob", "attention_probs_dropout_prob", "classifier_dropout"):
         setattr(loaded, key, 0.0)
-    return transformers.AutoModelForSequenceClassification.from_pretrained(
-        pretrained, config=loaded, local_files_only=not download, attn_implementation=BIDIRECTIONAL
-    )
+    auto = transformers.AutoModelForSequenceClassification
+    return from_checkpoint(auto, pretrained, loaded, download, trust, attn_implementation=BIDIRECTIONAL)
 
 
 def build_bert(
@@ -202,12 +204,14 @@ def build_bert(
     lora_alpha: Annotated[float, Field(gt=0.0)] = 16.0,
     lora_dropout: Probability = 0.0,
     lora_targets: tuple[str, ...] | None = None,
+    trust_remote_code: bool = False,
 ) -> SequenceClassifier:
     """BERT sequence classifier cut after encoder block k (LoRA r=8 on query, value; classifier trained).
 
     Input: token ids ``[sequence]`` per sample, ids below ``vocab`` (256: the byte tokenizer);
     ``num_classes`` is the number of labels. ``lora_rank: 0`` trains every weight. ``pretrained``: a
     checkpoint folder or hub name (downloaded only with ``download``); sizes then come from it.
+    ``trust_remote_code``: let a checkpoint whose config has an ``auto_map`` run its own Python code.
     """
     if len(input_shape) != 1:
         raise ConfigError("model.name", f"bert reads token sequences; got shape {list(input_shape)}")
@@ -215,7 +219,7 @@ def build_bert(
     if pretrained is None and hidden % heads:
         raise ConfigError("model.options.heads", f"hidden {hidden} is not a multiple of heads {heads}")
     config = bert_config(vocab, num_classes, positions or sequence, layers, hidden, heads, intermediate)
-    hf = _hf_classifier(config, pretrained, download, num_classes)
+    hf = _hf_classifier(config, pretrained, download, num_classes, trust_remote_code)
     limit = hf.config.max_position_embeddings
     if sequence > limit:
         raise ConfigError("data.seq_len", f"sequence {sequence} is longer than the model's {limit} positions")

@@ -24,9 +24,11 @@ name that is downloaded only with ``download: true``.
 
 from __future__ import annotations
 
+import contextlib
+import contextvars
 import inspect
 from collections import OrderedDict
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from typing import Annotated, Any, Literal, get_type_hints
 
 import torch
@@ -38,6 +40,7 @@ from fedge.errors import ConfigError
 from fedge.models.base import SplitModel
 from fedge.models.layers import Probability
 from fedge.models.lora import FoldsClients, add_adapters, freeze
+from fedge.remote_code import refuse_loaded, refuse_local
 
 LLAMA_FAMILY = ("llama", "qwen2", "mistral")
 ARCHITECTURES = ("gpt2", *LLAMA_FAMILY)
@@ -45,6 +48,32 @@ LANGUAGE_MODELS = ("gpt2", "llama")  # the model registry's names of these build
 # LoRA's usual attention targets per architecture (peft's defaults)
 ATTENTION = {"gpt2": ("c_attn",), **{arch: ("q_proj", "v_proj") for arch in LLAMA_FAMILY}}
 NonNegative = Annotated[int, Field(ge=0)]
+TRUST_HINT = " (model.options.trust_remote_code: true allows it)"
+_SIZES_ONLY = contextvars.ContextVar("fedge_sizes_only", default=False)
+
+
+@contextlib.contextmanager
+def sizes_only() -> Iterator[None]:
+    """Within it, a pretrained model is built from its checkpoint's config alone, its weights not read:
+    what the memory pre-flight counts on the meta device (transformers refuses ``from_pretrained`` there),
+    with the parameters, buffers and adapters the loaded model has."""
+    token = _SIZES_ONLY.set(True)
+    try:
+        yield
+    finally:
+        _SIZES_ONLY.reset(token)
+
+
+def from_checkpoint(
+    auto: Any, pretrained: str, config: Any, download: bool, trust: bool, **kwargs: Any
+) -> Any:
+    """``auto.from_pretrained`` of the checkpoint, or (within :func:`sizes_only`) ``auto.from_config`` of
+    its ``config``, no weights read."""
+    if _SIZES_ONLY.get():
+        return auto.from_config(config, trust_remote_code=trust, **kwargs)
+    return auto.from_pretrained(
+        pretrained, config=config, local_files_only=not download, trust_remote_code=trust, **kwargs
+    )
 
 
 ATTENTION_NAME = "fedge_causal"
@@ -298,21 +327,23 @@ def _import_transformers() -> Any:
     return transformers
 
 
-def _hf_model(arch: str, spec: dict[str, Any], pretrained: str | None, download: bool) -> nn.Module:
-    """The transformers causal LM, from a checkpoint or from ``spec`` sizes (random weights)."""
+def _hf_model(
+    arch: str, spec: dict[str, Any], pretrained: str | None, download: bool, trust: bool
+) -> nn.Module:
+    """The transformers causal LM, from a checkpoint or from ``spec`` sizes (random weights); ``trust``:
+    the checkpoint may run code of its own."""
     transformers = _import_transformers()
     _register_attention(transformers)
     if pretrained is None:
         config = hf_config(arch, **spec)
         return transformers.AutoModelForCausalLM.from_config(config, attn_implementation=ATTENTION_NAME)
-    config = pretrained_config(pretrained, download, ARCHITECTURES)
+    config = pretrained_config(pretrained, download, ARCHITECTURES, trust)
     for key in ("attn_pdrop", "resid_pdrop", "embd_pdrop", "attention_dropout"):
         if hasattr(config, key):
             setattr(config, key, 0.0)
     _fused_activation(config)
-    return transformers.AutoModelForCausalLM.from_pretrained(
-        pretrained, config=config, local_files_only=not download, attn_implementation=ATTENTION_NAME
-    )
+    auto = transformers.AutoModelForCausalLM
+    return from_checkpoint(auto, pretrained, config, download, trust, attn_implementation=ATTENTION_NAME)
 
 
 def _fused_activation(config: Any) -> None:
@@ -323,12 +354,18 @@ def _fused_activation(config: Any) -> None:
         config.activation_function = "gelu_pytorch_tanh"
 
 
-def pretrained_config(pretrained: str, download: bool, supported: tuple[str, ...] | list[str]) -> Any:
+def pretrained_config(
+    pretrained: str, download: bool, supported: tuple[str, ...] | list[str], trust: bool = False
+) -> Any:
     """A checkpoint's transformers config (the hub only with ``download``), refused in one line when it
-    cannot be read or names an architecture outside ``supported``."""
+    cannot be read, names an architecture outside ``supported``, or (unless ``trust``) asks to run code of
+    its own (an ``auto_map``: :mod:`fedge.remote_code`)."""
     transformers = _import_transformers()
+    refuse_local(pretrained, "model.options.pretrained", trust, TRUST_HINT)
     try:
-        config = transformers.AutoConfig.from_pretrained(pretrained, local_files_only=not download)
+        config = transformers.AutoConfig.from_pretrained(
+            pretrained, local_files_only=not download, trust_remote_code=trust
+        )
     except (OSError, ValueError) as error:
         hint = "" if download else " (set model.options.download: true to fetch it)"
         raise ConfigError("model.options.pretrained", f"cannot load {pretrained!r}{hint}: {error}") from None
@@ -337,6 +374,7 @@ def pretrained_config(pretrained: str, download: bool, supported: tuple[str, ...
             "model.options.pretrained",
             f"unknown architecture {config.model_type!r}; supported: {', '.join(supported)}",
         )
+    refuse_loaded(config, pretrained, "model.options.pretrained", trust, TRUST_HINT)
     return config
 
 
@@ -411,6 +449,7 @@ def build_causal_lm(
     lora_dropout: Probability = 0.0,
     lora_targets: tuple[str, ...] | None = None,
     pad_id: NonNegative | None = None,
+    trust_remote_code: bool = False,
 ) -> TransformerLM:
     """A causal transformer LM (GPT-2 or LLaMA family) of ``layers`` decoder blocks; LoRA r=8 on attention.
 
@@ -419,7 +458,8 @@ def build_causal_lm(
     ``c_attn`` / ``q_proj, v_proj``) train and the base is frozen. ``pretrained``: a checkpoint folder or
     hub name (downloaded only with ``download``); sizes then come from it. ``pad_id``: the id of
     right-padded sequences' pad positions, which the run sets from the data (``data.sequences: lines``);
-    unset for packed text, where every id is a real token.
+    unset for packed text, where every id is a real token. ``trust_remote_code``: let a checkpoint whose
+    config has an ``auto_map`` run its own Python code (refused otherwise).
     """
     if len(input_shape) != 1:
         raise ConfigError(
@@ -432,7 +472,7 @@ def build_causal_lm(
         raise ConfigError("model.options.heads", f"hidden {hidden} is not a multiple of heads {heads}")
     if pretrained is None and arch != "gpt2" and kv_heads is not None and heads % kv_heads:
         raise ConfigError("model.options.kv_heads", f"heads {heads} is not a multiple of kv_heads {kv_heads}")
-    hf = _hf_model(arch, spec, pretrained, download)
+    hf = _hf_model(arch, spec, pretrained, download, trust_remote_code)
     arch = hf.config.model_type
     if hf.config.vocab_size < num_classes:
         raise ConfigError(
