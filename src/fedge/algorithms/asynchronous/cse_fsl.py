@@ -31,7 +31,8 @@ from fedge.engine import ClientBank, weighted_sum
 from fedge.errors import ConfigError
 from fedge.metrics import RoundReport
 from fedge.system import SplitWork, split_round, training_flops
-from fedge.system.clock import CLIENT_COMPUTE, DOWNLINK, SERVER_COMPUTE, UPLINK, WAIT, RoundCost
+from fedge.system.arrivals import merge_path
+from fedge.system.clock import RoundCost
 from fedge.system.events import EventQueue, Job
 from fedge.tensors import Tensors, floating
 
@@ -250,7 +251,8 @@ class CseFslAsync(CseFsl):
         weights = self._merge(t, updates)
         closing = max(updates, key=lambda u: (u["time"], u["seq"]))  # the client model that closed it
         self.now = max(self.now, self.server_free)  # the merge waits for the server's backlog
-        self._charge_time(began, closing)
+        cost = merge_path(began, self.now, closing["start"], closing["time"], closing["seconds"])
+        self.ctx.system.charge(cost)
         return self._report(t, updates, figures, weights)
 
     def _merge(self, t: int, updates: list[dict[str, Any]]) -> torch.Tensor:
@@ -296,22 +298,6 @@ class CseFslAsync(CseFsl):
         }
 
     # --- the clock and the report ---------------------------------------------------------------------
-
-    def _charge_time(self, began: float, closing: dict[str, Any]) -> None:
-        """Advance the clock to the merge. On the critical path, the phases of the client model that
-        closed the round (those inside the round, in proportion), the server's backlog after it, and
-        the rest as ``wait``."""
-        seconds = self.now - began
-        start, arrival = closing["start"], closing["time"]
-        inside = max(0.0, arrival - max(start, began)) / max(arrival - start, 1e-300)
-        path = {}
-        for phase, spent in zip((DOWNLINK, CLIENT_COMPUTE, UPLINK), closing["seconds"], strict=True):
-            if spent * inside > 0:
-                path[phase] = spent * inside
-        if self.now > arrival:
-            path[SERVER_COMPUTE] = self.now - max(arrival, began)
-        path[WAIT] = max(seconds - sum(path.values()), 0.0)
-        self.ctx.system.charge(RoundCost(seconds, 0.0, path, {}))
 
     def _report(
         self,

@@ -24,7 +24,8 @@ from fedge.algorithms.asynchronous.work import LocalWork, cohort_size, draw_clie
 from fedge.algorithms.base import Context, GlobalModel
 from fedge.comm import nodes
 from fedge.metrics import RoundReport
-from fedge.system.clock import CLIENT_COMPUTE, DOWNLINK, SERVER, UPLINK, WAIT, RoundCost
+from fedge.system.arrivals import arrival_path
+from fedge.system.clock import CLIENT_COMPUTE, DOWNLINK, SERVER, UPLINK, RoundCost
 from fedge.system.events import EventQueue, Job
 from fedge.tensors import floating
 
@@ -152,7 +153,7 @@ class AsyncServer(GlobalModel):
         self.arrived = []
         self.version += 1
         self.refills = 0
-        self._charge_time(began, closing)
+        self.ctx.system.charge(arrival_path(began, self.now, closing["start"], closing["seconds"]))
         self.ctx.network.hold(
             nodes.clients([u["client"] for u in updates]), "model", {**self.params, **self.buffers}
         )
@@ -166,20 +167,6 @@ class AsyncServer(GlobalModel):
                 "in_flight": len(self.queue),
             },
         )
-
-    def _charge_time(self, began: float, closing: dict[str, Any]) -> None:
-        """Advance the clock to the server's time. The critical path is the job of the update that
-        closed the round: its phases inside the round, and as ``wait`` the time before it started."""
-        path: dict[str, float] = {}
-        if closing["start"] > began:
-            path[WAIT] = closing["start"] - began
-        lo = closing["start"]
-        for phase, seconds in zip((DOWNLINK, CLIENT_COMPUTE, UPLINK), closing["seconds"], strict=True):
-            inside = min(lo + seconds, self.now) - max(lo, began)
-            lo += seconds
-            if inside > 0:
-                path[phase] = inside
-        self.ctx.system.charge(RoundCost(self.now - began, 0.0, path, {}))
 
     # --- merging helpers ------------------------------------------------------------------------------
 
