@@ -143,9 +143,9 @@ def _keys_known_now(name: str) -> list[str] | None:
     """Algorithm ``name``'s keys, from the shipped schema or an algorithm registered already; None where
     knowing them would import a plugin (reading a config never does)."""
     from fedge.config import AlgorithmConfig, config_keys
-    from fedge.precheck import known_names  # precheck reads configs through this module
+    from fedge.schema_blocks import algorithm_blocks
 
-    blocks = known_names()["blocks"]
+    blocks = algorithm_blocks()
     if name in blocks:
         return config_keys(blocks[name])
     registered = AlgorithmConfig.registry.get(name)
