@@ -1,5 +1,6 @@
 """The aggregation pipeline every family shares: updates in, new state out (:mod:`.pipeline`)."""
 
+from fedge.aggregation import sites
 from fedge.aggregation.means import AnchoredMean, WeightedMean
 from fedge.aggregation.pipeline import SITES, Pipeline, build_pipeline
 from fedge.aggregation.registry import STAGES
@@ -18,4 +19,5 @@ __all__ = [
     "Updates",
     "WeightedMean",
     "build_pipeline",
+    "sites",
 ]

@@ -10,15 +10,16 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
+from fedge.aggregation import sites
 from fedge.aggregation.means import AnchoredMean, WeightedMean
 from fedge.aggregation.stage import Reducer, Stage
 
 SITE_MEANS: dict[str, type[Reducer]] = {
-    "server": WeightedMean,
-    "edge": WeightedMean,
-    "peer": WeightedMean,
-    "buffer": WeightedMean,
-    "cloud": AnchoredMean,
+    sites.SERVER: WeightedMean,
+    sites.EDGE: WeightedMean,
+    sites.PEER: WeightedMean,
+    sites.BUFFER: WeightedMean,
+    sites.CLOUD: AnchoredMean,
 }
 """The mean every site takes when no reducer is configured (its paper's)."""
 

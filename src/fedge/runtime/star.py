@@ -17,7 +17,7 @@ from functools import cached_property
 import numpy as np
 import torch
 
-from fedge.aggregation import Updates
+from fedge.aggregation import Updates, sites
 from fedge.comm import Link, nodes
 from fedge.data.federated import BatchPlan
 from fedge.distributed import Cohort
@@ -28,8 +28,6 @@ from fedge.runtime.availability import choose, online_clients
 from fedge.runtime.context import Context
 from fedge.system import star_round, training_flops
 from fedge.tensors import Tensors, floating
-
-SERVER_SITE = "server"
 
 
 def sample_clients(
@@ -105,8 +103,8 @@ class StarRound:
     def aggregate(self, stacked: Tensors, reference: Tensors) -> Tensors:
         """The server's new state from the participants' rows, through the server's pipeline (by default
         the sample-weighted mean); ``reference`` is the model they started from."""
-        updates = Updates.of(SERVER_SITE, self.round, stacked, self.weights, reference)
-        return self.ctx.pipeline(SERVER_SITE).reduce(updates, self.cohort)
+        updates = Updates.of(sites.SERVER, self.round, stacked, self.weights, reference)
+        return self.ctx.pipeline(sites.SERVER).reduce(updates, self.cohort)
 
     def hold(self, state: Tensors) -> None:
         """Every participant stores the new model (a FedAvg client keeps the last model it received)."""

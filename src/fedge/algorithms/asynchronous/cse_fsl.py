@@ -17,6 +17,7 @@ import numpy as np
 import torch
 from pydantic import PositiveInt
 
+from fedge.aggregation import Updates, sites
 from fedge.algorithms.asynchronous.uploads import DeferredExchange, Upload
 from fedge.algorithms.asynchronous.work import draw_clients, idle_online
 from fedge.algorithms.base import Context, register
@@ -27,7 +28,7 @@ from fedge.algorithms.split.round import Round
 from fedge.algorithms.split.tally import Tally
 from fedge.comm import nodes
 from fedge.comm.codecs import nonzero_counts, value_counts
-from fedge.engine import ClientBank, weighted_sum
+from fedge.engine import ClientBank
 from fedge.errors import ConfigError
 from fedge.metrics import RoundReport
 from fedge.system import SplitWork, split_round, training_flops
@@ -289,13 +290,13 @@ class CseFslAsync(CseFsl):
         scale = rnd.weights * torch.as_tensor(decay, device=rnd.weights.device)
         params = {k: uploaded.get(k, v) for k, v in rnd.rows.params.items()}
         delta = {k: v - torch.stack([u["base"][k] for u in updates]) for k, v in params.items()}
-        step = weighted_sum(delta, scale)
         old, lr = self.client["params"], self.cfg.global_lr
+        buffer = self.ctx.pipeline(sites.BUFFER)
+        no_change = {k: torch.zeros_like(v) for k, v in old.items()}  # a delta's reference
+        step = buffer.reduce(Updates.of(sites.BUFFER, rnd.t, delta, scale, no_change))
         buffers = {k: uploaded.get(k, v) for k, v in rnd.rows.buffers.items()}
-        return {
-            "params": {k: old[k] + lr * step[k] for k in old},
-            "buffers": weighted_sum(buffers, rnd.weights),
-        }
+        statistics = Updates.of(sites.BUFFER, rnd.t, buffers, rnd.weights, self.client["buffers"])
+        return {"params": {k: old[k] + lr * step[k] for k in old}, "buffers": buffer.reduce(statistics)}
 
     # --- the clock and the report ---------------------------------------------------------------------
 

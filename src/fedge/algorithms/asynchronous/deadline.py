@@ -8,14 +8,13 @@ import math
 import numpy as np
 import torch
 
-from fedge.aggregation import Updates
+from fedge.aggregation import Updates, sites
 from fedge.algorithms.asynchronous.config import DeadlineConfig
 from fedge.algorithms.asynchronous.work import LocalWork, Phases, cohort_size, draw_clients, truncated
 from fedge.algorithms.base import Context, GlobalModel, register
 from fedge.comm import nodes
 from fedge.data.federated import BatchPlan
 from fedge.metrics import RoundReport
-from fedge.runtime.star import SERVER_SITE
 from fedge.system.clock import WAIT, RoundCost
 from fedge.system.model import PhaseCost
 from fedge.system.rounds import along, spent
@@ -105,8 +104,8 @@ class FedAvgDeadline(GlobalModel):
         weights = (sizes / sizes.sum()).to(ctx.device)
         stacked = {k: up.payload[k] for k in trained.params}
         stacked.update({k: up.payload.get(k, v) for k, v in trained.buffers.items()})
-        updates = Updates.of(SERVER_SITE, t, stacked, weights, {**params, **buffers})
-        averaged = ctx.pipeline(SERVER_SITE).reduce(updates)
+        updates = Updates.of(sites.SERVER, t, stacked, weights, {**params, **buffers})
+        averaged = ctx.pipeline(sites.SERVER).reduce(updates)
         self.params = {k: averaged[k] for k in self.params}
         self.buffers = {k: averaged[k] for k in self.buffers}
         ctx.network.hold(senders, "model", {**self.params, **self.buffers})

@@ -7,14 +7,12 @@ from typing import Any
 import numpy as np
 import torch
 
-from fedge.aggregation import Updates
+from fedge.aggregation import Updates, sites
 from fedge.algorithms.asynchronous.config import PAPER_BUFFER, FedBuffConfig
 from fedge.algorithms.asynchronous.server import AsyncServer
 from fedge.algorithms.base import Context, register
 from fedge.errors import ConfigError
 from fedge.tensors import Tensors, floating
-
-BUFFER_SITE = "buffer"
 
 
 @register("fedbuff", FedBuffConfig, "FedBuff: asynchronous clients, the server aggregates every K updates")
@@ -48,16 +46,16 @@ class FedBuff(AsyncServer):
         weights = (sizes / sizes.sum()).to(self.ctx.device)
         stale = [self.staleness(u) for u in updates]
         current = {**self.params, **floating(self.buffers)}
-        buffer, number = self.ctx.pipeline(BUFFER_SITE), self.version + 1
+        buffer, number = self.ctx.pipeline(sites.BUFFER), self.version + 1
         if cfg.server_lr == 1.0 and not any(stale):  # FedAvg's average, rounded as FedAvg rounds it
             models = _stacked(updates, "model", current)
-            merged = buffer.reduce(Updates.of(BUFFER_SITE, number, models, weights, current))
+            merged = buffer.reduce(Updates.of(sites.BUFFER, number, models, weights, current))
         else:
             scale = [1.0 / np.sqrt(1.0 + tau) if cfg.staleness == "sqrt" else 1.0 for tau in stale]
             scaled = weights * torch.as_tensor(scale, dtype=torch.float64, device=weights.device)
             zero = {k: torch.zeros_like(v) for k, v in current.items()}  # a delta's reference: no change
             deltas = _stacked(updates, "delta", current)
-            step = buffer.reduce(Updates.of(BUFFER_SITE, number, deltas, scaled, zero))
+            step = buffer.reduce(Updates.of(sites.BUFFER, number, deltas, scaled, zero))
             merged = {k: v + cfg.server_lr * step[k] for k, v in current.items()}
         self.params = {k: merged[k] for k in self.params}
         self.buffers = {k: merged.get(k, v) for k, v in self.buffers.items()}

@@ -11,7 +11,7 @@ from __future__ import annotations
 import numpy as np
 import torch
 
-from fedge.aggregation import Part, Updates
+from fedge.aggregation import Part, Updates, sites
 from fedge.algorithms.base import Context
 from fedge.algorithms.decentralized.config import PeerConfig
 from fedge.algorithms.decentralized.probes import ProbeBatches, probe_batches
@@ -33,8 +33,6 @@ def sample_peers(seed: int, purpose: str, round_: int, allowed: np.ndarray, k: i
             chosen[i, take] = True
     return chosen
 
-
-PEER_SITE = "peer"
 
 
 class PeerExchange:
@@ -76,8 +74,8 @@ class PeerExchange:
             own = torch.zeros_like(weights, dtype=torch.bool)
             own[:, :n] = torch.eye(n, dtype=torch.bool, device=weights.device)
             parts = (Part(shared, weights * own), Part(self.peer_rows(shared), weights * ~own))
-        updates = Updates(PEER_SITE, self.round, parts, {k: v[:n] for k, v in shared.items()})
-        mixed = self.ctx.pipeline(PEER_SITE).reduce(updates)
+        updates = Updates(sites.PEER, self.round, parts, {k: v[:n] for k, v in shared.items()})
+        mixed = self.ctx.pipeline(sites.PEER).reduce(updates)
         new_p = {k: mixed[k] if k in mixed else v[:n] for k, v in params.items()}
         new_b = {k: mixed[k] if k in mixed else v[:n] for k, v in buffers.items()}
         return new_p, new_b

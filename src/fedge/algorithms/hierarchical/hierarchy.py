@@ -22,7 +22,7 @@ from typing import Any, ClassVar
 import numpy as np
 import torch
 
-from fedge.aggregation import Updates
+from fedge.aggregation import Updates, sites
 from fedge.algorithms.base import Algorithm, Context
 from fedge.algorithms.hierarchical.aggregation import EdgeAggregation
 from fedge.algorithms.hierarchical.cells import Cells, split_data
@@ -46,8 +46,6 @@ from fedge.engine import (
 )
 from fedge.metrics import Evaluation, RoundReport
 from fedge.system import CellsWork, cells_round
-
-CLOUD_SITE = "cloud"
 
 
 class HierarchicalFL(CellTransfers, EdgeAggregation, Algorithm):
@@ -137,7 +135,7 @@ class HierarchicalFL(CellTransfers, EdgeAggregation, Algorithm):
         cells = self.cells.num_cells
         weights = torch.full((cells,), 1.0 / cells, dtype=torch.float64, device=self.ctx.device)
         reference = {k: v for k, v in (self.params | self.buffers).items() if k in shared}
-        return self.ctx.pipeline(CLOUD_SITE).reduce(Updates.of(CLOUD_SITE, t, shared, weights, reference))
+        return self.ctx.pipeline(sites.CLOUD).reduce(Updates.of(sites.CLOUD, t, shared, weights, reference))
 
     def _edge_round(
         self,

@@ -19,7 +19,7 @@ from collections.abc import Callable
 import numpy as np
 import torch
 
-from fedge.aggregation import Pipeline, Updates
+from fedge.aggregation import Pipeline, Updates, sites
 from fedge.algorithms.base import Context
 from fedge.algorithms.split.parts import SplitParts, aux_only, composed, trunk_only
 from fedge.algorithms.split.round import Round
@@ -27,7 +27,6 @@ from fedge.comm import Link, Network, nodes, state_bits
 from fedge.distributed.evaluate import evaluate_model_on
 from fedge.engine import stack_copies
 from fedge.metrics import Evaluation
-from fedge.runtime.star import SERVER_SITE
 from fedge.tensors import Tensors, floating
 
 Part = Callable[[Tensors], Tensors]
@@ -89,7 +88,7 @@ class ClientModels:
         buffers = {k: uploaded.get(k, v) for k, v in rnd.rows.buffers.items()}
         weights = rnd.weights[rnd.cohort.rows]
         reference = {**old["params"], **old["buffers"]}
-        updates = Updates.of(SERVER_SITE, rnd.t, {**params, **buffers}, weights, reference)
+        updates = Updates.of(sites.SERVER, rnd.t, {**params, **buffers}, weights, reference)
         average = self.pipeline.reduce(updates, rnd.cohort)
         before, step = old["params"], self.global_lr
         new = {k: average[k] if step == 1.0 else before[k] + step * (average[k] - before[k]) for k in params}

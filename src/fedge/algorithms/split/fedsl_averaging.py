@@ -6,11 +6,10 @@ from __future__ import annotations
 import numpy as np
 import torch
 
-from fedge.aggregation import Pipeline, Updates
+from fedge.aggregation import Pipeline, Updates, sites
 from fedge.comm import Link, Network, nodes
 from fedge.distributed import Cohort
 from fedge.engine import stack_copies
-from fedge.runtime.star import SERVER_SITE
 from fedge.tensors import Tensors, floating
 
 States = dict[str, Tensors]  # stacked "params", "buffers" and "masks" of clients
@@ -54,7 +53,7 @@ class Averaging:
         device = next(iter(params.values())).device
         uniform = torch.full((len(cohort),), 1.0 / n, dtype=torch.float64, device=device)
         received = {k: up.payload.get(k, v) for k, v in {**params, **buffers}.items()}
-        summed = self.pipeline.reduce(Updates.of(SERVER_SITE, t, received, uniform), cohort)
+        summed = self.pipeline.reduce(Updates.of(sites.SERVER, t, received, uniform), cohort)
         mean_params, mean_buffers = {k: summed[k] for k in params}, {k: summed[k] for k in buffers}
         mean = {**mean_params, **floating(mean_buffers)}
         down = self.link.send(t, nodes.SERVER, self.clients, "model_down", mean)

@@ -44,6 +44,7 @@ from __future__ import annotations
 import numpy as np
 import torch
 
+from fedge.aggregation import sites
 from fedge.algorithms.base import Algorithm, Context, register
 from fedge.algorithms.split.config import SPLIT_BATCHED_FROM
 from fedge.algorithms.split.copies import MeanGradientServer
@@ -126,7 +127,7 @@ class LightFedSL(Algorithm):
         self.flops = count_flops(self.parts)
         self.nodes = nodes.clients(range(n))
         pruned = self.knobs.final_sparsity > 0
-        server_pipeline = ctx.pipeline("server")
+        server_pipeline = ctx.pipeline(sites.SERVER)
         self.averaging = Averaging(network, self.models, self.cohort, self.nodes, pruned, server_pipeline)
         self.totals = {"comm_seconds": 0.0, "agg_seconds": 0.0}
         network.hold(nodes.SERVER, "server_model", self.server.storage_bits(n))

@@ -21,6 +21,7 @@ from abc import abstractmethod
 import numpy as np
 import torch
 
+from fedge.aggregation import sites
 from fedge.algorithms.base import Algorithm, Context
 from fedge.algorithms.optimizer_state import ClientOptimizerStates
 from fedge.algorithms.split.client_model import ClientModels, Part, evaluate_split
@@ -92,7 +93,7 @@ class SplitLearning(Algorithm):
         self.exchange = ServerExchange(ctx.network, codecs, self.server, order, ctx.cohorts, padded)
         self.up, self.down = ctx.network.link(cfg.codec_up), ctx.network.link(cfg.codec_down)
         self.models = ClientModels(
-            self.up, self.down, self.clients.shares_aux, cfg.global_lr, ctx.device, ctx.pipeline("server")
+            self.up, self.down, self.clients.shares_aux, cfg.global_lr, ctx.device, ctx.pipeline(sites.SERVER)
         )
         self.local_steps = LocalSteps(ctx.data, self.clients, self.exchange, self.uploads_at, cfg.agg_every,
                                       self._synchronise)  # fmt: skip
