@@ -78,6 +78,17 @@ def write_jsonl(path: Path, rows: Iterable[dict]) -> None:
     write_text(path, "".join(json.dumps(strict_json(row), allow_nan=False) + "\n" for row in rows))
 
 
+def append_jsonl(path: Path, row: dict) -> None:
+    """Add ``row`` as the last line of ``path``. Not atomic by itself: a run's checkpoint records how
+    many rows are its own, and a resume drops a line a kill left half-written (``Runner.settle``)."""
+    line = json.dumps(strict_json(row), allow_nan=False) + "\n"
+    try:
+        with open(path, "a", encoding="utf-8") as handle:
+            handle.write(line)
+    except OSError as error:
+        raise PathError(path, f"cannot be written ({_reason(error)})") from None
+
+
 def read_jsonl(path: Path) -> list[dict]:
     """The rows of a JSON-lines file; a one-line :class:`PathError` if it cannot be read or parsed."""
     try:
