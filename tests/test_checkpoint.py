@@ -420,13 +420,14 @@ def test_state_made_as_rounds_go_fits_and_nothing_else_does():
 
 def test_a_checkpoint_does_not_grow_with_the_rounds_behind_it(tmp_path):
     """The past (rows, ledger transfers) goes to the append-only journal: the checkpoint after round 30
-    is the size of the one after round 3, and the journal grows by the same bytes per round."""
+    is the size of the one after round 3 (a row is about 1 KB), and the journal grows by the same bytes
+    per round."""
     sizes = {}
     for rounds in (3, 30):
         result = fedge.run(tiny("fedavg", tmp_path / f"r{rounds}", rounds=rounds))
         path = result.run_dir / "checkpoint.pt"
         sizes[rounds] = (path.stat().st_size, checkpoint.journal_path(path).stat().st_size)
-    assert sizes[30][0] == sizes[3][0], sizes
+    assert abs(sizes[30][0] - sizes[3][0]) < 16, sizes  # the header's numbers have more digits
     assert 5 < sizes[30][1] / sizes[3][1] < 15, sizes  # about ten times the rounds, ten times the journal
 
 
