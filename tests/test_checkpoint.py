@@ -456,9 +456,9 @@ def test_a_kill_between_the_journal_and_the_checkpoint_resumes_to_the_identical_
     wall = ("wall_seconds",)
     strip = [
         [{k: v for k, v in row.items() if k not in wall} for row in rows]
-        for rows in (results.read_jsonl(interrupted / "metrics.jsonl"), reference.metrics)
+        for rows in (results.read_jsonl(interrupted / "metrics.jsonl"), result.metrics, reference.metrics)
     ]
-    assert strip[0] == strip[1]
+    assert strip[0] == strip[1] == strip[2]
     assert (interrupted / "ledger.csv").read_bytes() == (reference.run_dir / "ledger.csv").read_bytes()
 
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import signal
@@ -133,10 +134,8 @@ def _cut_after_round_2(raw: dict) -> Path:
         if t == 2:
             raise KeyboardInterrupt
 
-    try:
+    with contextlib.suppress(KeyboardInterrupt):
         fedge.run(raw, on_round=stop)
-    except KeyboardInterrupt:
-        pass
     (run_dir,) = Path(raw["output"]["dir"]).iterdir()
     return run_dir
 

@@ -257,7 +257,11 @@ class Journal:
         names it is written)."""
         head, chunks = _body(record)
         length = len(head) + sum(raw.nbytes + len(pad) for raw, pad in chunks)
-        parts = [length.to_bytes(8, "little"), head, *(b for raw, pad in chunks for b in (raw.tobytes(), pad))]
+        parts = [
+            length.to_bytes(8, "little"),
+            head,
+            *(b for raw, pad in chunks for b in (raw.tobytes(), pad)),
+        ]
         try:
             with open(self.path, "r+b" if self.size else "wb") as handle:
                 handle.seek(self.size)
@@ -293,7 +297,9 @@ def journal_path(path: Path) -> Path:
     return path.with_name(f"{path.stem}.history")
 
 
-def save(path: Path, state: dict[str, Any], config: RunConfig, round_: int, journal: Journal | None = None) -> None:
+def save(
+    path: Path, state: dict[str, Any], config: RunConfig, round_: int, journal: Journal | None = None
+) -> None:
     """Write ``state`` (the run's state after ``round_``) to ``path`` atomically; with ``journal``, the
     header names the journal's bytes written so far as the rest of the state."""
     body_head, chunks = _body(state)

@@ -100,7 +100,9 @@ def with_history(saved: Checkpoint, path: Path) -> Checkpoint:
             kept = [np.asarray(part) for part in found if part is not None and len(part)]
             columns[key] = np.concatenate(kept) if kept else np.zeros(0, dtype=np.int64)
     except (KeyError, TypeError, ValueError, AttributeError) as error:
-        raise CheckpointError(path, f"does not fit its checkpoint ({type(error).__name__}: {error})") from None
+        raise CheckpointError(
+            path, f"does not fit its checkpoint ({type(error).__name__}: {error})"
+        ) from None
     state.update(rows=[*state.get("rows", []), *rows], ledger={**ledger, "columns": columns})
     return Checkpoint(saved.header, state, saved.records, saved.journal)
 
