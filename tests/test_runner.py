@@ -12,6 +12,8 @@ import time
 from pathlib import Path
 
 import yaml
+from cases import invoke, tiny
+from llm_cases import lm_config, write_corpus
 
 import fedge
 from fedge import checkpoint, results
@@ -145,8 +147,6 @@ def _files(run_dir: Path) -> dict[str, bytes]:
 
 
 def _refused_naming(run_dir: Path, key: str, changed: Path) -> None:
-    from cases import invoke
-
     before = _files(run_dir)
     outcome = invoke(["resume", str(run_dir), "-q"])
     assert outcome.exception is None and outcome.code == 2, outcome.output
@@ -156,8 +156,6 @@ def _refused_naming(run_dir: Path, key: str, changed: Path) -> None:
 
 
 def test_a_resume_refuses_a_device_profile_file_that_changed_and_continues_with_the_original(tmp_path):
-    from cases import tiny
-
     profile = tmp_path / "devices.csv"
     profile.write_text("client,cpu_hz\n0,1e7\n1,2e9\n2,3e9\n3,4e9\n")
     raw = tiny("fedbuff", tmp_path / "runs", rounds=4)
@@ -173,8 +171,6 @@ def test_a_resume_refuses_a_device_profile_file_that_changed_and_continues_with_
 
 
 def test_a_resume_refuses_a_text_file_that_grew(tmp_path):
-    from llm_cases import lm_config, write_corpus
-
     corpus = write_corpus(tmp_path / "corpus")
     raw = lm_config(corpus, {"name": "fedavg"}, rounds=4)
     raw["model"].pop("cut")
