@@ -490,3 +490,12 @@ def test_a_damaged_journal_is_refused_in_one_line_and_nothing_changes(interrupte
     assert outcome.exception is None and outcome.code == 2, outcome.output
     assert len(outcome.lines) == 1 and outcome.lines[0].startswith(f"error: {path}: {needle}"), outcome.output
     assert {k: v for k, v in _snapshot(interrupted).items() if k != path.name} == before
+
+
+def test_a_row_being_appended_is_not_read_as_damage(interrupted):
+    """A reader (``fedge plot``, a resume) of a live or killed run may meet the last line half-written."""
+    rows = results.read_jsonl(interrupted / "metrics.jsonl")
+    with (interrupted / "metrics.jsonl").open("a") as metrics:
+        metrics.write('{"round": 3, "accur')
+    assert results.read_jsonl(interrupted / "metrics.jsonl") == rows
+    assert invoke(["plot", str(interrupted)]).code == 0

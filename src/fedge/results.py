@@ -90,9 +90,11 @@ def append_jsonl(path: Path, row: dict) -> None:
 
 
 def read_jsonl(path: Path) -> list[dict]:
-    """The rows of a JSON-lines file; a one-line :class:`PathError` if it cannot be read or parsed."""
+    """The rows of a JSON-lines file; a one-line :class:`PathError` if it cannot be read or parsed. A last
+    line without its newline that is no JSON object yet is a row being appended, and is left out."""
     try:
-        lines = Path(path).read_text().splitlines()
+        text = Path(path).read_text()
+        lines = text.splitlines()
     except (OSError, UnicodeDecodeError) as error:
         reason = _reason(error) if isinstance(error, OSError) else "not UTF-8 text"
         raise PathError(path, f"cannot be read ({reason})") from None
@@ -105,6 +107,8 @@ def read_jsonl(path: Path) -> list[dict]:
         except json.JSONDecodeError:
             row = None
         if not isinstance(row, dict):
+            if number == len(lines) and not text.endswith("\n"):
+                break  # a row still being appended (or cut off by a kill: a resume drops it)
             raise PathError(path, f"line {number} is not a JSON object")
         rows.append(row)
     return rows
