@@ -82,10 +82,10 @@ def check(run_dir: Path, config: RunConfig) -> None:
     advice = "resume needs the inputs the run started with (restore it, or start a new run)"
     for key in sorted(set(started) | set(now)):
         before, after = started.get(key), now.get(key)
-        if before is None or after is None:
-            where = (before or after)["path"]
-            state = "is gone" if after is None else "was not there when the run started"
-            raise ConfigError(key, f"{where} {state}; {advice}")
+        if after is None:
+            raise ConfigError(key, f"{started[key]['path']} is gone; {advice}")
+        if before is None:
+            raise ConfigError(key, f"{after['path']} was not there when the run started; {advice}")
         base = Path(after["path"])
         for name in sorted(set(before["sha256"]) | set(after["sha256"])):
             file = base if name == "." else base / name
