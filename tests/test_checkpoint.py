@@ -18,7 +18,7 @@ import yaml
 from cases import invoke, read_only, tiny
 
 import fedge
-from fedge import checkpoint, results
+from fedge import checkpoint, restore, results
 from fedge.config import parse_config
 from fedge.errors import CheckpointError, PathError
 
@@ -258,8 +258,8 @@ def _forge(run_dir: Path, change, header_round: int | None = None) -> None:
     """Rewrite the run's checkpoint with ``change(state)`` applied and a valid checksum, as anyone who can
     write the file can."""
     path, config = run_dir / "checkpoint.pt", fedge.resolve_config(str(run_dir / "config.yaml"))
-    state = checkpoint.load(path, config).state
-    change(state)
+    state = restore.with_history(checkpoint.load(path, config), checkpoint.journal_path(path)).state
+    change(state)  # the whole past in the state, as a format-1 checkpoint holds it
     checkpoint.save(path, state, config, state["round"] if header_round is None else header_round)
 
 
@@ -413,3 +413,89 @@ def test_state_made_as_rounds_go_fits_and_nothing_else_does():
     assert mismatch(fresh, {**fresh, "t": True}) == "/t is of type bool, not of type int"
     assert mismatch({"a": [1, 2]}, {"a": [1]}) == "/a holds 1 items, not 2"
     assert mismatch({"a": {"b": 1}}, {"a": {"c": 1}}) == "/a has entries ['c'] it should not, lacks ['b']"
+
+
+# --- a round costs the same however many rounds are behind it ------------------------------------------
+
+
+def test_a_checkpoint_does_not_grow_with_the_rounds_behind_it(tmp_path):
+    """The past (rows, ledger transfers) goes to the append-only journal: the checkpoint after round 30
+    is the size of the one after round 3 (a row is about 1 KB), and the journal grows by the same bytes
+    per round."""
+    sizes = {}
+    for rounds in (3, 30):
+        result = fedge.run(tiny("fedavg", tmp_path / f"r{rounds}", rounds=rounds))
+        path = result.run_dir / "checkpoint.pt"
+        sizes[rounds] = (path.stat().st_size, checkpoint.journal_path(path).stat().st_size)
+    assert abs(sizes[30][0] - sizes[3][0]) < 16, sizes  # the header's numbers have more digits
+    assert 5 < sizes[30][1] / sizes[3][1] < 15, sizes  # about ten times the rounds, ten times the journal
+
+
+def test_every_round_appends_its_row_instead_of_rewriting_the_file(tmp_path):
+    config = tiny("fedavg", tmp_path / "runs", rounds=4)
+    seen = []
+    fedge.run(
+        config,
+        on_round=lambda t, row: seen.append(
+            os.stat(tmp_path / "runs" / "fedavg-synthetic" / "metrics.jsonl")
+        ),
+    )
+    assert len({info.st_ino for info in seen}) == 1, "metrics.jsonl was replaced, not appended to"
+    assert [info.st_size for info in seen] == sorted({info.st_size for info in seen})
+
+
+def test_a_kill_between_the_journal_and_the_checkpoint_resumes_to_the_identical_run(interrupted, tmp_path):
+    """What a kill after round 3's journal record and metrics line, before its checkpoint, leaves: both
+    files longer than the round-2 checkpoint says (a half line, a half record); resume drops the rest."""
+    with checkpoint.journal_path(interrupted / "checkpoint.pt").open("ab") as journal:
+        journal.write(os.urandom(300))
+    with (interrupted / "metrics.jsonl").open("a") as metrics:
+        metrics.write('{"round": 3, "accur')
+    result = fedge.resume(interrupted)
+    reference = fedge.run(tiny("fedavg", tmp_path / "reference", rounds=4))
+    wall = ("wall_seconds",)
+    strip = [
+        [{k: v for k, v in row.items() if k not in wall} for row in rows]
+        for rows in (results.read_jsonl(interrupted / "metrics.jsonl"), result.metrics, reference.metrics)
+    ]
+    assert strip[0] == strip[1] == strip[2]
+    assert (interrupted / "ledger.csv").read_bytes() == (reference.run_dir / "ledger.csv").read_bytes()
+
+
+def _cut_journal(path: Path) -> None:
+    path.write_bytes(path.read_bytes()[:-10])
+
+
+def _flip_journal(path: Path) -> None:
+    data = bytearray(path.read_bytes())
+    data[20] ^= 1
+    path.write_bytes(bytes(data))
+
+
+JOURNAL_FAULTS = {
+    "truncated": (_cut_journal, "is damaged: the checkpoint records "),
+    "a flipped byte": (_flip_journal, "is damaged: its checksum does not match"),
+    "lost": (lambda p: p.unlink(), "cannot be read (No such file"),
+    "a FIFO": (lambda p: (p.unlink(), os.mkfifo(p)), "is not a regular file (a FIFO)"),
+}
+
+
+@pytest.mark.parametrize("fault", list(JOURNAL_FAULTS))
+def test_a_damaged_journal_is_refused_in_one_line_and_nothing_changes(interrupted, fault):
+    damage, needle = JOURNAL_FAULTS[fault]
+    path = checkpoint.journal_path(interrupted / "checkpoint.pt")
+    damage(path)
+    before = {k: v for k, v in _snapshot(interrupted).items() if k != path.name}
+    outcome = invoke(["resume", str(interrupted), "-q"])
+    assert outcome.exception is None and outcome.code == 2, outcome.output
+    assert len(outcome.lines) == 1 and outcome.lines[0].startswith(f"error: {path}: {needle}"), outcome.output
+    assert {k: v for k, v in _snapshot(interrupted).items() if k != path.name} == before
+
+
+def test_a_row_being_appended_is_not_read_as_damage(interrupted):
+    """A reader (``fedge plot``, a resume) of a live or killed run may meet the last line half-written."""
+    rows = results.read_jsonl(interrupted / "metrics.jsonl")
+    with (interrupted / "metrics.jsonl").open("a") as metrics:
+        metrics.write('{"round": 3, "accur')
+    assert results.read_jsonl(interrupted / "metrics.jsonl") == rows
+    assert invoke(["plot", str(interrupted)]).code == 0

@@ -23,7 +23,6 @@ RANKS = {
     "tensors": 0,
     "metrics": 0,
     "plugins": 0,
-    "regular": 0,
     "remote_code": 0,
     "umask": 0,
     "regular": 0,

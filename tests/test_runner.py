@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import signal
@@ -11,6 +12,8 @@ from pathlib import Path
 
 import children
 import yaml
+from cases import invoke, tiny
+from llm_cases import lm_config, write_corpus
 
 import fedge
 from fedge import checkpoint, results
@@ -121,3 +124,77 @@ def test_killed_run_resumes_to_identical_metrics(tiny_config, tmp_path):
     assert len(resumed.metrics) == 120
     assert strip_wall(resumed.metrics) == strip_wall(reference.metrics)
     assert strip_wall(results.read_jsonl(metrics)) == strip_wall(reference.metrics)
+
+
+# --- a resume reads the inputs the run started with, or refuses -----------------------------------------
+
+
+def _cut_after_round_2(raw: dict) -> Path:
+    """Run ``raw`` until its round-2 checkpoint, then stop it as a kill would (its run directory)."""
+
+    def stop(t, row):
+        if t == 2:
+            raise KeyboardInterrupt
+
+    with contextlib.suppress(KeyboardInterrupt):
+        fedge.run(raw, on_round=stop)
+    (run_dir,) = Path(raw["output"]["dir"]).iterdir()
+    return run_dir
+
+
+def _files(run_dir: Path) -> dict[str, bytes]:
+    return {str(p.relative_to(run_dir)): p.read_bytes() for p in sorted(run_dir.rglob("*")) if p.is_file()}
+
+
+def _refused_naming(run_dir: Path, key: str, changed: Path) -> None:
+    before = _files(run_dir)
+    outcome = invoke(["resume", str(run_dir), "-q"])
+    assert outcome.exception is None and outcome.code == 2, outcome.output
+    assert len(outcome.lines) == 1, outcome.output
+    assert outcome.lines[0].startswith(f"error: {key}: {changed.resolve()} changed since the run started")
+    assert _files(run_dir) == before
+
+
+def test_a_resume_refuses_a_device_profile_file_that_changed_and_continues_with_the_original(tmp_path):
+    profile = tmp_path / "devices.csv"
+    profile.write_text("client,cpu_hz\n0,1e7\n1,2e9\n2,3e9\n3,4e9\n")
+    raw = tiny("fedbuff", tmp_path / "runs", rounds=4)
+    raw["system"] = {"devices": {"file": str(profile)}}
+    run_dir = _cut_after_round_2(raw)
+    original = profile.read_text()
+    profile.write_text(original.replace("0,1e7", "0,9e9"))
+    _refused_naming(run_dir, "system.devices.file", profile)
+    profile.write_text(original)
+    resumed = fedge.resume(run_dir)
+    reference = fedge.run(raw | {"output": {**raw["output"], "dir": str(tmp_path / "reference")}})
+    assert strip_wall(resumed.metrics) == strip_wall(reference.metrics)
+
+
+def test_a_resume_refuses_a_text_file_that_grew(tmp_path):
+    corpus = write_corpus(tmp_path / "corpus")
+    raw = lm_config(corpus, {"name": "fedavg"}, rounds=4)
+    raw["model"].pop("cut")
+    raw["output"]["dir"] = str(tmp_path / "runs")
+    run_dir = _cut_after_round_2(raw)
+    grown = corpus / "doc0.txt"
+    grown.write_text(grown.read_text() + " token" * 200)
+    _refused_naming(run_dir, "data.root", grown)
+
+
+def test_the_summary_names_a_best_round_only_when_it_beats_the_final_one(tmp_path, monkeypatch):
+    from rich.console import Console
+
+    from fedge import cli
+
+    result = fedge.run(
+        fedge.resolve_config(None, ["rounds=2", f"output.dir={tmp_path}", "output.plots=false"])
+    )
+    printed = []
+    for best in (result.summary["final_accuracy"], 1.0 + result.summary["final_accuracy"]):
+        monkeypatch.setattr(cli, "console", Console(record=True, width=200))
+        summary = result.summary | {"best_accuracy": best, "best_round": 1}
+        cli._print_summary(fedge.runner.Result(result.run_dir, result.config, result.metrics, summary))
+        printed.append(cli.console.export_text())
+    tied, higher = printed
+    assert "= final" in tied and "(round 1)" not in tied
+    assert "% (round 1)" in higher and "= final" not in higher

@@ -5,10 +5,15 @@ dicts keyed by tuples, Python numbers, strings, ``None``) is JSON, and every ten
 a dtype, a shape and bytes. The file is::
 
     FEDGE-CHECKPOINT\\n
-    {"format": 1, "algorithm": ..., "config_sha256": ..., "rounds": T, "round": t, "body_bytes": n,
-     "body_sha256": ...}\\n
+    {"format": 2, "algorithm": ..., "config_sha256": ..., "rounds": T, "round": t, "body_bytes": n,
+     "body_sha256": ..., "journal_bytes": j, "journal_sha256": ...}\\n
     {"tree": ..., "arrays": [{"kind", "dtype", "shape", "offset", "nbytes", ...}, ...]}\\n
     the bytes of every array, each padded to 64 bytes
+
+The run's past (its metrics rows and ledger transfers) is not in the file but in its append-only
+:class:`Journal` beside it: each checkpoint appends only what is new, so a checkpoint costs the same at
+round 10,000 as at round 1, and its header names the journal's first ``j`` bytes (length and SHA-256) as
+its own. A format-1 checkpoint (no journal) holds the whole past in its state and is still read.
 
 :func:`load` refuses, with a one-line :class:`~fedge.errors.CheckpointError`, a file that is empty, not a
 checkpoint, truncated or altered (length and SHA-256 of the body), of another format version, or (given
@@ -27,7 +32,7 @@ import hashlib
 import json
 import math
 import os
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -36,12 +41,13 @@ import torch
 
 from fedge import preflight
 from fedge.config import RunConfig
-from fedge.errors import CheckpointError
+from fedge.errors import CheckpointError, PathError
 from fedge.regular import NotReadable, open_regular
 from fedge.results import atomic_write
 
 MAGIC = b"FEDGE-CHECKPOINT\n"
-FORMAT = 1
+FORMAT = 2
+READS = (1, 2)  # format 1: the state holds the whole past (no journal)
 MAX_HEADER_BYTES = 4096
 ALIGN = 64
 TORCH_DTYPES = {
@@ -67,10 +73,13 @@ HEADER_FIELDS = {"format": int, "algorithm": str, "config_sha256": str, "round":
 
 @dataclass(frozen=True)
 class Checkpoint:
-    """A loaded checkpoint: its verified header and the state it holds."""
+    """A loaded checkpoint: its verified header, the state it holds, and the records of its journal (the
+    run's past, :class:`Journal`) with the journal to append to."""
 
     header: dict[str, Any]
     state: dict[str, Any]
+    records: list[Any] = field(default_factory=list)
+    journal: Journal | None = None
 
     def written_rounds(self, config: RunConfig) -> int:
         """The ``rounds`` of the config this checkpoint was written under (a checkpoint of an older fedge,
@@ -212,14 +221,94 @@ class _Unpacker:
         return {key: self.unpack(item) for key, item in node.items()}
 
 
-def save(path: Path, state: dict[str, Any], config: RunConfig, round_: int) -> None:
-    """Write ``state`` (the run's state after ``round_``) to ``path`` atomically."""
+def _body(value: Any) -> tuple[bytes, list[tuple[np.ndarray, bytes]]]:
+    """``value`` as a body: its JSON description line, then each array's bytes with its padding."""
     packer = _Packer()
-    tree = packer.pack(state)
+    tree = packer.pack(value)
     description = json.dumps({"tree": tree, "arrays": packer.specs}, allow_nan=False, separators=(",", ":"))
-    body_head = description.encode() + b"\n"
     pads = [bytes(-spec["nbytes"] % ALIGN) for spec in packer.specs]
-    chunks = list(zip(packer.buffers, pads, strict=True))
+    return description.encode() + b"\n", list(zip(packer.buffers, pads, strict=True))
+
+
+def _unpack(data: bytes, start: int, end: int) -> Any:
+    """The value the verified body ``data[start:end]`` holds; a malformed one raises one of
+    :data:`UNREADABLE`."""
+    split = data.find(b"\n", start, end)
+    if split < 0:
+        raise ValueError("its description has no end")
+    description = json.loads(data[start:split])
+    return _Unpacker(description["arrays"], memoryview(data)[split + 1 : end]).unpack(description["tree"])
+
+
+UNREADABLE = (ValueError, KeyError, TypeError, IndexError, AttributeError, RuntimeError, RecursionError)
+
+
+class Journal:
+    """The append-only history beside a checkpoint: what each checkpoint adds to the run's past (its new
+    metrics rows and ledger transfers), so that no checkpoint writes the whole past again.
+
+    Each record is a length (8 bytes, little-endian) and a body packed as a checkpoint's is. A checkpoint's
+    header records how many bytes of the journal are its own (``journal_bytes``) and their SHA-256; bytes
+    after that (a record appended before a kill stopped the checkpoint that would have named it) are not
+    read, and :meth:`cut` drops them before a resumed run appends again.
+    """
+
+    def __init__(self, path: Path, size: int = 0, digest: Any = None):
+        self.path = Path(path)
+        self.size = size
+        self._digest = digest or hashlib.sha256()
+
+    def append(self, record: dict[str, Any]) -> None:
+        """Add ``record`` after the journal's own bytes and flush it to disk (before the checkpoint that
+        names it is written)."""
+        head, chunks = _body(record)
+        length = len(head) + sum(raw.nbytes + len(pad) for raw, pad in chunks)
+        parts = [
+            length.to_bytes(8, "little"),
+            head,
+            *(b for raw, pad in chunks for b in (raw.tobytes(), pad)),
+        ]
+        try:
+            with open(self.path, "r+b" if self.size else "wb") as handle:
+                handle.seek(self.size)
+                for part in parts:
+                    handle.write(part)
+                    self._digest.update(part)
+                handle.truncate()
+                handle.flush()
+                os.fsync(handle.fileno())
+        except OSError as error:
+            raise PathError(self.path, f"cannot be written ({error.strerror or error})") from None
+        self.size += 8 + length
+
+    def mark(self) -> dict[str, Any]:
+        """The header fields of a checkpoint written now: the journal's length and digest."""
+        return {"journal_bytes": self.size, "journal_sha256": self._digest.hexdigest()}
+
+    def cut(self) -> None:
+        """Drop whatever follows the journal's own bytes (a resumed run appends after them)."""
+        if self.size == 0:
+            self.path.unlink(missing_ok=True)
+            return
+        try:
+            with open(self.path, "r+b") as handle:
+                handle.truncate(self.size)
+        except OSError as error:
+            raise PathError(self.path, f"cannot be written ({error.strerror or error})") from None
+
+
+def journal_path(path: Path) -> Path:
+    """Where the journal of the checkpoint at ``path`` lives: beside it (``checkpoint.history``)."""
+    path = Path(path)
+    return path.with_name(f"{path.stem}.history")
+
+
+def save(
+    path: Path, state: dict[str, Any], config: RunConfig, round_: int, journal: Journal | None = None
+) -> None:
+    """Write ``state`` (the run's state after ``round_``) to ``path`` atomically; with ``journal``, the
+    header names the journal's bytes written so far as the rest of the state."""
+    body_head, chunks = _body(state)
     digest = hashlib.sha256(body_head)
     for raw, pad in chunks:
         digest.update(raw)
@@ -232,6 +321,7 @@ def save(path: Path, state: dict[str, Any], config: RunConfig, round_: int) -> N
         "round": int(round_),
         "body_bytes": len(body_head) + sum(raw.nbytes + len(pad) for raw, pad in chunks),
         "body_sha256": digest.hexdigest(),
+        **(journal or Journal(journal_path(path))).mark(),
     }
 
     def write(handle) -> None:
@@ -266,8 +356,11 @@ def _header(path: Path, data: bytes) -> tuple[dict[str, Any], int]:
         raise CheckpointError(path, "is damaged: its header cannot be read")
     if "rounds" in header and type(header["rounds"]) is not int:
         raise CheckpointError(path, "is damaged: its header cannot be read")
-    if header["format"] != FORMAT:
-        raise CheckpointError(path, f"has format {header['format']}; this fedge reads format {FORMAT}")
+    journal = header.get("journal_bytes", 0), header.get("journal_sha256", "")
+    if type(journal[0]) is not int or journal[0] < 0 or not isinstance(journal[1], str):
+        raise CheckpointError(path, "is damaged: its header cannot be read")
+    if header["format"] not in READS:
+        raise CheckpointError(path, f"has format {header['format']}; this fedge reads formats {READS}")
     return header, end + 1
 
 
@@ -325,21 +418,56 @@ def load(path: Path, config: RunConfig | None = None) -> Checkpoint:
         digest = config_digest(config) if "rounds" in header else _older_digest(config)
         if header["config_sha256"] != digest:
             raise CheckpointError(path, "was written for another config than this run's config.yaml")
-    split = data.find(b"\n", start) - start
     try:
-        description = json.loads(bytes(body[: max(split, 0)]))
-        state = _Unpacker(description["arrays"], body[split + 1 :]).unpack(description["tree"])
-    except (
-        ValueError,
-        KeyError,
-        TypeError,
-        IndexError,
-        AttributeError,
-        RuntimeError,
-        RecursionError,
-    ) as error:
-        reason = str(error).splitlines()[0] if str(error) else type(error).__name__
-        raise CheckpointError(path, f"is damaged: {reason}") from None
+        state = _unpack(data, start, len(data))
+    except UNREADABLE as error:
+        raise CheckpointError(path, f"is damaged: {_reason(error)}") from None
     if not isinstance(state, dict):
         raise CheckpointError(path, "is damaged: it holds no state")
-    return Checkpoint(header, state)
+    journal, records = _journal(journal_path(path), header)
+    return Checkpoint(header, state, records, journal)
+
+
+def _reason(error: BaseException) -> str:
+    return str(error).splitlines()[0] if str(error) else type(error).__name__
+
+
+def _journal(path: Path, header: dict[str, Any]) -> tuple[Journal, list[Any]]:
+    """The journal a checkpoint's header names, verified, and its records (a checkpoint of an older
+    fedge names none: its state holds the whole past)."""
+    size, digest = header.get("journal_bytes", 0), header.get("journal_sha256")
+    if size == 0:
+        return Journal(path), []
+    data = _read_prefix(path, size)
+    running = hashlib.sha256(data)
+    if running.hexdigest() != digest:
+        raise CheckpointError(path, "is damaged: its checksum does not match the checkpoint's record of it")
+    records, at = [], 0
+    try:
+        while at < size:
+            length = int.from_bytes(data[at : at + 8], "little")
+            if at + 8 + length > size:
+                raise ValueError("a record runs past its end")
+            records.append(_unpack(data, at + 8, at + 8 + length))
+            at += 8 + length
+    except UNREADABLE as error:
+        raise CheckpointError(path, f"is damaged: {_reason(error)}") from None
+    return Journal(path, size, running), records
+
+
+def _read_prefix(path: Path, size: int) -> bytes:
+    """The first ``size`` bytes of the regular file at ``path`` (a FIFO or device is refused unread)."""
+    try:
+        opened = open_regular(path)
+    except NotReadable as error:
+        raise CheckpointError(path, f"{error}; the checkpoint needs it") from None
+    with opened as handle:
+        on_disk = os.fstat(handle.fileno()).st_size
+        if on_disk < size:
+            raise CheckpointError(
+                path, f"is damaged: the checkpoint records {size:,} bytes of it, {on_disk:,} on disk"
+            )
+        try:
+            return handle.read(size)
+        except OSError as error:
+            raise CheckpointError(path, f"cannot be read ({error.strerror})") from None

@@ -172,7 +172,8 @@ def _print_summary(result: Result) -> None:
     s = result.summary
     table = Table(title=f"fedge · {s['algorithm']} on {s['dataset']}", show_header=False)
     table.add_row("final accuracy", f"{100 * s['final_accuracy']:.2f} % (round {s['rounds']})")
-    table.add_row("best accuracy", f"{100 * s['best_accuracy']:.2f} % (round {s['best_round']})")
+    best = f"{100 * s['best_accuracy']:.2f} % (round {s['best_round']})"
+    table.add_row("best accuracy", "= final" if s["best_accuracy"] == s["final_accuracy"] else best)
     if "final_perplexity" in s:  # a language model: accuracy is next-token accuracy
         entropy = f"token cross-entropy {s['final_loss']:.4f}"
         table.add_row("final perplexity", f"{s['final_perplexity']:.3f} ({entropy})")

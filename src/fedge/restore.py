@@ -6,6 +6,7 @@ that reads it: its round is one of the run's rounds and the header's; the algori
 entries, tensor shapes and dtypes of the freshly built algorithm; the metrics history holds one row per
 round up to that round, and agrees with the rows ``metrics.jsonl`` already has for those rounds. A state
 that fails is a one-line :class:`~fedge.errors.CheckpointError`, raised before anything is restored.
+The rows and the ledger's transfers come from the checkpoint's journal (:func:`with_history`).
 """
 
 from __future__ import annotations
@@ -76,6 +77,34 @@ def _history(rows: Any, round_: int) -> str | None:
         shown = numbers_ if len(numbers_) <= 8 else [*numbers_[:4], "...", *numbers_[-3:]]
         return f"has rows of rounds {shown}, not of 1..{round_}"
     return None
+
+
+def with_history(saved: Checkpoint, path: Path) -> Checkpoint:
+    """``saved`` with its journal's records put back into its state: every metrics row under ``rows``
+    and every ledger transfer under ``ledger/columns``, as a checkpoint that held the whole past would
+    have them (a format-1 checkpoint holds them already; ``path`` names the journal in a refusal)."""
+    state = dict(saved.state)
+    if not saved.records:
+        return Checkpoint(saved.header, state, [], saved.journal)
+    try:
+        rows = [row for record in saved.records for row in record["rows"]]
+        ledger = dict(state["ledger"])
+        parts = {key: [ledger.get("columns", {}).get(key)] for key in saved.records[0]["ledger"]}
+        for record in saved.records:
+            if set(record["ledger"]) != set(parts):
+                raise ValueError("its records name different ledger columns")
+            for key, column in record["ledger"].items():
+                parts[key].append(column)
+        columns = {}
+        for key, found in parts.items():
+            kept = [np.asarray(part) for part in found if part is not None and len(part)]
+            columns[key] = np.concatenate(kept) if kept else np.zeros(0, dtype=np.int64)
+    except (KeyError, TypeError, ValueError, AttributeError) as error:
+        raise CheckpointError(
+            path, f"does not fit its checkpoint ({type(error).__name__}: {error})"
+        ) from None
+    state.update(rows=[*state.get("rows", []), *rows], ledger={**ledger, "columns": columns})
+    return Checkpoint(saved.header, state, saved.records, saved.journal)
 
 
 def _written(row: dict[str, Any]) -> dict[str, Any]:

@@ -78,10 +78,23 @@ def write_jsonl(path: Path, rows: Iterable[dict]) -> None:
     write_text(path, "".join(json.dumps(strict_json(row), allow_nan=False) + "\n" for row in rows))
 
 
-def read_jsonl(path: Path) -> list[dict]:
-    """The rows of a JSON-lines file; a one-line :class:`PathError` if it cannot be read or parsed."""
+def append_jsonl(path: Path, row: dict) -> None:
+    """Add ``row`` as the last line of ``path``. Not atomic by itself: a run's checkpoint records how
+    many rows are its own, and a resume drops a line a kill left half-written (``Runner.settle``)."""
+    line = json.dumps(strict_json(row), allow_nan=False) + "\n"
     try:
-        lines = Path(path).read_text().splitlines()
+        with open(path, "a", encoding="utf-8") as handle:
+            handle.write(line)
+    except OSError as error:
+        raise PathError(path, f"cannot be written ({_reason(error)})") from None
+
+
+def read_jsonl(path: Path) -> list[dict]:
+    """The rows of a JSON-lines file; a one-line :class:`PathError` if it cannot be read or parsed. A last
+    line without its newline that is no JSON object yet is a row being appended, and is left out."""
+    try:
+        text = Path(path).read_text()
+        lines = text.splitlines()
     except (OSError, UnicodeDecodeError) as error:
         reason = _reason(error) if isinstance(error, OSError) else "not UTF-8 text"
         raise PathError(path, f"cannot be read ({reason})") from None
@@ -94,6 +107,8 @@ def read_jsonl(path: Path) -> list[dict]:
         except json.JSONDecodeError:
             row = None
         if not isinstance(row, dict):
+            if number == len(lines) and not text.endswith("\n"):
+                break  # a row still being appended (or cut off by a kill: a resume drops it)
             raise PathError(path, f"line {number} is not a JSON object")
         rows.append(row)
     return rows

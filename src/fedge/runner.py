@@ -23,7 +23,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from fedge import checkpoint, divergence, preflight, records, restore, results, run_length, stop
+from fedge import checkpoint, divergence, inputs, preflight, records, restore, results, run_length, stop
 from fedge.algorithms import ALGORITHMS, Algorithm, Context
 from fedge.algorithms.base import executor_name
 from fedge.comm import Ledger, Network
@@ -297,6 +297,8 @@ class Runner:
     lock: results.RunLock | None = None
     checkpointed: int | None = None  # round of the last checkpoint written or restored
     nonfinite: str | None = None  # the first non-finite value met under stop.on_nonfinite=continue
+    journal: checkpoint.Journal | None = None  # the checkpoint's history of rows and transfers
+    journaled: tuple[int, int] = (0, 0)  # rows and ledger transfers the journal holds
 
     @property
     def config(self) -> RunConfig:
@@ -308,27 +310,36 @@ class Runner:
         return self.built.context.cohorts.group
 
     def _checkpoint(self, t: int, wall: float) -> None:
+        """Append what is new since the last checkpoint (rows, ledger transfers) to the journal, then
+        write the rest of the state: a checkpoint's cost does not grow with the rounds behind it."""
+        ledger = self.built.context.ledger
         state = {
             "round": t,
             "algorithm": self.built.algorithm.state_dict(),
-            "ledger": self.built.context.ledger.state_dict(),
+            "ledger": ledger.state_dict(entries=False),
             "clock": self.built.context.system.clock.state_dict(),
-            "rows": self.rows,
             "wall_seconds": wall,
             "nonfinite": self.nonfinite,
         }
         if self.group.writes:
-            checkpoint.save(self.run_dir / results.CHECKPOINT, state, self.config, t)
+            path = self.run_dir / results.CHECKPOINT
+            journal = self.journal or checkpoint.Journal(checkpoint.journal_path(path))
+            new = {"rows": self.rows[self.journaled[0] :], "ledger": ledger.entries_since(self.journaled[1])}
+            journal.append(new)
+            checkpoint.save(path, state, self.config, t, journal)
+            self.journal = journal
+        self.journaled = (len(self.rows), ledger.entry_count())
         self.group.barrier()  # every rank has the checkpoint's round done before any goes on
         self.checkpointed = t
 
     def restore(self, saved: checkpoint.Checkpoint) -> None:
         """Continue from a verified checkpoint of this run, once its state makes sense for it
         (:mod:`fedge.restore`)."""
-        state = saved.state
-        fresh = {"algorithm": self.built.algorithm.state_dict()}
         path = self.run_dir / results.CHECKPOINT
-        restore.check(saved, self.config, fresh, path, self.run_dir / results.METRICS)
+        whole = restore.with_history(saved, checkpoint.journal_path(path))
+        state = whole.state
+        fresh = {"algorithm": self.built.algorithm.state_dict()}
+        restore.check(whole, self.config, fresh, path, self.run_dir / results.METRICS)
         try:
             self.built.algorithm.load_state_dict(state["algorithm"])
             self.built.context.ledger.load_state_dict(state["ledger"])
@@ -343,6 +354,19 @@ class Runner:
                 self.run_dir / results.CHECKPOINT, f"does not fit this run ({type(error).__name__}: {detail})"
             ) from None
         self.checkpointed = self.start
+        self.journal = saved.journal
+        if saved.records:  # else a format-1 checkpoint: its whole past goes to the journal next time
+            self.journaled = (len(self.rows), self.built.context.ledger.entry_count())
+
+    def settle(self) -> None:
+        """Make the run directory agree with the state the run continues from (once every check passed):
+        ``metrics.jsonl`` holds exactly the rows so far (rows a kill left after the checkpoint go, a lost
+        or damaged file comes back), and the journal ends where the checkpoint says."""
+        results.write_jsonl(self.run_dir / results.METRICS, self.rows)
+        if self.journal is not None:
+            self.journal.cut()
+        else:
+            checkpoint.journal_path(self.run_dir / results.CHECKPOINT).unlink(missing_ok=True)
 
     def _nonfinite(self, metrics: dict[str, Any]) -> str | None:
         """What is not finite after a round: a metric or the algorithm's state (``None``: nothing)."""
@@ -405,8 +429,8 @@ class Runner:
                     raise self._diverged(t, what)
                 self.nonfinite = self.nonfinite or (None if what is None else f"round {t}: {what}")
                 self.rows.append(row)
-                if writes:
-                    results.write_jsonl(self.run_dir / results.METRICS, self.rows)
+                if writes:  # one line added: the checkpoint says how many rows are the run's
+                    results.append_jsonl(self.run_dir / results.METRICS, row)
                 self.stopped = stop.check(cfg.stop, self.rows)
                 if t % cfg.output.checkpoint_every == 0 or t == cfg.rounds or self.stopped:
                     self._checkpoint(t, wall)
@@ -483,6 +507,7 @@ def start_run(
         write_environment(run_dir, str(device), group, executor_name(config, device.type))
         if built.context.system.profiles is not None:  # the run's device profiles, one row per client
             results.write_text(run_dir / "devices.csv", built.context.system.devices_csv())
+        inputs.record(run_dir, config)
     run_dir = group.broadcast(run_dir)
     lock = results.RunLock(run_dir) if group.writes else None
     return Runner(built, run_dir, on_round=on_round, lock=lock)
@@ -516,6 +541,7 @@ def open_run(
     try:
         # anything at the path is read (a directory or a FIFO is refused, not taken for no checkpoint)
         saved = checkpoint.load(path, written) if os.path.lexists(path) else None
+        inputs.check(run_dir, config)
         runner = Runner(build_run(config, force, extensions), run_dir, on_round=on_round, lock=lock)
         if saved is not None:
             run_length.check(saved, written, config, runner.built.algorithm, run_dir)
@@ -526,6 +552,7 @@ def open_run(
         raise
     if writes:
         results.remove_temporaries(run_dir)
+        runner.settle()
         if run_length.changed(saved, written, config):
             run_length.relengthen(run_dir, saved, written, config)
         device = runner.built.context.device

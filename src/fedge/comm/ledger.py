@@ -56,6 +56,7 @@ class Ledger:
         self._totals: dict[tuple[str, str], int] = defaultdict(int)
         self.storage: dict[str, dict[str, int]] = defaultdict(dict)
         self._peak: dict[str, int] = {}
+        self._count = 0  # transfers recorded (the entries' length, kept so a checkpoint need not add it up)
 
     def _intern(self, names: Sequence[str], table: list[str], ids: dict[str, int]) -> np.ndarray:
         out = np.empty(len(names), dtype=np.int32)
@@ -84,6 +85,7 @@ class Ledger:
         self._columns["dst"].append(self._intern(dsts, self._nodes, self._node_ids))
         self._columns["kind"].append(self._intern([kind], self._kinds, self._kind_ids).repeat(count))
         self._columns["bits"].append(bits.copy())
+        self._count += count
         for s, d, b in zip(srcs, dsts, bits, strict=True):
             self._totals[(kind, direction(s, d))] += int(b)
 
@@ -129,6 +131,24 @@ class Ledger:
             for key, parts in self._columns.items()
         }
 
+    def entry_count(self) -> int:
+        """How many transfers are recorded so far."""
+        return self._count
+
+    def entries_since(self, count: int) -> dict[str, np.ndarray]:
+        """The transfers after the first ``count`` as columns (what a checkpoint appends to its history);
+        only the latest parts are read, so the cost is that of the new entries."""
+        parts, seen = 0, self.entry_count()
+        while seen > count:
+            parts += 1
+            seen -= len(self._columns["round"][-parts])
+        if seen != count:
+            raise ValueError(f"{count} does not end a recorded batch of transfers")
+        return {
+            key: np.concatenate(columns[len(columns) - parts :]) if parts else np.zeros(0, dtype=np.int64)
+            for key, columns in self._columns.items()
+        }
+
     def round_traffic(self, round_: int) -> RoundTraffic:
         """The transfers of round ``round_`` (what the simulated clock charges). Rounds are recorded in
         order, so only the latest entries are read."""
@@ -157,12 +177,13 @@ class Ledger:
             writer.writerow([int(r), src, dst, self._kinds[k], direction(src, dst), int(b)])
         return out.getvalue()
 
-    def state_dict(self) -> dict:
-        """Everything needed to restore the ledger exactly."""
+    def state_dict(self, entries: bool = True) -> dict:
+        """Everything needed to restore the ledger exactly; without ``entries``, all but the transfers
+        (a checkpoint keeps those in its append-only history, :class:`fedge.checkpoint.Journal`)."""
         return {
             "nodes": list(self._nodes),
             "kinds": list(self._kinds),
-            "columns": self.entries(),
+            **({"columns": self.entries()} if entries else {}),
             "totals": dict(self._totals),
             "storage": {node: dict(v) for node, v in self.storage.items()},
             "peak": dict(self._peak),
@@ -174,6 +195,7 @@ class Ledger:
         self._kinds = list(state["kinds"])
         self._kind_ids = {k: i for i, k in enumerate(self._kinds)}
         self._columns = {key: [np.asarray(col)] for key, col in state["columns"].items()}
+        self._count = len(self._columns["round"][0])
         self._totals = defaultdict(int, state["totals"])
         self.storage = defaultdict(dict, {node: dict(v) for node, v in state["storage"].items()})
         self._peak = dict(state["peak"])
