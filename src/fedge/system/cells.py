@@ -32,7 +32,6 @@ class RadioTiming(Protocol):
     """The cells' radio and compute constants (HIST Sec. VI-C)."""
 
     cycles_per_step: float
-    bandwidth_hz: float
     subcarrier_hz: float
     symbol_s: float
 
@@ -41,7 +40,7 @@ class RadioTiming(Protocol):
 class CellsWork:
     """What the cells did in one global round: each cell's clients, the model values it trains (of
     ``model_values``), the clients' processor speeds, the bits one client of each cell uploads per edge
-    round (OMA), and ``edge_rounds`` edge rounds of ``steps`` local steps."""
+    round (OMA), ``edge_rounds`` edge rounds of ``steps`` local steps, and each cell's AirComp band."""
 
     members: list[np.ndarray]
     values: np.ndarray
@@ -50,6 +49,7 @@ class CellsWork:
     upload_bits: np.ndarray
     edge_rounds: int
     steps: int
+    bandwidth_hz: np.ndarray
 
 
 def _latency(work: CellsWork, radio: RadioTiming, rates: np.ndarray | None) -> tuple[float, dict[str, float]]:
@@ -66,7 +66,7 @@ def _latency(work: CellsWork, radio: RadioTiming, rates: np.ndarray | None) -> t
             slowest = int(np.argmax(compute + upload))
             paths.append((float(compute[slowest]), float(upload[slowest])))
         else:
-            air = (work.values[j], radio.bandwidth_hz, radio.subcarrier_hz, radio.symbol_s)
+            air = (work.values[j], float(work.bandwidth_hz[j]), radio.subcarrier_hz, radio.symbol_s)
             per_cell.append(aircomp_edge_latency(work.steps, fraction, radio.cycles_per_step, cpu, *air))
             compute = aircomp_compute_seconds(work.steps, fraction, radio.cycles_per_step, cpu)
             paths.append((float(compute), aircomp_uplink_seconds(*air)))
@@ -88,7 +88,7 @@ def cells_round(
         if rates is not None:
             airtime = work.upload_bits[j] / rates[members]
         else:
-            air = (work.values[j], radio.bandwidth_hz, radio.subcarrier_hz, radio.symbol_s)
+            air = (work.values[j], float(work.bandwidth_hz[j]), radio.subcarrier_hz, radio.symbol_s)
             airtime = np.full(len(members), aircomp_uplink_seconds(*air))
         joules += float(compute.sum() + power * airtime.sum())
         for node, c, a in zip(client_nodes(members), compute.tolist(), airtime.tolist(), strict=True):

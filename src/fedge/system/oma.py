@@ -25,8 +25,9 @@ def complex_gaussian(rng: np.random.Generator, shape: int | tuple[int, ...]) -> 
     return (rng.standard_normal(shape) + 1j * rng.standard_normal(shape)) / np.sqrt(2.0)
 
 
-def oma_rates(bandwidth_hz: float, snr: np.ndarray | float, channels: np.ndarray) -> np.ndarray:
-    """Uplink rate of each client (bit/s): ``B log2(1 + SNR ||h_i||^2)`` for channels ``[clients, M]``."""
+def oma_rates(bandwidth_hz: float | np.ndarray, snr: np.ndarray | float, channels: np.ndarray) -> np.ndarray:
+    """Uplink rate of each client (bit/s): ``B log2(1 + SNR ||h_i||^2)`` for channels ``[clients, M]``
+    (``bandwidth_hz`` and ``snr`` one for all or one per client)."""
     gain = np.sum(np.abs(channels) ** 2, axis=-1)
     return shannon_rate(bandwidth_hz, np.asarray(snr, dtype=np.float64) * gain)
 

@@ -35,7 +35,9 @@ class DeviceProfiles:
     """Per-client figures (one entry per client) and the availability trace, if any.
 
     ``energy_budget_j`` is ``inf`` for a client without a budget; ``trace[r, i]`` says whether client
-    ``i`` is online in round ``r + 1`` (rounds past the trace's end cycle through it).
+    ``i`` is online in round ``r + 1`` (rounds past the trace's end cycle through it). ``given`` names the
+    figures the config drew or the file gave (the rest hold the system's defaults), for models with
+    defaults of their own (the hierarchical family's radio).
     """
 
     cpu_hz: np.ndarray
@@ -45,6 +47,7 @@ class DeviceProfiles:
     energy_budget_j: np.ndarray
     availability: np.ndarray
     trace: np.ndarray | None = None
+    given: frozenset[str] = frozenset()
 
     @property
     def count(self) -> int:
@@ -270,10 +273,13 @@ def device_profiles(cfg: SystemConfig, count: int, seed: int) -> DeviceProfiles:
         figures[name] = (
             _draw(numpy_rng(seed, "devices", name), count, ranges, log) if drawn else defaults[name]
         )
+    given = {name for name in FIGURES if getattr(devices, name) is not None}
     if devices.file is not None:
-        figures.update(_read_file(Path(devices.file), count))
+        read = _read_file(Path(devices.file), count)
+        figures.update(read)
+        given.update(read)
     trace = None if devices.trace is None else _read_trace(Path(devices.trace), count)
-    return DeviceProfiles(**figures, trace=trace)
+    return DeviceProfiles(**figures, trace=trace, given=frozenset(given))
 
 
 def profiles_csv(profiles: DeviceProfiles, up_bps: np.ndarray, down_bps: np.ndarray) -> str:

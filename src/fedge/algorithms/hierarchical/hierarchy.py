@@ -28,6 +28,7 @@ from fedge.algorithms.hierarchical.aggregation import EdgeAggregation
 from fedge.algorithms.hierarchical.cells import Cells, split_data
 from fedge.algorithms.hierarchical.config import HierarchicalConfig
 from fedge.algorithms.hierarchical.cost import BITS_PER_MB
+from fedge.algorithms.hierarchical.devices import CellDevices
 from fedge.algorithms.hierarchical.masks import check_cells, partition_layout
 from fedge.algorithms.hierarchical.radio import CellRadio
 from fedge.algorithms.hierarchical.submodel import CellViews, Tensors
@@ -71,7 +72,8 @@ class HierarchicalFL(CellTransfers, EdgeAggregation, Algorithm):
         self.cells = Cells.even(ctx.data.num_clients, cfg.cells)
         check_cells(self.layout, cfg.cells)
         self.data = split_data(ctx, cfg, self.cells)
-        self.radio = CellRadio(cfg.radio, self.cells, ctx.seed)
+        devices = CellDevices.of(ctx.system.profiles, ctx.config.system, self.cells.size)
+        self.radio = CellRadio(cfg.radio, self.cells, ctx.seed, devices)
         opt = cfg.optimizer
         self.sgd = make_optimizer(opt)
         self.plain_step = make_step(classification_loss(self.model, ctx.criterion), self.sgd)
@@ -184,7 +186,16 @@ class HierarchicalFL(CellTransfers, EdgeAggregation, Algorithm):
         each cell uploads per edge round (OMA)."""
         cfg, cells = self.cfg, self.cells
         members = [cells.members(j) for j in range(cells.num_cells)]
-        work = CellsWork(members, values, self.model_values, cpu, cell_bits, cfg.edge_rounds, cfg.local_steps)
+        work = CellsWork(
+            members,
+            values,
+            self.model_values,
+            cpu,
+            cell_bits,
+            cfg.edge_rounds,
+            cfg.local_steps,
+            self.radio.cell_bandwidth_hz(),
+        )
         return self.ctx.system.charge(cells_round(self.ctx.system, work, cfg.radio, rates)).seconds
 
     def evaluate(self) -> Evaluation:

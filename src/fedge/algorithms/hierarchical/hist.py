@@ -49,7 +49,7 @@ class HIST(HierarchicalFL):
         """Each cell's global-round latency per model value it holds: Eq. 19 with OMA rates, Eq. 36 for
         AirComp (``rates_bps`` is ``None``)."""
         cfg, radio = self.cfg, self.cfg.radio
-        costs = []
+        costs, bands = [], self.radio.cell_bandwidth_hz()
         for j in range(self.cells.num_cells):
             members = self.cells.members(j)
             if rates_bps is not None:
@@ -69,7 +69,7 @@ class HIST(HierarchicalFL):
                     radio.cycles_per_step,
                     self.model_values,
                     cpu_hz[members],
-                    radio.bandwidth_hz,
+                    float(bands[j]),
                     radio.subcarrier_hz,
                     radio.symbol_s,
                 )
