@@ -187,7 +187,7 @@ def test_unknown_keys_suggest_the_nearest_and_stay_on_one_line(tmp_path, overrid
     refused(tmp_path, "fedavg", [override], needle)
 
 
-# ----- files a run reads: device profiles, availability traces, text data (issue 59, items 16, 17, 19) -----
+# ----- files a run reads: device profiles, availability traces, text data -----------------------------
 
 
 @contextlib.contextmanager

@@ -41,6 +41,7 @@ RANKS = {
     "plots": 8,
     "records": 8,
     "checkpoint": 8,
+    "inputs": 8,
     "restore": 8,
     "run_length": 8,
     "divergence": 8,

@@ -50,7 +50,7 @@ def initial_point(run_dir: Path) -> dict[str, float] | None:
     """The held-out figures of the run's model before its first round (``round`` 0, nothing sent yet), or
     ``None`` when the run cannot be built again from its recorded config."""
     from fedge import results
-    from fedge.config import load_config
+    from fedge.extend import load_config
     from fedge.runner import build_run
 
     try:

@@ -17,7 +17,7 @@ import yaml
 from flwr.app import Context
 from flwr.serverapp import Grid, ServerApp
 
-from fedge import results
+from fedge import inputs, results
 from fedge.comm import nodes
 from fedge.config import RunConfig
 from fedge.deploy.rounds import DeployedRounds, deployed_class
@@ -62,6 +62,7 @@ def run_deployed(config: RunConfig, connect: Callable[[int], GridTransport]) -> 
         algorithm.transport = transport
     run_dir = results.create_run_dir(config.output.dir, default_run_name(config), config.to_yaml())
     write_environment(run_dir, str(ctx.device))
+    inputs.record(run_dir, config)  # as a simulated run records what its files held
     runner = Runner(Built(config, ctx, algorithm), run_dir, lock=results.RunLock(run_dir))
     result = runner.run()
     results.write_jsonl(run_dir / NODES, transport.timings)
