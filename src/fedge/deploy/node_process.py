@@ -1,8 +1,8 @@
 """One long-lived ClientApp process per SuperNode: ``python -m fedge.deploy.node_process``.
 
 By default a SuperNode starts a fresh ``flwr-clientapp`` process for every message, which imports torch
-and fedge and builds the run again (about ten seconds of CPU each on a small machine, for a message
-whose training takes a fraction of one). A SuperNode started with ``--isolation process`` leaves its
+and fedge and builds the run again (10 to 20 s each on a 2-core machine, for a message whose training
+takes a fraction of a second). A SuperNode started with ``--isolation process`` leaves its
 ClientApp tasks to a process of one's own: this one takes them from the SuperNode's Runtime API one
 after another and runs fedge's ClientApp in itself, so :mod:`fedge.deploy.client_app` keeps the built run
 between the messages of a run (it caches it per run and partition). Each task is handled as
