@@ -40,9 +40,10 @@ from fedge.runner import build_run  # noqa: E402
 from fedge.tensors import Tensors  # noqa: E402
 
 NODES = 3
-# A killed node costs its rounds this long; raise it on a heavily loaded machine (normal replies slower).
-# Round 3 finds the killed node unavailable at once (missed heartbeats), so only round 2 waits it out.
-KILL_TIMEOUT = float(os.environ.get("FEDGE_DEPLOY_ROUND_TIMEOUT", "60"))
+# A killed node costs its rounds this long; raise it on a heavily loaded machine (normal replies slower:
+# a few seconds each with the long-lived ClientApp processes). Round 3 finds the killed node unavailable
+# at once once the SuperLink has missed its heartbeats (about a minute), otherwise it waits it out too.
+KILL_TIMEOUT = float(os.environ.get("FEDGE_DEPLOY_ROUND_TIMEOUT", "30"))
 ALGORITHMS = {
     "fedavg": {"name": "fedavg", "batch_size": 64},
     "cse_fsl": {"name": "cse_fsl", "h": 2, "local_steps": 4, "batch_size": 32},

@@ -7,6 +7,6 @@ remote executor that trains each row on its client's node), ``split_rounds`` the
 ``wire`` the ArrayRecord payloads and their checks, ``transport`` the message exchange with timeouts and
 dropouts, ``loopback`` an in-process transport with the same records and checks, ``launch`` a one-host
 launcher (SuperLink + SuperNodes as separate processes, optional TLS and node authentication),
-``node_process`` a SuperNode's long-lived ClientApp process (the run built once per node, not per message).
+``app_process`` long-lived ClientApp and ServerApp processes (a node builds the run once, not per message).
 Nothing here is imported by ``import fedge``: Flower stays optional.
 """

@@ -4,7 +4,7 @@ A node keeps its split-round state (its row's parameters, buffers and optimizer 
 client's aux model across rounds) in the Flower context's state between messages. The built run (data,
 model, algorithm) is kept in this process per run and partition: a SuperNode's default ClientApp
 process handles one message and builds it again, while a long-lived one
-(:mod:`fedge.deploy.node_process`) builds it once per run. The client is the node's ``partition-id``;
+(:mod:`fedge.deploy.app_process`) builds it once per run. The client is the node's ``partition-id``;
 ``num-partitions`` must equal the config's number of clients (the server checks it).
 """
 

@@ -88,7 +88,7 @@ class Federation:
     port: int = field(default_factory=free_port)
     superlink: subprocess.Popen | None = None
     nodes: dict[str, subprocess.Popen] = field(default_factory=dict)
-    clientapps: dict[str, subprocess.Popen] = field(default_factory=dict)  # each node's ClientApp process
+    apps: dict[str, subprocess.Popen] = field(default_factory=dict)  # the app process of each of them
 
     @property
     def connection(self) -> str:
@@ -109,7 +109,8 @@ class Federation:
         )
 
     def start(self) -> Federation:
-        """Start the SuperLink (TLS and node auth when ``tls``), then write the connection settings."""
+        """Start the SuperLink (TLS and node auth when ``tls``) and its long-lived ServerApp process, then
+        write the connection settings."""
         (self.home / "logs").mkdir(parents=True, exist_ok=True)
         security = ["--insecure"]
         if self.tls:
@@ -121,11 +122,12 @@ class Federation:
 
         def command(port: int) -> list[str]:
             return ["flower-superlink", "--port", str(port), "--disable-runtime-dependency-installation",
-                    *security]  # fmt: skip
+                    "--isolation", "process", *security]  # fmt: skip
 
         self.superlink, self.port = self._spawn_listening("superlink", command, self.port)
         if self.superlink.poll() is not None:
             raise FedgeError(f"the SuperLink exited ({self._log('superlink')})")
+        self._spawn_app("superlink", "serverapp", self.superlink, self.port)
         link: dict[str, object] = {"address": f"127.0.0.1:{self.port}"}
         link.update({"root-certificates": str(self.tls.ca)} if self.tls else {"insecure": True})
         settings = {"superlink": {"default": self.connection, self.connection: link}}
@@ -182,7 +184,7 @@ class Federation:
         self, client: int, num_clients: int, key: Path | None = None, name: str | None = None
     ) -> subprocess.Popen:
         """Start the SuperNode of client ``client`` (with its private ``key`` under TLS + auth) and its
-        long-lived ClientApp process (:mod:`fedge.deploy.node_process`, which exits with the node)."""
+        long-lived ClientApp process."""
         name = name or f"node{client}"
         security = ["--root-certificates", str(self.tls.ca)] if self.tls else ["--insecure"]
         if self.tls and key is not None:
@@ -195,14 +197,19 @@ class Federation:
 
         node, port = self._spawn_listening(name, command, free_port())
         self.nodes[name] = node
-        clientapp = [sys.executable, "-m", "fedge.deploy.node_process",
-                     "--runtime-api-address", f"127.0.0.1:{port}", "--parent-pid", str(node.pid)]  # fmt: skip
-        self.clientapps[name] = self._spawn(f"{name}-clientapp", clientapp)
+        self._spawn_app(name, "clientapp", node, port)
         return node
+
+    def _spawn_app(self, name: str, kind: str, parent: subprocess.Popen, port: int) -> None:
+        """Start the long-lived app process (:mod:`fedge.deploy.app_process`) of process ``name``, which
+        serves its Runtime API on ``port`` and exits with it."""
+        command = [sys.executable, "-m", "fedge.deploy.app_process", kind,
+                   "--runtime-api-address", f"127.0.0.1:{port}", "--parent-pid", str(parent.pid)]  # fmt: skip
+        self.apps[name] = self._spawn(f"{name}-{kind}", command)
 
     def kill_node(self, name: str) -> None:
         """Kill a SuperNode and everything it started (its ClientApp process included)."""
-        for process in (self.nodes[name], self.clientapps.pop(name)):
+        for process in (self.nodes[name], self.apps.pop(name)):
             os.killpg(process.pid, signal.SIGKILL)
             process.wait()
 
@@ -232,14 +239,15 @@ class Federation:
         status = self.flwr("ls", self.connection, "--format", "json")
         runs = json.loads(status.stdout).get("runs", []) if status.returncode == 0 else []
         if done.returncode != 0 or not runs or "completed" not in str(runs[-1].get("status", "")):
-            tail = log.read_text()[-2000:]
+            server = self._log("superlink-serverapp")  # the server app's log: its traceback, if it raised
+            tail = (server.read_text() if server.is_file() else log.read_text())[-2000:]
             raise FedgeError(f"the deployed run failed (logs: {self.home / 'logs'}): {tail}")
         return rounds.run_dir()
 
     def stop(self) -> None:
         """Stop every process this federation started (SIGTERM, then SIGKILL after 10 s)."""
         processes = [
-            *self.clientapps.values(),
+            *self.apps.values(),
             *self.nodes.values(),
             *([self.superlink] if self.superlink else []),
         ]
