@@ -424,12 +424,12 @@ def test_fedge_deploy_shows_the_superlink_each_supernode_and_each_round(tmp_path
 
     monkeypatch.setattr(launch, "Federation", InProcess)
     path = tmp_path / "gossip.yaml"
-    path.write_text(config(tmp_path, "gossip").to_yaml())
+    path.write_text(config(tmp_path, "gossip", rounds=3).to_yaml())
     shown = CliRunner().invoke(app, ["deploy", str(path), "--home", str(tmp_path / "home")])
     assert shown.exit_code == 0, shown.output
     lines = shown.output.splitlines()
-    order = ["SuperLink on 127.0.0.1:9091", "SuperNode 1/3", "SuperNode 3/3", "round 1/2", "round 2/2"]
+    order = ["SuperLink on 127.0.0.1:9091", "SuperNode 1/3", "SuperNode 3/3", *(f"round {t}/3" for t in (1, 2, 3))]
     at = [next(i for i, line in enumerate(lines) if line.startswith(start)) for start in order]
     assert at == sorted(at) and "acc " in lines[at[-1]] and "fedge · gossip on digits" in shown.output
     quiet = CliRunner().invoke(app, ["deploy", str(path), "--quiet", "--home", str(tmp_path / "home")])
-    assert quiet.exit_code == 0 and "round 1/2" not in quiet.output and "SuperNode" not in quiet.output
+    assert quiet.exit_code == 0 and "round 1/3" not in quiet.output and "SuperNode" not in quiet.output

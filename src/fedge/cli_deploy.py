@@ -103,7 +103,7 @@ def _deploy(config: str, overrides: list[str], tls: bool, round_timeout: float, 
             federation.add_node(client, clients, key=key)
             say(f"SuperNode {client + 1}/{clients} started (partition-id={client})")
         say(f"flwr run: the server app builds the run and waits for the {clients} SuperNodes")
-        with RunProgress(console, cfg.rounds, quiet=quiet) as progress:
+        with RunProgress(console, cfg.rounds, quiet=quiet, interval=0) as progress:  # rounds take seconds
             return federation.run(
                 cfg, round_timeout=round_timeout, join_timeout=join_timeout, on_round=progress
             )
