@@ -24,6 +24,7 @@ import logging
 import os
 import time
 from collections.abc import Callable
+from pathlib import Path
 
 from flwr.app import Context, Message, RecordDict
 from flwr.app.error import Error
@@ -50,15 +51,16 @@ FAB_ID = "fedge/fedge-run"
 POLL_SECONDS = float(os.environ.get("FLWR_SUPEREXEC_TASK_POLL_INTERVAL", "0.1"))  # as Flower's SuperExec
 
 
-def _client(address: str, component: str, token: str | None = None) -> RuntimeHttpClient:
-    """A client of the Runtime API on this host (plain HTTP on loopback, as Flower's own processes)."""
+def _client(address: str, ca: bytes | None, component: str, token: str | None = None) -> RuntimeHttpClient:
+    """A client of the Runtime API on this host: over TLS checked against ``ca`` (a SuperLink with TLS
+    serves it on its one port), else plain HTTP (a SuperNode's, on loopback)."""
     interceptors: list = [RuntimeVersionHttpInterceptor(component_name=component)]
     if token is not None:
         interceptors.append(RuntimeTokenHttpInterceptor(token))
     return RuntimeHttpClient.from_server_address(
         server_address=address,
-        insecure=True,
-        root_certificates=None,
+        insecure=ca is None,
+        root_certificates=ca,
         interceptors=interceptors,
         retry_invoker=make_simple_http_retry_invoker(),
     )
@@ -69,11 +71,11 @@ def _fedge_only(fab_id: str) -> None:
         raise RuntimeError(f"this process runs fedge's apps only, not {fab_id!r}")
 
 
-def run_clientapp(address: str, token: str) -> None:
+def run_clientapp(address: str, ca: bytes | None, token: str) -> None:
     """One message: pull it with its node's context, run fedge's ClientApp, push the reply and context."""
     from fedge.deploy import client_app
 
-    client = _client(address, "flwr-clientapp", token)
+    client = _client(address, ca, "flwr-clientapp", token)
     heartbeat = HeartbeatSender(make_task_heartbeat_fn_http(client))
     heartbeat.start()
     message: Message | None = None
@@ -104,13 +106,13 @@ def run_clientapp(address: str, token: str) -> None:
             client.close()
 
 
-def run_serverapp(address: str, token: str) -> None:
+def run_serverapp(address: str, ca: bytes | None, token: str) -> None:
     """One run: pull it with its config, run fedge's ServerApp on a grid of the SuperLink, push the
     task's status (the run is completed or failed)."""
     from fedge.deploy import server_app
 
-    client = _client(address, "flwr-serverapp", token)
-    grid = HttpGrid(runtime_api_address=address, insecure=True, root_certificates=None, token=token)
+    client = _client(address, ca, "flwr-serverapp", token)
+    grid = HttpGrid(runtime_api_address=address, insecure=ca is None, root_certificates=ca, token=token)
     heartbeat = HeartbeatSender(make_task_heartbeat_fn_http(client))
     heartbeat.start()
     context: Context | None = None
@@ -141,23 +143,24 @@ def run_serverapp(address: str, token: str) -> None:
             client.close()
 
 
-TASKS: dict[str, tuple[TaskType, Callable[[str, str], None], str]] = {
+TASKS: dict[str, tuple[TaskType, Callable[[str, bytes | None, str], None], str]] = {
     "clientapp": (TaskType.CLIENT_APP, run_clientapp, "fedge.deploy.client_app"),
     "serverapp": (TaskType.SERVER_APP, run_serverapp, "fedge.deploy.server_app"),
 }
 """Each kind: the task type it takes, how it runs one, and the app's module (imported before the first)."""
 
 
-def serve(kind: str, address: str, poll: float = POLL_SECONDS) -> None:
-    """Take the Runtime API's tasks of ``kind`` one after another, for as long as this process lives."""
+def serve(kind: str, address: str, ca: bytes | None = None, poll: float = POLL_SECONDS) -> None:
+    """Take the Runtime API's tasks of ``kind`` one after another, for as long as this process lives
+    (``ca``: the Runtime API is served over TLS with a certificate of this CA)."""
     task_type, run_task, module = TASKS[kind]
     importlib.import_module(module)  # torch and fedge: while the federation starts, not in the first task
-    client = _client(address, "SuperExec")
+    client = _client(address, ca, "SuperExec")
     request = AcquireTaskRequest(supported_task_types=[task_type], agentapp_fab_hashes=[])
     while True:
         acquired = client.AcquireTask(request)
         if acquired.HasField("task") and acquired.token:
-            run_task(address, acquired.token)
+            run_task(address, ca, acquired.token)
         else:
             time.sleep(poll)
 
@@ -167,13 +170,15 @@ def main() -> None:
     parser.add_argument("kind", choices=sorted(TASKS), help="SuperNode: clientapp; SuperLink: serverapp")
     parser.add_argument("--runtime-api-address", required=True, help="host:port of the Runtime API it serves")
     parser.add_argument("--parent-pid", type=int, help="exit when this process (SuperNode, SuperLink) exits")
+    parser.add_argument("--root-certificates", type=Path, help="CA certificate of a Runtime API with TLS")
     args = parser.parse_args()
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     logging.getLogger("httpx").setLevel(logging.WARNING)  # one line per Runtime API request otherwise
     if args.parent_pid is not None:
         start_parent_process_monitor(args.parent_pid)
     with contextlib.suppress(KeyboardInterrupt):  # the parent exited (the monitor's signal), Ctrl-C
-        serve(args.kind, args.runtime_api_address)
+        ca = args.root_certificates.read_bytes() if args.root_certificates else None
+        serve(args.kind, args.runtime_api_address, ca)
 
 
 if __name__ == "__main__":

@@ -127,7 +127,8 @@ class Federation:
         self.superlink, self.port = self._spawn_listening("superlink", command, self.port)
         if self.superlink.poll() is not None:
             raise FedgeError(f"the SuperLink exited ({self._log('superlink')})")
-        self._spawn_app("superlink", "serverapp", self.superlink, self.port)
+        ca = self.tls.ca if self.tls else None  # a SuperLink with TLS serves its Runtime API over TLS
+        self._spawn_app("superlink", "serverapp", self.superlink, self.port, ca)
         link: dict[str, object] = {"address": f"127.0.0.1:{self.port}"}
         link.update({"root-certificates": str(self.tls.ca)} if self.tls else {"insecure": True})
         settings = {"superlink": {"default": self.connection, self.connection: link}}
@@ -200,11 +201,15 @@ class Federation:
         self._spawn_app(name, "clientapp", node, port)
         return node
 
-    def _spawn_app(self, name: str, kind: str, parent: subprocess.Popen, port: int) -> None:
+    def _spawn_app(
+        self, name: str, kind: str, parent: subprocess.Popen, port: int, ca: Path | None = None
+    ) -> None:
         """Start the long-lived app process (:mod:`fedge.deploy.app_process`) of process ``name``, which
-        serves its Runtime API on ``port`` and exits with it."""
+        serves its Runtime API on ``port`` (over TLS with a certificate of ``ca``) and exits with it."""
         command = [sys.executable, "-m", "fedge.deploy.app_process", kind,
                    "--runtime-api-address", f"127.0.0.1:{port}", "--parent-pid", str(parent.pid)]  # fmt: skip
+        if ca is not None:
+            command += ["--root-certificates", str(ca)]
         self.apps[name] = self._spawn(f"{name}-{kind}", command)
 
     def kill_node(self, name: str) -> None:
