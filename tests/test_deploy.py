@@ -1,10 +1,15 @@
 """fedge on Flower's Deployment Runtime: a SuperLink and three SuperNodes as separate processes over
 gRPC on loopback. Every deployable algorithm's run must end with the simulated run's model and ledger;
-a SuperNode killed mid-run drops out of its rounds while the run completes (FedAvg, Gossip); under TLS
-with node authentication an unknown key cannot join; refused algorithms fail in one line. The runtime
-tests carry the ``deploy`` marker (CI's second step); the payload checks and the in-process loopback
-runs (the same records, node code and checks without the runtime's processes) run wherever Flower is
-installed."""
+a SuperNode killed mid-run drops out of its rounds while the run completes; under TLS with node
+authentication an unknown key cannot join; refused algorithms fail in one line. The runtime tests carry
+the ``deploy`` marker (CI's second step); the payload checks and the in-process loopback runs (the same
+records, node code and checks without the runtime's processes) run wherever Flower is installed.
+
+CI runs on the runtime what only the runtime exercises: each of the ClientApp's message handlers (one
+algorithm per handler family, :data:`ON_THE_RUNTIME`), one dropout, TLS with node authentication and the
+launcher's port retry. The other runtime runs go through the same handlers and the same transport, and
+their server side is checked in process (here and in tests/test_split_deployed.py); they carry the
+``slow`` marker too and run on demand (docs/deploy.md)."""
 
 from __future__ import annotations
 
@@ -35,9 +40,10 @@ from fedge.runner import build_run  # noqa: E402
 from fedge.tensors import Tensors  # noqa: E402
 
 NODES = 3
-# A killed node costs its rounds this long; raise it on a heavily loaded machine (normal replies slower).
-# Round 3 finds the killed node unavailable at once (missed heartbeats), so only round 2 waits it out.
-KILL_TIMEOUT = float(os.environ.get("FEDGE_DEPLOY_ROUND_TIMEOUT", "60"))
+# A killed node costs its rounds this long; raise it on a heavily loaded machine (normal replies slower:
+# a few seconds each with the long-lived ClientApp processes). Round 3 finds the killed node unavailable
+# at once once the SuperLink has missed its heartbeats (about a minute), otherwise it waits it out too.
+KILL_TIMEOUT = float(os.environ.get("FEDGE_DEPLOY_ROUND_TIMEOUT", "30"))
 ALGORITHMS = {
     "fedavg": {"name": "fedavg", "batch_size": 64},
     "cse_fsl": {"name": "cse_fsl", "h": 2, "local_steps": 4, "batch_size": 32},
@@ -65,6 +71,15 @@ ALGORITHMS = {
     },
 }  # fmt: skip
 ROUNDS = {"hfedavg": 1, "hist": 1, "ditto": 1}  # two edge rounds; Ditto's three training phases a round
+ON_THE_RUNTIME = {
+    "fedavg": "train.rows: the remote executor of every non-split algorithm",
+    "fsl_sage": "train and train.aux: the aux-head split round (CSE-FSL, FSL_AN), the aux model kept",
+    "splitfed_v2": "query.smashed and train.apply_gradients: the row kept between them (SplitFed v1)",
+    "light_fedsl": "query.forward and train.backward: lightweight and traditional FedSL",
+}
+"""The runtime runs CI keeps: one per family of ClientApp handlers, and what it stands for. The others'
+server side is checked in process: FedAvg, HIST, Gossip and Ditto over the loopback transport (this
+file), every split algorithm's deployed round against its simulation (tests/test_split_deployed.py)."""
 HIERARCHICAL = ("hfedavg", "hist")
 SPLIT = ("cse_fsl", "splitfed_v2", "fsl_an", "splitfed_v1", "light_fedsl", "fedsl", "fsl_sage")
 
@@ -216,11 +231,42 @@ def test_refused_algorithms_fail_in_one_line_naming_why(algorithm):
     assert "\n" not in str(caught.value)
 
 
+def test_the_client_app_builds_the_run_once_per_run_and_node(tmp_path, monkeypatch):
+    """A long-lived ClientApp process answers a run's messages with the run it built for the first one;
+    a new run gets its own."""
+    from flwr.app import Context, RecordDict
+
+    from fedge.deploy import client_app
+
+    built: list[int] = []
+
+    class Counted(client_app.Node):
+        def __init__(self, config, client):
+            built.append(client)
+            super().__init__(config, client)
+
+    monkeypatch.setattr(client_app, "Node", Counted)
+    monkeypatch.setattr(client_app, "_BUILT", {})
+    settings = {"config": config(tmp_path, "fedavg").to_yaml()}
+
+    def node(run_id: int):
+        return client_app._node(Context(run_id, 7, {"partition-id": 1}, RecordDict(), settings))
+
+    first = node(11)
+    assert node(11) is first and node(11) is first and built == [1]
+    assert node(12) is not first and built == [1, 1] and node(12).client == 1
+
+
 # ----- the runtime -----------------------------------------------------------------------------------
 
 
+def on_demand(names, keep) -> list:
+    """``names`` as parameters, those not in ``keep`` marked ``slow`` (run on demand, not in CI)."""
+    return [name if name in keep else pytest.param(name, marks=pytest.mark.slow) for name in names]
+
+
 @pytest.mark.deploy
-@pytest.mark.parametrize("algorithm", list(ALGORITHMS))
+@pytest.mark.parametrize("algorithm", on_demand(ALGORITHMS, ON_THE_RUNTIME))
 def test_deployed_run_equals_the_simulation(federation, tmp_path, algorithm):
     cfg = config(tmp_path, algorithm, rounds=ROUNDS.get(algorithm, 2))
     deployed = federation.run(cfg, round_timeout=300)
@@ -258,6 +304,7 @@ def killed_in_round_two(federation: Federation, tmp_path: Path, algorithm: str) 
 
 
 @pytest.mark.deploy
+@pytest.mark.slow  # the FedAvg run below takes the runtime's path; Gossip's rule runs in process above
 def test_a_supernode_killed_in_round_two_drops_out_and_the_gossip_run_completes(federation, tmp_path):
     """A decentralized round: client 2 keeps its rows, its peers mix them in. Its node is started again
     afterwards (the SuperLink may still list the dead one: joining must not wait for it)."""
@@ -267,6 +314,7 @@ def test_a_supernode_killed_in_round_two_drops_out_and_the_gossip_run_completes(
 
 
 @pytest.mark.deploy
+@pytest.mark.slow  # the runtime's path as FedAvg's below; the split rule: tests/test_split_deployed.py
 def test_a_supernode_killed_in_round_two_drops_out_and_the_cse_fsl_run_completes(federation, tmp_path):
     """A split round: client 2 leaves rounds 2 and 3 (its row, weight and upload), the server model
     trains on the others' smashed data. Its node is started again afterwards."""
@@ -277,7 +325,8 @@ def test_a_supernode_killed_in_round_two_drops_out_and_the_cse_fsl_run_completes
 
 @pytest.mark.deploy
 def test_a_supernode_killed_in_round_two_drops_out_and_the_fedavg_run_completes(federation, tmp_path):
-    """Last test on the shared federation: it kills one of its nodes."""
+    """The runtime's dropout: a node gone mid-round costs the round timeout, the next round finds it
+    unavailable, the run completes. Last test on the shared federation: it kills one of its nodes."""
     killed_in_round_two(federation, tmp_path, "fedavg")
 
 
@@ -335,3 +384,53 @@ def test_fedge_deploy_refuses_in_one_line_and_prints_the_run_summary(tmp_path, c
         and "peer_model (peer)" in shown
         and "carried on the runtime" in shown
     )
+
+
+class InProcess:
+    """A stand-in for :class:`Federation` in ``fedge deploy``: its nodes answer in this process (the
+    loopback transport), its run hands the rows to ``on_round`` as the real one does."""
+
+    port = 9091
+
+    def __init__(self, home, tls=None):
+        self.nodes: list[int] = []
+
+    def start(self):
+        return self
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        return None
+
+    def add_node(self, client, num_clients, key=None):
+        self.nodes.append(client)
+
+    def run(self, cfg, round_timeout, join_timeout, on_round):
+        from fedge.deploy.launch import NewRows
+
+        rows = NewRows(Path(cfg.output.dir), on_round)
+        run_deployed(cfg, lambda n: LoopbackTransport(cfg, n))
+        rows.read()
+        return rows.run_dir()
+
+
+def test_fedge_deploy_shows_the_superlink_each_supernode_and_each_round(tmp_path, monkeypatch):
+    from typer.testing import CliRunner
+
+    from fedge.cli import app
+    from fedge.deploy import launch
+
+    monkeypatch.setattr(launch, "Federation", InProcess)
+    path = tmp_path / "gossip.yaml"
+    path.write_text(config(tmp_path, "gossip", rounds=3).to_yaml())
+    shown = CliRunner().invoke(app, ["deploy", str(path), "--home", str(tmp_path / "home")])
+    assert shown.exit_code == 0, shown.output
+    lines = shown.output.splitlines()
+    rounds = [f"round {t}/3" for t in (1, 2, 3)]  # every round, however fast
+    order = ["SuperLink on 127.0.0.1:9091", "SuperNode 1/3", "SuperNode 3/3", *rounds]
+    at = [next(i for i, line in enumerate(lines) if line.startswith(start)) for start in order]
+    assert at == sorted(at) and "acc " in lines[at[-1]] and "fedge · gossip on digits" in shown.output
+    quiet = CliRunner().invoke(app, ["deploy", str(path), "--quiet", "--home", str(tmp_path / "home")])
+    assert quiet.exit_code == 0 and "round 1/3" not in quiet.output and "SuperNode" not in quiet.output

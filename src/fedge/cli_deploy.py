@@ -32,12 +32,13 @@ def deploy(
     round_timeout: Annotated[float, typer.Option(help="seconds a round waits for its replies")] = 120.0,
     join_timeout: Annotated[float, typer.Option(help="seconds to wait for every SuperNode")] = 120.0,
     home: Annotated[Path | None, typer.Option(help="Flower home: settings, logs, certificates")] = None,
+    quiet: Annotated[bool, typer.Option("--quiet", "-q", help="no progress output")] = False,
 ) -> None:
     """Run CONFIG with a SuperLink and one SuperNode per client on this host (Flower Deployment Runtime)."""
     from fedge.cli import _fail  # the other commands' one-line error (imported here: cli imports this)
 
     try:
-        run_dir = _deploy(config, overrides or [], tls, round_timeout, join_timeout, home)
+        run_dir = _deploy(config, overrides or [], tls, round_timeout, join_timeout, home, quiet)
     except FedgeError as error:
         raise _fail(str(error), error.exit_code) from None
     print_deployed(run_dir)
@@ -67,13 +68,22 @@ def _result(run_dir: Path) -> Result:
 
 
 def _deploy(config: str, overrides: list[str], tls: bool, round_timeout: float, join_timeout: float,
-            home: Path | None) -> Path:  # fmt: skip
+            home: Path | None, quiet: bool = False) -> Path:  # fmt: skip
+    """Start the federation, run ``config`` on it and stop it; the run directory. Unless ``quiet``, each
+    step is printed as it happens (the SuperLink, each SuperNode, the server app's start) and each round
+    as ``fedge run`` shows it."""
     if importlib.util.find_spec("flwr") is None:
         raise FedgeError("deploy: Flower is not installed; pip install 'fedge[deploy]'")
     from fedge.api import resolve_config
+    from fedge.cli import console
     from fedge.deploy.launch import Federation, Tls
     from fedge.deploy.rounds import deployed_class
+    from fedge.progress import RunProgress
     from fedge.runner import build_run
+
+    def say(line: str) -> None:
+        if not quiet:
+            console.print(line, highlight=False)
 
     cfg = resolve_config(config, overrides)
     deployed = deployed_class(cfg.algorithm.name)  # a refused algorithm fails here, in one line
@@ -83,10 +93,17 @@ def _deploy(config: str, overrides: list[str], tls: bool, round_timeout: float, 
     home = Path(home or tempfile.mkdtemp(prefix="fedge-flwr-")).resolve()
     material = Tls.create(home / "tls") if tls else None
     with Federation(home, tls=material).start() as federation:
+        secured = " with TLS and SuperNode authentication" if material else ""
+        say(f"SuperLink on 127.0.0.1:{federation.port}{secured} (logs: {home / 'logs'})")
         for client in range(clients):
             key = None
             if material is not None:
                 key = material.node_key(f"node{client}")
                 federation.register(key, f"node{client}")
             federation.add_node(client, clients, key=key)
-        return federation.run(cfg, round_timeout=round_timeout, join_timeout=join_timeout)
+            say(f"SuperNode {client + 1}/{clients} started (partition-id={client})")
+        say(f"flwr run: the server app builds the run and waits for the {clients} SuperNodes")
+        with RunProgress(console, cfg.rounds, quiet=quiet, interval=0) as progress:  # rounds take seconds
+            return federation.run(
+                cfg, round_timeout=round_timeout, join_timeout=join_timeout, on_round=progress
+            )

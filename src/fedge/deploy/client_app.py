@@ -1,9 +1,11 @@
 """The Flower ClientApp of a deployed fedge run (``clientapp = "fedge.deploy.client_app:app"``).
 
-Every message starts a fresh process, so a node keeps its split-round state (its row's parameters,
-buffers and optimizer state; an FSL-SAGE client's aux model across rounds) in the Flower context's state
-between messages. The client is the node's
-``partition-id``; ``num-partitions`` must equal the config's number of clients (the server checks it).
+A node keeps its split-round state (its row's parameters, buffers and optimizer state; an FSL-SAGE
+client's aux model across rounds) in the Flower context's state between messages. The built run (data,
+model, algorithm) is kept in this process per run and partition: a SuperNode's default ClientApp
+process handles one message and builds it again, while a long-lived one
+(:mod:`fedge.deploy.app_process`) builds it once per run. The client is the node's ``partition-id``;
+``num-partitions`` must equal the config's number of clients (the server checks it).
 """
 
 from __future__ import annotations
@@ -27,9 +29,18 @@ FEDSL_STATE = ("params", "buffers", "masks")  # a lightweight-FedSL client's sta
 AUX, AUX_ROUND = "fedge.aux", "fedge.aux_round"  # an FSL-SAGE client's aux model and its alignment round
 
 
+_BUILT: dict[tuple[int, int], Node] = {}  # the node of the latest (run id, partition id) this process served
+
+
 def _node(context: Context) -> Node:
-    config = parse_config(yaml.safe_load(str(context.run_config["config"])))
-    return Node(config, int(context.node_config["partition-id"]))
+    """This node's client side of the context's run, built on the run's first message in this process
+    and reused by the next ones (a new run replaces the last run's)."""
+    key = (int(context.run_id), int(context.node_config["partition-id"]))
+    if key not in _BUILT:
+        _BUILT.clear()
+        config = parse_config(yaml.safe_load(str(context.run_config["config"])))
+        _BUILT[key] = Node(config, key[1])
+    return _BUILT[key]
 
 
 def _reply(

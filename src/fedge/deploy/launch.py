@@ -12,16 +12,21 @@ import os
 import signal
 import socket
 import subprocess
+import sys
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 import tomli_w
 
+from fedge import results
 from fedge.config import RunConfig
 from fedge.errors import FedgeError
 
+RoundCallback = Callable[[int, dict[str, Any]], None]
+ROUND_POLL_SECONDS = 0.5  # how often a run's new metrics rows are looked for
 APP_COMPONENTS = {"serverapp": "fedge.deploy.server_app:app", "clientapp": "fedge.deploy.client_app:app"}
 
 
@@ -83,6 +88,7 @@ class Federation:
     port: int = field(default_factory=free_port)
     superlink: subprocess.Popen | None = None
     nodes: dict[str, subprocess.Popen] = field(default_factory=dict)
+    apps: dict[str, subprocess.Popen] = field(default_factory=dict)  # the app process of each of them
 
     @property
     def connection(self) -> str:
@@ -103,7 +109,8 @@ class Federation:
         )
 
     def start(self) -> Federation:
-        """Start the SuperLink (TLS and node auth when ``tls``), then write the connection settings."""
+        """Start the SuperLink (TLS and node auth when ``tls``) and its long-lived ServerApp process, then
+        write the connection settings."""
         (self.home / "logs").mkdir(parents=True, exist_ok=True)
         security = ["--insecure"]
         if self.tls:
@@ -115,11 +122,13 @@ class Federation:
 
         def command(port: int) -> list[str]:
             return ["flower-superlink", "--port", str(port), "--disable-runtime-dependency-installation",
-                    *security]  # fmt: skip
+                    "--isolation", "process", *security]  # fmt: skip
 
         self.superlink, self.port = self._spawn_listening("superlink", command, self.port)
         if self.superlink.poll() is not None:
             raise FedgeError(f"the SuperLink exited ({self._log('superlink')})")
+        ca = self.tls.ca if self.tls else None  # a SuperLink with TLS serves its Runtime API over TLS
+        self._spawn_app("superlink", "serverapp", self.superlink, self.port, ca)
         link: dict[str, object] = {"address": f"127.0.0.1:{self.port}"}
         link.update({"root-certificates": str(self.tls.ca)} if self.tls else {"insecure": True})
         settings = {"superlink": {"default": self.connection, self.connection: link}}
@@ -175,7 +184,8 @@ class Federation:
     def add_node(
         self, client: int, num_clients: int, key: Path | None = None, name: str | None = None
     ) -> subprocess.Popen:
-        """Start the SuperNode of client ``client`` (with its private ``key`` under TLS + auth)."""
+        """Start the SuperNode of client ``client`` (with its private ``key`` under TLS + auth) and its
+        long-lived ClientApp process."""
         name = name or f"node{client}"
         security = ["--root-certificates", str(self.tls.ca)] if self.tls else ["--insecure"]
         if self.tls and key is not None:
@@ -184,40 +194,68 @@ class Federation:
         def command(port: int) -> list[str]:
             partition = f"partition-id={client} num-partitions={num_clients}"
             return ["flower-supernode", "--superlink", f"127.0.0.1:{self.port}", "--port", str(port),
-                    "--node-config", partition, *security]  # fmt: skip
+                    "--node-config", partition, "--isolation", "process", *security]  # fmt: skip
 
-        self.nodes[name], _ = self._spawn_listening(name, command, free_port())
-        return self.nodes[name]
+        node, port = self._spawn_listening(name, command, free_port())
+        self.nodes[name] = node
+        self._spawn_app(name, "clientapp", node, port)
+        return node
+
+    def _spawn_app(
+        self, name: str, kind: str, parent: subprocess.Popen, port: int, ca: Path | None = None
+    ) -> None:
+        """Start the long-lived app process (:mod:`fedge.deploy.app_process`) of process ``name``, which
+        serves its Runtime API on ``port`` (over TLS with a certificate of ``ca``) and exits with it."""
+        command = [sys.executable, "-m", "fedge.deploy.app_process", kind,
+                   "--runtime-api-address", f"127.0.0.1:{port}", "--parent-pid", str(parent.pid)]  # fmt: skip
+        if ca is not None:
+            command += ["--root-certificates", str(ca)]
+        self.apps[name] = self._spawn(f"{name}-{kind}", command)
 
     def kill_node(self, name: str) -> None:
-        """Kill a SuperNode and everything it started (its ClientApp processes included)."""
-        process = self.nodes[name]
-        os.killpg(process.pid, signal.SIGKILL)
-        process.wait()
+        """Kill a SuperNode and everything it started (its ClientApp process included)."""
+        for process in (self.nodes[name], self.apps.pop(name)):
+            os.killpg(process.pid, signal.SIGKILL)
+            process.wait()
 
     def run(self, config: RunConfig, round_timeout: float = 120.0, join_timeout: float = 120.0,
-            timeout: float = 1800.0) -> Path:  # fmt: skip
-        """Run ``config`` on the federation with ``flwr run``; the run directory once it finished."""
+            timeout: float = 1800.0, on_round: RoundCallback | None = None) -> Path:  # fmt: skip
+        """Run ``config`` on the federation with ``flwr run``; the run directory once it finished.
+        ``on_round(t, row)`` gets each round's metrics row as the server app writes it."""
         out = Path(config.output.dir).resolve()
         config = config.model_copy(update={"output": config.output.model_copy(update={"dir": str(out)})})
-        before = set(out.glob("*")) if out.is_dir() else set()
+        rounds = NewRows(out, on_round)
         app = self.home / "app"
         app.mkdir(exist_ok=True)
         (app / "pyproject.toml").write_text(tomli_w.dumps(app_project(config, round_timeout, join_timeout)))
-        done = self.flwr("run", str(app), self.connection, "--stream", timeout=timeout)
-        (self.home / "logs" / "flwr-run.log").write_text(done.stdout + done.stderr)
+        log = self.home / "logs" / "flwr-run.log"
+        with log.open("w") as sink:
+            command = ["flwr", "run", str(app), self.connection, "--stream"]
+            done = subprocess.Popen(command, env=self.env(), stdout=sink, stderr=subprocess.STDOUT)
+            deadline = time.monotonic() + timeout
+            while done.poll() is None and time.monotonic() < deadline:
+                rounds.read()
+                time.sleep(ROUND_POLL_SECONDS)
+            if done.poll() is None:
+                done.kill()
+                done.wait()
+                raise FedgeError(f"the deployed run took over {timeout:.0f} s (logs: {self.home / 'logs'})")
+        rounds.read()
         status = self.flwr("ls", self.connection, "--format", "json")
         runs = json.loads(status.stdout).get("runs", []) if status.returncode == 0 else []
         if done.returncode != 0 or not runs or "completed" not in str(runs[-1].get("status", "")):
-            raise FedgeError(f"the deployed run failed (logs: {self.home / 'logs'}): {done.stdout[-2000:]}")
-        made = [p for p in out.glob("*") if p not in before and p.is_dir()]
-        if len(made) != 1:
-            raise FedgeError(f"expected one new run directory in {out}, found {len(made)}")
-        return made[0]
+            server = self._log("superlink-serverapp")  # the server app's log: its traceback, if it raised
+            tail = (server.read_text() if server.is_file() else log.read_text())[-2000:]
+            raise FedgeError(f"the deployed run failed (logs: {self.home / 'logs'}): {tail}")
+        return rounds.run_dir()
 
     def stop(self) -> None:
         """Stop every process this federation started (SIGTERM, then SIGKILL after 10 s)."""
-        processes = [*self.nodes.values(), *([self.superlink] if self.superlink else [])]
+        processes = [
+            *self.apps.values(),
+            *self.nodes.values(),
+            *([self.superlink] if self.superlink else []),
+        ]
         for process in processes:
             if process.poll() is None:
                 os.killpg(process.pid, signal.SIGTERM)
@@ -234,6 +272,36 @@ class Federation:
 
     def __exit__(self, *exc: object) -> None:
         self.stop()
+
+
+class NewRows:
+    """The run directory a deployed run makes under ``out`` (the one that was not there before) and the
+    metrics rows it has written so far, each handed once to ``on_round(t, row)``."""
+
+    def __init__(self, out: Path, on_round: RoundCallback | None = None):
+        self.out, self.on_round = out, on_round
+        self.before = set(out.glob("*")) if out.is_dir() else set()
+        self.seen = 0
+
+    def made(self) -> list[Path]:
+        return [p for p in self.out.glob("*") if p not in self.before and p.is_dir()]
+
+    def run_dir(self) -> Path:
+        """The one new run directory (a FedgeError if there is none or several)."""
+        made = self.made()
+        if len(made) != 1:
+            raise FedgeError(f"expected one new run directory in {self.out}, found {len(made)}")
+        return made[0]
+
+    def read(self) -> None:
+        """Hand the rows written since the last call to ``on_round``."""
+        made = self.made()
+        if self.on_round is None or len(made) != 1 or not (made[0] / results.METRICS).is_file():
+            return
+        rows = results.read_jsonl(made[0] / results.METRICS)  # written whole each round (temp + rename)
+        for row in rows[self.seen :]:
+            self.on_round(int(row["round"]), row)
+        self.seen = max(self.seen, len(rows))
 
 
 def app_project(config: RunConfig, round_timeout: float, join_timeout: float) -> dict:
