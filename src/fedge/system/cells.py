@@ -68,11 +68,12 @@ def _latency(work: CellsWork, radio: RadioTiming, rates: np.ndarray | None) -> t
         else:
             air = (work.values[j], float(work.bandwidth_hz[j]), radio.subcarrier_hz, radio.symbol_s)
             per_cell.append(aircomp_edge_latency(work.steps, fraction, radio.cycles_per_step, cpu, *air))
-            compute = aircomp_compute_seconds(work.steps, fraction, radio.cycles_per_step, cpu)
-            paths.append((float(compute), aircomp_uplink_seconds(*air)))
-    compute, upload = paths[int(np.argmax(per_cell))]
+            seconds = aircomp_compute_seconds(work.steps, fraction, radio.cycles_per_step, cpu)
+            paths.append((float(seconds), aircomp_uplink_seconds(*air)))
+    slowest_compute, slowest_upload = paths[int(np.argmax(per_cell))]
     e = work.edge_rounds
-    return global_round_latency(np.array(per_cell), e), {CLIENT_COMPUTE: e * compute, UPLINK: e * upload}
+    path = {CLIENT_COMPUTE: e * slowest_compute, UPLINK: e * slowest_upload}
+    return global_round_latency(np.array(per_cell), e), path
 
 
 def cells_round(

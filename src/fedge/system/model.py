@@ -127,7 +127,7 @@ class SystemModel:
         """The processor speed of ``clients`` (the system's nominal speed where they are not named)."""
         if clients is None or np.ndim(self.cpu_hz) == 0:
             return self.cfg.client_cpu_hz if clients is None else self.cpu_hz
-        return self.cpu_hz[np.asarray(clients)]
+        return np.asarray(self.cpu_hz)[np.asarray(clients)]
 
     def link(self, round_: int) -> WirelessLink:
         """Every client's rates in ``round_`` (fading redrawn per round when enabled)."""

@@ -15,6 +15,6 @@ def noise_power_watt(noise_dbm_per_hz: float, bandwidth_hz: float) -> float:
     return float(dbm_to_watt(noise_dbm_per_hz) * bandwidth_hz)
 
 
-def shannon_rate(bandwidth_hz: float, snr: np.ndarray | float) -> np.ndarray:
-    """Achievable rate ``B log2(1 + SNR)`` in bit/s (linear SNR)."""
+def shannon_rate(bandwidth_hz: float | np.ndarray, snr: np.ndarray | float) -> np.ndarray:
+    """Achievable rate ``B log2(1 + SNR)`` in bit/s (linear SNR; a band per client where given)."""
     return bandwidth_hz * np.log2(1.0 + np.asarray(snr, dtype=np.float64))
