@@ -558,6 +558,14 @@ class TrackerConfig(StrictModel):
 
 
 
+def blocks_by_name(value: Any) -> Any:
+    """A list of named blocks as a config may write it: one block, or plain names (``[tensorboard]``)
+    for blocks with nothing but a name."""
+    if isinstance(value, str | dict):
+        value = [value]
+    return [{"name": item} if isinstance(item, str) else item for item in value or []]
+
+
 AggregationSite = Literal["server", "edge", "cloud", "peer", "buffer"]
 
 
@@ -583,9 +591,7 @@ class AggregationConfig(StrictModel):
     @field_validator("stages", mode="before")
     @classmethod
     def _stages_by_name(cls, value: Any) -> Any:
-        if isinstance(value, str | dict):
-            value = [value]
-        return [{"name": item} if isinstance(item, str) else item for item in value or []]
+        return blocks_by_name(value)
 
 
 class RunConfig(StrictModel):
@@ -625,9 +631,7 @@ class RunConfig(StrictModel):
     @field_validator("tracking", mode="before")
     @classmethod
     def _trackers_by_name(cls, value: Any) -> Any:
-        if isinstance(value, str | dict):
-            value = [value]
-        return [{"name": item} if isinstance(item, str) else item for item in value or []]
+        return blocks_by_name(value)
 
     @field_validator("algorithm", mode="before")
     @classmethod
