@@ -40,11 +40,6 @@ class Pipeline:
     reducer: Reducer
     names: tuple[str, ...]
 
-    @property
-    def plain(self) -> bool:
-        """Whether the site takes its own mean and nothing else (the default)."""
-        return not self.transforms and type(self.reducer) is SITE_MEANS[self.site]
-
     def reduce(self, updates: Updates, cohort: Cohort | None = None) -> Tensors:
         """The new state from ``updates``; ``cohort`` holds the rows' processes when only this process's
         rows are in ``updates`` (see the module's note)."""
