@@ -49,7 +49,7 @@ class DeployedFedSL:
         report = super().run_round(t)
         return RoundReport(report.train_loss, {**report.extra, **dropout_figures(self.transport, t)})
 
-    def _client_steps(self, t: int, rho: float, index: torch.Tensor, counts: torch.Tensor) -> Trained:
+    def client_steps(self, t: int, rho: float, index: torch.Tensor, counts: torch.Tensor) -> Trained:
         """The simulation's steps 1-3 with each client's side on its node (``rho`` is the node's to
         compute: it follows from the round)."""
         every = self.ctx.executor.phase_keys(range(len(self.nodes)))  # the round's stream, as simulated
@@ -123,7 +123,7 @@ class DeployedFedSL:
                 c,
             )
         keep = cut_masks(self.ctx.seed, t, own, dropped, 0, self.knobs.cut_dropout)
-        return self._server_side(t, dropped, y, own, keep, keys)
+        return self.server_side(t, dropped, y, own, keep, keys)
 
     def _backward(
         self, t: int, state: dict[int, dict[str, Tensors]], sizes: dict[int, int], grad: torch.Tensor

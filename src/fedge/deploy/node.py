@@ -170,7 +170,7 @@ class Node:
         params, buffers, _ = (rows(s, 0) for s in state)
         codec = get_codec(alg.cfg.codec_up)
         out = {}
-        for name, part in alg._exchanged():
+        for name, part in alg.exchanged_parts():
             sent = {**part(params), **floating(part(buffers))}
             if sent:
                 out[f"{name}_up"] = codec.encode(sent, False, None)

@@ -80,15 +80,15 @@ class DeployedSplit(SplitLearning):
             if codec not in WIRE_DTYPES:
                 raise ConfigError(f"algorithm.{key}", f"{codec!r} cannot be deployed; use fp32 or fp16")
 
-    def _report(self, rnd: Round) -> RoundReport:
-        report = super()._report(rnd)
+    def round_report(self, rnd: Round) -> RoundReport:
+        report = super().round_report(rnd)
         return RoundReport(report.train_loss, {**report.extra, **dropout_figures(self.transport, rnd.t)})
 
     def _broadcast(self, rnd: Round) -> dict[str, tuple[Tensors, np.dtype]]:
         """What the broadcast delivered to every row, by record name (``model_down``, ``aux_down``)."""
         params, buffers = rows(rnd.rows.params, 0), rows(rnd.rows.buffers, 0)
         out = {}
-        for name, part in self._exchanged():
+        for name, part in self.exchanged_parts():
             sent = {**part(params), **floating(part(buffers))}
             if sent:
                 out[f"{name}_down"] = (sent, wire_dtype(self.cfg.codec_down))
@@ -100,14 +100,14 @@ class DeployedSplit(SplitLearning):
         up = wire_dtype(self.cfg.codec_up)
         return {
             f"{name}_up": expect({**part(params), **floating(part(buffers))}, up)
-            for name, part in self._exchanged()
+            for name, part in self.exchanged_parts()
         }
 
     def _keep_uploads(self, rnd: Round, uploads: dict[int, dict[str, Tensors]]) -> None:
         """Write each row's uploaded client model (its ``model_up``/``aux_up`` records; ``uploads`` by
         row) into the round's stacked state."""
         params, buffers = dict(rnd.rows.params), dict(rnd.rows.buffers)
-        parts = {f"{name}_up" for name, _ in self._exchanged()}
+        parts = {f"{name}_up" for name, _ in self.exchanged_parts()}
         for r, records in uploads.items():
             for payload in (records[name] for name in parts if name in records):
                 for k, v in payload.items():
@@ -267,9 +267,9 @@ class DeployedFslSage(AuxHeadRemote, FslSage):
         for client in rnd.draws.clients:  # the rows whose node replied hold their aux model now
             self.aux_delivered[int(client)] = self.aux_aligned.get(int(client), 0)
 
-    def _align(self, rnd: Round) -> None:
+    def align(self, rnd: Round) -> None:
         """The alignment, then each aligned aux model (as the downlink delivered it) to its node."""
-        super()._align(rnd)
+        super().align(rnd)
         outgoing, down = {}, wire_dtype(self.cfg.codec_down)
         for r in np.flatnonzero(self.aux_bits > 0):
             client = int(rnd.draws.clients[r])

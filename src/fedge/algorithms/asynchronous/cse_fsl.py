@@ -278,7 +278,7 @@ class CseFslAsync(CseFsl):
             self.client = self._stale_merge(rnd, uploaded, updates, stale)
         self.version += 1
         self.refills = 0
-        self._hold(len(clients), rnd.nodes)
+        self.hold_storage(len(clients), rnd.nodes)
         return rnd.weights.cpu()
 
     def _stale_merge(

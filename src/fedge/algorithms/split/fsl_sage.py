@@ -195,14 +195,14 @@ class FslSage(SplitLearning):
         for r in order:
             self.store.add(self._client_of(batch, r), batch.z[r, : counts[r]], batch.y[r, : counts[r]])
 
-    def _aggregate(self, rnd: Round) -> None:
+    def aggregate_models(self, rnd: Round) -> None:
         """In an alignment round, align the participants' aux models first (after the local steps),
         then average the trunks."""
         if self.aligns(rnd.t) and self.cfg.alignment_timing == "after_local_steps":
-            self._align(rnd)
-        super()._aggregate(rnd)
+            self.align(rnd)
+        super().aggregate_models(rnd)
 
-    def _align(self, rnd: Round) -> None:
+    def align(self, rnd: Round) -> None:
         """Align each participant's aux model to the server on its stored samples and send it down; the
         rows of this process take the aligned model (their client keeps it at aggregation)."""
         params = dict(rnd.rows.params)
@@ -287,15 +287,15 @@ class FslSage(SplitLearning):
             return cost
         return aligned_round(self.ctx.system, rnd.t, cost, self.align_flops, rnd.draws.clients, self.aux_bits)
 
-    def _hold(self, count: int, participants: list[str]) -> None:
+    def hold_storage(self, count: int, participants: list[str]) -> None:
         """Besides the split family's storage, the server holds every client's alignment samples and a
         copy of its aux model."""
-        super()._hold(count, participants)
+        super().hold_storage(count, participants)
         heads = len(self.store.data) * state_bits(aux_only(self.client["params"]))
         self.ctx.network.hold(nodes.SERVER, "alignment", self.store.bits() + heads)
 
-    def _report(self, rnd: Round) -> RoundReport:
-        report = super()._report(rnd)
+    def round_report(self, rnd: Round) -> RoundReport:
+        report = super().round_report(rnd)
         done = self.aligned
         figures = {"aligned": len(done)}
         if done:

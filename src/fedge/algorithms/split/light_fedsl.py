@@ -163,7 +163,7 @@ class LightFedSL(Algorithm):
         index, weight = self.batches(t)
         counts = (weight > 0).sum(dim=1)
         before = self._sparsities(self.clients["params"])
-        step = self._client_steps(t, rho, index, counts)
+        step = self.client_steps(t, rho, index, counts)
         trained = step.states
         aggregated = t % knobs.agg_interval == 0
         if aggregated:
@@ -184,7 +184,7 @@ class LightFedSL(Algorithm):
         }  # fmt: skip
         return RoundReport(float(step.loss.double().mean()), figures)
 
-    def _client_steps(self, t: int, rho: float, index: torch.Tensor, counts: torch.Tensor) -> Trained:
+    def client_steps(self, t: int, rho: float, index: torch.Tensor, counts: torch.Tensor) -> Trained:
         """Steps 1-3 of the round for this process's clients: the cut exchange, then each client's
         update (prune to ``rho``, mask, quantize, step)."""
         cut = self._cut_exchange(t, index, counts)
@@ -196,7 +196,7 @@ class LightFedSL(Algorithm):
 
     def _cut_exchange(self, t: int, index: torch.Tensor, counts: torch.Tensor) -> CutStep:
         """Steps 1-2 of the round for this process's clients: trunk forward, cut dropout, the server's
-        side (:meth:`_server_side`), the returned gradient back-propagated through the trunk."""
+        side (:meth:`server_side`), the returned gradient back-propagated through the trunk."""
         ctx, cohort = self.ctx, self.cohort
         mine, p = cohort.rows, self.knobs.cut_dropout
         x, y = ctx.data.x_train[index[mine]], ctx.data.y_train[index[mine]]
@@ -209,11 +209,11 @@ class LightFedSL(Algorithm):
             self.forward, params, buffers, x, own, None if keys is None else keys.at(0)
         )
         keep = cut_masks(ctx.seed, t, own, z, cohort.start, p)
-        served = self._server_side(t, apply_dropout(z.detach(), keep, p), y, own, keep, keys)
+        served = self.server_side(t, apply_dropout(z.detach(), keep, p), y, own, keep, keys)
         grads = pullback(apply_dropout(served.grad, keep, p))
         return CutStep(params, new_buffers, grads, served.loss, served.up_bits, served.down_bits)
 
-    def _server_side(
+    def server_side(
         self, t: int, dropped: torch.Tensor, y: torch.Tensor, own: torch.Tensor, keep: torch.Tensor,
         keys: RowKeys | None,
     ) -> ServedCut:  # fmt: skip

@@ -97,7 +97,7 @@ class SplitLearning(Algorithm):
         )
         self.local_steps = LocalSteps(ctx.data, self.clients, self.exchange, self.uploads_at, cfg.agg_every,
                                       self._synchronise)  # fmt: skip
-        self._hold(self.rows_per_round, [])
+        self.hold_storage(self.rows_per_round, [])
 
     def most_batches(self) -> int:
         """The most local batches any client has in one round (``local_steps``, or epochs x batches)."""
@@ -145,11 +145,11 @@ class SplitLearning(Algorithm):
         for subset in self.exchange.order.passes(len(rnd.draws), self.ctx.device):
             self.local_steps(rnd, plan, subset)  # local steps, each with its server exchange
         self.client_opt.end(rnd.draws.clients, rnd.rows.opt_state, rnd.cohort)  # kept for the next visit
-        self._aggregate(rnd)  # upload and average the client models (and server copies)
+        self.aggregate_models(rnd)  # upload and average the client models (and server copies)
         rnd.tally.add_up(rnd.cohort, server_losses=not self.server.in_turn)
-        self._hold(len(rnd.draws), rnd.nodes)
+        self.hold_storage(len(rnd.draws), rnd.nodes)
         self.ctx.system.charge(self.round_cost(rnd))
-        return self._report(rnd)
+        return self.round_report(rnd)
 
     def round_cost(self, rnd: Round) -> RoundCost:
         """Round ``rnd``'s latency and energy on the simulated clock, read off its tally."""
@@ -193,14 +193,16 @@ class SplitLearning(Algorithm):
         rows.adopt(rows.params, rows.buffers, opt_state, owned=False)
         return rnd
 
-    def _report(self, rnd: Round) -> RoundReport:
-        """The round's training loss and traffic figures (the queue's too); the run's totals move on."""
+    def round_report(self, rnd: Round) -> RoundReport:
+        """The round's training loss and traffic figures (the queue's too); the run's totals move on.
+        An extension point: a variant adds its own figures (FSL-SAGE, a deployed round)."""
         return rnd.report(self.totals, self.exchange.order.figures(rnd))
 
     # ----- the client model's way down and up --------------------------------------------------------
 
-    def _exchanged(self) -> list[tuple[str, Part]]:
-        """The parts of the client model that travel, by name: the trunk, and the aux head if shared."""
+    def exchanged_parts(self) -> list[tuple[str, Part]]:
+        """The parts of the client model that travel, by name: the trunk, and the aux head if shared
+        (what a deployed node sends and receives)."""
         return self.models.parts()
 
     def _download(self, rnd: Round) -> None:
@@ -208,18 +210,20 @@ class SplitLearning(Algorithm):
         self.models.download(rnd, self.client, self.local_aux)
         self.server.begin(len(rnd.cohort))
 
-    def _aggregate(self, rnd: Round) -> None:
-        """Upload every row's client model, average it and the server copies with the round weights."""
+    def aggregate_models(self, rnd: Round) -> None:
+        """Upload every row's client model, average it and the server copies with the round weights.
+        An extension point: FSL-SAGE aligns its auxiliary models here."""
         self.client = self.models.aggregate(rnd, self.client, self.local_aux)
         self.server.aggregate(rnd.weights[rnd.cohort.rows] / rnd.weights.sum(), rnd.cohort)
 
     def _synchronise(self, rnd: Round) -> None:
         """A mid-round averaging (``agg_every``): aggregate, then broadcast the new model."""
-        self._aggregate(rnd)
+        self.aggregate_models(rnd)
         self._download(rnd)
 
-    def _hold(self, count: int, participants: list[str]) -> None:
-        """Server: its model(s) and the ``count`` client uploads it averages; participants: trunk, aux."""
+    def hold_storage(self, count: int, participants: list[str]) -> None:
+        """Server: its model(s) and the ``count`` client uploads it averages; participants: trunk, aux.
+        An extension point: FSL-SAGE adds the server's store of smashed data."""
         self.ctx.network.hold(nodes.SERVER, "server_model", self.server.storage_bits(count))
         self.models.hold(self.ctx.network, self.client, count, participants)
 
