@@ -96,6 +96,7 @@ class CseFslAsync(CseFsl):
     """
 
     cfg: CseFslAsyncConfig
+    exchange_class = DeferredExchange  # uploads placed on the arrival timeline, served in event order
 
     def __init__(self, ctx: Context, cfg: CseFslAsyncConfig):
         problem = refused(cfg)
@@ -104,8 +105,6 @@ class CseFslAsync(CseFsl):
         if ctx.cohorts.processes > 1:
             raise ConfigError("algorithm.name", f"{cfg.name} runs in one process (not across ranks)")
         super().__init__(ctx, cfg)
-        self.exchange = DeferredExchange(self.exchange)
-        self.local_steps.exchange = self.exchange
         self.concurrency = self.rows_per_round
         self.buffer_size = cfg.buffer_size or self.concurrency
         if self.buffer_size > self.concurrency:

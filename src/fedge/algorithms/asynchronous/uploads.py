@@ -9,6 +9,7 @@ time it reaches the server, and the server learns from it when the event queue g
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 
@@ -44,10 +45,8 @@ class DeferredExchange(ServerExchange):
 
     order: ArrivalOrder
 
-    def __init__(self, exchange: ServerExchange):
-        self.up, self.down, self.labels = exchange.up, exchange.down, exchange.labels
-        self.server, self.order, self.cohorts = exchange.server, exchange.order, exchange.cohorts
-        self.padded = exchange.padded
+    def __init__(self, *args: Any, **kwargs: Any):  # ServerExchange's arguments
+        super().__init__(*args, **kwargs)
         self.collected: list[Upload] = []
 
     def __call__(self, rnd: Round, row_ids: torch.Tensor, batch: CutBatch, step: int, grad_z: bool) -> Served:

@@ -17,6 +17,7 @@ Storage: the server holds its model(s) (``server_model``) and the uploaded clien
 from __future__ import annotations
 
 from abc import abstractmethod
+from typing import ClassVar
 
 import numpy as np
 import torch
@@ -55,6 +56,8 @@ class SplitLearning(Algorithm):
     cfg: SplitConfig
     state_fields = ("client", "server", "local_aux", "totals")
     batched_from = SPLIT_BATCHED_FROM
+    exchange_class: ClassVar[type[ServerExchange]] = ServerExchange
+    """How the cut layer's uploads reach the server: served at once (a subclass may collect them)."""
 
     @classmethod
     def clients_per_step(cls, config: RunConfig) -> int:
@@ -90,7 +93,7 @@ class SplitLearning(Algorithm):
         order = server_order(cfg.server_order, ctx.system, ctx.seed, cfg.arrival_jitter_s, self.flops)
         codecs = (cfg.codec_up, cfg.codec_down)
         padded = self.parts.model.pad_id is not None
-        self.exchange = ServerExchange(ctx.network, codecs, self.server, order, ctx.cohorts, padded)
+        self.exchange = self.exchange_class(ctx.network, codecs, self.server, order, ctx.cohorts, padded)
         self.up, self.down = ctx.network.link(cfg.codec_up), ctx.network.link(cfg.codec_down)
         self.models = ClientModels(
             self.up, self.down, self.clients.shares_aux, cfg.global_lr, ctx.device, ctx.pipeline(sites.SERVER)
