@@ -137,6 +137,7 @@ class Executor(ABC):
         batch: tuple[torch.Tensor, ...],
         shared: tuple[Any, ...],
         counts: torch.Tensor,
+        *,
         inputs: tuple[Tensors, ...] = (),
         keys: torch.Tensor | None = None,
         stage: str = "map",
@@ -308,7 +309,7 @@ class SequentialExecutor(Executor):
             bank.adopt(*destination, owned=False)
         return losses
 
-    def map(self, fn, state, batch, shared, counts, inputs=(), keys=None, stage="map") -> Mapped:
+    def map(self, fn, state, batch, shared, counts, *, inputs=(), keys=None, stage="map") -> Mapped:
         call = fn.eager if isinstance(fn, TwoForms) else fn
         active = [int(c) for c in counts]
         if not any(active):
@@ -532,9 +533,10 @@ class BatchedExecutor(Executor):
         fits = self.activation_chunk(batch[0].shape[1])
         return size if size <= fits else _equal_chunks(count, fits)
 
-    def map(self, fn, state, batch, shared, counts, inputs=(), keys=None, stage="map") -> Mapped:
+    def map(self, fn, state, batch, shared, counts, *, inputs=(), keys=None, stage="map") -> Mapped:
         if len(counts) == 1:  # one client (a split round client after client): the sequential kernels
-            return SequentialExecutor.map(self, fn, state, batch, shared, counts, inputs, keys, stage)
+            sequential = SequentialExecutor.map
+            return sequential(self, fn, state, batch, shared, counts, inputs=inputs, keys=keys, stage=stage)
         in_dims = (0,) * (len(state) + len(inputs) + len(batch)) + (None,) * len(shared)
         keyed = keys is not None
         folded = getattr(fn, "folded", None) if self.fused and not keyed else None  # clients in one batch

@@ -159,9 +159,9 @@ class CseFsl(LocalLoss):
                     (x,),
                     (),
                     own_counts,
-                    (trunk_only(params),),
-                    client_keys,
-                    "forward",
+                    inputs=(trunk_only(params),),
+                    keys=client_keys,
+                    stage="forward",
                 )
             serve(out.per_sample[0], False)
             return (params, out.state[0], opt_state), samples
