@@ -170,3 +170,20 @@ def read_only(path: Path) -> Iterator[None]:
         if immutable:
             subprocess.run(["chattr", "-i", str(path)], check=True, timeout=60)
         os.chmod(path, 0o755)
+
+
+def small_hist(tmp_path: Path, rounds: int, **algorithm: Any) -> dict[str, Any]:
+    """HIST on a small synthetic set: 8 clients in 2 cells, 2 edge rounds of 3 steps."""
+    return {  # fmt: skip
+        "seed": 5,
+        "rounds": rounds,
+        "data": {
+            "name": "synthetic", "num_train": 480, "num_test": 120, "shape": [1, 6, 6], "num_classes": 4,
+        },
+        "partition": {"kind": "iid", "num_clients": 8},
+        "model": {"name": "mlp", "options": {"hidden": [16]}},
+        "algorithm": {
+            "name": "hist", "cells": 2, "edge_rounds": 2, "local_steps": 3, "batch_size": 16, **algorithm,
+        },
+        "output": {"dir": str(tmp_path / "runs"), "plots": False},
+    }

@@ -8,6 +8,7 @@ import copy
 import numpy as np
 import pytest
 import torch
+from cases import small_hist
 
 import fedge
 from fedge.algorithms.hierarchical.cost import client_upload_values
@@ -21,29 +22,7 @@ BITS_PER_MB = 8 * 2**20
 
 @pytest.fixture
 def hist_config(tmp_path) -> dict:
-    """HIST on a small synthetic set: 8 clients in 2 cells, 2 edge rounds of 3 steps."""
-    return {
-        "seed": 5,
-        "rounds": 3,
-        "data": {
-            "name": "synthetic",
-            "num_train": 480,
-            "num_test": 120,
-            "shape": [1, 6, 6],
-            "num_classes": 4,
-        },
-        "partition": {"kind": "iid", "num_clients": 8},
-        "model": {"name": "mlp", "options": {"hidden": [16]}},
-        "algorithm": {
-            "name": "hist",
-            "cells": 2,
-            "edge_rounds": 2,
-            "local_steps": 3,
-            "batch_size": 16,
-            "optimizer": {"lr": 0.1},
-        },
-        "output": {"dir": str(tmp_path / "runs"), "plots": False},
-    }
+    return small_hist(tmp_path, 3, optimizer={"lr": 0.1})
 
 
 def built(raw: dict, **algorithm):

@@ -7,6 +7,7 @@ import copy
 
 import numpy as np
 import pytest
+from cases import small_hist
 
 from fedge.config import parse_config
 from fedge.rng import numpy_rng
@@ -19,22 +20,7 @@ HIST_CPU_HALVES = [[1e9, 2e9], [2e9, 4e9]]  # the docs' HIST setting as a profil
 
 @pytest.fixture
 def raw(tmp_path) -> dict:
-    """HIST on a small synthetic set: 8 clients in 2 cells, 2 edge rounds of 3 steps."""
-    return {
-        "seed": 5,
-        "rounds": 2,
-        "data": {
-            "name": "synthetic",
-            "num_train": 480,
-            "num_test": 120,
-            "shape": [1, 6, 6],
-            "num_classes": 4,
-        },
-        "partition": {"kind": "iid", "num_clients": 8},
-        "model": {"name": "mlp", "options": {"hidden": [16]}},
-        "algorithm": {"name": "hist", "cells": 2, "edge_rounds": 2, "local_steps": 3, "batch_size": 16},
-        "output": {"dir": str(tmp_path / "runs"), "plots": False},
-    }
+    return small_hist(tmp_path, 2)
 
 
 def run(raw: dict, devices: dict | None = None, **algorithm) -> tuple[list[dict], object]:
