@@ -10,7 +10,7 @@ from typing import Any, NamedTuple
 import torch
 
 from fedge.algorithms.split.fedsl_client import cut_masks
-from fedge.algorithms.split.light_fedsl import LightFedSL
+from fedge.algorithms.split.light_fedsl import FedSLRounds
 from fedge.algorithms.split.pruning import sparsity_target
 from fedge.comm import apply_dropout
 from fedge.comm.registry import get_codec
@@ -37,7 +37,7 @@ class Cut(NamedTuple):
 def _cut(node: Node, t: int, state: ClientState) -> Cut:
     """The trunk forward of round t on the client's batch, with the round's noise keys and dropout mask
     (both drawn from streams of the seed, round and client, as the simulation draws them)."""
-    alg: LightFedSL = node.algorithm
+    alg: FedSLRounds = node.algorithm
     ctx, k = node.built.context, node.client
     index, weight = alg.batches(t)
     own = (weight[k : k + 1] > 0).sum(dim=1)
@@ -57,7 +57,7 @@ def _cut(node: Node, t: int, state: ClientState) -> Cut:
 
 def forward(node: Node, t: int, state: ClientState) -> tuple[dict[str, Tensors], dict[str, float]]:
     """Round t's kept cut entries (dropout applied, in the up codec) and labels of the client's batch."""
-    alg: LightFedSL = node.algorithm
+    alg: FedSLRounds = node.algorithm
     began = time.perf_counter()
     cut = _cut(node, t, state)
     with torch.no_grad():
@@ -72,7 +72,7 @@ def forward(node: Node, t: int, state: ClientState) -> tuple[dict[str, Tensors],
 def backward(node: Node, t: int, state: ClientState, grad: torch.Tensor) -> tuple[ClientState, float]:
     """The client's state after round t: the returned gradient of its kept entries back-propagated (the
     forward pass redone from the same state and keys), then pruned, masked, quantized and stepped."""
-    alg: LightFedSL = node.algorithm
+    alg: FedSLRounds = node.algorithm
     began = time.perf_counter()
     cut = _cut(node, t, state)
     full = torch.zeros_like(cut.z)

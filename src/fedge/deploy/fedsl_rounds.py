@@ -37,8 +37,8 @@ STATE = ("params", "buffers", "masks")
 
 
 class DeployedFedSL:
-    """Mixed in front of :class:`~fedge.algorithms.split.light_fedsl.LightFedSL` (or its baseline): the
-    clients' steps on their nodes, the round's dropouts in its metrics row."""
+    """Mixed in front of a :class:`~fedge.algorithms.split.light_fedsl.FedSLRounds` (lightweight FedSL or
+    its baseline): the clients' steps on their nodes, the round's dropouts in its metrics row."""
 
     transport: Transport
 

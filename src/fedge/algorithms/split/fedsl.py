@@ -10,7 +10,7 @@ from __future__ import annotations
 from typing import Literal
 
 from fedge.algorithms.base import register
-from fedge.algorithms.split.light_fedsl import Compression, FedSLConfig, LightFedSL
+from fedge.algorithms.split.light_fedsl import Compression, FedSLConfig, FedSLRounds
 
 
 class TraditionalFedSLConfig(FedSLConfig):
@@ -25,8 +25,8 @@ class TraditionalFedSLConfig(FedSLConfig):
     TraditionalFedSLConfig,
     "Traditional FedSL: lightweight FedSL's baseline (no pruning, quantization or dropout; I = 1)",
 )
-class FedSL(LightFedSL):
-    """Lightweight FedSL with rho_f = 0, q = None, p = 0, I = 1."""
+class FedSL(FedSLRounds):
+    """Lightweight FedSL's round with rho_f = 0, q = None, p = 0, I = 1."""
 
     def compression(self) -> Compression:
         return Compression(0.0, self.ctx.config.rounds, None, "vector", 0.0, 1)

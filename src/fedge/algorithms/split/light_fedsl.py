@@ -41,6 +41,8 @@ gradient down of the slowest client, ``latency_comm_s``) apart from the aggregat
 
 from __future__ import annotations
 
+from abc import abstractmethod
+
 import numpy as np
 import torch
 
@@ -70,18 +72,15 @@ from fedge.rng import numpy_rng
 from fedge.system import SplitWork, light_fedsl_round, training_flops
 from fedge.tensors import Tensors, floating
 
-__all__ = ["Compression", "FedSLConfig", "LightFedSL", "LightFedSLConfig"]
+__all__ = ["Compression", "FedSLConfig", "FedSLRounds", "LightFedSL", "LightFedSLConfig"]
 
 LABEL_CODEC = "fp32"  # labels travel at 32 bits each (the paper gives no label size)
 
 
-@register(
-    "light_fedsl",
-    LightFedSLConfig,
-    "Lightweight FedSL: client pruning, quantized client gradients, cut dropout, aggregation every I rounds",
-)
-class LightFedSL(Algorithm):
-    """Per-client trunks, masks and BatchNorm statistics as stacked state; one server model."""
+class FedSLRounds(Algorithm):
+    """The round lightweight FedSL and its traditional baseline share: per-client trunks, masks and
+    BatchNorm statistics as stacked state, one server model; a subclass says which compression the
+    round runs (:meth:`compression`)."""
 
     cfg: FedSLConfig
     state_fields = ("clients", "server", "totals")
@@ -133,14 +132,10 @@ class LightFedSL(Algorithm):
         network.hold(nodes.SERVER, "server_model", self.server.storage_bits(n))
         self._client_storage()
 
+    @abstractmethod
     def compression(self) -> Compression:
-        """The run's compression settings from the config (traditional FedSL overrides this)."""
-        cfg = self.cfg
-        bits = None if cfg.quant_bits in (None, 32) else cfg.quant_bits
-        total = cfg.schedule_rounds or self.ctx.config.rounds
-        return Compression(
-            cfg.final_sparsity, total, bits, cfg.quant_granularity, cfg.cut_dropout, cfg.agg_interval
-        )
+        """The run's compression settings: pruning, gradient quantization, cut dropout, aggregation
+        interval."""
 
     def reads_run_length(self) -> str | None:
         if self.knobs.final_sparsity == 0 or self.cfg.schedule_rounds:  # traditional FedSL: no pruning
@@ -314,3 +309,22 @@ class LightFedSL(Algorithm):
         )  # fmt: skip
         prunable = {name: client["params"][name] for name in self.prunable}
         return evaluation.with_extra(model_sparsity=sparsity(prunable) if prunable else 0.0)
+
+
+@register(
+    "light_fedsl",
+    LightFedSLConfig,
+    "Lightweight FedSL: client pruning, quantized client gradients, cut dropout, aggregation every I rounds",
+)
+class LightFedSL(FedSLRounds):
+    """Lightweight FedSL: the round with the compression its config sets."""
+
+    cfg: LightFedSLConfig
+
+    def compression(self) -> Compression:
+        cfg = self.cfg
+        bits = None if cfg.quant_bits in (None, 32) else cfg.quant_bits
+        total = cfg.schedule_rounds or self.ctx.config.rounds
+        return Compression(
+            cfg.final_sparsity, total, bits, cfg.quant_granularity, cfg.cut_dropout, cfg.agg_interval
+        )
