@@ -35,7 +35,6 @@ SITES = tuple(SITE_MEANS)
 class Pipeline:
     """The transforms and the reducer of one aggregation site, with the names the config gave them."""
 
-    site: str
     transforms: tuple[Transform, ...]
     reducer: Reducer
     names: tuple[str, ...]
@@ -46,7 +45,7 @@ class Pipeline:
         if cohort is None or not cohort.spread:
             return self._run(updates)
         if not self.transforms and self.reducer.additive:
-            return cohort.sum(self.reducer.reduce(updates))
+            return _completed(cohort.sum(self.reducer.reduce(updates)), updates)
         return self._run(_gathered(updates, cohort))
 
     def _run(self, updates: Updates) -> Tensors:
@@ -116,4 +115,4 @@ def build_pipeline(config: AggregationConfig, site: str) -> Pipeline:
     if reducer is None:
         reducer = site_mean(site)
         names.append(MEAN)
-    return Pipeline(site, tuple(transforms), reducer, tuple(names))
+    return Pipeline(tuple(transforms), reducer, tuple(names))
