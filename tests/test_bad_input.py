@@ -361,10 +361,7 @@ def test_a_jsonl_text_that_is_no_string_is_refused(tmp_path, value):
     ],  # fmt: skip
 )
 def test_a_malformed_device_csv_is_refused_in_one_line(tmp_path, text, needle):
-    path = tmp_path / "devices.csv"
-    path.write_text(text)
-    line = refused_run(tmp_path, with_devices(tmp_path, file=path), f"system.devices.file: {path}: ")
-    assert needle in line and len(line) < 400, line
+    assert_device_file_refused(tmp_path / "devices.csv", text, needle)
 
 
 @pytest.mark.parametrize(
@@ -379,9 +376,13 @@ def test_a_malformed_device_csv_is_refused_in_one_line(tmp_path, text, needle):
     ids=["deep", "5000-digit-client", "5000-digit-cpu", "null-cpu", "list-cpu"],
 )
 def test_a_malformed_device_json_is_refused_in_one_line(tmp_path, text, needle):
-    path = tmp_path / "devices.json"
+    assert_device_file_refused(tmp_path / "devices.json", text, needle)
+
+
+def assert_device_file_refused(path: Path, text: str, needle: str) -> None:
+    """A run whose device-profile file holds ``text`` fails in one short line naming it and ``needle``."""
     path.write_text(text)
-    line = refused_run(tmp_path, with_devices(tmp_path, file=path), f"system.devices.file: {path}: ")
+    line = refused_run(path.parent, with_devices(path.parent, file=path), f"system.devices.file: {path}: ")
     assert needle in line and len(line) < 400, line
 
 
