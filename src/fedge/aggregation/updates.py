@@ -57,6 +57,11 @@ class Updates:
         """Updates of one part."""
         return cls(site, round_, (Part(rows, weights),), reference)
 
+    @classmethod
+    def of_deltas(cls, site: str, round_: int, deltas: Tensors, weights: torch.Tensor) -> Updates:
+        """Updates whose rows are changes to a model (one part): their reference is no change, zeros."""
+        return cls.of(site, round_, deltas, weights, {k: torch.zeros_like(v[0]) for k, v in deltas.items()})
+
     @property
     def per_receiver(self) -> bool:
         """Whether each receiver gets its own output (two-dimensional weights)."""

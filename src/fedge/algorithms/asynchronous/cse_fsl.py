@@ -291,8 +291,7 @@ class CseFslAsync(CseFsl):
         delta = {k: v - torch.stack([u["base"][k] for u in updates]) for k, v in params.items()}
         old, lr = self.client["params"], self.cfg.global_lr
         buffer = self.ctx.pipeline(sites.BUFFER)
-        no_change = {k: torch.zeros_like(v) for k, v in old.items()}  # a delta's reference
-        step = buffer.reduce(Updates.of(sites.BUFFER, rnd.t, delta, scale, no_change))
+        step = buffer.reduce(Updates.of_deltas(sites.BUFFER, rnd.t, delta, scale))
         buffers = {k: uploaded.get(k, v) for k, v in rnd.rows.buffers.items()}
         statistics = Updates.of(sites.BUFFER, rnd.t, buffers, rnd.weights, self.client["buffers"])
         return {"params": {k: old[k] + lr * step[k] for k in old}, "buffers": buffer.reduce(statistics)}

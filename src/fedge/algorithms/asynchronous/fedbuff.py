@@ -53,9 +53,8 @@ class FedBuff(AsyncServer):
         else:
             scale = [1.0 / np.sqrt(1.0 + tau) if cfg.staleness == "sqrt" else 1.0 for tau in stale]
             scaled = weights * torch.as_tensor(scale, dtype=torch.float64, device=weights.device)
-            zero = {k: torch.zeros_like(v) for k, v in current.items()}  # a delta's reference: no change
             deltas = _stacked(updates, "delta", current)
-            step = buffer.reduce(Updates.of(sites.BUFFER, number, deltas, scaled, zero))
+            step = buffer.reduce(Updates.of_deltas(sites.BUFFER, number, deltas, scaled))
             merged = {k: v + cfg.server_lr * step[k] for k, v in current.items()}
         self.params = {k: merged[k] for k in self.params}
         self.buffers = {k: merged.get(k, v) for k, v in self.buffers.items()}
