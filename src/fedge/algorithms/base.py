@@ -4,7 +4,8 @@ built from is :class:`fedge.runtime.Context`, re-exported here)."""
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
-from typing import Any, ClassVar
+from collections.abc import Callable
+from typing import Any, ClassVar, Generic, TypeVar
 
 import torch
 
@@ -17,8 +18,12 @@ from fedge.tensors import Tensors, on_device
 
 __all__ = ["ALGORITHMS", "Algorithm", "Context", "GlobalModel", "executor_name", "register"]
 
+ConfigT = TypeVar("ConfigT", bound=AlgorithmConfig)
+"""An algorithm's own config class: ``Algorithm[FedAvgConfig]`` types ``self.cfg`` as a ``FedAvgConfig``."""
+AlgorithmT = TypeVar("AlgorithmT", bound="Algorithm[Any]")
 
-class Algorithm(ABC):
+
+class Algorithm(ABC, Generic[ConfigT]):
     """A federated algorithm: one global round at a time, evaluation, and resumable state.
 
     ``run_round(t)`` runs global round ``t`` (1-based), sends every transfer through a link of
@@ -27,7 +32,8 @@ class Algorithm(ABC):
     returns an :class:`Evaluation` of the current model(s). The state a resumed run needs is the
     attributes named in ``state_fields`` (tensors, numbers, arrays and dicts of them); algorithms with
     state in components extend :meth:`state_dict` / :meth:`load_state_dict`. Seeding is not an
-    algorithm's job: the runner opens the round's random streams (:meth:`Context.start`).
+    algorithm's job: the runner opens the round's random streams (:meth:`Context.start`). The class is
+    generic over its config class, so ``self.cfg`` has the fields of the algorithm's own config.
     """
 
     name: ClassVar[str]
@@ -49,9 +55,9 @@ class Algorithm(ABC):
         sampled = getattr(config.algorithm, "participation", "full") != "full"
         return per_round if sampled and per_round else config.partition.num_clients
 
-    def __init__(self, ctx: Context, cfg: AlgorithmConfig):
+    def __init__(self, ctx: Context, cfg: ConfigT):
         self.ctx = ctx
-        self.cfg = cfg
+        self.cfg: ConfigT = cfg
 
     def reads_run_length(self) -> str | None:
         """Why rounds 1..t of this run depend on its total ``config.rounds`` (a schedule over the run),
@@ -88,13 +94,15 @@ def _saved(value: Any) -> Any:
     return value.state_dict() if hasattr(value, "state_dict") else value
 
 
-ALGORITHMS: dict[str, type[Algorithm]] = {}
+ALGORITHMS: dict[str, type[Algorithm[Any]]] = {}
 
 
-def register(name: str, config_class: type[AlgorithmConfig], description: str):
+def register(
+    name: str, config_class: type[AlgorithmConfig], description: str
+) -> Callable[[type[AlgorithmT]], type[AlgorithmT]]:
     """Class decorator: register an algorithm with its own config class under ``name``."""
 
-    def wrap(cls: type[Algorithm]) -> type[Algorithm]:
+    def wrap(cls: type[AlgorithmT]) -> type[AlgorithmT]:
         cls.name = name
         cls.config_class = config_class
         cls.description = description
@@ -121,7 +129,7 @@ def executor_name(config: RunConfig, device_type: str) -> str:
     return "batched" if algorithm.clients_per_step(config) >= threshold else "sequential"
 
 
-class GlobalModel(Algorithm):
+class GlobalModel(Algorithm[ConfigT]):
     """An algorithm with one global model, ``model`` run with ``params`` and ``buffers`` (FedAvg and its
     straggler-aware and asynchronous variants), evaluated on the held-out data across the run's ranks."""
 

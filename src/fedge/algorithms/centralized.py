@@ -39,7 +39,7 @@ class CentralizedConfig(AlgorithmConfig):
 
 
 @register("centralized", CentralizedConfig, "Centralized SGD on the pooled training data (the reference)")
-class Centralized(Algorithm):
+class Centralized(Algorithm[CentralizedConfig]):
     """SGD on the union of the clients' training samples; a round is ``epochs_per_round`` epochs.
 
     It runs through the same engine as the federated algorithms (a bank of one client), so its numbers

@@ -46,7 +46,7 @@ class FedAvgConfig(AlgorithmConfig):
 @register(
     "fedavg", FedAvgConfig, "FedAvg: sampled clients train locally, the server averages by sample count"
 )
-class FedAvg(GlobalModel):
+class FedAvg(GlobalModel[FedAvgConfig]):
     """Global model on the server; each round ``fraction`` of clients train ``local_epochs`` epochs.
 
     Transfers per participant and round: the model down (``model_down``) and the trained model up
