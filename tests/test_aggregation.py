@@ -1,7 +1,7 @@
 """The aggregation pipeline (fedge.aggregation): the built-in means compute what every site computed by
 hand before, the config's stages are checked in one line, and a user's own stage (docs/extending.md's
-coordinate-wise median) runs at a FedAvg server, HIST's cloud and gossip's peers, on both executors, on
-two gloo ranks and in a deployed run, with the same numbers everywhere."""
+coordinate-wise median) runs at a FedAvg server, HIST's edges and cloud and gossip's peers, on both
+executors, on two gloo ranks and in a deployed run, with the same numbers everywhere."""
 
 from __future__ import annotations
 
@@ -17,7 +17,7 @@ from typer.testing import CliRunner
 
 import fedge
 from fedge import checkpoint
-from fedge.aggregation import STAGES, AnchoredMean, Part, Reducer, Transform, Updates, WeightedMean
+from fedge.aggregation import STAGES, AnchoredMean, BlockMean, Part, Reducer, Transform, Updates, WeightedMean
 from fedge.aggregation.pipeline import build_pipeline
 from fedge.cli import app
 from fedge.config import AggregationConfig
@@ -78,6 +78,24 @@ def test_the_anchored_mean_keeps_agreeing_rows_exactly_and_takes_the_counters_ma
     one = {"w": torch.full((3, 4), 0.1), "count": torch.tensor([2, 7, 5])}
     got = AnchoredMean().reduce(Updates.of("cloud", 1, one, torch.full((3,), 1 / 3)))
     assert torch.equal(got["w"], torch.full((4,), 0.1)) and int(got["count"]) == 7
+
+
+def test_the_block_mean_is_each_edges_client_mean_and_the_processes_shares_add_up_to_it():
+    rows = stacked(12)
+    weights = torch.zeros(3, 12, dtype=torch.float64)
+    for j in range(3):
+        weights[j, 4 * j : 4 * (j + 1)] = 1 / 4  # edge server j, clients 4j .. 4j + 3
+    got = BlockMean().reduce(Updates.of("edge", 1, rows, weights))
+    for k, v in rows.items():
+        grouped = v.reshape(3, 4, *v.shape[1:])
+        want = grouped.mean(dim=1) if v.is_floating_point() else grouped.max(dim=1).values
+        assert torch.equal(got[k], want)
+    shares = [  # two processes' rows 0..4 and 5..11: each reduces its own, the sums are added
+        BlockMean().reduce(Updates.of("edge", 1, {k: v[rows_] for k, v in rows.items()}, weights[:, rows_]))
+        for rows_ in (slice(0, 5), slice(5, 12))
+    ]
+    torch.testing.assert_close(shares[0]["w"] + shares[1]["w"], got["w"], rtol=0, atol=1e-6)
+    assert torch.equal(torch.maximum(shares[0]["count"], shares[1]["count"]), got["count"])
 
 
 # ----- the config's stages -----------------------------------------------------------------------
@@ -164,7 +182,7 @@ FAMILIES = {
     },
     "gossip": {"name": "gossip", "batch_size": 16, "peers": 2},
 }
-SITE = {"fedavg": "server", "hist": "cloud", "gossip": "peer"}
+SITES = {"fedavg": ["server"], "hist": ["cloud", "edge"], "gossip": ["peer"]}  # HIST: its edges and cloud
 
 
 def final_state(run_dir: Path) -> dict[str, torch.Tensor]:
@@ -179,8 +197,8 @@ def test_the_median_runs_at_its_site_on_both_executors_with_one_result(tmp_path,
         for executor in ("sequential", "batched")
     }
     mean = fedge.run(config(tmp_path / "mean", FAMILIES[family], []))
-    assert runs["sequential"].summary["aggregation"] == {SITE[family]: ["median"]}
-    assert mean.summary["aggregation"] == {SITE[family]: ["mean"]}
+    assert runs["sequential"].summary["aggregation"] == {site: ["median"] for site in SITES[family]}
+    assert mean.summary["aggregation"] == {site: ["mean"] for site in SITES[family]}
     states = {name: final_state(run.run_dir) for name, run in runs.items()}
     for k, value in states["sequential"].items():
         torch.testing.assert_close(states["batched"][k], value, rtol=0, atol=1e-6)

@@ -11,6 +11,8 @@ import torch
 from cases import small_hist
 
 import fedge
+from fedge.aggregation import BlockMean, Updates, sites
+from fedge.algorithms.hierarchical.aggregation import over_the_air
 from fedge.algorithms.hierarchical.cost import client_upload_values
 from fedge.config import parse_config
 from fedge.errors import ConfigError
@@ -117,8 +119,12 @@ def test_state_dict_resumes_to_the_same_round(hist_config):
 def test_aircomp_noise_sits_on_the_cells_submodels_with_the_paper_variance(hist_config):
     algorithm = built(hist_config, aggregation="aircomp", form="masked", radio={"snr_db": [-10.0]})
     views = algorithm.views(1, algorithm.mask_sizes(1, algorithm.radio.cpu_hz(1), None))
-    cells = {k: torch.zeros_like(v) for k, v in views.gather(algorithm.params).items()}
-    mses = algorithm._over_the_air(1, 0, views, cells)
+    zeros = {k: torch.zeros_like(v) for k, v in views.gather(algorithm.params).items()}  # a row per cell
+    air = over_the_air(
+        BlockMean(), algorithm.cfg, algorithm.radio, algorithm.ctx, algorithm.params, 1, 0, views
+    )
+    eye = torch.eye(len(air.mses), dtype=torch.float64)  # each edge server's one row
+    cells, mses = air.reduce(Updates.of(sites.EDGE, 1, zeros, eye)), air.mses
     support = views.gather({k: torch.ones_like(v) for k, v in algorithm.params.items()})  # held slots
     for j, mse in enumerate(mses):
         held = torch.cat([cells[k][j][support[k][j] > 0] for k in cells])
@@ -217,3 +223,17 @@ def test_energy_is_client_compute_plus_uplink_airtime(hist_config, aggregation):
     expected = cfg.edge_rounds * float(compute.sum() + power * airtime.sum())
     assert algorithm.ctx.system.clock.joules == pytest.approx(expected, rel=1e-9)
     assert expected > 0
+
+
+def test_aircomp_refuses_an_edge_reducer_the_air_cannot_sum(hist_config):
+    from fedge.aggregation import STAGES, Reducer
+
+    class Largest(Reducer):  # not additive: no superposition of signals computes it
+        def reduce(self, updates: Updates) -> dict[str, torch.Tensor]:
+            return {k: v.max(dim=0).values for k, v in updates.joined().rows.items()}
+
+    STAGES.setdefault("largest", Largest)
+    hist_config["aggregation"] = {"stages": [{"name": "largest", "at": ["edge"]}]}
+    with pytest.raises(ConfigError, match="^aggregation.stages: AirComp sums over the air"):
+        built(hist_config, aggregation="aircomp")
+    built(hist_config)  # OMA's edge servers receive every model and may reduce them any way

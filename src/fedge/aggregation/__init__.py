@@ -1,7 +1,7 @@
 """The aggregation pipeline every family shares: updates in, new state out (:mod:`.pipeline`)."""
 
 from fedge.aggregation import sites
-from fedge.aggregation.means import AnchoredMean, WeightedMean
+from fedge.aggregation.means import AnchoredMean, BlockMean, WeightedMean
 from fedge.aggregation.pipeline import SITES, Pipeline, build_pipeline
 from fedge.aggregation.registry import STAGES
 from fedge.aggregation.stage import Reducer, Stage, Transform
@@ -11,6 +11,7 @@ __all__ = [
     "SITES",
     "STAGES",
     "AnchoredMean",
+    "BlockMean",
     "Part",
     "Pipeline",
     "Reducer",

@@ -1,9 +1,9 @@
 """The built-in reducers: the means each aggregation site has always taken.
 
-``mean`` is the site's own mean: the weighted mean (:class:`WeightedMean`) at a server, an edge, a peer
-and an asynchronous buffer, and HIST's unweighted cloud average of the cells' shared tensors written
-``x_0 + mean(x - x_0)`` (:class:`AnchoredMean`, so that cells that agree average to themselves
-bit-exactly).
+``mean`` is the site's own mean: the weighted mean (:class:`WeightedMean`) at a server, a peer and an
+asynchronous buffer, each edge server's mean of its own cell's clients (:class:`BlockMean`), and HIST's
+unweighted cloud average of the cells' shared tensors written ``x_0 + mean(x - x_0)``
+(:class:`AnchoredMean`, so that cells that agree average to themselves bit-exactly).
 """
 
 from __future__ import annotations
@@ -62,3 +62,45 @@ class AnchoredMean(Reducer):
         for name, t in updates.joined().rows.items():
             out[name] = t.max(dim=0).values if not t.is_floating_point() else t[0] + (t - t[0]).mean(dim=0)
         return out
+
+
+class BlockMean(Reducer):
+    """One output per receiver, each the unweighted mean of its own block of rows (an edge server's mean
+    of its cell's clients, HIST Eq. 6): the weights give each receiver's ``n`` rows ``1/n`` and every other
+    row zero, blocks of equal size in receiver order. Integer tensors take the block's maximum.
+
+    With every block's rows present the mean is taken over each block of the reshaped rows; with a
+    process's share of them (``additive``: the shares are added up over the processes) each receiver gets
+    the sum of its rows here divided by its block's size, and integers the maximum of its rows here (the
+    lowest integer where it has none).
+    """
+
+    additive: ClassVar[bool] = True
+
+    def reduce(self, updates: Updates) -> Tensors:
+        if not updates.per_receiver:
+            raise ValueError("the block mean has one output per receiver; this site has one output")
+        part = updates.joined()
+        receivers = part.weights.shape[0]
+        block_of = part.weights.argmax(dim=0)
+        size = round(1.0 / float(part.weights.max()))
+        ordered = torch.arange(receivers, device=block_of.device).repeat_interleave(size)
+        whole = len(block_of) == len(ordered) and bool((block_of == ordered).all())
+        out: Tensors = {}
+        for name, t in part.rows.items():
+            if whole:
+                grouped = t.reshape(receivers, size, *t.shape[1:])
+                out[name] = grouped.mean(dim=1) if t.is_floating_point() else grouped.max(dim=1).values
+            else:
+                out[name] = _block_share(t, block_of.to(t.device), receivers, size)
+        return out
+
+
+def _block_share(t: torch.Tensor, block_of: torch.Tensor, receivers: int, size: int) -> torch.Tensor:
+    """Each receiver's share of its block mean from some of its rows: their sum over the block's
+    ``size`` (integers: their maximum, the lowest integer where a block has no row here)."""
+    shape = (receivers, *t.shape[1:])
+    if t.is_floating_point():
+        return torch.zeros(shape, dtype=t.dtype, device=t.device).index_add_(0, block_of, t) / size
+    low = torch.full(shape, torch.iinfo(t.dtype).min, dtype=t.dtype, device=t.device)
+    return low.index_reduce_(0, block_of, t, "amax")

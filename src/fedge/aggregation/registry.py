@@ -11,12 +11,12 @@ from collections.abc import Callable
 from typing import Any
 
 from fedge.aggregation import sites
-from fedge.aggregation.means import AnchoredMean, WeightedMean
+from fedge.aggregation.means import AnchoredMean, BlockMean, WeightedMean
 from fedge.aggregation.stage import Reducer, Stage
 
 SITE_MEANS: dict[str, type[Reducer]] = {
     sites.SERVER: WeightedMean,
-    sites.EDGE: WeightedMean,
+    sites.EDGE: BlockMean,
     sites.PEER: WeightedMean,
     sites.BUFFER: WeightedMean,
     sites.CLOUD: AnchoredMean,

@@ -24,7 +24,7 @@ import torch
 
 from fedge.aggregation import Updates, sites
 from fedge.algorithms.base import Algorithm, Context
-from fedge.algorithms.hierarchical.aggregation import EdgeAggregation
+from fedge.algorithms.hierarchical.aggregation import EdgeAggregation, check_over_the_air
 from fedge.algorithms.hierarchical.cells import Cells, split_data
 from fedge.algorithms.hierarchical.config import HierarchicalConfig
 from fedge.algorithms.hierarchical.cost import BITS_PER_MB
@@ -74,6 +74,8 @@ class HierarchicalFL(CellTransfers, EdgeAggregation, Algorithm):
         self.data = split_data(ctx, cfg, self.cells)
         devices = CellDevices.of(ctx.system.profiles, ctx.config.system, self.cells.size)
         self.radio = CellRadio(cfg.radio, self.cells, ctx.seed, devices)
+        if cfg.aggregation == "aircomp":
+            check_over_the_air(ctx)
         opt = cfg.optimizer
         self.sgd = make_optimizer(opt)
         self.plain_step = make_step(classification_loss(self.model, ctx.criterion), self.sgd)
@@ -154,7 +156,10 @@ class HierarchicalFL(CellTransfers, EdgeAggregation, Algorithm):
         start_params, start_buffers = self._broadcast(t, views, cell_params, cell_buffers)
         bank, loss = self._train(t, e, views, clients, start_params, start_buffers)
         uploaded, uploaded_buffers = self._upload(t, views, clients, bank)
-        new_params, new_buffers, mses = self._mean(t, e, views, clients, uploaded, uploaded_buffers)
+        reference = start_params | start_buffers  # the models the clients started from
+        new_params, new_buffers, mses = self._mean(
+            t, e, views, clients, uploaded, uploaded_buffers, reference
+        )
         return new_params, new_buffers, clients.mean(loss), mses
 
     def _train(
