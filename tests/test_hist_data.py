@@ -6,8 +6,9 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from fedge.algorithms.hierarchical.cells import Cells, cell_iid, fully_noniid, global_shards
+from fedge.algorithms.hierarchical.cells import cell_iid, fully_noniid, global_shards
 from fedge.errors import ConfigError
+from fedge.runtime.hierarchy import Cells
 
 
 def fmnist_labels(seed: int = 0) -> np.ndarray:

@@ -6,9 +6,9 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from fedge.algorithms.hierarchical.cells import Cells
 from fedge.algorithms.hierarchical.config import RadioConfig
 from fedge.algorithms.hierarchical.radio import CellRadio
+from fedge.runtime.hierarchy import Cells
 from fedge.system.aircomp import (
     aircomp_cost_per_value,
     aircomp_edge_latency,

@@ -1,5 +1,5 @@
-"""An edge server's aggregation of its clients' uploads, through the edge's aggregation pipeline: their
-mean (OMA), or its over-the-air estimate (AirComp, :class:`OverTheAir`).
+"""AirComp's edge aggregation: the over-the-air estimate of a cell's client mean as the edge pipeline's
+reducer (:class:`OverTheAir`); OMA's edge servers take the pipeline's own (their clients' mean).
 
 AirComp's estimate is the exact client mean minus the learning rate times the channel's effective
 noise, drawn per coordinate of the full model and cut like the cell's submodel (HIST Eqs. 25-27).
@@ -8,7 +8,7 @@ noise, drawn per coordinate of the full model and cut like the cell's submodel (
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from typing import ClassVar
 
 import numpy as np
@@ -16,11 +16,9 @@ import torch
 
 from fedge.aggregation import Reducer, Updates, sites
 from fedge.algorithms.base import Context
-from fedge.algorithms.hierarchical.cells import Cells
 from fedge.algorithms.hierarchical.config import HierarchicalConfig
 from fedge.algorithms.hierarchical.radio import CellRadio
 from fedge.algorithms.hierarchical.submodel import CellViews, Tensors
-from fedge.distributed import Cohort
 from fedge.errors import ConfigError
 from fedge.rng import torch_rng
 
@@ -92,39 +90,3 @@ def check_over_the_air(ctx: Context) -> None:
         raise ConfigError(
             "aggregation.stages", f"AirComp sums over the air: the edge cannot reduce by {name}"
         )
-
-
-class EdgeAggregation:
-    """The edge servers' aggregation of :class:`~fedge.algorithms.hierarchical.hierarchy.HierarchicalFL`
-    (a mixin: it reads the host's cells, radio and global model)."""
-
-    cfg: HierarchicalConfig
-    ctx: Context
-    cells: Cells
-    radio: CellRadio
-    params: Tensors
-
-    def _mean(
-        self,
-        t: int,
-        e: int,
-        views: CellViews,
-        clients: Cohort,
-        uploaded: Tensors,
-        uploaded_buffers: Tensors,
-        reference: Tensors,
-    ) -> tuple[Tensors, Tensors, list[float]]:
-        """Each edge server's new model through the edge's pipeline: its clients' mean (OMA), or its
-        over-the-air estimate (AirComp, with each cell's per-element MSE)."""
-        cells = self.cells
-        weights = torch.zeros(cells.num_cells, len(clients), dtype=torch.float64, device=self.ctx.device)
-        cell_of = torch.arange(clients.start, clients.stop, device=self.ctx.device) // cells.per_cell
-        weights[cell_of, torch.arange(len(clients), device=self.ctx.device)] = 1.0 / cells.per_cell
-        updates = Updates.of(sites.EDGE, t, uploaded | uploaded_buffers, weights, reference)
-        pipeline = self.ctx.pipeline(sites.EDGE)
-        if self.cfg.aggregation == "aircomp":
-            air = over_the_air(pipeline.reducer, self.cfg, self.radio, self.ctx, self.params, t, e, views)
-            pipeline = replace(pipeline, reducer=air)
-        means = pipeline.reduce(updates, clients)
-        mses = list(air.mses) if self.cfg.aggregation == "aircomp" else []
-        return {k: means[k] for k in uploaded}, {k: means[k] for k in uploaded_buffers}, mses

@@ -1,15 +1,15 @@
-"""Cells of the cloud-edge-client hierarchy, and the paper's two data splits (HIST Sec. VI-A) plus the
-authors' code's reading of the first.
+"""The paper's two data splits over the cells of the hierarchy (HIST Sec. VI-A) plus the authors' code's
+reading of the first.
 
-Clients are split evenly over ``N`` cells with contiguous ids: cell ``j`` serves clients
-``j n .. (j + 1) n - 1`` with ``n = floor(K / N)``; when ``N`` does not divide ``K`` the last ``K mod N``
-clients stay idle (the authors' code does this for 60 clients in 8 cells, which HIST Figs. 4 and 6(c) use).
+Clients are split evenly over ``N`` cells (:class:`~fedge.runtime.hierarchy.Cells`) with contiguous
+ids: cell ``j`` serves clients ``j n .. (j + 1) n - 1`` with ``n = floor(K / N)``; when ``N`` does not
+divide ``K`` the last ``K mod N`` clients stay idle (the authors' code does this for 60 clients in 8
+cells, which HIST Figs. 4 and 6(c) use).
 """
 
 from __future__ import annotations
 
 import copy
-from dataclasses import dataclass
 
 import numpy as np
 
@@ -18,41 +18,7 @@ from fedge.algorithms.hierarchical.config import HierarchicalConfig
 from fedge.data.federated import FederatedData
 from fedge.errors import ConfigError
 from fedge.rng import numpy_rng
-
-
-@dataclass(frozen=True)
-class Cells:
-    """``num_cells`` cells of ``per_cell`` clients each; the active clients are ``0 .. size - 1``."""
-
-    num_cells: int
-    per_cell: int
-
-    @classmethod
-    def even(cls, num_clients: int, num_cells: int) -> Cells:
-        """Cells over ``num_clients`` clients; raises :class:`ConfigError` with more cells than clients."""
-        if num_cells > num_clients:
-            raise ConfigError(
-                "algorithm.cells", f"{num_cells} cells but only {num_clients} clients (partition.num_clients)"
-            )
-        return cls(num_cells, num_clients // num_cells)
-
-    @property
-    def size(self) -> int:
-        """Number of active clients."""
-        return self.num_cells * self.per_cell
-
-    @property
-    def cell_of(self) -> np.ndarray:
-        """The cell of every active client."""
-        return np.repeat(np.arange(self.num_cells), self.per_cell)
-
-    def members(self, cell: int) -> np.ndarray:
-        """The clients of ``cell``."""
-        return np.arange(cell * self.per_cell, (cell + 1) * self.per_cell)
-
-    def groups(self, count: int) -> np.ndarray:
-        """The band of every cell when cells are cut in order into ``count`` equal bands."""
-        return np.arange(self.num_cells) * count // self.num_cells
+from fedge.runtime.hierarchy import Cells
 
 
 def _label_shards(

@@ -13,7 +13,7 @@ from fedge.algorithms.hierarchical.hierarchy import HierarchicalFL
 
 
 @register("hfedavg", HFedAvgConfig, "Hierarchical FedAvg: clients -> edge averages -> cloud average")
-class HFedAvg(HierarchicalFL):
+class HFedAvg(HierarchicalFL[HFedAvgConfig]):
     """Cloud-edge-client FedAvg: every cell trains the whole model, the cloud averages the cells."""
 
     partitioned = False

@@ -16,7 +16,7 @@ from fedge.algorithms.hierarchical.config import HISTConfig
 from fedge.algorithms.hierarchical.hierarchy import HierarchicalFL
 from fedge.algorithms.hierarchical.masks import draw_owners, partitioned_names, uniform_owner_sizes
 from fedge.algorithms.hierarchical.submodel import CellViews
-from fedge.algorithms.hierarchical.transfers import per_value_bits
+from fedge.comm import Link
 from fedge.errors import ConfigError
 from fedge.rng import numpy_rng
 from fedge.system.aircomp import aircomp_cost_per_value
@@ -24,10 +24,16 @@ from fedge.system.oma import oma_cost_per_value
 from fedge.system.partition_opt import greedy_sizes, milp_sizes, size_cap
 
 
+def per_value_bits(link: Link, values: int) -> float:
+    """Bits a link spends per value on a dense payload of ``values`` values (32 for fp32)."""
+    counts = np.array([[values]], dtype=np.int64)
+    return float(link.codec.bits(counts, counts)[0]) / values
+
+
 @register(
     "hist", HISTConfig, "HIST: each cell trains a disjoint neuron partition of the FC layers, cloud merges"
 )
-class HIST(HierarchicalFL):
+class HIST(HierarchicalFL[HISTConfig]):
     """HIST with OMA or AirComp edge aggregation and uniform or latency-optimised mask sizes."""
 
     partitioned = True
@@ -43,7 +49,9 @@ class HIST(HierarchicalFL):
         first = self.layout[0].width
         # values a cell gains per neuron of the first layer (further layers follow its shares)
         self.values_per_unit = sum(layer.values_per_neuron * layer.width for layer in self.layout) / first
-        self.up_value_bits = per_value_bits(self.up, self.model_values)  # Eq. 19's bits per uploaded value
+        self.up_value_bits = per_value_bits(
+            self.links.up, self.model_values
+        )  # Eq. 19's bits per uploaded value
 
     def cell_costs(self, cpu_hz: np.ndarray, rates_bps: np.ndarray | None) -> np.ndarray:
         """Each cell's global-round latency per model value it holds: Eq. 19 with OMA rates, Eq. 36 for

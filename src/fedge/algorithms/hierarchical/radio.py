@@ -11,10 +11,10 @@ from __future__ import annotations
 
 import numpy as np
 
-from fedge.algorithms.hierarchical.cells import Cells
 from fedge.algorithms.hierarchical.config import RadioConfig
 from fedge.algorithms.hierarchical.devices import CellDevices
 from fedge.rng import numpy_rng
+from fedge.runtime.hierarchy import Cells
 from fedge.system.aircomp import aircomp_mse, min_gain, receive_beamformer
 from fedge.system.oma import complex_gaussian, db_to_linear, oma_rates
 

@@ -174,6 +174,23 @@ class CellViews:
                 out[name] = t[:, :, self.valid[role[0]][cell]]
         return out
 
+    def placed(self, cell: int, stacked: Tensors, decoded: Tensors) -> Tensors:
+        """``stacked`` (cell ``cell``'s tensors over some holders) with the values :meth:`real` took
+        replaced by ``decoded`` (what was sent, as the receiver decodes it): the inverse of :meth:`real`."""
+        out = dict(stacked)
+        for name, value in decoded.items():
+            role = self.roles.get(name)
+            if role is None:
+                out[name] = value
+                continue
+            placed, valid = stacked[name].clone(), self.valid[role[0]][cell]
+            if role[1] == "row":
+                placed[:, valid] = value
+            else:
+                placed[:, :, valid] = value
+            out[name] = placed
+        return out
+
     def values(self, full: Tensors) -> np.ndarray:
         """Number of values each cell's submodel holds (``d_j``; shared tensors count whole)."""
         total = np.zeros(self.num_cells, dtype=np.int64)

@@ -1,0 +1,305 @@
+"""The cells round: a cloud, ``N`` edge servers and their cells' clients, and the work every
+hierarchical round does (HIST, HFedAvg).
+
+A hierarchical global round is its paper's lines -- cut a submodel per cell, ``E`` edge rounds of local
+training and edge aggregation, the cloud's merge -- around the same pipes: each cell's submodel sent
+between the cloud and its edge server and between the edge server and its clients (only the values the
+submodel really holds, through the links' codecs, the receivers working on what they decode), this
+process's rows of the clients trained and uploaded, the edge servers' and the cloud's aggregations
+through their sites' pipelines, the clock closed by the cells' rule (:func:`fedge.system.cells_round`)
+and every node's storage. :class:`CellsRuntime` opens a round; :class:`CellsRound` does those steps, so
+that no algorithm writes a link send, a storage hold, cohort row arithmetic or a latency formula itself.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass, field, replace
+from typing import Protocol
+
+import numpy as np
+import torch
+
+from fedge.aggregation import Reducer, Updates, sites
+from fedge.comm import Link, nodes, state_bits
+from fedge.data.federated import BatchPlan, FederatedData
+from fedge.distributed import Cohort
+from fedge.engine import ClientBank
+from fedge.engine.step import StepFn
+from fedge.errors import ConfigError
+from fedge.runtime.context import Context
+from fedge.system import CellsWork, cells_round
+from fedge.system.cells import RadioTiming
+from fedge.tensors import Tensors, floating
+
+
+@dataclass(frozen=True)
+class Cells:
+    """``num_cells`` cells of ``per_cell`` clients each; the active clients are ``0 .. size - 1``, cell
+    ``j`` serving clients ``j per_cell .. (j + 1) per_cell - 1``."""
+
+    num_cells: int
+    per_cell: int
+
+    @classmethod
+    def even(cls, num_clients: int, num_cells: int) -> Cells:
+        """Cells over ``num_clients`` clients; raises :class:`ConfigError` with more cells than clients."""
+        if num_cells > num_clients:
+            raise ConfigError(
+                "algorithm.cells", f"{num_cells} cells but only {num_clients} clients (partition.num_clients)"
+            )
+        return cls(num_cells, num_clients // num_cells)
+
+    @property
+    def size(self) -> int:
+        """Number of active clients."""
+        return self.num_cells * self.per_cell
+
+    @property
+    def cell_of(self) -> np.ndarray:
+        """The cell of every active client."""
+        return np.repeat(np.arange(self.num_cells), self.per_cell)
+
+    def members(self, cell: int) -> np.ndarray:
+        """The clients of ``cell``."""
+        return np.arange(cell * self.per_cell, (cell + 1) * self.per_cell)
+
+    def rows(self, cell: int) -> slice:
+        """The rows of ``cell``'s clients in a tensor stacked over the active clients."""
+        return slice(cell * self.per_cell, (cell + 1) * self.per_cell)
+
+    def groups(self, count: int) -> np.ndarray:
+        """The band of every cell when cells are cut in order into ``count`` equal bands."""
+        return np.arange(self.num_cells) * count // self.num_cells
+
+
+class Submodels(Protocol):
+    """Where each cell's submodel sits in its tensors (HIST's cell views; HFedAvg's whole model)."""
+
+    def real(self, cell: int, stacked: Tensors) -> Tensors:
+        """The values cell ``cell``'s submodel really holds, from tensors stacked over some holders."""
+        ...
+
+    def placed(self, cell: int, stacked: Tensors, decoded: Tensors) -> Tensors:
+        """``stacked`` with the values :meth:`real` took replaced by ``decoded``."""
+        ...
+
+
+@dataclass(frozen=True)
+class CellLinks:
+    """The hierarchy's links: client to edge (``up``), edge to client (``down``), edge to cloud and cloud
+    to edge; ``analogue``: the clients' uploads are AirComp's analogue symbols (``update_up_analog``)."""
+
+    up: Link
+    down: Link
+    edge_up: Link
+    edge_down: Link
+    analogue: bool = False
+
+
+def _payload(submodels: Submodels, cell: int, rows: slice, params: Tensors, buffers: Tensors) -> Tensors:
+    """What the holders in ``rows`` (stacked) of cell ``cell``'s submodel send: the values it really
+    holds and the floating buffers (BatchNorm statistics); integer counters are not sent."""
+    sent = {**{k: v[rows] for k, v in params.items()}, **{k: v[rows] for k, v in floating(buffers).items()}}
+    return submodels.real(cell, sent)
+
+
+def _received(
+    submodels: Submodels, cell: int, rows: slice, params: Tensors, buffers: Tensors, decoded: Tensors
+) -> tuple[Tensors, Tensors]:
+    """``params`` and ``buffers`` (stacked) with rows ``rows`` of cell ``cell`` replaced by what was
+    decoded from their payload."""
+    held = {**{k: v[rows] for k, v in params.items()}, **{k: v[rows] for k, v in buffers.items()}}
+    placed = submodels.placed(cell, held, decoded)
+    new_params = {k: torch.cat([v[: rows.start], placed[k], v[rows.stop :]]) for k, v in params.items()}
+    new_buffers = {k: torch.cat([v[: rows.start], placed[k], v[rows.stop :]]) for k, v in buffers.items()}
+    return new_params, new_buffers
+
+
+@dataclass
+class CellsRound:
+    """Global round ``round`` of the ``cells`` with their ``submodels``; this process runs the rows of
+    ``cohort`` of the active clients. ``client_bits`` is every active client's uplink bits of the round,
+    ``cell_bits`` one client's upload per cell in the last edge round (what the OMA latency reads)."""
+
+    ctx: Context
+    round: int
+    cells: Cells
+    links: CellLinks
+    submodels: Submodels
+    cohort: Cohort
+    client_bits: np.ndarray = field(init=False)
+    cell_bits: np.ndarray = field(init=False)
+
+    def __post_init__(self) -> None:
+        self.client_bits = np.zeros(self.cells.size, dtype=np.int64)
+        self.cell_bits = np.zeros(self.cells.num_cells, dtype=np.int64)
+
+    @property
+    def receivers(self) -> list[str]:
+        """The active clients' node names."""
+        return nodes.clients(range(self.cells.size))
+
+    @property
+    def mine(self) -> tuple[int, ...]:
+        """The clients this process trains."""
+        return tuple(range(self.cohort.start, self.cohort.stop))
+
+    @property
+    def cells_of_mine(self) -> torch.Tensor:
+        """The cell of every client this process trains."""
+        return torch.as_tensor(self.cells.cell_of[self.cohort.rows], device=self.ctx.device)
+
+    def send_cells(self, up: bool, params: Tensors, buffers: Tensors) -> tuple[Tensors, Tensors, np.ndarray]:
+        """Each cell's submodel (real values only) between the cloud and its edge server
+        (``submodel_up`` / ``submodel_down``): the cells' params and buffers as received, and each
+        submodel's size at fp32 (what a node holds)."""
+        link = self.links.edge_up if up else self.links.edge_down
+        kind = "submodel_up" if up else "submodel_down"
+        held = np.zeros(self.cells.num_cells, dtype=np.int64)
+        for j in range(self.cells.num_cells):
+            payload = _payload(self.submodels, j, slice(j, j + 1), params, buffers)
+            ends = (nodes.edge(j), nodes.CLOUD) if up else (nodes.CLOUD, nodes.edge(j))
+            sent = link.send(self.round, *ends, kind, payload, stacked=True)
+            held[j] = state_bits(payload)
+            if not link.codec.lossless:
+                params, buffers = _received(self.submodels, j, slice(j, j + 1), params, buffers, sent.payload)
+        return params, buffers, held
+
+    def broadcast(self, params: Tensors, buffers: Tensors) -> tuple[Tensors, Tensors]:
+        """Each edge server sends its cell's model to its clients (``model_down``); the cells' params and
+        buffers as the clients decode them."""
+        down, receivers = self.links.down, self.receivers
+        start_params, start_buffers = params, buffers
+        for j in range(self.cells.num_cells):
+            payload = _payload(self.submodels, j, slice(j, j + 1), params, buffers)
+            members = receivers[self.cells.rows(j)]
+            sent = down.send(
+                self.round, nodes.edge(j), members, "model_down", {k: v[0] for k, v in payload.items()}
+            )
+            if not down.codec.lossless:
+                decoded = {k: v.unsqueeze(0) for k, v in sent.payload.items()}
+                start_params, start_buffers = _received(
+                    self.submodels, j, slice(j, j + 1), start_params, start_buffers, decoded
+                )
+        return start_params, start_buffers
+
+    def bank(
+        self, params: Tensors, buffers: Tensors, opt_state: Callable[[Tensors, torch.Tensor], Tensors]
+    ) -> ClientBank:
+        """This process's clients, each from its cell's model (``params``, ``buffers`` stacked over the
+        cells), with the optimizer state ``opt_state(rows, cells)`` gives their rows of the parameters
+        and their cells."""
+        cell_of = self.cells_of_mine
+        rows = {k: v[cell_of] for k, v in params.items()}
+        buffer_rows = {k: v[cell_of] for k, v in buffers.items()}
+        return ClientBank(self.mine, rows, buffer_rows, opt_state(rows, cell_of))
+
+    def train(
+        self, step: StepFn, bank: ClientBank, plan: BatchPlan, data: FederatedData, lr: float
+    ) -> torch.Tensor:
+        """The executor trains ``bank`` by ``plan`` on ``data``; each row's mean training loss."""
+        return self.ctx.executor.train(step, bank, plan, data, lr)
+
+    def collect(self, bank: ClientBank) -> tuple[Tensors, Tensors]:
+        """Every client sends its trained model to its edge server (``model_up``, or AirComp's
+        ``update_up_analog``); this process's rows as the edge servers decode them. Adds each client's
+        uplink bits to :attr:`client_bits` and records one client's upload per cell in :attr:`cell_bits`."""
+        cells, cohort, up = self.cells, self.cohort, self.links.up
+        kind = "update_up_analog" if self.links.analogue else "model_up"
+        uploaded, uploaded_buffers = bank.params, bank.buffers
+        receivers = self.receivers
+        for j in range(cells.num_cells):
+            rows = cells.rows(j)
+            cell = cohort.part(rows)  # this process's clients of cell j
+            local = slice(cell.start + rows.start - cohort.start, cell.stop + rows.start - cohort.start)
+            payload = _payload(self.submodels, j, local, bank.params, bank.buffers)
+            sent = cell.send(up, self.round, receivers[rows], nodes.edge(j), kind, payload)
+            self.client_bits[rows] += sent.bits
+            self.cell_bits[j] = sent.bits.max(initial=0)
+            if not up.codec.lossless and len(cell):
+                uploaded, uploaded_buffers = _received(
+                    self.submodels, j, local, uploaded, uploaded_buffers, sent.payload
+                )
+        return uploaded, uploaded_buffers
+
+    @property
+    def edge_reducer(self) -> Reducer:
+        """The edge pipeline's reducer (what AirComp's air sum wraps)."""
+        return self.ctx.pipeline(sites.EDGE).reducer
+
+    def aggregate(
+        self, params: Tensors, buffers: Tensors, reference: Tensors, reducer: Reducer | None = None
+    ) -> tuple[Tensors, Tensors]:
+        """Each edge server's new model from its clients' uploads (this process's rows), through the
+        edge's pipeline: by default its clients' mean (:class:`~fedge.aggregation.BlockMean`).
+        ``reference`` holds the cells' models the clients started from; ``reducer`` replaces the
+        pipeline's own (AirComp's over-the-air sum)."""
+        cells, cohort, device = self.cells, self.cohort, self.ctx.device
+        weights = torch.zeros(cells.num_cells, len(cohort), dtype=torch.float64, device=device)
+        weights[self.cells_of_mine, torch.arange(len(cohort), device=device)] = 1.0 / cells.per_cell
+        pipeline = self.ctx.pipeline(sites.EDGE)
+        if reducer is not None:
+            pipeline = replace(pipeline, reducer=reducer)
+        means = pipeline.reduce(
+            Updates.of(sites.EDGE, self.round, params | buffers, weights, reference), cohort
+        )
+        return {k: means[k] for k in params}, {k: means[k] for k in buffers}
+
+    def cloud(self, shared: Tensors, model: Tensors) -> Tensors:
+        """The cloud's aggregation of the cells' shared tensors (stacked ``[N, ...]``) through its
+        pipeline: by default their unweighted mean (HIST Eq. 7); ``model``, the previous global model,
+        is the reference."""
+        cells = self.cells.num_cells
+        weights = torch.full((cells,), 1.0 / cells, dtype=torch.float64, device=self.ctx.device)
+        reference = {k: v for k, v in model.items() if k in shared}
+        updates = Updates.of(sites.CLOUD, self.round, shared, weights, reference)
+        return self.ctx.pipeline(sites.CLOUD).reduce(updates)
+
+    def mean(self, losses: torch.Tensor) -> torch.Tensor:
+        """The mean over every active client of a per-client value (this process's rows in ``losses``)."""
+        return self.cohort.mean(losses)
+
+    def close(
+        self,
+        values: np.ndarray,
+        model_values: int,
+        cpu_hz: np.ndarray,
+        edge_rounds: int,
+        steps: int,
+        bandwidth_hz: np.ndarray,
+        radio: RadioTiming,
+        rates: np.ndarray | None,
+    ) -> float:
+        """Advance the clock by the cells' rule (HIST Eqs. 17-18 with OMA ``rates``, Eq. 35 for AirComp,
+        :func:`~fedge.system.cells_round`) and return the round's seconds: each cell's ``values`` of the
+        ``model_values``, its clients' ``cpu_hz``, ``edge_rounds`` of ``steps`` local steps, the uploads of
+        :attr:`cell_bits` and each cell's AirComp band."""
+        members = [self.cells.members(j) for j in range(self.cells.num_cells)]
+        work = CellsWork(
+            members, values, model_values, cpu_hz, self.cell_bits, edge_rounds, steps, bandwidth_hz
+        )
+        system = self.ctx.system
+        return system.charge(cells_round(system, work, radio, rates)).seconds
+
+    def hold(self, model: Tensors, cell_bits: np.ndarray) -> None:
+        """What each node holds: the cloud the full ``model``, each edge server and client its cell's
+        submodel (``cell_bits`` at fp32)."""
+        network, receivers = self.ctx.network, self.receivers
+        network.hold(nodes.CLOUD, "model", model)
+        for j, bits in enumerate(cell_bits):
+            network.hold(nodes.edge(j), "submodel", int(bits))
+            network.hold(receivers[self.cells.rows(j)], "model", int(bits))
+
+
+class CellsRuntime:
+    """Opens the global rounds of the ``cells`` over ``links`` (every active client works every round)."""
+
+    def __init__(self, ctx: Context, cells: Cells, links: CellLinks):
+        self.ctx, self.cells, self.links = ctx, cells, links
+
+    def open(self, t: int, submodels: Submodels) -> CellsRound:
+        """Round ``t`` of the cells with their ``submodels`` of the round."""
+        return CellsRound(
+            self.ctx, t, self.cells, self.links, submodels, self.ctx.cohorts.of(self.cells.size)
+        )
