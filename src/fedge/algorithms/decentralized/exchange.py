@@ -60,21 +60,33 @@ class PeerExchange:
         allowed = self.adjacency if allowed is None else allowed
         return sample_peers(self.ctx.seed, "peers", t, allowed, k or self.cfg.peers)
 
-    def mixed(self, weights: torch.Tensor, params: Tensors, buffers: Tensors) -> tuple[Tensors, Tensors]:
+    def mixed(
+        self,
+        weights: torch.Tensor,
+        params: Tensors,
+        buffers: Tensors,
+        sent: Tensors | None = None,
+        masks: Tensors | None = None,
+    ) -> tuple[Tensors, Tensors]:
         """New client state: shared tensors ``weights @ rows`` (through the peers' aggregation pipeline,
         whose default is that product); private ones and counters from own rows.
 
         ``weights`` is ``[n, R]`` over the ``R`` rows of ``params``/``buffers``, whose first ``n`` rows
         must be the clients' own rows (in client order): they supply the private head and counters.
+        ``sent`` replaces parameters' rows in what peers receive (AFIND+'s noisy updates; a client mixes
+        its own row as trained); ``masks`` give each row's kept coordinates of the tensors they name
+        (Dis-PFL's sparse models: a coordinate is averaged over the rows that hold it).
         """
         n = self.num_clients
         shared = self.shared({**params, **buffers})
-        if self.models.codec.lossless:
-            parts = (Part(shared, weights),)
+        masks = masks or {}
+        if self.models.codec.lossless and sent is None:
+            parts = (Part(shared, weights, masks),)
         else:  # a client's own row exactly, every other row as its message decodes
             own = torch.zeros_like(weights, dtype=torch.bool)
             own[:, :n] = torch.eye(n, dtype=torch.bool, device=weights.device)
-            parts = (Part(shared, weights * own), Part(self.peer_rows(shared), weights * ~own))
+            received = self.peer_rows(self.shared({**params, **(sent or {}), **buffers}))
+            parts = (Part(shared, weights * own, masks), Part(received, weights * ~own, masks))
         updates = Updates(sites.PEER, self.round, parts, {k: v[:n] for k, v in shared.items()})
         mixed = self.ctx.pipeline(sites.PEER).reduce(updates)
         new_p = {k: mixed[k] if k in mixed else v[:n] for k, v in params.items()}
