@@ -9,6 +9,7 @@ import numpy as np
 import pytest
 import torch
 
+from fedge.aggregation import Part, Updates, WeightedMean, sites
 from fedge.algorithms.decentralized import proxies
 from fedge.algorithms.decentralized.probes import probe_batches
 from fedge.algorithms.decentralized.proxies import Prober
@@ -27,7 +28,7 @@ from fedge.data.dataset import Dataset
 from fedge.data.federated import FederatedData
 from fedge.engine import buffers_of, parameters_of
 from fedge.engine.bank import stack_copies
-from fedge.engine.mixing import masked_mix, mix, uniform_rows
+from fedge.engine.mixing import mix, uniform_rows
 from fedge.models import build_model
 
 
@@ -200,12 +201,16 @@ def test_mix_is_one_matrix_product_per_tensor():
     assert torch.allclose(out["w"], loop, atol=1e-6)
 
 
-def test_masked_mix_averages_each_coordinate_over_its_holders():
+def test_the_peer_mean_averages_each_masked_coordinate_over_its_holders():
     x = torch.tensor([[1.0, 2.0, 3.0], [5.0, 6.0, 7.0], [9.0, 10.0, 11.0]])
     m = torch.tensor([[1, 0, 0], [1, 1, 0], [0, 1, 0]], dtype=torch.bool)
     weights = torch.full((3, 3), 1 / 3, dtype=torch.float64)
-    out = masked_mix({"w": x * m}, {"w": m}, weights, {"w": x * m})["w"]
-    assert out[0].tolist() == pytest.approx([3.0, 8.0, 0.0])  # nobody holds coordinate 2: own value (0)
+    own = {"w": x * m + 100.0}  # what a receiver keeps where no row holds a coordinate
+    masked = Updates(sites.PEER, 1, (Part({"w": x * m}, weights, {"w": m}),), own)
+    out = WeightedMean().reduce(masked)["w"]
+    assert out[0].tolist() == pytest.approx([3.0, 8.0, 100.0])  # nobody holds coordinate 2: own value
+    plain = Updates(sites.PEER, 1, (Part({"w": x * m}, weights),), own)
+    assert torch.allclose(WeightedMean().reduce(plain)["w"], weights.float() @ (x * m))
 
 
 def test_uniform_rows_include_self_and_keep_lonely_clients_alone():

@@ -27,7 +27,9 @@ class WeightedMean(Reducer):
 
     Integer tensors (counters) take the largest row's value for one output and are left to the
     receivers' own values for one output per receiver. The weights are the site's (sample counts at a
-    FedAvg server, a mixing matrix between peers); this reducer does not renormalise them.
+    FedAvg server, a mixing matrix between peers); this reducer does not renormalise them. A masked
+    tensor (see :class:`~fedge.aggregation.updates.Part`) is averaged per coordinate over the rows that
+    hold it (:func:`masked_mean`).
     """
 
     additive: ClassVar[bool] = True
@@ -39,6 +41,9 @@ class WeightedMean(Reducer):
                 if not updates.per_receiver:
                     out[name] = torch.cat([part.rows[name] for part in updates.parts]).max(dim=0).values
                 continue
+            if name in updates.parts[0].masks:
+                out[name] = masked_mean(updates, name)
+                continue
             total: torch.Tensor | None = None
             for part in updates.parts:
                 t = part.rows[name]
@@ -49,6 +54,29 @@ class WeightedMean(Reducer):
             shape = (*total.shape[:-1], *first.shape[1:])
             out[name] = total.reshape(shape)
         return out
+
+
+def masked_mean(updates: Updates, name: str) -> torch.Tensor:
+    """Coordinate-wise ``sum_r w[r] m[r] x[r] / sum_r w[r] m[r]`` of tensor ``name`` over the rows whose
+    mask ``m`` holds the coordinate (Dis-PFL's masked averaging, the parts' products added in order);
+    where no weighted row holds it, the site's own value (``updates.reference``)."""
+    first = updates.parts[0].rows[name]
+    numerator: torch.Tensor | None = None
+    denominator: torch.Tensor | None = None
+    for part in updates.parts:
+        x = part.rows[name]
+        w = part.weights.to(device=x.device, dtype=x.dtype)
+        m = part.masks[name].to(x.dtype)
+        num, den = w @ _flat(m * x), w @ _flat(m)
+        numerator = num if numerator is None else numerator + num
+        denominator = den if denominator is None else denominator + den
+    assert numerator is not None and denominator is not None
+    if updates.reference is None or name not in updates.reference:
+        raise ValueError(f"the {updates.site} has no own value of {name!r} for coordinates no row holds")
+    fallback = _flat(updates.reference[name]).reshape(numerator.shape)
+    tiny = torch.finfo(first.dtype).tiny
+    value = torch.where(denominator > 0, numerator / denominator.clamp_min(tiny), fallback)
+    return value.reshape(*numerator.shape[:-1], *first.shape[1:])
 
 
 class AnchoredMean(Reducer):

@@ -73,7 +73,7 @@ def _gathered(updates: Updates, cohort: Cohort) -> Updates:
     for part in updates.parts:
         rows = cohort.gather(part.rows)
         weights = cohort.gather({"w": part.weights.movedim(-1, 0)})["w"].movedim(0, -1)
-        parts.append(Part(rows, weights))
+        parts.append(Part(rows, weights, cohort.gather(part.masks) if part.masks else {}))
     return updates.with_parts(*parts)
 
 

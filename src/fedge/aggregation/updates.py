@@ -24,16 +24,25 @@ from fedge.tensors import Tensors
 @dataclass(frozen=True)
 class Part:
     """Stacked ``rows`` (``R`` leading rows per tensor) and ``weights`` on them: ``[R]`` for a site with
-    one output (a server's model), ``[n_out, R]`` for a site with one output per receiver (peers)."""
+    one output (a server's model), ``[n_out, R]`` for a site with one output per receiver (peers).
+
+    ``masks`` (0/1, shaped like the rows of the tensors they name) say which coordinates each row
+    holds, for sparse models (Dis-PFL's personal masks): the site's mean then averages each coordinate
+    over the rows that hold it (:class:`~fedge.aggregation.means.WeightedMean`).
+    """
 
     rows: Tensors
     weights: torch.Tensor
+    masks: Tensors = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         count = self.weights.shape[-1]
         wrong = [name for name, t in self.rows.items() if t.shape[0] != count]
         if wrong:
             raise ValueError(f"rows of {wrong[0]!r} do not match the {count} weights")
+        unshaped = [name for name, m in self.masks.items() if m.shape != self.rows[name].shape]
+        if unshaped:
+            raise ValueError(f"the mask of {unshaped[0]!r} is not shaped like its rows")
 
 
 @dataclass(frozen=True)
@@ -75,7 +84,9 @@ class Updates:
         names = self.parts[0].rows
         rows = {name: torch.cat([part.rows[name] for part in self.parts]) for name in names}
         weights = torch.cat([part.weights for part in self.parts], dim=-1)
-        return Part(rows, weights)
+        masked = self.parts[0].masks
+        masks = {name: torch.cat([part.masks[name] for part in self.parts]) for name in masked}
+        return Part(rows, weights, masks)
 
     def with_parts(self, *parts: Part) -> Updates:
         """The same updates with other rows or weights (what a transforming stage returns)."""

@@ -33,26 +33,6 @@ def mix(stacked: Tensors, weights: torch.Tensor) -> Tensors:
     return out
 
 
-def masked_mix(stacked: Tensors, masks: Tensors, weights: torch.Tensor, own: Tensors) -> Tensors:
-    """Coordinate-wise weighted average over the rows whose mask holds the coordinate (sparse models).
-
-    For a tensor with a mask: ``out[i] = (W @ (m * x))[i] / (W @ m)[i]`` where the denominator is positive,
-    and ``own[name][i]`` where no weighted row holds the coordinate. Tensors without a mask are mixed
-    plainly. ``weights`` is ``[n, R]``, ``stacked``/``masks`` have ``R`` rows and ``own`` has ``n``.
-    """
-    out = mix({k: v for k, v in stacked.items() if k not in masks}, weights)
-    for name, mask in masks.items():
-        x = stacked[name]
-        w = weights.to(device=x.device, dtype=x.dtype)
-        m = mask.to(x.dtype)
-        num = w @ _flat(m * x)
-        den = w @ _flat(m)
-        fallback = _flat(own[name])
-        value = torch.where(den > 0, num / den.clamp_min(torch.finfo(x.dtype).tiny), fallback)
-        out[name] = value.reshape(w.shape[0], *x.shape[1:])
-    return out
-
-
 def uniform_rows(selected: torch.Tensor, include_self: bool = True) -> torch.Tensor:
     """Row-stochastic ``[n, n]`` weights: client ``i`` averages uniformly over ``selected[i]`` (and itself).
 

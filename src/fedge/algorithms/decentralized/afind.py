@@ -25,7 +25,6 @@ from fedge.algorithms.decentralized.common import PeerAlgorithm
 from fedge.algorithms.decentralized.config import PeerConfig, SelectorConfig
 from fedge.algorithms.decentralized.probes import ProbeBatches
 from fedge.algorithms.decentralized.selector import AfindSelector, Plan
-from fedge.engine.mixing import mix
 from fedge.metrics import RoundReport
 from fedge.tensors import Tensors
 
@@ -106,9 +105,5 @@ class Afind(PeerAlgorithm):
         dp = self.cfg.dp
         if dp is None or dp.target != "update":
             return self.mixed(weights, params, buffers)
-        eye = torch.eye(self.num_clients, dtype=torch.bool, device=weights.device)
         sent = self.selector.noisy_updates(start, params, t, self.cfg.batch_size)
-        plain, new_b = self.mixed(weights, params, buffers)
-        from_self, _ = self.mixed(weights * eye, params, buffers)
-        from_peers = mix(self.peer_rows(self.shared(sent)), weights * ~eye)
-        return {k: from_self[k] + from_peers[k] if k in from_peers else v for k, v in plain.items()}, new_b
+        return self.mixed(weights, params, buffers, sent=sent)

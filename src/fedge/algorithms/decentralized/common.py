@@ -38,13 +38,14 @@ from fedge.algorithms.decentralized.probes import gather
 from fedge.algorithms.decentralized.topology import build_topology
 from fedge.algorithms.decentralized.training import LocalTraining
 from fedge.algorithms.decentralized.view import PeerView
-from fedge.comm import Link, nodes
+from fedge.comm import Link
 from fedge.data.federated import FederatedData
 from fedge.engine import ClientBank, buffers_of, classification_loss, make_optimizer, make_step, parameters_of
 from fedge.errors import ConfigError
 from fedge.metrics import RoundReport
 from fedge.models import split
-from fedge.system import RoundWork, forward_flops, peer_round
+from fedge.runtime.peers import PeerRuntime
+from fedge.system import forward_flops
 from fedge.tensors import Tensors, floating, rows
 
 
@@ -88,17 +89,17 @@ class PeerAlgorithm(LocalTraining, PeerExchange, FineTunedEvaluation, Algorithm)
         self.models: Link = ctx.network.link(cfg.codec_model)  # how trained models travel
         self.round = 0
         self.flops_per_sample = forward_flops(self.model, ctx.data.input_shape)
-        self.work = RoundWork(n)
-        ctx.network.hold(nodes.clients(range(n)), "model", {**params, **buffers})
+        self.peers = PeerRuntime(ctx, n)
+        self.this_round = self.peers.open(0)  # work outside a round is tallied here and never charged
+        self.peers.meter_storage("model", {**params, **buffers})
 
     # ----- the round -------------------------------------------------------------------------------
     def run_round(self, t: int) -> RoundReport:
-        """Round ``t`` (:meth:`peer_round`), then its compute and peer traffic charged to the clock."""
+        """Round ``t`` (:meth:`peer_round`), closed on the clock with its compute and peer traffic."""
         self.round = t
-        self.work = RoundWork(self.num_clients)
+        self.this_round = self.peers.open(t)
         report = self.peer_round(t)
-        flops = self.work.flops(self.flops_per_sample)
-        self.ctx.system.charge(peer_round(self.ctx.system, t, flops, self.ctx.network.traffic(t)))
+        self.this_round.close(self.flops_per_sample)
         return report
 
     @abstractmethod
@@ -160,4 +161,3 @@ class PeerAlgorithm(LocalTraining, PeerExchange, FineTunedEvaluation, Algorithm)
             gather(self.bank.params, self.private, shared_from, private_from),
             gather(self.bank.buffers, self.private, shared_from, private_from),
         )
-

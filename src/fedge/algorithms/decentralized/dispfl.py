@@ -26,7 +26,6 @@ from fedge.algorithms.decentralized.config import PeerConfig
 from fedge.algorithms.decentralized.hosted import HostedConfig, PeerChoice
 from fedge.algorithms.decentralized.probes import ProbeBatches
 from fedge.engine import make_step, weighted_mean
-from fedge.engine.mixing import masked_mix
 from fedge.errors import ConfigError
 from fedge.metrics import Evaluation, RoundReport
 from fedge.rng import torch_rng
@@ -203,9 +202,8 @@ class DisPFL(PeerAlgorithm):
         weights = self.choice.weights(plan, params, buffers, batches)
         shared = self.shared({**params, **buffers})
         masks = {k: m for k, m in self.masks.items() if k in shared}
-        mixed = masked_mix(shared, masks, weights, params)
-        new_params = self._apply({k: mixed.get(k, v) for k, v in params.items()})
-        self.bank.adopt(new_params, {k: mixed.get(k, v) for k, v in buffers.items()}, owned=False)
+        mixed_p, mixed_b = self.mixed(weights, params, buffers, masks=masks)
+        self.bank.adopt(self._apply(mixed_p), mixed_b, owned=False)
         metrics = self.choice.end(t, plan)
         return RoundReport(float(losses.double().mean()), {"alpha": alpha, **metrics})
 

@@ -19,7 +19,6 @@ from fedge.algorithms.base import Context, register
 from fedge.algorithms.decentralized.common import PeerAlgorithm
 from fedge.algorithms.decentralized.config import PeerConfig
 from fedge.algorithms.decentralized.hosted import HostedConfig, PeerChoice
-from fedge.comm import nodes
 from fedge.config import keys
 from fedge.engine import ClientBank, make_step, weighted_mean
 from fedge.metrics import Evaluation, RoundReport
@@ -60,7 +59,7 @@ class Ditto(PeerAlgorithm):
         )
         self.prox_step = make_step(self._prox_loss, self.sgd)
         model = {**self.personal_bank.params, **self.personal_bank.buffers}
-        ctx.network.hold(nodes.clients(range(self.num_clients)), "personal_model", rows(model, 0))
+        self.peers.meter_storage("personal_model", rows(model, 0))
 
     def _prox_loss(
         self, params: Tensors, buffers: Tensors, x: torch.Tensor, y: torch.Tensor, w: torch.Tensor

@@ -15,6 +15,7 @@ from fedge.engine.personal import fine_tuned
 from fedge.engine.step import Optimizer, StepFn
 from fedge.metrics import Evaluation
 from fedge.models import SplitModel
+from fedge.runtime.peers import client_block
 from fedge.tensors import Tensors
 
 
@@ -40,11 +41,9 @@ class FineTunedEvaluation:
 
         The clients are a cohort: each process fine-tunes and tests its block of them (docs/scale-out.md).
         """
-        cfg, cohort = self.cfg, self.ctx.cohorts.clients(len(bank))
-        bank = ClientBank(
-            tuple(cohort.take(bank.clients)), cohort.take_rows(bank.params), cohort.take_rows(bank.buffers)
-        )
-        extra = None if extra is None else cohort.take_rows(extra)
+        cfg, block = self.cfg, client_block(self.ctx, len(bank))
+        bank = block.bank(bank)
+        extra = None if extra is None else block.rows(extra)
         if cfg.ft_epochs:
             self.model.train()
             copies = ClientBank(bank.clients, dict(bank.params), {**bank.buffers, **(extra or {})})
@@ -62,4 +61,5 @@ class FineTunedEvaluation:
             )
             own_buffers = {k: v for k, v in bank.buffers.items() if k not in (extra or {})}
             bank.adopt(bank.params, own_buffers, owned=False)
-        return evaluate_clients_on(cohort, self.model, bank, self.ctx.data, self.ctx.config.eval.batch_size)
+        max_samples = self.ctx.config.eval.batch_size
+        return evaluate_clients_on(block.cohort, self.model, bank, self.ctx.data, max_samples)

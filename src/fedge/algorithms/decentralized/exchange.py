@@ -15,9 +15,10 @@ from fedge.aggregation import Part, Updates, sites
 from fedge.algorithms.base import Context
 from fedge.algorithms.decentralized.config import PeerConfig
 from fedge.algorithms.decentralized.probes import ProbeBatches, probe_batches
-from fedge.comm import Link, nodes
+from fedge.comm import Link
 from fedge.data.federated import FederatedData
 from fedge.rng import numpy_rng
+from fedge.runtime.peers import PeerRound
 from fedge.tensors import Tensors
 
 
@@ -34,7 +35,6 @@ def sample_peers(seed: int, purpose: str, round_: int, allowed: np.ndarray, k: i
     return chosen
 
 
-
 class PeerExchange:
     """The exchange half of :class:`~fedge.algorithms.decentralized.common.PeerAlgorithm` (a mixin: it
     reads the host's topology, links and round work, and calls its ``shared``, ``dense_message`` and
@@ -49,6 +49,7 @@ class PeerExchange:
     messages: Link
     models: Link
     round: int
+    this_round: PeerRound
 
     def probes(self, t: int) -> ProbeBatches:
         """The round's probe batch of every client (``probe_size`` samples, default ``batch_size``)."""
@@ -59,21 +60,33 @@ class PeerExchange:
         allowed = self.adjacency if allowed is None else allowed
         return sample_peers(self.ctx.seed, "peers", t, allowed, k or self.cfg.peers)
 
-    def mixed(self, weights: torch.Tensor, params: Tensors, buffers: Tensors) -> tuple[Tensors, Tensors]:
+    def mixed(
+        self,
+        weights: torch.Tensor,
+        params: Tensors,
+        buffers: Tensors,
+        sent: Tensors | None = None,
+        masks: Tensors | None = None,
+    ) -> tuple[Tensors, Tensors]:
         """New client state: shared tensors ``weights @ rows`` (through the peers' aggregation pipeline,
         whose default is that product); private ones and counters from own rows.
 
         ``weights`` is ``[n, R]`` over the ``R`` rows of ``params``/``buffers``, whose first ``n`` rows
         must be the clients' own rows (in client order): they supply the private head and counters.
+        ``sent`` replaces parameters' rows in what peers receive (AFIND+'s noisy updates; a client mixes
+        its own row as trained); ``masks`` give each row's kept coordinates of the tensors they name
+        (Dis-PFL's sparse models: a coordinate is averaged over the rows that hold it).
         """
         n = self.num_clients
         shared = self.shared({**params, **buffers})
-        if self.models.codec.lossless:
-            parts = (Part(shared, weights),)
+        masks = masks or {}
+        if self.models.codec.lossless and sent is None:
+            parts = (Part(shared, weights, masks),)
         else:  # a client's own row exactly, every other row as its message decodes
             own = torch.zeros_like(weights, dtype=torch.bool)
             own[:, :n] = torch.eye(n, dtype=torch.bool, device=weights.device)
-            parts = (Part(shared, weights * own), Part(self.peer_rows(shared), weights * ~own))
+            received = self.peer_rows(self.shared({**params, **(sent or {}), **buffers}))
+            parts = (Part(shared, weights * own, masks), Part(received, weights * ~own, masks))
         updates = Updates(sites.PEER, self.round, parts, {k: v[:n] for k, v in shared.items()})
         mixed = self.ctx.pipeline(sites.PEER).reduce(updates)
         new_p = {k: mixed[k] if k in mixed else v[:n] for k, v in params.items()}
@@ -83,11 +96,10 @@ class PeerExchange:
     def peer_rows(self, shared: Tensors) -> Tensors:
         """Stacked shared rows as the peers that receive them decode them through :attr:`models` (the
         transfers are recorded by :meth:`send_models`)."""
-        return self.models.decode(self.round, "peer_model", shared)
+        return self.this_round.received(self.models, "peer_model", shared)
 
     def exchange(
         self,
-        t: int,
         pairs: np.ndarray | torch.Tensor,
         kind: str,
         message: Tensors,
@@ -97,17 +109,12 @@ class PeerExchange:
         """Send ``message`` over ``link`` (default: the proxy and loss link) for every ``pairs[i, j]``:
         j → i when ``to_requester``, else i → j; the clock charges each sender the bits the link records.
         Returns the number of transfers."""
-        i, j = np.nonzero(np.asarray(torch.as_tensor(pairs).cpu()))
-        if len(i):
-            src, dst = (j, i) if to_requester else (i, j)
-            (link or self.messages).send(t, nodes.clients(src), nodes.clients(dst), kind, message)
-        return len(i)
+        return self.this_round.send(link or self.messages, pairs, kind, message, to_requester)
 
-    def request_models(self, t: int, pairs: np.ndarray | torch.Tensor) -> int:
+    def request_models(self, pairs: np.ndarray | torch.Tensor) -> int:
         """Requester i sends its shared model to j for every ``pairs[i, j]`` (``model_request``)."""
-        return self.exchange(t, pairs, "model_request", self.dense_message(), self.requests, False)
+        return self.exchange(pairs, "model_request", self.dense_message(), self.requests, False)
 
-    def send_models(self, t: int, pairs: np.ndarray | torch.Tensor) -> int:
+    def send_models(self, pairs: np.ndarray | torch.Tensor) -> int:
         """j sends its trained model to i over :attr:`models` for every ``pairs[i, j]`` (``peer_model``)."""
-        return self.exchange(t, pairs, "peer_model", self.model_message(), self.models)
-
+        return self.exchange(pairs, "peer_model", self.model_message(), self.models)

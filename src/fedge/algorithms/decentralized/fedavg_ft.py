@@ -21,6 +21,7 @@ from fedge.distributed.evaluate import evaluate_clients_on
 from fedge.engine import ClientBank
 from fedge.engine.personal import fine_tuned
 from fedge.metrics import Evaluation, RoundReport
+from fedge.runtime.peers import client_block
 
 
 class FedAvgFTConfig(FedAvgConfig):
@@ -57,10 +58,10 @@ class FedAvgFT(FedAvg):
         """The global model, then its fine-tuned copies, on every client's test set; the clients are a
         cohort: each process fine-tunes and tests its block of them (docs/scale-out.md)."""
         cfg, data = self.cfg, self.ctx.data
-        cohort = self.ctx.cohorts.clients(data.num_clients)
-        bank = ClientBank.broadcast(range(cohort.start, cohort.stop), self.params, self.buffers)
+        block = client_block(self.ctx, data.num_clients)
+        bank = ClientBank.broadcast(block.clients, self.params, self.buffers)
         max_samples = self.ctx.config.eval.batch_size
-        plain = evaluate_clients_on(cohort, self.model, bank, data, max_samples)
+        plain = evaluate_clients_on(block.cohort, self.model, bank, data, max_samples)
         self.model.train()
         tuned = fine_tuned(
             self.ctx.executor,
@@ -74,6 +75,6 @@ class FedAvgFT(FedAvg):
             cfg.optimizer.lr,
             cfg.drop_last,
         )
-        return evaluate_clients_on(cohort, self.model, tuned, data, max_samples).with_extra(
+        return evaluate_clients_on(block.cohort, self.model, tuned, data, max_samples).with_extra(
             global_accuracy=plain.accuracy
         )

@@ -84,5 +84,5 @@ class Federico(PeerAlgorithm):
         self.seen |= scored
         weights = boltzmann_weights(self.loss, scored, 1.0)
         self.bank.adopt(*self.mixed(weights, params, buffers), owned=False)
-        self.send_models(t, chosen)
+        self.send_models(chosen)
         return RoundReport(float(losses.double().mean()), selection_metrics(chosen))

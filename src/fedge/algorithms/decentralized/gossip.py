@@ -36,5 +36,5 @@ class Gossip(PeerAlgorithm):
         params, buffers, losses = self.local_update(params, buffers, own.tolist(), t)
         chosen = torch.as_tensor(self.random_peers(t), device=self.ctx.device)
         self.bank.adopt(*self.mixed(uniform_rows(chosen), params, buffers), owned=False)
-        self.send_models(t, chosen)
+        self.send_models(chosen)
         return RoundReport(float(losses.double().mean()), selection_metrics(chosen))

@@ -67,7 +67,7 @@ class PeerChoice:
         """Send the exchange's messages and return the round's selection metrics."""
         if self.selector is not None and plan is not None:
             return self.selector.end(t, plan)
-        self.view.reply(t, self.chosen)
+        self.view.reply(self.chosen)
         return selection_metrics(self.chosen)
 
     def state_dict(self) -> dict[str, Any]:

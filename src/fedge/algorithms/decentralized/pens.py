@@ -75,13 +75,13 @@ class Pens(PeerAlgorithm):
             scores[i, j] = self.losses_on(params, buffers, (j, i, i), self.probes(t)).double()
             chosen = top_k(-scores, candidates, self.cfg.keep)
             self.counts += chosen.long()
-            self.send_models(t, candidates)
+            self.send_models(candidates)
         else:
             if self.friends is None:
                 self.friends = self._friends()
             allowed = self.friends.cpu().numpy()
             chosen = torch.as_tensor(self.random_peers(t, allowed=allowed), device=own.device)
-            self.send_models(t, chosen)
+            self.send_models(chosen)
         self.bank.adopt(*self.mixed(uniform_rows(chosen), params, buffers), owned=False)
         return RoundReport(float(losses.double().mean()), selection_metrics(chosen))
 

@@ -119,8 +119,8 @@ class AfindSelector:
             self.p = full_scores(self.sim, self.available, self.cfg.upsilon)
         else:
             self.p = partial_scores(self.p, self.sim, probed, self.cfg.upsilon)
-        view.request(t, probed)
-        view.report(t, probed, "proxy", {"proxy": torch.zeros(self.prober.dim)})
+        view.request(probed)
+        view.report(probed, "proxy", {"proxy": torch.zeros(self.prober.dim)})
         return probed, pre
 
     def probe_rows(self, t: int, rows: slice, probed: torch.Tensor, batches: ProbeBatches) -> torch.Tensor:
@@ -264,10 +264,10 @@ class AfindSelector:
         """Update the threshold, send the exchange's messages and return the round's metrics."""
         view, chosen = self.view, plan.chosen
         self.finish(chosen)
-        view.request(t, chosen & ~plan.probed)
-        view.reply(t, chosen)
+        view.request(chosen & ~plan.probed)
+        view.reply(chosen)
         if self.cfg.aggregation == "boltzmann":
-            view.report(t, chosen, "loss", {"loss": torch.zeros(1)})
+            view.report(chosen, "loss", {"loss": torch.zeros(1)})
         return {
             **selection_metrics(chosen),
             "fallbacks": plan.fallbacks,

@@ -20,7 +20,7 @@ from fedge.data.federated import FederatedData
 from fedge.engine import ClientBank
 from fedge.engine.step import Optimizer, StepFn
 from fedge.models import SplitModel
-from fedge.system import RoundWork
+from fedge.runtime.peers import PeerRound
 from fedge.tensors import Tensors
 
 Trained = tuple[Tensors, Tensors, torch.Tensor]
@@ -41,13 +41,12 @@ class LocalTraining:
     step: StepFn
     head: set[str]
     private: set[str]
-    work: RoundWork
+    this_round: PeerRound
 
     def count_probes(self, clients: torch.Tensor, batches: ProbeBatches, backward: bool) -> None:
         """Tally one pass over their probe batch by each of ``clients`` (backward too if ``backward``)."""
         samples = batches.weight[clients].sum(dim=1)
-        self.work.compute(clients.cpu().numpy(), samples.double().cpu().numpy(), backward)
-
+        self.this_round.work.compute(clients.cpu().numpy(), samples.double().cpu().numpy(), backward)
 
     def _pair_losses(
         self,
@@ -60,7 +59,6 @@ class LocalTraining:
         each a forward pass by the client ``data_from`` whose batch it uses (in this process)."""
         self.count_probes(pairs[2], batches, backward=False)
         return pair_losses(self.model, params, buffers, self.private, pairs, self.ctx.data, batches)
-
 
     def train_rows(
         self,
@@ -144,8 +142,7 @@ class LocalTraining:
         process); its tensors (rows in dimension 0) come back in row order and the compute it tallied is
         the whole cohort's, so every process holds every row and charges the clock the same work
         (docs/scale-out.md)."""
-        cohort = self.ctx.cohorts.of(total)
-        return cohort.map(work, tally=(self.work.forward, self.work.backward))
+        return self.this_round.map(total, work)
 
     def _train(
         self,
@@ -167,9 +164,8 @@ class LocalTraining:
         bank.opt_state = self.sgd.init(train, rows=len(owners))
         plan = self.train_data.batch_plan(bank.clients, t, epochs, cfg.batch_size, cfg.drop_last, purpose)
         samples = plan.weight.sum(dim=(1, 2)).double().cpu().numpy()
-        self.work.compute(np.asarray(bank.clients), samples, backward=True)
+        self.this_round.work.compute(np.asarray(bank.clients), samples, backward=True)
         losses = self.ctx.executor.train(step or self.step, bank, plan, self.train_data, cfg.optimizer.lr)
         new_params = {k: bank.params[k] if k in train else bank.buffers[k] for k in params}
         new_buffers = {k: bank.buffers[k] for k in buffers}
         return new_params, new_buffers, losses
-

@@ -37,9 +37,9 @@ class PeerView:
     - ``random_peers(t, k)``: ``k`` uniform random neighbours of every client in round ``t``.
     - ``count_probes(clients, batches, backward)``: each of ``clients`` ran one probe on its probe batch
       (a forward pass, and a backward pass for a gradient proxy).
-    - ``request(t, pairs)``: requester i sends its shared model to j for every ``pairs[i, j]``.
-    - ``reply(t, pairs)``: j sends its trained model back to i, encoded as the host sends models.
-    - ``report(t, pairs, kind, message)``: j sends i a small dense message (a proxy, a loss).
+    - ``request(pairs)``: requester i sends its shared model to j for every ``pairs[i, j]``.
+    - ``reply(pairs)``: j sends its trained model back to i, encoded as the host sends models.
+    - ``report(pairs, kind, message)``: j sends i a small dense message (a proxy, a loss).
     - ``map_rows(total, work)``: ``work(rows)`` on this process's rows of a cohort of ``total`` rows, its
       tensors back in row order and its compute tally the whole cohort's (``PeerAlgorithm.map_rows``; in
       one process, all rows): how a selector spreads its probes over the run's processes.
@@ -56,9 +56,9 @@ class PeerView:
     losses_on: Callable[[Tensors, Tensors, Pairs, ProbeBatches], torch.Tensor]
     random_peers: Callable[[int, int], np.ndarray]
     count_probes: Callable[[torch.Tensor, ProbeBatches, bool], None]
-    request: Callable[[int, torch.Tensor], int]
-    reply: Callable[[int, torch.Tensor], int]
-    report: Callable[[int, torch.Tensor, str, Tensors], int]
+    request: Callable[[torch.Tensor], int]
+    reply: Callable[[torch.Tensor], int]
+    report: Callable[[torch.Tensor, str, Tensors], int]
     map_rows: Callable[[int, Callable[[slice], Tensors]], Tensors]
 
     @property
