@@ -22,7 +22,13 @@ from mypy import api
 
 ROOT = Path(__file__).resolve().parents[1]
 BASELINE = ROOT / "scripts" / "mypy-baseline.json"
-CLEAN = ("src/fedge/aggregation/", "src/fedge/runtime/", "src/fedge/comm/", "src/fedge/system/")
+CLEAN = (
+    "src/fedge/aggregation/",
+    "src/fedge/runtime/",
+    "src/fedge/comm/",
+    "src/fedge/system/",
+    "src/fedge/engine/",
+)
 ERROR = re.compile(r"^(?P<file>[^:\n]+\.py):\d+: error: ")
 
 

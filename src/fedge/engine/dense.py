@@ -27,6 +27,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
+from typing import cast
 
 import torch
 from torch import nn
@@ -167,10 +168,12 @@ class DenseKernel:
                     self._sgd(params, opt_state, layer, grad, inputs, lr)
                 else:
                     self._gradients(grads, params, layer, grad, inputs)
+                if below is None:  # the first Linear, and no input gradient asked for
+                    break
                 grad = below
         if not self.fused:
             self.optimizer.update_(params, grads, opt_state, lr)
-        return loss, None if grad is None else grad.view(x.shape)
+        return loss, grad.view(x.shape) if input_grad else None
 
     def _gradients(
         self, grads: Tensors, params: Tensors, layer: Linear, grad: torch.Tensor, inputs: torch.Tensor
@@ -194,7 +197,7 @@ class DenseKernel:
         lr: float,
     ) -> None:
         """SGD on one layer with its gradients ``grad^T inputs`` (weight) and ``sum grad`` (bias), fused."""
-        opt = self.optimizer
+        opt = cast(SGD, self.optimizer)  # fused: the optimizer is plain SGD
         weight = params[layer.weight]
         product = (grad.transpose(1, 2), inputs)
         if opt.momentum:

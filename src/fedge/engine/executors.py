@@ -245,13 +245,13 @@ def _equal_chunks(count: int, fits: int) -> int:
 
 def _destination(bank: ClientBank) -> State:
     """Where trained state goes: the bank's own tensors if it owns them, else new (uninitialised) ones."""
-    state = (bank.params, bank.buffers, bank.opt_state)
     if bank.owned:
-        return state
-    return tuple(
-        {name: torch.empty(t.shape, dtype=t.dtype, device=t.device) for name, t in tensors.items()}
-        for tensors in state
-    )
+        return bank.params, bank.buffers, bank.opt_state
+
+    def fresh(t: torch.Tensor) -> torch.Tensor:
+        return torch.empty(t.shape, dtype=t.dtype, device=t.device)
+
+    return _each((bank.params, bank.buffers, bank.opt_state), fresh)
 
 
 def _copy_into(targets: Tensors, values: Tensors) -> None:
@@ -273,57 +273,79 @@ class SequentialExecutor(Executor):
     def train(
         self, step: StepFn, bank: ClientBank, plan: BatchPlan, data: FederatedData, lr: float
     ) -> torch.Tensor:
-        source = (bank.params, bank.buffers, bank.opt_state)
-        destination = _destination(bank)
-        keys = self.phase_keys(bank.clients)
-        grid = None if keys is None else keys.grid(plan.num_steps)
-        losses = torch.zeros(len(bank), device=data.device)
-        in_place = isinstance(step, Step)
-        real = _real_rows(plan)
-        for r in range(len(bank)):
-            params, buffers, opt_state = (rows(tensors, r) for tensors in source)
-            if in_place:  # stepped in place in the destination's row (a view: nothing to copy back)
-                params, opt_state = rows(destination[0], r), rows(destination[2], r)
-                if not bank.owned:
-                    _copy_into(params, rows(source[0], r))
-                    _copy_into(opt_state, rows(source[2], r))
-            total = torch.zeros((), device=data.device)
-            steps = int(plan.steps[r])
-            for s in range(steps):
-                idx, weight = real(r, s)
-                x, y = data.x_train[idx], data.y_train[idx]
-                noise = keyed_noise(None if grid is None else grid[r, s])
-                with _failing(f"client {bank.clients[r]}", f"local step {s}"), noise:
-                    if in_place:
-                        grads, loss, buffers = step.eager_gradients(params, buffers, x, y, weight)
-                        step.optimizer.update_(params, grads, opt_state, lr)
-                    else:
-                        params, buffers, opt_state, loss = step(params, buffers, opt_state, x, y, weight, lr)
-                total = total + loss
-            losses[r] = total / max(steps, 1)
-            new_state = zip(destination, (params, buffers, opt_state), strict=True)
-            copies = [(destination[1], buffers)] if in_place else new_state  # in place: only buffers are new
-            for targets, values in copies:
-                _copy_into(rows(targets, r), values)
-        if not bank.owned:
-            bank.adopt(*destination, owned=False)
-        return losses
+        return _train_one_at_a_time(self.phase_keys(bank.clients), step, bank, plan, data, lr)
 
     def map(self, fn, state, batch, shared, counts, *, inputs=(), keys=None, stage="map") -> Mapped:
-        call = fn.eager if isinstance(fn, TwoForms) else fn
-        active = [int(c) for c in counts]
-        if not any(active):
-            raise ValueError("no active client: counts are all zero")
-        width = batch[0].shape[1] if batch else 0
-        outs: list[Mapped | None] = []
-        for r, count in enumerate(active):
-            if count == 0:
-                outs.append(None)
-                continue
-            args = [rows(s, r) for s in (*state, *inputs)] + [b[r, :count] for b in batch]
-            with _failing(f"row {r}", stage), keyed_noise(None if keys is None else keys[r]):
-                outs.append(call(*args, *shared))
-        return _stacked(outs, state, width)
+        return _map_one_at_a_time(fn, state, batch, shared, counts, inputs, keys, stage)
+
+
+def _train_one_at_a_time(
+    keys: RowKeys | None, step: StepFn, bank: ClientBank, plan: BatchPlan, data: FederatedData, lr: float
+) -> torch.Tensor:
+    """:meth:`Executor.train` one client after another on its real batches (``keys``: the phase's noise
+    keys of the bank's rows)."""
+    source = (bank.params, bank.buffers, bank.opt_state)
+    destination = _destination(bank)
+    grid = None if keys is None else keys.grid(plan.num_steps)
+    losses = torch.zeros(len(bank), device=data.device)
+    in_place = step if isinstance(step, Step) else None  # a Step updates the row in place
+    real = _real_rows(plan)
+    for r in range(len(bank)):
+        params, buffers, opt_state = (rows(tensors, r) for tensors in source)
+        if in_place is not None:  # stepped in place in the destination's row (a view: nothing to copy back)
+            params, opt_state = rows(destination[0], r), rows(destination[2], r)
+            if not bank.owned:
+                _copy_into(params, rows(source[0], r))
+                _copy_into(opt_state, rows(source[2], r))
+        total = torch.zeros((), device=data.device)
+        steps = int(plan.steps[r])
+        for s in range(steps):
+            idx, weight = real(r, s)
+            x, y = data.x_train[idx], data.y_train[idx]
+            noise = keyed_noise(None if grid is None else grid[r, s])
+            with _failing(f"client {bank.clients[r]}", f"local step {s}"), noise:
+                if in_place is not None:
+                    grads, loss, buffers = in_place.eager_gradients(params, buffers, x, y, weight)
+                    in_place.optimizer.update_(params, grads, opt_state, lr)
+                else:
+                    params, buffers, opt_state, loss = step(params, buffers, opt_state, x, y, weight, lr)
+            total = total + loss
+        losses[r] = total / max(steps, 1)
+        new_state = zip(destination, (params, buffers, opt_state), strict=True)
+        # in place: only the buffers are new
+        copies = [(destination[1], buffers)] if in_place is not None else new_state
+        for targets, values in copies:
+            _copy_into(rows(targets, r), values)
+    if not bank.owned:
+        bank.adopt(*destination, owned=False)
+    return losses
+
+
+def _map_one_at_a_time(
+    fn: ClientFn,
+    state: tuple[Tensors, ...],
+    batch: tuple[torch.Tensor, ...],
+    shared: tuple[Any, ...],
+    counts: torch.Tensor,
+    inputs: tuple[Tensors, ...],
+    keys: torch.Tensor | None,
+    stage: str,
+) -> Mapped:
+    """:meth:`Executor.map` one active client after another, on its real rows."""
+    call = fn.eager if isinstance(fn, TwoForms) else fn
+    active = [int(c) for c in counts]
+    if not any(active):
+        raise ValueError("no active client: counts are all zero")
+    width = batch[0].shape[1] if batch else 0
+    outs: list[Mapped | None] = []
+    for r, count in enumerate(active):
+        if count == 0:
+            outs.append(None)
+            continue
+        args = [rows(s, r) for s in (*state, *inputs)] + [b[r, :count] for b in batch]
+        with _failing(f"row {r}", stage), keyed_noise(None if keys is None else keys[r]):
+            outs.append(call(*args, *shared))
+    return _stacked(outs, state, width)
 
 
 def _real_rows(plan: BatchPlan) -> Callable[[int, int], tuple[torch.Tensor, torch.Tensor]]:
@@ -388,6 +410,13 @@ def _step_kernel(step: Step, keyed: bool, compile_step: bool) -> Kernel:
     return run
 
 
+def _vmapped_kernel(step: StepFn, keyed: bool, compile_step: bool) -> Kernel:
+    """``step`` vmapped: :func:`_step_kernel` for a :class:`Step`, else :func:`_generic_kernel`."""
+    if isinstance(step, Step):
+        return _step_kernel(step, keyed, compile_step)
+    return _generic_kernel(step, keyed, compile_step)
+
+
 def _generic_kernel(step: StepFn, keyed: bool, compile_step: bool) -> Kernel:
     """Any pure step function under vmap; its new state is copied into the stacked state."""
     stepped = _vmapped(step, (0, 0, 0, 0, 0, 0, None), keyed, compile_step)
@@ -450,11 +479,10 @@ class BatchedExecutor(Executor):
             fused = dense_kernel(step, sample_shape, trained) or folded_kernel(step)
             if fused is not None:
                 return fused
-        build = _step_kernel if isinstance(step, Step) else _generic_kernel
         if not self.compile_step:
-            return build(step, keyed, False)
+            return _vmapped_kernel(step, keyed, False)
         if (step, keyed) not in self._compiled:
-            self._compiled[step, keyed] = build(step, keyed, True)
+            self._compiled[step, keyed] = _vmapped_kernel(step, keyed, True)
         return self._compiled[step, keyed]
 
     def chunk_size(
@@ -484,7 +512,7 @@ class BatchedExecutor(Executor):
         self, step: StepFn, bank: ClientBank, plan: BatchPlan, data: FederatedData, lr: float
     ) -> torch.Tensor:
         if len(bank) == 1 and not self.compile_step:  # nothing to batch: the sequential kernels, exactly
-            return SequentialExecutor.train(self, step, bank, plan, data, lr)
+            return _train_one_at_a_time(self.phase_keys(bank.clients), step, bank, plan, data, lr)
         count = len(bank)
         steps = plan.steps.cpu().numpy()
         order = np.argsort(-steps, kind="stable")
@@ -535,8 +563,7 @@ class BatchedExecutor(Executor):
 
     def map(self, fn, state, batch, shared, counts, *, inputs=(), keys=None, stage="map") -> Mapped:
         if len(counts) == 1:  # one client (a split round client after client): the sequential kernels
-            sequential = SequentialExecutor.map
-            return sequential(self, fn, state, batch, shared, counts, inputs=inputs, keys=keys, stage=stage)
+            return _map_one_at_a_time(fn, state, batch, shared, counts, inputs, keys, stage)
         in_dims = (0,) * (len(state) + len(inputs) + len(batch)) + (None,) * len(shared)
         keyed = keys is not None
         folded = getattr(fn, "folded", None) if self.fused and not keyed else None  # clients in one batch
@@ -603,14 +630,14 @@ class BatchedExecutor(Executor):
             x = torch.index_select(data.x_train, 0, idx, out=x_buffer[: idx.numel()])
             targets = data.y_train.shape[1:]  # one target per sample, or per token of a sequence
             x, y = x.view(active, batch, *shape), data.y_train[idx].view(active, batch, *targets)
-            params, buffers, opt_state = _each(work, lambda t, n=active: t[:n])
+            params, buffers, opt_state = _first_rows(work, active)
             step_keys = None if keys is None else keys[:active, s]
             step_weight = weight[:active, s, :batch]
             loss_sums[:active] += kernel(params, buffers, opt_state, x, y, step_weight, lr, step_keys)
         if not contiguous:
-            for targets, tensors in zip(destination, work, strict=True):
+            for stacked, tensors in zip(destination, work, strict=True):
                 for name, t in tensors.items():
-                    targets[name].index_copy_(0, picked, t)
+                    stacked[name].index_copy_(0, picked, t)
         return loss_sums
 
 
@@ -652,7 +679,13 @@ def _concatenated(outs: list[Mapped]) -> Mapped:
 
 def _each(state: State, fn: Callable[[torch.Tensor], torch.Tensor]) -> State:
     """``fn`` applied to every tensor of a (params, buffers, opt_state) triple."""
-    return tuple({name: fn(t) for name, t in tensors.items()} for tensors in state)
+    params, buffers, opt_state = ({name: fn(t) for name, t in tensors.items()} for tensors in state)
+    return params, buffers, opt_state
+
+
+def _first_rows(state: State, count: int) -> State:
+    """Views of the first ``count`` rows of every tensor of ``state``."""
+    return _each(state, lambda t: t[:count])
 
 
 def _block(destination: State, source: State, block: slice) -> State:

@@ -30,7 +30,9 @@ from fedge.metrics import Evaluation
 from fedge.tensors import Tensors
 
 
-def padded(index_sets: Sequence[np.ndarray], device: torch.device | str = "cpu") -> tuple[torch.Tensor, ...]:
+def padded(
+    index_sets: Sequence[np.ndarray], device: torch.device | str = "cpu"
+) -> tuple[torch.Tensor, torch.Tensor]:
     """Index sets of unequal length as ``[R, L]`` indices and 0/1 weights (padding repeats a real index)."""
     length = max(1, max((len(ix) for ix in index_sets), default=1))
     index = np.zeros((len(index_sets), length), dtype=np.int64)

@@ -11,6 +11,7 @@ executor runs it.
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable
 from typing import Any
 
@@ -49,7 +50,8 @@ def clip_global_norm(grads: Tensors, max_norm: float | None) -> Tensors:
     """Scale ``grads`` so their joint L2 norm is at most ``max_norm`` (torch's ``clip_grad_norm_`` rule)."""
     if max_norm is None:
         return grads
-    total = torch.sqrt(sum((g.double() ** 2).sum() for g in grads.values())).to(next(iter(grads.values())))
+    squares = [(g.double() ** 2).sum() for g in grads.values()]
+    total = torch.sqrt(functools.reduce(torch.add, squares)).to(next(iter(grads.values())))
     coef = torch.clamp(max_norm / (total + 1e-6), max=1.0)
     return {name: g * coef for name, g in grads.items()}
 
@@ -69,7 +71,7 @@ def make_aux_step(
     batch: by default from the forward pass of this very step (pre-update, as the authors' code does; Eq. 11's
     notation suggests post-update), or with ``post_step`` from one extra forward pass with the updated trunk.
     """
-    trunk, aux = local.trunk, local.aux
+    trunk, aux = local.get_submodule("trunk"), local.get_submodule("aux")
 
     def loss(params: Tensors, buffers: Tensors, x, y, weight):
         new_buffers = _clone(buffers)
