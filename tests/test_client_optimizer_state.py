@@ -5,7 +5,6 @@ back its own, and survives a checkpoint exactly."""
 from __future__ import annotations
 
 from pathlib import Path
-from types import SimpleNamespace
 from typing import Any
 
 import numpy as np
@@ -15,6 +14,7 @@ from cases import tiny
 
 import fedge
 from fedge.algorithms.optimizer_state import ClientOptimizerStates
+from fedge.distributed import SINGLE_PROCESS
 from fedge.engine import SGD
 
 
@@ -58,8 +58,7 @@ def test_each_client_gets_back_its_own_state_and_duplicates_keep_their_mean():
     first = states.start((2, 0, 2), params)
     assert torch.equal(first["w"], torch.zeros(3, 3))
     trained = torch.tensor([[1.0, 1, 1], [2, 2, 2], [3, 3, 3]])
-    one_process = SimpleNamespace(gather=lambda tensors: tensors)
-    states.end(np.array([2, 0, 2]), {"w": trained}, one_process)
+    states.end(np.array([2, 0, 2]), {"w": trained}, SINGLE_PROCESS.of(3))
     assert states.kept[2]["w"].tolist() == [2.0, 2.0, 2.0] and states.kept[0]["w"].tolist() == [2.0] * 3
     second = states.start((0, 1), params)
     assert second["w"].tolist() == [[2.0] * 3, [0.0] * 3]  # client 1's first visit starts fresh

@@ -250,7 +250,7 @@ class OptimizerConfig(StrictModel):
     """The local optimizer: SGD (momentum, weight decay) or Adam, each with PyTorch's update rule."""
 
     kind: Literal["sgd", "adam"] = Field(
-        "sgd", description="sgd (torch.optim.SGD) or adam (torch.optim.Adam)"
+        default="sgd", description="sgd (torch.optim.SGD) or adam (torch.optim.Adam)"
     )
     lr: Annotated[float, Field(gt=0.0, description="step size (eta in the papers)")] = 0.05
     momentum: Annotated[float, Field(ge=0.0, lt=1.0, description="SGD's heavy-ball momentum (sgd only)")] = (

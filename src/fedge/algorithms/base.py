@@ -39,7 +39,7 @@ class Algorithm(ABC, Generic[ConfigT]):
     name: ClassVar[str]
     config_class: ClassVar[type[AlgorithmConfig]]
     description: ClassVar[str]
-    state_fields: ClassVar[tuple[str, ...]] = ()
+    state_fields: tuple[str, ...] = ()  # an instance may name more (a configured option's state)
     takes_loss: ClassVar[bool] = True  # trains with ctx.criterion (False: its own cross-entropy terms)
     batched_from: ClassVar[int] = 1
     """On a CPU, the clients one step must train together for ``engine.executor: auto`` to pick the
@@ -83,7 +83,7 @@ class Algorithm(ABC, Generic[ConfigT]):
         for name in self.state_fields:
             value = on_device(state[name], self.ctx.device)
             current = getattr(self, name, None)
-            if hasattr(current, "load_state_dict"):
+            if current is not None and hasattr(current, "load_state_dict"):
                 current.load_state_dict(value)
             else:
                 setattr(self, name, value)
@@ -123,7 +123,7 @@ def executor_name(config: RunConfig, device_type: str) -> str:
     if device_type != "cpu" or config.engine.compile:
         return "batched"
     algorithm = ALGORITHMS[config.algorithm.name]
-    threshold = algorithm.batched_from
+    threshold: float = algorithm.batched_from
     if config.model.name in LANGUAGE_MODELS and algorithm.lm_batched_from is not None:
         threshold = algorithm.lm_batched_from
     return "batched" if algorithm.clients_per_step(config) >= threshold else "sequential"

@@ -7,8 +7,6 @@ from typing import Literal
 from pydantic import Field, PositiveInt
 
 from fedge.algorithms.base import Algorithm, Context, register
-from fedge.algorithms.frozen import hold_frozen_base
-from fedge.comm import nodes
 from fedge.config import AlgorithmConfig, SGDConfig
 from fedge.engine import (
     ClientBank,
@@ -20,7 +18,7 @@ from fedge.engine import (
     parameters_of,
 )
 from fedge.metrics import Evaluation, RoundReport
-from fedge.system import forward_flops, server_round, training_flops
+from fedge.runtime.server import ServerRuntime
 
 
 class CentralizedConfig(AlgorithmConfig):
@@ -60,17 +58,14 @@ class Centralized(Algorithm[CentralizedConfig]):
         params = parameters_of(self.model)
         self.bank = ClientBank.broadcast([0], params, buffers_of(self.model), self.sgd.init(params))
         self.step = make_step(classification_loss(self.model, ctx.criterion), self.sgd)
-        ctx.network.hold(nodes.SERVER, "model", {**params, **buffers_of(self.model)})
-        hold_frozen_base(ctx.network, nodes.SERVER, self.model)
-        self.flops_per_sample = forward_flops(self.model, ctx.data.input_shape)
+        self.server = ServerRuntime(ctx, self.model, {**params, **buffers_of(self.model)})
 
     def run_round(self, t: int) -> RoundReport:
         cfg = self.cfg
         plan = self.data.batch_plan([0], t, cfg.epochs_per_round, cfg.batch_size, cfg.drop_last)
         self.model.train()
         losses = self.ctx.executor.train(self.step, self.bank, plan, self.data, cfg.optimizer.lr)
-        flops = training_flops(self.flops_per_sample, float(plan.weight.sum()))
-        self.ctx.system.charge(server_round(self.ctx.system, flops))
+        self.server.close(plan)
         return RoundReport(float(losses[0]))
 
     def evaluate(self) -> Evaluation:

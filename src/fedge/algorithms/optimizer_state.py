@@ -46,13 +46,8 @@ class ClientOptimizerStates:
     def end(self, clients: np.ndarray, own: Tensors, cohort: Cohort) -> None:
         """With ``keep``: store the state each of the round's ``clients`` (every row, in row order) ends
         with; ``own`` is this process's rows' stacked state."""
-        if not self.keep or not own:
-            return
-        states = cohort.gather(own)
-        some = next(iter(states.values()))
-        for client in np.unique(clients):
-            mine = torch.as_tensor(np.flatnonzero(clients == client), device=some.device)
-            self.kept[int(client)] = {name: t[mine].mean(dim=0) for name, t in states.items()}
+        if self.keep and own:
+            self.kept.update(cohort.client_means(clients, own))
 
     def state_dict(self) -> dict[int, Tensors]:
         """The kept states, for checkpoints (an algorithm saves them only under ``keep``)."""

@@ -125,6 +125,18 @@ class Cohort:
         """Every process's 1-D array, concatenated in cohort order (exact)."""
         return self._group.gather_array(values)
 
+    def client_means(self, clients: np.ndarray, tensors: Tensors) -> dict[int, Tensors]:
+        """Each client's mean of its rows of ``tensors`` (this process's rows; a client drawn several times
+        has several), where ``clients`` names every row of the cohort in row order; every process gets
+        every client's."""
+        every = self.gather(tensors)
+        device = next(iter(every.values())).device
+        means = {}
+        for client in np.unique(clients):
+            picked = torch.as_tensor(np.flatnonzero(clients == client), device=device)
+            means[int(client)] = {name: t[picked].mean(dim=0) for name, t in every.items()}
+        return means
+
     def broadcast(self, value: T) -> T:
         """The first process's (picklable) value on every process."""
         return self._group.broadcast(value)

@@ -10,6 +10,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
+import numpy as np
 import torch
 
 from fedge.tensors import Tensors, rows
@@ -55,7 +56,11 @@ class ClientBank:
 
     @classmethod
     def broadcast(
-        cls, clients: Sequence[int], params: Tensors, buffers: Tensors, opt_state: Tensors | None = None
+        cls,
+        clients: Sequence[int] | np.ndarray,
+        params: Tensors,
+        buffers: Tensors,
+        opt_state: Tensors | None = None,
     ) -> ClientBank:
         """Every client in ``clients`` starts from the same (global) state, in fresh tensors it owns."""
         n = len(clients)

@@ -3,9 +3,10 @@
 FedAvg's round (and every algorithm with one global model on a server) is its paper's lines -- train
 locally from the broadcast model, send the trained model back, average -- around the same pipes: draw
 the participants (only the online ones under device profiles), send the model down, train this
-process's rows of the participants, send the trained models up, charge the clock by the star rule
-(:func:`fedge.system.star_round`), aggregate through the server's pipeline and hold the new model on
-every participant. :class:`StarRuntime` opens a round; :class:`StarRound` does those steps, so that no
+process's rows of the participants (keeping each one's optimizer state where the run keeps it), send the
+trained models up, close the round on the clock by the star rule (:func:`fedge.system.star_round`),
+aggregate through the server's pipeline and hold the new model on every participant. :class:`StarRuntime`
+holds the initial model in storage and opens a round; :class:`StarRound` does those steps, so that no
 algorithm writes a link send, a storage hold, cohort row arithmetic or a latency formula itself.
 """
 
@@ -13,9 +14,11 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from functools import cached_property
+from typing import Protocol
 
 import numpy as np
 import torch
+from torch import nn
 
 from fedge.aggregation import Updates, sites
 from fedge.comm import Link, nodes
@@ -23,10 +26,13 @@ from fedge.data.federated import BatchPlan
 from fedge.distributed import Cohort
 from fedge.engine import ClientBank
 from fedge.engine.step import StepFn
+from fedge.errors import ConfigError
+from fedge.metrics import RoundReport
 from fedge.rng import numpy_rng
 from fedge.runtime.availability import choose, online_clients
 from fedge.runtime.context import Context
-from fedge.system import star_round, training_flops
+from fedge.runtime.storage import hold_frozen_base
+from fedge.system import forward_flops, star_round, training_flops
 from fedge.tensors import Tensors, floating
 
 
@@ -42,15 +48,23 @@ def sample_clients(
     return np.sort(choose(numpy_rng(seed, "participants", round_), num_clients, count, False, online))
 
 
+class OptimizerStates(Protocol):
+    """Where the participants' optimizer states go when their training ends (the algorithm's
+    :class:`~fedge.algorithms.optimizer_state.ClientOptimizerStates`: kept per client, or dropped)."""
+
+    def end(self, clients: np.ndarray, own: Tensors, cohort: Cohort) -> None: ...
+
+
 @dataclass
 class StarRound:
     """Round ``round`` of the server and its participants ``clients`` (sorted; the whole cohort), of
-    which this process runs the rows of ``cohort``."""
+    which this process runs the rows of ``cohort``; the model's forward pass costs ``flops_per_sample``."""
 
     ctx: Context
     round: int
     clients: np.ndarray
     cohort: Cohort
+    flops_per_sample: float
 
     @property
     def receivers(self) -> list[str]:
@@ -79,9 +93,14 @@ class StarRound:
         """This process's participants' local steps: ``epochs`` passes in batches of ``batch_size``."""
         return self.ctx.data.batch_plan(self.mine, self.round, epochs, batch_size, drop_last)
 
-    def train(self, step: StepFn, bank: ClientBank, plan: BatchPlan, lr: float) -> torch.Tensor:
-        """The executor trains ``bank`` by ``plan``; each row's mean training loss."""
-        return self.ctx.executor.train(step, bank, plan, self.ctx.data, lr)
+    def train(
+        self, step: StepFn, bank: ClientBank, plan: BatchPlan, lr: float, states: OptimizerStates
+    ) -> torch.Tensor:
+        """The executor trains ``bank`` by ``plan``; each row's mean training loss. The rows' optimizer
+        states then go to ``states`` (kept for each client's next round, where the run keeps them)."""
+        losses = self.ctx.executor.train(step, bank, plan, self.ctx.data, lr)
+        states.end(self.clients, bank.opt_state, self.cohort)
+        return losses
 
     def collect(self, link: Link, bank: ClientBank) -> Tensors:
         """Every participant sends its trained model up (``model_up``); the server's decoded rows (this
@@ -92,34 +111,48 @@ class StarRound:
         stacked.update({k: up.payload.get(k, v) for k, v in bank.buffers.items()})
         return stacked
 
-    def charge(self, flops_per_sample: float, plan: BatchPlan) -> None:
-        """Advance the clock by the star rule: each participant downloads, trains on the samples of its
-        ``plan`` and uploads the round's traffic, participants in parallel."""
+    def close(self, plan: BatchPlan) -> None:
+        """Advance the clock by the round, composed by the star rule: each participant downloads, trains
+        on the samples of its ``plan`` and uploads the round's traffic, participants in parallel."""
         samples = self.cohort.gather_array(plan.weight.sum(dim=(1, 2)).cpu().numpy())
-        flops = training_flops(flops_per_sample, samples)
+        flops = training_flops(self.flops_per_sample, samples)
         system, traffic = self.ctx.system, self.ctx.network.traffic(self.round)
         system.charge(star_round(system, self.round, self.clients, flops, traffic))
 
-    def aggregate(self, stacked: Tensors, reference: Tensors) -> Tensors:
-        """The server's new state from the participants' rows, through the server's pipeline (by default
-        the sample-weighted mean); ``reference`` is the model they started from."""
-        updates = Updates.of(sites.SERVER, self.round, stacked, self.weights, reference)
-        return self.ctx.pipeline(sites.SERVER).reduce(updates, self.cohort)
-
-    def hold(self, state: Tensors) -> None:
-        """Every participant stores the new model (a FedAvg client keeps the last model it received)."""
-        self.ctx.network.hold(self.receivers, "model", state)
+    def aggregate(self, stacked: Tensors, params: Tensors, buffers: Tensors) -> tuple[Tensors, Tensors]:
+        """The server's new model (parameters, buffers) from the participants' rows, through the server's
+        pipeline (by default the sample-weighted mean); ``params`` and ``buffers`` are the model they
+        started from. Every participant then holds the new model (a FedAvg client keeps the last model it
+        received)."""
+        updates = Updates.of(sites.SERVER, self.round, stacked, self.weights, {**params, **buffers})
+        averaged = self.ctx.pipeline(sites.SERVER).reduce(updates, self.cohort)
+        new_params, new_buffers = {k: averaged[k] for k in params}, {k: averaged[k] for k in buffers}
+        self.ctx.network.hold(self.receivers, "model", {**new_params, **new_buffers})
+        return new_params, new_buffers
 
     def mean(self, losses: torch.Tensor) -> float:
         """The participants' sample-weighted mean of a per-row value (this process's rows in ``losses``)."""
         return self.cohort.sum_float(float((losses.double().cpu() * self.weights.cpu()).sum()))
 
+    def report(self, losses: torch.Tensor) -> RoundReport:
+        """The round's report: the participants' weighted mean training loss (``losses``: this process's
+        rows) and how many took part."""
+        return RoundReport(self.mean(losses), {"participants": len(self.clients)})
+
 
 class StarRuntime:
-    """Opens the star rounds of an algorithm that samples ``fraction`` of the clients each round."""
+    """Opens the star rounds of an algorithm that samples ``fraction`` of the clients each round and
+    trains ``model``: the server holds its initial ``state``, and every device the model's frozen base."""
 
-    def __init__(self, ctx: Context, fraction: float):
+    def __init__(self, ctx: Context, fraction: float, model: nn.Module, state: Tensors):
         self.ctx, self.fraction = ctx, fraction
+        ctx.network.hold(nodes.SERVER, "model", state)
+        hold_frozen_base(ctx.network, [nodes.SERVER, *nodes.clients(range(ctx.data.num_clients))], model)
+        self.flops_per_sample = forward_flops(model, ctx.data.input_shape)
+        cohort = len(sample_clients(ctx.seed, 1, ctx.data.num_clients, fraction))
+        if cohort < ctx.cohorts.processes:
+            count = f"{cohort} participants for {ctx.cohorts.processes} processes"
+            raise ConfigError("algorithm.fraction", count)
 
     def participants(self, t: int) -> np.ndarray:
         """Round ``t``'s participants, among the clients online in it."""
@@ -131,4 +164,4 @@ class StarRuntime:
         clients = self.participants(t)
         if not len(clients):
             return None
-        return StarRound(self.ctx, t, clients, self.ctx.cohorts.of(len(clients)))
+        return StarRound(self.ctx, t, clients, self.ctx.cohorts.of(len(clients)), self.flops_per_sample)

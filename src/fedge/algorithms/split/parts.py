@@ -14,7 +14,6 @@ import torch
 from torch import nn
 
 from fedge.algorithms.base import Context
-from fedge.algorithms.frozen import hold_frozen_base
 from fedge.comm import nodes
 from fedge.config import AuxConfig
 from fedge.engine import Criterion, buffers_of, cross_entropy, parameters_of
@@ -23,6 +22,7 @@ from fedge.models import SplitModel, aux_head, block_cut, output_shape, split
 from fedge.models.encoder import first_token_aux_head
 from fedge.models.transformer import TransformerLM, check_trained_sides, token_aux_head
 from fedge.rng import global_stream, torch_rng
+from fedge.runtime.storage import hold_frozen_base
 from fedge.tensors import Tensors
 
 
