@@ -81,7 +81,7 @@ class PeerExchange:
         shared = self.shared({**params, **buffers})
         masks = masks or {}
         if self.models.codec.lossless and sent is None:
-            parts = (Part(shared, weights, masks),)
+            parts: tuple[Part, ...] = (Part(shared, weights, masks),)
         else:  # a client's own row exactly, every other row as its message decodes
             own = torch.zeros_like(weights, dtype=torch.bool)
             own[:, :n] = torch.eye(n, dtype=torch.bool, device=weights.device)
