@@ -19,14 +19,14 @@ from collections.abc import Callable
 import numpy as np
 import torch
 
-from fedge.aggregation import Pipeline, Updates, sites
 from fedge.algorithms.base import Context
 from fedge.algorithms.split.parts import SplitParts, aux_only, composed, trunk_only
 from fedge.algorithms.split.round import Round
-from fedge.comm import Link, Network, nodes, state_bits
+from fedge.comm import Link, nodes, state_bits
 from fedge.distributed.evaluate import evaluate_model_on
 from fedge.engine import stack_copies
 from fedge.metrics import Evaluation
+from fedge.runtime.split import SplitRuntime
 from fedge.tensors import Tensors, floating
 
 Part = Callable[[Tensors], Tensors]
@@ -34,19 +34,20 @@ ClientState = dict[str, Tensors]  # {"params": ..., "buffers": ...}
 
 
 class ClientModels:
-    """Broadcast, upload and averaging of the global client model through the links ``up`` and ``down``."""
+    """Broadcast, upload and averaging of the global client model through the links ``up`` and ``down``
+    (the transfers, the server's aggregation and the storage by the split ``runtime``)."""
 
     def __init__(
         self,
+        runtime: SplitRuntime,
         up: Link,
         down: Link,
         shares_aux: bool,
         global_lr: float,
         device: torch.device,
-        pipeline: Pipeline,
     ):
-        self.up, self.down, self.shares_aux = up, down, shares_aux
-        self.global_lr, self.device, self.pipeline = global_lr, device, pipeline
+        self.runtime, self.up, self.down, self.shares_aux = runtime, up, down, shares_aux
+        self.global_lr, self.device = global_lr, device
 
     def parts(self) -> list[tuple[str, Part]]:
         """The parts of the client model that travel, by name: the trunk, and the aux head if shared."""
@@ -60,10 +61,10 @@ class ClientModels:
         for name, part in self.parts():
             sent = {**part(params), **floating(part(buffers))}
             if sent:
-                down = self.down.send(rnd.t, nodes.SERVER, rnd.nodes, f"{name}_down", sent)
+                down = self.runtime.broadcast(self.down, rnd.t, rnd.nodes, f"{name}_down", sent)
                 rnd.tally.down_bits += down.bits[0]
                 received.update(down.payload)
-        mine = rnd.cohort.take(rnd.draws.clients)
+        mine = self.runtime.own_clients(rnd.cohort, rnd.draws.clients)
         count = len(mine)
         stacked = stack_copies({k: received.get(k, v) for k, v in params.items()}, count)
         if not self.shares_aux:
@@ -86,10 +87,8 @@ class ClientModels:
         server's aggregation pipeline (by default the round weights' mean)."""
         params = {k: uploaded.get(k, v) for k, v in rnd.rows.params.items()}
         buffers = {k: uploaded.get(k, v) for k, v in rnd.rows.buffers.items()}
-        weights = rnd.weights[rnd.cohort.rows]
-        reference = {**old["params"], **old["buffers"]}
-        updates = Updates.of(sites.SERVER, rnd.t, {**params, **buffers}, weights, reference)
-        average = self.pipeline.reduce(updates, rnd.cohort)
+        weights, reference = self.runtime.row_weights(rnd), {**old["params"], **old["buffers"]}
+        average = self.runtime.aggregate(rnd.t, rnd.cohort, {**params, **buffers}, weights, reference)
         before, step = old["params"], self.global_lr
         new = {k: average[k] if step == 1.0 else before[k] + step * (average[k] - before[k]) for k in params}
         if not self.shares_aux:
@@ -103,28 +102,28 @@ class ClientModels:
         for name, part in self.parts():
             sent = {**part(rnd.rows.params), **floating(part(rnd.rows.buffers))}
             if sent:
-                up = rnd.cohort.send(self.up, rnd.t, rnd.nodes, nodes.SERVER, f"{name}_up", sent)
+                up = self.runtime.collect(rnd, self.up, f"{name}_up", sent)
                 rnd.tally.up_bits += up.bits
                 uploaded.update(up.payload)
         return uploaded
 
     def _keep_heads(self, rnd: Round, heads: Tensors, local_aux: dict[int, Tensors]) -> None:
         """Each drawn client keeps the mean of its rows' aux heads (every process keeps every client's)."""
-        heads = rnd.cohort.gather(heads) if heads else heads
+        heads = self.runtime.gather(rnd.cohort, heads) if heads else heads
         for client in np.unique(rnd.draws.clients):
             mine = torch.as_tensor(np.flatnonzero(rnd.draws.clients == client), device=self.device)
             local_aux[int(client)] = {k: heads[k][mine].mean(dim=0) for k in heads}
 
-    def hold(self, network: Network, client: ClientState, count: int, participants: list[str]) -> None:
+    def store(self, client: ClientState, count: int, participants: list[str]) -> None:
         """The server holds the ``count`` uploads it averages; each participant its trunk and aux head."""
         params, buffers = client["params"], client["buffers"]
         trunk_bits = state_bits({**trunk_only(params), **trunk_only(buffers)})
         aux_bits = state_bits({**aux_only(params), **aux_only(buffers)})
         uploaded = trunk_bits + (aux_bits if self.shares_aux else 0)
-        network.hold(nodes.SERVER, "client_models", count * uploaded)
-        network.hold(participants, "model", trunk_bits)
+        self.runtime.store(nodes.SERVER, "client_models", count * uploaded)
+        self.runtime.store(participants, "model", trunk_bits)
         if aux_bits:
-            network.hold(participants, "aux", aux_bits)
+            self.runtime.store(participants, "aux", aux_bits)
 
 
 def evaluate_split(

@@ -7,10 +7,10 @@ import torch
 from torch import nn
 
 from fedge.algorithms.split.server import CutBatch, DenseKernels, Served, SplitServer
-from fedge.distributed import Cohort
-from fedge.engine import SGD, Criterion, Executor, cross_entropy, stack_copies, weighted_sum
+from fedge.engine import SGD, Criterion, Executor, cross_entropy, stack_copies
 from fedge.engine.dense import DenseKernel
 from fedge.engine.split import make_server_step
+from fedge.runtime.split import RowAggregation
 from fedge.tensors import Tensors, rows
 
 
@@ -108,14 +108,16 @@ class ServerCopies(SplitServer):
         grads[at] = part_grad
         return Served(loss, grads)
 
-    def aggregate(self, weights: torch.Tensor, cohort: Cohort) -> None:
-        """The copies' weighted average: each process sums its own copies, one all-reduce adds the sums;
-        the first participant's copy (``copy0``) comes from the first process, which holds the cohort's
-        first row."""
+    def aggregate(self, weights: torch.Tensor, aggregation: RowAggregation) -> None:
+        """The copies' weighted average through the server's pipeline (by default each process sums its
+        own copies, one all-reduce adds the sums), the global server model the copies started from as
+        its reference; the first participant's copy (``copy0``) comes from the first process, which
+        holds the cohort's first row."""
         params, buffers, _ = self.copies
         if self.evaluate_with == "copy0":
-            self.first_copy = cohort.broadcast((rows(params, 0), rows(buffers, 0)))
-        average = cohort.sum({**weighted_sum(params, weights), **weighted_sum(buffers, weights)})
+            self.first_copy = aggregation.from_first((rows(params, 0), rows(buffers, 0)))
+        reference = {**self.params, **self.buffers}
+        average = aggregation.average({**params, **buffers}, weights, reference)
         self.params = {name: average[name] for name in params}
         self.buffers = {name: average[name] for name in buffers}
 
@@ -136,32 +138,24 @@ class MeanGradientServer(ServerCopies):
     averaged uniformly at once, BatchNorm statistics too, so the statistics never mix clients within a
     batch. With plain SGD averaging the stepped copies is the step with the mean gradient (Eq. 6 = Eq. 7).
     The order of the rows does not matter, so on several processes each serves its own clients' rows
-    (a batch of this process's rows of ``cohort``, ``batch.cohort`` rows in all) and the cohort adds up
-    the partial averages.
+    (a batch of this process's rows, ``batch.cohort`` rows in all) and :meth:`step_mean` averages the
+    processes' copies through the server's pipeline.
     """
 
-    def __init__(
-        self,
-        module: nn.Module,
-        params: Tensors,
-        buffers: Tensors,
-        sgd: SGD,
-        clip_norm: float | None,
-        executor: Executor,
-        cohort: Cohort,
-    ):
-        super().__init__(module, params, buffers, sgd, clip_norm, executor)
-        self.cohort = cohort
-
     def serve(self, batch: CutBatch, lr: float, grad_z: bool, order: list[int]) -> Served:
+        """Step a fresh copy per row of ``batch`` at the server model's weights (:meth:`step_mean` then
+        averages them)."""
+        self.begin(len(batch.counts))
+        return super().serve(batch, lr, grad_z, order)
+
+    def step_mean(self, batch: CutBatch, aggregation: RowAggregation) -> None:
+        """The model's step with the mean gradient: the uniform average of the copies that served
+        ``batch`` (Eq. 7 computed as Eq. 6)."""
         count = len(batch.counts)
-        self.begin(count)
-        served = super().serve(batch, lr, grad_z, order)
         uniform = torch.full(
             (count,), 1.0 / (batch.cohort or count), dtype=torch.float64, device=batch.z.device
         )
-        self.aggregate(uniform, self.cohort)
-        return served
+        self.aggregate(uniform, aggregation)
 
     def models_held(self, count: int) -> int:
         return 1

@@ -25,8 +25,9 @@ from fedge.algorithms.split.order import ServerOrder
 from fedge.algorithms.split.padding import sent_entries, sent_targets
 from fedge.algorithms.split.round import Round
 from fedge.algorithms.split.server import CutBatch, Served, SplitServer
-from fedge.comm import FloatCodec, Network, nodes
-from fedge.distributed import Cohort, Cohorts
+from fedge.comm import FloatCodec
+from fedge.distributed import Cohort
+from fedge.runtime.split import SplitRuntime
 
 
 class Uploaded(NamedTuple):
@@ -40,22 +41,22 @@ class Uploaded(NamedTuple):
 
 class ServerExchange:
     """The cut links (``smashed_up``, ``labels_up``, ``grad_down``), the server part behind them and its
-    queue policy."""
+    queue policy; the transfers go through the split ``runtime``."""
 
     def __init__(
         self,
-        network: Network,
+        runtime: SplitRuntime,
         codecs: tuple[str, str],
         server: SplitServer,
         order: ServerOrder,
-        cohorts: Cohorts,
         padded: bool = False,
     ):
+        network = runtime.ctx.network
         self.up, self.down = network.link(codecs[0]), network.link(codecs[1])
         self.padded = padded  # the model reads padded sequences: pad positions are never sent
         # labels are integers: a dense float codec carries them exactly, a lossy one would corrupt them
         self.labels = self.up if isinstance(self.up.codec, FloatCodec) else network.link("fp32")
-        self.server, self.order, self.cohorts = server, order, cohorts
+        self.runtime, self.server, self.order = runtime, server, order
 
     def __call__(self, rnd: Round, row_ids: torch.Tensor, batch: CutBatch, step: int, grad_z: bool) -> Served:
         """Upload local step ``step``'s cut batch of rows ``row_ids`` of the round, let the server serve
@@ -66,9 +67,10 @@ class ServerExchange:
         rows of them (the round's cohort; all of them in one process, or in a pass of one row,
         ``batch.rows``), and the answer is for those rows.
         """
-        cohort = rnd.cohort if batch.rows is None else self.cohorts.whole(len(row_ids))
+        runtime = self.runtime
+        cohort = rnd.cohort if batch.rows is None else runtime.whole(len(row_ids))
         senders = [rnd.nodes[int(r)] for r in row_ids]
-        at, lengths = row_ids.cpu().numpy(), batch.counts[cohort.rows]
+        at, lengths = row_ids.cpu().numpy(), runtime.own(cohort, batch.counts)
         sent = self._upload(rnd, cohort, senders, batch, lengths)
         rnd.tally.served(at, sent.bits, batch.counts)
         queued = self.order.queue(rnd, step, at, sent.bits, batch.counts)
@@ -77,9 +79,8 @@ class ServerExchange:
         if not grad_z:
             return served
         answer = {"g": served.grad_z}
-        grads = cohort.send(
-            self.down, rnd.t, nodes.SERVER, senders, "grad_down", answer, lengths=lengths, keep=sent.keep
-        )
+        grads = runtime.answer(cohort, self.down, rnd.t, senders, "grad_down", answer, lengths=lengths,
+                               keep=sent.keep)  # fmt: skip
         np.add.at(rnd.tally.down_bits, at, grads.bits)
         if queued.finish is not None:
             self.order.returned(rnd, at, queued, grads.bits)
@@ -90,31 +91,31 @@ class ServerExchange:
     ) -> Uploaded:
         """Send this process's rows' smashed data (a padded sequence's pad positions left out) and labels;
         the batch as the server receives it and every exchange row's bits."""
-        t, mine = rnd.t, cohort.rows
+        t, runtime = rnd.t, self.runtime
         keep = sent_entries(batch.z, lengths) if self.padded else None
         z = {"z": batch.z.detach()}
-        smashed = cohort.send(self.up, t, senders, nodes.SERVER, "smashed_up", z, lengths=lengths, keep=keep)
-        y = batch.y[mine]
+        smashed = runtime.upload(cohort, self.up, t, senders, "smashed_up", z, lengths=lengths, keep=keep)
+        y = runtime.own(cohort, batch.y)
         targets = sent_targets(y, lengths) if self.padded else None
-        labels = cohort.send(
-            self.labels, t, senders, nodes.SERVER, "labels_up", {"y": y}, lengths=lengths, keep=targets
+        labels = runtime.upload(
+            cohort, self.labels, t, senders, "labels_up", {"y": y}, lengths=lengths, keep=targets
         )
         return Uploaded(batch._replace(z=smashed.payload["z"]), smashed.bits + labels.bits, keep)
 
     def _serve(self, rnd: Round, cohort: Cohort, batch: CutBatch, grad_z: bool, order: list[int]) -> Served:
         """The server's answer to this process's rows of ``batch`` (whose ``z`` holds only those rows);
         its loss enters the round's tally."""
-        mine, shared = cohort.rows, self.server.in_turn
+        own, shared = self.runtime.own, self.server.in_turn
         if shared:
-            batch = batch._replace(z=cohort.gather({"z": batch.z})["z"])
+            batch = batch._replace(z=self.runtime.gather(cohort, {"z": batch.z})["z"])
         else:
-            keys = None if batch.keys is None else batch.keys[mine]
-            batch = batch._replace(y=batch.y[mine], counts=batch.counts[mine], keys=keys)
+            keys = None if batch.keys is None else own(cohort, batch.keys)
+            batch = batch._replace(y=own(cohort, batch.y), counts=own(cohort, batch.counts), keys=keys)
         served = self.server.serve(batch, rnd.lr_server, grad_z, order)
         rnd.tally.server_loss += float(served.loss.sum())
         if not shared:
             return served
-        return Served(served.loss[mine], None if served.grad_z is None else served.grad_z[mine])
+        return Served(own(cohort, served.loss), None if served.grad_z is None else own(cohort, served.grad_z))
 
     def begin(self, rnd: Round) -> None:
         """The round's rows have their models: start the server's queue."""

@@ -6,10 +6,10 @@ from __future__ import annotations
 import numpy as np
 import torch
 
-from fedge.aggregation import Pipeline, Updates, sites
-from fedge.comm import Link, Network, nodes
+from fedge.comm import Link, nodes
 from fedge.distributed import Cohort
 from fedge.engine import stack_copies
+from fedge.runtime.split import SplitRuntime
 from fedge.tensors import Tensors, floating
 
 States = dict[str, Tensors]  # stacked "params", "buffers" and "masks" of clients
@@ -25,38 +25,31 @@ class Averaging:
     further, so masks stay nested.
 
     The trained states hold the clients this process runs (``cohort``): it uploads and sums them, one
-    all-reduce adds the sums, and every process then holds every client's state.
+    all-reduce adds the sums, and every process then holds every client's state (the split ``runtime``'s
+    transfers, aggregation and storage).
     """
 
-    def __init__(
-        self,
-        network: Network,
-        link: Link,
-        cohort: Cohort,
-        clients: list[str],
-        pruned: bool,
-        pipeline: Pipeline,
-    ):
-        self.network, self.link, self.cohort = network, link, cohort
-        self.clients, self.pruned, self.pipeline = clients, pruned, pipeline
+    def __init__(self, runtime: SplitRuntime, link: Link, cohort: Cohort, clients: list[str], pruned: bool):
+        self.runtime, self.link, self.cohort = runtime, link, cohort
+        self.clients, self.pruned = clients, pruned
 
     def __call__(
         self, t: int, trained: States, mask_names: list[str]
     ) -> tuple[States, np.ndarray, np.ndarray]:
         """Every client's state after the averaging of round ``t``; the upload and broadcast bits per
         client."""
-        n, cohort = len(self.clients), self.cohort
+        n, cohort, runtime = len(self.clients), self.cohort, self.runtime
         params, buffers = trained["params"], trained["buffers"]
         sent = {**params, **floating(buffers)}
-        up = cohort.send(self.link, t, self.clients, nodes.SERVER, "model_up", sent)
-        self.network.hold(nodes.SERVER, "client_models", int(up.bits.sum()))
+        up = runtime.upload(cohort, self.link, t, self.clients, "model_up", sent)
+        runtime.store(nodes.SERVER, "client_models", int(up.bits.sum()))
         device = next(iter(params.values())).device
         uniform = torch.full((len(cohort),), 1.0 / n, dtype=torch.float64, device=device)
         received = {k: up.payload.get(k, v) for k, v in {**params, **buffers}.items()}
-        summed = self.pipeline.reduce(Updates.of(sites.SERVER, t, received, uniform), cohort)
+        summed = runtime.aggregate(t, cohort, received, uniform)
         mean_params, mean_buffers = {k: summed[k] for k in params}, {k: summed[k] for k in buffers}
         mean = {**mean_params, **floating(mean_buffers)}
-        down = self.link.send(t, nodes.SERVER, self.clients, "model_down", mean)
+        down = runtime.broadcast(self.link, t, self.clients, "model_down", mean)
         params = stack_copies({k: down.payload[k] for k in mean_params}, n)
         states = {
             "params": params,
@@ -71,10 +64,10 @@ class Averaging:
     def gathered(self, trained: States) -> States:
         """Every client's state from each process's rows of it (cohort order is client order); masks
         travel as bytes."""
-        cohort = self.cohort
-        masks = cohort.gather({k: m.to(torch.uint8) for k, m in trained["masks"].items()})
+        cohort, gather = self.cohort, self.runtime.gather
+        masks = gather(cohort, {k: m.to(torch.uint8) for k, m in trained["masks"].items()})
         return {
-            "params": cohort.gather(trained["params"]),
-            "buffers": cohort.gather(trained["buffers"]),
+            "params": gather(cohort, trained["params"]),
+            "buffers": gather(cohort, trained["buffers"]),
             "masks": {k: m.bool() for k, m in masks.items()},
         }

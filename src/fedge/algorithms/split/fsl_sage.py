@@ -206,7 +206,7 @@ class FslSage(SplitLearning):
         """Align each participant's aux model to the server on its stored samples and send it down; the
         rows of this process take the aligned model (their client keeps it at aggregation)."""
         params = dict(rnd.rows.params)
-        mine = np.asarray(rnd.cohort.take(rnd.draws.clients))
+        mine = self.runtime.own_clients(rnd.cohort, rnd.draws.clients)
         self.aux_bits = np.zeros(len(rnd.draws))  # the rows that answered (a deployed round may lose some)
         for client in dict.fromkeys(int(c) for c in rnd.draws.clients):
             head = self._align_client(rnd, client)
@@ -265,7 +265,7 @@ class FslSage(SplitLearning):
             return None
         rnd = self.rnd
         rows = self.served_rows
-        ids = np.arange(len(rnd.draws))[rnd.cohort.rows] if rows is None else rows.cpu().numpy()
+        ids = self.runtime.own_ids(rnd.cohort) if rows is None else rows.cpu().numpy()
         clients = self.round_clients[ids]
         update = [p for p, row in enumerate(ids.tolist()) if row not in self.realigned_rows]
         update = [p for p in update if int(clients[p]) in self.fresh]
@@ -292,7 +292,7 @@ class FslSage(SplitLearning):
         copy of its aux model."""
         super().hold_storage(count, participants)
         heads = len(self.store.data) * state_bits(aux_only(self.client["params"]))
-        self.ctx.network.hold(nodes.SERVER, "alignment", self.store.bits() + heads)
+        self.runtime.store(nodes.SERVER, "alignment", self.store.bits() + heads)
 
     def round_report(self, rnd: Round) -> RoundReport:
         report = super().round_report(rnd)

@@ -46,7 +46,6 @@ from abc import abstractmethod
 import numpy as np
 import torch
 
-from fedge.aggregation import sites
 from fedge.algorithms.base import Algorithm, Context, register
 from fedge.algorithms.split.config import SPLIT_BATCHED_FROM
 from fedge.algorithms.split.copies import MeanGradientServer
@@ -69,6 +68,7 @@ from fedge.errors import ConfigError
 from fedge.metrics import Evaluation, RoundReport
 from fedge.models.lora import ADAPTERS
 from fedge.rng import numpy_rng
+from fedge.runtime.split import SplitRuntime
 from fedge.system import SplitWork, light_fedsl_round, training_flops
 from fedge.tensors import Tensors, floating
 
@@ -106,6 +106,7 @@ class FedSLRounds(Algorithm):
             raise ConfigError("algorithm.final_sparsity", weightless)
         client, client_buffers, server, server_buffers = initial_state(self.parts, cfg.init, ctx.seed)
         n = ctx.data.num_clients
+        self.runtime = SplitRuntime(ctx)
         self.clients: dict[str, Tensors] = {
             "params": stack_copies(client, n),
             "buffers": stack_copies(client_buffers, n),
@@ -113,10 +114,8 @@ class FedSLRounds(Algorithm):
                 {name: torch.ones_like(client[name], dtype=torch.bool) for name in self.prunable}, n
             ),
         }
-        self.cohort = ctx.cohorts.clients(n)  # the clients this process runs (all of them in one process)
-        self.server = MeanGradientServer(
-            self.parts.server, server, server_buffers, SGD(), None, ctx.executor, cohort=self.cohort
-        )
+        self.cohort = self.runtime.clients(n)  # the clients this process runs (all of them in one process)
+        self.server = MeanGradientServer(self.parts.server, server, server_buffers, SGD(), None, ctx.executor)
         self.update = ClientUpdate(self.knobs, self.prunable, ctx.seed, ctx.device)
         self.forward = make_forward(self.parts.trunk)
         self.batches = StepBatches(ctx.data, cfg.batch_size, cfg.drop_last)
@@ -126,10 +125,9 @@ class FedSLRounds(Algorithm):
         self.flops = count_flops(self.parts)
         self.nodes = nodes.clients(range(n))
         pruned = self.knobs.final_sparsity > 0
-        server_pipeline = ctx.pipeline(sites.SERVER)
-        self.averaging = Averaging(network, self.models, self.cohort, self.nodes, pruned, server_pipeline)
+        self.averaging = Averaging(self.runtime, self.models, self.cohort, self.nodes, pruned)
         self.totals = {"comm_seconds": 0.0, "agg_seconds": 0.0}
-        network.hold(nodes.SERVER, "server_model", self.server.storage_bits(n))
+        self.runtime.store(nodes.SERVER, "server_model", self.server.storage_bits(n))
         self._client_storage()
 
     @abstractmethod
@@ -162,7 +160,7 @@ class FedSLRounds(Algorithm):
         trained = step.states
         aggregated = t % knobs.agg_interval == 0
         if aggregated:
-            after = self.cohort.gather_array(self._sparsities(trained["params"]))
+            after = self.runtime.gather_array(self.cohort, self._sparsities(trained["params"]))
             model_bits = self._aggregate(t, trained)
         else:
             self.clients = self._gathered(trained)
@@ -183,27 +181,28 @@ class FedSLRounds(Algorithm):
         """Steps 1-3 of the round for this process's clients: the cut exchange, then each client's
         update (prune to ``rho``, mask, quantize, step)."""
         cut = self._cut_exchange(t, index, counts)
-        masks = {name: mask[self.cohort.rows] for name, mask in self.clients["masks"].items()}
-        lr = self.cfg.optimizer.lr
-        params, masks = self.update(t, rho, cut.params, cut.grads, masks, lr, self.cohort.start)
+        own, cohort = self.runtime.own, self.cohort
+        masks = {name: own(cohort, mask) for name, mask in self.clients["masks"].items()}
+        lr, first = self.cfg.optimizer.lr, self.runtime.first_row(cohort)
+        params, masks = self.update(t, rho, cut.params, cut.grads, masks, lr, first)
         states = {"params": params, "buffers": cut.buffers, "masks": masks}
         return Trained(states, cut.loss, cut.up_bits, cut.down_bits)
 
     def _cut_exchange(self, t: int, index: torch.Tensor, counts: torch.Tensor) -> CutStep:
         """Steps 1-2 of the round for this process's clients: trunk forward, cut dropout, the server's
         side (:meth:`server_side`), the returned gradient back-propagated through the trunk."""
-        ctx, cohort = self.ctx, self.cohort
-        mine, p = cohort.rows, self.knobs.cut_dropout
-        x, y = ctx.data.x_train[index[mine]], ctx.data.y_train[index[mine]]
-        params = {k: v[mine] for k, v in self.clients["params"].items()}
-        buffers = {k: v[mine] for k, v in self.clients["buffers"].items()}
+        ctx, cohort, runtime = self.ctx, self.cohort, self.runtime
+        p, mine = self.knobs.cut_dropout, runtime.own(cohort, index)
+        x, y = ctx.data.x_train[mine], ctx.data.y_train[mine]
+        params = {k: runtime.own(cohort, v) for k, v in self.clients["params"].items()}
+        buffers = {k: runtime.own(cohort, v) for k, v in self.clients["buffers"].items()}
         every = ctx.executor.phase_keys(range(len(self.nodes)))
-        keys = None if every is None else RowKeys(every.base[mine])
-        own = counts[mine]
+        keys = None if every is None else RowKeys(runtime.own(cohort, every.base))
+        own = runtime.own(cohort, counts)
         z, new_buffers, pullback = ctx.executor.forward_with_vjp(
             self.forward, params, buffers, x, own, None if keys is None else keys.at(0)
         )
-        keep = cut_masks(ctx.seed, t, own, z, cohort.start, p)
+        keep = cut_masks(ctx.seed, t, own, z, runtime.first_row(cohort), p)
         served = self.server_side(t, apply_dropout(z.detach(), keep, p), y, own, keep, keys)
         grads = pullback(apply_dropout(served.grad, keep, p))
         return CutStep(params, new_buffers, grads, served.loss, served.up_bits, served.down_bits)
@@ -215,20 +214,21 @@ class FedSLRounds(Algorithm):
         """Step 2 for this process's clients: their kept cut entries (``dropped``, dropout applied) and
         labels up, the server's mean-gradient step, the kept entries' gradient down, as received. A
         padded sequence's pad positions are not sent either (:mod:`~fedge.algorithms.split.padding`)."""
-        cohort, n = self.cohort, len(self.nodes)
+        cohort, n, runtime = self.cohort, len(self.nodes), self.runtime
         targets = None
         if self.parts.model.pad_id is not None:
             keep, targets = keep * sent_entries(dropped, own), sent_targets(y, own)
-        smashed = cohort.send(self.up, t, self.nodes, nodes.SERVER, "smashed_up", {"z": dropped}, keep=keep)
-        labels = cohort.send(
-            self.labels, t, self.nodes, nodes.SERVER, "labels_up", {"y": y}, lengths=own, keep=targets
+        smashed = runtime.upload(cohort, self.up, t, self.nodes, "smashed_up", {"z": dropped}, keep=keep)
+        labels = runtime.upload(
+            cohort, self.labels, t, self.nodes, "labels_up", {"y": y}, lengths=own, keep=targets
         )
         server_keys = None if keys is None else keys.at(0, SERVER_STAGE)
         batch = CutBatch(None, smashed.payload["z"], y, own, server_keys, cohort=n)
         served = self.server.serve(batch, self.cfg.optimizer.lr, True, list(range(len(own))))
+        self.server.step_mean(batch, runtime.aggregation(t, cohort))
         returned = {"g": served.grad_z * keep.to(served.grad_z)}
-        grad = cohort.send(self.down, t, nodes.SERVER, self.nodes, "grad_down", returned, keep=keep)
-        loss = cohort.gather({"loss": served.loss})["loss"]
+        grad = runtime.answer(cohort, self.down, t, self.nodes, "grad_down", returned, keep=keep)
+        loss = runtime.gather(cohort, {"loss": served.loss})["loss"]
         return ServedCut(grad.payload["g"], loss, smashed.bits + labels.bits, grad.bits)
 
     def _gathered(self, trained: dict[str, Tensors]) -> dict[str, Tensors]:
@@ -263,7 +263,7 @@ class FedSLRounds(Algorithm):
                 0.0, self.cfg.arrival_jitter_s, len(clients)
             )
         done = light_fedsl_round(system, t, work, model_bits, jitter)
-        system.charge(done.cost)
+        self.runtime.close(done.cost)
         self.totals["comm_seconds"] += done.comm
         self.totals["agg_seconds"] += done.agg
         return done.comm, done.agg, done.cost.seconds, done.wait
@@ -286,7 +286,7 @@ class FedSLRounds(Algorithm):
         self.models.store(self.nodes, "model", {**params, **floating(buffers)}, stacked=True)
         if self.knobs.final_sparsity > 0:
             mask_bits = sum(m[0].numel() for m in self.clients["masks"].values())
-            self.ctx.network.hold(self.nodes, "mask", mask_bits)
+            self.runtime.store(self.nodes, "mask", mask_bits)
 
     # ----- evaluation and state ----------------------------------------------------------------------
 

@@ -22,7 +22,6 @@ from typing import ClassVar
 import numpy as np
 import torch
 
-from fedge.aggregation import sites
 from fedge.algorithms.base import Algorithm, Context
 from fedge.algorithms.optimizer_state import ClientOptimizerStates
 from fedge.algorithms.split.client_model import ClientModels, Part, evaluate_split
@@ -42,10 +41,11 @@ from fedge.algorithms.split.tally import Tally
 from fedge.comm import nodes
 from fedge.config import RunConfig
 from fedge.data.federated import BatchPlan
-from fedge.engine import ClientBank, make_optimizer
+from fedge.engine import make_optimizer
 from fedge.errors import ConfigError
 from fedge.metrics import Evaluation, RoundReport
 from fedge.runtime.availability import online_clients
+from fedge.runtime.split import SplitRuntime
 from fedge.system import RoundCost
 from fedge.tensors import Tensors
 
@@ -71,6 +71,7 @@ class SplitLearning(Algorithm):
 
     def __init__(self, ctx: Context, cfg: SplitConfig):
         super().__init__(ctx, cfg)
+        self.runtime = SplitRuntime(ctx)
         m = ctx.data.num_clients
         self.rows_per_round = check_participation(cfg.participation, cfg.clients_per_round, m)
         if cfg.agg_every is not None and cfg.server_order == "client_after_client":
@@ -93,10 +94,10 @@ class SplitLearning(Algorithm):
         order = server_order(cfg.server_order, ctx.system, ctx.seed, cfg.arrival_jitter_s, self.flops)
         codecs = (cfg.codec_up, cfg.codec_down)
         padded = self.parts.model.pad_id is not None
-        self.exchange = self.exchange_class(ctx.network, codecs, self.server, order, ctx.cohorts, padded)
+        self.exchange = self.exchange_class(self.runtime, codecs, self.server, order, padded)
         self.up, self.down = ctx.network.link(cfg.codec_up), ctx.network.link(cfg.codec_down)
         self.models = ClientModels(
-            self.up, self.down, self.clients.shares_aux, cfg.global_lr, ctx.device, ctx.pipeline(sites.SERVER)
+            self.runtime, self.up, self.down, self.clients.shares_aux, cfg.global_lr, ctx.device
         )
         self.local_steps = LocalSteps(ctx.data, self.clients, self.exchange, self.uploads_at, cfg.agg_every,
                                       self._synchronise)  # fmt: skip
@@ -149,9 +150,9 @@ class SplitLearning(Algorithm):
             self.local_steps(rnd, plan, subset)  # local steps, each with its server exchange
         self.client_opt.end(rnd.draws.clients, rnd.rows.opt_state, rnd.cohort)  # kept for the next visit
         self.aggregate_models(rnd)  # upload and average the client models (and server copies)
-        rnd.tally.add_up(rnd.cohort, server_losses=not self.server.in_turn)
+        rnd.tally.add_up(self.runtime, rnd.cohort, server_losses=not self.server.in_turn)
         self.hold_storage(len(rnd.draws), rnd.nodes)
-        self.ctx.system.charge(self.round_cost(rnd))
+        self.runtime.close(self.round_cost(rnd))
         return self.round_report(rnd)
 
     def round_cost(self, rnd: Round) -> RoundCost:
@@ -183,7 +184,7 @@ class SplitLearning(Algorithm):
         """A round ``t`` of the rows ``draws`` (aggregation ``weights``), the client model broadcast."""
         ctx = self.ctx
         cohort = self.exchange.order.cohort(ctx.cohorts, len(draws))
-        rows = ClientBank(tuple(int(c) for c in cohort.take(draws.clients)), {})
+        rows = self.runtime.bank(cohort, draws.clients)
         rnd = Round(
             t, draws, nodes.clients(draws.clients), weights.to(ctx.device), *self.learning_rates(t), rows,
             ctx.executor.phase_keys(draws.clients), Tally.zeros(len(draws), ctx.device), cohort,
@@ -217,7 +218,9 @@ class SplitLearning(Algorithm):
         """Upload every row's client model, average it and the server copies with the round weights.
         An extension point: FSL-SAGE aligns its auxiliary models here."""
         self.client = self.models.aggregate(rnd, self.client, self.local_aux)
-        self.server.aggregate(rnd.weights[rnd.cohort.rows] / rnd.weights.sum(), rnd.cohort)
+        self.server.aggregate(
+            self.runtime.row_weights(rnd) / rnd.weights.sum(), self.runtime.aggregation(rnd.t, rnd.cohort)
+        )
 
     def _synchronise(self, rnd: Round) -> None:
         """A mid-round averaging (``agg_every``): aggregate, then broadcast the new model."""
@@ -227,8 +230,8 @@ class SplitLearning(Algorithm):
     def hold_storage(self, count: int, participants: list[str]) -> None:
         """Server: its model(s) and the ``count`` client uploads it averages; participants: trunk, aux.
         An extension point: FSL-SAGE adds the server's store of smashed data."""
-        self.ctx.network.hold(nodes.SERVER, "server_model", self.server.storage_bits(count))
-        self.models.hold(self.ctx.network, self.client, count, participants)
+        self.runtime.store(nodes.SERVER, "server_model", self.server.storage_bits(count))
+        self.models.store(self.client, count, participants)
 
     def evaluate(self) -> Evaluation:
         """The composed model (averaged trunk + server model) on the global test set; with a shared aux

@@ -31,11 +31,11 @@ import torch
 from torch import nn
 
 from fedge.comm import state_bits
-from fedge.distributed import Cohort
 from fedge.engine import SGD, Criterion, cross_entropy
 from fedge.engine.dense import DenseKernel, server_kernel
 from fedge.engine.noise import keyed_noise
 from fedge.engine.split import make_server_step
+from fedge.runtime.split import RowAggregation
 from fedge.tensors import Tensors
 
 SERVER_STAGE = 1  # noise stage of server-side draws (the client part uses stage 0 of the same step)
@@ -107,9 +107,9 @@ class SplitServer(ABC):
         into ``batch``) in the order a single server model processes them."""
 
     @abstractmethod
-    def aggregate(self, weights: torch.Tensor, cohort: Cohort) -> None:
+    def aggregate(self, weights: torch.Tensor, aggregation: RowAggregation) -> None:
         """End an aggregation period; ``weights`` (summing to 1 over the whole cohort) weigh the rows this
-        process holds, and ``cohort`` adds up the processes' partial sums (docs/scale-out.md)."""
+        process holds, averaged by the server's ``aggregation`` over the processes (docs/scale-out.md)."""
 
     @abstractmethod
     def models_held(self, count: int) -> int:
@@ -212,7 +212,7 @@ class SharedServer(SplitServer):
         self.params, self.buffers, self.opt_state = params, buffers, opt_state
         return Served(loss, grads)
 
-    def aggregate(self, weights: torch.Tensor, cohort: Cohort) -> None:
+    def aggregate(self, weights: torch.Tensor, aggregation: RowAggregation) -> None:
         """Nothing to average: the one model already learned from everyone."""
 
     def keep_rows(self, keep: torch.Tensor) -> None:

@@ -19,6 +19,7 @@ from fedge.algorithms.split.round import Round
 from fedge.algorithms.split.server import SERVER_STAGE, CutBatch, Served
 from fedge.data.federated import BatchPlan, FederatedData
 from fedge.engine.noise import RowKeys
+from fedge.runtime.split import SplitRuntime
 
 
 @dataclass(frozen=True)
@@ -34,9 +35,11 @@ class LocalRun:
     own_keys: RowKeys | None  # this process's rows' noise keys
 
     @classmethod
-    def of(cls, rnd: Round, plan: BatchPlan, subset: torch.Tensor | None) -> LocalRun:
+    def of(cls, rnd: Round, plan: BatchPlan, subset: torch.Tensor | None, runtime: SplitRuntime) -> LocalRun:
+        """The run of the rows ``subset`` of round ``rnd`` (all of them for None) by ``plan``."""
         if subset is None:
-            index, weight, keys, mine = plan.index, plan.weight, rnd.keys, rnd.cohort.rows
+            index, weight, keys = plan.index, plan.weight, rnd.keys
+            mine = runtime.own_slice(rnd.cohort)
             row_ids = torch.arange(index.shape[0], device=index.device)
         else:
             index, weight, row_ids = plan.index[subset], plan.weight[subset], subset
@@ -63,7 +66,7 @@ class LocalSteps:
 
     def __call__(self, rnd: Round, plan: BatchPlan, subset: torch.Tensor | None) -> None:
         """Every local step of the rows ``subset`` (all rows for None), with its server traffic."""
-        run = LocalRun.of(rnd, plan, subset)
+        run = LocalRun.of(rnd, plan, subset, self.exchange.runtime)
         state, steps = rnd.state(subset), run.index.shape[1]
         for s in range(steps):
             counts = (run.weight[:, s] > 0).sum(dim=1)

@@ -9,6 +9,7 @@ import numpy as np
 import torch
 
 from fedge.distributed import Cohort
+from fedge.runtime.split import SplitRuntime
 
 
 @dataclass
@@ -51,17 +52,15 @@ class Tally:
         np.add.at(self.up_bits, row_ids, bits)
         np.add.at(self.server_samples, row_ids, counts.cpu().numpy())
 
-    def add_up(self, cohort: Cohort, server_losses: bool) -> None:
+    def add_up(self, runtime: SplitRuntime, cohort: Cohort, server_losses: bool) -> None:
         """Bring the rows' losses together when the cohort is spread over processes: they are known only
         where the rows trained, other processes contribute zeros, so each row's figures come out exact;
         with ``server_losses`` (server copies, each served where its row trained) the copies' loss total
         too, as a sum of per-process sums."""
-        if not cohort.spread:
-            return
         figures = {"loss_sum": self.loss_sum, "loss_steps": self.loss_steps}
         if server_losses:
             figures["server_loss"] = torch.tensor([self.server_loss], dtype=torch.float64)
-        summed = cohort.sum(figures)
+        summed = runtime.add_up(cohort, figures)
         self.loss_sum, self.loss_steps = summed["loss_sum"], summed["loss_steps"]
         if server_losses:
             self.server_loss = float(summed["server_loss"][0])
