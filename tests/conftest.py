@@ -48,3 +48,20 @@ def registries():
     DataConfig.registered.update(names)
     extend._LOADED.clear()
     extend._LOADED.update(loaded)
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """Keep each test module whose tests share a module-scoped fixture on one xdist worker (addopts'
+    ``--dist loadgroup``): under plain load balancing every worker that drew one of its tests built the
+    fixture again (two 2-rank gloo launches of every family, the language models' runs)."""
+    for item in items:
+        module, definitions = item.getparent(pytest.Module), getattr(item, "_fixtureinfo", None)
+        if module is None or definitions is None:
+            continue
+        shared = any(
+            fixture.scope == "module" and fixture.baseid == module.nodeid
+            for fixtures in definitions.name2fixturedefs.values()
+            for fixture in fixtures
+        )
+        if shared:
+            item.add_marker(pytest.mark.xdist_group(module.nodeid))
