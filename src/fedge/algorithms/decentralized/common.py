@@ -26,7 +26,6 @@ from __future__ import annotations
 
 from abc import abstractmethod
 from collections.abc import Sequence
-from typing import ClassVar
 
 import torch
 
@@ -60,7 +59,7 @@ class PeerAlgorithm(LocalTraining, PeerExchange, FineTunedEvaluation, Algorithm)
     """
 
     cfg: PeerConfig
-    state_fields: ClassVar[tuple[str, ...]] = ("round", "bank")
+    state_fields: tuple[str, ...] = ("round", "bank")
 
     def reads_run_length(self) -> str | None:
         return None  # no round reads config.rounds
