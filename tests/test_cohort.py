@@ -87,21 +87,6 @@ def test_map_runs_work_on_this_process_rows_and_sums_the_tally():
     assert (parts[0][1] + parts[1][1]).tolist() == one_tally.tolist()
 
 
-def test_block_mean_of_the_processes_shares_adds_up_to_one_process():
-    """Three blocks (cells) of 4 rows over 5 processes of 3, 3, 2, 2 and 2 rows (blocks span processes):
-    each process's share of every block's mean, summed, is the block mean; integers take the maximum."""
-    x = {"w": torch.randn(12, 2, 3), "count": torch.arange(12)}
-    whole = SINGLE_PROCESS.of(12).block_mean(x, 3)
-    assert torch.equal(whole["w"], x["w"].reshape(3, 4, 2, 3).mean(dim=1))
-    assert whole["count"].tolist() == [3, 7, 11]
-    shares = [c.of(12) for c in ranks(5)]
-    parts = [c.block_mean(c.take_rows(x), 3) for c in shares]
-    assert torch.allclose(sum(p["w"] for p in parts), whole["w"], atol=1e-6)
-    assert torch.equal(torch.stack([p["count"] for p in parts]).max(dim=0).values, whole["count"])
-    with pytest.raises(ValueError, match="equal blocks"):
-        SINGLE_PROCESS.of(10).block_mean(x, 3)
-
-
 @pytest.mark.parametrize("codec", ["q4", "randk:0.5"])
 def test_a_stochastic_send_over_processes_draws_the_noise_of_one_process(codec):
     """Rows 0-2 and 3-4 of a cohort of 5 senders sent by two processes (each with its copy of the link, as

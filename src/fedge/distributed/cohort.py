@@ -148,28 +148,6 @@ class Cohort:
             return values.mean()
         return torch.tensor(self.sum_float(float(values.double().sum())) / self.total)
 
-    def block_mean(self, tensors: Tensors, blocks: int) -> Tensors:
-        """The mean over each of ``blocks`` equal contiguous blocks of the cohort's rows (``[blocks, ...]``,
-        e.g. each cell's client mean); integer tensors take the maximum. ``tensors`` hold this process's
-        rows (dimension 0); every process gets every block's mean, over several processes as the sum of
-        each process's share of it (one all-reduce per dtype)."""
-        per = self.total // blocks
-        if per * blocks != self.total:
-            raise ValueError(f"{self.total} rows do not split into {blocks} equal blocks")
-        if not self.spread:
-            return {name: _block_mean(t, blocks, per) for name, t in tensors.items()}
-        return self.sum({name: self._block_share(t, blocks, per) for name, t in tensors.items()})
-
-    def _block_share(self, t: torch.Tensor, blocks: int, per: int) -> torch.Tensor:
-        """This process's share of every block's mean: its rows' sum over the block size (integers: their
-        maximum, the lowest integer where a block has no row here)."""
-        block_of = torch.arange(self.start, self.stop, device=t.device) // per
-        shape = (blocks, *t.shape[1:])
-        if t.is_floating_point():
-            return torch.zeros(shape, dtype=t.dtype, device=t.device).index_add_(0, block_of, t) / per
-        low = torch.full(shape, torch.iinfo(t.dtype).min, dtype=t.dtype, device=t.device)
-        return low.index_reduce_(0, block_of, t, "amax")
-
     def map(self, work: Callable[[slice], Tensors], tally: Sequence[np.ndarray] = ()) -> Tensors:
         """``work`` on this process's rows; its tensors (rows in dimension 0) gathered in cohort order.
         ``tally``: counters ``work`` adds to in place (e.g. samples per client); each ends holding every
@@ -186,12 +164,6 @@ class Cohort:
         for i, (counter, start) in enumerate(pairs):
             counter[...] = start + summed[str(i)].numpy().astype(counter.dtype)
         return self.gather(out)
-
-
-def _block_mean(t: torch.Tensor, blocks: int, per: int) -> torch.Tensor:
-    """Mean over each of ``blocks`` contiguous blocks of ``per`` rows of ``t``; integers take the maximum."""
-    grouped = t.reshape(blocks, per, *t.shape[1:])
-    return grouped.mean(dim=1) if t.is_floating_point() else grouped.max(dim=1).values
 
 
 class Cohorts:
