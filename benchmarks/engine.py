@@ -40,7 +40,7 @@ from benchmarks.measure import (
 from benchmarks.workloads import WORKLOADS, Workload, get_workload
 from fedge.engine import BatchedExecutor, Executor, SequentialExecutor
 from fedge.engine.host import available_cores, configure_host
-from fedge.runner import Built, build_run
+from fedge.runner.loop import Built, build_run
 
 ROOT = Path(__file__).resolve().parents[1]
 PROBE_ROUNDS = 3  # rounds watched by the memory probe (fragmentation can show after the first)

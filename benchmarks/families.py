@@ -43,7 +43,7 @@ from benchmarks.loops import (
 from benchmarks.measure import load_average, machine, matmul_peak, median, timed
 from fedge.api import resolve_config
 from fedge.engine.host import configure_host
-from fedge.runner import Built, build_run
+from fedge.runner.loop import Built, build_run
 
 ROOT = Path(__file__).resolve().parents[1]
 SAMPLES_PER_CLIENT = 600

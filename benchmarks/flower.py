@@ -29,7 +29,7 @@ from flwr.simulation import run_simulation
 
 from benchmarks.workloads import get_workload
 from fedge.algorithms import Algorithm
-from fedge.runner import build_run
+from fedge.runner.loop import build_run
 
 client_app = ClientApp()
 

@@ -43,8 +43,8 @@ from benchmarks.measure import RssSampler, machine, matmul_peak, median, rss_byt
 from fedge.data.sources.text import STDLIB_MODULES
 from fedge.engine import cross_entropy
 from fedge.engine.host import configure_host
-from fedge.preflight import available_bytes
-from fedge.runner import Built, build_run
+from fedge.runner.loop import Built, build_run
+from fedge.runner.preflight import available_bytes
 
 W9 = {"clients": 32, "layers": 6, "hidden": 384, "heads": 6, "seq_len": 128, "sequences": 16, "batch": 8}
 QUICK = {"clients": 8, "layers": 3, "hidden": 128, "heads": 4, "seq_len": 64, "sequences": 8, "batch": 4}

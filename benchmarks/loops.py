@@ -19,7 +19,7 @@ from torch import nn
 from fedge.algorithms.hierarchical.masks import draw_owners, uniform_owner_sizes
 from fedge.algorithms.hierarchical.training import local_steps_plan
 from fedge.rng import numpy_rng
-from fedge.runner import Built
+from fedge.runner.loop import Built
 
 Tensors = dict[str, torch.Tensor]
 

@@ -3,7 +3,7 @@
 time and peak RSS against a population of 1,000 clients with the same cohort size.
 
 Each (algorithm, population) pair runs in a fresh child process, so one's memory does not show in the
-other's peak. The run is built as :func:`fedge.runner.build_run` builds it, except that the clients are a
+other's peak. The run is built as :func:`fedge.runner.loop.build_run` builds it, except that the clients are a
 :class:`~fedge.data.federated.ResampledClients` population instead of a partition of the data.
 """
 
@@ -27,7 +27,7 @@ from fedge.comm import Ledger, Network
 from fedge.data.federated import FederatedData, ResampledClients
 from fedge.data.sources import load_dataset
 from fedge.engine import make_executor
-from fedge.runner import Built, model_factory
+from fedge.runner.loop import Built, model_factory
 from fedge.system import SystemModel
 
 ROOT = Path(__file__).resolve().parents[1]

@@ -16,7 +16,7 @@ from torch.profiler import ProfilerActivity, profile
 from benchmarks.measure import synchronize
 from benchmarks.workloads import WORKLOADS, get_workload
 from fedge.engine.host import available_cores
-from fedge.runner import build_run
+from fedge.runner.loop import build_run
 
 
 def main(argv: list[str] | None = None) -> int:

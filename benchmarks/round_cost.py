@@ -27,7 +27,8 @@ from typing import Any
 import torch
 
 from benchmarks.measure import load_average, machine
-from fedge import cli, runner
+from fedge.cli import commands as cli
+from fedge.runner import loop as runner
 
 MARKS = (1, 100, 1_000, 10_000)
 

@@ -85,7 +85,7 @@ def child(args: argparse.Namespace) -> None:
     import fedge.algorithms  # noqa: F401  (the registry)
     from benchmarks.measure import peak_rss_bytes, reset_peak_rss
     from fedge.config import parse_config
-    from fedge.runner import build_run
+    from fedge.runner.loop import build_run
 
     built = build_run(parse_config(config(args)), force=True)
     group = built.context.group

@@ -34,11 +34,11 @@ import numpy as np
 import torch
 
 import fedge
-from fedge import results
 from fedge.config import AlgorithmConfig, parse_config
-from fedge.records import evaluated
-from fedge.runner import build_run
-from fedge.sweep import SweepSpec, run_sweep
+from fedge.experiments.sweep import SweepSpec, run_sweep
+from fedge.files import results
+from fedge.runner.loop import build_run
+from fedge.runner.records import evaluated
 
 BASE = Path(__file__).with_name("afind-fashion-mnist.yaml")
 PARTITIONS = {

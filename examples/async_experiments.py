@@ -36,7 +36,7 @@ from typing import Any
 import yaml
 
 import fedge
-from fedge.sweep import paired_text, paired_verdict
+from fedge.experiments.sweep import paired_text, paired_verdict
 
 CONFIG = Path(__file__).with_name("async-digits.yaml")
 TARGETS = (0.8, 0.85)

@@ -23,7 +23,7 @@ from typing import Any
 
 import fedge
 from fedge.config import load_raw
-from fedge.sweep import paired_text, paired_verdict
+from fedge.experiments.sweep import paired_text, paired_verdict
 
 BASE = Path(__file__).with_name("fsl-sage-fashion-mnist.yaml")
 MB_BITS = 8e6

@@ -34,15 +34,15 @@ import torch
 import yaml
 
 import fedge
-from fedge import results
 from fedge.algorithms.hierarchical.cells import Cells
 from fedge.algorithms.hierarchical.config import RadioConfig
 from fedge.algorithms.hierarchical.masks import partition_layout
 from fedge.algorithms.hierarchical.radio import CellRadio
+from fedge.experiments.sweep import finished_runs, paired_text, paired_verdict
+from fedge.files import results
 from fedge.models import build_model, count_parameters
-from fedge.records import evaluated
-from fedge.runner import open_run, start_run
-from fedge.sweep import finished_runs, paired_text, paired_verdict
+from fedge.runner.loop import open_run, start_run
+from fedge.runner.records import evaluated
 from fedge.system import aircomp_cost_per_value, greedy_sizes, oma_cost_per_value, size_cap, uniform_sizes
 from fedge.system.partition_opt import round_latency
 

@@ -54,12 +54,12 @@ import numpy as np  # noqa: E402
 import torch  # noqa: E402
 
 import fedge  # noqa: E402
-from fedge import results  # noqa: E402
-from fedge.compare import compare  # noqa: E402
 from fedge.config import SystemConfig, load_raw  # noqa: E402
+from fedge.experiments.compare import compare  # noqa: E402
+from fedge.experiments.sweep import SweepSpec, paired_text, run_sweep  # noqa: E402
+from fedge.files import results  # noqa: E402
 from fedge.models import build_model, output_shape, split  # noqa: E402
-from fedge.records import evaluated  # noqa: E402
-from fedge.sweep import SweepSpec, paired_text, run_sweep  # noqa: E402
+from fedge.runner.records import evaluated  # noqa: E402
 from fedge.system import SystemModel, cut_latency  # noqa: E402
 
 BASE = Path(__file__).with_name("light-fedsl-digits.yaml")

@@ -35,10 +35,10 @@ from typing import Any
 
 import yaml
 
-from fedge import results
-from fedge.records import evaluated
-from fedge.sweep import finished_runs as sweep_finished_runs
-from fedge.sweep import paired_verdict
+from fedge.experiments.sweep import finished_runs as sweep_finished_runs
+from fedge.experiments.sweep import paired_verdict
+from fedge.files import results
+from fedge.runner.records import evaluated
 
 
 def _group(label: str, name: str) -> tuple[str, str]:

@@ -28,11 +28,11 @@ import statistics
 from pathlib import Path
 from typing import Any
 
-from fedge import results
 from fedge.config import load_raw
-from fedge.plots import AXES, plot_runs
-from fedge.records import evaluated
-from fedge.sweep import load_sweep, paired_verdict, run_sweep
+from fedge.experiments.sweep import load_sweep, paired_verdict, run_sweep
+from fedge.files import results
+from fedge.runner.plots import AXES, plot_runs
+from fedge.runner.records import evaluated
 
 BASE = Path(__file__).with_name("split-mnist.yaml")
 SWEEP = Path(__file__).parent / "sweeps" / "split-mnist.yaml"

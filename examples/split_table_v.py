@@ -1,4 +1,4 @@
-"""Print CSE-FSL Table V's communication loads and server storage as ``fedge.costs`` computes them.
+"""Print CSE-FSL Table V's communication loads and server storage as ``fedge.theory.costs`` computes them.
 
 Each row shows the computed load (GiB, labels not counted) and storage (M parameters) next to the value
 printed in the paper, and Table II's literal "server storage" (which leaves out the client copies the
@@ -7,7 +7,7 @@ server holds for averaging). Usage: ``python examples/split_table_v.py``
 
 from __future__ import annotations
 
-from fedge.costs import PRINTED_TABLE_V, table_v
+from fedge.theory.costs import PRINTED_TABLE_V, table_v
 
 
 def main() -> None:

@@ -1,7 +1,7 @@
 """Sequential and batched executors train the same model on every example config.
 
 For each ``examples/*.yaml`` the script builds the run twice (``engine.executor=sequential`` and
-``=batched``), runs the first rounds of both through :meth:`fedge.runner.Built.round` and reports the
+``=batched``), runs the first rounds of both through :meth:`fedge.runner.loop.Built.round` and reports the
 largest difference between every floating tensor of the two algorithms' state and between their
 evaluations. Dropout models are included: random layers draw keyed noise, so both executors use the same
 masks. Datasets that are not on this machine (CIFAR-10, F-EMNIST) are replaced by synthetic data of the
@@ -67,7 +67,7 @@ def floating_leaves(value: Any, path: str = "") -> dict[str, torch.Tensor]:
 def run(raw: dict[str, Any], keys: list[str], executor: str) -> tuple[dict[str, torch.Tensor], list[dict]]:
     """The final state and the evaluation rows of the example on ``executor``."""
     from fedge.api import resolve_config
-    from fedge.runner import build_run
+    from fedge.runner.loop import build_run
 
     config = resolve_config(raw, [*keys, f"engine.executor={executor}"])
     built = build_run(config)

@@ -8,8 +8,8 @@ from pathlib import Path
 import pytest
 
 import fedge
-from fedge import results
-from fedge.checkpoint import load
+from fedge.files import results
+from fedge.runner.checkpoint import load
 
 WALL = ("wall_seconds",)
 IDENTICAL = {"distance_min_m": 200.0, "distance_max_m": 200.0}  # with iid equal data: every job alike

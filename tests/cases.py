@@ -19,7 +19,7 @@ from pydantic import BaseModel
 from typer.testing import CliRunner
 
 from fedge.algorithms import ALGORITHMS
-from fedge.cli import app
+from fedge.cli.commands import app
 from fedge.config import AlgorithmConfig, RunConfig, StrictModel
 
 ALGORITHM_NAMES = sorted(ALGORITHMS)

@@ -81,7 +81,7 @@ def cli_run(raw: dict, path: Path):
     """``fedge run`` through the command line on config ``raw``, written to ``path``: the CLI's result."""
     from typer.testing import CliRunner
 
-    from fedge.cli import app
+    from fedge.cli.commands import app
 
     path.write_text(json.dumps(raw))
     return CliRunner().invoke(app, ["run", str(path)])
@@ -90,7 +90,7 @@ def cli_run(raw: dict, path: Path):
 def trained(raw: dict, rounds: int):
     """The built run of ``raw`` after ``rounds`` rounds (no run directory) and its rounds' metrics."""
     import fedge
-    from fedge.runner import build_run
+    from fedge.runner.loop import build_run
 
     built = build_run(fedge.resolve_config(raw))
     return built, [built.algorithm.run_round(t) for t in range(1, rounds + 1)]

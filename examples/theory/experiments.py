@@ -36,7 +36,7 @@ from fedge.config import apply_override, load_raw, parse_config
 from fedge.empirical.from_run import CONSTANTS, sfl_inputs_from_run
 from fedge.empirical.harness import measured_run
 from fedge.empirical.metrics import global_grad_norms
-from fedge.runner import build_run
+from fedge.runner.loop import build_run
 from fedge.theory import oracle, sfl, validate
 from fedge.theory.bound import Bound
 from fedge.theory.inputs import SflInputs, parse_inputs

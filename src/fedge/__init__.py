@@ -10,7 +10,7 @@ from fedge.errors import ConfigError, DataError, FedgeError
 __version__ = "0.1.0"
 # Imported on first use, so that `import fedge` (and the CLI's --help, list, --version) need no torch.
 _LAZY = {
-    "Result": "fedge.runner",
+    "Result": "fedge.runner.loop",
     "RunConfig": "fedge.api",
     "load_config": "fedge.api",
     "register_algorithm": "fedge.extend",

@@ -1,5 +1,5 @@
 """``python -m fedge``: the command line."""
 
-from fedge.cli import app
+from fedge.cli.commands import app
 
 app(prog_name="fedge")

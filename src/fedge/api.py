@@ -19,8 +19,13 @@ from fedge.config import RunConfig
 from fedge.data.user import UserData
 from fedge.engine import Criterion
 from fedge.extend import load_config, parse_config
-from fedge.locate import raw_config
-from fedge.runner import Extensions, Result, open_run, start_run  # the runner fills the algorithm registry
+from fedge.intake.locate import raw_config
+from fedge.runner.loop import (  # the runner fills the algorithm registry
+    Extensions,
+    Result,
+    open_run,
+    start_run,
+)
 
 __all__ = ["Result", "RunConfig", "load_config", "resolve_config", "resume", "run"]
 
@@ -83,6 +88,6 @@ def resume(
     """Continue an interrupted run from its last (verified) checkpoint to the identical result (a run
     of a caller's model or data needs the same objects again). ``rounds`` gives the run another length:
     a finished run goes on to more rounds, with the numbers a run of that length gives, unless its
-    algorithm has a schedule over the run (:mod:`fedge.run_length`)."""
+    algorithm has a schedule over the run (:mod:`fedge.runner.run_length`)."""
     ext = Extensions(model, train, test, loss)
     return open_run(Path(run_dir), on_round=on_round, force=force, extensions=ext, rounds=rounds).run()

@@ -518,7 +518,7 @@ class OutputConfig(StrictModel):
 
 
 class StopConfig(StrictModel):
-    """When a run ends before ``rounds`` (``fedge.stop``), and which accuracy levels its summary times.
+    """When a run ends before ``rounds`` (``fedge.runner.stop``), and which accuracy levels its summary times.
 
     ``target_accuracy`` is checked on evaluated rounds; ``max_mb`` (cumulative MB of all links, or a map
     from ``total``, ``up``, ``down``, ``peer`` or a ledger kind to its budget) and ``max_sim_seconds``
@@ -732,7 +732,7 @@ def parse_config(raw: dict[str, Any], names: dict[str, Any] | None = None) -> Ru
     With ``names`` (``{"algorithms": ..., "datasets": ..., "blocks": ...}``), a check that needs no
     algorithm class: the algorithm is known by those names, its block is checked against ``blocks`` (a
     stand-in block class by algorithm name; one without is left for the full parse), and the datasets
-    are admitted besides the registered ones (:mod:`fedge.precheck`).
+    are admitted besides the registered ones (:mod:`fedge.intake.precheck`).
     """
     if not isinstance(raw, dict):
         raise ConfigError("config", "must be a mapping of keys")

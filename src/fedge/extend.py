@@ -11,7 +11,7 @@ config (a subclass of :class:`~fedge.config.AlgorithmConfig`). ``register_stage(
 :class:`~fedge.aggregation.Reducer` (:mod:`fedge.aggregation.pipeline`). A name that a built-in already
 has, or that another object already took, is refused with a one-line error. Installed packages register
 through
-the entry-point groups of :mod:`fedge.plugins`; :func:`load_entry_points` loads them once.
+the entry-point groups of :mod:`fedge.intake.plugins`; :func:`load_entry_points` loads them once.
 
 :func:`parse_config` and :func:`load_config` are the config readers of every layer above this one (the
 API, the runner's resume, sweeps and their worker processes, comparisons, the command line): they load
@@ -27,7 +27,7 @@ from typing import Any
 
 from torch import nn
 
-from fedge import config, plugins
+from fedge import config
 from fedge.aggregation import SITES, STAGES, Stage, build_pipeline
 from fedge.aggregation import registry as aggregation_registry
 from fedge.algorithms import ALGORITHMS, Algorithm, register
@@ -36,6 +36,7 @@ from fedge.data.dataset import Dataset
 from fedge.data.sources import SOURCES
 from fedge.data.user import user_dataset
 from fedge.errors import ConfigError
+from fedge.intake import plugins
 from fedge.models import MODELS
 from fedge.models.registry import validate_options
 

@@ -62,7 +62,7 @@ class Algorithm(ABC, Generic[ConfigT]):
     def reads_run_length(self) -> str | None:
         """Why rounds 1..t of this run depend on its total ``config.rounds`` (a schedule over the run),
         or ``None`` when they do not, so the run may be continued past its length with the numbers a
-        longer run gives (:mod:`fedge.run_length`). An algorithm says ``None`` only when it knows: the
+        longer run gives (:mod:`fedge.runner.run_length`). An algorithm says ``None`` only when it knows: the
         built-in families do where it is true; an extension's algorithm overrides this to opt in."""
         return f"{self.name} does not say that its rounds ignore the run's length (reads_run_length)"
 

@@ -179,7 +179,7 @@ class Ledger:
 
     def state_dict(self, entries: bool = True) -> dict:
         """Everything needed to restore the ledger exactly; without ``entries``, all but the transfers
-        (a checkpoint keeps those in its append-only history, :class:`fedge.checkpoint.Journal`)."""
+        (a checkpoint keeps those in its append-only history, :class:`fedge.runner.checkpoint.Journal`)."""
         return {
             "nodes": list(self._nodes),
             "kinds": list(self._kinds),

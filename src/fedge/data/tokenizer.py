@@ -4,7 +4,7 @@ The byte-level tokenizer maps a text to its UTF-8 bytes: a vocabulary of 256 tok
 download, every text representable (a character-level model for ASCII text). A Hugging Face tokenizer
 (``data.tokenizer``: a hub name or a local folder) gives a pretrained model the ids it was trained on; it
 is read from the local cache, and downloaded only with ``data.download: true``; a tokenizer that would run
-code of its own (an ``auto_map``) is refused (:mod:`fedge.remote_code`).
+code of its own (an ``auto_map``) is refused (:mod:`fedge.files.remote_code`).
 """
 
 from __future__ import annotations
@@ -14,7 +14,7 @@ from typing import Any, Protocol
 import numpy as np
 
 from fedge.errors import ConfigError
-from fedge.remote_code import refuse_local
+from fedge.files.remote_code import refuse_local
 
 BYTES = "bytes"
 FRAMING_PROBE = "a sample"  # a text whose framing shows a tokenizer's special tokens

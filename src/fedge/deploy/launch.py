@@ -21,9 +21,9 @@ from typing import Any
 
 import tomli_w
 
-from fedge import results
 from fedge.config import RunConfig
 from fedge.errors import FedgeError
+from fedge.files import results
 
 RoundCallback = Callable[[int, dict[str, Any]], None]
 ROUND_POLL_SECONDS = 0.5  # how often a run's new metrics rows are looked for

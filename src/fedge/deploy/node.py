@@ -1,7 +1,7 @@
 """The client side of a deployed run: what a SuperNode computes for each message, with fedge's own step
 functions, on its own client's batches and state.
 
-A node builds the run from the same config (:func:`fedge.runner.build_run`: its partition follows from
+A node builds the run from the same config (:func:`fedge.runner.loop.build_run`: its partition follows from
 the run seed, exactly as in a simulation) and trains only the client named by its ``partition-id``. Its
 state between the messages of a split round (parameters, buffers, optimizer state) is returned to the
 caller, which keeps it in the node's Flower context. Floating tensors travel in the codec's wire dtype.
@@ -29,7 +29,7 @@ from fedge.deploy.wire import wire_dtype
 from fedge.engine import ClientBank, stack_copies
 from fedge.engine.noise import RowKeys
 from fedge.errors import ConfigError, FedgeError
-from fedge.runner import Built, build_run
+from fedge.runner.loop import Built, build_run
 from fedge.tensors import Tensors, floating, rows
 
 State = tuple[Tensors, Tensors, Tensors]  # one row of params, buffers, optimizer state

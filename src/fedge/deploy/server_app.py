@@ -17,14 +17,15 @@ import yaml
 from flwr.app import Context
 from flwr.serverapp import Grid, ServerApp
 
-from fedge import inputs, results
 from fedge.comm import nodes
 from fedge.config import RunConfig
 from fedge.deploy.rounds import DeployedRounds, deployed_class
 from fedge.deploy.transport import GridTransport
-from fedge.environment import write_environment
 from fedge.extend import parse_config
-from fedge.runner import Built, Result, Runner, build_run, default_run_name
+from fedge.files import results
+from fedge.runner import inputs
+from fedge.runner.environment import write_environment
+from fedge.runner.loop import Built, Result, Runner, build_run, default_run_name
 
 log = logging.getLogger("fedge.deploy")
 NODES, CARRIED, DEPLOY = "nodes.jsonl", "carried.csv", "deploy.json"

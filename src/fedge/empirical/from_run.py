@@ -29,7 +29,7 @@ from fedge.empirical.estimate import estimate_constants
 from fedge.empirical.metrics import is_split, split_state
 from fedge.empirical.objective import FederatedObjective, Tensors, model_objective, split_objectives
 from fedge.errors import ConfigError
-from fedge.runner import Built, build_run
+from fedge.runner.loop import Built, build_run
 
 CONSTANTS = ("L", "sigma_L2", "sigma_G2", "delta_F", "delta_F_server")
 

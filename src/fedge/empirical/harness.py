@@ -41,7 +41,7 @@ from fedge.empirical.metrics import global_grad_norms
 from fedge.engine import make_executor
 from fedge.errors import ConfigError
 from fedge.models import SplitModel
-from fedge.runner import Built
+from fedge.runner.loop import Built
 from fedge.system import SystemModel
 from fedge.theory.oracle import P1Side
 

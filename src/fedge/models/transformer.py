@@ -37,10 +37,10 @@ from pydantic import Field, PositiveInt
 from torch import nn
 
 from fedge.errors import ConfigError
+from fedge.files.remote_code import refuse_loaded, refuse_local
 from fedge.models.base import SplitModel
 from fedge.models.layers import Probability
 from fedge.models.lora import FoldsClients, add_adapters, freeze
-from fedge.remote_code import refuse_loaded, refuse_local
 
 LLAMA_FAMILY = ("llama", "qwen2", "mistral")
 ARCHITECTURES = ("gpt2", *LLAMA_FAMILY)
@@ -359,7 +359,7 @@ def pretrained_config(
 ) -> Any:
     """A checkpoint's transformers config (the hub only with ``download``), refused in one line when it
     cannot be read, names an architecture outside ``supported``, or (unless ``trust``) asks to run code of
-    its own (an ``auto_map``: :mod:`fedge.remote_code`)."""
+    its own (an ``auto_map``: :mod:`fedge.files.remote_code`)."""
     transformers = _import_transformers()
     refuse_local(pretrained, "model.options.pretrained", trust, TRUST_HINT)
     try:

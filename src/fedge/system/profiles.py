@@ -20,7 +20,7 @@ import numpy as np
 
 from fedge.config import DEVICE_FIGURES, DevicesConfig, SystemConfig, figure_out_of_bounds
 from fedge.errors import ConfigError
-from fedge.regular import NotReadable, read_regular
+from fedge.files.regular import NotReadable, read_regular
 from fedge.rng import numpy_rng
 from fedge.system.channel import draw_distances
 

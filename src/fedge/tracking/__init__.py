@@ -14,9 +14,9 @@ import math
 from pathlib import Path
 from typing import Any, Protocol
 
-from fedge import results
 from fedge.config import RunConfig, TrackerConfig
 from fedge.errors import ConfigError
+from fedge.files import results
 
 IDS = "tracking.json"  # tracker run ids, so a resumed run reports to the same tracker run
 

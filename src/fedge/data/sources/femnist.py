@@ -15,7 +15,7 @@ import torch
 from fedge.config import DataConfig
 from fedge.data.dataset import Dataset
 from fedge.errors import DataError
-from fedge.regular import NotReadable, read_regular
+from fedge.files.regular import NotReadable, read_regular
 
 NUM_CLASSES = 62
 PIXELS = 28 * 28

@@ -10,8 +10,8 @@ import urllib.request
 from collections.abc import Sequence
 from pathlib import Path
 
-from fedge import umask
 from fedge.errors import DataError
+from fedge.files import umask
 
 
 def cache_folder(name: str) -> Path:

@@ -30,9 +30,9 @@ import re
 import zipfile
 from pathlib import Path
 
-from fedge import umask
 from fedge.data.sources.fetch import download
 from fedge.errors import DataError
+from fedge.files import umask
 
 RAW_NAME = "100.txt"
 URLS = (

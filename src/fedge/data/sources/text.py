@@ -53,7 +53,7 @@ from fedge.data.sources import gutenberg
 from fedge.data.sources.fetch import cache_folder, not_found
 from fedge.data.tokenizer import Tokenizer, make_tokenizer
 from fedge.errors import ConfigError, DataError
-from fedge.regular import NotReadable, read_regular
+from fedge.files.regular import NotReadable, read_regular
 
 # Pure-Python standard-library modules (a file or a package's __init__) of every supported Python version
 STDLIB_MODULES = (

@@ -1,0 +1,1 @@
+"""The ``fedge`` command line: its commands and what only they need."""

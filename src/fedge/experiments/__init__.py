@@ -1,0 +1,1 @@
+"""Many runs at once: sweeps over a grid and seeds, comparisons of algorithms."""

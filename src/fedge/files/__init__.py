@@ -1,0 +1,1 @@
+"""Files fedge reads and writes: atomic results, staged writes, regular-file reads."""

@@ -1,0 +1,1 @@
+"""A config on its way in, before torch loads: where it comes from, the catalog, the checks."""

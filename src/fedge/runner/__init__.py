@@ -1,0 +1,1 @@
+"""One run, written once for every algorithm: the round loop, checkpoints, resume, stop rules."""
