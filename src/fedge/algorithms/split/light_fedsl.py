@@ -77,12 +77,11 @@ __all__ = ["Compression", "FedSLConfig", "FedSLRounds", "LightFedSL", "LightFedS
 LABEL_CODEC = "fp32"  # labels travel at 32 bits each (the paper gives no label size)
 
 
-class FedSLRounds(Algorithm):
+class FedSLRounds(Algorithm[FedSLConfig]):
     """The round lightweight FedSL and its traditional baseline share: per-client trunks, masks and
     BatchNorm statistics as stacked state, one server model; a subclass says which compression the
     round runs (:meth:`compression`)."""
 
-    cfg: FedSLConfig
     state_fields = ("clients", "server", "totals")
     takes_loss = False
     batched_from = SPLIT_BATCHED_FROM
@@ -136,7 +135,7 @@ class FedSLRounds(Algorithm):
         interval."""
 
     def reads_run_length(self) -> str | None:
-        if self.knobs.final_sparsity == 0 or self.cfg.schedule_rounds:  # traditional FedSL: no pruning
+        if self.knobs.final_sparsity == 0:  # traditional FedSL: no pruning
             return None
         return (
             f"{self.name}'s pruning reaches final_sparsity at the run's last round (Eq. 10's T); set "
@@ -226,7 +225,9 @@ class FedSLRounds(Algorithm):
         batch = CutBatch(None, smashed.payload["z"], y, own, server_keys, cohort=n)
         served = self.server.serve(batch, self.cfg.optimizer.lr, True, list(range(len(own))))
         self.server.step_mean(batch, runtime.aggregation(t, cohort))
-        returned = {"g": served.grad_z * keep.to(served.grad_z)}
+        grad_z = served.grad_z
+        assert grad_z is not None, "the server returns the cut-layer gradient when asked for it"
+        returned = {"g": grad_z * keep.to(grad_z)}
         grad = runtime.answer(cohort, self.down, t, self.nodes, "grad_down", returned, keep=keep)
         loss = runtime.gather(cohort, {"loss": served.loss})["loss"]
         return ServedCut(grad.payload["g"], loss, smashed.bits + labels.bits, grad.bits)
@@ -320,6 +321,9 @@ class LightFedSL(FedSLRounds):
     """Lightweight FedSL: the round with the compression its config sets."""
 
     cfg: LightFedSLConfig
+
+    def reads_run_length(self) -> str | None:
+        return None if self.cfg.schedule_rounds else super().reads_run_length()
 
     def compression(self) -> Compression:
         cfg = self.cfg
