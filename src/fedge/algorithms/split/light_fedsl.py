@@ -1,6 +1,7 @@
 """Lightweight FedSL (Zhang, Ni, Wang; Algorithm 1, Eqs. 2-14): federated split learning with client-side
 pruning, quantized client gradients and activation dropout at the cut. The choices the paper leaves open
-are in docs/decisions.md ("Lightweight FedSL").
+are in docs/decisions.md ("Lightweight FedSL"). Its one named baseline, traditional FedSL (``fedsl``,
+:class:`FedSL`), is the same round with every compression off.
 
 A round is one mini-batch step of every client (Algorithm 1's t):
 
@@ -50,10 +51,14 @@ from fedge.algorithms.base import Algorithm, Context, register
 from fedge.algorithms.split.config import SPLIT_BATCHED_FROM
 from fedge.algorithms.split.copies import MeanGradientServer
 from fedge.algorithms.split.fedsl_averaging import Averaging
-from fedge.algorithms.split.fedsl_batches import StepBatches
 from fedge.algorithms.split.fedsl_client import ClientUpdate, cut_masks
-from fedge.algorithms.split.fedsl_config import Compression, FedSLConfig, LightFedSLConfig
-from fedge.algorithms.split.fedsl_steps import CutStep, ServedCut, Trained
+from fedge.algorithms.split.fedsl_config import (
+    Compression,
+    FedSLConfig,
+    LightFedSLConfig,
+    TraditionalFedSLConfig,
+)
+from fedge.algorithms.split.fedsl_steps import CutStep, ServedCut, StepBatches, Trained
 from fedge.algorithms.split.flops import count_flops
 from fedge.algorithms.split.padding import sent_entries, sent_targets
 from fedge.algorithms.split.parts import build_parts, composed, initial_state
@@ -332,3 +337,17 @@ class LightFedSL(FedSLRounds):
         return Compression(
             cfg.final_sparsity, total, bits, cfg.quant_granularity, cfg.cut_dropout, cfg.agg_interval
         )
+
+
+@register(
+    "fedsl",
+    TraditionalFedSLConfig,
+    "Traditional FedSL: lightweight FedSL's baseline (no pruning, quantization or dropout; I = 1)",
+)
+class FedSL(FedSLRounds):
+    """Traditional FedSL, lightweight FedSL's one named baseline (its Sec. IV): the same round with every
+    compression off, rho_f = 0 (no pruning), q = None (full-precision client gradients), p = 0 (no cut
+    dropout) and I = 1 (client aggregation every round)."""
+
+    def compression(self) -> Compression:
+        return Compression(0.0, self.ctx.config.rounds, None, "vector", 0.0, 1)
