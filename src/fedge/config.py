@@ -102,10 +102,10 @@ def _check_scalar(value: Any, admitted: set[Any]) -> None:
         raise ValueError("must not contain a NUL character")
 
 
-def spelled(default: T, *names: str) -> T:
+def aliased(default: T, *names: str) -> T:
     """A field's default, with the key written in several spellings: the first is the descriptive key configs
     are written with, the others (the paper's symbol among them) are accepted too. The attribute's own name
-    must be one of them: ``h: int = spelled(1, "upload_every", "h")``. A function, not ``Field(**settings)``,
+    must be one of them: ``h: int = aliased(1, "upload_every", "h")``. A function, not ``Field(**settings)``,
     so type checkers still see the field's type and default."""
     return Field(default, validation_alias=AliasChoices(*names), serialization_alias=names[0])
 

@@ -63,7 +63,7 @@ from fedge.algorithms.split.protocol import SplitLearning
 from fedge.algorithms.split.round import Round
 from fedge.algorithms.split.server import CutBatch, Served, SharedServer, SplitServer
 from fedge.comm import nodes, state_bits
-from fedge.config import OptimizerConfig, spelled
+from fedge.config import OptimizerConfig, aliased
 from fedge.engine import make_optimizer
 from fedge.errors import ConfigError
 from fedge.metrics import RoundReport
@@ -78,11 +78,11 @@ class FslSageConfig(SplitConfig):
 
     name: Literal["fsl_sage"] = "fsl_sage"
     """the algorithm (`fedge list`)"""
-    h: PositiveInt = spelled(5, "upload_every", "h")
+    h: PositiveInt = aliased(5, "upload_every", "h")
     """clients upload smashed data every this many local steps (the paper's Q)"""
     upload_phase: Literal["first", "last"] = "first"
     """which batch of each block of h uploads: the first (ceil(n/h) uploads, the code) or the last"""
-    align_every: PositiveInt = spelled(10, "align_every", "l")
+    align_every: PositiveInt = aliased(10, "align_every", "l")
     """rounds between alignments of the aux models (the paper's l)"""
     align_samples: PositiveInt = 1000
     """smashed samples the server keeps per client for alignment (the most recent)"""
