@@ -49,7 +49,7 @@ from fedge.system import forward_flops
 from fedge.tensors import Tensors, floating
 
 
-class PeerAlgorithm(LocalTraining, PeerExchange, FineTunedEvaluation, Algorithm):
+class PeerAlgorithm(LocalTraining, PeerExchange, FineTunedEvaluation, Algorithm[PeerConfig]):
     """Base of the decentralized family: the client bank, shared and private parameters, the peer view.
 
     Local training (:class:`~fedge.algorithms.decentralized.training.LocalTraining`), the peer exchange
@@ -59,7 +59,6 @@ class PeerAlgorithm(LocalTraining, PeerExchange, FineTunedEvaluation, Algorithm)
     the simulated clock.
     """
 
-    cfg: PeerConfig
     state_fields: tuple[str, ...] = ("round", "bank")
 
     def reads_run_length(self) -> str | None:
