@@ -15,7 +15,7 @@ import math
 import re
 import types
 from pathlib import Path
-from typing import Annotated, Any, ClassVar, Literal, Union, get_args, get_origin
+from typing import Annotated, Any, ClassVar, Literal, TypeVar, Union, get_args, get_origin
 
 import yaml
 from pydantic import (
@@ -34,6 +34,8 @@ from pydantic import (
 )
 
 from fedge.errors import ConfigError
+
+T = TypeVar("T")
 
 Fraction = Annotated[float, Field(gt=0.0, le=1.0)]
 # A link's codec by name (comm/registry.py builds it): dense ``fp32`` / ``fp16`` / ``bf16``, lossless
@@ -100,11 +102,12 @@ def _check_scalar(value: Any, admitted: set[Any]) -> None:
         raise ValueError("must not contain a NUL character")
 
 
-def keys(*names: str) -> dict[str, Any]:
-    """Field settings for a key with several spellings: the first is the descriptive key configs are
-    written with, the others (the paper's symbol among them) are accepted too. The attribute's own name
-    must be one of them: ``h: int = Field(1, **keys("upload_every", "h"))``."""
-    return {"validation_alias": AliasChoices(*names), "serialization_alias": names[0]}
+def aliased(default: T, *names: str) -> T:
+    """A field's default, with the key written in several spellings: the first is the descriptive key configs
+    are written with, the others (the paper's symbol among them) are accepted too. The attribute's own name
+    must be one of them: ``h: int = aliased(1, "upload_every", "h")``. A function, not ``Field(**settings)``,
+    so type checkers still see the field's type and default."""
+    return Field(default, validation_alias=AliasChoices(*names), serialization_alias=names[0])
 
 
 def config_keys(block: type[BaseModel]) -> list[str]:

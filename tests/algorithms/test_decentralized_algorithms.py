@@ -213,9 +213,10 @@ def test_dispfl_masks_keep_their_density_and_zero_the_rest(tmp_path):
         assert (algorithm.bank.params[name][~mask] == 0).all()
     assert not torch.equal(algorithm.masks["fc1.linear.weight"][0], algorithm.masks["fc1.linear.weight"][1])
     sparse, dense = algorithm.models, algorithm.requests  # requests travel dense at fp32 by default
+    shapes, kept = algorithm.model_shapes(), algorithm.model_nonzeros()
     assert (
-        sparse.store("client:0", "model", algorithm.model_message())[0]
-        < dense.store("client:0", "model", algorithm.dense_message())[0]
+        sparse.account(3, "client:1", "client:0", "peer_model", shapes, kept)[0]
+        < dense.account(3, "client:0", "client:1", "model_request", shapes)[0]
     )
 
 

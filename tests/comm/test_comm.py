@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import numpy as np
+import pytest
 import torch
 
 from fedge.comm import Ledger, direction, get_codec
@@ -117,6 +118,42 @@ def test_a_link_counts_kept_entries_broadcasts_and_fan_out():
         row_of=[0, 0, 1],
     )
     assert network.ledger.totals()[("peer_model", "peer")] == 3 * 10 * 32
+
+
+@pytest.mark.parametrize("codec", ["fp32", "fp16", "q4", "topk:0.5", "sparse", "bitmap"])
+def test_an_accounted_transfer_records_what_the_same_send_records(codec):
+    from fedge.comm import Network, nodes
+
+    payload = {"w": torch.randn(4, 6), "b": torch.randn(6), "scale": torch.tensor(2.0)}
+    payload["w"][0] = 0.0  # a row of exact zeros, which a sparse codec counts
+    shapes = {name: tuple(t.shape) for name, t in payload.items()}
+    kept = {name: int(torch.count_nonzero(t)) for name, t in payload.items()}
+    ledgers = []
+    for metered_only in (False, True):
+        network = Network(Ledger(), seed=7)
+        link = network.link(codec)
+        for t in (1, 2):
+            src, dst = nodes.clients([1, 2, 3]), nodes.clients([0, 0, 2])
+            if metered_only:
+                bits = link.account(t, src, dst, "proxy", shapes, kept)
+            else:
+                bits = link.send(t, src, dst, "proxy", payload).bits
+            assert bits.shape == (1,)
+            link.send(t, nodes.SERVER, nodes.clients([0]), "proxy", {"x": torch.randn(5)})  # draws after it
+        ledgers.append((network.ledger.to_csv(), link.row_seeds(2, "proxy", 1)))
+    assert ledgers[0] == ledgers[1]
+
+
+def test_an_accounted_transfer_counts_unnamed_tensors_as_non_zero():
+    from fedge.comm import Network
+
+    link = Network(Ledger()).link("sparse")
+    shapes = {"w": (3, 3), "b": (3,)}
+    assert link.account(1, "client:0", "client:1", "peer_model", shapes, {"w": 1}).tolist() == [
+        (32 + 4) + 3 * 32  # one coordinate of w, b dense
+    ]
+    assert link.account(1, "client:0", [], "peer_model", shapes).tolist() == [12 * 32]  # no transfer
+    assert link.ledger.entry_count() == 1
 
 
 def test_storage_is_metered_by_the_codec_and_plain_state_at_fp32():

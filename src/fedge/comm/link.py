@@ -3,8 +3,10 @@
 A :class:`Link` is a codec bound to the run's ledger. ``send`` encodes a payload the way the codec
 puts it on the air, counts the bits each sender spent (only the values it really sends: the real rows
 of a padded batch, the entries dropout kept), writes one ledger entry per transfer and returns what
-the receivers decode. Storage a node holds in the same encoding is metered by ``store``. The
-:class:`Network` hands out links and meters plain fp32 state; algorithms talk to nothing else.
+the receivers decode; ``account`` records what such a send would from the payload's shapes alone, for
+transfers whose values no receiver uses. Storage a node holds in the same encoding is metered by
+``store``. The :class:`Network` hands out links and meters plain fp32 state; algorithms talk to nothing
+else.
 
 A stochastic codec (the quantizer, random sparsification) draws each payload row's randomness from a
 seed the link derives from the run seed, the transfer kind, the round, the how-many-th send of that kind
@@ -13,7 +15,8 @@ in the round it is, and the row: the same sends in the same order draw the same 
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+import math
+from collections.abc import Mapping, Sequence
 from typing import NamedTuple
 
 import numpy as np
@@ -125,10 +128,39 @@ class Link:
             return Sent(received, self._record_whole(round_, src, dst, kind, payload))
         return Sent(received, self._record_rows(round_, src, dst, kind, payload, lengths, keep, row_of))
 
+    def account(
+        self,
+        round_: int,
+        src: Nodes,
+        dst: Nodes,
+        kind: str,
+        shapes: Mapping[str, Sequence[int]],
+        nonzeros: Mapping[str, int] | None = None,
+    ) -> np.ndarray:
+        """Record, as :meth:`send` of one unstacked payload would, a transfer whose values no receiver
+        uses: a payload of tensors shaped ``shapes`` (in payload order) to every ``(src, dst)`` pair. The
+        ledger rows, their bits and a stochastic codec's count of sends of ``kind`` are exactly those of
+        that send; nothing is encoded. A codec that counts non-zero values reads ``nonzeros[name]`` for
+        the tensors it names and takes every value of the others as non-zero. Returns the bits."""
+        if self.codec.stochastic:
+            self.row_seeds(round_, kind, 1)  # the send this stands for draws its noise here
+        values = np.asarray([[math.prod(shape) for shape in shapes.values()]], dtype=np.int64)
+        counted = None
+        if self.codec.counts_nonzeros:
+            given = nonzeros or {}
+            counted = np.asarray(
+                [[given.get(name, math.prod(shape)) for name, shape in shapes.items()]], dtype=np.int64
+            )
+        return self._record_bits(round_, src, dst, kind, self.codec.bits(values, counted))
+
     def _record_whole(self, round_: int, src: Nodes, dst: Nodes, kind: str, payload: Tensors) -> np.ndarray:
         """Record one unstacked payload sent to every ``(src, dst)`` pair; its bits."""
         nonzeros = nonzero_counts(payload, False) if self.codec.counts_nonzeros else None
         bits = self.codec.bits(value_counts(payload, False), nonzeros)
+        return self._record_bits(round_, src, dst, kind, bits)
+
+    def _record_bits(self, round_: int, src: Nodes, dst: Nodes, kind: str, bits: np.ndarray) -> np.ndarray:
+        """Record ``bits`` (one payload's) for every ``(src, dst)`` pair; returns them."""
         lists = [len(nodes) for nodes in (src, dst) if not isinstance(nodes, str)]
         count = lists[0] if lists else 1
         if count:

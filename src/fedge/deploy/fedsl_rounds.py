@@ -22,10 +22,9 @@ from __future__ import annotations
 
 import torch
 
-from fedge.algorithms.split.fedsl import FedSL
 from fedge.algorithms.split.fedsl_client import cut_masks
 from fedge.algorithms.split.fedsl_steps import ServedCut, Trained
-from fedge.algorithms.split.light_fedsl import LightFedSL
+from fedge.algorithms.split.light_fedsl import FedSL, LightFedSL
 from fedge.deploy.transport import Outgoing, Reply, Transport, dropout_figures
 from fedge.deploy.wire import F32, Spec, expect, labels, wire_dtype
 from fedge.engine.noise import RowKeys

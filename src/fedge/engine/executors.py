@@ -38,7 +38,7 @@ batch to exchange smashed data and gradients with a server, so it drives its own
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable
 from contextlib import AbstractContextManager, nullcontext
 from dataclasses import dataclass
 from functools import partial
@@ -151,7 +151,7 @@ class Executor(ABC):
         c's noise key for this call (from :meth:`phase_keys`); ``stage`` names the call in errors.
         """
 
-    def phase_keys(self, clients: Sequence[int]) -> RowKeys | None:
+    def phase_keys(self, clients: Iterable[int]) -> RowKeys | None:
         """Noise keys of the rows ``clients`` for the next training phase (None without random layers)."""
         return None if self.noise is None else self.noise.next_phase(clients)
 

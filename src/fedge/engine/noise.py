@@ -15,7 +15,7 @@ other random functions are left to torch's global generator, which the runner se
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from contextlib import AbstractContextManager, nullcontext
 from dataclasses import dataclass
 
@@ -130,7 +130,7 @@ class NoiseStreams:
         """Start the stream of ``purpose`` (``train``, ``evaluate``) in round ``round_``."""
         self.purpose, self.round, self.phase = purpose, round_, 0
 
-    def next_phase(self, clients: Sequence[int]) -> RowKeys:
+    def next_phase(self, clients: Iterable[int]) -> RowKeys:
         """Keys for the rows ``clients`` of the next training phase of the open stream."""
         self.phase += 1
         seen: dict[int, int] = {}

@@ -12,7 +12,7 @@ clients for the per-client evaluation every personalised algorithm shares.
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -55,6 +55,24 @@ class PeerRound:
         if len(i):
             src, dst = (j, i) if to_requester else (i, j)
             link.send(self.round, nodes.clients(src), nodes.clients(dst), kind, message)
+        return len(i)
+
+    def account(
+        self,
+        link: Link,
+        pairs: np.ndarray | torch.Tensor,
+        kind: str,
+        shapes: Mapping[str, Sequence[int]],
+        to_requester: bool,
+        nonzeros: Mapping[str, int] | None = None,
+    ) -> int:
+        """Record, as :meth:`send` of a message shaped ``shapes`` would, its transfer for every
+        ``pairs[i, j]`` (:meth:`Link.account`: metered, not encoded; ``nonzeros`` for codecs that count
+        non-zero values). Returns the number of transfers."""
+        i, j = np.nonzero(np.asarray(torch.as_tensor(pairs).cpu()))
+        if len(i):
+            src, dst = (j, i) if to_requester else (i, j)
+            link.account(self.round, nodes.clients(src), nodes.clients(dst), kind, shapes, nonzeros)
         return len(i)
 
     def received(self, link: Link, kind: str, stacked: Tensors) -> Tensors:

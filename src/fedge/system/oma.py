@@ -11,11 +11,12 @@ only SNRs).
 from __future__ import annotations
 
 import numpy as np
+import numpy.typing as npt
 
 from fedge.system.rates import shannon_rate
 
 
-def db_to_linear(db: np.ndarray | float) -> np.ndarray:
+def db_to_linear(db: npt.ArrayLike) -> np.ndarray:
     """A power ratio from decibels."""
     return 10.0 ** (np.asarray(db, dtype=np.float64) / 10.0)
 
@@ -72,7 +73,7 @@ def oma_cost_per_value(
     model_values: int,
     cpu_hz: np.ndarray,
     rates_bps: np.ndarray,
-    bits_per_value: int = 32,
+    bits_per_value: float = 32,
 ) -> float:
     """Latency per model value a cell holds in one global round (the ``c_j`` of Eq. 19).
 

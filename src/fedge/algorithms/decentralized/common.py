@@ -14,12 +14,13 @@ Local optimizer state is fresh every round (as in FedAvg); every transfer goes t
 (direction "peer"; kinds ``peer_model``, ``model_request``, ``proxy``, ``loss``), each with its codec
 (``codec_model``, ``codec_request``, ``codec_proxy`` for proxies and losses). Every client's message
 of one kind has the same size (a model's shared part, a proxy vector, a loss), so an exchange is
-counted from one client's encoded message on every pair that carries it. With a lossy ``codec_model``
-a client mixes its own row exactly and every peer's row as it decodes it (each sender's row encoded with
-its own link-derived randomness); requests, proxies and losses are counted at their codec's size while
-the selection scores with exact values (their decoding is not modelled). Each round advances the
-simulated clock by its compute and the peer traffic it sent (:func:`fedge.system.peer_round`); selection
-components see the host through a :class:`~fedge.algorithms.decentralized.view.PeerView`.
+metered from the message's shapes on every pair that carries it (:meth:`~fedge.comm.Link.account`).
+With a lossy ``codec_model`` a client mixes its own row exactly and every peer's row as it decodes it
+(each sender's row encoded with its own link-derived randomness); requests, proxies and losses are
+counted at their codec's size while the selection scores with exact values (their decoding is not
+modelled). Each round advances the simulated clock by its compute and the peer traffic it sent
+(:func:`fedge.system.peer_round`); selection components see the host through a
+:class:`~fedge.algorithms.decentralized.view.PeerView`.
 """
 
 from __future__ import annotations
@@ -45,10 +46,10 @@ from fedge.metrics import RoundReport
 from fedge.models import split
 from fedge.runtime.peers import PeerRuntime
 from fedge.system import forward_flops
-from fedge.tensors import Tensors, floating, rows
+from fedge.tensors import Tensors, floating
 
 
-class PeerAlgorithm(LocalTraining, PeerExchange, FineTunedEvaluation, Algorithm):
+class PeerAlgorithm(LocalTraining, PeerExchange, FineTunedEvaluation, Algorithm[PeerConfig]):
     """Base of the decentralized family: the client bank, shared and private parameters, the peer view.
 
     Local training (:class:`~fedge.algorithms.decentralized.training.LocalTraining`), the peer exchange
@@ -58,7 +59,6 @@ class PeerAlgorithm(LocalTraining, PeerExchange, FineTunedEvaluation, Algorithm)
     the simulated clock.
     """
 
-    cfg: PeerConfig
     state_fields: tuple[str, ...] = ("round", "bank")
 
     def reads_run_length(self) -> str | None:
@@ -139,14 +139,6 @@ class PeerAlgorithm(LocalTraining, PeerExchange, FineTunedEvaluation, Algorithm)
     def shared(self, tensors: Tensors) -> Tensors:
         """The floating tensors that travel (not private, not integer counters)."""
         return {k: v for k, v in floating(tensors).items() if k not in self.private}
-
-    def dense_message(self) -> Tensors:
-        """One client's shared model as it is requested or sent dense (client 0's; all are alike)."""
-        return self.shared(rows({**self.bank.params, **self.bank.buffers}, 0))
-
-    def model_message(self) -> Tensors:
-        """One client's trained model as :attr:`models` sends it (dense here; sparse hosts override)."""
-        return self.dense_message()
 
     def rows(self, index: torch.Tensor | Sequence[int]) -> tuple[Tensors, Tensors]:
         """Copies of the params and buffers of the clients ``index``."""

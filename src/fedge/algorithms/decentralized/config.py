@@ -10,7 +10,7 @@ from typing import Annotated, Literal
 from pydantic import Field, NonNegativeInt, PositiveInt, ValidationInfo, field_validator
 
 from fedge.algorithms.decentralized.topology import TopologyConfig
-from fedge.config import AlgorithmConfig, CodecName, SGDConfig, StrictModel, keys
+from fedge.config import AlgorithmConfig, CodecName, SGDConfig, StrictModel, aliased
 
 
 def paper_optimizer() -> SGDConfig:
@@ -88,13 +88,13 @@ class SelectorConfig(StrictModel):
     """scale of the adaptive threshold (Eqs. 10-13)"""
     upsilon: Positive = 0.1
     """temperature of the similarity scores (Eqs. 8-9)"""
-    gamma: Annotated[float, Field(ge=0.0, le=1.0)] = Field(0.9, **keys("loss_smoothing", "gamma"))
+    gamma: Annotated[float, Field(ge=0.0, le=1.0)] = aliased(0.9, "loss_smoothing", "gamma")
     """smoothing of the reported losses (Eq. 15)"""
-    t_agg: Positive = Field(1.0, **keys("aggregation_temperature", "t_agg"))
+    t_agg: Positive = aliased(1.0, "aggregation_temperature", "t_agg")
     """temperature of the Boltzmann mixing weights (Eq. 16)"""
-    k0: PositiveInt = Field(10, **keys("first_coreset_size", "k0"))
+    k0: PositiveInt = aliased(10, "first_coreset_size", "k0")
     """coreset size of the cold start, while scores are uniform"""
-    k_min: PositiveInt = Field(1, **keys("min_coreset_size", "k_min"))
+    k_min: PositiveInt = aliased(1, "min_coreset_size", "k_min")
     """fallback coreset size when nobody passes the threshold"""
     include_self: bool = True
     """the client's own model enters its average"""

@@ -88,7 +88,7 @@ class DisPFL(PeerAlgorithm):
 
     def _initial_mask(self, name: str, shape: tuple[int, ...]) -> torch.Tensor:
         size = math.prod(shape)
-        active = round(self.densities[name] * size)
+        active = self._active(name, size)
         rows = []
         for c in range(self.num_clients):
             order = torch.randperm(size, generator=torch_rng(self.ctx.seed, "dispfl-mask", name, c))
@@ -100,12 +100,15 @@ class DisPFL(PeerAlgorithm):
     def _apply(self, params: Tensors) -> Tensors:
         return {k: v * self.masks[k] if k in self.masks else v for k, v in params.items()}
 
-    def model_message(self) -> Tensors:
-        """One client's sparse model: masked tensors as a bitmap plus their kept values, the others dense.
-        Every masked tensor holds exactly its mask's entries (the ERK density gives all clients the same
-        count per layer), so client 0's mask costs what any client's model costs."""
-        message = self.dense_message()
-        return {k: self.masks[k][0].to(v.dtype) if k in self.masks else v for k, v in message.items()}
+    def model_nonzeros(self) -> dict[str, int]:
+        """A sparse model's kept values: a masked tensor travels as a bitmap plus its mask's entries, the
+        others dense. The ERK density gives every client the same count per layer, which pruning and
+        regrowing keep."""
+        return {k: self._active(k, math.prod(mask.shape[1:])) for k, mask in self.masks.items()}
+
+    def _active(self, name: str, size: int) -> int:
+        """How many of the ``size`` weights of tensor ``name`` every client's mask keeps (ERK)."""
+        return round(self.densities[name] * size)
 
     def _extra(self) -> Tensors:
         return {MASK + k: m.float() for k, m in self.masks.items()}

@@ -19,7 +19,7 @@ from fedge.algorithms.base import Context, register
 from fedge.algorithms.decentralized.common import PeerAlgorithm
 from fedge.algorithms.decentralized.config import PeerConfig
 from fedge.algorithms.decentralized.hosted import HostedConfig, PeerChoice
-from fedge.config import keys
+from fedge.config import aliased
 from fedge.engine import ClientBank, make_step, weighted_mean
 from fedge.metrics import Evaluation, RoundReport
 from fedge.tensors import Tensors, rows
@@ -32,7 +32,7 @@ class DittoConfig(PeerConfig, HostedConfig):
 
     name: Literal["ditto"] = "ditto"
     """the algorithm (`fedge list`)"""
-    lam: Annotated[float, Field(ge=0.0)] = Field(0.75, **keys("proximal_weight", "lam", "lambda"))
+    lam: Annotated[float, Field(ge=0.0)] = aliased(0.75, "proximal_weight", "lam", "lambda")
     """weight of the personal model's pull towards the collaborative one"""
     personal_epochs: PositiveInt = 1
     """epochs of personal-model training per round"""

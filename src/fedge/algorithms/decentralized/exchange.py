@@ -1,12 +1,17 @@
 """The peer exchange of a decentralized host: choosing peers, sending messages, mixing received models.
 
 Every transfer goes through a peer link (direction "peer"); the clock charges each sender the bits the
-link records (the round's traffic, read by :func:`fedge.system.peer_round`). Mixing is one matrix
-product over the stacked rows (:mod:`fedge.engine.mixing`); with a lossy model codec a client mixes its
-own row exactly and every peer's row as that peer's message decodes.
+link records (the round's traffic, read by :func:`fedge.system.peer_round`). Transfers are metered from
+their messages' shapes (:meth:`~fedge.comm.Link.account`): every client's message of a kind has the same
+size, and no receiver reads a message's values off the send (mixing decodes the stacked rows through
+the model link itself). Mixing is one matrix product over the stacked rows (:mod:`fedge.engine.mixing`);
+with a lossy model codec a client mixes its own row exactly and every peer's row as that peer's message
+decodes.
 """
 
 from __future__ import annotations
+
+from collections.abc import Callable, Mapping, Sequence
 
 import numpy as np
 import torch
@@ -17,6 +22,7 @@ from fedge.algorithms.decentralized.config import PeerConfig
 from fedge.algorithms.decentralized.probes import ProbeBatches, probe_batches
 from fedge.comm import Link
 from fedge.data.federated import FederatedData
+from fedge.engine import ClientBank
 from fedge.rng import numpy_rng
 from fedge.runtime.peers import PeerRound
 from fedge.tensors import Tensors
@@ -37,19 +43,21 @@ def sample_peers(seed: int, purpose: str, round_: int, allowed: np.ndarray, k: i
 
 class PeerExchange:
     """The exchange half of :class:`~fedge.algorithms.decentralized.common.PeerAlgorithm` (a mixin: it
-    reads the host's topology, links and round work, and calls its ``shared``, ``dense_message`` and
-    ``model_message``)."""
+    reads the host's topology, client bank, links and round work, and calls its ``shared``)."""
 
     cfg: PeerConfig
     ctx: Context
     num_clients: int
     adjacency: np.ndarray
     train_data: FederatedData
+    bank: ClientBank
     requests: Link
     messages: Link
     models: Link
     round: int
     this_round: PeerRound
+    shared: Callable[[Tensors], Tensors]
+    """the tensors of a state that travel (the host's :meth:`PeerAlgorithm.shared`)"""
 
     def probes(self, t: int) -> ProbeBatches:
         """The round's probe batch of every client (``probe_size`` samples, default ``batch_size``)."""
@@ -102,19 +110,32 @@ class PeerExchange:
         self,
         pairs: np.ndarray | torch.Tensor,
         kind: str,
-        message: Tensors,
+        shapes: Mapping[str, Sequence[int]],
         link: Link | None = None,
         to_requester: bool = True,
+        nonzeros: Mapping[str, int] | None = None,
     ) -> int:
-        """Send ``message`` over ``link`` (default: the proxy and loss link) for every ``pairs[i, j]``:
-        j → i when ``to_requester``, else i → j; the clock charges each sender the bits the link records.
-        Returns the number of transfers."""
-        return self.this_round.send(link or self.messages, pairs, kind, message, to_requester)
+        """Meter a message of tensors shaped ``shapes`` over ``link`` (default: the proxy and loss link)
+        for every ``pairs[i, j]``: j → i when ``to_requester``, else i → j; the clock charges each sender
+        the bits the link records (``nonzeros``: see :meth:`~fedge.comm.Link.account`). Returns the
+        number of transfers."""
+        return self.this_round.account(link or self.messages, pairs, kind, shapes, to_requester, nonzeros)
+
+    def model_shapes(self) -> dict[str, tuple[int, ...]]:
+        """The shapes of one client's shared model (every client's are alike), in message order."""
+        state = self.shared({**self.bank.params, **self.bank.buffers})
+        return {name: tuple(t.shape[1:]) for name, t in state.items()}
+
+    def model_nonzeros(self) -> dict[str, int] | None:
+        """How many values of each tensor of a trained model :attr:`models` sends, for a codec that counts
+        them (None: all of them, a dense model's; sparse hosts say less)."""
+        return None
 
     def request_models(self, pairs: np.ndarray | torch.Tensor) -> int:
-        """Requester i sends its shared model to j for every ``pairs[i, j]`` (``model_request``)."""
-        return self.exchange(pairs, "model_request", self.dense_message(), self.requests, False)
+        """Requester i sends its shared model to j for every ``pairs[i, j]`` (``model_request``, dense)."""
+        return self.exchange(pairs, "model_request", self.model_shapes(), self.requests, False)
 
     def send_models(self, pairs: np.ndarray | torch.Tensor) -> int:
         """j sends its trained model to i over :attr:`models` for every ``pairs[i, j]`` (``peer_model``)."""
-        return self.exchange(pairs, "peer_model", self.model_message(), self.models)
+        shapes, nonzeros = self.model_shapes(), self.model_nonzeros()
+        return self.exchange(pairs, "peer_model", shapes, self.models, True, nonzeros)

@@ -145,7 +145,7 @@ class FedFomo(PeerAlgorithm):
 
     def peer_round(self, t: int) -> RoundReport:
         plan = self.choice.begin(t, self.probes(t))
-        received = self.choice.chosen
+        received = self.choice.drawn()
         weights = self.weights(received)
         moved_p, moved_b = self.mixed(weights, self.bank.params, self.bank.buffers)
         own = list(range(self.num_clients))

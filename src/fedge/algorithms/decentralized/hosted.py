@@ -60,15 +60,22 @@ class PeerChoice:
     ) -> torch.Tensor:
         """``[n, n]`` mixing weights over the trained rows ``params``/``buffers``."""
         if self.selector is None or plan is None:
-            return uniform_rows(self.chosen)
+            return uniform_rows(self.drawn())
         return self.selector.standard_weights(plan, params, buffers, batches)
 
     def end(self, t: int, plan: Plan | None) -> dict[str, float]:
         """Send the exchange's messages and return the round's selection metrics."""
         if self.selector is not None and plan is not None:
             return self.selector.end(t, plan)
-        self.view.reply(self.chosen)
-        return selection_metrics(self.chosen)
+        chosen = self.drawn()
+        self.view.reply(chosen)
+        return selection_metrics(chosen)
+
+    def drawn(self) -> torch.Tensor:
+        """The round's peers, which :meth:`begin` chose."""
+        if self.chosen is None:
+            raise RuntimeError("no peers chosen yet: begin() chooses the round's")
+        return self.chosen
 
     def state_dict(self) -> dict[str, Any]:
         return self.selector.state_dict() if self.selector is not None else {}

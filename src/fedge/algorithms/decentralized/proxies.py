@@ -66,6 +66,8 @@ class Prober:
         return weighted_mean(F.cross_entropy(logits, y, reduction="none"), w)
 
     def _features(self, params: Tensors, buffers: Tensors, x: torch.Tensor) -> torch.Tensor:
+        if self.featurizer is None:  # the constructor refuses activation proxies without one
+            raise ConfigError("algorithm.proxy", "activation proxies need a model with a head block")
         state = {k: v for k, v in {**params, **buffers}.items() if k in self.featurizer_keys}
         return functional_call(self.featurizer, state, (x,)).flatten(1)
 
@@ -241,7 +243,7 @@ class Prober:
         y: torch.Tensor,
         w: torch.Tensor,
         clip: float | None,
-        linear: nn.Linear | None,
+        linear: LinearProxy | None,
     ) -> Callable[..., tuple[torch.Tensor, torch.Tensor]]:
         """The nested vmap of :meth:`similarities`: requesters' shared parts outside, every holder's
         private part and probe batch inside; one call gives a chunk of requesters' rows."""
@@ -266,7 +268,7 @@ class Prober:
 
         return vmap(requester)
 
-    def _chunk_rows(self, n: int, batch: int, clip: float | None, linear: nn.Linear | None) -> int:
+    def _chunk_rows(self, n: int, batch: int, clip: float | None, linear: LinearProxy | None) -> int:
         """Requesters per chunk of :meth:`similarities`, so a chunk's pair tensors stay within
         ``CHUNK_FLOATS`` values."""
         if linear is not None:  # per pair: the layer's inputs and output gradients, not the proxy

@@ -120,7 +120,7 @@ class AfindSelector:
         else:
             self.p = partial_scores(self.p, self.sim, probed, self.cfg.upsilon)
         view.request(probed)
-        view.report(probed, "proxy", {"proxy": torch.zeros(self.prober.dim)})
+        view.report(probed, "proxy", {"proxy": (self.prober.dim,)})
         return probed, pre
 
     def probe_rows(self, t: int, rows: slice, probed: torch.Tensor, batches: ProbeBatches) -> torch.Tensor:
@@ -167,8 +167,8 @@ class AfindSelector:
         """The coreset ``C[i, j]`` of round ``t`` and how many clients fell back to top-``k_min``."""
         cfg, available = self.cfg, self.available
         if cfg.selection == "random":
-            chosen = self.view.random_peers(t, self.topk_count)
-            return torch.as_tensor(chosen, device=available.device), 0
+            drawn = self.view.random_peers(t, self.topk_count)
+            return torch.as_tensor(drawn, device=available.device), 0
         if cfg.selection == "topk":
             return top_k(self.p, available, self.topk_count), 0
         if not self.started:
@@ -224,6 +224,8 @@ class AfindSelector:
         """``start + clip(trained - start) + N(0, sigma^2 C^2) / L`` per row over the shared tensors
         (``dp.target="update"``); other tensors are returned as trained."""
         dp = self.cfg.dp
+        if dp is None:
+            raise ValueError("noisy updates need the selector's dp settings")
         names = list(self.view.shared(trained))
         delta = torch.cat([(trained[k] - start[k]).reshape(len(trained[k]), -1) for k in names], dim=1)
         gen = torch_rng(self.view.seed, "dp-update", t)
@@ -267,7 +269,7 @@ class AfindSelector:
         view.request(chosen & ~plan.probed)
         view.reply(chosen)
         if self.cfg.aggregation == "boltzmann":
-            view.report(chosen, "loss", {"loss": torch.zeros(1)})
+            view.report(chosen, "loss", {"loss": (1,)})
         return {
             **selection_metrics(chosen),
             "fallbacks": plan.fallbacks,

@@ -10,7 +10,7 @@ valid for the whole run.
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 
 import numpy as np
@@ -39,7 +39,8 @@ class PeerView:
       (a forward pass, and a backward pass for a gradient proxy).
     - ``request(pairs)``: requester i sends its shared model to j for every ``pairs[i, j]``.
     - ``reply(pairs)``: j sends its trained model back to i, encoded as the host sends models.
-    - ``report(pairs, kind, message)``: j sends i a small dense message (a proxy, a loss).
+    - ``report(pairs, kind, shapes)``: j sends i a small dense message of tensors shaped ``shapes`` (a
+      proxy, a loss), metered from its shapes: the selector scores with the exact values.
     - ``map_rows(total, work)``: ``work(rows)`` on this process's rows of a cohort of ``total`` rows, its
       tensors back in row order and its compute tally the whole cohort's (``PeerAlgorithm.map_rows``; in
       one process, all rows): how a selector spreads its probes over the run's processes.
@@ -58,7 +59,7 @@ class PeerView:
     count_probes: Callable[[torch.Tensor, ProbeBatches, bool], None]
     request: Callable[[torch.Tensor], int]
     reply: Callable[[torch.Tensor], int]
-    report: Callable[[torch.Tensor, str, Tensors], int]
+    report: Callable[[torch.Tensor, str, Mapping[str, Sequence[int]]], int]
     map_rows: Callable[[int, Callable[[slice], Tensors]], Tensors]
 
     @property

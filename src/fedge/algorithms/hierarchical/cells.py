@@ -10,6 +10,7 @@ cells, which HIST Figs. 4 and 6(c) use).
 from __future__ import annotations
 
 import copy
+from collections.abc import Sequence
 
 import numpy as np
 
@@ -93,6 +94,7 @@ def split_data(ctx: Context, cfg: HierarchicalConfig, cells: Cells) -> Federated
     """The run's data with the training samples of the active clients split as ``cfg.split`` says."""
     labels = ctx.data.y_train.cpu().numpy()
     rng = numpy_rng(ctx.seed, "hist-split")
+    parts: Sequence[np.ndarray]
     if cfg.split == "fully_noniid":
         parts = fully_noniid(labels, cells, cfg.shards_per_client, rng)
     elif cfg.split == "global_shards":

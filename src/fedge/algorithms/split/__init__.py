@@ -3,12 +3,12 @@ algorithm).
 
 The round itself lives once in :mod:`~fedge.algorithms.split.protocol`; each algorithm module declares
 its config and whether it has an aux head and server copies. Lightweight FedSL (``light_fedsl``) and
-its baseline ``fedsl`` step every client one batch per round (:mod:`~fedge.algorithms.split.light_fedsl`).
+its baseline ``fedsl`` step every client one batch per round (both in
+:mod:`~fedge.algorithms.split.light_fedsl`).
 """
 
 from fedge.algorithms.split import (  # noqa: F401  (registration)
     cse_fsl,
-    fedsl,
     fsl_an,
     fsl_sage,
     light_fedsl,

@@ -35,7 +35,7 @@ import torch
 from torch import nn
 
 from fedge.comm import state_bits
-from fedge.engine import SGD
+from fedge.engine import Optimizer
 from fedge.engine.bind import call_at
 from fedge.engine.noise import has_random_layers, keyed_noise
 from fedge.engine.split import prefixed
@@ -106,7 +106,7 @@ class Aligner:
         server: nn.Module,
         aux: nn.Module,
         criterion: Criterion,
-        optimizer: SGD,
+        optimizer: Optimizer,
         lr: float,
         epochs: int,
         batch_size: int,

@@ -21,12 +21,19 @@ import torch
 
 from fedge.algorithms.split.parts import SplitParts
 from fedge.algorithms.split.server import Served
-from fedge.engine import SGD, Executor
+from fedge.engine import Executor, Optimizer
 from fedge.engine.split import make_apply, make_aux_step, make_forward
 from fedge.tensors import Tensors
 
 State = tuple[Tensors, Tensors, Tensors]  # stacked params, buffers, optimizer state of the rows
 Exchange = Callable[[torch.Tensor, bool], Served]
+
+
+def as_state(mapped: tuple[Tensors, ...]) -> State:
+    """The rows' state from the state tuple :meth:`Executor.map` returns for a (params, buffers,
+    optimizer state) input."""
+    params, buffers, opt_state = mapped
+    return params, buffers, opt_state
 
 
 class LocalStep(NamedTuple):
@@ -43,11 +50,12 @@ class ClientSide(ABC):
     shares_aux: bool
     returns_gradient: bool  # every step exchanges with the server and gets the cut-layer gradient back
 
-    def __init__(self, parts: SplitParts, sgd: SGD, executor: Executor):
+    def __init__(self, parts: SplitParts, sgd: Optimizer, executor: Executor, clip_norm: float | None = None):
         self.parts = parts
         self.sgd = sgd
         self.executor = executor
         self.forward = make_forward(parts.trunk)
+        self.apply = make_apply(sgd, clip_norm)  # the trunk's step on a returned cut-layer gradient
 
     @abstractmethod
     def step(
@@ -93,6 +101,8 @@ class ClientSide(ABC):
         trunk = {k: v for k, v in params.items() if k.startswith("trunk.")}
         z, buffers, pullback = self.executor.forward_with_vjp(self.forward, trunk, buffers, x, counts, keys)
         served = exchange(z, True)
+        grad_z = served.grad_z
+        assert grad_z is not None, "the server returns the cut-layer gradient when asked for it"
         trunk_state = self.sgd.select(opt_state, trunk)
         out = self.executor.map(
             self.apply,
@@ -100,7 +110,7 @@ class ClientSide(ABC):
             (),
             (lr,),
             counts,
-            inputs=(pullback(served.grad_z),),
+            inputs=(pullback(grad_z),),
             stage="apply",
         )
         new_params, new_state = out.state
@@ -115,9 +125,8 @@ class GradientClients(ClientSide):
     shares_aux = False
     returns_gradient = True
 
-    def __init__(self, parts: SplitParts, sgd: SGD, executor: Executor, clip_norm: float | None):
-        super().__init__(parts, sgd, executor)
-        self.apply = make_apply(sgd, clip_norm)
+    def __init__(self, parts: SplitParts, sgd: Optimizer, executor: Executor, clip_norm: float | None):
+        super().__init__(parts, sgd, executor, clip_norm)
 
     def step(self, state, batch, counts, lr, keys, exchange, upload) -> LocalStep:
         return self.backprop_step(state, batch[0], counts, lr, keys, exchange)
@@ -134,14 +143,15 @@ class AuxHeadClients(ClientSide):
     has_aux = True
     returns_gradient = False
 
-    def __init__(self, parts: SplitParts, sgd: SGD, executor: Executor, post_step: bool, shares_aux: bool):
+    def __init__(
+        self, parts: SplitParts, sgd: Optimizer, executor: Executor, post_step: bool, shares_aux: bool
+    ):
         super().__init__(parts, sgd, executor)
         self.local_step = make_aux_step(parts.local, sgd, post_step, parts.criterion)
-        self.apply = make_apply(sgd, None)
         self.shares_aux = shares_aux
 
     def step(self, state, batch, counts, lr, keys, exchange, upload) -> LocalStep:
         out = self.executor.map(self.local_step, state, batch, (lr,), counts, keys=keys, stage="aux step")
         if upload:
             exchange(out.per_sample[0], False)
-        return LocalStep(out.state, out.per_client[0])
+        return LocalStep(as_state(out.state), out.per_client[0])

@@ -6,8 +6,9 @@ from __future__ import annotations
 import torch
 from torch import nn
 
+from fedge.algorithms.split.clients import State, as_state
 from fedge.algorithms.split.server import CutBatch, DenseKernels, Served, SplitServer
-from fedge.engine import SGD, Criterion, Executor, cross_entropy, stack_copies
+from fedge.engine import Criterion, Executor, Optimizer, cross_entropy, stack_copies
 from fedge.engine.dense import DenseKernel
 from fedge.engine.split import make_server_step
 from fedge.runtime.split import RowAggregation
@@ -33,7 +34,7 @@ class ServerCopies(SplitServer):
         module: nn.Module,
         params: Tensors,
         buffers: Tensors,
-        sgd: SGD,
+        sgd: Optimizer,
         clip_norm: float | None,
         executor: Executor,
         evaluate_with: str = "avg",
@@ -47,12 +48,12 @@ class ServerCopies(SplitServer):
             grad: make_server_step(module, sgd, clip_norm, grad, True, criterion) for grad in (False, True)
         }
         self.dense = DenseKernels(module, sgd, criterion) if fused and clip_norm is None else None
-        self.copies: tuple[Tensors, Tensors, Tensors] = ({}, {}, {})
+        self.copies: State = ({}, {}, {})
         self.first_copy: tuple[Tensors, Tensors] | None = None
 
     def begin(self, count: int) -> None:
         state = (self.params, self.buffers, self.sgd.init(self.params))
-        self.copies = tuple(stack_copies(tensors, count) for tensors in state)
+        self.copies = as_state(tuple(stack_copies(tensors, count) for tensors in state))
 
     def serve(self, batch: CutBatch, lr: float, grad_z: bool, order: list[int]) -> Served:
         """Step every sending row's copy on its batch; rows that send nothing (all of them, for a process
@@ -75,7 +76,7 @@ class ServerCopies(SplitServer):
             stage="server copy",
         )
         if batch.rows is None:
-            self.copies = out.state
+            self.copies = as_state(out.state)
         else:
             for full, part in zip(self.copies, out.state, strict=True):
                 for name, value in part.items():
@@ -102,7 +103,7 @@ class ServerCopies(SplitServer):
                 full[name][held] = value
         loss = torch.zeros(len(counts), device=z.device)
         loss[at] = part_loss
-        if not grad_z:
+        if part_grad is None:  # no cut-layer gradient asked for
             return Served(loss, None)
         grads = torch.zeros_like(z)
         grads[at] = part_grad
@@ -125,7 +126,7 @@ class ServerCopies(SplitServer):
         return count
 
     def keep_rows(self, keep: torch.Tensor) -> None:
-        self.copies = tuple(rows(t, keep) for t in self.copies)
+        self.copies = as_state(tuple(rows(t, keep) for t in self.copies))
 
     def evaluation_model(self) -> tuple[Tensors, Tensors]:
         return self.first_copy or (self.params, self.buffers)

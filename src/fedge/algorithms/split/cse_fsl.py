@@ -26,7 +26,7 @@ from typing import Literal
 
 import numpy as np
 import torch
-from pydantic import Field, PositiveInt
+from pydantic import PositiveInt
 
 from fedge.algorithms.base import Context, register
 from fedge.algorithms.split.client_kinds import LocalLoss
@@ -36,7 +36,7 @@ from fedge.algorithms.split.parts import trunk_only
 from fedge.algorithms.split.plans import limit_steps
 from fedge.algorithms.split.round import Round
 from fedge.algorithms.split.server import SERVER_STAGE, CutBatch, Served, SharedServer, SplitServer
-from fedge.config import keys
+from fedge.config import aliased
 from fedge.data.federated import BatchPlan
 from fedge.errors import ConfigError
 from fedge.rng import numpy_rng
@@ -49,7 +49,7 @@ class CseFslConfig(AuxHeadConfig):
 
     name: Literal["cse_fsl"] = "cse_fsl"
     """the algorithm (`fedge list`)"""
-    h: PositiveInt = Field(1, **keys("upload_every", "h"))
+    h: PositiveInt = aliased(1, "upload_every", "h")
     """clients upload smashed data every this many local steps (CSE-FSL's h)"""
     upload_phase: Literal["last", "first"] = "last"
     """which batch of each block of h uploads: the last (floor(n/h) uploads) or the first (ceil(n/h))"""
@@ -57,7 +57,7 @@ class CseFslConfig(AuxHeadConfig):
     """drop a round's last local steps that do not fill a block of h"""
     server_trigger: Literal["every_h_batches", "every_l_rounds"] = "every_h_batches"
     """the server learns from each upload, or only every l rounds (the theory variant)"""
-    server_every: PositiveInt = Field(1, **keys("server_every", "l"))
+    server_every: PositiveInt = aliased(1, "server_every", "l")
     """every_l_rounds: rounds between the server's learning passes (l)"""
     zb_step: Literal["aux", "server_backprop"] = "aux"
     """the theory variant's z_b step: by the aux head, or by server back-propagation"""

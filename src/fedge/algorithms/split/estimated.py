@@ -20,9 +20,9 @@ from typing import Any
 from torch import nn
 from torch.func import grad_and_value
 
-from fedge.algorithms.split.clients import ClientSide, LocalStep, State
+from fedge.algorithms.split.clients import ClientSide, LocalStep, State, as_state
 from fedge.algorithms.split.parts import SplitParts
-from fedge.engine import SGD, Executor
+from fedge.engine import Executor, Optimizer
 from fedge.engine.bind import call_at
 from fedge.engine.executors import ClientFn, Mapped, TwoForms
 from fedge.engine.split import eager_grad_and_value, prefixed, weighted_loss
@@ -30,10 +30,10 @@ from fedge.engine.step import Criterion
 from fedge.tensors import Tensors
 
 
-def make_estimated_step(local: nn.Module, sgd: SGD, criterion: Criterion) -> ClientFn:
+def make_estimated_step(local: nn.Module, sgd: Optimizer, criterion: Criterion) -> ClientFn:
     """One local step of the trunk (state names ``trunk.*``) on the aux model's (``aux.*``) loss, the aux
     model held fixed; returns the new state, the loss and the step's smashed data."""
-    trunk, aux = local.trunk, local.aux
+    trunk, aux = local.get_submodule("trunk"), local.get_submodule("aux")
 
     def loss(trunk_params: Tensors, aux_params: Tensors, buffers: Tensors, x, y, weight):
         new_buffers = {name: t.clone() for name, t in buffers.items()}
@@ -64,7 +64,7 @@ class EstimatedGradientClients(ClientSide):
     shares_aux = False
     returns_gradient = False
 
-    def __init__(self, parts: SplitParts, sgd: SGD, executor: Executor):
+    def __init__(self, parts: SplitParts, sgd: Optimizer, executor: Executor):
         super().__init__(parts, sgd, executor)
         self.local_step = make_estimated_step(parts.local, sgd, parts.criterion)
         self.realigned: Callable[[State], State | None] | None = None
@@ -77,7 +77,7 @@ class EstimatedGradientClients(ClientSide):
             aligned = None if self.realigned is None else self.realigned(state)
             if aligned is not None:  # the step again, on the aux model aligned on its upload (same z)
                 out = self._mapped(aligned, batch, counts, lr, keys)
-        return LocalStep(out.state, out.per_client[0])
+        return LocalStep(as_state(out.state), out.per_client[0])
 
     def _mapped(self, state: State, batch, counts, lr: float, keys) -> Mapped:
         return self.executor.map(self.local_step, state, batch, (lr,), counts, keys=keys, stage="sage step")

@@ -78,6 +78,7 @@ class ServerExchange:
         rnd.tally.uploads += len(queued.order)
         if not grad_z:
             return served
+        assert served.grad_z is not None, "the server returns the cut-layer gradient when asked for it"
         answer = {"g": served.grad_z}
         grads = runtime.answer(cohort, self.down, rnd.t, senders, "grad_down", answer, lengths=lengths,
                                keep=sent.keep)  # fmt: skip

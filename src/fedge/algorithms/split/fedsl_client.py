@@ -56,7 +56,7 @@ class ClientUpdate:
             params[name] = params[name] * mask.to(params[name])
             grads[name] = grads[name] * mask.to(grads[name])
         if self.knobs.quant_bits is not None:
-            grads = self._quantized(t, grads, first, rows)
+            grads = self._quantized(t, grads, first, rows, self.knobs.quant_bits)
         return {name: p - lr * grads[name] for name, p in params.items()}, masks
 
     def _prune(self, rho: float, params: Tensors, grads: Tensors, masks: Tensors, rows: int) -> None:
@@ -69,14 +69,14 @@ class ClientUpdate:
                 for name, mask in fresh.items():
                     masks[name][k] = mask.bool()
 
-    def _quantized(self, t: int, grads: Tensors, first: int, rows: int) -> Tensors:
-        """Each row's gradient stochastically quantized to ``quant_bits`` from the stream
+    def _quantized(self, t: int, grads: Tensors, first: int, rows: int, bits: int) -> Tensors:
+        """Each row's gradient stochastically quantized to ``bits`` from the stream
         ``(seed, "client-quantizer", t, k)``."""
         knobs = self.knobs
         quantized = [
             quantize_dict(
                 {name: g[k] for name, g in grads.items()},
-                knobs.quant_bits,
+                bits,
                 torch_rng(self.seed, "client-quantizer", t, first + k, device=self.device),
                 knobs.quant_granularity,
             )

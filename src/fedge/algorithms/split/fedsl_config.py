@@ -57,6 +57,14 @@ class FedSLConfig(AlgorithmConfig):
     """arrival order: upper end of the seeded uniform jitter added to each upload's arrival (s)"""
 
 
+class TraditionalFedSLConfig(FedSLConfig):
+    """Traditional FedSL: batch size, step size, initialisation and codecs only (every compression is
+    off, so ``fedge compare`` drops the compression keys)."""
+
+    name: Literal["fedsl"] = "fedsl"
+    """the algorithm (`fedge list`)"""
+
+
 class LightFedSLConfig(FedSLConfig):
     """The compression knobs of lightweight FedSL; defaults are the paper's Figs. 3-4 setting.
 

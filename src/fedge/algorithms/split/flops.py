@@ -21,7 +21,7 @@ class SplitFlops:
 
 def count_flops(parts: SplitParts) -> SplitFlops:
     """FLOPs per sample of each part of ``parts``."""
-    aux = forward_flops(parts.local.aux, parts.smashed_shape) if parts.has_aux else 0
+    aux = forward_flops(parts.aux, parts.smashed_shape) if parts.has_aux else 0
     return SplitFlops(
         trunk=forward_flops(parts.trunk, parts.input_shape),
         aux=aux,

@@ -63,7 +63,7 @@ from fedge.algorithms.split.protocol import SplitLearning
 from fedge.algorithms.split.round import Round
 from fedge.algorithms.split.server import CutBatch, Served, SharedServer, SplitServer
 from fedge.comm import nodes, state_bits
-from fedge.config import OptimizerConfig, keys
+from fedge.config import OptimizerConfig, aliased
 from fedge.engine import make_optimizer
 from fedge.errors import ConfigError
 from fedge.metrics import RoundReport
@@ -78,11 +78,11 @@ class FslSageConfig(SplitConfig):
 
     name: Literal["fsl_sage"] = "fsl_sage"
     """the algorithm (`fedge list`)"""
-    h: PositiveInt = Field(5, **keys("upload_every", "h"))
+    h: PositiveInt = aliased(5, "upload_every", "h")
     """clients upload smashed data every this many local steps (the paper's Q)"""
     upload_phase: Literal["first", "last"] = "first"
     """which batch of each block of h uploads: the first (ceil(n/h) uploads, the code) or the last"""
-    align_every: PositiveInt = Field(10, **keys("align_every", "l"))
+    align_every: PositiveInt = aliased(10, "align_every", "l")
     """rounds between alignments of the aux models (the paper's l)"""
     align_samples: PositiveInt = 1000
     """smashed samples the server keeps per client for alignment (the most recent)"""
@@ -155,7 +155,7 @@ class FslSage(SplitLearning):
         server.record = self._record
         if cfg.alignment_timing == "first_batch":
             server.due, server.after, clients.realigned = self._due, self._align_after, self._realigned
-        aux = self.parts.local.aux
+        aux = self.parts.aux
         optimizer = make_optimizer(cfg.aux_optimizer)
         self.aligner = Aligner(self.parts.server, aux, ctx.criterion, optimizer, cfg.aux_optimizer.lr,
                                cfg.align_epochs, cfg.align_batch_size, cfg.alignment_loss)  # fmt: skip
@@ -297,7 +297,7 @@ class FslSage(SplitLearning):
     def round_report(self, rnd: Round) -> RoundReport:
         report = super().round_report(rnd)
         done = self.aligned
-        figures = {"aligned": len(done)}
+        figures: dict[str, float] = {"aligned": len(done)}
         if done:
             figures["align_loss_before"] = float(np.mean([a.loss_before for a in done]))
             figures["align_loss_after"] = float(np.mean([a.loss_after for a in done]))

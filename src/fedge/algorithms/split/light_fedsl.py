@@ -1,6 +1,7 @@
 """Lightweight FedSL (Zhang, Ni, Wang; Algorithm 1, Eqs. 2-14): federated split learning with client-side
 pruning, quantized client gradients and activation dropout at the cut. The choices the paper leaves open
-are in docs/decisions.md ("Lightweight FedSL").
+are in docs/decisions.md ("Lightweight FedSL"). Its one named baseline, traditional FedSL (``fedsl``,
+:class:`FedSL`), is the same round with every compression off.
 
 A round is one mini-batch step of every client (Algorithm 1's t):
 
@@ -50,10 +51,14 @@ from fedge.algorithms.base import Algorithm, Context, register
 from fedge.algorithms.split.config import SPLIT_BATCHED_FROM
 from fedge.algorithms.split.copies import MeanGradientServer
 from fedge.algorithms.split.fedsl_averaging import Averaging
-from fedge.algorithms.split.fedsl_batches import StepBatches
 from fedge.algorithms.split.fedsl_client import ClientUpdate, cut_masks
-from fedge.algorithms.split.fedsl_config import Compression, FedSLConfig, LightFedSLConfig
-from fedge.algorithms.split.fedsl_steps import CutStep, ServedCut, Trained
+from fedge.algorithms.split.fedsl_config import (
+    Compression,
+    FedSLConfig,
+    LightFedSLConfig,
+    TraditionalFedSLConfig,
+)
+from fedge.algorithms.split.fedsl_steps import CutStep, ServedCut, StepBatches, Trained
 from fedge.algorithms.split.flops import count_flops
 from fedge.algorithms.split.padding import sent_entries, sent_targets
 from fedge.algorithms.split.parts import build_parts, composed, initial_state
@@ -77,12 +82,11 @@ __all__ = ["Compression", "FedSLConfig", "FedSLRounds", "LightFedSL", "LightFedS
 LABEL_CODEC = "fp32"  # labels travel at 32 bits each (the paper gives no label size)
 
 
-class FedSLRounds(Algorithm):
+class FedSLRounds(Algorithm[FedSLConfig]):
     """The round lightweight FedSL and its traditional baseline share: per-client trunks, masks and
     BatchNorm statistics as stacked state, one server model; a subclass says which compression the
     round runs (:meth:`compression`)."""
 
-    cfg: FedSLConfig
     state_fields = ("clients", "server", "totals")
     takes_loss = False
     batched_from = SPLIT_BATCHED_FROM
@@ -136,7 +140,7 @@ class FedSLRounds(Algorithm):
         interval."""
 
     def reads_run_length(self) -> str | None:
-        if self.knobs.final_sparsity == 0 or self.cfg.schedule_rounds:  # traditional FedSL: no pruning
+        if self.knobs.final_sparsity == 0:  # traditional FedSL: no pruning
             return None
         return (
             f"{self.name}'s pruning reaches final_sparsity at the run's last round (Eq. 10's T); set "
@@ -226,7 +230,9 @@ class FedSLRounds(Algorithm):
         batch = CutBatch(None, smashed.payload["z"], y, own, server_keys, cohort=n)
         served = self.server.serve(batch, self.cfg.optimizer.lr, True, list(range(len(own))))
         self.server.step_mean(batch, runtime.aggregation(t, cohort))
-        returned = {"g": served.grad_z * keep.to(served.grad_z)}
+        grad_z = served.grad_z
+        assert grad_z is not None, "the server returns the cut-layer gradient when asked for it"
+        returned = {"g": grad_z * keep.to(grad_z)}
         grad = runtime.answer(cohort, self.down, t, self.nodes, "grad_down", returned, keep=keep)
         loss = runtime.gather(cohort, {"loss": served.loss})["loss"]
         return ServedCut(grad.payload["g"], loss, smashed.bits + labels.bits, grad.bits)
@@ -321,6 +327,9 @@ class LightFedSL(FedSLRounds):
 
     cfg: LightFedSLConfig
 
+    def reads_run_length(self) -> str | None:
+        return None if self.cfg.schedule_rounds else super().reads_run_length()
+
     def compression(self) -> Compression:
         cfg = self.cfg
         bits = None if cfg.quant_bits in (None, 32) else cfg.quant_bits
@@ -328,3 +337,17 @@ class LightFedSL(FedSLRounds):
         return Compression(
             cfg.final_sparsity, total, bits, cfg.quant_granularity, cfg.cut_dropout, cfg.agg_interval
         )
+
+
+@register(
+    "fedsl",
+    TraditionalFedSLConfig,
+    "Traditional FedSL: lightweight FedSL's baseline (no pruning, quantization or dropout; I = 1)",
+)
+class FedSL(FedSLRounds):
+    """Traditional FedSL, lightweight FedSL's one named baseline (its Sec. IV): the same round with every
+    compression off, rho_f = 0 (no pruning), q = None (full-precision client gradients), p = 0 (no cut
+    dropout) and I = 1 (client aggregation every round)."""
+
+    def compression(self) -> Compression:
+        return Compression(0.0, self.ctx.config.rounds, None, "vector", 0.0, 1)

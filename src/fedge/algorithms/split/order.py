@@ -109,13 +109,20 @@ class ArrivalOrder(ServerOrder):
         down = self.system.download(rnd.draws.clients, rnd.tally.down_bits, rnd.t)
         rnd.timeline = Timeline.start(down.seconds, rnd.tally.down_bits)
 
+    @staticmethod
+    def timeline(rnd: Round) -> Timeline:
+        """The round's timeline, which :meth:`begin` started."""
+        if rnd.timeline is None:
+            raise RuntimeError("the arrival order's round has no timeline: begin() starts it")
+        return rnd.timeline
+
     def place(
         self, rnd: Round, at: np.ndarray, bits: np.ndarray, counts: torch.Tensor
     ) -> tuple[list[int], np.ndarray]:
         """Place a step's uploads from rows ``at`` of the round on its timeline: the sending rows
         (indices into ``at``) and their arrival times (seconds since the round began)."""
         sending = torch.nonzero(counts > 0).flatten().tolist()
-        timeline, system, t, rows = rnd.timeline, self.system, rnd.t, at[sending]
+        timeline, system, t, rows = self.timeline(rnd), self.system, rnd.t, at[sending]
         samples = counts.cpu().numpy()[sending].astype(np.float64)
         pending = rnd.tally.client_samples[rows] + samples - timeline.computed[rows]
         timeline.computed[rows] += pending
@@ -136,7 +143,7 @@ class ArrivalOrder(ServerOrder):
         """Place the step's uploads on the timeline and queue them by arrival."""
         sending, arrival = self.place(rnd, at, bits, counts)
         samples = counts.cpu().numpy()[sending].astype(np.float64)
-        queued, finish = rnd.timeline.serve(at[sending], arrival, self.service(samples))
+        queued, finish = self.timeline(rnd).serve(at[sending], arrival, self.service(samples))
         return Queued([sending[i] for i in queued], finish)
 
     def returned(self, rnd: Round, at: np.ndarray, queued: Queued, bits: np.ndarray) -> None:
@@ -144,11 +151,12 @@ class ArrivalOrder(ServerOrder):
         sending = sorted(queued.order)
         rows, back = at[sending], bits[sending]
         received = self.system.download(rnd.draws.clients[rows], back, rnd.t).seconds
-        rnd.timeline.ready[rows] = queued.finish + received
-        rnd.timeline.down_bits[rows] += back
+        timeline = self.timeline(rnd)
+        timeline.ready[rows] = queued.finish + received
+        timeline.down_bits[rows] += back
 
     def figures(self, rnd: Round) -> dict[str, float]:
-        return {"queue_wait_s": float(rnd.timeline.wait.sum())}
+        return {"queue_wait_s": float(self.timeline(rnd).wait.sum())}
 
 
 def server_order(

@@ -43,6 +43,11 @@ class SplitParts:
     def has_aux(self) -> bool:
         return "aux" in dict(self.local.named_children())
 
+    @property
+    def aux(self) -> nn.Module:
+        """The local model's aux head (an error for a model without one)."""
+        return self.local.get_submodule("aux")
+
 
 def resolve_cut(ctx: Context, model: SplitModel) -> int:
     """``model.cut``, else the model's paper cut; an error naming ``model.cut`` when there is neither."""
@@ -74,6 +79,7 @@ def build_parts(ctx: Context, with_aux: bool) -> SplitParts:
     children: OrderedDict[str, nn.Module] = OrderedDict(trunk=trunk)
     if with_aux:
         spec = ctx.config.model.aux or AuxConfig()
+        head: nn.Module
         with global_stream(ctx.seed, "aux-init"):
             if isinstance(model, TransformerLM) and model.classifier:  # the first token's hidden state
                 head = first_token_aux_head(spec.kind, shape, ctx.data.num_classes, spec.hidden)

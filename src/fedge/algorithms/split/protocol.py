@@ -50,11 +50,10 @@ from fedge.system import RoundCost
 from fedge.tensors import Tensors
 
 
-class SplitLearning(Algorithm):
+class SplitLearning(Algorithm[SplitConfig]):
     """Base of the split family: the round; subclasses build their client side and server part."""
 
-    cfg: SplitConfig
-    state_fields = ("client", "server", "local_aux", "totals")
+    state_fields: tuple[str, ...] = ("client", "server", "local_aux", "totals")
     batched_from = SPLIT_BATCHED_FROM
     exchange_class: ClassVar[type[ServerExchange]] = ServerExchange
     """How the cut layer's uploads reach the server: served at once (a subclass may collect them)."""
@@ -62,7 +61,8 @@ class SplitLearning(Algorithm):
     @classmethod
     def clients_per_step(cls, config: RunConfig) -> int:
         """Client after client, a step trains one client; otherwise every participant."""
-        if config.algorithm.server_order == "client_after_client":
+        algorithm = config.algorithm
+        if isinstance(algorithm, SplitConfig) and algorithm.server_order == "client_after_client":
             return 1
         return super().clients_per_step(config)
 

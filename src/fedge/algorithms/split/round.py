@@ -8,7 +8,7 @@ from dataclasses import dataclass
 import torch
 
 from fedge.algorithms.split.arrival import Timeline
-from fedge.algorithms.split.clients import State
+from fedge.algorithms.split.clients import State, as_state
 from fedge.algorithms.split.participation import Draws
 from fedge.algorithms.split.tally import Tally
 from fedge.distributed import Cohort
@@ -43,7 +43,7 @@ class Round:
         """The stacked state of the rows ``subset`` (all rows for None)."""
         bank = self.rows
         full = (bank.params, bank.buffers, bank.opt_state)
-        return full if subset is None else tuple(rows(t, subset) for t in full)
+        return full if subset is None else as_state(tuple(rows(t, subset) for t in full))
 
     def keep(self, subset: torch.Tensor | None, state: State) -> None:
         """Write back the state of the rows ``subset`` (all rows for None)."""

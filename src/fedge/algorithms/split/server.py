@@ -31,7 +31,7 @@ import torch
 from torch import nn
 
 from fedge.comm import state_bits
-from fedge.engine import SGD, Criterion, cross_entropy
+from fedge.engine import Criterion, Optimizer, cross_entropy
 from fedge.engine.dense import DenseKernel, server_kernel
 from fedge.engine.noise import keyed_noise
 from fedge.engine.split import make_server_step
@@ -69,7 +69,7 @@ class DenseKernels:
     smashed data; None where the part is not a dense chain or the batch carries noise keys (its random
     layers need autograd)."""
 
-    def __init__(self, module: nn.Module, sgd: SGD, criterion: Criterion):
+    def __init__(self, module: nn.Module, sgd: Optimizer, criterion: Criterion):
         self.module, self.sgd, self.criterion = module, sgd, criterion
         self.by_shape: dict[tuple[int, ...], DenseKernel | None] = {}
 
@@ -92,7 +92,7 @@ class SplitServer(ABC):
     in_turn: ClassVar[bool] = False
     state_fields: ClassVar[tuple[str, ...]] = ("params", "buffers")
 
-    def __init__(self, params: Tensors, buffers: Tensors, sgd: SGD):
+    def __init__(self, params: Tensors, buffers: Tensors, sgd: Optimizer):
         self.params = params
         self.buffers = buffers
         self.sgd = sgd
@@ -154,7 +154,7 @@ class SharedServer(SplitServer):
         module: nn.Module,
         params: Tensors,
         buffers: Tensors,
-        sgd: SGD,
+        sgd: Optimizer,
         clip_norm: float | None,
         criterion: Criterion = cross_entropy,
         fused: bool = False,
@@ -188,7 +188,7 @@ class SharedServer(SplitServer):
                 stacked_params, stacked_state, z[r : r + 1, :c], y[r : r + 1, :c], ones[:, :c], lr, grad_z
             )
             loss[r] = step_loss[0]
-            if grad_z:
+            if grads is not None and grad is not None:  # both exactly when grad_z
                 grads[r, :c] = grad[0]
         self.params, self.opt_state = params, opt_state
         return Served(loss, grads)
@@ -207,7 +207,7 @@ class SharedServer(SplitServer):
             with keyed_noise(None if batch.keys is None else batch.keys[r]):
                 out = self.steps[grad_z](params, buffers, opt_state, z[r, :c], y[r, :c], ones[:c], lr)
             (params, buffers, opt_state), (loss[r],) = out.state, out.per_client
-            if grad_z:
+            if grads is not None:
                 grads[r, :c] = out.per_sample[0]
         self.params, self.buffers, self.opt_state = params, buffers, opt_state
         return Served(loss, grads)

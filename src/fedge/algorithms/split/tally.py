@@ -28,8 +28,9 @@ class Tally:
 
     @classmethod
     def zeros(cls, count: int, device: torch.device) -> Tally:
-        figures = [np.zeros(count) for _ in range(4)]
-        return cls(*figures, torch.zeros(count, device=device), torch.zeros(count, device=device))
+        up, down, client, server = (np.zeros(count) for _ in range(4))
+        losses, steps = torch.zeros(count, device=device), torch.zeros(count, device=device)
+        return cls(up, down, client, server, losses, steps)
 
     def local_step(self, row_ids: torch.Tensor, counts: torch.Tensor, loss: torch.Tensor) -> None:
         """Rows ``row_ids`` took a local step on ``counts`` samples with loss ``loss``."""
