@@ -10,11 +10,12 @@ import torch
 
 from fedge.aggregation import Updates, sites
 from fedge.algorithms.asynchronous.config import DeadlineConfig
-from fedge.algorithms.asynchronous.work import LocalWork, Phases, cohort_size, draw_clients, truncated
+from fedge.algorithms.asynchronous.work import LocalWork, Phases, cohort_size, truncated
 from fedge.algorithms.base import Context, GlobalModel, register
 from fedge.comm import nodes
 from fedge.data.federated import BatchPlan
 from fedge.metrics import RoundReport
+from fedge.runtime.availability import draw_clients
 from fedge.system.clock import WAIT, RoundCost
 from fedge.system.model import PhaseCost
 from fedge.system.rounds import along, spent

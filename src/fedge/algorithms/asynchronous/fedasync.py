@@ -2,11 +2,10 @@
 
 from __future__ import annotations
 
-from typing import Any
-
 from fedge.algorithms.asynchronous.config import FedAsyncConfig
 from fedge.algorithms.asynchronous.server import AsyncServer
 from fedge.algorithms.base import Context, register
+from fedge.runtime.asynchronous import Arrival
 
 
 @register("fedasync", FedAsyncConfig, "FedAsync: asynchronous clients, each update mixed in by its staleness")
@@ -20,23 +19,23 @@ class FedAsync(AsyncServer):
     def __init__(self, ctx: Context, cfg: FedAsyncConfig):
         super().__init__(ctx, cfg, cfg.proximal_mu)
 
-    def due(self) -> bool:
-        return len(self.arrived) >= 1
+    def due(self, arrived: int) -> bool:
+        return arrived >= 1
 
     def mixing(self, tau: int) -> float:
         """The weight of an update ``tau`` versions old."""
         cfg: FedAsyncConfig = self.cfg
         return min(1.0, cfg.server_lr * cfg.mixing * staleness_weight(cfg, tau))
 
-    def aggregate(self, updates: list[dict[str, Any]]) -> None:
-        for update in updates:
-            alpha = self.mixing(self.staleness(update))
-            model = update["model"]
+    def aggregate(self, t: int, arrivals: list[Arrival]) -> None:
+        for arrival in arrivals:
+            alpha = self.mixing(self.staleness(arrival))
+            model = arrival.received or {}
             self.params = {k: (1.0 - alpha) * v + alpha * model[k] for k, v in self.params.items()}
             self.buffers = {
                 k: (1.0 - alpha) * v + alpha * model[k] if k in model else v for k, v in self.buffers.items()
             }
-        self.merge_integers(updates)
+        self.merge_integers(arrivals)
 
 
 def staleness_weight(cfg: FedAsyncConfig, tau: int) -> float:

@@ -23,8 +23,7 @@ from fedge.engine import (
 )
 from fedge.engine.step import LossFn
 from fedge.errors import ConfigError
-from fedge.rng import numpy_rng
-from fedge.system import SystemModel, forward_flops, training_flops
+from fedge.system import forward_flops, training_flops
 from fedge.system.model import PhaseCost
 from fedge.tensors import Tensors, floating
 
@@ -78,23 +77,6 @@ class ProximalLoss:
 def cohort_size(num_clients: int, fraction: float) -> int:
     """``max(1, round(fraction * n))``, FedAvg's cohort."""
     return min(num_clients, max(1, round(fraction * num_clients)))
-
-
-def draw_clients(seed: int, pool: np.ndarray, count: int, *keys: int) -> np.ndarray:
-    """``count`` clients of ``pool`` (all of it if it has no more), sorted, from the stream
-    ``(seed, "participants", *keys)``: with the whole population as the pool, FedAvg's own draw."""
-    pool = np.asarray(pool, dtype=np.int64)
-    if count >= len(pool):
-        return pool.copy()
-    return np.sort(numpy_rng(seed, "participants", *keys).choice(pool, size=count, replace=False))
-
-
-def idle_online(system: SystemModel, draw: int, busy: set[int]) -> np.ndarray:
-    """The clients online at availability draw ``draw`` (1-based) and not in ``busy``: who an
-    asynchronous server may dispatch to (one draw per dispatch)."""
-    online = system.online(draw)
-    online[list(busy)] = False
-    return np.flatnonzero(online)
 
 
 def truncated(plan: BatchPlan, steps: np.ndarray) -> BatchPlan:
