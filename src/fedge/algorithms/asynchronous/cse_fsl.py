@@ -105,7 +105,9 @@ class CseFslAsync(CseFsl):
     """
 
     cfg: CseFslAsyncConfig
+    exchange: DeferredExchange
     exchange_class = DeferredExchange  # uploads placed on the arrival timeline, served in event order
+    state_fields = (*CseFsl.state_fields, "server_free_at", "server_steps", "engine")
 
     def __init__(self, ctx: Context, cfg: CseFslAsyncConfig):
         problem = refused(cfg)
@@ -125,7 +127,6 @@ class CseFslAsync(CseFsl):
         self.server_steps = 0  # the server model's steps so far
         self.figures: dict[str, list[float]] = {}  # the round's served uploads: loss, staleness, lag, wait
         self.engine = AsyncEngine(ctx, self, (Smashed, ClientModel))
-        self.state_fields = (*self.state_fields, "server_free_at", "server_steps", "engine")
 
     @property
     def version(self) -> int:
@@ -164,6 +165,7 @@ class CseFslAsync(CseFsl):
             for upload in self.exchange.take()
         ]
         tally, timeline = rnd.tally, rnd.timeline
+        assert timeline is not None  # server_order: arrival keeps one
         model_bits = self._model_bits(rnd.rows)
         rest = client_flops(self.flops, tally.client_samples - timeline.computed)
         computed = client_flops(self.flops, tally.client_samples)

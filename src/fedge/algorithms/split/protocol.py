@@ -54,7 +54,7 @@ class SplitLearning(Algorithm):
     """Base of the split family: the round; subclasses build their client side and server part."""
 
     cfg: SplitConfig
-    state_fields = ("client", "server", "local_aux", "totals")
+    state_fields: tuple[str, ...] = ("client", "server", "local_aux", "totals")
     batched_from = SPLIT_BATCHED_FROM
     exchange_class: ClassVar[type[ServerExchange]] = ServerExchange
     """How the cut layer's uploads reach the server: served at once (a subclass may collect them)."""

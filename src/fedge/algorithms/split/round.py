@@ -52,7 +52,8 @@ class Round:
     ) -> Round:
         """A round of rows that have trained already (their client models in ``rows``), to upload and
         average them: no noise keys, an empty tally (asynchronous CSE-FSL's merge of arrived models)."""
-        return cls(t, draws, nodes, weights, *lrs, rows, None, Tally.zeros(len(draws), weights.device), cohort)
+        tally = Tally.zeros(len(draws), weights.device)
+        return cls(t, draws, nodes, weights, *lrs, rows, None, tally, cohort)
 
     def state(self, subset: torch.Tensor | None) -> State:
         """The stacked state of the rows ``subset`` (all rows for None)."""
