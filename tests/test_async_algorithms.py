@@ -145,6 +145,7 @@ def test_fedasync_mixes_each_arrival_by_its_staleness(tmp_path):
     assert any(row["staleness_max"] > 0 for row in first.metrics)
     again = fedge.run({**cfg, "output": {**cfg["output"], "name": "async-again"}})
     assert rows(again) == rows(first)  # same seed, same events
+    assert first.summary["aggregation"] == {"buffer": ["mean"]}  # each mix goes through the buffer's pipeline
 
 
 @pytest.mark.parametrize(
