@@ -19,6 +19,28 @@ from fedge.system.model import PhaseCost
 from fedge.system.rounds import along, spent
 
 
+def cutoff(
+    finish: np.ndarray, clients: np.ndarray, cohort: int, deadline_s: float | None
+) -> tuple[float, np.ndarray]:
+    """When the round ends -- the first ``cohort`` arrivals in (jobs done at ``finish``, ties by client),
+    or ``deadline_s`` if that is sooner -- and which of the jobs are kept: those of the first ``cohort``
+    that are in by then."""
+    order = np.lexsort((clients, finish))  # arrival order, ties by client
+    end = float(finish[order[min(cohort, len(clients)) - 1]])  # the cohort's last arrival
+    if deadline_s is not None:
+        end = min(end, deadline_s)
+    kept = np.zeros(len(clients), dtype=bool)
+    kept[order[:cohort]] = True
+    kept &= finish <= end
+    return end, kept
+
+
+def compute_left(phases: tuple[PhaseCost, PhaseCost, PhaseCost], end: float) -> np.ndarray:
+    """The seconds each job may compute and still have its upload in by ``end`` (none below zero)."""
+    down, _, up = phases
+    return np.maximum(end - down.seconds - up.seconds, 0.0)
+
+
 @dataclass(frozen=True)
 class DeadlineRound:
     """The round's cost, the rows of the dropped clients whose upload had begun (``late``) and the

@@ -17,6 +17,7 @@ from fedge.data.federated import BatchPlan
 from fedge.metrics import RoundReport
 from fedge.runtime.availability import draw_clients
 from fedge.runtime.deadline import DeadlineRuntime
+from fedge.system.deadline import compute_left, cutoff
 from fedge.tensors import floating
 
 
@@ -68,25 +69,16 @@ class FedAvgDeadline(GlobalModel):
         plan = self.work.plan(reached, t)
         full = plan.weight.sum(dim=(1, 2)).cpu().numpy().astype(np.float64)
         phases = self.work.phases(t, reached, full)
-        finish = phases.seconds
-        order = np.lexsort((reached, finish))  # arrival order, ties by client
-        end = float(finish[order[min(self.cohort, len(reached)) - 1]])  # the cohort's last arrival
-        if cfg.deadline_s is not None:
-            end = min(end, cfg.deadline_s)
-        kept = np.zeros(len(reached), dtype=bool)
-        kept[order[: self.cohort]] = True
-        kept &= finish <= end
+        end, kept = cutoff(phases.seconds, reached, self.cohort, cfg.deadline_s)
         steps = plan.steps.cpu().numpy().copy()
         if cfg.late == "partial":  # the steps each late client finished with time left for its upload
-            budget = end - phases.down.seconds - phases.up.seconds
-            fits = self.work.steps_within(plan, np.maximum(budget, 0.0))
+            fits = self.work.steps_within(plan, compute_left(phases.each, end))
             steps = np.where(kept, steps, fits)
             kept |= steps > 0
         plan = truncated(plan, np.where(kept, steps, 0))
         done = plan.weight.sum(dim=(1, 2)).cpu().numpy().astype(np.float64)
         trainees = np.flatnonzero(kept)
-        each = (phases.down, phases.compute, phases.up)
-        self.runtime.close(t, reached, each, full, done, kept, end, self.work.model_values)
+        self.runtime.close(t, reached, phases.each, full, done, kept, end, self.work.model_values)
         if not len(trainees):
             figures.update(participants=0, late=len(reached), partial=0)
             return RoundReport(0.0, figures)  # nothing trained: the model stays as it was
