@@ -41,7 +41,7 @@ class Dispatch:
     ``final``: the job's last message (its client is free once it arrives); ``upload``: what the client
     sends the server with it (through the engine's link, on arrival); ``seconds`` / ``joules``: the
     job's download, compute and upload, for the round's critical path and the energy charged on arrival
-    (none: the policy charged the job's energy at dispatch)."""
+    (none: the group's energy is charged at dispatch, :attr:`Dispatched.energy`)."""
 
     client: int
     after: float
@@ -73,6 +73,7 @@ class Event:
 
     @property
     def client(self) -> int:
+        """The client that sent the message."""
         return self.message.client
 
 
@@ -85,18 +86,22 @@ class Arrival:
 
     @property
     def client(self) -> int:
+        """The client whose update arrived."""
         return self.event.client
 
     @property
     def version(self) -> int:
+        """The model version the client trained from."""
         return self.event.version
 
     @property
     def seq(self) -> int:
+        """The arrival's place in dispatch order."""
         return self.event.seq
 
     @property
     def payload(self) -> Any:
+        """The policy's record of the update."""
         return self.event.message.payload
 
 
@@ -154,6 +159,7 @@ class AsyncEngine:
         return len(self.working())
 
     def working(self) -> set[int]:
+        """The clients at work."""
         return {event.client for event in self.events if event.message.final}
 
     # --- dispatch and refill --------------------------------------------------------------------------

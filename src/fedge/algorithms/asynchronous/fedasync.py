@@ -6,7 +6,7 @@ import torch
 
 from fedge.aggregation import Part, Updates, sites
 from fedge.algorithms.asynchronous.config import FedAsyncConfig
-from fedge.algorithms.asynchronous.server import AsyncServer
+from fedge.algorithms.asynchronous.server import AsyncServer, uploaded
 from fedge.algorithms.base import Context, register
 from fedge.runtime.asynchronous import Arrival
 
@@ -36,7 +36,7 @@ class FedAsync(AsyncServer):
         buffer = self.ctx.pipeline(sites.BUFFER)
         for arrival in arrivals:
             alpha = self.mixing(self.staleness(arrival))
-            model = arrival.received or {}
+            model = uploaded(arrival)
             current = {k: v for k, v in {**self.params, **self.buffers}.items() if k in model}
             own = Part({k: v[None] for k, v in current.items()}, _weight(1.0 - alpha, self.ctx.device))
             arrived = Part({k: model[k][None] for k in current}, _weight(alpha, self.ctx.device))

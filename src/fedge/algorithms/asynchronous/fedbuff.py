@@ -7,7 +7,7 @@ import torch
 
 from fedge.aggregation import Updates, sites
 from fedge.algorithms.asynchronous.config import PAPER_BUFFER, FedBuffConfig
-from fedge.algorithms.asynchronous.server import AsyncServer, delta
+from fedge.algorithms.asynchronous.server import AsyncServer, delta, uploaded
 from fedge.algorithms.base import Context, register
 from fedge.errors import ConfigError
 from fedge.runtime.asynchronous import Arrival
@@ -47,7 +47,7 @@ class FedBuff(AsyncServer):
         current = {**self.params, **floating(self.buffers)}
         buffer, number = self.ctx.pipeline(sites.BUFFER), self.version + 1
         if cfg.server_lr == 1.0 and not any(stale):  # FedAvg's average, rounded as FedAvg rounds it
-            models = _stacked([a.received or {} for a in arrivals], current)
+            models = _stacked([uploaded(a) for a in arrivals], current)
             merged = buffer.reduce(Updates.of(sites.BUFFER, number, models, weights, current))
         else:
             scale = [1.0 / np.sqrt(1.0 + tau) if cfg.staleness == "sqrt" else 1.0 for tau in stale]

@@ -38,11 +38,16 @@ class Update:
     loss: float
 
 
+def uploaded(arrival: Arrival) -> Tensors:
+    """The model an update carried, as the server decoded it (parameters and floating buffers)."""
+    assert arrival.received is not None, "a FedAvg client's update is uploaded"
+    return arrival.received
+
+
 def delta(arrival: Arrival) -> Tensors:
     """An arrived update as the server sees it: the uploaded model minus the one the client received."""
     base: Tensors = arrival.payload.base
-    assert arrival.received is not None
-    return {k: v - base[k] for k, v in arrival.received.items()}
+    return {k: v - base[k] for k, v in uploaded(arrival).items()}
 
 
 class AsyncServer(GlobalModel):
