@@ -28,6 +28,7 @@ CLEAN = (
     "src/fedge/comm/",
     "src/fedge/system/",
     "src/fedge/engine/",
+    "src/fedge/algorithms/",
 )
 ERROR = re.compile(r"^(?P<file>[^:\n]+\.py):\d+: error: ")
 

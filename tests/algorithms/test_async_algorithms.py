@@ -3,12 +3,15 @@ their determinism on both executors, and kill-and-resume with jobs in flight."""
 
 from __future__ import annotations
 
+import heapq
 import os
 import signal
 import time
+from dataclasses import dataclass
 from pathlib import Path
 
 import children
+import numpy as np
 import pytest
 import torch
 from async_cases import HETEROGENEOUS, IDENTICAL, interrupted_and_resumed, rows
@@ -18,13 +21,13 @@ import fedge
 from fedge.algorithms.asynchronous.config import FedAsyncConfig
 from fedge.algorithms.asynchronous.fedasync import staleness_weight
 from fedge.algorithms.asynchronous.fedbuff import FedBuff
-from fedge.algorithms.asynchronous.server import AsyncServer
+from fedge.algorithms.asynchronous.server import delta
 from fedge.algorithms.asynchronous.work import ProximalLoss
 from fedge.engine import classification_loss
 from fedge.errors import ConfigError
 from fedge.files import results
 from fedge.runner.checkpoint import load
-from fedge.system.events import EventQueue
+from fedge.runtime.asynchronous import AsyncEngine, Dispatch, Dispatched
 
 
 def config(tmp_path: Path, algorithm: str, name: str, rounds: int = 4, **knobs) -> dict:
@@ -142,6 +145,7 @@ def test_fedasync_mixes_each_arrival_by_its_staleness(tmp_path):
     assert any(row["staleness_max"] > 0 for row in first.metrics)
     again = fedge.run({**cfg, "output": {**cfg["output"], "name": "async-again"}})
     assert rows(again) == rows(first)  # same seed, same events
+    assert first.summary["aggregation"] == {"buffer": ["mean"]}  # each mix goes through the buffer's pipeline
 
 
 @pytest.mark.parametrize(
@@ -159,20 +163,48 @@ def test_an_interrupted_async_run_resumes_bit_identically(tmp_path, algorithm, k
     cfg["output"]["checkpoint_every"] = 3
     # after round 5; the last checkpoint is round 3's, with jobs in flight
     reference, saved, resumed = interrupted_and_resumed(cfg, tmp_path, after=5)
-    assert saved["queue"]["jobs"]  # jobs in flight saved
+    assert saved["engine"]["events"]  # jobs in flight saved
     for name, value in final_params(reference).items():
         assert torch.equal(value, final_params(resumed)[name])
 
 
+@dataclass(frozen=True)
+class Note:
+    """A stand-in payload of a job."""
+
+    tag: int
+
+
+class Scripted:
+    """A policy that dispatches the messages it is given (no training, no energy, no storage)."""
+
+    concurrency = 3
+
+    def __init__(self) -> None:
+        self.next: list[Dispatch] = []
+
+    def dispatch(self, t, clients, version):
+        return Dispatched(self.next)
+
+    def stored(self):
+        return None
+
+
 def test_the_event_queue_pops_by_time_then_dispatch_and_survives_a_checkpoint():
-    queue = EventQueue()
-    queue.push(2.0, client=7, version=0, start=0.0)
-    queue.push(1.0, client=3, version=0, start=0.0)
-    queue.push(2.0, client=1, version=1, start=0.5)
-    copy = EventQueue()
-    copy.load_state_dict(queue.state_dict())
-    assert [job.client for job in (queue.pop(), queue.pop(), queue.pop())] == [3, 7, 1]
-    assert [job.client for job in (copy.pop(), copy.pop(), copy.pop())] == [3, 7, 1]
+    policy = Scripted()
+    engine = AsyncEngine(None, policy, (Note,))  # type: ignore[arg-type]
+    policy.next = [Dispatch(7, 2.0, Note(0)), Dispatch(3, 1.0, Note(1))]
+    engine.dispatch(1, np.array([7, 3]))
+    engine.now, engine.version = 0.5, 1
+    policy.next = [Dispatch(1, 1.5, Note(2))]
+    engine.dispatch(1, np.array([1]))
+    copy = AsyncEngine(None, Scripted(), (Note,))  # type: ignore[arg-type]
+    copy.load_state_dict(engine.state_dict())
+    for queue in (engine, copy):
+        popped = [heapq.heappop(queue.events) for _ in range(3)]
+        assert [(e.client, e.version, e.start, e.message.payload) for e in popped] == [
+            (3, 0, 0.0, Note(1)), (7, 0, 0.0, Note(0)), (1, 1, 0.5, Note(2))
+        ]
     assert copy.next_seq == 3
 
 
@@ -246,11 +278,11 @@ def recorded_aggregations(monkeypatch) -> list[dict]:
     seen: list[dict] = []
     original = FedBuff.aggregate
 
-    def recording(self, updates):
+    def recording(self, t, updates):
         before = {k: v.clone() for k, v in self.params.items()}
         stale = [self.staleness(u) for u in updates]
-        original(self, updates)
-        sizes = [float(self.sizes[u["client"]]) for u in updates]
+        original(self, t, updates)
+        sizes = [float(self.sizes[u.client]) for u in updates]
         seen.append(
             {"updates": updates, "stale": stale, "sizes": sizes, "before": before, "after": dict(self.params)}
         )
@@ -287,7 +319,7 @@ def test_fedbuff_weights_each_update_one_over_k_or_by_its_samples(tmp_path, monk
         weights = [n / sum(sizes) for n in sizes]
         for name, before in aggregation["before"].items():
             step = sum(
-                w * (1.0 + tau) ** -0.5 * u["delta"][name].double()
+                w * (1.0 + tau) ** -0.5 * delta(u)[name].double()
                 for w, tau, u in zip(weights, aggregation["stale"], updates, strict=True)
             )
             expected = before.double() + 0.7 * step
@@ -348,17 +380,17 @@ def test_the_proximal_objective_adds_the_pull_to_the_received_model():
 def test_fedasync_proximal_term_keeps_clients_near_the_model_they_received(tmp_path, monkeypatch, executor):
     """With rho the local models drift less from the model they received; both executors train it."""
     drift: dict[float, list[float]] = {}
-    original = AsyncServer.receive
+    original = AsyncEngine.arrive
 
     for mu in (0.0, 5.0):
         drift[mu] = []
 
-        def receive(self, t, job, mu=mu):
-            original(self, t, job)
-            delta = self.arrived[-1]["delta"]
-            drift[mu].append(float(sum((v.double() ** 2).sum() for v in delta.values())))
+        def arrive(self, t, event, mu=mu):
+            original(self, t, event)
+            change = delta(self.arrived[-1])
+            drift[mu].append(float(sum((v.double() ** 2).sum() for v in change.values())))
 
-        monkeypatch.setattr(AsyncServer, "receive", receive)
+        monkeypatch.setattr(AsyncEngine, "arrive", arrive)
         cfg = config(tmp_path, "fedasync", f"mu-{mu}-{executor}", rounds=3, proximal_mu=mu)
         cfg["engine"]["executor"] = executor
         fedge.run(cfg)

@@ -84,7 +84,8 @@ def test_an_interrupted_async_cse_fsl_run_resumes_bit_identically(tmp_path):
     cfg["output"]["checkpoint_every"] = 3
     # after round 5; the last checkpoint is round 3's, with uploads and models in flight
     reference, saved, resumed = interrupted_and_resumed(cfg, tmp_path, after=5)
-    assert saved["queue"]["jobs"] and {e["kind"] for e in saved["flight"].values()} == {"smashed", "model"}
+    events = saved["engine"]["events"]
+    assert {e["message"]["kind"] for e in events} == {"Smashed", "ClientModel"}
     assert_same_models(state(reference), state(resumed))
 
 

@@ -20,6 +20,8 @@ FORBIDDEN_IN_ALGORITHMS = {
     "the ledger used directly": r"\bledger\.|\.ledger\b|set_storage\(",
     "torch's global generator seeded": r"manual_seed\(",
     "an attribute probed with getattr on a config": r"getattr\((self\.)?cfg\b",
+    "the clock charged directly (the runtime closes a round)": r"\.charge\(",
+    "storage held on the network directly (the runtime holds it)": r"network\.hold\(",
 }
 
 

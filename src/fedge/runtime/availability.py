@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import numpy as np
 
+from fedge.rng import numpy_rng
 from fedge.system import SystemModel
 
 
@@ -32,3 +33,20 @@ def choose(
     if not len(online):
         return np.zeros(0, dtype=np.int64)
     return rng.choice(online, size=size if replace else min(size, len(online)), replace=replace)
+
+
+def draw_clients(seed: int, pool: np.ndarray, count: int, *keys: int) -> np.ndarray:
+    """``count`` clients of ``pool`` (all of it if it has no more), sorted, from the stream
+    ``(seed, "participants", *keys)``: with the whole population as the pool, FedAvg's own draw."""
+    pool = np.asarray(pool, dtype=np.int64)
+    if count >= len(pool):
+        return pool.copy()
+    return np.sort(numpy_rng(seed, "participants", *keys).choice(pool, size=count, replace=False))
+
+
+def idle_online(system: SystemModel, draw: int, busy: set[int]) -> np.ndarray:
+    """The clients online at availability draw ``draw`` (1-based) and not in ``busy``: who an
+    asynchronous server may dispatch to (one draw per dispatch)."""
+    online = system.online(draw)
+    online[list(busy)] = False
+    return np.flatnonzero(online)

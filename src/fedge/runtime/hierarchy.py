@@ -120,7 +120,8 @@ def _received(
 class CellsRound:
     """Global round ``round`` of the ``cells`` with their ``submodels``; this process runs the rows of
     ``cohort`` of the active clients. ``client_bits`` is every active client's uplink bits of the round,
-    ``cell_bits`` one client's upload per cell in the last edge round (what the OMA latency reads)."""
+    ``cell_bits`` one client's upload per cell in the last edge round (what the OMA latency reads),
+    ``submodel_bits`` each cell's submodel at fp32 (what its edge server and clients hold)."""
 
     ctx: Context
     round: int
@@ -130,10 +131,12 @@ class CellsRound:
     cohort: Cohort
     client_bits: np.ndarray = field(init=False)
     cell_bits: np.ndarray = field(init=False)
+    submodel_bits: np.ndarray = field(init=False)
 
     def __post_init__(self) -> None:
         self.client_bits = np.zeros(self.cells.size, dtype=np.int64)
         self.cell_bits = np.zeros(self.cells.num_cells, dtype=np.int64)
+        self.submodel_bits = np.zeros(self.cells.num_cells, dtype=np.int64)
 
     @property
     def receivers(self) -> list[str]:
@@ -150,10 +153,10 @@ class CellsRound:
         """The cell of every client this process trains."""
         return torch.as_tensor(self.cells.cell_of[self.cohort.rows], device=self.ctx.device)
 
-    def send_cells(self, up: bool, params: Tensors, buffers: Tensors) -> tuple[Tensors, Tensors, np.ndarray]:
+    def send_cells(self, up: bool, params: Tensors, buffers: Tensors) -> tuple[Tensors, Tensors]:
         """Each cell's submodel (real values only) between the cloud and its edge server
-        (``submodel_up`` / ``submodel_down``): the cells' params and buffers as received, and each
-        submodel's size at fp32 (what a node holds)."""
+        (``submodel_up`` / ``submodel_down``): the cells' params and buffers as received; each
+        submodel's size at fp32 (what a node holds) goes to :attr:`submodel_bits`."""
         link = self.links.edge_up if up else self.links.edge_down
         kind = "submodel_up" if up else "submodel_down"
         held = np.zeros(self.cells.num_cells, dtype=np.int64)
@@ -164,7 +167,8 @@ class CellsRound:
             held[j] = state_bits(payload)
             if not link.codec.lossless:
                 params, buffers = _received(self.submodels, j, slice(j, j + 1), params, buffers, sent.payload)
-        return params, buffers, held
+        self.submodel_bits = held
+        return params, buffers
 
     def broadcast(self, params: Tensors, buffers: Tensors) -> tuple[Tensors, Tensors]:
         """Each edge server sends its cell's model to its clients (``model_down``); the cells' params and
@@ -270,24 +274,29 @@ class CellsRound:
         bandwidth_hz: np.ndarray,
         radio: RadioTiming,
         rates: np.ndarray | None,
+        *,
+        model: Tensors,
     ) -> float:
         """Advance the clock by the cells' rule (HIST Eqs. 17-18 with OMA ``rates``, Eq. 35 for AirComp,
         :func:`~fedge.system.cells_round`) and return the round's seconds: each cell's ``values`` of the
         ``model_values``, its clients' ``cpu_hz``, ``edge_rounds`` of ``steps`` local steps, the uploads of
-        :attr:`cell_bits` and each cell's AirComp band."""
+        :attr:`cell_bits` and each cell's AirComp band. Then record what each node holds at the round's
+        end: the cloud the new ``model``, each edge server and client its cell's submodel."""
         members = [self.cells.members(j) for j in range(self.cells.num_cells)]
         work = CellsWork(
             members, values, model_values, cpu_hz, self.cell_bits, edge_rounds, steps, bandwidth_hz
         )
         system = self.ctx.system
-        return system.charge(cells_round(system, work, radio, rates)).seconds
+        seconds = system.charge(cells_round(system, work, radio, rates)).seconds
+        self._hold(model)
+        return seconds
 
-    def hold(self, model: Tensors, cell_bits: np.ndarray) -> None:
+    def _hold(self, model: Tensors) -> None:
         """What each node holds: the cloud the full ``model``, each edge server and client its cell's
-        submodel (``cell_bits`` at fp32)."""
+        submodel (:attr:`submodel_bits` at fp32)."""
         network, receivers = self.ctx.network, self.receivers
         network.hold(nodes.CLOUD, "model", model)
-        for j, bits in enumerate(cell_bits):
+        for j, bits in enumerate(self.submodel_bits):
             network.hold(nodes.edge(j), "submodel", int(bits))
             network.hold(receivers[self.cells.rows(j)], "model", int(bits))
 

@@ -10,17 +10,15 @@ import torch
 
 from fedge.aggregation import Updates, sites
 from fedge.algorithms.asynchronous.config import DeadlineConfig
-from fedge.algorithms.asynchronous.work import LocalWork, Phases, cohort_size, draw_clients, truncated
+from fedge.algorithms.asynchronous.work import LocalWork, cohort_size, truncated
 from fedge.algorithms.base import Context, GlobalModel, register
 from fedge.comm import nodes
 from fedge.data.federated import BatchPlan
 from fedge.metrics import RoundReport
-from fedge.system.clock import WAIT, RoundCost
-from fedge.system.model import PhaseCost
-from fedge.system.rounds import along, spent
+from fedge.runtime.availability import draw_clients
+from fedge.runtime.deadline import DeadlineRuntime
+from fedge.system.deadline import compute_left, cutoff
 from fedge.tensors import floating
-
-LATE_KIND = "model_up_late"  # the part of a dropped client's upload sent before the round ended
 
 
 @register(
@@ -49,7 +47,7 @@ class FedAvgDeadline(GlobalModel):
         self.work = LocalWork(ctx, cfg)
         self.model, self.params, self.buffers = self.work.model, self.work.params, self.work.buffers
         self.cohort = cohort_size(ctx.data.num_clients, cfg.fraction)
-        ctx.network.hold(nodes.SERVER, "model", {**self.params, **self.buffers})
+        self.runtime = DeadlineRuntime(ctx, self.work.up, {**self.params, **self.buffers})
 
     def select(self, t: int) -> tuple[np.ndarray, np.ndarray]:
         """The clients selected in round ``t``, and which of them are online."""
@@ -71,25 +69,16 @@ class FedAvgDeadline(GlobalModel):
         plan = self.work.plan(reached, t)
         full = plan.weight.sum(dim=(1, 2)).cpu().numpy().astype(np.float64)
         phases = self.work.phases(t, reached, full)
-        finish = phases.seconds
-        order = np.lexsort((reached, finish))  # arrival order, ties by client
-        end = float(finish[order[min(self.cohort, len(reached)) - 1]])  # the cohort's last arrival
-        if cfg.deadline_s is not None:
-            end = min(end, cfg.deadline_s)
-        kept = np.zeros(len(reached), dtype=bool)
-        kept[order[: self.cohort]] = True
-        kept &= finish <= end
+        end, kept = cutoff(phases.seconds, reached, self.cohort, cfg.deadline_s)
         steps = plan.steps.cpu().numpy().copy()
         if cfg.late == "partial":  # the steps each late client finished with time left for its upload
-            budget = end - phases.down.seconds - phases.up.seconds
-            fits = self.work.steps_within(plan, np.maximum(budget, 0.0))
+            fits = self.work.steps_within(plan, compute_left(phases.each, end))
             steps = np.where(kept, steps, fits)
             kept |= steps > 0
         plan = truncated(plan, np.where(kept, steps, 0))
         done = plan.weight.sum(dim=(1, 2)).cpu().numpy().astype(np.float64)
         trainees = np.flatnonzero(kept)
-        cost = self._cost(t, reached, phases, full, done, kept, end)
-        ctx.system.charge(cost)
+        self.runtime.close(t, reached, phases.each, full, done, kept, end, self.work.model_values)
         if not len(trainees):
             figures.update(participants=0, late=len(reached), partial=0)
             return RoundReport(0.0, figures)  # nothing trained: the model stays as it was
@@ -108,52 +97,11 @@ class FedAvgDeadline(GlobalModel):
         averaged = ctx.pipeline(sites.SERVER).reduce(updates)
         self.params = {k: averaged[k] for k in self.params}
         self.buffers = {k: averaged[k] for k in self.buffers}
-        ctx.network.hold(senders, "model", {**self.params, **self.buffers})
+        self.runtime.store(senders, {**self.params, **self.buffers})
         train_loss = float((trained.losses.double().cpu() * weights.cpu()).sum())
         partial = int(np.sum(done[trainees] < full[trainees]))
         figures.update(participants=len(trainees), late=len(reached) - len(trainees), partial=partial)
         return RoundReport(train_loss, figures)
-
-    def _cost(
-        self,
-        t: int,
-        clients: np.ndarray,
-        phases: Phases,
-        full: np.ndarray,
-        done: np.ndarray,
-        kept: np.ndarray,
-        end: float,
-    ) -> RoundCost:
-        """The round's cost: it lasts until ``end``; a dropped client's job is cut there (its compute and
-        its upload up to then, the upload's bits so far on the ledger as :data:`LATE_KIND`)."""
-        down, compute, up = phases.down, phases.compute, phases.up
-        computed = np.where(kept, done / np.maximum(full, 1.0), 0.0)
-        dropped = ~kept
-        cut = np.clip(end - down.seconds, 0.0, compute.seconds)
-        computed[dropped] = cut[dropped] / np.maximum(compute.seconds[dropped], 1e-300)
-        work = PhaseCost(compute.seconds * computed, compute.joules * computed, compute.phase, compute.payers)
-        airtime = np.where(kept, up.seconds, np.clip(end - down.seconds - work.seconds, 0.0, up.seconds))
-        sent = PhaseCost(airtime, up.joules * airtime / np.maximum(up.seconds, 1e-300), up.phase, up.payers)
-        late = np.flatnonzero(dropped & (airtime > 0))
-        if len(late):  # the values each late upload carried before the round ended, through the link
-            values = self.work.model_values
-            carried = np.floor(values * airtime[late] / up.seconds[late]).astype(np.int64)
-            cut = {"model": torch.zeros(len(late), values, device=self.ctx.device)}
-            self.work.up.send(
-                t, nodes.clients(clients[late]), nodes.SERVER, LATE_KIND, cut, stacked=True, lengths=carried
-            )
-        ends = down.seconds + work.seconds + sent.seconds
-        last = int(np.argmax(np.where(kept, ends, -1.0))) if kept.any() else int(np.argmax(ends))
-        path = along(last, down, work, sent)
-        gap = end - float(ends[last])
-        if gap > 0:
-            path[WAIT] = gap  # the server waiting for a deadline nobody else met
-        return RoundCost(
-            end,
-            float(down.joules.sum() + work.joules.sum() + sent.joules.sum()),
-            path,
-            spent(down, work, sent),
-        )
 
 
 def truncated_rows(plan: BatchPlan, rows: np.ndarray) -> BatchPlan:

@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
-from typing import Any
+import torch
 
+from fedge.aggregation import Part, Updates, sites
 from fedge.algorithms.asynchronous.config import FedAsyncConfig
-from fedge.algorithms.asynchronous.server import AsyncServer
+from fedge.algorithms.asynchronous.server import AsyncServer, uploaded
 from fedge.algorithms.base import Context, register
+from fedge.runtime.asynchronous import Arrival
 
 
 @register("fedasync", FedAsyncConfig, "FedAsync: asynchronous clients, each update mixed in by its staleness")
@@ -20,23 +22,33 @@ class FedAsync(AsyncServer):
     def __init__(self, ctx: Context, cfg: FedAsyncConfig):
         super().__init__(ctx, cfg, cfg.proximal_mu)
 
-    def due(self) -> bool:
-        return len(self.arrived) >= 1
+    def due(self, arrived: int) -> bool:
+        return arrived >= 1
 
     def mixing(self, tau: int) -> float:
         """The weight of an update ``tau`` versions old."""
         cfg: FedAsyncConfig = self.cfg
         return min(1.0, cfg.server_lr * cfg.mixing * staleness_weight(cfg, tau))
 
-    def aggregate(self, updates: list[dict[str, Any]]) -> None:
-        for update in updates:
-            alpha = self.mixing(self.staleness(update))
-            model = update["model"]
-            self.params = {k: (1.0 - alpha) * v + alpha * model[k] for k, v in self.params.items()}
-            self.buffers = {
-                k: (1.0 - alpha) * v + alpha * model[k] if k in model else v for k, v in self.buffers.items()
-            }
-        self.merge_integers(updates)
+    def aggregate(self, t: int, arrivals: list[Arrival]) -> None:
+        """Each arrival mixed in through the buffer's pipeline: the server's own model weighs ``1 - a``,
+        the arrived one ``a`` (two parts, so the default mean computes ``(1 - a) x + a x_k`` exactly)."""
+        buffer = self.ctx.pipeline(sites.BUFFER)
+        for arrival in arrivals:
+            alpha = self.mixing(self.staleness(arrival))
+            model = uploaded(arrival)
+            current = {k: v for k, v in {**self.params, **self.buffers}.items() if k in model}
+            own = Part({k: v[None] for k, v in current.items()}, _weight(1.0 - alpha, self.ctx.device))
+            arrived = Part({k: model[k][None] for k in current}, _weight(alpha, self.ctx.device))
+            mixed = buffer.reduce(Updates(sites.BUFFER, self.version + 1, (own, arrived), current))
+            self.params = {k: mixed[k] for k in self.params}
+            self.buffers = {k: mixed.get(k, v) for k, v in self.buffers.items()}
+        self.merge_integers(arrivals)
+
+
+def _weight(value: float, device: torch.device) -> torch.Tensor:
+    """One row's weight (float64, like every site's weights)."""
+    return torch.tensor([value], dtype=torch.float64, device=device)
 
 
 def staleness_weight(cfg: FedAsyncConfig, tau: int) -> float:

@@ -2,16 +2,15 @@
 
 from __future__ import annotations
 
-from typing import Any
-
 import numpy as np
 import torch
 
 from fedge.aggregation import Updates, sites
 from fedge.algorithms.asynchronous.config import PAPER_BUFFER, FedBuffConfig
-from fedge.algorithms.asynchronous.server import AsyncServer
+from fedge.algorithms.asynchronous.server import AsyncServer, delta, uploaded
 from fedge.algorithms.base import Context, register
 from fedge.errors import ConfigError
+from fedge.runtime.asynchronous import Arrival
 from fedge.tensors import Tensors, floating
 
 
@@ -35,32 +34,32 @@ class FedBuff(AsyncServer):
                 f"{self.buffer_size} updates per aggregation, but only {self.concurrency} clients in flight",
             )
 
-    def due(self) -> bool:
-        return len(self.arrived) >= self.buffer_size
+    def due(self, arrived: int) -> bool:
+        return arrived >= self.buffer_size
 
-    def aggregate(self, updates: list[dict[str, Any]]) -> None:
+    def aggregate(self, t: int, arrivals: list[Arrival]) -> None:
         cfg: FedBuffConfig = self.cfg
-        sizes = torch.as_tensor(self.sizes[[u["client"] for u in updates]], dtype=torch.float64)
+        sizes = torch.as_tensor(self.sizes[[a.client for a in arrivals]], dtype=torch.float64)
         if cfg.weighting == "uniform":
             sizes = torch.ones_like(sizes)
         weights = (sizes / sizes.sum()).to(self.ctx.device)
-        stale = [self.staleness(u) for u in updates]
+        stale = [self.staleness(a) for a in arrivals]
         current = {**self.params, **floating(self.buffers)}
         buffer, number = self.ctx.pipeline(sites.BUFFER), self.version + 1
         if cfg.server_lr == 1.0 and not any(stale):  # FedAvg's average, rounded as FedAvg rounds it
-            models = _stacked(updates, "model", current)
+            models = _stacked([uploaded(a) for a in arrivals], current)
             merged = buffer.reduce(Updates.of(sites.BUFFER, number, models, weights, current))
         else:
             scale = [1.0 / np.sqrt(1.0 + tau) if cfg.staleness == "sqrt" else 1.0 for tau in stale]
             scaled = weights * torch.as_tensor(scale, dtype=torch.float64, device=weights.device)
-            deltas = _stacked(updates, "delta", current)
+            deltas = _stacked([delta(a) for a in arrivals], current)
             step = buffer.reduce(Updates.of_deltas(sites.BUFFER, number, deltas, scaled))
             merged = {k: v + cfg.server_lr * step[k] for k, v in current.items()}
         self.params = {k: merged[k] for k in self.params}
         self.buffers = {k: merged.get(k, v) for k, v in self.buffers.items()}
-        self.merge_integers(updates)
+        self.merge_integers(arrivals)
 
 
-def _stacked(updates: list[dict[str, Any]], field: str, names: Tensors) -> Tensors:
-    """Each tensor of ``names`` stacked over the updates' ``field`` (one row per update)."""
-    return {k: torch.stack([u[field][k] for u in updates]) for k in names}
+def _stacked(models: list[Tensors], names: Tensors) -> Tensors:
+    """Each tensor of ``names`` stacked over ``models`` (one row per update)."""
+    return {k: torch.stack([model[k] for model in models]) for k in names}

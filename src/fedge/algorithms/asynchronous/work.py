@@ -23,9 +23,8 @@ from fedge.engine import (
 )
 from fedge.engine.step import LossFn
 from fedge.errors import ConfigError
-from fedge.rng import numpy_rng
-from fedge.system import SystemModel, forward_flops, training_flops
-from fedge.system.model import PhaseCost
+from fedge.system import forward_flops, training_flops
+from fedge.system.jobs import JobPhases, job_phases, steps_within
 from fedge.tensors import Tensors, floating
 
 
@@ -38,20 +37,6 @@ class Trained:
     buffers: Tensors
     losses: torch.Tensor
     samples: np.ndarray
-
-
-@dataclass(frozen=True)
-class Phases:
-    """The three phases of a group of clients' jobs, one row per client."""
-
-    down: PhaseCost
-    compute: PhaseCost
-    up: PhaseCost
-
-    @property
-    def seconds(self) -> np.ndarray:
-        """Each job's duration: download, compute and upload one after another."""
-        return self.down.seconds + self.compute.seconds + self.up.seconds
 
 
 ANCHOR = "anchor::"  # buffer prefix of the model a proximal job started from
@@ -78,23 +63,6 @@ class ProximalLoss:
 def cohort_size(num_clients: int, fraction: float) -> int:
     """``max(1, round(fraction * n))``, FedAvg's cohort."""
     return min(num_clients, max(1, round(fraction * num_clients)))
-
-
-def draw_clients(seed: int, pool: np.ndarray, count: int, *keys: int) -> np.ndarray:
-    """``count`` clients of ``pool`` (all of it if it has no more), sorted, from the stream
-    ``(seed, "participants", *keys)``: with the whole population as the pool, FedAvg's own draw."""
-    pool = np.asarray(pool, dtype=np.int64)
-    if count >= len(pool):
-        return pool.copy()
-    return np.sort(numpy_rng(seed, "participants", *keys).choice(pool, size=count, replace=False))
-
-
-def idle_online(system: SystemModel, draw: int, busy: set[int]) -> np.ndarray:
-    """The clients online at availability draw ``draw`` (1-based) and not in ``busy``: who an
-    asynchronous server may dispatch to (one draw per dispatch)."""
-    online = system.online(draw)
-    online[list(busy)] = False
-    return np.flatnonzero(online)
 
 
 def truncated(plan: BatchPlan, steps: np.ndarray) -> BatchPlan:
@@ -150,22 +118,14 @@ class LocalWork:
         trained = {k: v for k, v in bank.buffers.items() if k not in anchors}
         return Trained(clients, bank.params, trained, losses, samples)
 
-    def phases(self, t: int, clients: np.ndarray, samples: np.ndarray) -> Phases:
+    def phases(self, t: int, clients: np.ndarray, samples: np.ndarray) -> JobPhases:
         """What each of ``clients``' jobs costs: receiving the model, training on ``samples`` samples,
         uploading its model, on its own device and links (fading of round ``t``)."""
-        system, count = self.ctx.system, len(clients)
-        return Phases(
-            system.download(clients, np.full(count, self.down_bits), t),
-            system.client_compute(training_flops(self.flops_per_sample, samples), clients),
-            system.upload(clients, np.full(count, self.up_bits), t),
-        )
+        flops = training_flops(self.flops_per_sample, samples)
+        return job_phases(self.ctx.system, t, clients, flops, self.down_bits, self.up_bits)
 
     def steps_within(self, plan: BatchPlan, seconds: np.ndarray) -> np.ndarray:
         """How many local steps of each row of ``plan`` its client completes in ``seconds`` of compute."""
         per_step = plan.weight.sum(dim=2).cpu().numpy().astype(np.float64)  # samples of each step
         clients = np.asarray(plan.clients, dtype=np.int64)
-        cost = self.ctx.system.client_compute(
-            training_flops(self.flops_per_sample, np.cumsum(per_step, axis=1)).T, clients
-        ).seconds.T  # seconds to finish each step, per row
-        done = (cost <= np.asarray(seconds)[:, None]) & (per_step > 0)
-        return done.sum(axis=1).astype(np.int64)
+        return steps_within(self.ctx.system, clients, per_step, self.flops_per_sample, seconds)

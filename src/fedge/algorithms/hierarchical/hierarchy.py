@@ -99,13 +99,13 @@ class HierarchicalFL(Algorithm[HierarchicalT], Generic[HierarchicalT]):
         views = self.views(t, sizes)
         rnd = self.rounds.open(t, views)
         cell_params, cell_buffers = views.gather(self.params), views.gather(self.buffers)
-        cell_params, cell_buffers, cell_bits = rnd.send_cells(False, cell_params, cell_buffers)
+        cell_params, cell_buffers = rnd.send_cells(False, cell_params, cell_buffers)
         losses, mses = [], []
         for e in range(cfg.edge_rounds):
             cell_params, cell_buffers, loss, mse = self._edge_round(rnd, e, views, cell_params, cell_buffers)
             losses.append(loss)
             mses.extend(mse)
-        cell_params, cell_buffers, _ = rnd.send_cells(True, cell_params, cell_buffers)
+        cell_params, cell_buffers = rnd.send_cells(True, cell_params, cell_buffers)
         merged = views.merge(cell_params | cell_buffers, partial(rnd.cloud, model=self.params | self.buffers))
         self.params = {k: merged[k] for k in self.params}
         self.buffers = {k: merged[k] for k in self.buffers}
@@ -119,8 +119,8 @@ class HierarchicalFL(Algorithm[HierarchicalT], Generic[HierarchicalT]):
             self.radio.cell_bandwidth_hz(),
             cfg.radio,
             rates,
+            model=self.params | self.buffers,
         )
-        rnd.hold(self.params | self.buffers, cell_bits)
         up_mb = self.client_up_bits / BITS_PER_MB
         metrics: dict[str, Any] = {
             "latency_s": latency,

@@ -39,6 +39,22 @@ class Round:
     cohort: Cohort
     timeline: Timeline | None = None  # the simulated queue of ``server_order: arrival``
 
+    @classmethod
+    def trained(
+        cls,
+        t: int,
+        draws: Draws,
+        nodes: list[str],
+        weights: torch.Tensor,
+        lrs: tuple[float, float],
+        rows: ClientBank,
+        cohort: Cohort,
+    ) -> Round:
+        """A round of rows that have trained already (their client models in ``rows``), to upload and
+        average them: no noise keys, an empty tally (asynchronous CSE-FSL's merge of arrived models)."""
+        tally = Tally.zeros(len(draws), weights.device)
+        return cls(t, draws, nodes, weights, *lrs, rows, None, tally, cohort)
+
     def state(self, subset: torch.Tensor | None) -> State:
         """The stacked state of the rows ``subset`` (all rows for None)."""
         bank = self.rows
