@@ -13,6 +13,7 @@ import pytest
 import torch
 from async_cases import HETEROGENEOUS, IDENTICAL, interrupted_and_resumed, rows
 from cases import tiny
+from tiers import parametrize_first_by_default
 
 import fedge
 from fedge import results
@@ -144,7 +145,7 @@ def test_fedasync_mixes_each_arrival_by_its_staleness(tmp_path):
     assert rows(again) == rows(first)  # same seed, same events
 
 
-@pytest.mark.parametrize(
+@parametrize_first_by_default(
     ("algorithm", "knobs"),
     [
         ("fedbuff", {}),

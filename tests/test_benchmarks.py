@@ -13,6 +13,7 @@ from benchmarks.measure import flops_per_sample
 from benchmarks.workloads import WORKLOADS, get_workload
 
 
+@pytest.mark.ci
 def test_harness_writes_a_report_and_skips_flower_cleanly(tmp_path, monkeypatch, capsys):
     monkeypatch.setattr(engine, "flower_installed", lambda: False)
     out = tmp_path / "report.json"
@@ -149,6 +150,7 @@ def test_afind_loop_agrees_with_fedge_over_three_rounds():
     assert runs[0].algorithm.selector.previous.sum(dim=1).tolist() != [3] * 4  # the threshold chose
 
 
+@pytest.mark.ci
 def test_family_benchmark_runs_only_the_algorithms_asked_for(tmp_path, capsys):
     from benchmarks import families
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import pytest
+from tiers import parametrize_first_by_default
 
 import fedge
 from fedge import costs
@@ -90,7 +91,7 @@ def _tiny_cifar(name: str, clients: int = 2, **algorithm) -> dict:
     }
 
 
-@pytest.mark.parametrize(
+@parametrize_first_by_default(
     ("method", "h", "phase"),
     [
         ("splitfed_v1", 1, "last"), ("splitfed_v2", 1, "last"), ("fsl_an", 1, "last"), ("cse_fsl", 1, "last"),

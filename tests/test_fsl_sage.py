@@ -12,6 +12,7 @@ import torch
 from test_data_sources import write_idx_set
 from test_paper_examples import write_cifar10
 from test_split_algorithms import config, max_diff, model_state, trained
+from tiers import parametrize_first_by_default
 
 import fedge
 from fedge.algorithms.split.alignment import Aligner
@@ -100,7 +101,7 @@ VARIANTS = {
 }
 
 
-@pytest.mark.parametrize("variant", list(VARIANTS), ids=list(VARIANTS))
+@parametrize_first_by_default("variant", list(VARIANTS), ids=list(VARIANTS))
 def test_batched_and_sequential_executors_agree(variant):
     runs = {}
     for executor in ("sequential", "batched"):
@@ -236,6 +237,7 @@ def test_the_fashion_mnist_example_validates_and_its_first_round_runs(tmp_path):
     assert result.metrics[0]["aligned"] == 5 and np.isfinite(result.metrics[0]["train_loss"])
 
 
+@pytest.mark.ci
 def test_the_paper_scale_example_runs_its_first_round_on_cifar10_files(tmp_path):
     path = EXAMPLES / "fsl-sage-cifar10.yaml"
     config_ = fedge.config.load_config(path)
@@ -248,7 +250,7 @@ def test_the_paper_scale_example_runs_its_first_round_on_cifar10_files(tmp_path)
     assert row["round"] == 1 and row["aligned"] == 3 and np.isfinite(row["train_loss"])
 
 
-@pytest.mark.parametrize("forms", [{}, CODE_FORMS], ids=["default", "code-forms"])
+@parametrize_first_by_default("forms", [{}, CODE_FORMS], ids=["default", "code-forms"])
 def test_an_interrupted_run_resumes_to_the_uninterrupted_result(tmp_path, forms):
     """The alignment store (samples and the aux models' optimizer state) travels in the checkpoint."""
     from cases import tiny
@@ -380,7 +382,7 @@ def code_loop(built, rounds: int, lr: float) -> tuple[list[float], list[dict[int
     return accuracy, heads
 
 
-@pytest.mark.parametrize("executor", ["sequential", "batched"])
+@parametrize_first_by_default("executor", ["sequential", "batched"])
 def test_the_code_switches_run_fsl_sage_as_its_authors_code_does_round_for_round(executor):
     """With ``first_batch`` and ``mean_loss_gradients`` (and the code's client after client and Adam
     states kept) fedge equals the independent reference of the public code's loop: accuracy each round,

@@ -11,6 +11,7 @@ import time
 from pathlib import Path
 
 import children
+import pytest
 import yaml
 from cases import invoke, tiny
 from llm_cases import lm_config, write_corpus
@@ -101,6 +102,7 @@ def test_centralized_reference_runs(tiny_config):
     assert result.summary["bits_up"] == 0 and result.summary["final_accuracy"] > 0.5
 
 
+@pytest.mark.ci
 def test_killed_run_resumes_to_identical_metrics(tiny_config, tmp_path):
     tiny_config.update(rounds=120)
     tiny_config["output"].update(checkpoint_every=2, name="killed")

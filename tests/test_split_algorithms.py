@@ -7,6 +7,7 @@ import copy
 import numpy as np
 import pytest
 import torch
+from tiers import parametrize_first_by_default
 
 import fedge
 from fedge.algorithms.split.parts import composed
@@ -92,7 +93,7 @@ VARIANTS = {
 }
 
 
-@pytest.mark.parametrize("variant", list(VARIANTS), ids=list(VARIANTS))
+@parametrize_first_by_default("variant", list(VARIANTS), ids=list(VARIANTS))
 def test_batched_and_sequential_executors_agree(variant):
     runs = {}
     for executor in ("sequential", "batched"):

@@ -31,6 +31,7 @@ def test_p1_has_exactly_the_requested_constants(sigma_G2):
     assert spread.max() == pytest.approx(sigma_G2, abs=1e-9)
 
 
+@pytest.mark.ci
 def test_p1_gradient_and_infimum(p1):
     side = p1.client
     x = np.random.default_rng(1).normal(size=10)

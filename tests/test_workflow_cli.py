@@ -54,6 +54,7 @@ def test_shipped_example_runs_from_any_directory(tmp_path, monkeypatch):
     assert missing.exit_code == 2 and "quickstart" in missing.output
 
 
+@pytest.mark.ci
 def test_piped_run_prints_progress_lines_while_it_runs(tiny_config, tmp_path):
     tiny_config.update(rounds=60, engine={"threads": 1})
     (tmp_path / "run.yaml").write_text(json.dumps(tiny_config))
@@ -97,6 +98,7 @@ def test_labels_name_what_differs():
     ]
 
 
+@pytest.mark.ci
 def test_plot_writes_pdf_with_labels_from_configs(tiny_config, tmp_path):
     a = fedge.run(tiny_config, ["rounds=2"]).run_dir
     b = fedge.run(tiny_config, ["rounds=2", "algorithm.optimizer.lr=0.3"]).run_dir
