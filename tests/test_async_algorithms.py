@@ -41,7 +41,7 @@ def final_params(result: fedge.Result) -> dict[str, torch.Tensor]:
     return load(result.run_dir / results.CHECKPOINT).state["algorithm"]["params"]
 
 
-@pytest.mark.parametrize("executor", ["batched", "sequential"])
+@parametrize_first_by_default("executor", ["batched", "sequential"])
 def test_fedbuff_with_sample_weights_and_k_the_cohort_on_identical_devices_is_fedavg(tmp_path, executor):
     runs = {}
     for algorithm in ("fedavg", "fedbuff"):

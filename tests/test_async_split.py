@@ -57,6 +57,7 @@ def test_async_cse_fsl_with_equal_arrival_times_is_cse_fsl_in_arrival_order(tmp_
     assert ledger == (deferred.run_dir / "ledger.csv").read_bytes()
 
 
+@pytest.mark.ci
 def test_on_a_heterogeneous_fleet_uploads_are_stale_and_both_executors_agree(tmp_path):
     runs = {}
     for executor in ("batched", "sequential"):

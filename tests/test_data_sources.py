@@ -12,7 +12,6 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
-from tiers import parametrize_first_by_default
 
 from fedge.config import DATASETS, DataConfig
 from fedge.data.sources import SOURCES, cifar, idx, load_dataset, source_descriptions
@@ -65,7 +64,8 @@ def test_every_configured_dataset_has_a_source_and_a_one_line_description() -> N
 # --- real offline files ------------------------------------------------------------------------------
 
 
-@parametrize_first_by_default("name", ["mnist", "fashion-mnist"])
+@pytest.mark.ci
+@pytest.mark.parametrize("name", ["mnist", "fashion-mnist"])
 def test_real_idx_datasets_load_from_system_locations(name: str, monkeypatch: pytest.MonkeyPatch) -> None:
     """The real files where a set-up puts them: a system package, or the user's cache folder."""
     monkeypatch.setenv("HOME", str(REAL_HOME))

@@ -228,6 +228,7 @@ def test_a_deployed_run_refuses_the_first_batch_timing_naming_the_key():
     DeployedFslSage(build_run(plain).context, plain.algorithm).check_deployable()
 
 
+@pytest.mark.ci
 def test_the_fashion_mnist_example_validates_and_its_first_round_runs(tmp_path):
     path = EXAMPLES / "fsl-sage-fashion-mnist.yaml"
     write_idx_set(tmp_path / "data", n_train=400, n_test=100, gz=True)

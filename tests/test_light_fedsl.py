@@ -9,7 +9,6 @@ import numpy as np
 import pytest
 import torch
 import torch.nn.functional as F
-from tiers import parametrize_first_by_default
 from torch.func import functional_call, grad
 
 import fedge
@@ -138,7 +137,8 @@ def test_pruning_follows_the_schedule_persists_and_restarts_after_aggregation():
     assert history[4][0]["sparsity"] == pytest.approx(round(sparsity_target(5, 8, 0.6) * n) / n)
 
 
-@parametrize_first_by_default("interval", [1, 5])
+@pytest.mark.ci
+@pytest.mark.parametrize("interval", [1, 5])
 def test_pruned_weights_stay_pruned_over_a_long_run(monkeypatch, interval):
     """Every client's trained model (read before any aggregation) holds at least round(rho_t N) zeros in
     every round, and once the schedule is flat its non-zero count never rises. Resetting the masks at
@@ -398,6 +398,7 @@ def test_bad_values_name_their_key(change, key):
     assert info.value.key == key
 
 
+@pytest.mark.ci
 def test_simulated_time_reaches_metrics_summary_and_compare(tmp_path):
     raw = config({}, rounds=3, output={"dir": str(tmp_path), "plots": False})
     outcome = compare(fedge.resolve_config(raw), ["fedsl", "light_fedsl"], seeds=1)

@@ -31,7 +31,7 @@ def corpus(tmp_path_factory):
     return write_corpus(tmp_path_factory.mktemp("corpus"))
 
 
-@pytest.mark.parametrize("lora_rank", [0, 4])
+@parametrize_first_by_default("lora_rank", [0, 4])
 def test_every_cut_computes_what_bert_for_sequence_classification_computes(lora_rank):
     """The same seed and config give transformers' BertForSequenceClassification (its sdpa attention);
     LoRA starts at the base (B = 0)."""

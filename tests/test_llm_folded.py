@@ -77,7 +77,7 @@ def _state(algorithm) -> dict:
 
 
 @needs_llm
-@pytest.mark.parametrize("name", ["fedavg", "splitfed_v2", "cse_fsl"])
+@parametrize_first_by_default("name", ["fedavg", "splitfed_v2", "cse_fsl"])
 @parametrize_first_by_default("positions", [2048, 128])  # every client in one pass; one client a pass
 def test_folded_vmapped_and_sequential_runs_agree(corpus, name, positions, monkeypatch):
     """The batched executor folds the clients (``engine.fused``, the default) or vmaps them; both agree

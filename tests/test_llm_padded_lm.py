@@ -154,6 +154,7 @@ def test_executors_agree_on_padded_lines(lines, name):
     executors_agree(lambda engine: lines_run(lines, algorithm, engine=engine))
 
 
+@pytest.mark.ci
 def test_executors_agree_on_a_padded_llama(lines):
     executors_agree(lambda engine: lines_run(lines, {"name": "cse_fsl", "h": 2}, arch="llama", engine=engine))
 

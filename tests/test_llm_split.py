@@ -62,6 +62,7 @@ def test_one_client_splitfed_v2_with_lora_equals_centralized_lora(corpus, execut
     assert max_diff(state, untrained) > 1e-3  # the adapters moved: the equality is not of two no-ops
 
 
+@pytest.mark.ci
 def test_one_client_fedavg_lora_with_one_local_step_equals_centralized_lora(corpus):
     algorithm = {"name": "fedavg", "batch_size": 512, "optimizer": {"lr": 0.05}}
     raw = lm_config(corpus, algorithm, clients=1)
@@ -212,6 +213,7 @@ def test_a_split_step_past_the_activation_budget_recomputes_its_graph_a_chunk_at
     assert all(a == pytest.approx(b, abs=1e-6) for a, b in losses)
 
 
+@pytest.mark.ci
 def test_a_recomputed_split_step_gives_idle_clients_nothing_and_the_others_their_gradients(
     tmp_path, monkeypatch
 ):

@@ -26,6 +26,7 @@ def test_reproduction_sweeps_validate_every_cell(name, runs):
     assert len(tasks) == runs
 
 
+@pytest.mark.ci
 def test_closest_afind_setup_is_the_papers_where_it_claims_to_be():
     base, spec = load_sweep("example:sweeps/afind-closest")
     _, tasks = plan(base, spec)

@@ -122,6 +122,7 @@ def test_an_edited_length_in_config_yaml_is_a_continuation_too(tmp_path):
     assert _rows(fedge.resume(run_dir)) == _rows(fresh)
 
 
+@pytest.mark.ci
 def test_a_sweep_rerun_with_more_rounds_continues_its_runs(tmp_path):
     base = _config("fedavg", tmp_path, 2, "x")
     del base["output"]["name"]

@@ -68,6 +68,7 @@ def test_executors_agree_end_to_end(tiny_config):
         assert abs(a["accuracy"] - b["accuracy"]) < 1e-9 and abs(a["loss"] - b["loss"]) < 1e-4
 
 
+@pytest.mark.ci
 def test_quickstart_reaches_90_percent(tmp_path):
     """FedAvg on digits, 10 clients, Dirichlet(0.5), default rounds: the issue's accuracy bar."""
     result = fedge.run(None, [f"output.dir={tmp_path}", "output.plots=false"])

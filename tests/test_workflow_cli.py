@@ -69,6 +69,7 @@ def test_piped_run_prints_progress_lines_while_it_runs(tiny_config, tmp_path):
     assert "round 60/60  acc" in rest and "final accuracy" in rest
 
 
+@pytest.mark.ci
 def test_compare_target_agrees_with_metrics(tiny_config):
     tiny_config["rounds"] = 8
     outcome = fedge.compare.compare(fedge.resolve_config(tiny_config), ["fedavg"], seeds=2, target=0.6)
@@ -106,6 +107,7 @@ def test_plot_writes_pdf_with_labels_from_configs(tiny_config, tmp_path):
     assert result.exit_code == 0 and (tmp_path / "p" / "accuracy_vs_mb.pdf").read_bytes().startswith(b"%PDF")
 
 
+@pytest.mark.ci
 def test_report_is_one_self_contained_page(tiny_config, tmp_path):
     for seed in (1, 2):
         for lr in (0.1, 0.3):
