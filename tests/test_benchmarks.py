@@ -124,6 +124,7 @@ def test_hierarchical_loops_agree_with_fedge_after_a_round(name):
         assert _max_diff(fedge_global_state(run), loop.state()) < 1e-6
 
 
+@pytest.mark.ci
 def test_afind_loop_agrees_with_fedge_over_three_rounds():
     """Round 1 takes every neighbour (the cold-start top ``k0``), rounds 2-3 the adaptive threshold."""
     from benchmarks.families import _max_diff

@@ -110,7 +110,8 @@ def test_batched_and_sequential_executors_agree_on_bert(corpus, name):
         assert any(k.startswith("aux.") for k in seq.algorithm.client["params"])
 
 
-@parametrize_first_by_default("name", ["splitfed_v1", "light_fedsl", "gossip", "hfedavg"])
+@pytest.mark.ci
+@pytest.mark.parametrize("name", ["splitfed_v1", "light_fedsl", "gossip", "hfedavg"])
 def test_the_other_families_run_on_bert_and_their_executors_agree(corpus, name):
     """One label per sequence fits every family's model contract: split with a server copy per client,
     lightweight FedSL (pruned adapters, cut dropout), decentralized and hierarchical."""
