@@ -50,10 +50,12 @@ def registries():
     extend._LOADED.update(loaded)
 
 
+@pytest.hookimpl(tryfirst=True)
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     """Keep each test module whose tests share a module-scoped fixture on one xdist worker (addopts'
     ``--dist loadgroup``): under plain load balancing every worker that drew one of its tests built the
-    fixture again (two 2-rank gloo launches of every family, the language models' runs)."""
+    fixture again (two 2-rank gloo launches of every family, the language models' runs). First among
+    the hooks: xdist reads the group into the test's id in its own, which runs before a plain one."""
     for item in items:
         module, definitions = item.getparent(pytest.Module), getattr(item, "_fixtureinfo", None)
         if module is None or definitions is None:

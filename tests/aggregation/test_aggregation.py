@@ -13,6 +13,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from tiers import parametrize_first_by_default
 from typer.testing import CliRunner
 
 import fedge
@@ -147,6 +148,7 @@ def test_a_bad_stage_is_refused_in_one_line_naming_its_key(median, stages, key, 
     assert error.value.key == key and words in str(error.value) and "\n" not in str(error.value)
 
 
+@pytest.mark.ci
 def test_the_command_line_refuses_an_unknown_stage_with_exit_code_2(tmp_path):
     result = CliRunner().invoke(app, ["run", "aggregation.stages=[nosuch]", f"output.dir={tmp_path}"])
     assert result.exit_code == 2 and "aggregation.stages.0.name" in result.output
@@ -190,7 +192,7 @@ def final_state(run_dir: Path) -> dict[str, torch.Tensor]:
     return state["bank"]["params"] if "bank" in state else state["params"]
 
 
-@pytest.mark.parametrize("family", list(FAMILIES))
+@parametrize_first_by_default("family", list(FAMILIES))
 def test_the_median_runs_at_its_site_on_both_executors_with_one_result(tmp_path, median, family):
     runs = {
         executor: fedge.run(config(tmp_path, FAMILIES[family], ["median"], executor))
@@ -216,6 +218,7 @@ result = fedge.run(json.loads(sys.argv[2]))
 """
 
 
+@pytest.mark.ci
 def test_the_median_on_two_gloo_ranks_equals_one_process(tmp_path, median):
     cfg = config(tmp_path, FAMILIES["fedavg"], ["median"])
     cfg["algorithm"] = {**cfg["algorithm"], "fraction": 1.0}  # every client: 3 + 3 rows over the ranks

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import math
 
+import pytest
+
 import fedge
 from fedge.report.page import render
 
@@ -18,6 +20,7 @@ CONFIG = {
 }
 
 
+@pytest.mark.ci
 def test_the_trace_shows_the_threshold_shrinking_the_literal_coreset(tmp_path):
     """Eq. 10 sums the entropy over the coreset, so a smaller coreset raises the next threshold (up to
     tau / 2): from the cold start's k0 the coreset shrinks, and never past what the threshold lets through
@@ -37,6 +40,7 @@ def test_the_trace_shows_the_threshold_shrinking_the_literal_coreset(tmp_path):
     assert rows[-1]["sim_selected_mean"] > rows[-1]["sim_others_mean"]  # the kept ones are the similar ones
 
 
+@pytest.mark.ci
 def test_the_report_draws_the_selection_of_runs_that_carry_it(tmp_path):
     traced = fedge.run({**CONFIG, "rounds": 2, "output": {"dir": str(tmp_path / "a"), "plots": False}})
     page = render(traced.run_dir)

@@ -16,6 +16,7 @@ import pytest
 import torch
 from async_cases import HETEROGENEOUS, IDENTICAL, interrupted_and_resumed, rows
 from cases import tiny
+from tiers import parametrize_first_by_default
 
 import fedge
 from fedge.algorithms.asynchronous.config import FedAsyncConfig
@@ -43,7 +44,7 @@ def final_params(result: fedge.Result) -> dict[str, torch.Tensor]:
     return load(result.run_dir / results.CHECKPOINT).state["algorithm"]["params"]
 
 
-@pytest.mark.parametrize("executor", ["batched", "sequential"])
+@parametrize_first_by_default("executor", ["batched", "sequential"])
 def test_fedbuff_with_sample_weights_and_k_the_cohort_on_identical_devices_is_fedavg(tmp_path, executor):
     runs = {}
     for algorithm in ("fedavg", "fedbuff"):
@@ -148,7 +149,7 @@ def test_fedasync_mixes_each_arrival_by_its_staleness(tmp_path):
     assert first.summary["aggregation"] == {"buffer": ["mean"]}  # each mix goes through the buffer's pipeline
 
 
-@pytest.mark.parametrize(
+@parametrize_first_by_default(
     ("algorithm", "knobs"),
     [
         ("fedbuff", {}),

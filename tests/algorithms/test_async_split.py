@@ -9,6 +9,7 @@ import pytest
 import torch
 from async_cases import HETEROGENEOUS, IDENTICAL, interrupted_and_resumed, rows
 from cases import tiny
+from tiers import parametrize_first_by_default
 
 import fedge
 from fedge.errors import ConfigError
@@ -37,7 +38,7 @@ def assert_same_models(a: dict, b: dict) -> None:
         assert torch.equal(value, b["server"]["params"][name]), name
 
 
-@pytest.mark.parametrize("executor", ["batched", "sequential"])
+@parametrize_first_by_default("executor", ["batched", "sequential"])
 def test_async_cse_fsl_with_equal_arrival_times_is_cse_fsl_in_arrival_order(tmp_path, executor):
     runs = {}
     for algorithm in ("cse_fsl", "cse_fsl_async"):
@@ -56,6 +57,7 @@ def test_async_cse_fsl_with_equal_arrival_times_is_cse_fsl_in_arrival_order(tmp_
     assert ledger == (deferred.run_dir / "ledger.csv").read_bytes()
 
 
+@pytest.mark.ci
 def test_on_a_heterogeneous_fleet_uploads_are_stale_and_both_executors_agree(tmp_path):
     runs = {}
     for executor in ("batched", "sequential"):

@@ -10,6 +10,7 @@ from pathlib import Path
 
 import pytest
 from cases import tiny
+from tiers import parametrize_first_by_default
 
 import fedge
 
@@ -62,7 +63,7 @@ def test_only_clients_online_in_the_trace_take_part(tmp_path, algorithm, knobs):
         assert taking_part == {t: online[t - 1] for t in (1, 2, 4)}
 
 
-@pytest.mark.parametrize(("algorithm", "knobs"), [("fedavg", {"fraction": 0.5}), ("cse_fsl", {})])
+@parametrize_first_by_default(("algorithm", "knobs"), [("fedavg", {"fraction": 0.5}), ("cse_fsl", {})])
 def test_with_every_client_online_the_draws_are_unchanged(tmp_path, algorithm, knobs):
     plain = run(tmp_path, algorithm, "plain", None, **knobs)
     profiled = run(tmp_path, algorithm, "profiled", {"devices": {"availability": 1.0}}, **knobs)

@@ -11,6 +11,7 @@ import numpy as np
 import pytest
 import torch
 from cases import tiny
+from tiers import parametrize_first_by_default
 
 import fedge
 from fedge.algorithms.optimizer_state import ClientOptimizerStates
@@ -33,7 +34,7 @@ def _numbers(result: fedge.Result) -> list[dict[str, Any]]:
 
 
 @pytest.mark.parametrize("algorithm", ["cse_fsl", "splitfed_v1", "splitfed_v2", "fsl_an", "fedavg"])
-@pytest.mark.parametrize(
+@parametrize_first_by_default(
     "optimizer", [{"momentum": 0.9}, {"kind": "adam", "lr": 0.01}], ids=["momentum", "adam"]
 )
 def test_keeping_the_client_optimizer_state_changes_training_with_momentum_or_adam(
@@ -45,7 +46,7 @@ def test_keeping_the_client_optimizer_state_changes_training_with_momentum_or_ad
     assert reset[1]["train_loss"] != keep[1]["train_loss"]
 
 
-@pytest.mark.parametrize("algorithm", ["cse_fsl", "splitfed_v2", "fedavg"])
+@parametrize_first_by_default("algorithm", ["cse_fsl", "splitfed_v2", "fedavg"])
 def test_plain_sgd_has_no_state_to_keep(tmp_path, algorithm):
     runs = [fedge.run(split_run(algorithm, tmp_path, s, s, {})) for s in ("reset", "keep")]
     assert _numbers(runs[0]) == _numbers(runs[1])
@@ -72,7 +73,7 @@ RESUMED = {
 }
 
 
-@pytest.mark.parametrize("case", list(RESUMED))
+@parametrize_first_by_default("case", list(RESUMED))
 def test_a_resumed_run_that_keeps_client_optimizer_states_equals_an_uninterrupted_one(tmp_path, case):
     algorithm, extra = RESUMED[case]
     config = split_run(algorithm, tmp_path, "cut", "keep", {"kind": "adam", "lr": 0.01}, **extra)

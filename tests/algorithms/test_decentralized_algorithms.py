@@ -8,6 +8,7 @@ import copy
 import numpy as np
 import pytest
 import torch
+from tiers import parametrize_first_by_default
 
 import fedge
 from fedge.algorithms.decentralized.topology import TopologyConfig, build_topology
@@ -77,7 +78,7 @@ def final_params(result):
     return state["bank"]["params"] if "bank" in state else state["params"]
 
 
-@pytest.mark.parametrize("variant", list(VARIANTS))
+@parametrize_first_by_default("variant", list(VARIANTS))
 def test_batched_and_sequential_executors_agree(tmp_path, variant):
     cfg = config(tmp_path, VARIANTS[variant])
     batched = fedge.run(cfg, ["engine.executor=batched"])
@@ -104,7 +105,7 @@ def test_same_seed_same_metrics_other_seed_differs(tmp_path):
     assert strip(fedge.run(cfg, ["seed=6"]).metrics) != strip(first.metrics)
 
 
-@pytest.mark.parametrize(
+@parametrize_first_by_default(
     "variant", ["afind", "pens", "dispfl-afind", "ditto-afind", "federico", "fedfomo-afind-head"]
 )
 def test_state_dict_resumes_to_the_same_result(tmp_path, variant):
@@ -261,6 +262,7 @@ def test_config_errors_name_their_key(tmp_path):
     assert not (tmp_path / "runs").exists() or not any((tmp_path / "runs").iterdir())
 
 
+@pytest.mark.ci
 def test_compare_runs_the_family_from_one_afind_config(tmp_path):
     cfg = parse_config(config(tmp_path, {"name": "afind", "k0": 2}, rounds=2))
     comparison = compare(cfg, ["gossip", "afind"], seeds=2)

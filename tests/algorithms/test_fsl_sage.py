@@ -9,6 +9,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
+from tiers import parametrize_first_by_default
 
 import fedge
 from fedge.algorithms.split.alignment import Aligner
@@ -100,7 +101,7 @@ VARIANTS = {
 }
 
 
-@pytest.mark.parametrize("variant", list(VARIANTS), ids=list(VARIANTS))
+@parametrize_first_by_default("variant", list(VARIANTS), ids=list(VARIANTS))
 def test_batched_and_sequential_executors_agree(variant):
     runs = {}
     for executor in ("sequential", "batched"):
@@ -227,6 +228,7 @@ def test_a_deployed_run_refuses_the_first_batch_timing_naming_the_key():
     DeployedFslSage(build_run(plain).context, plain.algorithm).check_deployable()
 
 
+@pytest.mark.ci
 def test_the_fashion_mnist_example_validates_and_its_first_round_runs(tmp_path):
     path = EXAMPLES / "fsl-sage-fashion-mnist.yaml"
     write_idx_set(tmp_path / "data", n_train=400, n_test=100, gz=True)
@@ -236,6 +238,7 @@ def test_the_fashion_mnist_example_validates_and_its_first_round_runs(tmp_path):
     assert result.metrics[0]["aligned"] == 5 and np.isfinite(result.metrics[0]["train_loss"])
 
 
+@pytest.mark.ci
 def test_the_paper_scale_example_runs_its_first_round_on_cifar10_files(tmp_path):
     path = EXAMPLES / "fsl-sage-cifar10.yaml"
     config_ = fedge.config.load_config(path)
@@ -248,7 +251,7 @@ def test_the_paper_scale_example_runs_its_first_round_on_cifar10_files(tmp_path)
     assert row["round"] == 1 and row["aligned"] == 3 and np.isfinite(row["train_loss"])
 
 
-@pytest.mark.parametrize("forms", [{}, CODE_FORMS], ids=["default", "code-forms"])
+@parametrize_first_by_default("forms", [{}, CODE_FORMS], ids=["default", "code-forms"])
 def test_an_interrupted_run_resumes_to_the_uninterrupted_result(tmp_path, forms):
     """The alignment store (samples and the aux models' optimizer state) travels in the checkpoint."""
     from cases import tiny
@@ -380,7 +383,7 @@ def code_loop(built, rounds: int, lr: float) -> tuple[list[float], list[dict[int
     return accuracy, heads
 
 
-@pytest.mark.parametrize("executor", ["sequential", "batched"])
+@parametrize_first_by_default("executor", ["sequential", "batched"])
 def test_the_code_switches_run_fsl_sage_as_its_authors_code_does_round_for_round(executor):
     """With ``first_batch`` and ``mean_loss_gradients`` (and the code's client after client and Adam
     states kept) fedge equals the independent reference of the public code's loop: accuracy each round,

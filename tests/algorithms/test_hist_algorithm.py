@@ -9,6 +9,7 @@ import numpy as np
 import pytest
 import torch
 from cases import small_hist
+from tiers import parametrize_first_by_default
 
 import fedge
 from fedge.aggregation import BlockMean, Updates, sites
@@ -65,7 +66,7 @@ def test_hfedavg_uploads_the_whole_model_and_hist_with_one_cell_is_hfedavg(hist_
     assert all(torch.equal(hist.params[k], avg.params[k]) for k in avg.params)
 
 
-@pytest.mark.parametrize("aggregation", ["oma", "aircomp"])
+@parametrize_first_by_default("aggregation", ["oma", "aircomp"])
 def test_compact_and_masked_forms_give_the_same_model(hist_config, aggregation):
     kwargs = dict(cells=3, mask_sizes="optimised", aggregation=aggregation)
     compact, masked = (
@@ -134,6 +135,7 @@ def test_aircomp_noise_sits_on_the_cells_submodels_with_the_paper_variance(hist_
         assert 1.0 < mse < 30.0  # ~ 1 / (0.1 x min-gain) at -10 dB with 4 clients per cell
 
 
+@pytest.mark.ci
 def test_aircomp_at_high_snr_matches_oma_and_low_snr_does_not(hist_config):
     oma = built(hist_config)
     clean = built(hist_config, aggregation="aircomp", radio={"snr_db": [150.0]})
@@ -146,7 +148,7 @@ def test_aircomp_at_high_snr_matches_oma_and_low_snr_does_not(hist_config):
     assert not torch.allclose(noisy.params["fc1.linear.weight"], oma.params["fc1.linear.weight"], atol=1e-3)
 
 
-@pytest.mark.parametrize(
+@parametrize_first_by_default(
     ("model", "shape", "options"),
     [
         ("fcnn", [1, 28, 28], {}),

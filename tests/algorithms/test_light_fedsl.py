@@ -137,6 +137,7 @@ def test_pruning_follows_the_schedule_persists_and_restarts_after_aggregation():
     assert history[4][0]["sparsity"] == pytest.approx(round(sparsity_target(5, 8, 0.6) * n) / n)
 
 
+@pytest.mark.ci
 @pytest.mark.parametrize("interval", [1, 5])
 def test_pruned_weights_stay_pruned_over_a_long_run(monkeypatch, interval):
     """Every client's trained model (read before any aggregation) holds at least round(rho_t N) zeros in
@@ -397,6 +398,7 @@ def test_bad_values_name_their_key(change, key):
     assert info.value.key == key
 
 
+@pytest.mark.ci
 def test_simulated_time_reaches_metrics_summary_and_compare(tmp_path):
     raw = config({}, rounds=3, output={"dir": str(tmp_path), "plots": False})
     outcome = compare(fedge.resolve_config(raw), ["fedsl", "light_fedsl"], seeds=1)

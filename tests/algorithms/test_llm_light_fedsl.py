@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import pytest
 import torch
+from tiers import parametrize_first_by_default
 
 pytest.importorskip("transformers")
 
@@ -55,7 +56,7 @@ def test_the_ledger_counts_kept_token_activations_and_the_quantized_gradient_exa
     assert totals["model_up"] == totals["model_down"] == 3 * adapters * 32  # one aggregation (t = 2)
 
 
-@pytest.mark.parametrize("arch", ["gpt2", "llama"])
+@parametrize_first_by_default("arch", ["gpt2", "llama"])
 def test_batched_and_sequential_executors_agree(corpus, arch):
     runs = []
     for executor in ("sequential", "batched"):

@@ -7,6 +7,7 @@ from unittest import mock
 
 import pytest
 import torch
+from tiers import parametrize_first_by_default
 
 pytest.importorskip("transformers")
 
@@ -46,7 +47,7 @@ def centralized_lora(built, rounds: int, batch_size: int, lr: float) -> tuple[di
     return {name: p.detach() for name, p in model.named_parameters()}, steps
 
 
-@pytest.mark.parametrize("executor", ["sequential", "batched"])
+@parametrize_first_by_default("executor", ["sequential", "batched"])
 def test_one_client_splitfed_v2_with_lora_equals_centralized_lora(corpus, executor):
     """SplitFed v2 (no clipping) with one client: the cut changes the traffic, not the mathematics."""
     algorithm = {"name": "splitfed_v2", "clip_norm": None, "batch_size": 8, "optimizer": {"lr": 0.05}}
@@ -61,6 +62,7 @@ def test_one_client_splitfed_v2_with_lora_equals_centralized_lora(corpus, execut
     assert max_diff(state, untrained) > 1e-3  # the adapters moved: the equality is not of two no-ops
 
 
+@pytest.mark.ci
 def test_one_client_fedavg_lora_with_one_local_step_equals_centralized_lora(corpus):
     algorithm = {"name": "fedavg", "batch_size": 512, "optimizer": {"lr": 0.05}}
     raw = lm_config(corpus, algorithm, clients=1)
@@ -76,7 +78,7 @@ def _state(algorithm) -> dict:
     return {**algorithm.client["params"], **algorithm.server.params}
 
 
-@pytest.mark.parametrize(
+@parametrize_first_by_default(
     ("arch", "name"),
     [
         ("gpt2", "fedavg"),
@@ -182,7 +184,7 @@ def test_the_batched_executor_trains_as_many_clients_at_once_as_a_quarter_of_the
         preflight.check(parts, int(2.5 * one_client), force=False)
 
 
-@pytest.mark.parametrize("executor", ["sequential", "batched"])
+@parametrize_first_by_default("executor", ["sequential", "batched"])
 def test_a_split_step_past_the_activation_budget_recomputes_its_graph_a_chunk_at_a_time(
     corpus, executor, monkeypatch
 ):
@@ -211,6 +213,7 @@ def test_a_split_step_past_the_activation_budget_recomputes_its_graph_a_chunk_at
     assert all(a == pytest.approx(b, abs=1e-6) for a, b in losses)
 
 
+@pytest.mark.ci
 def test_a_recomputed_split_step_gives_idle_clients_nothing_and_the_others_their_gradients(
     tmp_path, monkeypatch
 ):
@@ -249,6 +252,7 @@ def test_algorithms_without_a_per_token_contract_are_refused_in_one_line(corpus,
     assert error.value.key == "algorithm.name"
 
 
+@pytest.mark.ci
 def test_the_report_and_the_summary_show_perplexity(corpus, tmp_path):
     from fedge.report.page import write_report
 

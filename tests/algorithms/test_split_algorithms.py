@@ -7,6 +7,7 @@ import copy
 import numpy as np
 import pytest
 import torch
+from tiers import parametrize_first_by_default
 
 import fedge
 from fedge.algorithms.split.parts import composed
@@ -92,7 +93,7 @@ VARIANTS = {
 }
 
 
-@pytest.mark.parametrize("variant", list(VARIANTS), ids=list(VARIANTS))
+@parametrize_first_by_default("variant", list(VARIANTS), ids=list(VARIANTS))
 def test_batched_and_sequential_executors_agree(variant):
     runs = {}
     for executor in ("sequential", "batched"):
@@ -108,6 +109,7 @@ def test_batched_and_sequential_executors_agree(variant):
     assert seq_metrics[-1]["uploads_total"] > 0
 
 
+@pytest.mark.ci
 def test_executors_agree_with_a_conv_trunk_and_a_cnn_aux_head():
     model = {"name": "lenet5", "cut": 2, "aux": {"kind": "cnn_mlp", "channels": 3}, "options": {}}
     data = {"shape": [1, 16, 16]}
@@ -152,6 +154,7 @@ def test_server_copies_per_participant_for_mc_and_an_only():
     assert storages == {"splitfed_v1": 5 * one, "splitfed_v2": one, "fsl_an": 5 * one, "cse_fsl": one}
 
 
+@pytest.mark.ci
 def test_cse_learns_from_the_aux_loss_alone_on_digits():
     """CSE-FSL without server gradients: no gradient ever comes back, yet the composed model learns."""
     raw = {

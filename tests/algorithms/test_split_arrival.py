@@ -9,6 +9,7 @@ import io
 import numpy as np
 import pytest
 import torch
+from tiers import parametrize_first_by_default
 
 import fedge
 from fedge.errors import ConfigError
@@ -86,7 +87,7 @@ def test_a_slow_clients_upload_is_served_after_a_fast_ones_and_its_wait_is_on_th
     assert system.clock.seconds == pytest.approx(expected, rel=1e-9)
 
 
-@pytest.mark.parametrize(
+@parametrize_first_by_default(
     "algorithm",
     [
         {"name": "splitfed_v2", "server_order": "arrival", "arrival_jitter_s": 0.5},

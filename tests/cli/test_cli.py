@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import pytest
+from tiers import parametrize_first_by_default
 from typer.testing import CliRunner
 
 from fedge.cli.commands import app
@@ -10,6 +11,7 @@ from fedge.cli.commands import app
 runner = CliRunner()
 
 
+@pytest.mark.ci
 def test_quickstart_prints_summary_and_writes_results(tmp_path):
     out = tmp_path / "runs"
     result = runner.invoke(app, ["run", f"output.dir={out}", "rounds=3"])
@@ -29,7 +31,7 @@ def test_list_names_every_component():
         assert name in result.output
 
 
-@pytest.mark.parametrize(
+@parametrize_first_by_default(
     ("args", "needle"),
     [
         (["partition.alpha=0"], "partition.alpha"),

@@ -73,6 +73,7 @@ def _invoke(*args: str):
     return result
 
 
+@pytest.mark.ci
 def test_a_plugin_algorithm_runs_compares_and_resumes_from_the_command_line(plugin):
     config = _config(plugin)
     _invoke("run", str(config), "--quiet")

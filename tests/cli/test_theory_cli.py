@@ -62,6 +62,7 @@ def test_every_theory_example_evaluates(name):
     )
 
 
+@pytest.mark.ci
 def test_the_digits_example_is_a_run_config_whose_constants_are_estimated():
     config = load_config(EXAMPLES / "digits-cse-fsl.yaml")
     assert config.algorithm.name == "cse_fsl" and config.algorithm.server_every == 2

@@ -58,6 +58,7 @@ def test_shipped_example_runs_from_any_directory(tmp_path, monkeypatch):
     assert missing.exit_code == 2 and "quickstart" in missing.output
 
 
+@pytest.mark.ci
 def test_piped_run_prints_progress_lines_while_it_runs(tiny_config, tmp_path):
     tiny_config.update(rounds=60, engine={"threads": 1})
     (tmp_path / "run.yaml").write_text(json.dumps(tiny_config))
@@ -72,6 +73,7 @@ def test_piped_run_prints_progress_lines_while_it_runs(tiny_config, tmp_path):
     assert "round 60/60  acc" in rest and "final accuracy" in rest
 
 
+@pytest.mark.ci
 def test_compare_target_agrees_with_metrics(tiny_config):
     tiny_config["rounds"] = 8
     outcome = fedge.experiments.compare.compare(
@@ -103,6 +105,7 @@ def test_labels_name_what_differs():
     ]
 
 
+@pytest.mark.ci
 def test_plot_writes_pdf_with_labels_from_configs(tiny_config, tmp_path):
     a = fedge.run(tiny_config, ["rounds=2"]).run_dir
     b = fedge.run(tiny_config, ["rounds=2", "algorithm.optimizer.lr=0.3"]).run_dir
@@ -110,6 +113,7 @@ def test_plot_writes_pdf_with_labels_from_configs(tiny_config, tmp_path):
     assert result.exit_code == 0 and (tmp_path / "p" / "accuracy_vs_mb.pdf").read_bytes().startswith(b"%PDF")
 
 
+@pytest.mark.ci
 def test_report_is_one_self_contained_page(tiny_config, tmp_path):
     for seed in (1, 2):
         for lr in (0.1, 0.3):

@@ -64,6 +64,7 @@ def test_every_configured_dataset_has_a_source_and_a_one_line_description() -> N
 # --- real offline files ------------------------------------------------------------------------------
 
 
+@pytest.mark.ci
 @pytest.mark.parametrize("name", ["mnist", "fashion-mnist"])
 def test_real_idx_datasets_load_from_system_locations(name: str, monkeypatch: pytest.MonkeyPatch) -> None:
     """The real files where a set-up puts them: a system package, or the user's cache folder."""

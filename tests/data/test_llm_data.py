@@ -210,6 +210,7 @@ def test_shakespeare_downloads_gutenbergs_edition_only_when_asked(tmp_path, monk
     assert torch.equal(rebuilt.x_train, data.x_train) and torch.equal(rebuilt.y_test, data.y_test)
 
 
+@pytest.mark.ci
 def test_the_shakespeare_example_runs_its_first_round_on_gutenbergs_layout(tmp_path):
     """``examples/llm-shakespeare.yaml`` validates and runs a round on a generated ``100.txt`` in
     data.root (two roles with samples here, so two clients, both in the round)."""

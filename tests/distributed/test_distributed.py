@@ -325,6 +325,7 @@ def final_state(run_dir: Path) -> np.ndarray:
 LM = [pytest.param(name, marks=needs_llm) for name in ("lm_fedavg", *(f"lm_{name}" for name in LM_SPLIT))]
 
 
+@pytest.mark.ci
 @pytest.mark.parametrize("name", ["fedavg", "hist", "hfedavg", "gossip", *AFIND, *PEER, *SPLIT, *LM])
 def test_two_ranks_twice_bit_identical_and_match_one_process(runs, name):
     root = runs[name]
@@ -342,6 +343,7 @@ def test_two_ranks_twice_bit_identical_and_match_one_process(runs, name):
         assert all(torch.equal(masks[0][k], masks[1][k]) for k in masks[1])
 
 
+@pytest.mark.ci
 @pytest.mark.parametrize("name", LM)
 def test_a_language_models_token_figures_on_two_ranks_are_one_process_figures(runs, name):
     """Each rank scores its share of the held-out sequences; correct tokens and loss sums come back
@@ -355,6 +357,7 @@ def test_a_language_models_token_figures_on_two_ranks_are_one_process_figures(ru
             assert a[key] == pytest.approx(b[key], rel=1e-5)
 
 
+@pytest.mark.ci
 def test_environment_records_the_world_size_and_backend(runs):
     def environment(run: str) -> dict:
         return json.loads((runs["fedavg"] / run / "environment.json").read_text())
@@ -364,6 +367,7 @@ def test_environment_records_the_world_size_and_backend(runs):
     assert (one["world_size"], one["backend"], one["device"]) == (1, None, "cpu")
 
 
+@pytest.mark.ci
 @pytest.mark.parametrize("name", [*SPLIT, "gossip", *(p for p in PEER if p != "fedavg_ft"), *LM])
 def test_ranks_train_only_their_share(runs, name):
     """Every executor call on either rank saw 3 rows, the rank's share of the 6 participants or clients:
@@ -377,6 +381,7 @@ def test_ranks_train_only_their_share(runs, name):
         assert stages and set(stages.values()) == {3}, stages
 
 
+@pytest.mark.ci
 @pytest.mark.parametrize("name", ["pens", "federico", "fedfomo", *AFIND, "ditto"])
 def test_ranks_score_only_their_share(runs, name):
     """The received models' probe or validation losses (AFIND+'s losses before and after training, Ditto's
@@ -388,6 +393,7 @@ def test_ranks_score_only_their_share(runs, name):
     assert sum(ranks) == single and 0 < min(ranks) <= max(ranks) < single, (ranks, single)
 
 
+@pytest.mark.ci
 @pytest.mark.parametrize("name", [*AFIND, "ditto"])
 def test_ranks_probe_only_their_share(runs, name):
     """AFIND+'s probes (each requester's own proxy, then its rows of the similarity matrix or its probed
@@ -401,6 +407,7 @@ def test_ranks_probe_only_their_share(runs, name):
         assert ranks[0] == ranks[1], ranks
 
 
+@pytest.mark.ci
 @pytest.mark.parametrize("name", ["hist_q4", "hist_randk", "gossip_q4"])
 def test_stochastic_codecs_on_two_ranks_draw_one_process_noise(codec_runs, name):
     """The same ledger and final model as one process: each rank draws its rows' noise from the link's
@@ -416,6 +423,7 @@ def test_stochastic_codecs_on_two_ranks_draw_one_process_noise(codec_runs, name)
     )
 
 
+@pytest.mark.ci
 def test_only_rank_zero_writes(runs):
     names = sorted(p.name for p in runs["fedavg"].iterdir())
     assert names == sorted(f"{name}-{tag}" for name in runs for tag in ("a", "b", "single"))

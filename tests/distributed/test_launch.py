@@ -77,6 +77,7 @@ def _gone_within(pids: list[int], seconds: float) -> bool:
     return False
 
 
+@pytest.mark.ci
 @pytest.mark.skipif(not sys.platform.startswith("linux"), reason="the parent-death signal is Linux's")
 def test_a_process_that_asked_to_die_with_its_parent_does(tmp_path):
     ready = tmp_path / "ready"
@@ -147,6 +148,7 @@ def _started(tmp_path: Path) -> Iterator[tuple[subprocess.Popen, dict[int, int]]
                     os.kill(pid, signal.SIGKILL)
 
 
+@pytest.mark.ci
 @pytest.mark.skipif(not sys.platform.startswith("linux"), reason="reads /proc")
 def test_two_real_ranks_rank_one_killed_then_the_launcher_killed(tmp_path):
     """Rank 1 SIGKILLed: the launcher exits 1 naming rank 1. Then a second run's launcher SIGKILLed:

@@ -67,6 +67,7 @@ def test_smoothness_matches_the_largest_hessian_eigenvalue(built):
     assert smoothness(objective, params, iters=300) == pytest.approx(expected, rel=1e-2)
 
 
+@pytest.mark.ci
 def test_local_variance_is_the_without_replacement_minibatch_variance(built):
     model = built.context.build_model()
     params = parameters_of(model)

@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
-import pytest
 import torch
+from tiers import parametrize_first_by_default
 
 from fedge.api import resolve_config
 from fedge.runner.loop import build_run
@@ -25,7 +25,7 @@ HIST = {
 }
 
 
-@pytest.mark.parametrize("executor", ["sequential", "batched"])
+@parametrize_first_by_default("executor", ["sequential", "batched"])
 def test_hist_with_equal_cells_skips_the_mask_and_keeps_its_numbers(executor):
     models = []
     for fold in (False, True):

@@ -7,6 +7,7 @@ from unittest import mock
 import pytest
 import torch
 from llm_cases import lm_config, needs_llm, write_corpus
+from tiers import parametrize_first_by_default
 from torch.func import vmap
 
 import fedge
@@ -76,8 +77,8 @@ def _state(algorithm) -> dict:
 
 
 @needs_llm
-@pytest.mark.parametrize("name", ["fedavg", "splitfed_v2", "cse_fsl"])
-@pytest.mark.parametrize("positions", [2048, 128])  # every client in one pass; one client a pass
+@parametrize_first_by_default("name", ["fedavg", "splitfed_v2", "cse_fsl"])
+@parametrize_first_by_default("positions", [2048, 128])  # every client in one pass; one client a pass
 def test_folded_vmapped_and_sequential_runs_agree(corpus, name, positions, monkeypatch):
     """The batched executor folds the clients (``engine.fused``, the default) or vmaps them; both agree
     with the sequential executor to 1e-5 over 2 rounds, with identical ledgers."""

@@ -9,6 +9,7 @@ import json
 import numpy as np
 import pytest
 import torch
+from tiers import parametrize_first_by_default
 
 transformers = pytest.importorskip("transformers")
 
@@ -104,7 +105,7 @@ def test_the_ledger_counts_real_tokens_only(sentences):
     assert totals["labels_up"] == len(x) * 32
 
 
-@pytest.mark.parametrize("name", ["splitfed_v1", "cse_fsl", "light_fedsl", "fedavg"])
+@parametrize_first_by_default("name", ["splitfed_v1", "cse_fsl", "light_fedsl", "fedavg"])
 def test_executors_agree_on_padded_sequences(sentences, name):
     algorithm = {"name": name, **({"h": 2} if name == "cse_fsl" else {})}
     executors_agree(lambda engine: lines_run(sentences, algorithm, engine=engine))

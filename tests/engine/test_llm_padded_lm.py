@@ -10,6 +10,7 @@ import numpy as np
 import pytest
 import torch
 import torch.nn.functional as F
+from tiers import parametrize_first_by_default
 
 transformers = pytest.importorskip("transformers")
 
@@ -147,12 +148,13 @@ def test_the_ledger_counts_real_tokens_and_their_targets_only(lines):
     assert totals["labels_up"] == real * 32
 
 
-@pytest.mark.parametrize("name", ["splitfed_v1", "cse_fsl", "light_fedsl", "fedavg"])
+@parametrize_first_by_default("name", ["splitfed_v1", "cse_fsl", "light_fedsl", "fedavg"])
 def test_executors_agree_on_padded_lines(lines, name):
     algorithm = {"name": name, **({"h": 2} if name == "cse_fsl" else {})}
     executors_agree(lambda engine: lines_run(lines, algorithm, engine=engine))
 
 
+@pytest.mark.ci
 def test_executors_agree_on_a_padded_llama(lines):
     executors_agree(lambda engine: lines_run(lines, {"name": "cse_fsl", "h": 2}, arch="llama", engine=engine))
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from unittest import mock
 
-import pytest
+from tiers import parametrize_first_by_default
 
 import fedge
 from fedge.engine import executors
@@ -30,7 +30,7 @@ def _config(tmp_path, executor: str, algorithm: str) -> dict:
     }
 
 
-@pytest.mark.parametrize("algorithm", ["splitfed_v2", "cse_fsl"])
+@parametrize_first_by_default("algorithm", ["splitfed_v2", "cse_fsl"])
 def test_client_after_client_maps_one_client_without_vmap_and_changes_no_number(tmp_path, algorithm):
     with mock.patch.object(executors, "_vmapped", wraps=executors._vmapped) as vmapped:
         batched = fedge.run(_config(tmp_path, "batched", algorithm))

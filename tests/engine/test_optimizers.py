@@ -5,6 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 from cases import tiny
+from tiers import parametrize_first_by_default
 
 import fedge
 from fedge.algorithms.split.parts import composed
@@ -102,7 +103,7 @@ OPTIMIZERS = {
 
 
 @pytest.mark.parametrize("algorithm", ["fedavg", "cse_fsl"])
-@pytest.mark.parametrize("optimizer", list(OPTIMIZERS))
+@parametrize_first_by_default("optimizer", list(OPTIMIZERS))
 def test_sequential_and_batched_executors_agree(algorithm, optimizer):
     states, losses = [], []
     for executor in ("sequential", "batched"):
@@ -143,7 +144,7 @@ ADAM_CASES = [
 ]
 
 
-@pytest.mark.parametrize("name", ADAM_CASES)
+@parametrize_first_by_default("name", ADAM_CASES)
 def test_each_kind_of_algorithm_trains_with_adam_or_says_it_cannot(name, tmp_path):
     config = tiny(name, tmp_path, rounds=1)
     config["algorithm"]["optimizer"] = {"kind": "adam", "lr": 0.01}

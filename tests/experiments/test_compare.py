@@ -101,6 +101,7 @@ def test_every_run_is_checked_before_any_trains(tiny_config, tmp_path):
     assert "round" not in result.output and not (tmp_path / "runs").exists()
 
 
+@pytest.mark.ci
 def test_a_late_failure_keeps_the_table_of_the_finished_runs(tiny_config, tmp_path, monkeypatch):
     """The second algorithm's run diverges: the first one's row is printed and written, then the error."""
     from fedge.errors import Diverged
@@ -125,6 +126,7 @@ def test_a_late_failure_keeps_the_table_of_the_finished_runs(tiny_config, tmp_pa
     assert saved["failed"]["algorithm"] == "centralized" and "diverged" in saved["failed"]["error"]
 
 
+@pytest.mark.ci
 def test_compare_shows_each_runs_progress_as_run_does(tiny_config, tmp_path):
     result = _compare_cli(tiny_config, tmp_path, "-a", "fedavg,centralized", "--seeds", "2")
     assert result.exit_code == 0, result.output

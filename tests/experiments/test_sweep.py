@@ -40,6 +40,7 @@ def test_sweep_file_merges_into_its_base_and_a_dotted_key_replaces(tiny_config, 
     assert options == {"kept": {"hidden": [16]}, "bare": {}}
 
 
+@pytest.mark.ci
 def test_sweep_tabulates_mean_std_and_interval_over_seeds(tiny_config, tmp_path):
     path = tmp_path / "sweep.yaml"
     tiny_config["sweep"] = {"grid": {"algorithm.fraction": [0.6, 1.0]}, "seeds": [5, 6], "name": "s"}
@@ -107,6 +108,7 @@ def test_a_worker_error_reaches_the_sweep_as_itself(tiny_config, tmp_path):
         run_sweep(*load_sweep(path))
 
 
+@pytest.mark.ci
 @pytest.mark.parametrize("jobs", [1, pytest.param(2, marks=pytest.mark.slow)])
 def test_killed_sweep_continues_to_the_same_results(tiny_config, tmp_path, jobs):
     """A sweep (in one process, or two worker processes: slow) is SIGKILLed mid-run; the same sweep then

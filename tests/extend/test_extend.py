@@ -5,6 +5,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 import torch
+from tiers import parametrize_first_by_default
 from torch import nn
 from typer.testing import CliRunner
 
@@ -63,7 +64,7 @@ def test_the_partitioner_splits_user_data_as_it_splits_built_in_data(tmp_path):
     assert len({len(p) for p in parts}) > 1  # Dirichlet: unequal clients
 
 
-@pytest.mark.parametrize("algorithm", ["fedavg", "cse_fsl", "splitfed_v1"])
+@parametrize_first_by_default("algorithm", ["fedavg", "cse_fsl", "splitfed_v1"])
 def test_a_custom_loss_trains_every_part_that_has_a_loss(tmp_path, algorithm):
     x, y = arrays()
     calls = []

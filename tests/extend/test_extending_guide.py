@@ -48,6 +48,7 @@ def test_the_guide_shows_each_example_file_word_for_word(name):
     assert (EXAMPLES / name).read_text().rstrip("\n") in GUIDE.read_text()
 
 
+@pytest.mark.ci
 def test_custom_cnn_on_numpy_arrays_with_fedavg_then_cse_fsl(tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)
     example = load(EXAMPLES / "custom_cnn.py")

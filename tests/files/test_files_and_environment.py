@@ -10,6 +10,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from tiers import parametrize_first_by_default
 
 import fedge
 from fedge.errors import ConfigError
@@ -29,7 +30,7 @@ def mask():
     os.umask(old)
 
 
-@pytest.mark.parametrize(
+@parametrize_first_by_default(
     ("value", "file_mode", "folder_mode"), [(0o022, 0o644, 0o755), (0o077, 0o600, 0o700)]
 )
 def test_a_run_directory_and_its_files_follow_the_umask(tiny_config, mask, value, file_mode, folder_mode):

@@ -14,6 +14,7 @@ from pathlib import Path
 import pytest
 import yaml
 from cases import ALGORITHM_NAMES, check_outcome, invoke, read_only, tiny
+from tiers import parametrize_first_by_default
 
 from fedge.errors import ConfigError
 from fedge.runner import preflight
@@ -33,7 +34,7 @@ def refused(tmp_path: Path, algorithm: str, overrides: list[str], needle: str, *
     return outcome.lines[0]
 
 
-@pytest.mark.parametrize("algorithm", ALGORITHM_NAMES)
+@parametrize_first_by_default("algorithm", ALGORITHM_NAMES)
 def test_an_infinite_or_nan_step_size_is_refused_in_every_algorithm(tmp_path, algorithm):
     refused(
         tmp_path,
@@ -122,7 +123,7 @@ def test_force_skips_the_memory_preflight(tmp_path, monkeypatch):
     assert check_outcome(invoke(["run", str(path), "--force", "-q"]), out) == "finished"
 
 
-@pytest.mark.parametrize(
+@parametrize_first_by_default(
     ("algorithm", "overrides", "needle"),
     [
         ("cse_fsl", ["algorithm.h=1000"], "algorithm.h: h=1000 but no client has more than"),
@@ -317,7 +318,7 @@ def test_a_text_file_past_the_size_cap_is_refused_unread(tmp_path, monkeypatch):
     refused_run(tmp_path, text_run(root, text_bytes=32), f"data.root: {root / 'b.jsonl'}: is ")
 
 
-@pytest.mark.parametrize("value", ["null", "3", '["a"]', '{"a": 1}', "true"])
+@parametrize_first_by_default("value", ["null", "3", '["a"]', '{"a": 1}', "true"])
 def test_a_jsonl_text_that_is_no_string_is_refused(tmp_path, value):
     root = tmp_path / "text"
     root.mkdir()
@@ -330,7 +331,7 @@ def test_a_jsonl_text_that_is_no_string_is_refused(tmp_path, value):
     refused_run(tmp_path, config, f"{root / 'b.jsonl'}:2: 'text' must be a string")
 
 
-@pytest.mark.parametrize(
+@parametrize_first_by_default(
     ("text", "needle"),
     [
         ("client,cpu_hz\n0,1e9,5\n1,1e9\n2,1e9\n3,1e9\n", "row 1 has 3 cells, the header 2"),

@@ -39,6 +39,7 @@ def test_list_algorithm_with_an_unknown_name_is_one_line_and_exit_2():
     ]
 
 
+@pytest.mark.ci
 def test_the_schema_accepts_every_example_and_rejects_a_misspelt_key(tmp_path):
     out = tmp_path / "fedge.schema.json"
     assert CliRunner().invoke(app, ["schema", "--out", str(out)]).exit_code == 0

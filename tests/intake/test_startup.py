@@ -11,6 +11,7 @@ import sys
 from pathlib import Path
 
 import pytest
+from tiers import parametrize_first_by_default
 
 import fedge
 from fedge import extend, models
@@ -46,7 +47,7 @@ def test_validation_imports_neither_torch_nor_sklearn():
     assert done.stdout.splitlines() == ["rounds: Input should be greater than 0 (got 0)", "[]"]
 
 
-@pytest.mark.parametrize(
+@parametrize_first_by_default(
     "args",
     [
         ["--help"],
@@ -130,6 +131,7 @@ def _mutations() -> list[tuple[str, str]]:
 MUTATIONS = _mutations()
 
 
+@pytest.mark.ci
 def test_the_precheck_checks_the_algorithm_block_as_the_full_check_does():
     """Every mutation the schema can tell is refused early with the full check's very words; none that the
     full check admits is refused early."""

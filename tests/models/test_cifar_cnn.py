@@ -6,6 +6,7 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
+from tiers import parametrize_first_by_default
 
 import fedge
 from fedge.algorithms.hierarchical.cost import client_upload_mb, client_upload_values
@@ -65,7 +66,7 @@ def small(cifar_root: Path, tmp_path: Path, *extra: str) -> list[str]:
     ]
 
 
-@pytest.mark.parametrize("name", ["hist", "hfedavg"])
+@parametrize_first_by_default("name", ["hist", "hfedavg"])
 def test_table_two_example_runs_and_its_ledger_is_the_analytic_upload(cifar_root, tmp_path, name):
     result = fedge.run(EXAMPLE, small(cifar_root, tmp_path, f"algorithm.name={name}"))
     cells = 2 if name == "hist" else 1
@@ -81,7 +82,7 @@ def test_table_two_example_runs_and_its_ledger_is_the_analytic_upload(cifar_root
     assert 0.0 <= result.metrics[-1]["accuracy"] <= 1.0
 
 
-@pytest.mark.parametrize(
+@parametrize_first_by_default(
     ("algorithm", "cut"),
     [
         ({"name": "fedavg", "batch_size": 16}, 3),

@@ -7,6 +7,7 @@ import json
 
 import pytest
 import torch
+from tiers import parametrize_first_by_default
 from torch.func import functional_call, vmap
 
 transformers = pytest.importorskip("transformers")
@@ -30,7 +31,7 @@ def corpus(tmp_path_factory):
     return write_corpus(tmp_path_factory.mktemp("corpus"))
 
 
-@pytest.mark.parametrize("lora_rank", [0, 4])
+@parametrize_first_by_default("lora_rank", [0, 4])
 def test_every_cut_computes_what_bert_for_sequence_classification_computes(lora_rank):
     """The same seed and config give transformers' BertForSequenceClassification (its sdpa attention);
     LoRA starts at the base (B = 0)."""
@@ -96,7 +97,7 @@ def test_textcls_labels_full_windows_by_file_or_jsonl_label(tmp_path):
         )
 
 
-@pytest.mark.parametrize("name", ["splitfed_v2", "cse_fsl", "fedavg"])
+@parametrize_first_by_default("name", ["splitfed_v2", "cse_fsl", "fedavg"])
 def test_batched_and_sequential_executors_agree_on_bert(corpus, name):
     algorithm = {"name": name, **({"h": 2} if name == "cse_fsl" else {})}
     (seq, _), (bat, _) = executors_agree(lambda engine: bert_run(corpus, algorithm, engine=engine))
@@ -109,6 +110,7 @@ def test_batched_and_sequential_executors_agree_on_bert(corpus, name):
         assert any(k.startswith("aux.") for k in seq.algorithm.client["params"])
 
 
+@pytest.mark.ci
 @pytest.mark.parametrize("name", ["splitfed_v1", "light_fedsl", "gossip", "hfedavg"])
 def test_the_other_families_run_on_bert_and_their_executors_agree(corpus, name):
     """One label per sequence fits every family's model contract: split with a server copy per client,

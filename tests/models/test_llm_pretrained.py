@@ -9,6 +9,7 @@ import json
 import pytest
 import torch
 from llm_cases import bert_run, cli_run, lm_config, write_corpus
+from tiers import parametrize_first_by_default
 
 import fedge
 from fedge.runner.loop import build_run
@@ -57,7 +58,7 @@ def pretrained_run(corpus, folder, arch: str, lora_rank: int, **overrides) -> di
 
 
 @pytest.mark.parametrize("lora_rank", [4, 0], ids=["lora", "full"])
-@pytest.mark.parametrize("arch", list(CHECKPOINTS))
+@parametrize_first_by_default("arch", list(CHECKPOINTS))
 def test_a_run_on_a_saved_checkpoint_trains_transformers_own_model(corpus, saved, arch, lora_rank):
     """The runner (its memory pre-flight included) builds the checkpoint's model: its logits are those of
     transformers' model loaded from the folder (adapters start at zero; a fully trained head is a copy)."""
@@ -73,7 +74,7 @@ def test_a_run_on_a_saved_checkpoint_trains_transformers_own_model(corpus, saved
     assert (trained < sum(p.numel() for p in reference.parameters())) == bool(lora_rank)
 
 
-@pytest.mark.parametrize(("arch", "lora_rank"), [("gpt2", 4), ("llama", 0), ("bert", 4), ("bert", 0)])
+@parametrize_first_by_default(("arch", "lora_rank"), [("gpt2", 4), ("llama", 0), ("bert", 4), ("bert", 0)])
 def test_fedge_run_on_a_saved_checkpoint_finishes(corpus, saved, tmp_path, arch, lora_rank):
     raw = pretrained_run(corpus, saved[arch], arch, lora_rank, rounds=1, output={"dir": str(tmp_path)})
     result = cli_run(raw, tmp_path / "run.json")

@@ -13,6 +13,7 @@ from benchmarks.measure import flops_per_sample
 from benchmarks.workloads import WORKLOADS, get_workload
 
 
+@pytest.mark.ci
 def test_harness_writes_a_report_and_skips_flower_cleanly(tmp_path, monkeypatch, capsys):
     monkeypatch.setattr(engine, "flower_installed", lambda: False)
     out = tmp_path / "report.json"
@@ -123,6 +124,7 @@ def test_hierarchical_loops_agree_with_fedge_after_a_round(name):
         assert _max_diff(fedge_global_state(run), loop.state()) < 1e-6
 
 
+@pytest.mark.ci
 def test_afind_loop_agrees_with_fedge_over_three_rounds():
     """Round 1 takes every neighbour (the cold-start top ``k0``), rounds 2-3 the adaptive threshold."""
     from benchmarks.families import _max_diff
@@ -149,6 +151,7 @@ def test_afind_loop_agrees_with_fedge_over_three_rounds():
     assert runs[0].algorithm.selector.previous.sum(dim=1).tolist() != [3] * 4  # the threshold chose
 
 
+@pytest.mark.ci
 def test_family_benchmark_runs_only_the_algorithms_asked_for(tmp_path, capsys):
     from benchmarks import families
 

@@ -19,6 +19,7 @@ import typing
 from pathlib import Path
 from typing import Any
 
+import pytest
 import yaml
 from cases import ALGORITHM_NAMES, check_outcome, invoke, leaves, set_key, tiny
 from hypothesis import HealthCheck, given, settings
@@ -105,6 +106,7 @@ def broken_runs(draw) -> tuple[str, dict[str, Any], list[str]]:
     return algorithm, config, overrides
 
 
+@pytest.mark.ci
 @settings(
     max_examples=EXAMPLES,
     deadline=None,

@@ -12,6 +12,7 @@ from benchmarks import llm
 
 # found without importing it: importing peft takes ~6 s, paid at collection by every xdist worker
 @pytest.mark.skipif(importlib.util.find_spec("peft") is None, reason="needs peft")
+@pytest.mark.ci
 @pytest.mark.parametrize("algorithm", ["fedavg", "splitfed_v2"])
 def test_the_peft_loop_computes_fedges_round(algorithm):
     shape = {**llm.QUICK, "clients": 3, "layers": 3, "hidden": 32, "heads": 2, "seq_len": 16, "sequences": 4,

@@ -2,7 +2,7 @@
 validates, and its first round runs here on generated files in the real formats (CIFAR-10 python pickles,
 LEAF json), with the paper's model, algorithm and hyper-parameters: only the data root, the number of rounds
 and, where generated files cannot be full size, what depends on the data's volume change (``SCALED``).
-Heavy first rounds are marked slow."""
+Heavy first rounds are marked slow; the other CIFAR-10 ones run in CI's step of long runs (``ci``)."""
 
 from __future__ import annotations
 
@@ -32,6 +32,7 @@ SLOW = {
     "afind-cifar10",
     "hist-cifar-table2",
 }  # first rounds of 100 clients x 5 epochs; 60 clients x 200 steps
+CI_ONLY = {"cse-cifar10", "light-fedsl-cifar10"}  # 5,000 images a first round: CI's step of long runs
 
 
 def write_cifar10(root: Path, per_batch: int = 1000, test: int = 200) -> None:
@@ -63,7 +64,12 @@ def write_leaf(root: Path, writers: int, samples: int) -> None:
         (root / split / "all_data_0.json").write_text(json.dumps(record))
 
 
-CASES = [pytest.param(name, marks=pytest.mark.slow) if name in SLOW else name for name in PAPER_SCALE]
+CASES = [
+    pytest.param(name, marks=pytest.mark.slow if name in SLOW else pytest.mark.ci)
+    if name in SLOW | CI_ONLY
+    else name
+    for name in PAPER_SCALE
+]
 
 
 @pytest.mark.parametrize("name", CASES)

@@ -9,15 +9,16 @@ from pathlib import Path
 
 import pytest
 import yaml
+from tiers import parametrize_first_by_default
 
 from fedge.experiments.sweep import load_sweep, paired_text, plan
 
 EXAMPLES = Path(__file__).parents[2] / "examples"
 
 
-@pytest.mark.parametrize(
+@parametrize_first_by_default(
     ("name", "runs"),
-    [("afind-factors", 144), ("afind-closest", 36), ("afind-table1", 90), ("hist-lenet-table1", 8)],
+    [("hist-lenet-table1", 8), ("afind-closest", 36), ("afind-table1", 90), ("afind-factors", 144)],
 )
 def test_reproduction_sweeps_validate_every_cell(name, runs):
     base, spec = load_sweep(f"example:sweeps/{name}")
@@ -25,6 +26,7 @@ def test_reproduction_sweeps_validate_every_cell(name, runs):
     assert len(tasks) == runs
 
 
+@pytest.mark.ci
 def test_closest_afind_setup_is_the_papers_where_it_claims_to_be():
     base, spec = load_sweep("example:sweeps/afind-closest")
     _, tasks = plan(base, spec)

@@ -46,6 +46,7 @@ def test_round_zero_is_the_untrained_models_evaluation(runs):
     assert curve[-1]["perplexity"] < curve[0]["perplexity"]  # it learned: the drop the curve shows
 
 
+@pytest.mark.ci
 def test_the_report_plots_loss_and_perplexity_from_round_zero(runs):
     tmp, done = runs
     page = write_report(tmp / "runs").read_text()

@@ -47,6 +47,7 @@ def test_run_dirs_from_a_sweep_a_glob_and_runs(sweep_dir):
         find_run_dirs([sweep_dir / "empty"])
 
 
+@pytest.mark.ci
 def test_plot_takes_a_sweep_directory_and_a_glob(sweep_dir, tmp_path):
     _ok("plot", str(sweep_dir))
     assert (sweep_dir / "plots" / "accuracy_vs_mb.png").is_file()
@@ -61,6 +62,7 @@ def test_compare_takes_a_sweep_directory_and_a_glob(sweep_dir):
     assert [row["seeds"] for row in globbed] == [1, 1]
 
 
+@pytest.mark.ci
 def test_report_takes_several_runs_and_a_glob(sweep_dir, tmp_path):
     runs = sorted((sweep_dir / "runs").iterdir())
     _ok("report", str(runs[0]), str(runs[1]), "--out", str(tmp_path / "two.html"))

@@ -16,6 +16,7 @@ import pytest
 import torch
 import yaml
 from cases import invoke, read_only, tiny
+from tiers import parametrize_first_by_default
 
 import fedge
 from fedge.config import parse_config
@@ -139,7 +140,7 @@ def _snapshot(run_dir: Path) -> dict[str, bytes]:
     return {str(p.relative_to(run_dir)): p.read_bytes() for p in sorted(run_dir.rglob("*")) if p.is_file()}
 
 
-@pytest.mark.parametrize("fault", list(FAULTS))
+@parametrize_first_by_default("fault", list(FAULTS))
 def test_a_damaged_or_foreign_checkpoint_is_refused_and_nothing_changes(interrupted, tmp_path, fault):
     damage, needle = FAULTS[fault]
     damage(interrupted, tmp_path)
@@ -302,7 +303,7 @@ MEANINGLESS = {
 }
 
 
-@pytest.mark.parametrize("fault", list(MEANINGLESS))
+@parametrize_first_by_default("fault", list(MEANINGLESS))
 def test_a_checkpoint_with_a_valid_checksum_but_no_meaning_is_refused(interrupted, fault):
     change, needle = MEANINGLESS[fault]
     _forge(interrupted, change)
@@ -347,7 +348,7 @@ NOT_FILES = {
 }
 
 
-@pytest.mark.parametrize("kind", list(NOT_FILES))
+@parametrize_first_by_default("kind", list(NOT_FILES))
 def test_a_checkpoint_that_is_not_a_regular_file_is_refused_before_anything_is_written(interrupted, kind):
     make, needle = NOT_FILES[kind]
     path = interrupted / "checkpoint.pt"

@@ -7,6 +7,7 @@ from __future__ import annotations
 import copy
 
 import numpy as np
+import pytest
 import torch
 from torch import nn
 
@@ -94,6 +95,7 @@ def test_run_leaves_a_callers_split_model_and_tensors_alone(tmp_path):
     assert all(torch.equal(weights[k], v) for k, v in model.state_dict().items())
 
 
+@pytest.mark.ci
 def test_compare_leaves_the_callers_config_and_lists_alone(tiny_config):
     tiny_config["rounds"] = 1
     config = fedge.resolve_config(tiny_config)

@@ -156,6 +156,7 @@ def test_the_config_estimate_never_exceeds_the_exact_one(tmp_path):
         assert all(0 < size <= full for size, full in zip(early[1:], exact[1:], strict=True)), algorithm
 
 
+@pytest.mark.ci
 def test_the_issue_command_is_refused_at_once(tmp_path):
     """The command of the report, end to end: one line and exit 2 within seconds of torch's start-up
     (timed beside it, as the machine's load slows both), no run directory, far from the minutes and

@@ -75,6 +75,7 @@ def killed(tmp_path_factory) -> dict[str, tuple[Path, fedge.Result]]:
     return {family: (run_dirs[family], references[family]) for family in FAMILIES}
 
 
+@pytest.mark.ci
 @pytest.mark.parametrize("family", list(FAMILIES))
 def test_a_killed_run_resumes_to_the_uninterrupted_result(killed, family):
     run_dir, reference = killed[family]

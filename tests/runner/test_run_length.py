@@ -10,6 +10,7 @@ import json
 import pytest
 import yaml
 from cases import ALGORITHM_NAMES, invoke, tiny
+from tiers import parametrize_first_by_default
 
 import fedge
 from fedge.errors import FedgeError
@@ -41,7 +42,7 @@ def _snapshot(run_dir) -> dict[str, bytes]:
     return {str(p.relative_to(run_dir)): p.read_bytes() for p in sorted(run_dir.rglob("*")) if p.is_file()}
 
 
-@pytest.mark.parametrize("algorithm", ALGORITHM_NAMES)
+@parametrize_first_by_default("algorithm", ALGORITHM_NAMES)
 def test_a_finished_run_goes_on_to_a_longer_runs_result_or_is_refused(tmp_path, algorithm):
     short = fedge.run(_config(algorithm, tmp_path, 2, "short"))
     if algorithm in READS_LENGTH:
@@ -121,6 +122,7 @@ def test_an_edited_length_in_config_yaml_is_a_continuation_too(tmp_path):
     assert _rows(fedge.resume(run_dir)) == _rows(fresh)
 
 
+@pytest.mark.ci
 def test_a_sweep_rerun_with_more_rounds_continues_its_runs(tmp_path):
     base = _config("fedavg", tmp_path, 2, "x")
     del base["output"]["name"]
@@ -137,6 +139,7 @@ def test_a_sweep_rerun_with_more_rounds_continues_its_runs(tmp_path):
     assert [{k: v for k, v in r.items() if k not in WALL} for r in grown] == _rows(fresh)
 
 
+@pytest.mark.ci
 def test_a_sweep_weighs_its_eta_by_the_share_of_each_run_left_to_run(tmp_path):
     from fedge.experiments.sweep import load_sweep, plan, run_sweep
 

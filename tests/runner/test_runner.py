@@ -11,6 +11,7 @@ import time
 from pathlib import Path
 
 import children
+import pytest
 import yaml
 from cases import invoke, tiny
 from llm_cases import lm_config, write_corpus
@@ -68,6 +69,7 @@ def test_executors_agree_end_to_end(tiny_config):
         assert abs(a["accuracy"] - b["accuracy"]) < 1e-9 and abs(a["loss"] - b["loss"]) < 1e-4
 
 
+@pytest.mark.ci
 def test_quickstart_reaches_90_percent(tmp_path):
     """FedAvg on digits, 10 clients, Dirichlet(0.5), default rounds: the issue's accuracy bar."""
     result = fedge.run(None, [f"output.dir={tmp_path}", "output.plots=false"])
@@ -102,6 +104,7 @@ def test_centralized_reference_runs(tiny_config):
     assert result.summary["bits_up"] == 0 and result.summary["final_accuracy"] > 0.5
 
 
+@pytest.mark.ci
 def test_killed_run_resumes_to_identical_metrics(tiny_config, tmp_path):
     tiny_config.update(rounds=120)
     tiny_config["output"].update(checkpoint_every=2, name="killed")

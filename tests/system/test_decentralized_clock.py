@@ -10,6 +10,7 @@ from collections import defaultdict
 
 import numpy as np
 import pytest
+from tiers import parametrize_first_by_default
 
 import fedge
 from fedge.config import SystemConfig
@@ -113,7 +114,7 @@ PEERS = {
 }
 
 
-@pytest.mark.parametrize("variant", list(PEERS))
+@parametrize_first_by_default("variant", list(PEERS))
 def test_every_peer_algorithm_pays_for_compute_and_sending(tmp_path, variant):
     """At least: every client's own training, and every peer bit sent at the fastest uplink rate."""
     cfg = config(tmp_path, PEERS[variant], rounds=1)

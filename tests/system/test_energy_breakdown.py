@@ -11,6 +11,7 @@ from types import SimpleNamespace
 import numpy as np
 import pytest
 from cases import tiny
+from tiers import parametrize_first_by_default
 from typer.testing import CliRunner
 
 import fedge
@@ -39,7 +40,7 @@ def assert_adds_up(record: dict) -> None:
     assert sum(record["sim_joules_by_tier"].values()) == pytest.approx(record["sim_joules"], rel=1e-9)
 
 
-@pytest.mark.parametrize(
+@parametrize_first_by_default(
     ("algorithm", "seconds", "tiers"),
     [
         ("fedavg", {"downlink", "client_compute", "uplink"}, {"client", "server"}),
@@ -160,6 +161,7 @@ def test_default_energy_per_flop_follows_the_hardware_classes():
     assert 1e10 <= server <= 1e12
 
 
+@pytest.mark.ci
 def test_the_energy_model_is_printed_beside_the_joules(tmp_path):
     outcome = CliRunner().invoke(
         app, ["run", f"output.dir={tmp_path}", "rounds=1", "system.server_compute_w=4"]

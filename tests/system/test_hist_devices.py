@@ -8,6 +8,7 @@ import copy
 import numpy as np
 import pytest
 from cases import small_hist
+from tiers import parametrize_first_by_default
 
 from fedge.config import parse_config
 from fedge.rng import numpy_rng
@@ -42,7 +43,7 @@ def run(raw: dict, devices: dict | None = None, **algorithm) -> tuple[list[dict]
 CASES = [{"name": "hist"}, {"name": "hist", "aggregation": "aircomp"}, {"name": "hfedavg"}]
 
 
-@pytest.mark.parametrize("algorithm", CASES)
+@parametrize_first_by_default("algorithm", CASES)
 def test_faster_processors_give_a_shorter_round(raw, algorithm):
     plain, _ = run(raw, **algorithm)
     halves, alg = run(raw, {"cpu_hz": HIST_CPU_HALVES}, **algorithm)
@@ -55,7 +56,7 @@ def test_faster_processors_give_a_shorter_round(raw, algorithm):
     assert [r["train_loss"] for r in fast] == [r["train_loss"] for r in plain]  # the clock only
 
 
-@pytest.mark.parametrize("algorithm", CASES)
+@parametrize_first_by_default("algorithm", CASES)
 def test_a_profile_at_the_radios_own_values_changes_no_number(raw, algorithm):
     """The radio's band, a client at the middle of the system's distances (100-300 m), no shadowing."""
     plain, _ = run(raw, **algorithm)
@@ -79,7 +80,7 @@ def test_the_oma_rate_follows_each_clients_band_distance_and_shadowing(raw):
     np.testing.assert_allclose(alg.radio.oma_rates(1), expected, rtol=1e-12)
 
 
-@pytest.mark.parametrize("aggregation", ["oma", "aircomp"])
+@parametrize_first_by_default("aggregation", ["oma", "aircomp"])
 def test_a_narrow_band_or_a_far_client_slows_the_uplink(raw, aggregation):
     plain, _ = run(raw, aggregation=aggregation)
     narrow, alg = run(raw, {"bandwidth_hz": [1e6, 3e6]}, aggregation=aggregation)

@@ -4,6 +4,7 @@ formulas."""
 from __future__ import annotations
 
 import pytest
+from tiers import parametrize_first_by_default
 
 import fedge
 from fedge.runner.loop import build_run
@@ -91,7 +92,7 @@ def _tiny_cifar(name: str, clients: int = 2, **algorithm) -> dict:
     }
 
 
-@pytest.mark.parametrize(
+@parametrize_first_by_default(
     ("method", "h", "phase"),
     [
         ("splitfed_v1", 1, "last"), ("splitfed_v2", 1, "last"), ("fsl_an", 1, "last"), ("cse_fsl", 1, "last"),

@@ -7,6 +7,7 @@ import numpy as np
 import pytest
 import torch
 from scipy.optimize import minimize
+from tiers import parametrize_first_by_default
 
 from fedge.config import parse_config
 from fedge.empirical.harness import measured_run, p1_built, p1_trace
@@ -31,6 +32,7 @@ def test_p1_has_exactly_the_requested_constants(sigma_G2):
     assert spread.max() == pytest.approx(sigma_G2, abs=1e-9)
 
 
+@pytest.mark.ci
 def test_p1_gradient_and_infimum(p1):
     side = p1.client
     x = np.random.default_rng(1).normal(size=10)
@@ -62,7 +64,7 @@ def test_simulation_is_seeded():
     assert list(first.server_rounds) == list(range(2, 20, 2))
 
 
-@pytest.mark.parametrize("executor", ["sequential", "batched"])
+@parametrize_first_by_default("executor", ["sequential", "batched"])
 def test_fedavg_on_p1_reproduces_the_simulator_without_noise(executor):
     problem = oracle.make_p1(sigma_L2=0.0)
     K, B, T, a = 5, 4, 12, 0.05
@@ -79,6 +81,7 @@ def test_fedavg_on_p1_reproduces_the_simulator_without_noise(executor):
     assert np.allclose(measured, trace.G_c[0], rtol=1e-5)
 
 
+@pytest.mark.ci
 def test_the_p1_model_draws_minibatch_noise_of_variance_sigma_L2(p1):
     config = parse_config({"rounds": 1, "partition": {"num_clients": 20}})
     built = p1_built(p1.client, p1.x0_client, config, 8)
