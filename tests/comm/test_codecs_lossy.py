@@ -78,7 +78,9 @@ def test_dropout_is_unbiased_and_sends_kept_entries_only():
     assert bool(((dropped.mean(dim=0) - a).abs() <= 3.5 * std_error + 1e-9).all())
     assert abs(float(masks.mean()) - (1 - p)) < 0.01
     link = Network(Ledger()).link("fp32")
-    sent = link.send(1, "client:0", "server", "smashed_up", {"z": dropped[:1]}, stacked=True, keep=masks[:1])
+    sent = link.send(
+        1, "client:0", "server", "smashed_up", {"z": dropped[:1]}, stacked=True, entry_mask=masks[:1]
+    )
     assert sent.bits.tolist() == [32 * int(masks[0].sum())]
 
 

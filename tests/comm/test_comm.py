@@ -101,7 +101,7 @@ def test_a_link_counts_kept_entries_broadcasts_and_fan_out():
         "smashed_up",
         {"z": torch.ones(2, 3, 4)},
         stacked=True,
-        keep=keep,
+        entry_mask=keep,
     )
     assert kept.bits.tolist() == [8 * 32, 1 * 32]
     model = {"w": torch.zeros(10), "b": torch.zeros(2)}

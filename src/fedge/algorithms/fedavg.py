@@ -72,7 +72,7 @@ class FedAvg(GlobalModel[FedAvgConfig]):
         if rnd is None:  # nobody online: the model and the clock stay as they are
             return RoundReport(0.0, {"participants": 0})
         params, buffers = rnd.broadcast(self.down, self.params, self.buffers)
-        bank = self.client_opt.bank(rnd.mine, params, buffers)
+        bank = self.client_opt.bank(rnd.local_clients, params, buffers)
         plan = rnd.plan(self.cfg.local_epochs, self.cfg.batch_size, self.cfg.drop_last)
         self.model.train()
         losses = rnd.train(self.step, bank, plan, self.cfg.optimizer.lr, self.client_opt)

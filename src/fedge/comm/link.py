@@ -54,18 +54,18 @@ def _names(nodes: Nodes, count: int) -> list[str]:
 
 
 def _sent_counts(
-    payload: Tensors, lengths: np.ndarray | None, keep: torch.Tensor | None, nonzeros: bool
+    payload: Tensors, lengths: np.ndarray | None, entry_mask: torch.Tensor | None, nonzeros: bool
 ) -> tuple[np.ndarray, np.ndarray | None]:
     """Values (and non-zero values) each row of a stacked payload really sends, per tensor."""
-    if keep is None and lengths is None:
+    if entry_mask is None and lengths is None:
         return value_counts(payload, True), nonzero_counts(payload, True) if nonzeros else None
     values, nonzero = [], []
     for t in payload.values():
-        if keep is None and not nonzeros and lengths is not None:
+        if entry_mask is None and not nonzeros and lengths is not None:
             values.append(lengths * t[0, 0].numel())
             continue
-        if keep is not None:
-            mask = keep.reshape(t.shape[0], -1) > 0
+        if entry_mask is not None:
+            mask = entry_mask.reshape(t.shape[0], -1) > 0
         else:
             width = torch.arange(t.shape[1], device=t.device)
             real = width[None, :] < torch.as_tensor(lengths, device=t.device)[:, None]
@@ -105,7 +105,7 @@ class Link:
         *,
         stacked: bool = False,
         lengths: np.ndarray | torch.Tensor | None = None,
-        keep: torch.Tensor | None = None,
+        entry_mask: torch.Tensor | None = None,
         row_of: Sequence[int] | np.ndarray | None = None,
         seeds: list[int] | None = None,
     ) -> Sent:
@@ -117,7 +117,7 @@ class Link:
           ``row_of[i]`` (default: transfer ``r`` carries row ``r``), from ``src[i]`` to ``dst[i]``.
         - ``lengths[r]``: only the first ``lengths[r]`` entries along dimension 1 of row ``r`` are real (a
           padded batch); they alone are counted, and a row of length 0 sends nothing.
-        - ``keep``: a 0/1 mask shaped like the payload's tensors; only kept entries are counted (values
+        - ``entry_mask``: a 0/1 mask shaped like the payload's tensors; only kept entries are counted (values
           dropped by a mask both ends derive from a shared seed are never sent).
         """
         if seeds is None and self.codec.stochastic:
@@ -126,7 +126,7 @@ class Link:
         received = self.codec.encode(payload, stacked, seeds)
         if not stacked:
             return Sent(received, self._record_whole(round_, src, dst, kind, payload))
-        return Sent(received, self._record_rows(round_, src, dst, kind, payload, lengths, keep, row_of))
+        return Sent(received, self._record_rows(round_, src, dst, kind, payload, lengths, entry_mask, row_of))
 
     def account(
         self,
@@ -175,12 +175,12 @@ class Link:
         kind: str,
         payload: Tensors,
         lengths: np.ndarray | torch.Tensor | None,
-        keep: torch.Tensor | None,
+        entry_mask: torch.Tensor | None,
         row_of: Sequence[int] | np.ndarray | None,
     ) -> np.ndarray:
         """Record the transfers of a stacked payload (see :meth:`send`); the bits of each row."""
         real = None if lengths is None else np.asarray(torch.as_tensor(lengths).cpu())
-        values, nonzeros = _sent_counts(payload, real, keep, self.codec.counts_nonzeros)
+        values, nonzeros = _sent_counts(payload, real, entry_mask, self.codec.counts_nonzeros)
         bits = self.codec.bits(values, nonzeros)
         if real is not None:
             bits = np.where(real > 0, bits, 0)

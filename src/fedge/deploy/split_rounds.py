@@ -133,7 +133,7 @@ class DeployedSplit(SplitLearning):
             old.loss_sum[keep], old.loss_steps[keep], old.server_loss, old.uploads,
         )  # fmt: skip
         rnd.keys = None if rnd.keys is None else rnd.keys.rows(keep)
-        self.server.keep_rows(keep)
+        self.server.select_rows(keep)
         rnd.draws, rnd.nodes, rnd.rows = draws, [rnd.nodes[r] for r in alive], bank
         rnd.weights, rnd.cohort = weights.to(ctx.device), ctx.cohorts.whole(len(alive))
         rnd.timeline = None if rnd.timeline is None else rnd.timeline.only(alive)

@@ -99,14 +99,15 @@ class Cohort:
         payload: Tensors,
         *,
         lengths: np.ndarray | torch.Tensor | None = None,
-        keep: torch.Tensor | None = None,
+        entry_mask: torch.Tensor | None = None,
     ) -> Sent:
         """A stacked send of this process's rows of the cohort: ``src``/``dst`` name the whole cohort's
-        senders and receivers, ``payload`` (and ``lengths``, ``keep``) hold this process's rows. Returns
+        senders and receivers, ``payload`` (and ``lengths``, ``entry_mask``) hold this process's rows. Returns
         this process's received rows and the bits of *every* cohort row; the ledger on every process gets
         the whole cohort's entries, and a stochastic codec draws row ``r``'s noise as one process does."""
         return send_rows(
-            self._group, link, round_, src, dst, kind, payload, self._shard, lengths=lengths, keep=keep
+            self._group, link, round_, src, dst, kind, payload, self._shard,
+            lengths=lengths, entry_mask=entry_mask,
         )
 
     def sum(self, tensors: Tensors) -> Tensors:

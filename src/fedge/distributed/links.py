@@ -39,13 +39,15 @@ def send_rows(
     shard: Shard,
     *,
     lengths: np.ndarray | torch.Tensor | None = None,
-    keep: torch.Tensor | None = None,
+    entry_mask: torch.Tensor | None = None,
 ) -> Sent:
     """``link.send(..., stacked=True)`` of rows ``shard`` of a cohort; ``src``/``dst`` name the whole
     cohort's senders and receivers. Returns the shard's received rows and the bits of *every* cohort row.
     """
     if not group.distributed:
-        return link.send(round_, src, dst, kind, payload, stacked=True, lengths=lengths, keep=keep)
+        return link.send(
+            round_, src, dst, kind, payload, stacked=True, lengths=lengths, entry_mask=entry_mask
+        )
     # every process advances the link's send counter, with or without rows in this send
     seeds = link.row_seeds(round_, kind, shard.total)[shard.rows] if link.codec.stochastic else None
     mine: tuple[list[str], list[str], np.ndarray, np.ndarray] = (
@@ -59,7 +61,7 @@ def send_rows(
         scratch = Ledger()
         sent = Link(scratch, link.codec, link.seed).send(
             round_, _local(src, shard), _local(dst, shard), kind, payload, stacked=True, lengths=lengths,
-            keep=keep, seeds=seeds,
+            entry_mask=entry_mask, seeds=seeds,
         )  # fmt: skip
         state = scratch.state_dict()
         names, columns = state["nodes"], state["columns"]

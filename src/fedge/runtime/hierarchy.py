@@ -144,12 +144,12 @@ class CellsRound:
         return nodes.clients(range(self.cells.size))
 
     @property
-    def mine(self) -> tuple[int, ...]:
+    def local_clients(self) -> tuple[int, ...]:
         """The clients this process trains."""
         return tuple(range(self.cohort.start, self.cohort.stop))
 
     @property
-    def cells_of_mine(self) -> torch.Tensor:
+    def local_cells(self) -> torch.Tensor:
         """The cell of every client this process trains."""
         return torch.as_tensor(self.cells.cell_of[self.cohort.rows], device=self.ctx.device)
 
@@ -194,10 +194,10 @@ class CellsRound:
         """This process's clients, each from its cell's model (``params``, ``buffers`` stacked over the
         cells), with the optimizer state ``opt_state(rows, cells)`` gives their rows of the parameters
         and their cells."""
-        cell_of = self.cells_of_mine
+        cell_of = self.local_cells
         rows = {k: v[cell_of] for k, v in params.items()}
         buffer_rows = {k: v[cell_of] for k, v in buffers.items()}
-        return ClientBank(self.mine, rows, buffer_rows, opt_state(rows, cell_of))
+        return ClientBank(self.local_clients, rows, buffer_rows, opt_state(rows, cell_of))
 
     def train(
         self, step: StepFn, bank: ClientBank, plan: BatchPlan, data: FederatedData, lr: float
@@ -241,7 +241,7 @@ class CellsRound:
         pipeline's own (AirComp's over-the-air sum)."""
         cells, cohort, device = self.cells, self.cohort, self.ctx.device
         weights = torch.zeros(cells.num_cells, len(cohort), dtype=torch.float64, device=device)
-        weights[self.cells_of_mine, torch.arange(len(cohort), device=device)] = 1.0 / cells.per_cell
+        weights[self.local_cells, torch.arange(len(cohort), device=device)] = 1.0 / cells.per_cell
         pipeline = self.ctx.pipeline(sites.EDGE)
         if reducer is not None:
             pipeline = replace(pipeline, reducer=reducer)

@@ -79,21 +79,21 @@ class SplitRuntime:
 
     def bank(self, cohort: Cohort, clients: np.ndarray) -> ClientBank:
         """An empty bank of this process's rows of a round whose rows are ``clients``."""
-        return ClientBank(tuple(int(c) for c in self.own_clients(cohort, clients)), {})
+        return ClientBank(tuple(int(c) for c in self.local_clients(cohort, clients)), {})
 
-    def own_clients(self, cohort: Cohort, clients: np.ndarray) -> np.ndarray:
+    def local_clients(self, cohort: Cohort, clients: np.ndarray) -> np.ndarray:
         """The clients of this process's rows of a round whose rows are ``clients``."""
         return np.asarray(cohort.take(clients))
 
-    def own(self, cohort: Cohort, values: Rows) -> Rows:
+    def local_rows(self, cohort: Cohort, values: Rows) -> Rows:
         """This process's rows (dimension 0) of a value every row of the round has."""
         return values[cohort.rows]
 
-    def own_ids(self, cohort: Cohort) -> np.ndarray:
+    def local_row_ids(self, cohort: Cohort) -> np.ndarray:
         """The numbers (in the round) of this process's rows."""
         return np.arange(cohort.total)[cohort.rows]
 
-    def own_slice(self, cohort: Cohort) -> slice:
+    def local_slice(self, cohort: Cohort) -> slice:
         """This process's rows of the round, as a slice (for a value indexed again later)."""
         return cohort.rows
 
@@ -121,11 +121,13 @@ class SplitRuntime:
         payload: Tensors,
         *,
         lengths: np.ndarray | torch.Tensor | None = None,
-        keep: torch.Tensor | None = None,
+        entry_mask: torch.Tensor | None = None,
     ) -> Sent:
         """Every row's ``senders[r]`` sends the server its row of ``payload`` (this process's rows); the
         server's decoded rows and every row's bits (:meth:`~fedge.distributed.Cohort.send`)."""
-        return cohort.send(link, t, senders, nodes.SERVER, kind, payload, lengths=lengths, keep=keep)
+        return cohort.send(
+            link, t, senders, nodes.SERVER, kind, payload, lengths=lengths, entry_mask=entry_mask
+        )
 
     def answer(
         self,
@@ -137,10 +139,12 @@ class SplitRuntime:
         payload: Tensors,
         *,
         lengths: np.ndarray | torch.Tensor | None = None,
-        keep: torch.Tensor | None = None,
+        entry_mask: torch.Tensor | None = None,
     ) -> Sent:
         """The server sends each row's ``receivers[r]`` its row of ``payload`` (this process's rows)."""
-        return cohort.send(link, t, nodes.SERVER, receivers, kind, payload, lengths=lengths, keep=keep)
+        return cohort.send(
+            link, t, nodes.SERVER, receivers, kind, payload, lengths=lengths, entry_mask=entry_mask
+        )
 
     def collect(self, rnd: SplitRows, link: Link, kind: str, payload: Tensors) -> Sent:
         """Every participant uploads its row of ``payload`` (this process's rows) to the server."""

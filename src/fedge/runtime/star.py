@@ -72,7 +72,7 @@ class StarRound:
         return nodes.clients(self.clients)
 
     @property
-    def mine(self) -> np.ndarray:
+    def local_clients(self) -> np.ndarray:
         """The participants this process trains."""
         return np.asarray(self.cohort.take(self.clients))
 
@@ -91,7 +91,7 @@ class StarRound:
 
     def plan(self, epochs: int, batch_size: int, drop_last: bool) -> BatchPlan:
         """This process's participants' local steps: ``epochs`` passes in batches of ``batch_size``."""
-        return self.ctx.data.batch_plan(self.mine, self.round, epochs, batch_size, drop_last)
+        return self.ctx.data.batch_plan(self.local_clients, self.round, epochs, batch_size, drop_last)
 
     def train(
         self, step: StepFn, bank: ClientBank, plan: BatchPlan, lr: float, states: OptimizerStates

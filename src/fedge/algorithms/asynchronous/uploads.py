@@ -54,7 +54,7 @@ class DeferredExchange(ServerExchange):
         arrival time; the answer is empty (aux-head clients wait for nothing)."""
         cohort = rnd.cohort
         senders = [rnd.nodes[int(r)] for r in row_ids]
-        at, lengths = row_ids.cpu().numpy(), self.runtime.own(cohort, batch.counts)
+        at, lengths = row_ids.cpu().numpy(), self.runtime.local_rows(cohort, batch.counts)
         sent = self._upload(rnd, cohort, senders, batch, lengths)
         rnd.tally.served(at, sent.bits, batch.counts)
         sending, arrival = self.order.place(rnd, at, sent.bits, batch.counts)

@@ -158,13 +158,13 @@ class DisPFL(PeerAlgorithm):
         process evolves its rows and the masks come back in client order (as 0/1 bytes)."""
         alpha = 0.5 * self.cfg.anneal * (1.0 + math.cos(math.pi * t / self.ctx.config.rounds))
 
-        def mine(rows: slice) -> Tensors:
+        def process_rows(rows: slice) -> Tensors:
             if rows.stop == rows.start:  # fewer clients than processes: nothing to evolve here
                 return {k: m[rows].to(torch.uint8) for k, m in self.masks.items()}
             masks = self._evolved(alpha, params, buffers, batches, rows)
             return {k: m.to(torch.uint8) for k, m in masks.items()}
 
-        self.masks = {k: m.bool() for k, m in self.map_rows(self.num_clients, mine).items()}
+        self.masks = {k: m.bool() for k, m in self.map_rows(self.num_clients, process_rows).items()}
         return alpha
 
     def _evolved(

@@ -104,7 +104,7 @@ class LocalTraining:
         """
         train = train or (lambda p, b, o, e: self.train_rows(p, b, o, t, extra=e))
 
-        def mine(rows: slice) -> Tensors:
+        def process_rows(rows: slice) -> Tensors:
             def take(tensors: Tensors) -> Tensors:
                 return {k: v[rows] for k, v in tensors.items()}
 
@@ -113,7 +113,7 @@ class LocalTraining:
             )
             return {**new_p, **new_b, "\0loss": losses}
 
-        trained = self.map_rows(len(owners), mine)
+        trained = self.map_rows(len(owners), process_rows)
         return {k: trained[k] for k in params}, {k: trained[k] for k in buffers}, trained["\0loss"]
 
     def losses_on(
@@ -128,14 +128,14 @@ class LocalTraining:
         pair's forward pass is independent of the others): the scoring of received models by PENS,
         FedeRiCo and FedFomo, and AFIND+'s probe losses before and after training (Eq. 15)."""
 
-        def mine(rows: slice) -> Tensors:
+        def process_rows(rows: slice) -> Tensors:
             return {
                 "loss": self._pair_losses(
                     params, buffers, (pairs[0][rows], pairs[1][rows], pairs[2][rows]), batches
                 )
             }
 
-        return self.map_rows(len(pairs[0]), mine)["loss"]
+        return self.map_rows(len(pairs[0]), process_rows)["loss"]
 
     def map_rows(self, total: int, work: Callable[[slice], Tensors]) -> Tensors:
         """``work(rows)`` on this process's rows of a cohort of ``total`` rows (all of them in one

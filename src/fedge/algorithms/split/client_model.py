@@ -64,7 +64,7 @@ class ClientModels:
                 down = self.runtime.broadcast(self.down, rnd.t, rnd.nodes, f"{name}_down", sent)
                 rnd.tally.down_bits += down.bits[0]
                 received.update(down.payload)
-        mine = self.runtime.own_clients(rnd.cohort, rnd.draws.clients)
+        mine = self.runtime.local_clients(rnd.cohort, rnd.draws.clients)
         count = len(mine)
         stacked = stack_copies({k: received.get(k, v) for k, v in params.items()}, count)
         if not self.shares_aux:

@@ -125,7 +125,7 @@ class ServerCopies(SplitServer):
     def models_held(self, count: int) -> int:
         return count
 
-    def keep_rows(self, keep: torch.Tensor) -> None:
+    def select_rows(self, keep: torch.Tensor) -> None:
         self.copies = as_state(tuple(rows(t, keep) for t in self.copies))
 
     def evaluation_model(self) -> tuple[Tensors, Tensors]:

@@ -140,7 +140,7 @@ class CseFsl(LocalLoss):
         if not self.server_round(rnd.t):
             return super().server_pass(rnd)
         index, y, counts = self._server_batches(rnd)
-        keys, own, cohort = rnd.keys, self.runtime.own, rnd.cohort
+        keys, own, cohort = rnd.keys, self.runtime.local_rows, rnd.cohort
         x, own_counts = self.ctx.data.x_train[own(cohort, index)], own(cohort, counts)
         client_keys = None if keys is None else own(cohort, keys.at(-1))
         server_keys = None if keys is None else keys.at(-1, SERVER_STAGE)

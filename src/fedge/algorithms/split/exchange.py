@@ -70,7 +70,7 @@ class ServerExchange:
         runtime = self.runtime
         cohort = rnd.cohort if batch.rows is None else runtime.whole(len(row_ids))
         senders = [rnd.nodes[int(r)] for r in row_ids]
-        at, lengths = row_ids.cpu().numpy(), runtime.own(cohort, batch.counts)
+        at, lengths = row_ids.cpu().numpy(), runtime.local_rows(cohort, batch.counts)
         sent = self._upload(rnd, cohort, senders, batch, lengths)
         rnd.tally.served(at, sent.bits, batch.counts)
         queued = self.order.queue(rnd, step, at, sent.bits, batch.counts)
@@ -81,7 +81,7 @@ class ServerExchange:
         assert served.grad_z is not None, "the server returns the cut-layer gradient when asked for it"
         answer = {"g": served.grad_z}
         grads = runtime.answer(cohort, self.down, rnd.t, senders, "grad_down", answer, lengths=lengths,
-                               keep=sent.keep)  # fmt: skip
+                               entry_mask=sent.keep)  # fmt: skip
         np.add.at(rnd.tally.down_bits, at, grads.bits)
         if queued.finish is not None:
             self.order.returned(rnd, at, queued, grads.bits)
@@ -95,18 +95,20 @@ class ServerExchange:
         t, runtime = rnd.t, self.runtime
         keep = sent_entries(batch.z, lengths) if self.padded else None
         z = {"z": batch.z.detach()}
-        smashed = runtime.upload(cohort, self.up, t, senders, "smashed_up", z, lengths=lengths, keep=keep)
-        y = runtime.own(cohort, batch.y)
+        smashed = runtime.upload(
+            cohort, self.up, t, senders, "smashed_up", z, lengths=lengths, entry_mask=keep
+        )
+        y = runtime.local_rows(cohort, batch.y)
         targets = sent_targets(y, lengths) if self.padded else None
         labels = runtime.upload(
-            cohort, self.labels, t, senders, "labels_up", {"y": y}, lengths=lengths, keep=targets
+            cohort, self.labels, t, senders, "labels_up", {"y": y}, lengths=lengths, entry_mask=targets
         )
         return Uploaded(batch._replace(z=smashed.payload["z"]), smashed.bits + labels.bits, keep)
 
     def _serve(self, rnd: Round, cohort: Cohort, batch: CutBatch, grad_z: bool, order: list[int]) -> Served:
         """The server's answer to this process's rows of ``batch`` (whose ``z`` holds only those rows);
         its loss enters the round's tally."""
-        own, shared = self.runtime.own, self.server.in_turn
+        own, shared = self.runtime.local_rows, self.server.sequential
         if shared:
             batch = batch._replace(z=self.runtime.gather(cohort, {"z": batch.z})["z"])
         else:

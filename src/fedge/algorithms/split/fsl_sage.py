@@ -206,7 +206,7 @@ class FslSage(SplitLearning):
         """Align each participant's aux model to the server on its stored samples and send it down; the
         rows of this process take the aligned model (their client keeps it at aggregation)."""
         params = dict(rnd.rows.params)
-        mine = self.runtime.own_clients(rnd.cohort, rnd.draws.clients)
+        mine = self.runtime.local_clients(rnd.cohort, rnd.draws.clients)
         self.aux_bits = np.zeros(len(rnd.draws))  # the rows that answered (a deployed round may lose some)
         for client in dict.fromkeys(int(c) for c in rnd.draws.clients):
             head = self._align_client(rnd, client)
@@ -215,7 +215,7 @@ class FslSage(SplitLearning):
             rows = torch.as_tensor(np.flatnonzero(mine == client), device=self.ctx.device)
             for name, value in head.items():
                 params[name] = params[name].index_put((rows,), value.expand(len(rows), *value.shape))
-        rnd.keep(None, (params, rnd.rows.buffers, rnd.rows.opt_state))
+        rnd.write_back(None, (params, rnd.rows.buffers, rnd.rows.opt_state))
 
     def _align_client(self, rnd: Round, client: int) -> Tensors | None:
         """Align ``client``'s aux model to the server's current model on its stored samples and send it
@@ -265,7 +265,7 @@ class FslSage(SplitLearning):
             return None
         rnd = self.rnd
         rows = self.served_rows
-        ids = self.runtime.own_ids(rnd.cohort) if rows is None else rows.cpu().numpy()
+        ids = self.runtime.local_row_ids(rnd.cohort) if rows is None else rows.cpu().numpy()
         clients = self.round_clients[ids]
         update = [p for p, row in enumerate(ids.tolist()) if row not in self.realigned_rows]
         update = [p for p in update if int(clients[p]) in self.fresh]

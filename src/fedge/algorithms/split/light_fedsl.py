@@ -185,7 +185,7 @@ class FedSLRounds(Algorithm[FedSLConfig]):
         """Steps 1-3 of the round for this process's clients: the cut exchange, then each client's
         update (prune to ``rho``, mask, quantize, step)."""
         cut = self._cut_exchange(t, index, counts)
-        own, cohort = self.runtime.own, self.cohort
+        own, cohort = self.runtime.local_rows, self.cohort
         masks = {name: own(cohort, mask) for name, mask in self.clients["masks"].items()}
         lr, first = self.cfg.optimizer.lr, self.runtime.first_row(cohort)
         params, masks = self.update(t, rho, cut.params, cut.grads, masks, lr, first)
@@ -196,13 +196,13 @@ class FedSLRounds(Algorithm[FedSLConfig]):
         """Steps 1-2 of the round for this process's clients: trunk forward, cut dropout, the server's
         side (:meth:`server_side`), the returned gradient back-propagated through the trunk."""
         ctx, cohort, runtime = self.ctx, self.cohort, self.runtime
-        p, mine = self.knobs.cut_dropout, runtime.own(cohort, index)
+        p, mine = self.knobs.cut_dropout, runtime.local_rows(cohort, index)
         x, y = ctx.data.x_train[mine], ctx.data.y_train[mine]
-        params = {k: runtime.own(cohort, v) for k, v in self.clients["params"].items()}
-        buffers = {k: runtime.own(cohort, v) for k, v in self.clients["buffers"].items()}
+        params = {k: runtime.local_rows(cohort, v) for k, v in self.clients["params"].items()}
+        buffers = {k: runtime.local_rows(cohort, v) for k, v in self.clients["buffers"].items()}
         every = ctx.executor.phase_keys(range(len(self.nodes)))
-        keys = None if every is None else RowKeys(runtime.own(cohort, every.base))
-        own = runtime.own(cohort, counts)
+        keys = None if every is None else RowKeys(runtime.local_rows(cohort, every.base))
+        own = runtime.local_rows(cohort, counts)
         z, new_buffers, pullback = ctx.executor.forward_with_vjp(
             self.forward, params, buffers, x, own, None if keys is None else keys.at(0)
         )
@@ -222,9 +222,11 @@ class FedSLRounds(Algorithm[FedSLConfig]):
         targets = None
         if self.parts.model.pad_id is not None:
             keep, targets = keep * sent_entries(dropped, own), sent_targets(y, own)
-        smashed = runtime.upload(cohort, self.up, t, self.nodes, "smashed_up", {"z": dropped}, keep=keep)
+        smashed = runtime.upload(
+            cohort, self.up, t, self.nodes, "smashed_up", {"z": dropped}, entry_mask=keep
+        )
         labels = runtime.upload(
-            cohort, self.labels, t, self.nodes, "labels_up", {"y": y}, lengths=own, keep=targets
+            cohort, self.labels, t, self.nodes, "labels_up", {"y": y}, lengths=own, entry_mask=targets
         )
         server_keys = None if keys is None else keys.at(0, SERVER_STAGE)
         batch = CutBatch(None, smashed.payload["z"], y, own, server_keys, cohort=n)
@@ -233,7 +235,7 @@ class FedSLRounds(Algorithm[FedSLConfig]):
         grad_z = served.grad_z
         assert grad_z is not None, "the server returns the cut-layer gradient when asked for it"
         returned = {"g": grad_z * keep.to(grad_z)}
-        grad = runtime.answer(cohort, self.down, t, self.nodes, "grad_down", returned, keep=keep)
+        grad = runtime.answer(cohort, self.down, t, self.nodes, "grad_down", returned, entry_mask=keep)
         loss = runtime.gather(cohort, {"loss": served.loss})["loss"]
         return ServedCut(grad.payload["g"], loss, smashed.bits + labels.bits, grad.bits)
 

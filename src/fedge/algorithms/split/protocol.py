@@ -86,7 +86,7 @@ class SplitLearning(Algorithm[SplitConfig]):
         client, client_buffers, server, server_buffers = initial_state(self.parts, cfg.init, ctx.seed)
         self.client = {"params": client, "buffers": client_buffers}
         self.server = self.server_part(server, server_buffers)
-        if cfg.server_order == "arrival" and not self.server.in_turn:
+        if cfg.server_order == "arrival" and not self.server.sequential:
             raise ConfigError("algorithm.server_order", "arrival orders one shared server model's queue")
         self.local_aux: dict[int, Tensors] = {}  # each client's own aux head when it is not averaged
         self.totals = {"uploads": 0, "server_steps": 0}
@@ -143,21 +143,21 @@ class SplitLearning(Algorithm[SplitConfig]):
             return RoundReport(0.0, {"participants": 0, "uploads": 0})
         rnd = self.begin(t)  # draw the participants, broadcast the client model
         state, samples = self.server_pass(rnd)
-        rnd.keep(None, state)
+        rnd.write_back(None, state)
         rnd.tally.client_samples += samples
         plan = self.plan(rnd)
         for subset in self.exchange.order.passes(len(rnd.draws), self.ctx.device):
             self.local_steps(rnd, plan, subset)  # local steps, each with its server exchange
         self.client_opt.end(rnd.draws.clients, rnd.rows.opt_state, rnd.cohort)  # kept for the next visit
         self.aggregate_models(rnd)  # upload and average the client models (and server copies)
-        rnd.tally.add_up(self.runtime, rnd.cohort, server_losses=not self.server.in_turn)
+        rnd.tally.add_up(self.runtime, rnd.cohort, server_losses=not self.server.sequential)
         self.hold_storage(len(rnd.draws), rnd.nodes)
         self.runtime.close(self.round_cost(rnd))
         return self.round_report(rnd)
 
     def round_cost(self, rnd: Round) -> RoundCost:
         """Round ``rnd``'s latency and energy on the simulated clock, read off its tally."""
-        return round_cost(self.ctx.system, rnd, self.flops, self.server.in_turn)
+        return round_cost(self.ctx.system, rnd, self.flops, self.server.sequential)
 
     def learning_rates(self, t: int) -> tuple[float, float]:
         """Client and server step sizes in round t (:func:`~fedge.algorithms.split.plans.step_sizes`)."""

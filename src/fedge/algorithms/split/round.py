@@ -61,7 +61,7 @@ class Round:
         full = (bank.params, bank.buffers, bank.opt_state)
         return full if subset is None else as_state(tuple(rows(t, subset) for t in full))
 
-    def keep(self, subset: torch.Tensor | None, state: State) -> None:
+    def write_back(self, subset: torch.Tensor | None, state: State) -> None:
         """Write back the state of the rows ``subset`` (all rows for None)."""
         if subset is None:
             self.rows.adopt(*state, owned=False)

@@ -85,11 +85,11 @@ class DenseKernels:
 class SplitServer(ABC):
     """The server part: its model(s), how a cut batch is served, aggregation and storage.
 
-    ``in_turn`` says whether one model serves every upload in turn, so that its compute adds up over a
+    ``sequential`` says whether one model serves every upload in turn, so that its compute adds up over a
     round (the simulated clock's composition depends on it).
     """
 
-    in_turn: ClassVar[bool] = False
+    sequential: ClassVar[bool] = False
     state_fields: ClassVar[tuple[str, ...]] = ("params", "buffers")
 
     def __init__(self, params: Tensors, buffers: Tensors, sgd: Optimizer):
@@ -116,7 +116,7 @@ class SplitServer(ABC):
         """How many server models the server holds with ``count`` participant rows."""
 
     @abstractmethod
-    def keep_rows(self, keep: torch.Tensor) -> None:
+    def select_rows(self, keep: torch.Tensor) -> None:
         """Only the round's rows ``keep`` go on (a deployed round whose other rows' nodes dropped out)."""
 
     def storage_bits(self, count: int) -> int:
@@ -146,7 +146,7 @@ class SharedServer(SplitServer):
     either executor, so both executors still agree exactly.
     """
 
-    in_turn = True
+    sequential = True
     state_fields = (*SplitServer.state_fields, "opt_state")
 
     def __init__(
@@ -215,7 +215,7 @@ class SharedServer(SplitServer):
     def aggregate(self, weights: torch.Tensor, aggregation: RowAggregation) -> None:
         """Nothing to average: the one model already learned from everyone."""
 
-    def keep_rows(self, keep: torch.Tensor) -> None:
+    def select_rows(self, keep: torch.Tensor) -> None:
         """One shared model has nothing per row."""
 
     def models_held(self, count: int) -> int:

@@ -31,21 +31,21 @@ class LocalRun:
     weight: torch.Tensor  # 0/1 sample weights, like ``index``
     row_ids: torch.Tensor  # the run's rows, numbered in the round
     keys: RowKeys | None  # every run row's noise keys
-    mine: slice  # this process's rows of the run
-    own_keys: RowKeys | None  # this process's rows' noise keys
+    local_rows: slice  # this process's rows of the run
+    local_keys: RowKeys | None  # this process's rows' noise keys
 
     @classmethod
     def of(cls, rnd: Round, plan: BatchPlan, subset: torch.Tensor | None, runtime: SplitRuntime) -> LocalRun:
         """The run of the rows ``subset`` of round ``rnd`` (all of them for None) by ``plan``."""
         if subset is None:
             index, weight, keys = plan.index, plan.weight, rnd.keys
-            mine = runtime.own_slice(rnd.cohort)
+            mine = runtime.local_slice(rnd.cohort)
             row_ids = torch.arange(index.shape[0], device=index.device)
         else:
             index, weight, row_ids = plan.index[subset], plan.weight[subset], subset
             keys, mine = None if rnd.keys is None else rnd.keys.rows(subset), slice(None)
-        own_keys = None if keys is None else RowKeys(keys.base[mine])
-        return cls(subset, index, weight, row_ids, keys, mine, own_keys)
+        local_keys = None if keys is None else RowKeys(keys.base[mine])
+        return cls(subset, index, weight, row_ids, keys, mine, local_keys)
 
 
 class LocalSteps:
@@ -74,14 +74,14 @@ class LocalSteps:
                 continue
             state = self._step(rnd, run, state, s, counts)
             if self.agg_every is not None and (s + 1) % self.agg_every == 0 and s + 1 < steps:
-                rnd.keep(subset, state)
+                rnd.write_back(subset, state)
                 self.synchronise(rnd)
                 state = rnd.state(subset)
-        rnd.keep(subset, state)
+        rnd.write_back(subset, state)
 
     def _step(self, rnd: Round, run: LocalRun, state: State, s: int, counts: torch.Tensor) -> State:
         """Local step ``s`` of the run's rows (``counts`` samples each); their new state."""
-        every, mine = run.weight[:, s], run.mine
+        every, mine = run.weight[:, s], run.local_rows
         x, y = self.data.x_train[run.index[mine, s]], self.data.y_train[run.index[:, s]]
 
         def exchange(z: torch.Tensor, grad_z: bool) -> Served:
@@ -90,7 +90,7 @@ class LocalSteps:
 
         upload, own = self.uploads_at(s), counts[mine]
         if bool(own.any()):
-            keys = None if run.own_keys is None else run.own_keys.at(s)
+            keys = None if run.local_keys is None else run.local_keys.at(s)
             batch = (x, y[mine], every[mine])
             step = self.clients.step(state, batch, own, rnd.lr_client, keys, exchange, upload)
         else:  # spread over processes: this process's rows idle at this step while others' step
