@@ -16,10 +16,9 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-from fedge.algorithms.split.client_kinds import GradientReturn
 from fedge.algorithms.split.participation import draw
 from fedge.algorithms.split.plans import round_plan
-from fedge.algorithms.split.protocol import SplitLearning
+from fedge.algorithms.split.protocol import GradientReturn, SplitLearning
 from fedge.algorithms.split.server import Served
 from fedge.comm.registry import get_codec
 from fedge.config import RunConfig

@@ -29,11 +29,11 @@ import torch
 from pydantic import PositiveInt
 
 from fedge.algorithms.base import Context, register
-from fedge.algorithms.split.client_kinds import LocalLoss
 from fedge.algorithms.split.clients import State
 from fedge.algorithms.split.config import AuxHeadConfig
 from fedge.algorithms.split.parts import trunk_only
 from fedge.algorithms.split.plans import limit_steps
+from fedge.algorithms.split.protocol import LocalLoss
 from fedge.algorithms.split.round import Round
 from fedge.algorithms.split.server import SERVER_STAGE, CutBatch, Served, SharedServer, SplitServer
 from fedge.config import aliased

@@ -11,9 +11,9 @@ from __future__ import annotations
 from typing import Literal
 
 from fedge.algorithms.base import register
-from fedge.algorithms.split.client_kinds import LocalLoss
 from fedge.algorithms.split.config import AuxHeadConfig, ServerCopiesConfig
 from fedge.algorithms.split.copies import ServerCopies
+from fedge.algorithms.split.protocol import LocalLoss
 from fedge.algorithms.split.server import SplitServer
 from fedge.tensors import Tensors
 

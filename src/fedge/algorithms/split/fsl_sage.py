@@ -38,7 +38,7 @@ the server in training mode for the true gradients and keeps the buffer updates,
 buffers untouched.
 
 On the simulated clock an alignment round ends with the alignment: the server's compute on every
-participant's store (phase ``align``, :func:`~fedge.algorithms.split.flops.alignment_flops`) and then
+participant's store (phase ``align``, :func:`~fedge.algorithms.split.cost.alignment_flops`) and then
 the aux models' downloads, after the round's own phases (:func:`~fedge.system.aligned_round`), under
 either timing (the clock does not model the clients waiting for a mid-round alignment).
 """
@@ -56,8 +56,8 @@ from fedge.algorithms.base import Context, register
 from fedge.algorithms.split.alignment import Aligned, Aligner, AlignmentLoss, AlignmentStore
 from fedge.algorithms.split.clients import ClientSide, State
 from fedge.algorithms.split.config import SplitConfig
+from fedge.algorithms.split.cost import alignment_flops
 from fedge.algorithms.split.estimated import EstimatedGradientClients
-from fedge.algorithms.split.flops import alignment_flops
 from fedge.algorithms.split.parts import aux_only, build_parts
 from fedge.algorithms.split.protocol import SplitLearning
 from fedge.algorithms.split.round import Round

@@ -50,6 +50,7 @@ import torch
 from fedge.algorithms.base import Algorithm, Context, register
 from fedge.algorithms.split.config import SPLIT_BATCHED_FROM
 from fedge.algorithms.split.copies import MeanGradientServer
+from fedge.algorithms.split.cost import count_flops
 from fedge.algorithms.split.fedsl_averaging import Averaging
 from fedge.algorithms.split.fedsl_client import ClientUpdate, cut_masks
 from fedge.algorithms.split.fedsl_config import (
@@ -59,7 +60,6 @@ from fedge.algorithms.split.fedsl_config import (
     TraditionalFedSLConfig,
 )
 from fedge.algorithms.split.fedsl_steps import CutStep, ServedCut, StepBatches, Trained
-from fedge.algorithms.split.flops import count_flops
 from fedge.algorithms.split.padding import sent_entries, sent_targets
 from fedge.algorithms.split.parts import build_parts, composed, initial_state
 from fedge.algorithms.split.pruning import prunable_names, sparsity, sparsity_target

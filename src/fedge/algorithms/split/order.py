@@ -21,7 +21,7 @@ import numpy as np
 import torch
 
 from fedge.algorithms.split.arrival import Timeline
-from fedge.algorithms.split.flops import SplitFlops
+from fedge.algorithms.split.cost import SplitFlops
 from fedge.algorithms.split.round import Round
 from fedge.distributed import Cohort, Cohorts
 from fedge.rng import numpy_rng

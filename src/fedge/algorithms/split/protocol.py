@@ -7,8 +7,10 @@ client side's (:mod:`~fedge.algorithms.split.clients`) with its exchange with th
 down, served in the order of the run's :mod:`~fedge.algorithms.split.order` policy); then upload the
 client models and average them (:mod:`~fedge.algorithms.split.client_model`). The server side is a part
 (:mod:`~fedge.algorithms.split.server`): a copy per participant or one shared model. An algorithm is the
-choice of its client kind (:mod:`~fedge.algorithms.split.client_kinds`) and server part plus, for
-CSE-FSL, when to upload; the round's cost is read off its tally (:mod:`~fedge.algorithms.split.cost`).
+choice of its client kind (:class:`GradientReturn`: SplitFed's clients back-propagate the cut-layer
+gradients the server returns; :class:`LocalLoss`: aux-head clients learn from a local loss and get nothing
+back) and server part plus, for CSE-FSL, when to upload; the round's cost is read off its tally
+(:mod:`~fedge.algorithms.split.cost`).
 
 Storage: the server holds its model(s) (``server_model``) and the uploaded client models it averages
 (``client_models``); each participant its trunk and aux head.
@@ -25,14 +27,13 @@ import torch
 from fedge.algorithms.base import Algorithm, Context
 from fedge.algorithms.optimizer_state import ClientOptimizerStates
 from fedge.algorithms.split.client_model import ClientModels, Part, evaluate_split
-from fedge.algorithms.split.clients import ClientSide, State
-from fedge.algorithms.split.config import SPLIT_BATCHED_FROM, SplitConfig
-from fedge.algorithms.split.cost import round_cost
+from fedge.algorithms.split.clients import AuxHeadClients, ClientSide, GradientClients, State
+from fedge.algorithms.split.config import SPLIT_BATCHED_FROM, AuxHeadConfig, GradientReturnConfig, SplitConfig
+from fedge.algorithms.split.cost import count_flops, round_cost
 from fedge.algorithms.split.exchange import ServerExchange
-from fedge.algorithms.split.flops import count_flops
 from fedge.algorithms.split.order import server_order
 from fedge.algorithms.split.participation import Draws, check_participation, participants
-from fedge.algorithms.split.parts import initial_state
+from fedge.algorithms.split.parts import build_parts, initial_state
 from fedge.algorithms.split.plans import round_plan, step_sizes
 from fedge.algorithms.split.round import Round
 from fedge.algorithms.split.server import SplitServer
@@ -238,3 +239,24 @@ class SplitLearning(Algorithm[SplitConfig]):
         head also trunk + aux head (:func:`~fedge.algorithms.split.client_model.evaluate_split`)."""
         aux = self.clients.has_aux and self.clients.shares_aux
         return evaluate_split(self.ctx, self.parts, self.client, self.server.evaluation_model(), aux)
+
+
+class GradientReturn(SplitLearning):
+    """SplitFed's clients (v1 and v2): cut-layer gradients come back and are back-propagated."""
+
+    cfg: GradientReturnConfig
+
+    def client_side(self) -> ClientSide:
+        parts = build_parts(self.ctx, with_aux=False)
+        return GradientClients(parts, self.client_sgd, self.ctx.executor, self.cfg.clip_norm)
+
+
+class LocalLoss(SplitLearning):
+    """Aux-head clients (FSL_AN, CSE-FSL): they learn from their local loss; nothing comes back."""
+
+    cfg: AuxHeadConfig
+
+    def client_side(self) -> ClientSide:
+        cfg, parts = self.cfg, build_parts(self.ctx, with_aux=True)
+        post_step = cfg.smashed_from == "post_step"
+        return AuxHeadClients(parts, self.client_sgd, self.ctx.executor, post_step, cfg.aggregate_aux)

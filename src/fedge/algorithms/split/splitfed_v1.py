@@ -12,9 +12,9 @@ from __future__ import annotations
 from typing import Literal
 
 from fedge.algorithms.base import register
-from fedge.algorithms.split.client_kinds import GradientReturn
 from fedge.algorithms.split.config import GradientReturnConfig, ServerCopiesConfig
 from fedge.algorithms.split.copies import ServerCopies
+from fedge.algorithms.split.protocol import GradientReturn
 from fedge.algorithms.split.server import SplitServer
 from fedge.tensors import Tensors
 

@@ -13,8 +13,8 @@ import math
 from typing import Literal
 
 from fedge.algorithms.base import register
-from fedge.algorithms.split.client_kinds import GradientReturn
 from fedge.algorithms.split.config import GradientReturnConfig, Positive
+from fedge.algorithms.split.protocol import GradientReturn
 from fedge.algorithms.split.server import SharedServer, SplitServer
 from fedge.tensors import Tensors
 
