@@ -222,7 +222,7 @@ def test_the_remote_executor_refuses_what_would_not_run_on_the_nodes(tmp_path):
     with pytest.raises(FedgeError, match="does not hold"):
         executor.train(lambda *a: a, bank, None, built.context.data, 0.1)
     with pytest.raises(FedgeError, match="per-batch client work"):
-        executor.map(None, (), (), (), torch.ones(1))
+        executor.map(None, state=(), batch=(), shared=(), counts=torch.ones(1))
 
 
 @pytest.mark.parametrize("algorithm", sorted(REFUSED))

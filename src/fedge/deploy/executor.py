@@ -132,7 +132,7 @@ class RemoteExecutor(Executor):
             bank.adopt(*new, owned=False)
         return losses
 
-    def map(self, fn, state, batch, shared, counts, *, inputs=(), keys=None, stage="map") -> Mapped:
+    def map(self, fn, *, state, batch, shared, counts, inputs=(), keys=None, stage="map") -> Mapped:
         """Refused: ``map`` is per-batch client work on batch tensors the caller already holds, which
         would run here, in the server app, not on the nodes (split learning's rounds)."""
         raise FedgeError(

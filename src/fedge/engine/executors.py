@@ -133,11 +133,11 @@ class Executor(ABC):
     def map(
         self,
         fn: ClientFn,
+        *,
         state: tuple[Tensors, ...],
         batch: tuple[torch.Tensor, ...],
         shared: tuple[Any, ...],
         counts: torch.Tensor,
-        *,
         inputs: tuple[Tensors, ...] = (),
         keys: torch.Tensor | None = None,
         stage: str = "map",
@@ -183,7 +183,10 @@ class Executor(ABC):
             return self._recomputed_vjp(fn, params, buffers, x, counts, keys, size)
         leaves = grad_leaves(params)
         with torch.enable_grad():
-            out = self.map(fn, (buffers,), (x,), (), counts, inputs=(leaves,), keys=keys, stage="forward")
+            out = self.map(
+                fn, state=(buffers,), batch=(x,), shared=(), counts=counts, inputs=(leaves,), keys=keys,
+                stage="forward",
+            )
         z = out.per_sample[0]
         pullback = partial(leaf_gradients, z, leaves)
         return z.detach(), {name: b.detach() for name, b in out.state[0].items()}, pullback
@@ -198,8 +201,10 @@ class Executor(ABC):
         active[0] = active[0] or not any(active)  # an all-idle call maps as map does (for its shapes)
 
         def forward(part: slice, weights: Tensors) -> Mapped:
-            return self.map(fn, (rows(buffers, part),), (x[part],), (), counts[part], inputs=(weights,),
-                            keys=None if keys is None else keys[part], stage="forward")  # fmt: skip
+            return self.map(
+                fn, state=(rows(buffers, part),), batch=(x[part],), shared=(), counts=counts[part],
+                inputs=(weights,), keys=None if keys is None else keys[part], stage="forward",
+            )
 
         with torch.no_grad():
             outs = [
@@ -275,7 +280,7 @@ class SequentialExecutor(Executor):
     ) -> torch.Tensor:
         return _train_one_at_a_time(self.phase_keys(bank.clients), step, bank, plan, data, lr)
 
-    def map(self, fn, state, batch, shared, counts, *, inputs=(), keys=None, stage="map") -> Mapped:
+    def map(self, fn, *, state, batch, shared, counts, inputs=(), keys=None, stage="map") -> Mapped:
         return _map_one_at_a_time(fn, state, batch, shared, counts, inputs, keys, stage)
 
 
@@ -561,7 +566,7 @@ class BatchedExecutor(Executor):
         fits = self.activation_chunk(batch[0].shape[1])
         return size if size <= fits else _equal_chunks(count, fits)
 
-    def map(self, fn, state, batch, shared, counts, *, inputs=(), keys=None, stage="map") -> Mapped:
+    def map(self, fn, *, state, batch, shared, counts, inputs=(), keys=None, stage="map") -> Mapped:
         if len(counts) == 1:  # one client (a split round client after client): the sequential kernels
             return _map_one_at_a_time(fn, state, batch, shared, counts, inputs, keys, stage)
         in_dims = (0,) * (len(state) + len(inputs) + len(batch)) + (None,) * len(shared)

@@ -106,10 +106,10 @@ class ClientSide(ABC):
         trunk_state = self.sgd.select(opt_state, trunk)
         out = self.executor.map(
             self.apply,
-            (trunk, trunk_state),
-            (),
-            (lr,),
-            counts,
+            state=(trunk, trunk_state),
+            batch=(),
+            shared=(lr,),
+            counts=counts,
             inputs=(pullback(grad_z),),
             stage="apply",
         )
@@ -151,7 +151,10 @@ class AuxHeadClients(ClientSide):
         self.shares_aux = shares_aux
 
     def step(self, state, batch, counts, lr, keys, exchange, upload) -> LocalStep:
-        out = self.executor.map(self.local_step, state, batch, (lr,), counts, keys=keys, stage="aux step")
+        out = self.executor.map(
+            self.local_step, state=state, batch=batch, shared=(lr,), counts=counts, keys=keys,
+            stage="aux step",
+        )
         if upload:
             exchange(out.per_sample[0], False)
         return LocalStep(as_state(out.state), out.per_client[0])

@@ -68,10 +68,10 @@ class ServerCopies(SplitServer):
         copies = self.copies if batch.rows is None else tuple(rows(t, batch.rows) for t in self.copies)
         out = self.executor.map(
             self.steps[grad_z],
-            copies,
-            (z, batch.y, weight),
-            (lr,),
-            counts,
+            state=copies,
+            batch=(z, batch.y, weight),
+            shared=(lr,),
+            counts=counts,
             keys=batch.keys,
             stage="server copy",
         )

@@ -155,10 +155,10 @@ class CseFsl(LocalLoss):
             with torch.no_grad():
                 out = self.ctx.executor.map(
                     self.clients.forward,
-                    (buffers,),
-                    (x,),
-                    (),
-                    own_counts,
+                    state=(buffers,),
+                    batch=(x,),
+                    shared=(),
+                    counts=own_counts,
                     inputs=(trunk_only(params),),
                     keys=client_keys,
                     stage="forward",

@@ -80,4 +80,7 @@ class EstimatedGradientClients(ClientSide):
         return LocalStep(as_state(out.state), out.per_client[0])
 
     def _mapped(self, state: State, batch, counts, lr: float, keys) -> Mapped:
-        return self.executor.map(self.local_step, state, batch, (lr,), counts, keys=keys, stage="sage step")
+        return self.executor.map(
+            self.local_step, state=state, batch=batch, shared=(lr,), counts=counts, keys=keys,
+            stage="sage step",
+        )
