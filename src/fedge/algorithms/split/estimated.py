@@ -64,10 +64,16 @@ class EstimatedGradientClients(ClientSide):
     shares_aux = False
     returns_gradient = False
 
-    def __init__(self, parts: SplitParts, sgd: Optimizer, executor: Executor):
+    def __init__(
+        self,
+        parts: SplitParts,
+        sgd: Optimizer,
+        executor: Executor,
+        realigned: Callable[[State], State | None] | None = None,
+    ):
         super().__init__(parts, sgd, executor)
         self.local_step = make_estimated_step(parts.local, sgd, parts.criterion)
-        self.realigned: Callable[[State], State | None] | None = None
+        self.realigned = realigned
         """after an upload: the rows' state with the aux models the server aligned on it, or None"""
 
     def step(self, state, batch, counts, lr, keys, exchange, upload) -> LocalStep:

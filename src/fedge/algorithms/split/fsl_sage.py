@@ -46,11 +46,13 @@ either timing (the clock does not model the clients waiting for a mid-round alig
 from __future__ import annotations
 
 from collections.abc import Callable
+from dataclasses import dataclass
 from typing import Literal
 
 import numpy as np
 import torch
 from pydantic import Field, PositiveInt
+from torch import nn
 
 from fedge.algorithms.base import Context, register
 from fedge.algorithms.split.alignment import Aligned, Aligner, AlignmentLoss, AlignmentStore
@@ -64,7 +66,7 @@ from fedge.algorithms.split.round import Round
 from fedge.algorithms.split.server import CutBatch, Served, SharedServer, SplitServer
 from fedge.comm import nodes, state_bits
 from fedge.config import OptimizerConfig, aliased
-from fedge.engine import make_optimizer
+from fedge.engine import Criterion, Optimizer, make_optimizer
 from fedge.errors import ConfigError
 from fedge.metrics import RoundReport
 from fedge.rng import numpy_rng
@@ -98,26 +100,45 @@ class FslSageConfig(SplitConfig):
     """per-sample mean |estimate - truth|^2, or the code's sum on mean-loss gradients (1/N of it at B = N)"""
 
 
-class RecordingServer(SharedServer):
-    """CSE-FSL's one shared server model, which also hands every upload it serves to ``record`` and, for
-    the rows ``due`` names, calls ``after`` right after its step on that row's upload (the others' steps
-    wait: the queue is served one upload at a time then)."""
+@dataclass(frozen=True)
+class ServeHooks:
+    """What FSL-SAGE's server does around its steps: ``record`` sees every upload it serves; for the rows
+    ``due`` names, ``after`` runs right after the step on that row's upload (``alignment_timing:
+    first_batch``; neither for ``after_local_steps``)."""
 
-    record: Callable[[CutBatch, list[int]], None] | None = None
+    record: Callable[[CutBatch, list[int]], None]
     due: Callable[[CutBatch, list[int]], set[int]] | None = None
     after: Callable[[CutBatch, int], None] | None = None
 
+
+class RecordingServer(SharedServer):
+    """CSE-FSL's one shared server model, which also runs FSL-SAGE's :class:`ServeHooks` (the rows due
+    for an alignment are served one upload at a time, the others' steps waiting)."""
+
+    def __init__(
+        self,
+        hooks: ServeHooks,
+        module: nn.Module,
+        params: Tensors,
+        buffers: Tensors,
+        sgd: Optimizer,
+        criterion: Criterion,
+        fused: bool,
+    ):
+        super().__init__(module, params, buffers, sgd, None, criterion, fused)
+        self.hooks = hooks
+
     def serve(self, batch: CutBatch, lr: float, grad_z: bool, order: list[int]) -> Served:
-        if self.record is not None:
-            self.record(batch, order)
-        due = set() if self.due is None else self.due(batch, order)
-        if not due or self.after is None:
+        hooks = self.hooks
+        hooks.record(batch, order)
+        due = set() if hooks.due is None else hooks.due(batch, order)
+        if not due or hooks.after is None:
             return super().serve(batch, lr, grad_z, order)
         loss = torch.zeros(len(batch.counts), device=batch.z.device)
         for r in order:  # FSL-SAGE's clients never ask for the cut-layer gradient
             loss[r] = super().serve(batch, lr, False, [r]).loss[r]
             if r in due:
-                self.after(batch, r)
+                hooks.after(batch, r)
         return Served(loss, None)
 
 
@@ -150,11 +171,6 @@ class FslSage(SplitLearning):
         self.fresh: dict[int, Tensors] = {}  # first_batch: the round's aligned aux models, by client
         self.realigned_rows: set[int] = set()  # rows of the round that train on them
         self.served_rows: torch.Tensor | None = None  # the last served batch's rows (None: the cohort's)
-        server, clients = self.server, self.clients
-        assert isinstance(server, RecordingServer) and isinstance(clients, EstimatedGradientClients)
-        server.record = self._record
-        if cfg.alignment_timing == "first_batch":
-            server.due, server.after, clients.realigned = self._due, self._align_after, self._realigned
         aux = self.parts.aux
         optimizer = make_optimizer(cfg.aux_optimizer)
         self.aligner = Aligner(self.parts.server, aux, ctx.criterion, optimizer, cfg.aux_optimizer.lr,
@@ -162,11 +178,15 @@ class FslSage(SplitLearning):
 
     def client_side(self) -> ClientSide:
         parts = build_parts(self.ctx, with_aux=True)
-        return EstimatedGradientClients(parts, self.client_sgd, self.ctx.executor)
+        realigned = self._realigned if self.cfg.alignment_timing == "first_batch" else None
+        return EstimatedGradientClients(parts, self.client_sgd, self.ctx.executor, realigned)
 
     def server_part(self, params: Tensors, buffers: Tensors) -> SplitServer:
         server, fused = self.parts.server, self.ctx.config.engine.fused
-        return RecordingServer(server, params, buffers, self.server_sgd, None, self.ctx.criterion, fused)
+        hooks = ServeHooks(self._record)
+        if self.cfg.alignment_timing == "first_batch":
+            hooks = ServeHooks(self._record, self._due, self._align_after)
+        return RecordingServer(hooks, server, params, buffers, self.server_sgd, self.ctx.criterion, fused)
 
     def uploads_at(self, step: int) -> bool:
         cfg = self.cfg
