@@ -108,7 +108,8 @@ class ClientModels:
         return uploaded
 
     def _keep_heads(self, rnd: Round, heads: Tensors, local_aux: dict[int, Tensors]) -> None:
-        """Each drawn client keeps the mean of its rows' aux heads (every process keeps every client's)."""
+        """Each drawn client keeps the mean of its rows' aux heads (every process keeps every client's): a
+        client's own copies from one round, never sent, so no node's aggregation pipeline sees them."""
         heads = self.runtime.gather(rnd.cohort, heads) if heads else heads
         for client in np.unique(rnd.draws.clients):
             mine = torch.as_tensor(np.flatnonzero(rnd.draws.clients == client), device=self.device)

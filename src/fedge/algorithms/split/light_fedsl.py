@@ -300,7 +300,9 @@ class FedSLRounds(Algorithm[FedSLConfig]):
 
     @property
     def client(self) -> dict[str, Tensors]:
-        """The virtual average of the client trunks (uniform, BatchNorm statistics included)."""
+        """The virtual average of the client trunks (uniform, BatchNorm statistics included): the model
+        evaluated and reported, which no node receives (the clients' models are averaged through the
+        server's pipeline in the round)."""
         n = len(self.nodes)
         uniform = torch.full((n,), 1.0 / n, dtype=torch.float64, device=self.ctx.device)
         return {key: weighted_sum(self.clients[key], uniform) for key in ("params", "buffers")}
