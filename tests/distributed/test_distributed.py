@@ -40,10 +40,10 @@ import fedge
 from fedge.engine.executors import BatchedExecutor, SequentialExecutor
 seen = {}
 def counting(map_):
-    def wrapped(self, fn, state, batch, shared, counts, *args, **kwargs):
-        stage = kwargs.get("stage", args[2] if len(args) > 2 else "map")
-        seen[stage] = max(seen.get(stage, 0), int(counts.shape[0]))
-        return map_(self, fn, state, batch, shared, counts, *args, **kwargs)
+    def wrapped(self, fn, **kwargs):
+        stage = kwargs.get("stage", "map")
+        seen[stage] = max(seen.get(stage, 0), int(kwargs["counts"].shape[0]))
+        return map_(self, fn, **kwargs)
     return wrapped
 def counting_train(train):
     def wrapped(self, step, bank, *args, **kwargs):
