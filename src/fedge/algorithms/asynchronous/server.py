@@ -85,13 +85,12 @@ class AsyncServer(GlobalModel):
         trained = self.work.train(plan, params, buffers)
         phases = self.work.phases(version + 1, clients, trained.samples)
         base = {**params, **floating(buffers)}  # the model as the clients received it (one, shared)
-        messages = []
+        each, messages = phases.each, []
         for row, client in enumerate(clients.tolist()):
             model = {k: v[row].clone() for k, v in trained.params.items()}
             model.update({k: v[row].clone() for k, v in floating(trained.buffers).items()})
             counters = {k: v[row].clone() for k, v in trained.buffers.items() if k not in model}
             update = Update(counters, base, float(trained.losses[row]))
-            each = (phases.down, phases.compute, phases.up)
             seconds = tuple(float(p.seconds[row]) for p in each)
             joules = tuple(float(p.joules[row]) for p in each)
             after = float(phases.seconds[row])
