@@ -537,6 +537,8 @@ class StopConfig(StrictModel):
     """stop after this many MB of traffic (all links, or a map by direction or ledger kind)"""
     max_sim_seconds: PositiveFloat | None = None
     """stop after this much simulated time"""
+    max_epsilon: PositiveFloat | None = None
+    """stop before a round that would take the privacy ledger's epsilon past this"""
     patience: PositiveInt | None = None
     """stop after this many evaluations without improvement by more than min_delta"""
     min_delta: Annotated[float, Field(ge=0.0)] = 0.0
@@ -597,6 +599,76 @@ class AggregationConfig(StrictModel):
         return blocks_by_name(value)
 
 
+class SampleDPConfig(StrictModel):
+    """Sample-level DP-SGD in every local step (``privacy.sample``): each sample's gradient clipped to
+    ``clip`` in L2 norm, the batch's clipped sum given Gaussian noise of std ``noise_multiplier * clip``,
+    then divided by the batch size (Abadi et al. 2016)."""
+
+    clip: PositiveFloat = 1.0
+    """the L2 bound on one sample's gradient"""
+    noise_multiplier: Annotated[float, Field(ge=0.0)] | None = None
+    """the noise's std over clip (unset: calibrated to privacy.target_epsilon)"""
+
+
+class CutDPConfig(StrictModel):
+    """Noise at split learning's cut (``privacy.cut``): each sample's smashed data clipped to ``clip``
+    and given Gaussian noise of std ``noise_multiplier * clip`` before a client sends it; the cut
+    gradient the server returns likewise when ``gradient_clip`` is set."""
+
+    clip: PositiveFloat = 1.0
+    """the L2 bound on one sample's smashed data"""
+    noise_multiplier: Annotated[float, Field(ge=0.0)] | None = None
+    """the smashed data's noise std over clip (unset: calibrated to privacy.target_epsilon)"""
+    gradient_clip: PositiveFloat | None = None
+    """the L2 bound on one sample's cut gradient (unset: the gradient is sent as computed)"""
+    gradient_noise_multiplier: Annotated[float, Field(ge=0.0)] = 0.0
+    """the cut gradient's noise std over gradient_clip"""
+
+
+class LabelDPConfig(StrictModel):
+    """Label DP for the labels a split client sends the server (``privacy.labels``): k-ary randomized
+    response, each label kept with the probability an ``epsilon``-DP release allows and otherwise drawn
+    uniformly over the classes."""
+
+    epsilon: PositiveFloat
+    """the label-DP epsilon of one release of a label"""
+
+
+class PeerDPConfig(StrictModel):
+    """DP on every message a peer sends (``privacy.peer``, the decentralized family): the model update a
+    peer shares clipped to ``clip`` and given Gaussian noise of std ``noise_multiplier * clip`` once per
+    round, whatever number of neighbours receive it."""
+
+    clip: PositiveFloat = 1.0
+    """the L2 bound on one peer's shared update"""
+    noise_multiplier: Annotated[float, Field(ge=0.0)] | None = None
+    """the noise's std over clip (unset: calibrated to privacy.target_epsilon)"""
+
+
+class PrivacyConfig(StrictModel):
+    """The privacy ledger and the client-step mechanisms (``fedge.privacy``). Client-level DP (clipping
+    and noise on updates, at any aggregation site) and secure aggregation are aggregation stages
+    (``aggregation.stages``: clip, gaussian, secagg); every epsilon comes from dp-accounting."""
+
+    delta: Annotated[float, Field(gt=0.0, lt=1.0)] = 1e-5
+    """the delta every epsilon is stated at"""
+    accountant: Literal["rdp", "pld"] = "rdp"
+    """dp-accounting's RDP accountant (every sampling fedge does) or PLD (tighter; no fixed-size draws)"""
+    target_epsilon: PositiveFloat | None = None
+    """calibrate every noise multiplier left unset so that the whole run spends this epsilon"""
+    participation: Literal["fixed", "poisson"] = "fixed"
+    """how a star round's participants are drawn and accounted: a fixed number without replacement,
+    or each client independently with probability algorithm.fraction"""
+    sample: SampleDPConfig | None = None
+    """sample-level DP-SGD in every local step"""
+    cut: CutDPConfig | None = None
+    """noise on split learning's smashed data (and cut gradients)"""
+    labels: LabelDPConfig | None = None
+    """randomized response on the labels split clients send"""
+    peer: PeerDPConfig | None = None
+    """clipping and noise on every message a peer sends"""
+
+
 class RunConfig(StrictModel):
     """Everything that defines a run."""
 
@@ -618,6 +690,8 @@ class RunConfig(StrictModel):
     """the algorithm (by name) and its knobs: `fedge list --algorithm NAME`"""
     aggregation: AggregationConfig = Field(default_factory=AggregationConfig)
     """the stages between the updates a node receives and its new state"""
+    privacy: PrivacyConfig = Field(default_factory=PrivacyConfig)
+    """the privacy ledger's delta and accountant, and the client-step mechanisms"""
     system: SystemConfig = Field(default_factory=SystemConfig)
     """the wireless system and compute model behind the simulated clock"""
     engine: EngineConfig = Field(default_factory=EngineConfig)

@@ -24,6 +24,7 @@ RANKS = {
     "metrics": 0,
     "files": 0,
     "theory": 1,
+    "privacy": 1,
     "data": 2,
     "models": 3,
     "system": 4,

@@ -20,8 +20,10 @@ from dataclasses import dataclass
 from functools import partial
 from typing import Any
 
+import numpy as np
+
 from fedge.aggregation.registry import BUILT_IN, MEAN, SITE_MEANS, STAGES, site_mean
-from fedge.aggregation.stage import Reducer, Stage, Transform
+from fedge.aggregation.stage import Reducer, Stage, StageRun, Transform
 from fedge.aggregation.updates import Part, Updates
 from fedge.config import AggregationConfig
 from fedge.distributed import Cohort
@@ -73,7 +75,10 @@ def _gathered(updates: Updates, cohort: Cohort) -> Updates:
     for part in updates.parts:
         rows = cohort.gather(part.rows)
         weights = cohort.gather({"w": part.weights.movedim(-1, 0)})["w"].movedim(0, -1)
-        parts.append(Part(rows, weights, cohort.gather(part.masks) if part.masks else {}))
+        senders = None
+        if part.senders is not None:
+            senders = tuple(int(s) for s in cohort.gather_array(np.asarray(part.senders, dtype=np.int64)))
+        parts.append(Part(rows, weights, cohort.gather(part.masks) if part.masks else {}, senders))
     return updates.with_parts(*parts)
 
 
@@ -94,8 +99,10 @@ def _built(name: str, site: str, options: dict[str, Any], key: str) -> Stage:
     return stage
 
 
-def build_pipeline(config: AggregationConfig, site: str) -> Pipeline:
-    """The pipeline of ``site`` from ``aggregation.stages``: the stages that apply there, in order."""
+def build_pipeline(config: AggregationConfig, site: str, run: StageRun | None = None) -> Pipeline:
+    """The pipeline of ``site`` from ``aggregation.stages``: the stages that apply there, in order,
+    each bound to ``run`` (its site alone when not given)."""
+    run = StageRun(site) if run is None else run
     transforms: list[Transform] = []
     reducer: Reducer | None = None
     names: list[str] = []
@@ -107,6 +114,7 @@ def build_pipeline(config: AggregationConfig, site: str) -> Pipeline:
             refused = f"{stage_config.name} comes after the reducer {names[-1]} at the {site}"
             raise ConfigError(key, f"{refused}; a reducer is the last stage")
         stage = _built(stage_config.name, site, stage_config.options, key)
+        stage.bind(run)
         if isinstance(stage, Reducer):
             reducer = stage
         else:

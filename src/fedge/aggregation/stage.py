@@ -11,13 +11,33 @@ group), then named in the config's ``aggregation.stages``.
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
+from dataclasses import dataclass
 from typing import ClassVar
 
 from fedge.aggregation.updates import Updates
+from fedge.privacy.run import RunPrivacy
 from fedge.tensors import Tensors
 
 
-class Transform(ABC):
+@dataclass(frozen=True)
+class StageRun:
+    """What a stage may read of its run, given once when its pipeline is built (:meth:`Transform.bind`):
+    its site, the run seed, and the run's privacy side (the ledger a mechanism records its releases in,
+    its seeded noise streams and calibrated noise multiplier; ``None`` outside a run)."""
+
+    site: str
+    seed: int = 0
+    privacy: RunPrivacy | None = None
+
+
+class Bindable:
+    """A stage that reads its run: :meth:`bind` is called once, before the first aggregation."""
+
+    def bind(self, run: StageRun) -> None:
+        """Keep what the stage needs of ``run`` (by default nothing)."""
+
+
+class Transform(Bindable, ABC):
     """A stage that changes the updates before they are reduced (rows, weights or both)."""
 
     @abstractmethod
@@ -25,7 +45,7 @@ class Transform(ABC):
         """The updates as the next stage receives them."""
 
 
-class Reducer(ABC):
+class Reducer(Bindable, ABC):
     """The stage that closes a pipeline: the new state from the updates.
 
     For one output (``updates.per_receiver`` false) each tensor comes back without the row dimension;

@@ -28,12 +28,15 @@ class Part:
 
     ``masks`` (0/1, shaped like the rows of the tensors they name) say which coordinates each row
     holds, for sparse models (Dis-PFL's personal masks): the site's mean then averages each coordinate
-    over the rows that hold it (:class:`~fedge.aggregation.means.WeightedMean`).
+    over the rows that hold it (:class:`~fedge.aggregation.means.WeightedMean`). ``senders`` are the
+    client ids of the rows where the site knows them (what a per-client noise share or mask is keyed
+    by).
     """
 
     rows: Tensors
     weights: torch.Tensor
     masks: Tensors = field(default_factory=dict)
+    senders: tuple[int, ...] | None = None
 
     def __post_init__(self) -> None:
         count = self.weights.shape[-1]
@@ -61,10 +64,16 @@ class Updates:
 
     @classmethod
     def of(
-        cls, site: str, round_: int, rows: Tensors, weights: torch.Tensor, reference: Tensors | None = None
+        cls,
+        site: str,
+        round_: int,
+        rows: Tensors,
+        weights: torch.Tensor,
+        reference: Tensors | None = None,
+        senders: tuple[int, ...] | None = None,
     ) -> Updates:
-        """Updates of one part."""
-        return cls(site, round_, (Part(rows, weights),), reference)
+        """Updates of one part (``senders``: the rows' client ids, where known)."""
+        return cls(site, round_, (Part(rows, weights, senders=senders),), reference)
 
     @classmethod
     def of_deltas(cls, site: str, round_: int, deltas: Tensors, weights: torch.Tensor) -> Updates:
@@ -86,7 +95,9 @@ class Updates:
         weights = torch.cat([part.weights for part in self.parts], dim=-1)
         masked = self.parts[0].masks
         masks = {name: torch.cat([part.masks[name] for part in self.parts]) for name in masked}
-        return Part(rows, weights, masks)
+        known = all(part.senders is not None for part in self.parts)
+        senders = tuple(s for part in self.parts for s in part.senders or ()) if known else None
+        return Part(rows, weights, masks, senders)
 
     def with_parts(self, *parts: Part) -> Updates:
         """The same updates with other rows or weights (what a transforming stage returns)."""

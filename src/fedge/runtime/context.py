@@ -9,12 +9,14 @@ from dataclasses import dataclass, field
 import torch
 
 from fedge.aggregation import Pipeline, build_pipeline
+from fedge.aggregation.stage import StageRun
 from fedge.comm import Ledger, Network
 from fedge.config import RunConfig
 from fedge.data.federated import FederatedData
 from fedge.distributed import SINGLE_PROCESS, Cohorts
 from fedge.engine import Criterion, Executor, cross_entropy
 from fedge.models import SplitModel
+from fedge.privacy.run import RunPrivacy
 from fedge.rng import derive_seed
 from fedge.system import SystemModel
 
@@ -36,6 +38,10 @@ class Context:
     criterion: Criterion = cross_entropy  # the per-sample training loss (train.loss, or the API's)
     cohorts: Cohorts = SINGLE_PROCESS  # which rows this process runs, and how they come back together
     pipelines: dict[str, Pipeline] = field(default_factory=dict, repr=False)  # built by pipeline(site)
+    privacy: RunPrivacy = field(init=False, repr=False)  # the privacy ledger, its noise and calibration
+
+    def __post_init__(self) -> None:
+        self.privacy = RunPrivacy(self.config.privacy, self.data.num_clients, self.seed)
 
     @property
     def ledger(self) -> Ledger:
@@ -46,7 +52,8 @@ class Context:
         """The aggregation pipeline at ``site`` (server, edge, cloud, peer, buffer) from the config's
         ``aggregation`` block, built once: every aggregation of the algorithm goes through it."""
         if site not in self.pipelines:
-            self.pipelines[site] = build_pipeline(self.config.aggregation, site)
+            run = StageRun(site, self.seed, self.privacy)
+            self.pipelines[site] = build_pipeline(self.config.aggregation, site, run)
         return self.pipelines[site]
 
     def aggregation_summary(self) -> dict[str, list[str]]:
@@ -61,5 +68,7 @@ class Context:
         and torch's global generator, left to layers fedge does not key, is seeded from the same names.
         """
         torch.manual_seed(derive_seed(self.seed, f"{purpose}-noise", round_))
+        if purpose == "train":
+            self.privacy.round = round_
         if self.executor.noise is not None:
             self.executor.noise.open(purpose, round_)

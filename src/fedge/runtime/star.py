@@ -124,7 +124,8 @@ class StarRound:
         pipeline (by default the sample-weighted mean); ``params`` and ``buffers`` are the model they
         started from. Every participant then holds the new model (a FedAvg client keeps the last model it
         received)."""
-        updates = Updates.of(sites.SERVER, self.round, stacked, self.weights, {**params, **buffers})
+        senders = tuple(int(c) for c in self.local_clients)
+        updates = Updates.of(sites.SERVER, self.round, stacked, self.weights, {**params, **buffers}, senders)
         averaged = self.ctx.pipeline(sites.SERVER).reduce(updates, self.cohort)
         new_params, new_buffers = {k: averaged[k] for k in params}, {k: averaged[k] for k in buffers}
         self.ctx.network.hold(self.receivers, "model", {**new_params, **new_buffers})
