@@ -562,7 +562,6 @@ class TrackerConfig(StrictModel):
     """MLflow tracking URI (default: its own, MLFLOW_TRACKING_URI)"""
 
 
-
 def blocks_by_name(value: Any) -> Any:
     """A list of named blocks as a config may write it: one block, or plain names (``[tensorboard]``)
     for blocks with nothing but a name."""

@@ -192,6 +192,7 @@ def _print_summary(result: Result) -> None:
         if s.get(key):
             table.add_row(label, breakdown_text(s[key], unit))
     table.add_row("  energy model", energy_assumption(result.config.system))
+    table.add_row("privacy", privacy_text(s.get("privacy") or {}))
     table.add_row("wall time", f"{s['wall_seconds']:.1f} s")
     if s.get("stopped_by", "rounds") != "rounds":
         table.add_row("stopped by", f"stop.{s['stopped_by']} at round {s['rounds']}")
@@ -202,6 +203,18 @@ def _print_summary(result: Result) -> None:
         table.add_row(f"to {100 * float(level):g} % accuracy", text)
     table.add_row("results", str(result.run_dir))
     console.print(table)
+
+
+def privacy_text(privacy: dict[str, Any]) -> str:
+    """The privacy ledger's headline: epsilon at delta by its accountant, and each unit's where several
+    are spent; a run that released nothing through a mechanism has no guarantee."""
+    if privacy.get("epsilon") is None:
+        return "no mechanism: no differential-privacy guarantee"
+    units = privacy.get("epsilon_by_unit", {})
+    shown = f"epsilon {privacy['epsilon']:.3g} at delta {privacy['delta']:g} ({privacy['accountant']})"
+    if len(units) > 1:
+        shown += "; " + ", ".join(f"{unit} {value:.3g}" for unit, value in units.items())
+    return shown
 
 
 def breakdown_text(figures: dict[str, float], unit: str) -> str:
@@ -481,7 +494,7 @@ def _print_comparison(outcome: Any, target: float | None) -> None:
     seeds = max(row["seeds"] for row in outcome.rows)
     table = Table(title=f"fedge compare · up to {seeds} seed(s) · {outcome.out_dir}")
     columns = ["algorithm", "accuracy % (final)", "accuracy % (best)", "MB, all links"]
-    columns += ["server MB", "client MB", "sim. s", "sim. J"]
+    columns += ["server MB", "client MB", "sim. s", "sim. J", "epsilon"]
     perplexity = all("final_perplexity_mean" in row for row in outcome.rows)  # language models
     columns += ["perplexity (final)"] if perplexity else []
     if target is not None:
@@ -502,6 +515,7 @@ def _print_comparison(outcome: Any, target: float | None) -> None:
             f"{row['client_storage_mb']:.3f}",
             f"{row['sim_seconds_mean']:.2f}",
             f"{row['sim_joules_mean']:.3g}",
+            "none" if row.get("epsilon_mean") is None else f"{row['epsilon_mean']:.3g}",
         ]
         cells += [f"{row['final_perplexity_mean']:.3f}"] if perplexity else []
         if target is not None:

@@ -99,11 +99,18 @@ def _row(name: str, runs: list[Result], target: float | None = None) -> dict[str
         "client_storage_mb": summaries[0]["storage_client_bits"] / MIB,
         "sim_seconds_mean": statistics.fmean(s["sim_seconds"] for s in summaries),
         "sim_joules_mean": statistics.fmean(s["sim_joules"] for s in summaries),
+        "epsilon_mean": _epsilon_mean(summaries),
         **{f"{key}_mean": _mean_parts([s.get(key, {}) for s in summaries]) for key in BREAKDOWN},
         "wall_seconds_mean": statistics.fmean(s["wall_seconds"] for s in summaries),
         **(_to_target(runs, target) if target is not None else {}),
         **_perplexity(summaries),
     }
+
+
+def _epsilon_mean(summaries: list[dict[str, Any]]) -> float | None:
+    """The privacy ledger's epsilon, mean over seeds (None: a run without a privacy mechanism)."""
+    values = [s.get("epsilon") for s in summaries]
+    return None if any(v is None for v in values) else statistics.fmean(values)
 
 
 def _perplexity(summaries: list[dict[str, Any]]) -> dict[str, float]:

@@ -71,6 +71,7 @@ SUMMARY_FIELDS = (
     "storage_client_bits",
     "sim_seconds",
     "sim_joules",
+    "epsilon",
     "stopped_by",
 )
 TABLE_FIELDS = ("final_accuracy", "best_accuracy", "mb_total", "sim_seconds")

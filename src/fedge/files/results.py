@@ -32,6 +32,7 @@ SUMMARY = "summary.json"
 CHECKPOINT = "checkpoint.pt"
 LEDGER = "ledger.csv"
 ENERGY = "energy.csv"  # every node's simulated joules, by phase
+PRIVACY = "privacy.csv"  # every release of a private quantity (a run with privacy mechanisms)
 PLOTS = "plots"
 
 

@@ -30,6 +30,8 @@ Method = Literal["rdp", "pld"]
 METHODS: tuple[Method, ...] = ("rdp", "pld")
 History = Mapping[tuple[Any, ...], int]
 WITHOUT_REPLACEMENT = "without_replacement"
+DEFAULT_ORDERS = tuple(rdp.rdp_privacy_accountant.DEFAULT_RDP_ORDERS)
+"""The RDP orders every RDP epsilon is optimised over (dp-accounting's defaults)."""
 
 
 class AccountingError(ValueError):
@@ -76,7 +78,7 @@ def epsilon(history: History, delta: float, method: Method = "rdp") -> float:
         )
     if method == "rdp":  # RDP composes by adding each release's RDP curve: one curve per shape, cached
         total = sum(count * _rdp_curve(shape, replace_one) for shape, count in history.items() if count)
-        return float(compute_epsilon(rdp.rdp_privacy_accountant.DEFAULT_RDP_ORDERS, total, delta)[0])
+        return float(compute_epsilon(DEFAULT_ORDERS, total, delta)[0])
     accountant = make_accountant(method, replace_one)
     event = history_event(history)
     if not accountant.supports(event):

@@ -48,7 +48,7 @@ class PrivacyLedger:
         """Whether the run has released anything through a mechanism."""
         return bool(self.releases)
 
-    def _histories(self, releases: list[Release], unit: Unit) -> list[frozenset[tuple[tuple[Any, ...], int]]]:
+    def histories(self, releases: list[Release], unit: Unit) -> list[frozenset[tuple[tuple[Any, ...], int]]]:
         """Every client's history of ``unit`` over ``releases``."""
         shared: Counter[tuple[Any, ...]] = Counter()
         own: dict[int, Counter[tuple[Any, ...]]] = {}
@@ -68,7 +68,7 @@ class PrivacyLedger:
         return histories
 
     def _epsilons(self, releases: list[Release], unit: Unit) -> list[float]:
-        return [_cached_epsilon(h, self.delta, self.method) for h in self._histories(releases, unit)]
+        return [_cached_epsilon(h, self.delta, self.method) for h in self.histories(releases, unit)]
 
     def units(self) -> list[Unit]:
         """The units the run's releases spend."""

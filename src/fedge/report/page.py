@@ -291,6 +291,7 @@ def headline_table(cells: list[Cell]) -> str:
         "MB, all links",
         "simulated time (s)",
         "simulated energy (J)",
+        "epsilon",
         "stopped by",
     ]
     rows = []
@@ -307,11 +308,20 @@ def headline_table(cells: list[Cell]) -> str:
                 _pm([s["mb_total"] for s in done], 3),
                 _pm([s["sim_seconds"] for s in done], 3),
                 _pm([s["sim_joules"] for s in done], 3),
+                _epsilons(done),
                 stopped,
             ]
             + ([_pm([s["final_perplexity"] for s in done], 3)] if perplexity else [])
         )
     return _table(head + ["final perplexity"] * perplexity, rows)
+
+
+def _epsilons(summaries: list[dict[str, Any]]) -> str:
+    """The cell's privacy-ledger epsilon over its seeds ("none": a run with no privacy mechanism)."""
+    values = [s.get("epsilon") for s in summaries]
+    if not values or any(v is None for v in values):
+        return "none"
+    return _pm([float(v) for v in values], 3)
 
 
 def energy_models(cells: list[Cell]) -> str:

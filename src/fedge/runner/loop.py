@@ -43,7 +43,17 @@ from fedge.metrics import Evaluation, RoundReport
 from fedge.models import SplitModel, block_cut, build_model, output_shape, user_factory
 from fedge.models.transformer import LANGUAGE_MODELS, TransformerLM
 from fedge.rng import global_stream, numpy_rng
-from fedge.runner import checkpoint, divergence, inputs, preflight, records, restore, run_length, stop
+from fedge.runner import (
+    checkpoint,
+    divergence,
+    inputs,
+    preflight,
+    privacy,
+    records,
+    restore,
+    run_length,
+    stop,
+)
 from fedge.runner.environment import cuda_missing, write_environment
 from fedge.runner.plots import plot_run
 from fedge.system import SystemModel
@@ -145,7 +155,14 @@ def _criterion(config: RunConfig, loss: Criterion | None) -> Criterion:
 
 # algorithms whose model contract takes a target per token (language models; docs/llm.md)
 SEQUENCE_ALGORITHMS = (
-    "fedavg", "centralized", "splitfed_v1", "splitfed_v2", "cse_fsl", "fsl_an", "fedsl", "light_fedsl"
+    "fedavg",
+    "centralized",
+    "splitfed_v1",
+    "splitfed_v2",
+    "cse_fsl",
+    "fsl_an",
+    "fedsl",
+    "light_fedsl",
 )
 
 
@@ -257,6 +274,7 @@ def build_run(config: RunConfig, force: bool = False, extensions: Extensions | N
         criterion=criterion,
         cohorts=Cohorts(group),
     )
+    privacy.prepare(privacy.PLANNERS, config, [len(ix) for ix in client_train], ctx.privacy)
     return Built(config, ctx, algorithm_cls(ctx, config.algorithm))
 
 
@@ -320,6 +338,7 @@ class Runner:
             "algorithm": self.built.algorithm.state_dict(),
             "ledger": ledger.state_dict(entries=False),
             "clock": self.built.context.system.clock.state_dict(),
+            "privacy": self.built.context.privacy.ledger.state_dict(),
             "wall_seconds": wall,
             "nonfinite": self.nonfinite,
         }
@@ -346,6 +365,8 @@ class Runner:
             self.built.algorithm.load_state_dict(state["algorithm"])
             self.built.context.ledger.load_state_dict(state["ledger"])
             self.built.context.system.clock.load_state_dict(state["clock"])
+            if "privacy" in state:  # a checkpoint from before the privacy ledger had no releases
+                self.built.context.privacy.ledger.load_state_dict(state["privacy"])
             self.rows = list(state["rows"])
             self.start = int(state["round"])
             self.wall_offset = float(state["wall_seconds"])
@@ -422,6 +443,7 @@ class Runner:
                 clock = self.built.context.system.clock
                 costs = {**_communication(ledger), "sim_seconds": clock.seconds, "sim_joules": clock.joules}
                 costs.update(clock.breakdown())
+                costs.update(self.built.context.privacy.ledger.round_fields(t))
                 due = t % cfg.eval.every == 0 or t == cfg.rounds or stop.over_budget(cfg.stop, costs)
                 row = {"round": t, **(self.built.evaluate(t).row() if due else {}), **round_metrics, **costs}
                 wall = self.group.broadcast(time.perf_counter() - began)  # rank 0's clock: one stop decision
@@ -449,6 +471,7 @@ class Runner:
         """Write summary, ledger and plots of a run that reached its last round."""
         summary = {**summarize(self.config, self.rows), **self._energy_summary()}
         summary.update(aggregation=self.built.context.aggregation_summary())
+        summary.update(privacy=self.built.context.privacy.ledger.summary())
         summary.update(status="finished", first_nonfinite=self.nonfinite)
         if not self.group.writes:
             self.group.barrier()  # rank 0 has written the results when any rank returns
@@ -456,6 +479,8 @@ class Runner:
         results.write_jsonl(self.run_dir / results.METRICS, self.rows)
         results.write_text(self.run_dir / results.LEDGER, self.built.context.ledger.to_csv())
         results.write_text(self.run_dir / results.ENERGY, self.built.context.system.clock.to_csv())
+        if self.built.context.privacy.ledger.active:
+            results.write_text(self.run_dir / results.PRIVACY, self.built.context.privacy.ledger.to_csv())
         results.write_json(self.run_dir / results.SUMMARY, summary)
         if self.config.output.plots:
             plot_run(self.run_dir, self.rows, self.run_dir.name)
@@ -490,6 +515,8 @@ def summarize(config: RunConfig, rows: list[dict[str, Any]]) -> dict[str, Any]:
         "sim_joules": last["sim_joules"],
         **{k: last[k] for k in BREAKDOWN if k in last},
         "wall_seconds": last["wall_seconds"],
+        "epsilon": last.get("epsilon"),  # the privacy ledger's cumulative epsilon (None: nothing private)
+        "delta": config.privacy.delta if "epsilon" in last else None,
         **stop.summary_fields(config.stop, rows),
     }
 

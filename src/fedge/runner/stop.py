@@ -14,7 +14,7 @@ from fedge.config import StopConfig
 from fedge.runner.records import evaluated
 
 MIB = 8 * 2**20  # bits in one MB (2^20 bytes)
-RULES = ("target_accuracy", "max_mb", "max_sim_seconds", "patience")
+RULES = ("target_accuracy", "max_mb", "max_sim_seconds", "max_epsilon", "patience")
 TARGET_FIELDS = ("round", "mb_total", "sim_seconds", "wall_seconds")  # what "time to target" reports
 
 
@@ -36,12 +36,16 @@ def mb_of(row: dict[str, Any], link: str) -> float:
 
 
 def over_budget(cfg: StopConfig, row: dict[str, Any]) -> str | None:
-    """The budget rule (``max_mb`` or ``max_sim_seconds``) a round's record reaches, if any."""
+    """The budget rule (``max_mb``, ``max_sim_seconds`` or ``max_epsilon``) a round's record reaches, if
+    any. A privacy budget is never crossed: the run stops after the round whose successor, releasing
+    what it released, would take the epsilon past ``max_epsilon`` (``epsilon_next``)."""
     budgets = {"total": cfg.max_mb} if isinstance(cfg.max_mb, float | int) else cfg.max_mb or {}
     if any(mb_of(row, link) >= limit for link, limit in budgets.items()):
         return "max_mb"
     if cfg.max_sim_seconds is not None and row["sim_seconds"] >= cfg.max_sim_seconds:
         return "max_sim_seconds"
+    if cfg.max_epsilon is not None and row.get("epsilon_next", 0.0) > cfg.max_epsilon:
+        return "max_epsilon"
     return None
 
 
