@@ -30,6 +30,7 @@ from fedge.engine.step import (
     leaf_gradients,
     weighted_mean,
 )
+from fedge.privacy.cut import clip_rows
 from fedge.tensors import Tensors
 
 
@@ -112,24 +113,31 @@ class ClientForward:
     ``folded`` is the same pass over every row at once with the clients folded into the batch
     (:mod:`fedge.engine.folded`), or None where the part does not fold; the batched executor's
     :meth:`~fedge.engine.executors.Executor.map` uses it when the rows draw no noise.
+
+    With ``clip`` (``privacy.cut``) each sample's smashed data leaves the pass clipped to that L2 norm,
+    so that the gradient taken through it is the clipped pass's.
     """
 
-    def __init__(self, trunk: nn.Module):
-        self.trunk = trunk
+    def __init__(self, trunk: nn.Module, clip: float | None = None):
+        self.trunk, self.clip = trunk, clip
         self.folded = self._folded if folds_clients(trunk) else None
 
     def __call__(self, buffers: Tensors, params: Tensors, x: torch.Tensor) -> Mapped:
         new_buffers = _clone(buffers)
         z = call_at(self.trunk, {**prefixed(params, "trunk."), **prefixed(new_buffers, "trunk.")}, (x,))
-        return Mapped((new_buffers,), (), (z,))
+        return Mapped((new_buffers,), (), (self._clipped(z, 1),))
 
     def _folded(self, buffers: Tensors, params: Tensors, x: torch.Tensor) -> Mapped:
-        return Mapped((buffers,), (), (folded_forward(self.trunk, prefixed(params, "trunk."), x),))
+        z = folded_forward(self.trunk, prefixed(params, "trunk."), x)
+        return Mapped((buffers,), (), (self._clipped(z, 2),))
+
+    def _clipped(self, z: torch.Tensor, lead: int) -> torch.Tensor:
+        return z if self.clip is None else clip_rows(z, self.clip, lead)
 
 
-def make_forward(trunk: nn.Module) -> ClientForward:
-    """The client part's forward pass (:class:`ClientForward`)."""
-    return ClientForward(trunk)
+def make_forward(trunk: nn.Module, clip: float | None = None) -> ClientForward:
+    """The client part's forward pass (:class:`ClientForward`), clipping each sample's output at ``clip``."""
+    return ClientForward(trunk, clip)
 
 
 def make_apply(sgd: Optimizer, clip_norm: float | None) -> ClientFn:

@@ -115,6 +115,9 @@ class CseFslAsync(CseFsl):
             raise ConfigError(f"algorithm.{problem[0]}", f"{cfg.name}: {problem[1]}")
         if ctx.cohorts.processes > 1:
             raise ConfigError("algorithm.name", f"{cfg.name} runs in one process (not across ranks)")
+        for block in ("cut", "labels"):  # its event loop does not account the cut's releases
+            if getattr(ctx.config.privacy, block) is not None:
+                raise ConfigError(f"privacy.{block}", f"{cfg.name} has no privacy at the cut; use cse_fsl")
         super().__init__(ctx, cfg)
         self.concurrency = self.rows_per_round
         self.buffer_size = cfg.buffer_size or self.concurrency

@@ -23,6 +23,7 @@ from fedge.algorithms.split.parts import SplitParts
 from fedge.algorithms.split.server import Served
 from fedge.engine import Executor, Optimizer
 from fedge.engine.split import make_apply, make_aux_step, make_forward
+from fedge.privacy.cut import clip_rows
 from fedge.tensors import Tensors
 
 State = tuple[Tensors, Tensors, Tensors]  # stacked params, buffers, optimizer state of the rows
@@ -50,11 +51,19 @@ class ClientSide(ABC):
     shares_aux: bool
     returns_gradient: bool  # every step exchanges with the server and gets the cut-layer gradient back
 
-    def __init__(self, parts: SplitParts, sgd: Optimizer, executor: Executor, clip_norm: float | None = None):
+    def __init__(
+        self,
+        parts: SplitParts,
+        sgd: Optimizer,
+        executor: Executor,
+        clip_norm: float | None = None,
+        smashed_clip: float | None = None,
+    ):
         self.parts = parts
         self.sgd = sgd
         self.executor = executor
-        self.forward = make_forward(parts.trunk)
+        self.smashed_clip = smashed_clip  # privacy.cut: each sample's smashed data clipped to this L2 norm
+        self.forward = make_forward(parts.trunk, smashed_clip)
         self.apply = make_apply(sgd, clip_norm)  # the trunk's step on a returned cut-layer gradient
 
     @abstractmethod
@@ -125,8 +134,15 @@ class GradientClients(ClientSide):
     shares_aux = False
     returns_gradient = True
 
-    def __init__(self, parts: SplitParts, sgd: Optimizer, executor: Executor, clip_norm: float | None):
-        super().__init__(parts, sgd, executor, clip_norm)
+    def __init__(
+        self,
+        parts: SplitParts,
+        sgd: Optimizer,
+        executor: Executor,
+        clip_norm: float | None,
+        smashed_clip: float | None = None,
+    ):
+        super().__init__(parts, sgd, executor, clip_norm, smashed_clip)
 
     def step(self, state, batch, counts, lr, keys, exchange, upload) -> LocalStep:
         return self.backprop_step(state, batch[0], counts, lr, keys, exchange)
@@ -137,16 +153,23 @@ class AuxHeadClients(ClientSide):
 
     The smashed data sent is that of the step's own forward pass (``post_step=False``, the CSE-FSL code's
     choice) or of one more forward pass after the step. ``shares_aux=False`` keeps each client's head at
-    home: never sent, never averaged.
+    home: never sent, never averaged. With ``smashed_clip`` the smashed data is clipped per sample as it
+    is sent (the local loss trains on the activations as computed: nothing comes back through the clip).
     """
 
     has_aux = True
     returns_gradient = False
 
     def __init__(
-        self, parts: SplitParts, sgd: Optimizer, executor: Executor, post_step: bool, shares_aux: bool
+        self,
+        parts: SplitParts,
+        sgd: Optimizer,
+        executor: Executor,
+        post_step: bool,
+        shares_aux: bool,
+        smashed_clip: float | None = None,
     ):
-        super().__init__(parts, sgd, executor)
+        super().__init__(parts, sgd, executor, smashed_clip=smashed_clip)
         self.local_step = make_aux_step(parts.local, sgd, post_step, parts.criterion)
         self.shares_aux = shares_aux
 
@@ -156,5 +179,6 @@ class AuxHeadClients(ClientSide):
             stage="aux step",
         )
         if upload:
-            exchange(out.per_sample[0], False)
+            z = out.per_sample[0]
+            exchange(z if self.smashed_clip is None else clip_rows(z, self.smashed_clip, lead=2), False)
         return LocalStep(as_state(out.state), out.per_client[0])

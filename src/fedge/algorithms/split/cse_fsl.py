@@ -116,6 +116,18 @@ class CseFsl(LocalLoss):
             limits = np.minimum(limits, cfg.local_steps - 1)
         return limit_steps(plan, limits)
 
+    def cut_sends(self, rnd: Round, plan: BatchPlan) -> tuple[np.ndarray, np.ndarray]:
+        """The upload steps' samples, and in a server round of the every-l-rounds trigger the server
+        batch (whose cut gradient comes back with ``zb_step: server_backprop``)."""
+        sent, returned = super().cut_sends(rnd, plan)
+        if not self.server_round(rnd.t):
+            return sent, returned
+        index, _, counts = self._server_batches(rnd)
+        width = torch.arange(index.shape[1], device=index.device)
+        batch = torch.where(width < counts[:, None], index, -1).cpu().numpy()
+        back = batch if self.cfg.zb_step == "server_backprop" else batch[:, :0]
+        return np.concatenate([sent, batch], axis=1), np.concatenate([returned, back], axis=1)
+
     def _server_batches(self, rnd: Round) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """One fresh batch per row for the server pass: sample indices, labels, real-row counts (every
         row's, on every process: each row's draw comes from its own stream)."""
@@ -130,7 +142,7 @@ class CseFsl(LocalLoss):
             index[r, : len(chosen)] = chosen
             counts[r] = len(chosen)
         index_t = torch.from_numpy(index).to(data.device)
-        return index_t, data.y_train[index_t], torch.from_numpy(counts).to(data.device)
+        return index_t, self.local_steps.sent_labels[index_t], torch.from_numpy(counts).to(data.device)
 
     def server_pass(self, rnd: Round) -> tuple[State, np.ndarray]:
         """The every-l-rounds server pass (the SplitFed convergence paper's Algorithm 1): each row's fresh

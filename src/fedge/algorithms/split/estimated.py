@@ -27,6 +27,7 @@ from fedge.engine.bind import call_at
 from fedge.engine.executors import ClientFn, Mapped, TwoForms
 from fedge.engine.split import eager_grad_and_value, prefixed, weighted_loss
 from fedge.engine.step import Criterion
+from fedge.privacy.cut import clip_rows
 from fedge.tensors import Tensors
 
 
@@ -70,8 +71,9 @@ class EstimatedGradientClients(ClientSide):
         sgd: Optimizer,
         executor: Executor,
         realigned: Callable[[State], State | None] | None = None,
+        smashed_clip: float | None = None,
     ):
-        super().__init__(parts, sgd, executor)
+        super().__init__(parts, sgd, executor, smashed_clip=smashed_clip)
         self.local_step = make_estimated_step(parts.local, sgd, parts.criterion)
         self.realigned = realigned
         """after an upload: the rows' state with the aux models the server aligned on it, or None"""
@@ -79,7 +81,8 @@ class EstimatedGradientClients(ClientSide):
     def step(self, state, batch, counts, lr, keys, exchange, upload) -> LocalStep:
         out = self._mapped(state, batch, counts, lr, keys)
         if upload:
-            exchange(out.per_sample[0], False)
+            z = out.per_sample[0]
+            exchange(z if self.smashed_clip is None else clip_rows(z, self.smashed_clip, lead=2), False)
             aligned = None if self.realigned is None else self.realigned(state)
             if aligned is not None:  # the step again, on the aux model aligned on its upload (same z)
                 out = self._mapped(aligned, batch, counts, lr, keys)

@@ -23,6 +23,7 @@ import torch
 
 from fedge.algorithms.split.order import ServerOrder
 from fedge.algorithms.split.padding import sent_entries, sent_targets
+from fedge.algorithms.split.privacy import CutPrivacy
 from fedge.algorithms.split.round import Round
 from fedge.algorithms.split.server import CutBatch, Served, SplitServer
 from fedge.comm import FloatCodec
@@ -57,6 +58,7 @@ class ServerExchange:
         # labels are integers: a dense float codec carries them exactly, a lossy one would corrupt them
         self.labels = self.up if isinstance(self.up.codec, FloatCodec) else network.link("fp32")
         self.runtime, self.server, self.order = runtime, server, order
+        self.privacy: CutPrivacy | None = None  # privacy.cut's noise on what crosses the cut
 
     def __call__(self, rnd: Round, row_ids: torch.Tensor, batch: CutBatch, step: int, grad_z: bool) -> Served:
         """Upload local step ``step``'s cut batch of rows ``row_ids`` of the round, let the server serve
@@ -71,6 +73,10 @@ class ServerExchange:
         cohort = rnd.cohort if batch.rows is None else runtime.whole(len(row_ids))
         senders = [rnd.nodes[int(r)] for r in row_ids]
         at, lengths = row_ids.cpu().numpy(), runtime.local_rows(cohort, batch.counts)
+        privacy, own = self.privacy, runtime.local_rows(cohort, at)
+        clients, occurrence = rnd.draws.clients[own], rnd.draws.occurrence[own]
+        if privacy is not None:
+            batch = batch._replace(z=privacy.smashed(rnd.t, clients, occurrence, step, batch.z, lengths))
         sent = self._upload(rnd, cohort, senders, batch, lengths)
         rnd.tally.served(at, sent.bits, batch.counts)
         queued = self.order.queue(rnd, step, at, sent.bits, batch.counts)
@@ -79,7 +85,10 @@ class ServerExchange:
         if not grad_z:
             return served
         assert served.grad_z is not None, "the server returns the cut-layer gradient when asked for it"
-        answer = {"g": served.grad_z}
+        grad = served.grad_z
+        if privacy is not None:
+            grad = privacy.gradient(rnd.t, clients, occurrence, step, grad, lengths)
+        answer = {"g": grad}
         grads = runtime.answer(cohort, self.down, rnd.t, senders, "grad_down", answer, lengths=lengths,
                                entry_mask=sent.keep)  # fmt: skip
         np.add.at(rnd.tally.down_bits, at, grads.bits)

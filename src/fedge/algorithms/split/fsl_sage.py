@@ -179,7 +179,8 @@ class FslSage(SplitLearning):
     def client_side(self) -> ClientSide:
         parts = build_parts(self.ctx, with_aux=True)
         realigned = self._realigned if self.cfg.alignment_timing == "first_batch" else None
-        return EstimatedGradientClients(parts, self.client_sgd, self.ctx.executor, realigned)
+        executor, clip = self.ctx.executor, self.smashed_clip
+        return EstimatedGradientClients(parts, self.client_sgd, executor, realigned, clip)
 
     def server_part(self, params: Tensors, buffers: Tensors) -> SplitServer:
         server, fused = self.parts.server, self.ctx.config.engine.fused

@@ -35,6 +35,7 @@ from fedge.algorithms.split.order import server_order
 from fedge.algorithms.split.participation import Draws, check_participation, participants
 from fedge.algorithms.split.parts import build_parts, initial_state
 from fedge.algorithms.split.plans import round_plan, step_sizes
+from fedge.algorithms.split.privacy import CutPrivacy, sent_indices
 from fedge.algorithms.split.round import Round
 from fedge.algorithms.split.server import SplitServer
 from fedge.algorithms.split.steps import LocalSteps
@@ -82,6 +83,7 @@ class SplitLearning(Algorithm[SplitConfig]):
         if self.client_opt.keep:  # the kept states travel in the checkpoint; reset runs' stay as they were
             self.state_fields = (*self.state_fields, "client_opt")
         self.server_sgd = make_optimizer(cfg.server_optimizer or cfg.optimizer)
+        self.cut_privacy = CutPrivacy.of(ctx)  # privacy.cut / privacy.labels (None: neither is set)
         self.clients = self.client_side()
         self.parts = self.clients.parts
         client, client_buffers, server, server_buffers = initial_state(self.parts, cfg.init, ctx.seed)
@@ -96,12 +98,15 @@ class SplitLearning(Algorithm[SplitConfig]):
         codecs = (cfg.codec_up, cfg.codec_down)
         padded = self.parts.model.pad_id is not None
         self.exchange = self.exchange_class(self.runtime, codecs, self.server, order, padded)
+        self.exchange.privacy = self.cut_privacy
         self.up, self.down = ctx.network.link(cfg.codec_up), ctx.network.link(cfg.codec_down)
         self.models = ClientModels(
             self.runtime, self.up, self.down, self.clients.shares_aux, cfg.global_lr, ctx.device
         )
         self.local_steps = LocalSteps(ctx.data, self.clients, self.exchange, self.uploads_at, cfg.agg_every,
                                       self._synchronise)  # fmt: skip
+        if self.cut_privacy is not None:
+            self.local_steps.sent_labels = self.cut_privacy.sent_labels
         self.hold_storage(self.rows_per_round, [])
 
     def most_batches(self) -> int:
@@ -114,6 +119,11 @@ class SplitLearning(Algorithm[SplitConfig]):
         return int(per_epoch.max(initial=0)) * cfg.local_epochs
 
     # ----- what an algorithm chooses ----------------------------------------------------------------
+
+    @property
+    def smashed_clip(self) -> float | None:
+        """The per-sample L2 bound on the smashed data (``privacy.cut.clip``; None: sent as computed)."""
+        return None if self.cut_privacy is None else self.cut_privacy.smashed_clip
 
     @abstractmethod
     def client_side(self) -> ClientSide:
@@ -131,6 +141,20 @@ class SplitLearning(Algorithm[SplitConfig]):
         """The round's plan after algorithm-specific cuts (CSE-FSL drops incomplete upload blocks)."""
         return plan
 
+    def cut_sends(self, rnd: Round, plan: BatchPlan) -> tuple[np.ndarray, np.ndarray]:
+        """The samples each row of round ``rnd`` sends across the cut (smashed data and labels) and those
+        whose cut gradient comes back, ``[rows, ...]`` padded with -1, read off the plan and the upload
+        schedule (an extension point: CSE-FSL adds its server-pass batch)."""
+        steps = [s for s in range(plan.index.shape[1]) if self.uploads_at(s)]
+        sent = sent_indices(plan.index, plan.weight, steps)
+        return sent, sent if self.clients.returns_gradient else sent[:, :0]
+
+    def record_cut(self, rnd: Round, plan: BatchPlan) -> None:
+        """Put the round's releases at the cut on the privacy ledger (counted exactly: see
+        :mod:`~fedge.algorithms.split.privacy`)."""
+        if self.cut_privacy is not None:
+            self.cut_privacy.record(rnd.t, rnd.draws.clients, *self.cut_sends(rnd, plan))
+
     def server_pass(self, rnd: Round) -> tuple[State, np.ndarray]:
         """Server work before the local steps (CSE-FSL's every-l-rounds pass): the new state of this
         process's rows and the samples each row of the round computed on. None here."""
@@ -147,6 +171,7 @@ class SplitLearning(Algorithm[SplitConfig]):
         rnd.write_back(None, state)
         rnd.tally.client_samples += samples
         plan = self.plan(rnd)
+        self.record_cut(rnd, plan)
         for subset in self.exchange.order.passes(len(rnd.draws), self.ctx.device):
             self.local_steps(rnd, plan, subset)  # local steps, each with its server exchange
         self.client_opt.end(rnd.draws.clients, rnd.rows.opt_state, rnd.cohort)  # kept for the next visit
@@ -248,7 +273,7 @@ class GradientReturn(SplitLearning):
 
     def client_side(self) -> ClientSide:
         parts = build_parts(self.ctx, with_aux=False)
-        return GradientClients(parts, self.client_sgd, self.ctx.executor, self.cfg.clip_norm)
+        return GradientClients(parts, self.client_sgd, self.ctx.executor, self.cfg.clip_norm, self.smashed_clip)
 
 
 class LocalLoss(SplitLearning):
@@ -259,4 +284,5 @@ class LocalLoss(SplitLearning):
     def client_side(self) -> ClientSide:
         cfg, parts = self.cfg, build_parts(self.ctx, with_aux=True)
         post_step = cfg.smashed_from == "post_step"
-        return AuxHeadClients(parts, self.client_sgd, self.ctx.executor, post_step, cfg.aggregate_aux)
+        executor, clip = self.ctx.executor, self.smashed_clip
+        return AuxHeadClients(parts, self.client_sgd, executor, post_step, cfg.aggregate_aux, clip)

@@ -63,6 +63,7 @@ class LocalSteps:
     ):
         self.data, self.clients, self.exchange = data, clients, exchange
         self.uploads_at, self.agg_every, self.synchronise = uploads_at, agg_every, synchronise
+        self.sent_labels = data.y_train  # the labels the server sees (privacy.labels: randomized once)
 
     def __call__(self, rnd: Round, plan: BatchPlan, subset: torch.Tensor | None) -> None:
         """Every local step of the rows ``subset`` (all rows for None), with its server traffic."""
@@ -83,10 +84,11 @@ class LocalSteps:
         """Local step ``s`` of the run's rows (``counts`` samples each); their new state."""
         every, mine = run.weight[:, s], run.local_rows
         x, y = self.data.x_train[run.index[mine, s]], self.data.y_train[run.index[:, s]]
+        sent = y if self.sent_labels is self.data.y_train else self.sent_labels[run.index[:, s]]
 
         def exchange(z: torch.Tensor, grad_z: bool) -> Served:
             keys = None if run.keys is None else run.keys.at(s, SERVER_STAGE)
-            return self.exchange(rnd, run.row_ids, CutBatch(run.subset, z, y, counts, keys), s, grad_z)
+            return self.exchange(rnd, run.row_ids, CutBatch(run.subset, z, sent, counts, keys), s, grad_z)
 
         upload, own = self.uploads_at(s), counts[mine]
         if bool(own.any()):
