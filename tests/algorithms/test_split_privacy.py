@@ -3,13 +3,14 @@ randomized response, both executors, and the releases on the ledger counted exac
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 import pytest
 import torch
-from cases import tiny
+from cases import invoke, tiny
 from llm_cases import lm_config, needs_llm, write_corpus
 
 import fedge
@@ -80,7 +81,9 @@ def test_the_server_receives_clipped_noisy_smashed_data_and_randomized_labels(tm
             assert norms.max() <= clip * (1 + 1e-5)
             assert norms.min() == pytest.approx(clip, rel=1e-4)  # this model's activations exceed 0.25
     received.clear()
-    noisy = split(tmp_path, "splitfed_v2", {"cut": {"clip": clip, "noise_multiplier": 2.0}, "labels": {"epsilon": 0.5}})
+    noisy = split(
+        tmp_path, "splitfed_v2", {"cut": {"clip": clip, "noise_multiplier": 2.0}, "labels": {"epsilon": 0.5}}
+    )
     built, _ = trained(noisy)
     zs = torch.cat([z[r, :c] for _, z, _, counts in received for r, c in enumerate(counts.tolist())])
     assert float(zs.flatten(1).norm(dim=1).mean()) > 5 * clip  # noise of std 0.5 in each of 16 coordinates
@@ -119,7 +122,9 @@ def test_the_noisy_labels_are_drawn_once_for_the_whole_run(tmp_path, monkeypatch
 
 
 def smashed_counts(built) -> dict[tuple[int, int], int]:
-    return {(r.round, r.clients[0]): r.count for r in built.context.privacy.ledger.releases if r.kind == "smashed"}
+    return {
+        (r.round, r.clients[0]): r.count for r in built.context.privacy.ledger.releases if r.kind == "smashed"
+    }
 
 
 def test_the_ledger_counts_each_samples_sends_from_the_batch_plan(tmp_path):
@@ -147,20 +152,32 @@ def test_cse_fsl_releases_fewer_smashed_data_sends_than_splitfed(tmp_path):
 
 
 def test_cse_fsl_counts_the_every_l_rounds_server_batch(tmp_path):
-    raw = split(tmp_path, "cse_fsl", {"cut": NOISY}, server_trigger="every_l_rounds", zb_step="server_backprop")
+    raw = split(
+        tmp_path, "cse_fsl", {"cut": NOISY}, server_trigger="every_l_rounds", zb_step="server_backprop"
+    )
     built, _ = trained(raw, rounds=2)  # round 2 is a server round: one fresh batch a client
     releases = built.context.privacy.ledger.releases
     assert smashed_counts(built) == {(2, c): 1 for c in range(4)}
-    assert {(r.round, r.clients[0]) for r in releases if r.kind == "cut_gradient"} == {(2, c) for c in range(4)}
+    assert {(r.round, r.clients[0]) for r in releases if r.kind == "cut_gradient"} == {
+        (2, c) for c in range(4)
+    }
 
 
 def test_the_run_reports_the_cut_epsilon_and_runs_from_the_cli(tmp_path):
-    raw = split(tmp_path, "splitfed_v2", {"cut": {"clip": 1.0, "noise_multiplier": 1.0}, "labels": {"epsilon": 1.0}})
+    raw = split(
+        tmp_path, "splitfed_v2", {"cut": {"clip": 1.0, "noise_multiplier": 1.0}, "labels": {"epsilon": 1.0}}
+    )
     result = fedge.run(raw)
     privacy = result.summary["privacy"]
     assert set(privacy["epsilon_by_unit"]) == {"sample", "label"}
     assert privacy["epsilon_by_unit"]["label"] == pytest.approx(1.0, abs=0.02)
     assert result.metrics[-1]["epsilon_sample"] > result.metrics[0]["epsilon_sample"]
+    path = tmp_path / "cut.json"
+    path.write_text(json.dumps({**raw, "output": {**raw["output"], "name": "cli"}}))
+    outcome = invoke(["run", str(path), "privacy.cut.noise_multiplier=2.0", "-q"])
+    assert outcome.code == 0, outcome.output
+    summary = json.loads(next(tmp_path.glob("cli*/summary.json")).read_text())
+    assert summary["privacy"]["epsilon_by_unit"]["sample"] < privacy["epsilon_by_unit"]["sample"]
 
 
 @pytest.mark.parametrize(
@@ -195,13 +212,17 @@ def test_an_lm_split_with_lora_noises_each_sequences_hidden_state(corpus, monkey
         return original(self, rnd, cohort, senders, batch, lengths)
 
     monkeypatch.setattr(ServerExchange, "_upload", spy)
-    clipped = lm_config(corpus, {"name": "splitfed_v2"}, privacy={"cut": {"clip": 0.5, "noise_multiplier": 0.0}})
+    clipped = lm_config(
+        corpus, {"name": "splitfed_v2"}, privacy={"cut": {"clip": 0.5, "noise_multiplier": 0.0}}
+    )
     trained(clipped, rounds=1)
     for z, counts in received:
         for r, c in enumerate(counts.tolist()):
             assert torch.linalg.vector_norm(z[r, :c].flatten(1), dim=-1).max() <= 0.5 * (1 + 1e-5)
     monkeypatch.undo()
-    noisy = lm_config(corpus, {"name": "splitfed_v2"}, privacy={"cut": {"clip": 0.5, "noise_multiplier": 0.3}})
+    noisy = lm_config(
+        corpus, {"name": "splitfed_v2"}, privacy={"cut": {"clip": 0.5, "noise_multiplier": 0.3}}
+    )
     (seq, m1), (bat, m2) = (trained(noisy, executor=ex) for ex in ("sequential", "batched"))
     assert [m["train_loss"] for m in m1] == pytest.approx([m["train_loss"] for m in m2], abs=1e-5)
     assert smashed_counts(seq) == smashed_counts(bat) and set(smashed_counts(seq).values()) == {1}

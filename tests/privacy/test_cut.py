@@ -52,7 +52,9 @@ def test_the_gradient_goes_through_the_clip():
 
 def test_noise_has_std_multiplier_times_clip_and_only_on_the_sent_entries():
     z = torch.zeros(2, 50_000, 2)
-    noisy = add_row_noise(z, torch.tensor([40_000, 0]), 0.7, run_privacy(), "smashed", [(1, 0, 0, 0), (1, 1, 0, 0)])
+    noisy = add_row_noise(
+        z, torch.tensor([40_000, 0]), 0.7, run_privacy(), "smashed", [(1, 0, 0, 0), (1, 1, 0, 0)]
+    )
     sent = noisy[0, :40_000]
     assert float(sent.std()) == pytest.approx(0.7, rel=0.02)
     assert abs(float(sent.mean())) < 0.02

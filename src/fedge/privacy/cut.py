@@ -82,7 +82,9 @@ def randomized_response(
     ``generator``, on the CPU, so every device sees the same labels)."""
     flat = labels.detach().cpu().long()
     keep = torch.rand(flat.shape, generator=generator) < keep_probability(epsilon, classes)
-    shift = torch.randint(1, classes, flat.shape, generator=generator) if classes > 1 else torch.zeros_like(flat)
+    shift = (
+        torch.randint(1, classes, flat.shape, generator=generator) if classes > 1 else torch.zeros_like(flat)
+    )
     other = (flat + shift) % classes
     return torch.where(keep, flat, other).to(device=labels.device, dtype=labels.dtype)
 
@@ -141,8 +143,16 @@ def plan_cut(config: RunConfig, data_sizes: list[int], multiplier: float) -> lis
     if cut is None or cut.noise_multiplier is not None:
         return []
     return [
-        Release(t, "smashed", "sample", GAUSSIAN, multiplier, cut.clip, count=planned_sends(config, size),
-                clients=(c,))  # fmt: skip
+        Release(
+            t,
+            "smashed",
+            "sample",
+            GAUSSIAN,
+            multiplier,
+            cut.clip,
+            count=planned_sends(config, size),
+            clients=(c,),
+        )  # fmt: skip
         for t in range(1, config.rounds + 1)
         for c, size in enumerate(data_sizes)
         if size

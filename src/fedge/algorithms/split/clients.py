@@ -175,7 +175,12 @@ class AuxHeadClients(ClientSide):
 
     def step(self, state, batch, counts, lr, keys, exchange, upload) -> LocalStep:
         out = self.executor.map(
-            self.local_step, state=state, batch=batch, shared=(lr,), counts=counts, keys=keys,
+            self.local_step,
+            state=state,
+            batch=batch,
+            shared=(lr,),
+            counts=counts,
+            keys=keys,
             stage="aux step",
         )
         if upload:

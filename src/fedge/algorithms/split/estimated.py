@@ -90,6 +90,11 @@ class EstimatedGradientClients(ClientSide):
 
     def _mapped(self, state: State, batch, counts, lr: float, keys) -> Mapped:
         return self.executor.map(
-            self.local_step, state=state, batch=batch, shared=(lr,), counts=counts, keys=keys,
+            self.local_step,
+            state=state,
+            batch=batch,
+            shared=(lr,),
+            counts=counts,
+            keys=keys,
             stage="sage step",
         )

@@ -95,7 +95,9 @@ class FedSLRounds(Algorithm[FedSLConfig]):
         super().__init__(ctx, cfg)
         for block in ("cut", "labels"):
             if getattr(ctx.config.privacy, block) is not None:
-                raise ConfigError(f"privacy.{block}", f"{cfg.name} has no privacy at the cut; use splitfed_v2")
+                raise ConfigError(
+                    f"privacy.{block}", f"{cfg.name} has no privacy at the cut; use splitfed_v2"
+                )
         for key, value in (
             ("momentum", cfg.optimizer.momentum),
             ("weight_decay", cfg.optimizer.weight_decay),

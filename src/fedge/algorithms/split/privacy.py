@@ -65,7 +65,13 @@ class CutPrivacy:
         return [(t, int(c), int(k), step) for c, k in zip(clients, occurrence, strict=True)]
 
     def smashed(
-        self, t: int, clients: np.ndarray, occurrence: np.ndarray, step: int, z: torch.Tensor, counts: torch.Tensor
+        self,
+        t: int,
+        clients: np.ndarray,
+        occurrence: np.ndarray,
+        step: int,
+        z: torch.Tensor,
+        counts: torch.Tensor,
     ) -> torch.Tensor:
         """Rows ``z`` (of ``clients``, already clipped) with the smashed data's Gaussian noise."""
         if self.cut is None:
@@ -74,9 +80,15 @@ class CutPrivacy:
         return add_row_noise(z, counts, std, self.privacy, SMASHED, self._keys(t, clients, occurrence, step))
 
     def gradient(
-        self, t: int, clients: np.ndarray, occurrence: np.ndarray, step: int, g: torch.Tensor, counts: torch.Tensor
+        self,
+        t: int,
+        clients: np.ndarray,
+        occurrence: np.ndarray,
+        step: int,
+        g: torch.Tensor,
+        counts: torch.Tensor,
     ) -> torch.Tensor:
-        """Rows ``g`` of cut gradients clipped per sample and noised (as computed without ``gradient_clip``)."""
+        """Rows ``g`` of cut gradients clipped per sample and noised (as computed: no ``gradient_clip``)."""
         if self.cut is None or self.cut.gradient_clip is None:
             return g
         clip = self.cut.gradient_clip
@@ -91,11 +103,15 @@ class CutPrivacy:
         if cut is not None:
             z = self.noise_multiplier()
             for client, count in most_sends(clients, smashed).items():
-                ledger.record(Release(t, SMASHED, "sample", GAUSSIAN, z, cut.clip, count=count, clients=(client,)))
+                ledger.record(
+                    Release(t, SMASHED, "sample", GAUSSIAN, z, cut.clip, count=count, clients=(client,))
+                )
             if cut.gradient_clip is not None and returned is not None:
                 g, clip = cut.gradient_noise_multiplier, cut.gradient_clip
                 for client, count in most_sends(clients, returned).items():
-                    release = Release(t, CUT_GRADIENT, "sample", GAUSSIAN, g, clip, count=count, clients=(client,))
+                    release = Release(
+                        t, CUT_GRADIENT, "sample", GAUSSIAN, g, clip, count=count, clients=(client,)
+                    )
                     ledger.record(release)
         if self.labels is not None:  # once per client: read off the ledger, which a resumed run restores
             labelled = {c for r in ledger.ledger.releases if r.kind == "label" for c in r.clients or ()}

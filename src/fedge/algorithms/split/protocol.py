@@ -273,7 +273,9 @@ class GradientReturn(SplitLearning):
 
     def client_side(self) -> ClientSide:
         parts = build_parts(self.ctx, with_aux=False)
-        return GradientClients(parts, self.client_sgd, self.ctx.executor, self.cfg.clip_norm, self.smashed_clip)
+        return GradientClients(
+            parts, self.client_sgd, self.ctx.executor, self.cfg.clip_norm, self.smashed_clip
+        )
 
 
 class LocalLoss(SplitLearning):
