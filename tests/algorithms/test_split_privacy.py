@@ -228,3 +228,15 @@ def test_an_lm_split_with_lora_noises_each_sequences_hidden_state(corpus, monkey
     assert smashed_counts(seq) == smashed_counts(bat) and set(smashed_counts(seq).values()) == {1}
     with pytest.raises(ConfigError, match="privacy.labels"):
         trained(lm_config(corpus, {"name": "splitfed_v2"}, privacy={"labels": {"epsilon": 1.0}}))
+
+
+def test_a_deployed_split_run_refuses_the_cut_privacy(tmp_path):
+    """A deployed node sends its smashed data and labels itself: without the noise there, refused."""
+    pytest.importorskip("flwr")
+    from fedge.deploy.split_rounds import DeployedCseFsl
+
+    raw = split(tmp_path, "cse_fsl", {"cut": {"clip": 1.0, "noise_multiplier": 1.0}})
+    cfg = fedge.resolve_config(raw)
+    algorithm = DeployedCseFsl(build_run(cfg).context, cfg.algorithm)
+    with pytest.raises(ConfigError, match=r"privacy\.cut"):
+        algorithm.check_deployable()
