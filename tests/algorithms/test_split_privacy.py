@@ -240,3 +240,21 @@ def test_a_deployed_split_run_refuses_the_cut_privacy(tmp_path):
     algorithm = DeployedCseFsl(build_run(cfg).context, cfg.algorithm)
     with pytest.raises(ConfigError, match=r"privacy\.cut"):
         algorithm.check_deployable()
+
+
+def test_a_resumed_run_spends_what_the_uninterrupted_run_spends(tmp_path):
+    """The label releases (once per client) and the per-round cut releases survive a resume exactly."""
+    privacy = {"cut": {"clip": 1.0, "noise_multiplier": 1.0}, "labels": {"epsilon": 1.0}}
+    whole = fedge.run({**split(tmp_path, "cse_fsl", privacy, h=2), "rounds": 3})
+    config = {**split(tmp_path / "cut", "cse_fsl", privacy, h=2), "rounds": 3}
+    config["output"]["name"] = "cut"
+
+    def stop(t, row):
+        if t == 2:
+            raise KeyboardInterrupt
+
+    with pytest.raises(KeyboardInterrupt):
+        fedge.run(config, on_round=stop)
+    resumed = fedge.resume(tmp_path / "cut" / "cut")
+    assert resumed.summary["privacy"] == whole.summary["privacy"]
+    assert resumed.metrics[-1]["train_loss"] == whole.metrics[-1]["train_loss"]

@@ -1,5 +1,5 @@
 """A split run's privacy at the cut (``privacy.cut``, ``privacy.labels``): the mechanisms of
-:mod:`fedge.privacy.cut` applied where the data crosses, and their releases on the run's ledger.
+:mod:`fedge.privacy.cut` applied where the data crosses, and the releases they make.
 
 Smashed data is clipped on the client (inside the trunk's forward pass, so a SplitFed client's own
 backward pass goes through the clip as computed) and noised as it is sent; the cut gradient is clipped
@@ -34,6 +34,7 @@ class CutPrivacy:
     def __init__(self, ctx: Context, cut: CutDPConfig | None, labels: LabelDPConfig | None):
         self.privacy: RunPrivacy = ctx.privacy
         self.cut, self.labels = cut, labels
+        self.labelled: set[int] = set()  # clients whose label release is recorded (checkpointed)
         data = ctx.data
         self.classes = data.num_classes
         if labels is not None and data.y_train.dim() != 1:
@@ -99,11 +100,11 @@ class CutPrivacy:
     def record(self, t: int, clients: np.ndarray, smashed: np.ndarray, returned: np.ndarray | None) -> None:
         """Round ``t``'s releases: ``smashed`` (``[rows, ...]``, -1 padded) are the samples each row (of
         client ``clients[r]``) sent across the cut, ``returned`` those whose cut gradient came back."""
-        cut, ledger = self.cut, self.privacy
+        cut, privacy = self.cut, self.privacy
         if cut is not None:
             z = self.noise_multiplier()
             for client, count in most_sends(clients, smashed).items():
-                ledger.record(
+                privacy.record(
                     Release(t, SMASHED, "sample", GAUSSIAN, z, cut.clip, count=count, clients=(client,))
                 )
             if cut.gradient_clip is not None and returned is not None:
@@ -112,12 +113,18 @@ class CutPrivacy:
                     release = Release(
                         t, CUT_GRADIENT, "sample", GAUSSIAN, g, clip, count=count, clients=(client,)
                     )
-                    ledger.record(release)
-        if self.labels is not None:  # once per client: read off the ledger, which a resumed run restores
-            labelled = {c for r in ledger.ledger.releases if r.kind == "label" for c in r.clients or ()}
-            for client in most_sends(clients, smashed):
-                if client not in labelled:
-                    ledger.record(label_release(t, self.labels.epsilon, self.classes, client))
+                    privacy.record(release)
+        if self.labels is not None:
+            for client in sorted(set(most_sends(clients, smashed)) - self.labelled):
+                self.labelled.add(client)
+                privacy.record(label_release(t, self.labels.epsilon, self.classes, client))
+
+    def state_dict(self) -> dict[str, list[int]]:
+        """The clients whose labels went out already (a resumed run records their release no more)."""
+        return {"labelled": sorted(self.labelled)}
+
+    def load_state_dict(self, state: dict[str, Sequence[int]]) -> None:
+        self.labelled = {int(c) for c in state["labelled"]}
 
 
 def sent_indices(index: torch.Tensor, weight: torch.Tensor, steps: Sequence[int]) -> np.ndarray:

@@ -84,6 +84,8 @@ class SplitLearning(Algorithm[SplitConfig]):
             self.state_fields = (*self.state_fields, "client_opt")
         self.server_sgd = make_optimizer(cfg.server_optimizer or cfg.optimizer)
         self.cut_privacy = CutPrivacy.of(ctx)  # privacy.cut / privacy.labels (None: neither is set)
+        if self.cut_privacy is not None:  # which clients' labels went out travels in the checkpoint
+            self.state_fields = (*self.state_fields, "cut_privacy")
         self.clients = self.client_side()
         self.parts = self.clients.parts
         client, client_buffers, server, server_buffers = initial_state(self.parts, cfg.init, ctx.seed)
