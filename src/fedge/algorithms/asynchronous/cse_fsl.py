@@ -115,9 +115,6 @@ class CseFslAsync(CseFsl):
             raise ConfigError(f"algorithm.{problem[0]}", f"{cfg.name}: {problem[1]}")
         if ctx.cohorts.processes > 1:
             raise ConfigError("algorithm.name", f"{cfg.name} runs in one process (not across ranks)")
-        for block in ("cut", "labels"):  # its event loop does not account the cut's releases
-            if getattr(ctx.config.privacy, block) is not None:
-                raise ConfigError(f"privacy.{block}", f"{cfg.name} has no privacy at the cut; use cse_fsl")
         super().__init__(ctx, cfg)
         self.concurrency = self.rows_per_round
         self.buffer_size = cfg.buffer_size or self.concurrency
@@ -161,7 +158,9 @@ class CseFslAsync(CseFsl):
         uploads and its client models, and the energy of the whole job (charged at once)."""
         rnd = self.start(t, *self._draws(clients))
         received = {k: v[0].clone() for k, v in rnd.rows.params.items()}  # the model the group got
-        self.local_steps(rnd, self.plan(rnd), None)
+        plan = self.plan(rnd)
+        self.record_cut(rnd, plan)  # privacy.cut / labels: the dispatch's sends, recorded in round t
+        self.local_steps(rnd, plan, None)
         self.client_opt.end(rnd.draws.clients, rnd.rows.opt_state, rnd.cohort)
         messages = [
             Dispatch(int(clients[upload.row]), upload.arrival, self._smashed(upload), final=False)

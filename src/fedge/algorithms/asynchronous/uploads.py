@@ -55,6 +55,7 @@ class DeferredExchange(ServerExchange):
         cohort = rnd.cohort
         senders = [rnd.nodes[int(r)] for r in row_ids]
         at, lengths = row_ids.cpu().numpy(), self.runtime.local_rows(cohort, batch.counts)
+        batch = self.noised(rnd, cohort, at, batch, lengths, step)
         sent = self._upload(rnd, cohort, senders, batch, lengths)
         rnd.tally.served(at, sent.bits, batch.counts)
         sending, arrival = self.order.place(rnd, at, sent.bits, batch.counts)

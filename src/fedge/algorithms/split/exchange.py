@@ -73,10 +73,7 @@ class ServerExchange:
         cohort = rnd.cohort if batch.rows is None else runtime.whole(len(row_ids))
         senders = [rnd.nodes[int(r)] for r in row_ids]
         at, lengths = row_ids.cpu().numpy(), runtime.local_rows(cohort, batch.counts)
-        privacy, own = self.privacy, runtime.local_rows(cohort, at)
-        clients, occurrence = rnd.draws.clients[own], rnd.draws.occurrence[own]
-        if privacy is not None:
-            batch = batch._replace(z=privacy.smashed(rnd.t, clients, occurrence, step, batch.z, lengths))
+        batch = self.noised(rnd, cohort, at, batch, lengths, step)
         sent = self._upload(rnd, cohort, senders, batch, lengths)
         rnd.tally.served(at, sent.bits, batch.counts)
         queued = self.order.queue(rnd, step, at, sent.bits, batch.counts)
@@ -86,8 +83,10 @@ class ServerExchange:
             return served
         assert served.grad_z is not None, "the server returns the cut-layer gradient when asked for it"
         grad = served.grad_z
-        if privacy is not None:
-            grad = privacy.gradient(rnd.t, clients, occurrence, step, grad, lengths)
+        if self.privacy is not None:
+            own = runtime.local_rows(cohort, at)
+            clients, occurrence = rnd.draws.clients[own], rnd.draws.occurrence[own]
+            grad = self.privacy.gradient(rnd.t, clients, occurrence, step, grad, lengths)
         answer = {"g": grad}
         grads = runtime.answer(cohort, self.down, rnd.t, senders, "grad_down", answer, lengths=lengths,
                                entry_mask=sent.keep)  # fmt: skip
@@ -95,6 +94,16 @@ class ServerExchange:
         if queued.finish is not None:
             self.order.returned(rnd, at, queued, grads.bits)
         return Served(served.loss, grads.payload["g"])
+
+    def noised(
+        self, rnd: Round, cohort: Cohort, at: np.ndarray, batch: CutBatch, lengths: torch.Tensor, step: int
+    ) -> CutBatch:
+        """``batch`` with ``privacy.cut``'s noise on this process's rows of smashed data (as it is)."""
+        if self.privacy is None:
+            return batch
+        own = self.runtime.local_rows(cohort, at)
+        clients, occurrence = rnd.draws.clients[own], rnd.draws.occurrence[own]
+        return batch._replace(z=self.privacy.smashed(rnd.t, clients, occurrence, step, batch.z, lengths))
 
     def _upload(
         self, rnd: Round, cohort: Cohort, senders: list[str], batch: CutBatch, lengths: torch.Tensor

@@ -4,10 +4,10 @@
 Smashed data is clipped on the client (inside the trunk's forward pass, so a SplitFed client's own
 backward pass goes through the clip as computed) and noised as it is sent; the cut gradient is clipped
 and noised as the server returns it; the labels the server sees are one randomized response per sample
-for the whole run. Every draw is keyed by (round, client, draw of the client in the round, step), so
-both executors and any split of the rows over processes add the same noise. The releases are counted
-exactly from the round's batch plan and upload schedule: per client and round, the most times any of its
-samples crossed the cut.
+for the whole run. Every draw is keyed by (round, client, draw of the client in the round, its run in
+the round, step), so both executors and any split of the rows over processes add the same noise. The
+releases are counted exactly from the round's batch plan and upload schedule: per client and round,
+the most times any of its samples crossed the cut.
 """
 
 from __future__ import annotations
@@ -35,6 +35,7 @@ class CutPrivacy:
         self.privacy: RunPrivacy = ctx.privacy
         self.cut, self.labels = cut, labels
         self.labelled: set[int] = set()  # clients whose label release is recorded (checkpointed)
+        self.runs: dict[tuple[int, int], int] = {}  # (round, client) -> local runs begun in the round
         data = ctx.data
         self.classes = data.num_classes
         if labels is not None and data.y_train.dim() != 1:
@@ -62,8 +63,19 @@ class CutPrivacy:
         assert self.cut is not None
         return self.privacy.multiplier(self.cut.noise_multiplier, "privacy.cut.noise_multiplier")
 
+    def begin(self, t: int, clients: np.ndarray) -> None:
+        """A local run of ``clients`` begins in round ``t``: a client's second run in one round
+        (asynchronous CSE-FSL dispatches a client again once it is back) draws other noise."""
+        self.runs = {key: n for key, n in self.runs.items() if key[0] == t}
+        for c in np.unique(clients).tolist():
+            self.runs[t, c] = self.runs.get((t, c), -1) + 1
+
     def _keys(self, t: int, clients: np.ndarray, occurrence: np.ndarray, step: int) -> list[tuple[int, ...]]:
-        return [(t, int(c), int(k), step) for c, k in zip(clients, occurrence, strict=True)]
+        runs = self.runs
+        return [
+            (t, int(c), int(k), runs.get((t, int(c)), 0), step)
+            for c, k in zip(clients, occurrence, strict=True)
+        ]
 
     def smashed(
         self,

@@ -155,6 +155,7 @@ class SplitLearning(Algorithm[SplitConfig]):
         """Put the round's releases at the cut on the privacy ledger (counted exactly: see
         :mod:`~fedge.algorithms.split.privacy`)."""
         if self.cut_privacy is not None:
+            self.cut_privacy.begin(rnd.t, rnd.draws.clients)
             self.cut_privacy.record(rnd.t, rnd.draws.clients, *self.cut_sends(rnd, plan))
 
     def server_pass(self, rnd: Round) -> tuple[State, np.ndarray]:
