@@ -271,3 +271,29 @@ def test_asynchronous_cse_fsl_records_every_dispatch(tmp_path):
     assert {r.kind for r in releases} == {"smashed"} and {r.count for r in releases} == {1}
     assert sorted(r.clients[0] for r in releases if r.round == 1) == [0, 1, 2, 3]
     assert {r.round for r in releases} <= {1, 2, 3}
+
+
+def _distributed_helpers():
+    """The two-rank launcher of tests/distributed (loaded by path: that folder is not a package)."""
+    import importlib.util
+
+    path = Path(__file__).resolve().parents[1] / "distributed" / "test_distributed.py"
+    spec = importlib.util.spec_from_file_location("distributed_helpers", path)
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+@pytest.mark.ci
+@pytest.mark.parametrize("algorithm", ["splitfed_v2", "cse_fsl"])
+def test_two_ranks_add_one_process_noise_and_record_its_releases(tmp_path, algorithm):
+    helpers = _distributed_helpers()
+    cfg = helpers.split_config(tmp_path, algorithm)
+    cfg["privacy"] = {"cut": NOISY, "labels": {"epsilon": 1.0}}
+    (tmp_path / "seen").mkdir()
+    helpers.launch(2, [(cfg, "two")], tmp_path / "seen")
+    fedge.run(cfg, ["output.name=one"])
+    two, one = tmp_path / "runs" / "two", tmp_path / "runs" / "one"
+    assert (two / "privacy.csv").read_text() == (one / "privacy.csv").read_text()
+    assert np.abs(helpers.final_state(two) - helpers.final_state(one)).max() <= 1e-5
