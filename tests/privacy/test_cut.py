@@ -134,6 +134,15 @@ def test_planned_sends_follow_the_upload_schedule():
     assert planned_sends(steps, 40) == 3  # 9 batches of 10 from 40 samples: three passes
     cse = config(algorithm={"name": "cse_fsl", "h": 8})
     assert planned_sends(cse, 40) == 1  # 8 batches, one upload
+    dropped = config(algorithm={"local_epochs": 1, "local_steps": 6, "drop_last": True})
+    assert planned_sends(dropped, 25) == 3  # 2 full batches of 10 an epoch: 6 steps are three passes
+    assert planned_sends(dropped, 9) == 0  # no full batch: the client idles
+    drawn = config(algorithm={"participation": "with_replacement", "clients_per_round": 3})
+    assert planned_sends(drawn, 40) == 2 * 3  # up to three independent draws of one client
+    merged = config(
+        algorithm={"participation": "with_replacement", "clients_per_round": 3, "duplicates": "merge"}
+    )
+    assert planned_sends(merged, 40) == 2
 
 
 def test_plan_labels_releases_one_label_per_client():

@@ -108,31 +108,32 @@ def most_sends(clients: np.ndarray, indices: np.ndarray) -> dict[int, int]:
     return out
 
 
-def _batches_per_round(config: RunConfig, size: int) -> int:
-    algorithm = config.algorithm
-    batch = int(getattr(algorithm, "batch_size", 1))
-    local_steps = getattr(algorithm, "local_steps", None)
-    if local_steps is not None:
-        return int(local_steps)
-    per_epoch = size // batch if getattr(algorithm, "drop_last", False) else -(-size // batch)
-    return per_epoch * int(getattr(algorithm, "local_epochs", 1))
-
-
 def planned_sends(config: RunConfig, size: int) -> int:
     """The most times one sample of a client of ``size`` samples can cross the cut in a round: once
-    per pass over its data (epoch) among the round's batches, and for CSE-FSL no more than its upload
-    steps (one every h batches, plus the every-l-rounds server batch)."""
+    per pass over its data (epoch) among the round's batches, and for CSE-FSL and FSL-SAGE no more than
+    their upload steps (one every h batches; one server batch under the every-l-rounds trigger); times
+    the draws of one client a round can hold (independent draws with replacement)."""
     algorithm = config.algorithm
     batch = int(getattr(algorithm, "batch_size", 1))
-    per_epoch = max(1, -(-size // batch))
-    batches = _batches_per_round(config, size)
-    passes = -(-batches // per_epoch)
+    per_epoch = size // batch if getattr(algorithm, "drop_last", False) else -(-size // batch)
+    if per_epoch == 0:
+        return 0
+    local_steps = getattr(algorithm, "local_steps", None)
+    batches = (
+        int(local_steps)
+        if local_steps is not None
+        else per_epoch * int(getattr(algorithm, "local_epochs", 1))
+    )
+    sends = -(-batches // per_epoch)
     h = getattr(algorithm, "h", None)
-    if h is None:
-        return passes
     if getattr(algorithm, "server_trigger", "every_h_batches") == "every_l_rounds":
-        return 1
-    return min(passes, -(-batches // int(h)))
+        sends = 1
+    elif h is not None:
+        sends = min(sends, -(-batches // int(h)))
+    independent = getattr(algorithm, "duplicates", "merge") == "independent"
+    if getattr(algorithm, "participation", "full") == "with_replacement" and independent:
+        sends *= int(getattr(algorithm, "clients_per_round", None) or 1)
+    return sends
 
 
 def plan_cut(config: RunConfig, data_sizes: list[int], multiplier: float) -> list[Release]:
@@ -155,7 +156,7 @@ def plan_cut(config: RunConfig, data_sizes: list[int], multiplier: float) -> lis
         )  # fmt: skip
         for t in range(1, config.rounds + 1)
         for c, size in enumerate(data_sizes)
-        if size
+        if planned_sends(config, size)
     ]
 
 

@@ -109,7 +109,7 @@ class CutPrivacy:
         keys = self._keys(t, clients, occurrence, step)
         return add_row_noise(clip_rows(g, clip, lead=2), counts, std, self.privacy, CUT_GRADIENT, keys)
 
-    def record(self, t: int, clients: np.ndarray, smashed: np.ndarray, returned: np.ndarray | None) -> None:
+    def record(self, t: int, clients: np.ndarray, smashed: np.ndarray, returned: np.ndarray) -> None:
         """Round ``t``'s releases: ``smashed`` (``[rows, ...]``, -1 padded) are the samples each row (of
         client ``clients[r]``) sent across the cut, ``returned`` those whose cut gradient came back."""
         cut, privacy = self.cut, self.privacy
@@ -119,7 +119,7 @@ class CutPrivacy:
                 privacy.record(
                     Release(t, SMASHED, "sample", GAUSSIAN, z, cut.clip, count=count, clients=(client,))
                 )
-            if cut.gradient_clip is not None and returned is not None:
+            if cut.gradient_clip is not None:
                 g, clip = cut.gradient_noise_multiplier, cut.gradient_clip
                 for client, count in most_sends(clients, returned).items():
                     release = Release(
