@@ -119,12 +119,13 @@ def config(**changes) -> RunConfig:
     return RunConfig.model_validate(raw)
 
 
-def test_plan_cut_plans_every_round_for_every_client_only_when_the_multiplier_is_unset():
+def test_plan_cut_plans_every_round_for_every_client_at_the_configured_or_calibrated_multiplier():
     plan = plan_cut(config(), [40, 40, 0], 1.5)
     assert len(plan) == 3 * 2  # rounds x clients with data
     assert {r.count for r in plan} == {2} and {r.noise_multiplier for r in plan} == {1.5}
     assert {r.clip for r in plan} == {2.0} and {r.kind for r in plan} == {"smashed"}
-    assert plan_cut(config(privacy={"cut": {"noise_multiplier": 1.0}}), [40], 1.5) == []
+    fixed = plan_cut(config(privacy={"cut": {"noise_multiplier": 1.0}}), [40], 1.5)
+    assert len(fixed) == 3 and {r.noise_multiplier for r in fixed} == {1.0}
     assert plan_cut(config(privacy={"cut": None, "labels": {"epsilon": 1.0}}), [40], 1.5) == []
 
 

@@ -94,3 +94,12 @@ def test_the_ledger_state_round_trips():
     again = PrivacyLedger(2)
     again.load_state_dict(ledger.state_dict())
     assert again.releases == ledger.releases
+
+
+def test_a_budget_the_first_round_already_exceeds_is_refused_before_the_run(tmp_path):
+    config = tiny("splitfed_v2", tmp_path, 2)
+    config["privacy"] = {"cut": {"clip": 1.0, "noise_multiplier": 0.5}}
+    config["stop"] = {"max_epsilon": 0.01}
+    with pytest.raises(ConfigError, match="stop.max_epsilon"):
+        fedge.run(config)
+    assert not any(tmp_path.iterdir())  # nothing written

@@ -137,12 +137,14 @@ def planned_sends(config: RunConfig, size: int) -> int:
 
 
 def plan_cut(config: RunConfig, data_sizes: list[int], multiplier: float) -> list[Release]:
-    """The smashed-data releases of a whole run at ``multiplier`` when ``privacy.cut.noise_multiplier``
-    is unset (else none): every client trains every round, each sample sent the most times a round
-    allows (:func:`planned_sends`)."""
+    """The smashed-data releases of a whole run, at ``privacy.cut.noise_multiplier`` or, where that is
+    unset, at ``multiplier`` (the calibrated one): every client trains every round, each sample sent the
+    most times a round allows (:func:`planned_sends`)."""
     cut = config.privacy.cut
-    if cut is None or cut.noise_multiplier is not None:
+    if cut is None:
         return []
+    if cut.noise_multiplier is not None:
+        multiplier = cut.noise_multiplier
     return [
         Release(
             t,

@@ -17,16 +17,18 @@ from typing import Any
 from fedge.config import RunConfig
 from fedge.errors import ConfigError
 from fedge.privacy import AccountingError, PrivacyLedger, Release, calibrate, epsilon
+from fedge.privacy.cut import plan_cut, plan_labels
 from fedge.privacy.ledger import UNITS
 from fedge.privacy.release import Unit
 from fedge.privacy.run import RunPrivacy
 
 Planner = Callable[[RunConfig, list[int], float], list[Release]]
-"""(config, client dataset sizes, the multiplier of unset mechanisms) -> a whole run's releases."""
+"""(config, client dataset sizes, the multiplier of unset mechanisms) -> a whole run's releases, at
+each mechanism's configured multiplier where it has one."""
 History = dict[tuple[Any, ...], int]
 
-PLANNERS: tuple[Planner, ...] = ()
-"""Every mechanism's planner (client-level stages, DP-SGD, the cut, labels, peer messages)."""
+PLANNERS: tuple[Planner, ...] = (plan_cut, plan_labels)
+"""Every mechanism's planner (split learning's cut and its labels)."""
 
 
 def planned(
