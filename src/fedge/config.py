@@ -598,17 +598,6 @@ class AggregationConfig(StrictModel):
         return blocks_by_name(value)
 
 
-class SampleDPConfig(StrictModel):
-    """Sample-level DP-SGD in every local step (``privacy.sample``): each sample's gradient clipped to
-    ``clip`` in L2 norm, the batch's clipped sum given Gaussian noise of std ``noise_multiplier * clip``,
-    then divided by the batch size (Abadi et al. 2016)."""
-
-    clip: PositiveFloat = 1.0
-    """the L2 bound on one sample's gradient"""
-    noise_multiplier: Annotated[float, Field(ge=0.0)] | None = None
-    """the noise's std over clip (unset: calibrated to privacy.target_epsilon)"""
-
-
 class CutDPConfig(StrictModel):
     """Noise at split learning's cut (``privacy.cut``): each sample's smashed data clipped to ``clip``
     and given Gaussian noise of std ``noise_multiplier * clip`` before a client sends it; the cut
@@ -633,21 +622,10 @@ class LabelDPConfig(StrictModel):
     """the label-DP epsilon of one release of a label"""
 
 
-class PeerDPConfig(StrictModel):
-    """DP on every message a peer sends (``privacy.peer``, the decentralized family): the model update a
-    peer shares clipped to ``clip`` and given Gaussian noise of std ``noise_multiplier * clip`` once per
-    round, whatever number of neighbours receive it."""
-
-    clip: PositiveFloat = 1.0
-    """the L2 bound on one peer's shared update"""
-    noise_multiplier: Annotated[float, Field(ge=0.0)] | None = None
-    """the noise's std over clip (unset: calibrated to privacy.target_epsilon)"""
-
-
 class PrivacyConfig(StrictModel):
-    """The privacy ledger and the client-step mechanisms (``fedge.privacy``). Client-level DP (clipping
-    and noise on updates, at any aggregation site) and secure aggregation are aggregation stages
-    (``aggregation.stages``: clip, gaussian, secagg); every epsilon comes from dp-accounting."""
+    """The privacy ledger and the mechanisms at split learning's cut (``fedge.privacy``); every epsilon
+    comes from dp-accounting. A user's aggregation stage records its own releases through the
+    ``StageRun`` it is bound to (docs/privacy.md)."""
 
     delta: Annotated[float, Field(gt=0.0, lt=1.0)] = 1e-5
     """the delta every epsilon is stated at"""
@@ -655,17 +633,10 @@ class PrivacyConfig(StrictModel):
     """dp-accounting's RDP accountant (every sampling fedge does) or PLD (tighter; no fixed-size draws)"""
     target_epsilon: PositiveFloat | None = None
     """calibrate every noise multiplier left unset so that the whole run spends this epsilon"""
-    participation: Literal["fixed", "poisson"] = "fixed"
-    """how a star round's participants are drawn and accounted: a fixed number without replacement,
-    or each client independently with probability algorithm.fraction"""
-    sample: SampleDPConfig | None = None
-    """sample-level DP-SGD in every local step"""
     cut: CutDPConfig | None = None
     """noise on split learning's smashed data (and cut gradients)"""
     labels: LabelDPConfig | None = None
     """randomized response on the labels split clients send"""
-    peer: PeerDPConfig | None = None
-    """clipping and noise on every message a peer sends"""
 
 
 class RunConfig(StrictModel):
