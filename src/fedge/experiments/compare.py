@@ -110,7 +110,8 @@ def _row(name: str, runs: list[Result], target: float | None = None) -> dict[str
 def _epsilon_mean(summaries: list[dict[str, Any]]) -> float | None:
     """The privacy ledger's epsilon, mean over seeds (None: a run without a privacy mechanism)."""
     values = [s.get("epsilon") for s in summaries]
-    return None if any(v is None for v in values) else statistics.fmean(values)
+    known = [float(v) for v in values if v is not None]
+    return statistics.fmean(known) if known and len(known) == len(values) else None
 
 
 def _perplexity(summaries: list[dict[str, Any]]) -> dict[str, float]:

@@ -316,7 +316,7 @@ def headline_table(cells: list[Cell]) -> str:
     return _table(head + ["final perplexity"] * perplexity, rows)
 
 
-def _epsilons(summaries: list[dict[str, Any]]) -> str:
+def _epsilons(summaries: list[Any]) -> str:
     """The cell's privacy-ledger epsilon over its seeds ("none": a run with no privacy mechanism)."""
     values = [s.get("epsilon") for s in summaries]
     if not values or any(v is None for v in values):
