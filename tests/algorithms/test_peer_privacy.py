@@ -9,9 +9,9 @@ from typing import Any
 
 import pytest
 import torch
+from cases import tiny
 
 import fedge
-from cases import tiny
 from fedge.config import PrivacyConfig, RunConfig
 from fedge.privacy.peer import plan_peer, released_rows
 from fedge.privacy.run import RunPrivacy
@@ -54,7 +54,9 @@ def test_noise_changes_the_models(tmp_path: Path) -> None:
 def test_both_executors_add_the_same_noise(tmp_path: Path) -> None:
     results = []
     for executor in ("sequential", "batched"):
-        config = peer_run("gossip", tmp_path / executor, privacy={"peer": {"clip": 0.5, "noise_multiplier": 0.7}})
+        config = peer_run(
+            "gossip", tmp_path / executor, privacy={"peer": {"clip": 0.5, "noise_multiplier": 0.7}}
+        )
         config["engine"] = {"executor": executor}
         results.append(fedge.run(config))
     for a, b in zip(*(r.metrics for r in results), strict=True):
@@ -85,7 +87,9 @@ def test_an_update_is_clipped_to_clip_relative_to_its_start() -> None:
     first = torch.cat([message["w"][0] - 1.0, message["b"][0]])
     assert float(first.norm()) == pytest.approx(2.0)  # 5 scaled down to 2, direction kept
     assert torch.allclose(first, torch.tensor([3.0, 4.0, 0.0, 0.0]) * 0.4)
-    assert torch.allclose(message["w"][1], trained["w"][1]) and torch.allclose(message["b"][1], trained["b"][1])
+    assert torch.allclose(message["w"][1], trained["w"][1]) and torch.allclose(
+        message["b"][1], trained["b"][1]
+    )
 
 
 def test_the_ledger_gets_one_release_per_sender_per_round(tmp_path: Path) -> None:
@@ -94,16 +98,18 @@ def test_the_ledger_gets_one_release_per_sender_per_round(tmp_path: Path) -> Non
     assert sorted((int(r["round"]), r["clients"]) for r in rows) == [
         (t, str(c)) for t in (1, 2) for c in range(4)
     ]
-    assert {(r["kind"], r["unit"], float(r["noise_multiplier"]), float(r["clip"]), r["count"]) for r in rows} == {
-        ("peer", "client", 1.5, 1.0, "1")
-    }
+    assert {
+        (r["kind"], r["unit"], float(r["noise_multiplier"]), float(r["clip"]), r["count"]) for r in rows
+    } == {("peer", "client", 1.5, 1.0, "1")}
     assert result.summary["privacy"]["releases_by_kind"] == {"peer": 8}
     assert math.isfinite(result.summary["privacy"]["epsilon"])
 
 
 def test_afind_literal_releases_one_message_per_requester_served(tmp_path: Path) -> None:
     config = peer_run(
-        "afind", tmp_path, privacy={"peer": {"noise_multiplier": 1.0}},
+        "afind",
+        tmp_path,
+        privacy={"peer": {"noise_multiplier": 1.0}},
         algorithm={"selection": "random", "aggregation": "uniform"},
     )
     result = fedge.run(config)
@@ -125,10 +131,14 @@ def test_unnoised_messages_make_the_run_not_dp(tmp_path: Path) -> None:
 
 
 def test_table4_proxy_mechanism_is_accounted_per_probe(tmp_path: Path) -> None:
-    config = peer_run("afind", tmp_path, algorithm={"dp": {"sigma": 2.0, "clip": 0.5}, "aggregation": "uniform"})
+    config = peer_run(
+        "afind", tmp_path, algorithm={"dp": {"sigma": 2.0, "clip": 0.5}, "aggregation": "uniform"}
+    )
     rows = releases(fedge.run(config))
     proxies = [r for r in rows if r["kind"] == "afind_proxy"]
-    assert {(r["unit"], float(r["noise_multiplier"]), float(r["clip"])) for r in proxies} == {("sample", 2.0, 0.5)}
+    assert {(r["unit"], float(r["noise_multiplier"]), float(r["clip"])) for r in proxies} == {
+        ("sample", 2.0, 0.5)
+    }
     # every client probes each of its 3 neighbours every round: each holder answers 3 requesters
     assert sorted(int(r["count"]) for r in proxies) == [3] * 8
     assert {r["kind"] for r in rows} == {"afind_proxy", "peer_model", "model_request"}
@@ -136,7 +146,8 @@ def test_table4_proxy_mechanism_is_accounted_per_probe(tmp_path: Path) -> None:
 
 def test_table4_update_mechanism_has_multiplier_sigma_over_the_batch(tmp_path: Path) -> None:
     config = peer_run(
-        "afind", tmp_path,
+        "afind",
+        tmp_path,
         algorithm={"dp": {"sigma": 4.0, "clip": 1.0, "target": "update"}, "neighbor_mode": "standard"},
     )
     rows = releases(fedge.run(config))
@@ -157,6 +168,8 @@ def test_plan_peer() -> None:
         {"rounds": 1, "algorithm": {"name": "afind"}, "privacy": {"peer": {"clip": 2.0}}}
     )
     assert {r.count for r in plan_peer(literal, [10, 20, 30], 1.3)} == {3}
-    fixed = config.model_copy(update={"privacy": PrivacyConfig.model_validate({"peer": {"noise_multiplier": 1}})})
+    fixed = config.model_copy(
+        update={"privacy": PrivacyConfig.model_validate({"peer": {"noise_multiplier": 1}})}
+    )
     assert plan_peer(fixed, [10, 20, 30], 1.3) == []
     assert plan_peer(RunConfig.model_validate({"algorithm": {"name": "gossip"}}), [1, 2], 1.0) == []

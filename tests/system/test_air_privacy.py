@@ -9,9 +9,9 @@ from typing import Any
 
 import numpy as np
 import pytest
+from cases import tiny
 
 import fedge
-from cases import tiny
 from fedge.errors import ConfigError
 from fedge.privacy.air import aircomp_noise_multiplier, aircomp_noise_std, aircomp_releases
 from fedge.rng import numpy_rng
@@ -35,7 +35,9 @@ def releases(result: fedge.Result) -> list[dict[str, str]]:
         return list(csv.DictReader(handle))
 
 
-def hand_multiplier(seed: int, t: int, e: int, cell: int, snr_db: float, clip: float, real_part: bool) -> float:
+def hand_multiplier(
+    seed: int, t: int, e: int, cell: int, snr_db: float, clip: float, real_part: bool
+) -> float:
     """z from the round's own channel draws: h ~ CN(0, I_3) per client, the max-min beamformer a, Eq. 25's
     MSE = 1 / (SNR min_i |a^H h_i|^2), std = sqrt(MSE) (or sqrt(MSE / 2)), z = std / (clip / n_j)."""
     channels = complex_gaussian(numpy_rng(seed, "hist-aircomp-channel", t, e, cell), (2, 3))

@@ -64,4 +64,3 @@ def aircomp_releases(
         sensitivity = aircomp_sensitivity(clip, len(cell))
         out.append(Release(round_, AIRCOMP, "client", GAUSSIAN, z, sensitivity, clients=tuple(cell)))
     return out
-

@@ -28,8 +28,8 @@ from fedge.algorithms.decentralized.config import DPConfig, PeerConfig, Selector
 from fedge.algorithms.decentralized.hosted import HostedConfig
 from fedge.algorithms.decentralized.probes import ProbeBatches, probe_batches
 from fedge.comm import Link
-from fedge.data.federated import FederatedData
 from fedge.config import PeerDPConfig
+from fedge.data.federated import FederatedData
 from fedge.engine import ClientBank
 from fedge.privacy import GAUSSIAN, Release
 from fedge.privacy.peer import peer_releases, released_rows, unprotected
@@ -215,7 +215,9 @@ class PeerExchange:
             for sender in sorted(set(senders)):
                 count, whose = senders.count(sender), (sender,)
                 privacy.record(
-                    Release(t, "afind_proxy", "sample", GAUSSIAN, dp.sigma, dp.clip, count=count, clients=whose)
+                    Release(
+                        t, "afind_proxy", "sample", GAUSSIAN, dp.sigma, dp.clip, count=count, clients=whose
+                    )
                 )
         elif kind in self.unprotected_kinds():
             for release in unprotected(t, kind, senders):

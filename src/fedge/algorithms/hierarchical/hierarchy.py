@@ -177,11 +177,13 @@ class HierarchicalFL(Algorithm[HierarchicalT], Generic[HierarchicalT]):
         """``radio.clip`` bounds AirComp's transmissions; the channel noise covers the parameters only, so
         a model whose floating buffers (BatchNorm statistics) go over the air with them is refused."""
         if cfg.aggregation != "aircomp":
-            raise ConfigError("algorithm.radio.clip", "bounds AirComp's transmissions: set aggregation: aircomp")
+            raise ConfigError(
+                "algorithm.radio.clip", "bounds AirComp's transmissions: set aggregation: aircomp"
+            )
         if any(v.is_floating_point() for v in self.buffers.values()):
             raise ConfigError(
                 "algorithm.radio.clip",
-                f"{self.model.name}'s floating buffers reach the edge without the channel noise: no guarantee",
+                f"{self.model.name}'s floating buffers reach the edge without channel noise: no guarantee",
             )
 
     def _clipped(self, rnd: CellsRound, uploaded: Tensors, start: Tensors, clip: float) -> Tensors:
