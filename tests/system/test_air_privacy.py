@@ -9,12 +9,16 @@ from typing import Any
 
 import numpy as np
 import pytest
+import torch
 from cases import tiny
 
 import fedge
+from fedge.algorithms.hierarchical.hierarchy import HierarchicalFL
+from fedge.config import RunConfig
 from fedge.errors import ConfigError
 from fedge.privacy.air import aircomp_noise_multiplier, aircomp_noise_std, aircomp_releases
 from fedge.rng import numpy_rng
+from fedge.runner.loop import build_run
 from fedge.system.aircomp import aircomp_mse, aircomp_receive, min_gain, receive_beamformer
 from fedge.system.oma import complex_gaussian, db_to_linear
 
@@ -107,3 +111,18 @@ def test_the_effective_std_is_the_signal_models_error() -> None:
     (release,) = aircomp_releases(4, [mse], [[6, 7, 8]], 2.0, real_part=True)
     assert release.clients == (6, 7, 8) and release.clip == pytest.approx(2.0 / 3)
     assert release.noise_multiplier == pytest.approx(math.sqrt(mse / 2) * 3 / 2.0)
+
+
+def test_each_transmitted_accumulated_gradient_is_clipped(tmp_path: Path) -> None:
+    """With a tiny clip the edge models move by at most ``lr * clip`` per edge round (plus the channel
+    noise, negligible at 200 dB): the clip bounds what every client transmits."""
+    config = RunConfig.model_validate(air_run(tmp_path, 200.0, clip=1e-3, name="hfedavg"))
+    built = build_run(config)
+    algorithm = built.algorithm
+    assert isinstance(algorithm, HierarchicalFL)
+    before = {k: v.clone() for k, v in algorithm.params.items()}
+    built.context.start("train", 1)
+    algorithm.run_round(1)
+    moved = torch.sqrt(sum(((algorithm.params[k] - before[k]) ** 2).sum() for k in before))
+    lr = config.algorithm.optimizer.lr  # type: ignore[attr-defined]
+    assert 0 < float(moved) <= 2 * lr * 1e-3 * (1 + 1e-4)  # two edge rounds, a mean of clipped steps
