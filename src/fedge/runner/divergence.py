@@ -33,7 +33,8 @@ def _bad_number(value: Any) -> float | None:
 def nonfinite_metric(metrics: Mapping[str, Any]) -> str | None:
     """``"<key> = <value>"`` for the first non-finite metric, else ``None``."""
     for key, value in metrics.items():
-        bad = None if key in IGNORED_METRICS else _bad_number(value)
+        ignored = key in IGNORED_METRICS or key.startswith("epsilon")  # an unbounded epsilon: not DP
+        bad = None if ignored else _bad_number(value)
         if bad is not None:
             return f"{key} = {bad}"
     return None

@@ -12,6 +12,18 @@ models and smoothed losses from them (Eq. 15) and mixes with Boltzmann weights (
 i's model* on its own data and sends it back, so a round trains ``n + sum_i |C_i|`` models (all in one
 executor call). ``"standard"`` is the usual DFL reading: every client trains its own model once and
 sends that; the proxies and pre-training losses are still measured at the requester's model.
+
+Privacy (Table 4, App. C.4): ``dp`` is a Gaussian mechanism in both of its readings, and the run's
+privacy ledger records it so. ``target="proxy"``: a holder's proxy for a requester is the sum of its probe
+examples' gradients, each clipped to ``clip``, plus ``N(0, sigma^2 clip^2 I)``, over the batch size: one
+example moves the sum by at most ``clip``, so each probe is a sample-level release of multiplier ``sigma``
+(``afind_proxy``, one per probing requester: each has its own noise). ``target="update"``: the whole update
+a holder sends is clipped to ``clip`` and given noise of std ``sigma clip / L`` (``L`` the batch size): a
+client-level release of multiplier ``sigma / L`` (``afind_update``), one per message (literal mode: one
+per requester served; standard mode: one per sender, every receiver getting the same row). Table 4 leaves
+the rest unnoised (the models and requests, or the proxies, and the reported losses), and the ledger
+records those as non-private: its epsilon is then unbounded, as the paper's setting really is unless
+``privacy.peer`` also noises the models (:mod:`fedge.algorithms.decentralized.exchange`).
 """
 
 from __future__ import annotations
@@ -26,6 +38,7 @@ from fedge.algorithms.decentralized.config import PeerConfig, SelectorConfig
 from fedge.algorithms.decentralized.probes import ProbeBatches
 from fedge.algorithms.decentralized.selector import AfindSelector, Plan
 from fedge.metrics import RoundReport
+from fedge.privacy import GAUSSIAN, Release
 from fedge.tensors import Tensors
 
 
@@ -83,10 +96,13 @@ class Afind(PeerAlgorithm):
                 start_sent, {k: v[n:] for k, v in params.items()}, t, self.cfg.batch_size
             )
             params = {k: torch.cat([v[:n], sent[k]]) for k, v in params.items()}
+            self.record_updates(j.tolist())
         weights = self.selector.weights(plan.chosen, smoothed)
         per_row = torch.zeros(n, len(holder), dtype=weights.dtype, device=weights.device)
         per_row[requester, torch.arange(len(holder), device=weights.device)] = weights[requester, holder]
-        self.bank.adopt(*self.mixed(per_row, params, buffers), owned=False)
+        receivers = torch.cat([torch.full_like(own, -1), i])  # own rows go to no one but are mixed in
+        mixed = self.mixed(per_row, params, buffers, start=(start_p, start_b), pairs=(holder, receivers))
+        self.bank.adopt(*mixed, owned=False)
         return losses[:n], len(holder)
 
     def _standard(self, t: int, plan: Plan, batches: ProbeBatches) -> tuple[torch.Tensor, int]:
@@ -106,4 +122,28 @@ class Afind(PeerAlgorithm):
         if dp is None or dp.target != "update":
             return self.mixed(weights, params, buffers)
         sent = self.selector.noisy_updates(start, params, t, self.cfg.batch_size)
+        eye = torch.eye(self.num_clients, dtype=torch.bool, device=weights.device)
+        received = ((weights > 0) & ~eye).any(dim=0)  # one noisy row per sender, whoever receives it
+        self.record_updates(torch.nonzero(received).flatten().tolist())
         return self.mixed(weights, params, buffers, sent=sent)
+
+    def unprotected_kinds(self) -> set[str]:
+        """As the backbone's, but Table 4's noisy updates are recorded as ``afind_update`` releases."""
+        kinds = super().unprotected_kinds()
+        if self.cfg.dp is not None and self.cfg.dp.target == "update":
+            kinds.discard("peer_model")
+        return kinds
+
+    def record_updates(self, senders: list[int]) -> None:
+        """Table 4's ``update`` reading on the ledger: one client-level Gaussian release of multiplier
+        ``sigma / L`` per noisy update each of ``senders`` sent (std ``sigma clip / L``, sensitivity the
+        clipped update's bound ``clip``)."""
+        dp = self.cfg.dp
+        if dp is None:
+            raise ValueError("noisy updates need the selector's dp settings")
+        z, t = dp.sigma / self.cfg.batch_size, self.round
+        for sender in sorted(set(senders)):
+            count, whose = senders.count(sender), (sender,)
+            self.ctx.privacy.record(
+                Release(t, "afind_update", "client", GAUSSIAN, z, dp.clip, count=count, clients=whose)
+            )

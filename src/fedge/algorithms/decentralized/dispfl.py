@@ -8,6 +8,10 @@ inactive ones, excluding those just pruned, where the dense gradient on the prob
 regrown weights start at 0); then each client averages every coordinate over the peers (and itself)
 whose mask holds it, and re-applies its own mask. Peers are random or chosen by AFIND+. A sent model is
 its active values (fp32) plus the mask as a bitmap.
+
+Privacy: ``privacy.peer`` noises the sent values like every peer's model; the mask that travels with
+them is evolved from the client's own weights and gradients (with ``anneal > 0``) and sent as is, so a
+run with a peer mechanism records it as a non-private release (``peer_mask``).
 """
 
 from __future__ import annotations
@@ -28,6 +32,7 @@ from fedge.algorithms.decentralized.probes import ProbeBatches
 from fedge.engine import make_step, weighted_mean
 from fedge.errors import ConfigError
 from fedge.metrics import Evaluation, RoundReport
+from fedge.privacy.peer import unprotected
 from fedge.rng import torch_rng
 from fedge.tensors import Tensors
 
@@ -208,6 +213,10 @@ class DisPFL(PeerAlgorithm):
         mixed_p, mixed_b = self.mixed(weights, params, buffers, masks=masks)
         self.bank.adopt(self._apply(mixed_p), mixed_b, owned=False)
         metrics = self.choice.end(t, plan)
+        if self.accounted and self.cfg.anneal > 0:  # an evolved mask is drawn from the client's data
+            senders = torch.nonzero(self.choice.drawn())[:, 1].tolist()
+            for release in unprotected(t, "peer_mask", senders):
+                self.ctx.privacy.record(release)
         return RoundReport(float(losses.double().mean()), {"alpha": alpha, **metrics})
 
     def evaluate(self) -> Evaluation:

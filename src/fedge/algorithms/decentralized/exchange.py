@@ -7,6 +7,12 @@ size, and no receiver reads a message's values off the send (mixing decodes the 
 the model link itself). Mixing is one matrix product over the stacked rows (:mod:`fedge.engine.mixing`);
 with a lossy model codec a client mixes its own row exactly and every peer's row as that peer's message
 decodes.
+
+Privacy: with ``privacy.peer`` every model a peer sends is its clipped, noised update
+(:mod:`fedge.privacy.peer`), made here once per row where the rows are mixed (the sender's own row
+included), and recorded on the run's privacy ledger; a run with a peer mechanism (``privacy.peer``, or
+AFIND+'s Table 4 ``dp``) also records every other message sent from a peer's data without noise as a
+non-private release (:meth:`PeerExchange.unprotected_kinds`), so its epsilon is never overstated.
 """
 
 from __future__ import annotations
@@ -18,11 +24,15 @@ import torch
 
 from fedge.aggregation import Part, Updates, sites
 from fedge.algorithms.base import Context
-from fedge.algorithms.decentralized.config import PeerConfig
+from fedge.algorithms.decentralized.config import DPConfig, PeerConfig, SelectorConfig
+from fedge.algorithms.decentralized.hosted import HostedConfig
 from fedge.algorithms.decentralized.probes import ProbeBatches, probe_batches
 from fedge.comm import Link
+from fedge.config import PeerDPConfig
 from fedge.data.federated import FederatedData
 from fedge.engine import ClientBank
+from fedge.privacy import GAUSSIAN, Release
+from fedge.privacy.peer import peer_releases, released_rows, unprotected
 from fedge.rng import numpy_rng
 from fedge.runtime.peers import PeerRound
 from fedge.tensors import Tensors
@@ -58,6 +68,60 @@ class PeerExchange:
     this_round: PeerRound
     shared: Callable[[Tensors], Tensors]
     """the tensors of a state that travel (the host's :meth:`PeerAlgorithm.shared`)"""
+    releases_at_mix: bool = True
+    """whether the rows :meth:`mixed` gets are the models peers send this round (FedFomo sends the
+    models it trained last round, and releases them as it trains)"""
+
+    @property
+    def peer_dp(self) -> PeerDPConfig | None:
+        """The run's peer-message mechanism (``privacy.peer``), if any."""
+        return self.ctx.privacy.config.peer
+
+    def selector_dp(self) -> DPConfig | None:
+        """AFIND+'s Table 4 mechanism of this host's neighbour selection, if it selects by AFIND+ with
+        ``dp`` set."""
+        cfg = self.cfg
+        if isinstance(cfg, SelectorConfig):
+            return cfg.dp
+        if isinstance(cfg, HostedConfig) and cfg.peer_selection == "afind":
+            return cfg.afind.dp
+        return None
+
+    @property
+    def accounted(self) -> bool:
+        """Whether the run has a peer mechanism, and so records every message on the privacy ledger."""
+        return self.peer_dp is not None or self.selector_dp() is not None
+
+    def unprotected_kinds(self) -> set[str]:
+        """The message kinds this host sends from its data with no noise: models and model requests
+        unless ``privacy.peer`` noises them (a request is then the requester's state, built from
+        released messages: post-processing), proxies unless Table 4 noises them, losses always."""
+        kinds = {"proxy", "loss"}
+        if self.peer_dp is None:
+            kinds |= {"peer_model", "model_request"}
+        dp = self.selector_dp()
+        if dp is not None and dp.target == "proxy":
+            kinds.discard("proxy")
+        return kinds
+
+    def released(
+        self, start: Tensors, message: Tensors, senders: torch.Tensor, receivers: torch.Tensor | None = None
+    ) -> Tensors:
+        """``privacy.peer``'s messages of stacked rows ``message`` trained from ``start``: row r is sent by
+        client ``senders[r]`` to every neighbour (``receivers`` None or ``receivers[r] < 0``) or to
+        ``receivers[r]`` alone, its noise keyed (round, sender[, receiver]); one release per row."""
+        peer = self.peer_dp
+        if peer is None:
+            raise ValueError("released messages need privacy.peer")
+        privacy, t = self.ctx.privacy, self.round
+        z = privacy.multiplier(peer.noise_multiplier, "privacy.peer.noise_multiplier")
+        who = senders.tolist()
+        to = [-1] * len(who) if receivers is None else receivers.tolist()
+        keys = [(t, s) if r < 0 else (t, s, r) for s, r in zip(who, to, strict=True)]
+        out = released_rows(privacy, {k: start[k] for k in message}, message, keys, peer.clip, z)
+        for release in peer_releases(t, who, peer.clip, z):
+            privacy.record(release)
+        return out
 
     def probes(self, t: int) -> ProbeBatches:
         """The round's probe batch of every client (``probe_size`` samples, default ``batch_size``)."""
@@ -75,6 +139,8 @@ class PeerExchange:
         buffers: Tensors,
         sent: Tensors | None = None,
         masks: Tensors | None = None,
+        start: tuple[Tensors, Tensors] | None = None,
+        pairs: tuple[torch.Tensor, torch.Tensor] | None = None,
     ) -> tuple[Tensors, Tensors]:
         """New client state: shared tensors ``weights @ rows`` (through the peers' aggregation pipeline,
         whose default is that product); private ones and counters from own rows.
@@ -84,16 +150,26 @@ class PeerExchange:
         ``sent`` replaces parameters' rows in what peers receive (AFIND+'s noisy updates; a client mixes
         its own row as trained); ``masks`` give each row's kept coordinates of the tensors they name
         (Dis-PFL's sparse models: a coordinate is averaged over the rows that hold it).
+
+        With ``privacy.peer`` every row becomes its sender's released message (:meth:`released`), the
+        sender's own row included: ``start`` holds the params and buffers each row was trained from
+        (default: the bank's, for rows that are the clients' own) and ``pairs`` each row's sender and
+        receiver (default: client r to all its neighbours).
         """
         n = self.num_clients
         shared = self.shared({**params, **buffers})
+        message = shared if sent is None else self.shared({**params, **sent, **buffers})
+        if self.peer_dp is not None and self.releases_at_mix:
+            start_p, start_b = start or (self.bank.params, self.bank.buffers)
+            senders, receivers = pairs or (torch.arange(n), None)
+            shared = message = self.released({**start_p, **start_b}, message, senders, receivers)
         masks = masks or {}
-        if self.models.codec.lossless and sent is None:
+        if self.models.codec.lossless and message is shared:
             parts: tuple[Part, ...] = (Part(shared, weights, masks),)
         else:  # a client's own row exactly, every other row as its message decodes
             own = torch.zeros_like(weights, dtype=torch.bool)
             own[:, :n] = torch.eye(n, dtype=torch.bool, device=weights.device)
-            received = self.peer_rows(self.shared({**params, **(sent or {}), **buffers}))
+            received = self.peer_rows(message)
             parts = (Part(shared, weights * own, masks), Part(received, weights * ~own, masks))
         updates = Updates(sites.PEER, self.round, parts, {k: v[:n] for k, v in shared.items()})
         mixed = self.ctx.pipeline(sites.PEER).reduce(updates)
@@ -118,8 +194,34 @@ class PeerExchange:
         """Meter a message of tensors shaped ``shapes`` over ``link`` (default: the proxy and loss link)
         for every ``pairs[i, j]``: j → i when ``to_requester``, else i → j; the clock charges each sender
         the bits the link records (``nonzeros``: see :meth:`~fedge.comm.Link.account`). Returns the
-        number of transfers."""
-        return self.this_round.account(link or self.messages, pairs, kind, shapes, to_requester, nonzeros)
+        number of transfers. A run with a peer mechanism records the messages as
+        :meth:`account_messages` says."""
+        count = self.this_round.account(link or self.messages, pairs, kind, shapes, to_requester, nonzeros)
+        if count and self.accounted:
+            self.account_messages(pairs, kind, to_requester)
+        return count
+
+    def account_messages(self, pairs: np.ndarray | torch.Tensor, kind: str, to_requester: bool) -> None:
+        """Record the ``kind`` messages of ``pairs`` (senders as :meth:`exchange` reads them): AFIND+'s
+        Table 4 proxies as sample-level Gaussian releases of multiplier ``sigma`` (each probe's proxy
+        is a sum of per-example gradients clipped to ``clip``, noised with std ``sigma clip``: one example
+        moves it by at most ``clip``; one release per probing requester, each with its own noise), the
+        :meth:`unprotected_kinds` as non-private releases; models under ``privacy.peer`` are recorded
+        where they are released (:meth:`released`)."""
+        i, j = np.nonzero(np.asarray(torch.as_tensor(pairs).cpu()))
+        senders = (j if to_requester else i).tolist()
+        privacy, t, dp = self.ctx.privacy, self.round, self.selector_dp()
+        if kind == "proxy" and dp is not None and dp.target == "proxy":
+            for sender in sorted(set(senders)):
+                count, whose = senders.count(sender), (sender,)
+                privacy.record(
+                    Release(
+                        t, "afind_proxy", "sample", GAUSSIAN, dp.sigma, dp.clip, count=count, clients=whose
+                    )
+                )
+        elif kind in self.unprotected_kinds():
+            for release in unprotected(t, kind, senders):
+                privacy.record(release)
 
     def model_shapes(self) -> dict[str, tuple[int, ...]]:
         """The shapes of one client's shared model (every client's are alike), in message order."""

@@ -21,6 +21,10 @@ not used, so its ``aggregation`` is ``uniform`` and no loss reports travel. FedF
 loss-based contribution measure (the loss drop per unit of distance on the receiver's validation split,
 computed by the receiver itself), so multiplying it by AFIND+'s loss weights would count the same
 evidence twice; keeping it unchanged also keeps the host what its paper defines, as for Ditto and Dis-PFL.
+
+With ``privacy.peer`` the model a client sends in round t+1 is the one it trained in round t, so it is
+released (clipped and noised, :mod:`fedge.privacy.peer`) as it is trained, relative to the moved model it
+trained from, and the client keeps the released model as its own.
 """
 
 from __future__ import annotations
@@ -121,6 +125,7 @@ class FedFomo(PeerAlgorithm):
 
     cfg: FedFomoConfig
     state_fields = (*PeerAlgorithm.state_fields, "choice")
+    releases_at_mix = False  # it mixes the models released when they were trained
 
     def __init__(self, ctx: Context, cfg: FedFomoConfig):
         super().__init__(ctx, cfg)
@@ -150,6 +155,11 @@ class FedFomo(PeerAlgorithm):
         moved_p, moved_b = self.mixed(weights, self.bank.params, self.bank.buffers)
         own = list(range(self.num_clients))
         params, buffers, losses = self.local_update(moved_p, moved_b, own, t)
+        if self.peer_dp is not None:  # what it will send next round: its released update of this one
+            trained = self.shared({**params, **buffers})
+            message = self.released({**moved_p, **moved_b}, trained, torch.arange(len(own)))
+            params = {k: message.get(k, v) for k, v in params.items()}
+            buffers = {k: message.get(k, v) for k, v in buffers.items()}
         self.bank.adopt(params, buffers, owned=False)
         metrics = self.choice.end(t, plan)
         kept = torch.diagonal(weights) == 1.0

@@ -51,6 +51,9 @@ class RadioConfig(StrictModel):
     """AirComp power scaling as the paper's, or tight (full client power)"""
     beamformer_restarts: Annotated[int, Field(ge=0)] = 4
     """random restarts of the receive beamformer search"""
+    clip: Annotated[float, Field(gt=0.0)] | None = None
+    """AirComp: L2 bound on the accumulated gradient a client transmits (set: the receiver noise is
+    accounted as a Gaussian mechanism, fedge.privacy.air; unset: nothing bounds it, no guarantee)"""
 
     @field_validator("cpu_ghz")
     @classmethod

@@ -12,6 +12,11 @@ its link's codec (``codec_edge_down``, ``codec_down``, ``codec_up``, ``codec_edg
 on the decoded values, OMA's upload time is the encoded upload's, and storage is the fp32 submodel. Simulated
 latency per global round follows Eqs. 17-18 (OMA) or Eqs. 34-35 (AirComp); energy, which the paper
 does not model, counts the same client-side compute and uplinks (:mod:`fedge.system.cells`).
+
+Privacy: with AirComp and ``radio.clip`` every client's transmitted accumulated gradient is clipped to
+that L2 norm, and each cell's over-the-air aggregate of each edge round is recorded on the privacy ledger
+as the Gaussian mechanism its receiver noise makes of it (:mod:`fedge.privacy.air`), with the noise
+multiplier of that edge round's channels and beamformer.
 """
 
 from __future__ import annotations
@@ -35,7 +40,10 @@ from fedge.algorithms.hierarchical.training import local_steps_plan, masked_step
 from fedge.distributed.evaluate import evaluate_model_on
 from fedge.engine import buffers_of, classification_loss, make_optimizer, make_step, parameters_of
 from fedge.engine.step import Step
+from fedge.errors import ConfigError
 from fedge.metrics import Evaluation, RoundReport
+from fedge.privacy.air import aircomp_releases
+from fedge.privacy.peer import clip_rows, flat_rows
 from fedge.runtime.hierarchy import CellLinks, Cells, CellsRound, CellsRuntime
 
 HierarchicalT = TypeVar("HierarchicalT", bound=HierarchicalConfig)
@@ -68,6 +76,8 @@ class HierarchicalFL(Algorithm[HierarchicalT], Generic[HierarchicalT]):
         self.radio = CellRadio(cfg.radio, self.cells, ctx.seed, devices)
         if cfg.aggregation == "aircomp":
             check_over_the_air(ctx)
+        if cfg.radio.clip is not None:
+            self._check_clip(cfg)
         self.sgd = make_optimizer(cfg.optimizer)
         self.plain_step = make_step(classification_loss(self.model, ctx.criterion), self.sgd)
         self.step = masked_step(self.plain_step, self.layout)
@@ -151,9 +161,44 @@ class HierarchicalFL(Algorithm[HierarchicalT], Generic[HierarchicalT]):
         reference = start_params | start_buffers  # the models the clients started from
         air = None
         if cfg.aggregation == "aircomp":
+            clip = cfg.radio.clip
+            if clip is not None:
+                uploaded = self._clipped(rnd, uploaded, start_params, clip)
             air = over_the_air(rnd.edge_reducer, cfg, self.radio, self.ctx, self.params, t, e, views)
+            if clip is not None:
+                members = [self.cells.members(j).tolist() for j in range(self.cells.num_cells)]
+                real_part = cfg.radio.noise_model == "real_part"
+                for release in aircomp_releases(t, air.mses, members, clip, real_part):
+                    self.ctx.privacy.record(release)
         new_params, new_buffers = rnd.aggregate(uploaded, uploaded_buffers, reference, air)
         return new_params, new_buffers, rnd.mean(loss), list(air.mses) if air is not None else []
+
+    def _check_clip(self, cfg: HierarchicalT) -> None:
+        """``radio.clip`` bounds AirComp's transmissions; the channel noise covers the parameters only, so
+        a model whose floating buffers (BatchNorm statistics) go over the air with them is refused."""
+        if cfg.aggregation != "aircomp":
+            raise ConfigError(
+                "algorithm.radio.clip", "bounds AirComp's transmissions: set aggregation: aircomp"
+            )
+        if any(v.is_floating_point() for v in self.buffers.values()):
+            raise ConfigError(
+                "algorithm.radio.clip",
+                f"{self.model.name}'s floating buffers reach the edge without channel noise: no guarantee",
+            )
+
+    def _clipped(self, rnd: CellsRound, uploaded: Tensors, start: Tensors, clip: float) -> Tensors:
+        """The uploads (this process's rows) with each client's accumulated gradient, ``(start - model) /
+        lr`` over all its parameters, clipped to L2 norm ``clip`` (what it transmits over the air)."""
+        lr, names = self.cfg.optimizer.lr, list(uploaded)
+        own_start = {k: start[k][rnd.local_cells] for k in names}
+        flat_start = flat_rows(own_start, names)
+        step = clip_rows(flat_start - flat_rows(uploaded, names), lr * clip)
+        out, offset = {}, 0
+        for k in names:
+            size = uploaded[k][0].numel()
+            out[k] = own_start[k] - step[:, offset : offset + size].reshape(uploaded[k].shape)
+            offset += size
+        return out
 
     def _opt_state(self, views: CellViews, params: Tensors, cell_of: torch.Tensor) -> Tensors:
         """Fresh optimizer state of clients with ``params`` in cells ``cell_of``, carrying their slot
