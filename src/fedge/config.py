@@ -622,6 +622,17 @@ class LabelDPConfig(StrictModel):
     """the label-DP epsilon of one release of a label"""
 
 
+class PeerDPConfig(StrictModel):
+    """DP on every message a peer sends (``privacy.peer``, the decentralized family): the model update a
+    peer shares clipped to ``clip`` and given Gaussian noise of std ``noise_multiplier * clip`` once per
+    round, whatever number of neighbours receive it."""
+
+    clip: PositiveFloat = 1.0
+    """the L2 bound on one peer's shared update"""
+    noise_multiplier: Annotated[float, Field(ge=0.0)] | None = None
+    """the noise's std over clip (unset: calibrated to privacy.target_epsilon)"""
+
+
 class PrivacyConfig(StrictModel):
     """The privacy ledger and the mechanisms at split learning's cut (``fedge.privacy``); every epsilon
     comes from dp-accounting. A user's aggregation stage records its own releases through the
@@ -637,6 +648,8 @@ class PrivacyConfig(StrictModel):
     """noise on split learning's smashed data (and cut gradients)"""
     labels: LabelDPConfig | None = None
     """randomized response on the labels split clients send"""
+    peer: PeerDPConfig | None = None
+    """clipping and noise on every message a peer sends"""
 
 
 class RunConfig(StrictModel):

@@ -171,5 +171,5 @@ def test_plan_peer() -> None:
     fixed = config.model_copy(
         update={"privacy": PrivacyConfig.model_validate({"peer": {"noise_multiplier": 1}})}
     )
-    assert plan_peer(fixed, [10, 20, 30], 1.3) == []
+    assert {r.noise_multiplier for r in plan_peer(fixed, [10, 20, 30], 1.3)} == {1.0}
     assert plan_peer(RunConfig.model_validate({"algorithm": {"name": "gossip"}}), [1, 2], 1.0) == []

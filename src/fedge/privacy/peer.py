@@ -93,13 +93,15 @@ def unprotected(round_: int, kind: str, senders: Sequence[int]) -> list[Release]
 
 
 def plan_peer(config: RunConfig, data_sizes: list[int], multiplier: float) -> list[Release]:
-    """The peer messages a whole run would release with ``multiplier`` when ``privacy.peer`` leaves its
-    multiplier unset (else none): one per client per round (AFIND+'s literal mode sends one message per
-    selected requester and so spends more: it is planned as at most ``peers`` replies plus the own row,
-    every client answering every requester it may have)."""
+    """The peer messages a whole run would release, at ``privacy.peer.noise_multiplier`` or, where that
+    is unset, at ``multiplier`` (the calibrated one): one per client per round (AFIND+'s literal mode
+    sends one message per selected requester and so spends more: it is planned as at most ``peers``
+    replies plus the own row, every client answering every requester it may have)."""
     peer = config.privacy.peer
-    if peer is None or peer.noise_multiplier is not None:
+    if peer is None:
         return []
+    if peer.noise_multiplier is not None:
+        multiplier = peer.noise_multiplier
     clients = len(data_sizes)
     algorithm = config.algorithm
     per_round = 1

@@ -19,6 +19,7 @@ from fedge.errors import ConfigError
 from fedge.privacy import AccountingError, PrivacyLedger, Release, calibrate, epsilon
 from fedge.privacy.cut import plan_cut, plan_labels
 from fedge.privacy.ledger import UNITS
+from fedge.privacy.peer import plan_peer
 from fedge.privacy.release import Unit
 from fedge.privacy.run import RunPrivacy
 
@@ -27,8 +28,8 @@ Planner = Callable[[RunConfig, list[int], float], list[Release]]
 each mechanism's configured multiplier where it has one."""
 History = dict[tuple[Any, ...], int]
 
-PLANNERS: tuple[Planner, ...] = (plan_cut, plan_labels)
-"""Every mechanism's planner (split learning's cut and its labels)."""
+PLANNERS: tuple[Planner, ...] = (plan_cut, plan_labels, plan_peer)
+"""Every mechanism's planner (split learning's cut and its labels, peer messages)."""
 
 
 def planned(
