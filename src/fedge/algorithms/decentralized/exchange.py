@@ -89,7 +89,7 @@ class PeerExchange:
 
     @property
     def accounted(self) -> bool:
-        """Whether the run has a peer mechanism, and so records every message on the privacy ledger."""
+        """Whether the run has a peer mechanism, and so records every message as a privacy release."""
         return self.peer_dp is not None or self.selector_dp() is not None
 
     def unprotected_kinds(self) -> set[str]:
