@@ -14,6 +14,7 @@ from __future__ import annotations
 import math
 from collections import Counter
 from collections.abc import Iterable
+from dataclasses import replace
 from functools import lru_cache
 from typing import Any
 
@@ -146,6 +147,5 @@ def _cell(value: Any) -> str:
 
 
 def _moved(release: Release, t: int) -> Release:
-    from dataclasses import replace
-
+    """``release`` as if made in round ``t`` (what one more round like the last would release)."""
     return replace(release, round=t)

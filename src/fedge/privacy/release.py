@@ -71,10 +71,6 @@ class Release:
         """Whether its analysis needs the replace-one relation (see the module's note)."""
         return self.mechanism == RANDOMIZED_RESPONSE or self.sampling == "without_replacement"
 
-    def spends(self, client: int) -> bool:
-        """Whether this release spends ``client``'s guarantee."""
-        return self.clients is None or client in self.clients
-
     def shape(self) -> tuple[Any, ...]:
         """What the epsilon depends on (two releases of one shape compose as one release of both counts)."""
         return (
