@@ -633,6 +633,17 @@ class PeerDPConfig(StrictModel):
     """the noise's std over clip (unset: calibrated to privacy.target_epsilon)"""
 
 
+class SampleDPConfig(StrictModel):
+    """DP-SGD in every local step (``privacy.sample``, Abadi et al. 2016): each sample's gradient
+    clipped to L2 norm ``clip`` over all trained parameters, the clipped gradients summed, Gaussian
+    noise of std ``noise_multiplier * clip`` added, the sum divided by the batch's sample count."""
+
+    clip: PositiveFloat = 1.0
+    """the L2 bound on one sample's gradient"""
+    noise_multiplier: Annotated[float, Field(ge=0.0)] | None = None
+    """the noise's std over clip (unset: calibrated to privacy.target_epsilon)"""
+
+
 class PrivacyConfig(StrictModel):
     """The privacy ledger and the mechanisms at split learning's cut (``fedge.privacy``); every epsilon
     comes from dp-accounting. A user's aggregation stage records its own releases through the
@@ -644,6 +655,11 @@ class PrivacyConfig(StrictModel):
     """dp-accounting's RDP accountant (every sampling fedge does) or PLD (tighter; no fixed-size draws)"""
     target_epsilon: PositiveFloat | None = None
     """calibrate every noise multiplier left unset so that the whole run spends this epsilon"""
+    participation: Literal["fixed", "poisson"] = "fixed"
+    """how a star round draws its clients: a fixed number without replacement, or each independently
+    with probability algorithm.fraction (Poisson, the sampling client-level DP-FedAvg accounts best)"""
+    sample: SampleDPConfig | None = None
+    """DP-SGD in every local step"""
     cut: CutDPConfig | None = None
     """noise on split learning's smashed data (and cut gradients)"""
     labels: LabelDPConfig | None = None
