@@ -15,7 +15,17 @@ from prv_accountant.privacy_random_variables import PoissonSubsampledGaussianMec
 
 from fedge.privacy import Release, epsilon
 from fedge.privacy.accountant import DEFAULT_ORDERS
-from tests.privacy.test_accountant import SETTINGS
+
+SETTINGS = [  # (q, sigma, steps, delta)
+    (0.01, 1.0, 1000, 1e-5),
+    (0.001, 0.8, 10000, 1e-6),
+    (0.02, 1.1, 2000, 1e-5),
+    (0.1, 2.0, 100, 1e-5),
+    (0.05, 1.5, 500, 1e-5),
+    (1.0, 5.0, 50, 1e-5),
+    (0.004, 1.2, 5000, 1e-7),
+    (0.25, 3.0, 200, 1e-4),
+]
 
 
 def _direct(q: float, sigma: float, steps: int, delta: float, accountant: dpa.PrivacyAccountant) -> float:
