@@ -1,0 +1,263 @@
+"""DP-SGD in split learning's client step (privacy.sample): per-sample clipped gradients against a hand
+loop and Opacus, the non-private run recovered, both executors with noise, the releases on the ledger and
+DP-LoRA on a tiny language-model split."""
+
+from __future__ import annotations
+
+import copy
+import json
+import math
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+from cases import invoke, tiny
+from llm_cases import lm_config, needs_llm, write_corpus
+from torch import nn
+
+import fedge
+from fedge.algorithms.split.private_step import make_private_apply, make_private_local_step
+from fedge.engine import make_optimizer
+from fedge.engine.step import cross_entropy
+from fedge.errors import ConfigError
+from fedge.privacy.split_sample import plan_split_sample
+from fedge.runner.loop import build_run
+
+CUT = {"clip": 1.0, "noise_multiplier": 1.0}
+SAMPLE = {"clip": 0.5, "noise_multiplier": 1.0}
+
+
+def split(out: Path, algorithm: str, privacy: dict[str, Any] | None = None, **options: Any) -> dict[str, Any]:
+    config = tiny(algorithm, out)
+    config["algorithm"].update({"batch_size": 16, **options})
+    if algorithm in ("cse_fsl", "fsl_sage", "cse_fsl_async"):
+        config["algorithm"].setdefault("h", 2)
+    if privacy is not None:
+        config["privacy"] = privacy
+    return config
+
+
+def trained(raw: dict[str, Any], rounds: int = 2, executor: str = "sequential"):
+    built = build_run(fedge.resolve_config({**raw, "engine": {"executor": executor}}))
+    metrics = [built.algorithm.run_round(t) for t in range(1, rounds + 1)]
+    return built, metrics
+
+
+def fingerprint(built, metrics) -> list[float]:
+    return [m["train_loss"] for m in metrics] + [float(built.algorithm.evaluate()["loss"])]
+
+
+def client_batch(tmp_path: Path, algorithm: str):
+    """A built run's client model (trunk + aux head for local-loss algorithms) and a batch of 12."""
+    built = build_run(fedge.resolve_config(split(tmp_path, algorithm, {"sample": SAMPLE})))
+    algo = built.algorithm
+    data = built.context.data
+    idx = torch.arange(12)
+    params = {k: v.clone() for k, v in algo.client["params"].items()}
+    return algo.parts, params, data.x_train[idx], data.y_train[idx]
+
+
+def hand_dp_sgd(grads: list[dict[str, torch.Tensor]], clip: float) -> dict[str, torch.Tensor]:
+    """DP-SGD's mean of clipped per-sample gradients (noise 0), one sample at a time."""
+    total: dict[str, torch.Tensor] = {}
+    for g in grads:
+        norm = math.sqrt(sum(float(v.double().square().sum()) for v in g.values()))
+        scale = min(1.0, clip / norm)
+        for name, v in g.items():
+            total[name] = total.get(name, torch.zeros_like(v)) + v * scale
+    return {name: v / len(grads) for name, v in total.items()}
+
+
+def opacus_step(module: nn.Module, loss_of_batch, clip: float, batch: int) -> dict[str, torch.Tensor]:
+    """One Opacus DP-SGD step (noise 0, plain SGD with lr 1): the gradient it applied, by name."""
+    opacus = pytest.importorskip("opacus")
+    before = {n: p.detach().clone() for n, p in module.named_parameters()}
+    wrapped = opacus.GradSampleModule(module)
+    sgd = torch.optim.SGD(wrapped.parameters(), lr=1.0)
+    optimizer = opacus.optimizers.DPOptimizer(sgd, noise_multiplier=0.0, max_grad_norm=clip, expected_batch_size=batch)
+    optimizer.zero_grad()
+    loss_of_batch(wrapped).backward()
+    optimizer.step()
+    return {n: before[n] - p.detach() for n, p in module.named_parameters()}
+
+
+def test_local_loss_step_clips_each_samples_gradient_like_a_hand_loop_and_opacus(tmp_path):
+    """FSL_AN's step: per-sample gradients of the aux loss over trunk and aux head, clipped at 0.05 (below
+    every sample's norm here), averaged: the same as one sample at a time and as Opacus's DP-SGD."""
+    parts, params, x, y = client_batch(tmp_path, "fsl_an")
+    clip, local = 0.05, parts.local
+    step = make_private_local_step(local, make_optimizer(fedge.resolve_config(tiny("fsl_an", tmp_path)).algorithm.optimizer),
+                                   cross_entropy, clip, lambda name: True)  # fmt: skip
+    zeros = {k: torch.zeros_like(v) for k, v in params.items()}
+    out = step(params, {}, {}, zeros, x, y, torch.ones(len(y)), 1.0)
+    applied = {k: params[k] - out.state[0][k] for k in params}
+    trunk, aux = local.get_submodule("trunk"), local.get_submodule("aux")
+    model = copy.deepcopy(nn.Sequential(trunk, aux))
+    model.load_state_dict({k.replace("trunk.", "0.").replace("aux.", "1."): v for k, v in params.items()})
+    grads = []
+    for i in range(len(y)):
+        model.zero_grad()
+        nn.functional.cross_entropy(model(x[i : i + 1]), y[i : i + 1]).backward()
+        grads.append({n: p.grad.clone() for n, p in model.named_parameters()})
+    norms = [math.sqrt(sum(float(v.square().sum()) for v in g.values())) for g in grads]
+    assert min(norms) > clip  # every sample is clipped
+    by_hand = hand_dp_sgd(grads, clip)
+    loss_sum = lambda m: nn.functional.cross_entropy(m(x), y, reduction="sum")  # noqa: E731
+    by_opacus = opacus_step(model, loss_sum, clip, len(y))
+    for name, value in applied.items():
+        local_name = name.replace("trunk.", "0.").replace("aux.", "1.")
+        assert torch.allclose(value, by_hand[local_name], atol=1e-6)
+        assert torch.allclose(value, by_opacus[local_name], atol=1e-6)
+
+
+def test_splitfed_step_clips_each_samples_gradient_through_its_cut_gradient(tmp_path):
+    """SplitFed's trunk update: sample i's gradient is the vector-Jacobian product of its smashed data with
+    n times its row of the returned (mean-loss) cut gradient; clipped, averaged: hand loop and Opacus."""
+    parts, params, x, _ = client_batch(tmp_path, "splitfed_v2")
+    from fedge.engine.split import make_forward
+
+    clip, n = 0.05, len(x)
+    trunk_params = {k: v for k, v in params.items() if k.startswith("trunk.")}
+    z = parts.trunk(x)
+    grad_z = torch.randn(z.shape, generator=torch.Generator().manual_seed(0)) / n  # a mean loss's gradient
+    apply = make_private_apply(make_forward(parts.trunk), make_optimizer(fedge.resolve_config(
+        tiny("splitfed_v2", tmp_path)).algorithm.optimizer), None, clip)  # fmt: skip
+    zeros = {k: torch.zeros_like(v) for k, v in trunk_params.items()}
+    out = apply(trunk_params, {}, {}, zeros, x, grad_z, torch.ones(n), 1.0)
+    applied = {k: trunk_params[k] - out.state[0][k] for k in trunk_params}
+    model = copy.deepcopy(parts.trunk)
+    model.load_state_dict({k[len("trunk.") :]: v for k, v in trunk_params.items()})
+    grads = []
+    for i in range(n):
+        model.zero_grad()
+        (model(x[i : i + 1]) * grad_z[i : i + 1] * n).sum().backward()
+        grads.append({f"trunk.{k}": p.grad.clone() for k, p in model.named_parameters()})
+    by_hand = hand_dp_sgd(grads, clip)
+    by_opacus = opacus_step(model, lambda m: (m(x) * grad_z * n).sum(), clip, n)
+    for name, value in applied.items():
+        assert torch.allclose(value, by_hand[name], atol=1e-6)
+        assert torch.allclose(value, by_opacus[name[len("trunk.") :]], atol=1e-6)
+
+
+@pytest.mark.parametrize("algorithm", ["splitfed_v2", "cse_fsl", "fsl_sage"])
+def test_a_huge_clip_and_no_noise_train_as_without_privacy(tmp_path, algorithm):
+    plain = fingerprint(*trained(split(tmp_path, algorithm)))
+    private = fingerprint(*trained(split(tmp_path, algorithm, {"sample": {"clip": 1e9, "noise_multiplier": 0.0}})))
+    assert private == pytest.approx(plain, abs=1e-6)
+
+
+@pytest.mark.parametrize("algorithm", ["splitfed_v1", "fsl_an", "cse_fsl_async"])
+def test_both_executors_agree_with_the_noise_on(tmp_path, algorithm):
+    raw = split(tmp_path, algorithm, {"sample": SAMPLE, "cut": CUT})
+    (seq, m1), (bat, m2) = (trained(raw, executor=ex) for ex in ("sequential", "batched"))
+    assert fingerprint(seq, m1) == pytest.approx(fingerprint(bat, m2), abs=1e-5)
+    assert seq.context.privacy.ledger.releases == bat.context.privacy.ledger.releases
+    plain = fingerprint(*trained(split(tmp_path, algorithm, {"cut": CUT})))
+    assert abs(fingerprint(seq, m1)[-1] - plain[-1]) > 1e-4  # the DP-SGD noise changed the training
+
+
+def test_cse_fsls_server_backprop_pass_is_private_and_counted(tmp_path):
+    """Every-l-rounds CSE-FSL with the server-backprop z_b step: the trunk steps on the returned cut
+    gradient in a server round, a DP-SGD step too, whose batch adds one use of its samples."""
+    options = {"server_trigger": "every_l_rounds", "zb_step": "server_backprop", "h": 1}
+    raw = split(tmp_path, "cse_fsl", {"sample": SAMPLE, "cut": CUT}, **options)
+    (seq, m1), (bat, m2) = (trained(raw, executor=ex) for ex in ("sequential", "batched"))
+    assert fingerprint(seq, m1) == pytest.approx(fingerprint(bat, m2), abs=1e-5)
+    uses = {(r.round, r.clients[0]): r.count for r in seq.context.privacy.ledger.releases if r.kind == "gradient"}
+    assert uses == {**{(1, c): 1 for c in range(4)}, **{(2, c): 2 for c in range(4)}}
+
+
+def test_the_ledger_records_one_gradient_release_per_client_and_round_as_planned(tmp_path):
+    """Two local epochs: each sample is in two steps a round; with privacy.cut on, every epsilon is finite
+    and the planner foresees exactly the recorded releases."""
+    raw = split(tmp_path, "splitfed_v2", {"sample": SAMPLE, "cut": CUT}, local_epochs=2)
+    built, _ = trained(raw)
+    ledger = built.context.privacy.ledger
+    gradient = [r for r in ledger.releases if r.kind == "gradient"]
+    assert sorted((r.round, r.clients, r.count) for r in gradient) == [
+        (t, (c,), 2) for t in (1, 2) for c in range(4)
+    ]
+    assert {(r.unit, r.noise_multiplier, r.clip, r.sampling) for r in gradient} == {("sample", 1.0, 0.5, "none")}
+    summary = ledger.summary()
+    assert math.isfinite(summary["epsilon_by_unit"]["sample"])
+    assert summary["epsilon_by_unit"]["sample"] > summary["epsilon_by_kind"]["gradient"] > 0
+    sizes = [int(s) for s in built.context.data.client_sizes()]
+    planned = plan_split_sample(built.context.config, sizes, 1.0)
+    assert sorted(planned, key=repr) == sorted(gradient, key=repr)
+
+
+def test_without_cut_noise_the_smashed_data_is_a_release_without_noise(tmp_path):
+    built, _ = trained(split(tmp_path, "splitfed_v2", {"sample": SAMPLE}))
+    summary = built.context.privacy.ledger.summary()
+    smashed = [r for r in built.context.privacy.ledger.releases if r.kind == "smashed"]
+    assert smashed and {r.noise_multiplier for r in smashed} == {0.0}
+    assert math.isinf(summary["epsilon"]) and math.isfinite(summary["epsilon_by_kind"]["gradient"])
+
+
+def test_cse_fsl_spends_less_than_splitfed_at_the_same_noise(tmp_path):
+    """Both step on every sample once per epoch (equal DP-SGD epsilon); CSE-FSL with h = 8 sends each
+    sample's smashed data once a round against SplitFed's twice: its sample epsilon is smaller."""
+    privacy = {"sample": SAMPLE, "cut": CUT}
+    v2, _ = trained(split(tmp_path, "splitfed_v2", privacy, local_epochs=2))
+    cse, _ = trained(split(tmp_path, "cse_fsl", privacy, local_epochs=2, h=8))
+    s2, sc = v2.context.privacy.ledger.summary(), cse.context.privacy.ledger.summary()
+    assert sc["epsilon_by_kind"]["gradient"] == pytest.approx(s2["epsilon_by_kind"]["gradient"], rel=1e-12)
+    assert sc["epsilon_by_unit"]["sample"] < s2["epsilon_by_unit"]["sample"]
+
+
+def test_target_epsilon_calibrates_the_dp_sgd_multiplier_and_the_cli_reports_it(tmp_path):
+    privacy = {"target_epsilon": 6.0, "sample": {"clip": 0.5}, "cut": CUT}
+    raw = split(tmp_path, "fsl_an", privacy)
+    built, _ = trained(raw)
+    assert built.context.privacy.ledger.summary()["epsilon"] == pytest.approx(6.0, rel=1e-3)
+    path = tmp_path / "dp.json"
+    path.write_text(json.dumps({**raw, "output": {**raw["output"], "name": "cli"}}))
+    outcome = invoke(["run", str(path), "-q"])
+    assert outcome.code == 0, outcome.output
+    summary = json.loads(next(tmp_path.glob("cli*/summary.json")).read_text())
+    assert summary["privacy"]["epsilon_by_kind"]["gradient"] > 0
+    assert summary["epsilon"] == pytest.approx(6.0, rel=1e-3)
+
+
+@pytest.mark.parametrize(
+    ("algorithm", "model", "key"),
+    [
+        ("light_fedsl", None, "privacy.sample"),
+        ("splitfed_v2", {"name": "lenet5", "options": {"batch_norm": True}}, "privacy.sample"),
+        ("splitfed_v2", None, "privacy.sample.noise_multiplier"),
+    ],
+)
+def test_refusals_name_the_key(tmp_path, algorithm, model, key):
+    sample = {"clip": 1.0} if key.endswith("multiplier") else SAMPLE
+    raw = split(tmp_path, algorithm, {"sample": sample})
+    if model is not None:
+        raw["model"] = {**model, "cut": 2}
+        raw["data"]["shape"] = [1, 28, 28]
+    with pytest.raises(ConfigError, match=key.replace(".", r"\.")):
+        trained(raw, rounds=1)
+
+
+@pytest.fixture(scope="module")
+def corpus(tmp_path_factory):
+    return write_corpus(tmp_path_factory.mktemp("corpus"))
+
+
+@needs_llm
+def test_dp_lora_on_a_tiny_lm_split(corpus):
+    """GPT-2 with LoRA split after one block: DP-SGD on the adapters (the only client parameters) with
+    the hidden-state noise at the cut; a huge clip without noise trains as the plain run; both executors
+    agree with the noise on and the run reports a finite epsilon."""
+    algorithm = {"name": "splitfed_v2"}
+    plain = fingerprint(*trained(lm_config(corpus, algorithm), rounds=1))
+    exact = lm_config(corpus, algorithm, privacy={"sample": {"clip": 1e9, "noise_multiplier": 0.0}})
+    assert fingerprint(*trained(exact, rounds=1)) == pytest.approx(plain, abs=1e-5)
+    noisy = lm_config(corpus, algorithm, privacy={"sample": {"clip": 0.1, "noise_multiplier": 1.0},
+                                                  "cut": {"clip": 0.5, "noise_multiplier": 1.0}})  # fmt: skip
+    (seq, m1), (bat, m2) = (trained(noisy, rounds=1, executor=ex) for ex in ("sequential", "batched"))
+    assert fingerprint(seq, m1) == pytest.approx(fingerprint(bat, m2), abs=1e-5)
+    assert fingerprint(seq, m1)[-1] != pytest.approx(plain[-1], abs=1e-4)
+    names = set(seq.algorithm.client["params"])
+    assert names and all("lora_" in name for name in names)
+    summary = seq.context.privacy.ledger.summary()
+    assert {"gradient", "smashed"} <= set(summary["epsilon_by_kind"]) and math.isfinite(summary["epsilon"])
