@@ -207,24 +207,24 @@ def test_cse_fsl_spends_less_than_splitfed_at_the_same_noise(tmp_path):
 
 
 def test_target_epsilon_calibrates_the_dp_sgd_multiplier_and_the_cli_reports_it(tmp_path):
-    privacy = {"target_epsilon": 6.0, "sample": {"clip": 0.5}, "cut": CUT}
+    privacy = {"target_epsilon": 10.0, "sample": {"clip": 0.5}, "cut": CUT}
     raw = split(tmp_path, "fsl_an", privacy)
     built, _ = trained(raw)
-    assert built.context.privacy.ledger.summary()["epsilon"] == pytest.approx(6.0, rel=1e-3)
+    assert built.context.privacy.ledger.summary()["epsilon"] == pytest.approx(10.0, rel=1e-3)
     path = tmp_path / "dp.json"
     path.write_text(json.dumps({**raw, "output": {**raw["output"], "name": "cli"}}))
     outcome = invoke(["run", str(path), "-q"])
     assert outcome.code == 0, outcome.output
     summary = json.loads(next(tmp_path.glob("cli*/summary.json")).read_text())
     assert summary["privacy"]["epsilon_by_kind"]["gradient"] > 0
-    assert summary["epsilon"] == pytest.approx(6.0, rel=1e-3)
+    assert summary["epsilon"] == pytest.approx(10.0, rel=1e-3)
 
 
 @pytest.mark.parametrize(
     ("algorithm", "model", "key"),
     [
         ("light_fedsl", None, "privacy.sample"),
-        ("splitfed_v2", {"name": "lenet5", "options": {"batch_norm": True}}, "privacy.sample"),
+        ("splitfed_v2", {"name": "vgg", "options": {"depth": 11, "width": 0.125}}, "privacy.sample"),
         ("splitfed_v2", None, "privacy.sample.noise_multiplier"),
     ],
 )
@@ -233,7 +233,7 @@ def test_refusals_name_the_key(tmp_path, algorithm, model, key):
     raw = split(tmp_path, algorithm, {"sample": sample})
     if model is not None:
         raw["model"] = {**model, "cut": 2}
-        raw["data"]["shape"] = [1, 28, 28]
+        raw["data"]["shape"] = [3, 32, 32]
     with pytest.raises(ConfigError, match=key.replace(".", r"\.")):
         trained(raw, rounds=1)
 
