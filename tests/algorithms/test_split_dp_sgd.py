@@ -18,7 +18,7 @@ from torch import nn
 
 import fedge
 from fedge.algorithms.split.private_step import make_private_apply, make_private_local_step
-from fedge.engine import make_optimizer
+from fedge.engine.split import make_forward
 from fedge.engine.step import cross_entropy
 from fedge.errors import ConfigError
 from fedge.privacy.split_sample import plan_split_sample
@@ -49,13 +49,14 @@ def fingerprint(built, metrics) -> list[float]:
 
 
 def client_batch(tmp_path: Path, algorithm: str):
-    """A built run's client model (trunk + aux head for local-loss algorithms) and a batch of 12."""
+    """A built run's client model (trunk + aux head for local-loss algorithms), its client optimizer
+    (plain SGD) and a batch of 12."""
     built = build_run(fedge.resolve_config(split(tmp_path, algorithm, {"sample": SAMPLE})))
     algo = built.algorithm
     data = built.context.data
     idx = torch.arange(12)
     params = {k: v.clone() for k, v in algo.client["params"].items()}
-    return algo.parts, params, data.x_train[idx], data.y_train[idx]
+    return algo.parts, algo.client_sgd, params, data.x_train[idx], data.y_train[idx]
 
 
 def hand_dp_sgd(grads: list[dict[str, torch.Tensor]], clip: float) -> dict[str, torch.Tensor]:
@@ -75,20 +76,22 @@ def opacus_step(module: nn.Module, loss_of_batch, clip: float, batch: int) -> di
     before = {n: p.detach().clone() for n, p in module.named_parameters()}
     wrapped = opacus.GradSampleModule(module)
     sgd = torch.optim.SGD(wrapped.parameters(), lr=1.0)
-    optimizer = opacus.optimizers.DPOptimizer(sgd, noise_multiplier=0.0, max_grad_norm=clip, expected_batch_size=batch)
+    optimizer = opacus.optimizers.DPOptimizer(
+        sgd, noise_multiplier=0.0, max_grad_norm=clip, expected_batch_size=batch
+    )
     optimizer.zero_grad()
     loss_of_batch(wrapped).backward()
     optimizer.step()
     return {n: before[n] - p.detach() for n, p in module.named_parameters()}
 
 
+@pytest.mark.filterwarnings("ignore:Full backward hook")
 def test_local_loss_step_clips_each_samples_gradient_like_a_hand_loop_and_opacus(tmp_path):
     """FSL_AN's step: per-sample gradients of the aux loss over trunk and aux head, clipped at 0.05 (below
     every sample's norm here), averaged: the same as one sample at a time and as Opacus's DP-SGD."""
-    parts, params, x, y = client_batch(tmp_path, "fsl_an")
+    parts, sgd, params, x, y = client_batch(tmp_path, "fsl_an")
     clip, local = 0.05, parts.local
-    step = make_private_local_step(local, make_optimizer(fedge.resolve_config(tiny("fsl_an", tmp_path)).algorithm.optimizer),
-                                   cross_entropy, clip, lambda name: True)  # fmt: skip
+    step = make_private_local_step(local, sgd, cross_entropy, clip, lambda name: True)
     zeros = {k: torch.zeros_like(v) for k, v in params.items()}
     out = step(params, {}, {}, zeros, x, y, torch.ones(len(y)), 1.0)
     applied = {k: params[k] - out.state[0][k] for k in params}
@@ -111,18 +114,16 @@ def test_local_loss_step_clips_each_samples_gradient_like_a_hand_loop_and_opacus
         assert torch.allclose(value, by_opacus[local_name], atol=1e-6)
 
 
+@pytest.mark.filterwarnings("ignore:Full backward hook")
 def test_splitfed_step_clips_each_samples_gradient_through_its_cut_gradient(tmp_path):
     """SplitFed's trunk update: sample i's gradient is the vector-Jacobian product of its smashed data with
     n times its row of the returned (mean-loss) cut gradient; clipped, averaged: hand loop and Opacus."""
-    parts, params, x, _ = client_batch(tmp_path, "splitfed_v2")
-    from fedge.engine.split import make_forward
-
+    parts, sgd, params, x, _ = client_batch(tmp_path, "splitfed_v2")
     clip, n = 0.05, len(x)
     trunk_params = {k: v for k, v in params.items() if k.startswith("trunk.")}
     z = parts.trunk(x)
     grad_z = torch.randn(z.shape, generator=torch.Generator().manual_seed(0)) / n  # a mean loss's gradient
-    apply = make_private_apply(make_forward(parts.trunk), make_optimizer(fedge.resolve_config(
-        tiny("splitfed_v2", tmp_path)).algorithm.optimizer), None, clip)  # fmt: skip
+    apply = make_private_apply(make_forward(parts.trunk), sgd, None, clip)
     zeros = {k: torch.zeros_like(v) for k, v in trunk_params.items()}
     out = apply(trunk_params, {}, {}, zeros, x, grad_z, torch.ones(n), 1.0)
     applied = {k: trunk_params[k] - out.state[0][k] for k in trunk_params}
@@ -143,7 +144,9 @@ def test_splitfed_step_clips_each_samples_gradient_through_its_cut_gradient(tmp_
 @pytest.mark.parametrize("algorithm", ["splitfed_v2", "cse_fsl", "fsl_sage"])
 def test_a_huge_clip_and_no_noise_train_as_without_privacy(tmp_path, algorithm):
     plain = fingerprint(*trained(split(tmp_path, algorithm)))
-    private = fingerprint(*trained(split(tmp_path, algorithm, {"sample": {"clip": 1e9, "noise_multiplier": 0.0}})))
+    private = fingerprint(
+        *trained(split(tmp_path, algorithm, {"sample": {"clip": 1e9, "noise_multiplier": 0.0}}))
+    )
     assert private == pytest.approx(plain, abs=1e-6)
 
 
@@ -164,7 +167,9 @@ def test_cse_fsls_server_backprop_pass_is_private_and_counted(tmp_path):
     raw = split(tmp_path, "cse_fsl", {"sample": SAMPLE, "cut": CUT}, **options)
     (seq, m1), (bat, m2) = (trained(raw, executor=ex) for ex in ("sequential", "batched"))
     assert fingerprint(seq, m1) == pytest.approx(fingerprint(bat, m2), abs=1e-5)
-    uses = {(r.round, r.clients[0]): r.count for r in seq.context.privacy.ledger.releases if r.kind == "gradient"}
+    uses = {
+        (r.round, r.clients[0]): r.count for r in seq.context.privacy.ledger.releases if r.kind == "gradient"
+    }
     assert uses == {**{(1, c): 1 for c in range(4)}, **{(2, c): 2 for c in range(4)}}
 
 
@@ -178,7 +183,9 @@ def test_the_ledger_records_one_gradient_release_per_client_and_round_as_planned
     assert sorted((r.round, r.clients, r.count) for r in gradient) == [
         (t, (c,), 2) for t in (1, 2) for c in range(4)
     ]
-    assert {(r.unit, r.noise_multiplier, r.clip, r.sampling) for r in gradient} == {("sample", 1.0, 0.5, "none")}
+    assert {(r.unit, r.noise_multiplier, r.clip, r.sampling) for r in gradient} == {
+        ("sample", 1.0, 0.5, "none")
+    }
     summary = ledger.summary()
     assert math.isfinite(summary["epsilon_by_unit"]["sample"])
     assert summary["epsilon_by_unit"]["sample"] > summary["epsilon_by_kind"]["gradient"] > 0

@@ -31,7 +31,11 @@ def planned_uses(config: RunConfig, size: int) -> int:
     if per_epoch == 0:
         return 0
     local_steps = getattr(algorithm, "local_steps", None)
-    batches = int(local_steps) if local_steps is not None else per_epoch * int(algorithm.local_epochs)
+    batches = (
+        int(local_steps)
+        if local_steps is not None
+        else per_epoch * int(getattr(algorithm, "local_epochs", 1))
+    )
     uses = -(-batches // per_epoch)
     if getattr(algorithm, "zb_step", "aux") == "server_backprop":
         uses += 1
@@ -53,7 +57,9 @@ def plan_split_sample(config: RunConfig, data_sizes: list[int], multiplier: floa
         for c, size in enumerate(data_sizes):
             uses = planned_uses(config, size)
             if uses:
-                releases.append(Release(t, "gradient", "sample", GAUSSIAN, z, sample.clip, count=uses, clients=(c,)))
+                releases.append(
+                    Release(t, "gradient", "sample", GAUSSIAN, z, sample.clip, count=uses, clients=(c,))
+                )
             sends = planned_sends(config, size)
             if config.privacy.cut is None and sends:
                 releases.append(Release(t, "smashed", "sample", GAUSSIAN, 0.0, count=sends, clients=(c,)))

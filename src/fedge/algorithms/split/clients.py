@@ -20,7 +20,12 @@ from typing import NamedTuple
 import torch
 
 from fedge.algorithms.split.parts import SplitParts
-from fedge.algorithms.split.private_step import NoiseAt, make_private_apply, make_private_local_step, refuse_batch_norm
+from fedge.algorithms.split.private_step import (
+    NoiseAt,
+    make_private_apply,
+    make_private_local_step,
+    refuse_batch_norm,
+)
 from fedge.algorithms.split.server import Served
 from fedge.engine import Executor, Optimizer
 from fedge.engine.executors import ClientFn
@@ -235,7 +240,8 @@ class AuxHeadClients(ClientSide):
         )
 
     def step(self, state, batch, counts, lr, keys, exchange, upload, noise=None) -> LocalStep:
-        fn, inputs = self.local_step, ()
+        fn: ClientFn = self.local_step
+        inputs: tuple[Tensors, ...] = ()
         if self.private_step is not None:
             assert noise is not None, "a DP-SGD step draws its noise"
             fn, inputs = self.private_step, (noise(state[0]),)

@@ -190,7 +190,9 @@ class CseFsl(LocalLoss):
         noise = None
         if self.sample_privacy is not None:  # privacy.sample: the pass's trunk step is DP-SGD too
             at = self.runtime.local_row_ids(cohort)
-            noise = self.sample_privacy.at(rnd.t, rnd.draws.clients[at], rnd.draws.occurrence[at], -1, own_counts)
+            noise = self.sample_privacy.at(
+                rnd.t, rnd.draws.clients[at], rnd.draws.occurrence[at], -1, own_counts
+            )
         step = self.clients.backprop_step(
             (params, buffers, opt_state), x, own_counts, rnd.lr_client, client_keys, serve, noise
         )

@@ -105,7 +105,8 @@ class EstimatedGradientClients(ClientSide):
         return LocalStep(as_state(out.state), out.per_client[0])
 
     def _mapped(self, state: State, batch, counts, lr: float, keys, drawn: Tensors | None) -> Mapped:
-        fn, inputs = self.local_step, ()
+        fn: ClientFn = self.local_step
+        inputs: tuple[Tensors, ...] = ()
         if self.private_step is not None and drawn is not None:
             fn, inputs = self.private_step, (drawn,)
         return self.executor.map(

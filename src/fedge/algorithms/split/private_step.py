@@ -63,10 +63,14 @@ def noisy_clipped_mean(grads: Tensors, weight: torch.Tensor, noise: Tensors, cli
     tiny = torch.finfo(norms.dtype).tiny
     factor = (clip / norms.clamp_min(tiny)).clamp(max=1.0) * weight
     count = weight.sum().clamp_min(1.0)
-    return {name: (torch.tensordot(factor.to(g), g, dims=1) + noise[name]) / count for name, g in grads.items()}
+    return {
+        name: (torch.tensordot(factor.to(g), g, dims=1) + noise[name]) / count for name, g in grads.items()
+    }
 
 
-def make_private_apply(forward: ClientForward, sgd: Optimizer, clip_norm: float | None, clip: float) -> ClientFn:
+def make_private_apply(
+    forward: ClientForward, sgd: Optimizer, clip_norm: float | None, clip: float
+) -> ClientFn:
     """SplitFed's trunk update on a returned cut gradient as DP-SGD: ``fn(params, opt_state, buffers,
     noise, x, grad_z, weight, lr)``. Sample ``i``'s gradient is ``d <z_i, n * grad_z_i> / d params``, its
     smashed data computed on its own (through ``privacy.cut``'s clip when set)."""
@@ -162,7 +166,9 @@ class SampleDP:
         for c in np.unique(clients).tolist():
             self.runs[t, c] = self.runs.get((t, c), -1) + 1
 
-    def at(self, t: int, clients: np.ndarray, occurrence: np.ndarray, step: int, counts: torch.Tensor) -> NoiseAt:
+    def at(
+        self, t: int, clients: np.ndarray, occurrence: np.ndarray, step: int, counts: torch.Tensor
+    ) -> NoiseAt:
         """The noise of step ``step`` for rows of ``clients`` (``counts`` samples each; none: no noise)."""
 
         def noise(like: Tensors) -> Tensors:
@@ -173,7 +179,9 @@ class SampleDP:
             names = sorted(like)
             sizes = [like[name][0].numel() for name in names]
             flat = torch.empty(sum(sizes), dtype=like[names[0]].dtype, device=like[names[0]].device)
-            for r, (c, k, n) in enumerate(zip(clients.tolist(), occurrence.tolist(), counts.tolist(), strict=True)):
+            for r, (c, k, n) in enumerate(
+                zip(clients.tolist(), occurrence.tolist(), counts.tolist(), strict=True)
+            ):
                 if not n:
                     continue
                 key = (t, int(c), int(k), self.runs.get((t, int(c)), 0), step)
@@ -191,7 +199,11 @@ class SampleDP:
         clear as a release without noise (its epsilon is infinite)."""
         z, clip = self.noise_multiplier(), self.clip
         for client, count in most_sends(clients, used).items():
-            self.privacy.record(Release(t, GRADIENT, "sample", GAUSSIAN, z, clip, count=count, clients=(client,)))
+            self.privacy.record(
+                Release(t, GRADIENT, "sample", GAUSSIAN, z, clip, count=count, clients=(client,))
+            )
         if self.cut_in_clear:
             for client, count in most_sends(clients, smashed).items():
-                self.privacy.record(Release(t, SMASHED, "sample", GAUSSIAN, 0.0, count=count, clients=(client,)))
+                self.privacy.record(
+                    Release(t, SMASHED, "sample", GAUSSIAN, 0.0, count=count, clients=(client,))
+                )
