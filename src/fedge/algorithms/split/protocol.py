@@ -162,8 +162,8 @@ class SplitLearning(Algorithm[SplitConfig]):
         return sent_indices(plan.index, plan.weight, list(range(plan.index.shape[1])))
 
     def record_cut(self, rnd: Round, plan: BatchPlan) -> None:
-        """Put the round's releases at the cut, and of DP-SGD in the client steps, on the privacy ledger
-        (counted exactly: see :mod:`~fedge.algorithms.split.privacy`)."""
+        """Record the round's releases at the cut and those of DP-SGD in the client steps (counted
+        exactly: see :mod:`~fedge.algorithms.split.privacy`)."""
         if self.cut_privacy is None and self.sample_privacy is None:
             return
         sends = self.cut_sends(rnd, plan)
