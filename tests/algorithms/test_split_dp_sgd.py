@@ -10,6 +10,7 @@ import math
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import pytest
 import torch
 from cases import invoke, tiny
@@ -243,6 +244,47 @@ def test_refusals_name_the_key(tmp_path, algorithm, model, key):
         raw["data"]["shape"] = [3, 32, 32]
     with pytest.raises(ConfigError, match=key.replace(".", r"\.")):
         trained(raw, rounds=1)
+
+
+def test_a_target_epsilon_without_cut_noise_is_refused(tmp_path):
+    with pytest.raises(ConfigError, match=r"privacy\.target_epsilon: smashed data"):
+        trained(split(tmp_path, "splitfed_v2", {"target_epsilon": 5.0, "sample": {"clip": 1.0}}), rounds=1)
+
+
+def test_a_deployed_split_run_refuses_dp_sgd(tmp_path):
+    """A deployed node trains itself: its steps would not be DP-SGD, so the key is refused."""
+    pytest.importorskip("flwr")
+    from fedge.deploy.split_rounds import DeployedCseFsl
+
+    cfg = fedge.resolve_config(split(tmp_path, "cse_fsl", {"sample": SAMPLE}))
+    algorithm = DeployedCseFsl(build_run(cfg).context, cfg.algorithm)
+    with pytest.raises(ConfigError, match=r"privacy\.sample"):
+        algorithm.check_deployable()
+
+
+def _distributed_helpers():
+    """The two-rank launcher of tests/distributed (loaded by path: that folder is not a package)."""
+    import importlib.util
+
+    path = Path(__file__).resolve().parents[1] / "distributed" / "test_distributed.py"
+    spec = importlib.util.spec_from_file_location("distributed_helpers", path)
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+@pytest.mark.ci
+def test_two_ranks_add_one_process_dp_sgd_noise(tmp_path):
+    helpers = _distributed_helpers()
+    cfg = helpers.split_config(tmp_path, "splitfed_v2")
+    cfg["privacy"] = {"sample": SAMPLE, "cut": CUT}
+    (tmp_path / "seen").mkdir()
+    helpers.launch(2, [(cfg, "two")], tmp_path / "seen")
+    fedge.run(cfg, ["output.name=one"])
+    two, one = tmp_path / "runs" / "two", tmp_path / "runs" / "one"
+    assert (two / "privacy.csv").read_text() == (one / "privacy.csv").read_text()
+    assert np.abs(helpers.final_state(two) - helpers.final_state(one)).max() <= 1e-5
 
 
 @pytest.fixture(scope="module")

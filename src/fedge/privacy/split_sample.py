@@ -11,6 +11,7 @@ sends carries no noise: planned (and recorded) as a release without noise, whose
 from __future__ import annotations
 
 from fedge.config import RunConfig
+from fedge.errors import ConfigError
 from fedge.privacy.cut import planned_sends
 from fedge.privacy.release import GAUSSIAN, Release
 
@@ -47,10 +48,14 @@ def planned_uses(config: RunConfig, size: int) -> int:
 
 def plan_split_sample(config: RunConfig, data_sizes: list[int], multiplier: float) -> list[Release]:
     """A split run's DP-SGD releases (at ``privacy.sample.noise_multiplier``, else ``multiplier``) and,
-    without ``privacy.cut``, its smashed data's releases without noise: every client every round."""
+    without ``privacy.cut``, its smashed data's releases without noise: every client every round. No
+    target epsilon is met with smashed data in clear: refused, naming ``privacy.target_epsilon``."""
     sample = config.privacy.sample
     if sample is None or not _split_family(config):
         return []
+    if config.privacy.cut is None and config.privacy.target_epsilon is not None:
+        reason = "smashed data sent without privacy.cut has an infinite epsilon; set privacy.cut"
+        raise ConfigError("privacy.target_epsilon", reason)
     z = sample.noise_multiplier if sample.noise_multiplier is not None else multiplier
     releases = []
     for t in range(1, config.rounds + 1):
