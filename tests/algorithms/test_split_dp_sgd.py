@@ -142,13 +142,23 @@ def test_splitfed_step_clips_each_samples_gradient_through_its_cut_gradient(tmp_
         assert torch.allclose(value, by_opacus[name[len("trunk.") :]], atol=1e-6)
 
 
-@pytest.mark.parametrize("algorithm", ["splitfed_v2", "cse_fsl", "fsl_sage"])
-def test_a_huge_clip_and_no_noise_train_as_without_privacy(tmp_path, algorithm):
-    plain = fingerprint(*trained(split(tmp_path, algorithm)))
-    private = fingerprint(
-        *trained(split(tmp_path, algorithm, {"sample": {"clip": 1e9, "noise_multiplier": 0.0}}))
+@pytest.mark.parametrize(
+    ("algorithm", "options"),
+    [
+        ("splitfed_v2", {}),
+        ("splitfed_v2", {"server_order": "client_after_client"}),
+        ("splitfed_v1", {"agg_every": 2}),
+        ("cse_fsl", {}),
+        ("fsl_an", {"smashed_from": "post_step"}),
+        ("fsl_sage", {}),
+    ],
+)
+def test_a_huge_clip_and_no_noise_train_as_without_privacy(tmp_path, algorithm, options):
+    plain = fingerprint(*trained(split(tmp_path, algorithm, **options)))
+    exact = {"sample": {"clip": 1e9, "noise_multiplier": 0.0}}
+    assert fingerprint(*trained(split(tmp_path, algorithm, exact, **options))) == pytest.approx(
+        plain, abs=1e-6
     )
-    assert private == pytest.approx(plain, abs=1e-6)
 
 
 @pytest.mark.parametrize("algorithm", ["splitfed_v1", "fsl_an", "cse_fsl_async"])
