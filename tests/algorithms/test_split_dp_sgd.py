@@ -171,6 +171,29 @@ def test_both_executors_agree_with_the_noise_on(tmp_path, algorithm):
     assert abs(fingerprint(seq, m1)[-1] - plain[-1]) > 1e-4  # the DP-SGD noise changed the training
 
 
+def test_the_noise_is_the_keyed_stream_at_std_z_c_over_the_batch(tmp_path):
+    """One local step of SplitFed v2: the noisy and the noise-free runs differ by exactly the step's
+    noise, each client's from the stream (gradient, round, client, draw, run, step) with std z * C,
+    divided by the batch of 16 and averaged over the 4 equal clients."""
+    options = {"local_steps": 1}
+    private = split(tmp_path, "splitfed_v2", {"sample": SAMPLE, "cut": CUT}, **options)
+    silent = split(
+        tmp_path, "splitfed_v2", {"sample": {**SAMPLE, "noise_multiplier": 0.0}, "cut": CUT}, **options
+    )
+    (noisy, _), (quiet, _) = trained(private, rounds=1), trained(silent, rounds=1)
+    lr = noisy.algorithm.learning_rates(1)[0]
+    trunk = sorted(k for k in quiet.algorithm.client["params"] if k.startswith("trunk."))
+    like = torch.empty(sum(quiet.algorithm.client["params"][k].numel() for k in trunk))
+    std = SAMPLE["noise_multiplier"] * SAMPLE["clip"]
+    draws = [noisy.context.privacy.gaussian(like, std, "gradient", 1, c, 0, 0, 0) for c in range(4)]
+    expected = -lr * torch.stack(draws).mean(dim=0) / 16
+    moved = torch.cat(
+        [(noisy.algorithm.client["params"][k] - quiet.algorithm.client["params"][k]).flatten() for k in trunk]
+    )
+    assert torch.allclose(moved, expected, atol=1e-6)
+    assert float(expected.abs().max()) > 1e-3  # the noise is not negligible at this size
+
+
 def test_cse_fsls_server_backprop_pass_is_private_and_counted(tmp_path):
     """Every-l-rounds CSE-FSL with the server-backprop z_b step: the trunk steps on the returned cut
     gradient in a server round, a DP-SGD step too, whose batch adds one use of its samples."""
@@ -254,6 +277,23 @@ def test_refusals_name_the_key(tmp_path, algorithm, model, key):
         raw["data"]["shape"] = [3, 32, 32]
     with pytest.raises(ConfigError, match=key.replace(".", r"\.")):
         trained(raw, rounds=1)
+
+
+def test_a_resumed_run_adds_the_same_noise_and_spends_the_same(tmp_path):
+    privacy = {"sample": SAMPLE, "cut": CUT}
+    whole = fedge.run({**split(tmp_path, "cse_fsl", privacy), "rounds": 3})
+    config = {**split(tmp_path / "cut", "cse_fsl", privacy), "rounds": 3}
+    config["output"]["name"] = "cut"
+
+    def stop(t, row):
+        if t == 2:
+            raise KeyboardInterrupt
+
+    with pytest.raises(KeyboardInterrupt):
+        fedge.run(config, on_round=stop)
+    resumed = fedge.resume(tmp_path / "cut" / "cut")
+    assert resumed.summary["privacy"] == whole.summary["privacy"]
+    assert resumed.metrics[-1]["train_loss"] == whole.metrics[-1]["train_loss"]
 
 
 def test_a_target_epsilon_without_cut_noise_is_refused(tmp_path):
