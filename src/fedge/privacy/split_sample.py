@@ -16,12 +16,6 @@ from fedge.privacy.cut import planned_sends
 from fedge.privacy.release import GAUSSIAN, Release
 
 
-def _split_family(config: RunConfig) -> bool:
-    from fedge.algorithms.split.config import SplitConfig  # the algorithms import the privacy package
-
-    return isinstance(config.algorithm, SplitConfig)
-
-
 def planned_uses(config: RunConfig, size: int) -> int:
     """The most client steps one sample of a client of ``size`` samples can be in during a round: once per
     epoch of the round's batches, one more for CSE-FSL's server-backprop batch, times the draws of one
@@ -51,7 +45,7 @@ def plan_split_sample(config: RunConfig, data_sizes: list[int], multiplier: floa
     without ``privacy.cut``, its smashed data's releases without noise: every client every round. No
     target epsilon is met with smashed data in clear: refused, naming ``privacy.target_epsilon``."""
     sample = config.privacy.sample
-    if sample is None or not _split_family(config):
+    if sample is None or not getattr(config.algorithm, "split_dp_sgd", False):  # the split family's mark
         return []
     if config.privacy.cut is None and config.privacy.target_epsilon is not None:
         reason = "smashed data sent without privacy.cut has an infinite epsilon; set privacy.cut"
