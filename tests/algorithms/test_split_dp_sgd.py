@@ -150,6 +150,8 @@ def test_splitfed_step_clips_each_samples_gradient_through_its_cut_gradient(tmp_
         ("splitfed_v1", {"agg_every": 2}),
         ("cse_fsl", {}),
         ("fsl_an", {"smashed_from": "post_step"}),
+        ("cse_fsl", {"optimizer": {"kind": "adam", "lr": 0.01}, "client_optimizer_state": "keep"}),
+        ("splitfed_v2", {"optimizer": {"kind": "sgd", "lr": 0.05, "momentum": 0.9}, "clip_norm": 0.5}),
         ("fsl_sage", {}),
     ],
 )
