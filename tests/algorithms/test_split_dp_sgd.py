@@ -263,21 +263,26 @@ def test_target_epsilon_calibrates_the_dp_sgd_multiplier_and_the_cli_reports_it(
     assert summary["epsilon"] == pytest.approx(10.0, rel=1e-3)
 
 
+VGG = {"name": "vgg", "cut": 2, "options": {"depth": 11, "width": 0.125}}
+DROPOUT = {"name": "fcnn", "cut": 1, "options": {"dropout": 0.2}}
+
+
 @pytest.mark.parametrize(
-    ("algorithm", "model", "key"),
+    ("algorithm", "model", "reason"),
     [
-        ("light_fedsl", None, "privacy.sample"),
-        ("splitfed_v2", {"name": "vgg", "options": {"depth": 11, "width": 0.125}}, "privacy.sample"),
-        ("splitfed_v2", None, "privacy.sample.noise_multiplier"),
+        ("light_fedsl", None, "privacy.sample: light_fedsl"),
+        ("splitfed_v2", VGG, "privacy.sample: .* without BatchNorm"),
+        ("cse_fsl", DROPOUT, "privacy.sample: .* without dropout"),
+        ("splitfed_v2", None, r"privacy\.sample\.noise_multiplier"),
     ],
 )
-def test_refusals_name_the_key(tmp_path, algorithm, model, key):
-    sample = {"clip": 1.0} if key.endswith("multiplier") else SAMPLE
+def test_refusals_name_the_key(tmp_path, algorithm, model, reason):
+    sample = {"clip": 1.0} if "multiplier" in reason else SAMPLE
     raw = split(tmp_path, algorithm, {"sample": sample})
     if model is not None:
-        raw["model"] = {**model, "cut": 2}
+        raw["model"] = model
         raw["data"]["shape"] = [3, 32, 32]
-    with pytest.raises(ConfigError, match=key.replace(".", r"\.")):
+    with pytest.raises(ConfigError, match=reason):
         trained(raw, rounds=1)
 
 

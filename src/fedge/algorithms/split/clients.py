@@ -24,7 +24,7 @@ from fedge.algorithms.split.private_step import (
     NoiseAt,
     make_private_apply,
     make_private_local_step,
-    refuse_batch_norm,
+    refuse_unsupported,
 )
 from fedge.algorithms.split.server import Served
 from fedge.engine import Executor, Optimizer
@@ -78,7 +78,7 @@ class ClientSide(ABC):
     def privatize(self, clip: float) -> None:
         """Make every parameter update of the client part DP-SGD with per-sample bound ``clip``
         (``privacy.sample``; :mod:`~fedge.algorithms.split.private_step`)."""
-        refuse_batch_norm(self.parts.local)
+        refuse_unsupported(self.parts.local)
         self.private_apply = make_private_apply(self.forward, self.sgd, self.clip_norm, clip)
 
     @abstractmethod

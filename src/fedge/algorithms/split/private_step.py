@@ -18,7 +18,8 @@ sample's loss, so under the batched executor (itself a ``vmap`` over clients) th
 too. Noise cannot be drawn inside a ``vmap``; it is drawn before the step from the run's keyed streams
 (round, client, draw of the client, its run in the round, step) and passed in, so both executors add the
 same numbers. Per-sample gradients need samples that do not see each other: a client part with
-BatchNorm is refused.
+BatchNorm is refused, and so is one with dropout (keyed masks inside the per-sample ``vmap`` would be
+one mask for the whole batch).
 """
 
 from __future__ import annotations
@@ -35,6 +36,7 @@ from fedge.algorithms.base import Context
 from fedge.config import SampleDPConfig
 from fedge.engine.bind import call_at
 from fedge.engine.executors import ClientFn, Mapped
+from fedge.engine.noise import has_random_layers
 from fedge.engine.split import ClientForward, clip_global_norm, prefixed
 from fedge.engine.step import Criterion, Optimizer, weighted_mean
 from fedge.errors import ConfigError
@@ -49,10 +51,13 @@ NoiseAt = Callable[[Tensors], Tensors]
 """The stacked trained parameters of a step's rows -> the step's noise for each, shaped alike."""
 
 
-def refuse_batch_norm(module: nn.Module) -> None:
-    """A client part whose samples see each other (BatchNorm) has no per-sample gradient: refused."""
+def refuse_unsupported(module: nn.Module) -> None:
+    """Refuse a client part whose samples see each other (BatchNorm: no per-sample gradient) or that
+    draws dropout masks (inside the per-sample ``vmap`` every sample would get the same mask)."""
     if any(isinstance(m, nn.modules.batchnorm._BatchNorm) for m in module.modules()):
         raise ConfigError("privacy.sample", "per-sample gradients need a client part without BatchNorm")
+    if has_random_layers(module):
+        raise ConfigError("privacy.sample", "per-sample gradients need a client part without dropout")
 
 
 def noisy_clipped_mean(grads: Tensors, weight: torch.Tensor, noise: Tensors, clip: float) -> Tensors:
