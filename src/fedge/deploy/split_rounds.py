@@ -76,9 +76,11 @@ class DeployedSplit(SplitLearning):
                 "algorithm.client_optimizer_state",
                 "a deployed node starts each round's optimizer state afresh",
             )
-        for block in ("cut", "labels"):
+        for block in ("cut", "labels", "sample"):
             if getattr(self.ctx.config.privacy, block) is not None:
-                raise ConfigError(f"privacy.{block}", "a deployed node sends the cut's data in clear")
+                raise ConfigError(
+                    f"privacy.{block}", "a deployed node trains and sends the cut's data in clear"
+                )
         for key, codec in (("codec_up", cfg.codec_up), ("codec_down", cfg.codec_down)):
             if codec not in WIRE_DTYPES:
                 raise ConfigError(f"algorithm.{key}", f"{codec!r} cannot be deployed; use fp32 or fp16")

@@ -20,8 +20,15 @@ from typing import NamedTuple
 import torch
 
 from fedge.algorithms.split.parts import SplitParts
+from fedge.algorithms.split.private_step import (
+    NoiseAt,
+    make_private_apply,
+    make_private_local_step,
+    refuse_unsupported,
+)
 from fedge.algorithms.split.server import Served
 from fedge.engine import Executor, Optimizer
+from fedge.engine.executors import ClientFn
 from fedge.engine.split import make_apply, make_aux_step, make_forward
 from fedge.privacy.cut import clip_rows
 from fedge.tensors import Tensors
@@ -63,8 +70,16 @@ class ClientSide(ABC):
         self.sgd = sgd
         self.executor = executor
         self.smashed_clip = smashed_clip  # privacy.cut: each sample's smashed data clipped to this L2 norm
+        self.clip_norm = clip_norm
         self.forward = make_forward(parts.trunk, smashed_clip)
         self.apply = make_apply(sgd, clip_norm)  # the trunk's step on a returned cut-layer gradient
+        self.private_apply: ClientFn | None = None  # privacy.sample: that step as DP-SGD
+
+    def privatize(self, clip: float) -> None:
+        """Make every parameter update of the client part DP-SGD with per-sample bound ``clip``
+        (``privacy.sample``; :mod:`~fedge.algorithms.split.private_step`)."""
+        refuse_unsupported(self.parts.local)
+        self.private_apply = make_private_apply(self.forward, self.sgd, self.clip_norm, clip)
 
     @abstractmethod
     def step(
@@ -76,9 +91,10 @@ class ClientSide(ABC):
         keys: torch.Tensor | None,
         exchange: Exchange,
         upload: bool,
+        noise: NoiseAt | None = None,
     ) -> LocalStep:
         """Step on ``batch`` = (x, y, 0/1 weight) rows; ``upload`` says whether this step talks to the
-        server (SplitFed always does)."""
+        server (SplitFed always does); ``noise`` is the step's DP-SGD noise (``privacy.sample``)."""
 
     def idle(self, state: State, width: int, exchange: Exchange, upload: bool) -> LocalStep:
         """A step in which none of the rows has a sample while other processes' rows step (a round
@@ -100,14 +116,19 @@ class ClientSide(ABC):
         lr: float,
         keys: torch.Tensor | None,
         exchange: Exchange,
+        noise: NoiseAt | None = None,
     ) -> LocalStep:
         """Forward the trunk, send the smashed data, back-propagate the returned gradient and step.
 
         ``state`` holds the trunk's entries (and, for aux-head clients, the aux head's, which the
-        returned gradient does not reach and which therefore stay as they are).
+        returned gradient does not reach and which therefore stay as they are). Under
+        ``privacy.sample`` the step is DP-SGD with ``noise``.
         """
         params, buffers, opt_state = state
         trunk = {k: v for k, v in params.items() if k.startswith("trunk.")}
+        if self.private_apply is not None:
+            assert noise is not None, "a DP-SGD step draws its noise"
+            return self._private_backprop(state, trunk, x, counts, lr, keys, exchange, noise)
         z, buffers, pullback = self.executor.forward_with_vjp(self.forward, trunk, buffers, x, counts, keys)
         served = exchange(z, True)
         grad_z = served.grad_z
@@ -124,6 +145,44 @@ class ClientSide(ABC):
         )
         new_params, new_state = out.state
         return LocalStep(({**params, **new_params}, buffers, {**opt_state, **new_state}), served.loss)
+
+    def _private_backprop(
+        self,
+        state: State,
+        trunk: Tensors,
+        x: torch.Tensor,
+        counts: torch.Tensor,
+        lr: float,
+        keys: torch.Tensor | None,
+        exchange: Exchange,
+        noise: NoiseAt,
+    ) -> LocalStep:
+        """:meth:`backprop_step` as DP-SGD: one forward pass to send, then each sample's trunk gradient
+        through its returned cut gradient, clipped, summed, noised and averaged."""
+        params, buffers, opt_state = state
+        with torch.no_grad():
+            out = self.executor.map(
+                self.forward, state=(buffers,), batch=(x,), shared=(), counts=counts, inputs=(trunk,),
+                keys=keys, stage="forward",
+            )  # fmt: skip
+        served = exchange(out.per_sample[0], True)
+        assert served.grad_z is not None, "the server returns the cut-layer gradient when asked for it"
+        assert self.private_apply is not None
+        weight = (torch.arange(x.shape[1], device=x.device)[None, :] < counts[:, None]).to(served.grad_z)
+        trunk_state = self.sgd.select(opt_state, trunk)
+        stepped = self.executor.map(
+            self.private_apply,
+            state=(trunk, trunk_state),
+            batch=(x, served.grad_z, weight),
+            shared=(lr,),
+            counts=counts,
+            inputs=(buffers, noise(trunk)),
+            keys=keys,
+            stage="dp-sgd apply",
+        )
+        new_params, new_state = stepped.state
+        new_buffers = out.state[0]
+        return LocalStep(({**params, **new_params}, new_buffers, {**opt_state, **new_state}), served.loss)
 
 
 class GradientClients(ClientSide):
@@ -144,8 +203,8 @@ class GradientClients(ClientSide):
     ):
         super().__init__(parts, sgd, executor, clip_norm, smashed_clip)
 
-    def step(self, state, batch, counts, lr, keys, exchange, upload) -> LocalStep:
-        return self.backprop_step(state, batch[0], counts, lr, keys, exchange)
+    def step(self, state, batch, counts, lr, keys, exchange, upload, noise=None) -> LocalStep:
+        return self.backprop_step(state, batch[0], counts, lr, keys, exchange, noise)
 
 
 class AuxHeadClients(ClientSide):
@@ -171,15 +230,28 @@ class AuxHeadClients(ClientSide):
     ):
         super().__init__(parts, sgd, executor, smashed_clip=smashed_clip)
         self.local_step = make_aux_step(parts.local, sgd, post_step, parts.criterion)
-        self.shares_aux = shares_aux
+        self.shares_aux, self.post_step = shares_aux, post_step
+        self.private_step: ClientFn | None = None
 
-    def step(self, state, batch, counts, lr, keys, exchange, upload) -> LocalStep:
+    def privatize(self, clip: float) -> None:
+        super().privatize(clip)  # CSE-FSL's server-backprop pass steps on a returned cut gradient
+        self.private_step = make_private_local_step(
+            self.parts.local, self.sgd, self.parts.criterion, clip, lambda name: True, self.post_step
+        )
+
+    def step(self, state, batch, counts, lr, keys, exchange, upload, noise=None) -> LocalStep:
+        fn: ClientFn = self.local_step
+        inputs: tuple[Tensors, ...] = ()
+        if self.private_step is not None:
+            assert noise is not None, "a DP-SGD step draws its noise"
+            fn, inputs = self.private_step, (noise(state[0]),)
         out = self.executor.map(
-            self.local_step,
+            fn,
             state=state,
             batch=batch,
             shared=(lr,),
             counts=counts,
+            inputs=inputs,
             keys=keys,
             stage="aux step",
         )

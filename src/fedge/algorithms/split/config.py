@@ -8,7 +8,7 @@ docs/decisions.md gives the reading behind each default.
 
 from __future__ import annotations
 
-from typing import Annotated, Literal
+from typing import Annotated, ClassVar, Literal
 
 from pydantic import Field, PositiveInt, ValidationInfo, field_validator
 
@@ -64,6 +64,8 @@ class SplitConfig(AlgorithmConfig):
       (any codec name ``fedge.config.CodecName`` admits: ``fp16``, ``bf16``, ``q8``, ``topk:0.1``...).
     """
 
+    split_dp_sgd: ClassVar[bool] = True
+    """``privacy.sample`` makes its client steps DP-SGD (:mod:`fedge.privacy.split_sample` plans them)"""
     name: str
     batch_size: PositiveInt = 10
     """samples per local step"""

@@ -128,6 +128,16 @@ class CseFsl(LocalLoss):
         back = batch if self.cfg.zb_step == "server_backprop" else batch[:, :0]
         return np.concatenate([sent, batch], axis=1), np.concatenate([returned, back], axis=1)
 
+    def sample_uses(self, rnd: Round, plan: BatchPlan) -> np.ndarray:
+        """Every local step's samples, and in a server round with ``zb_step: server_backprop`` the
+        server batch, whose returned cut gradient steps the trunk."""
+        used = super().sample_uses(rnd, plan)
+        if not (self.server_round(rnd.t) and self.cfg.zb_step == "server_backprop"):
+            return used
+        index, _, counts = self._server_batches(rnd)
+        width = torch.arange(index.shape[1], device=index.device)
+        return np.concatenate([used, torch.where(width < counts[:, None], index, -1).cpu().numpy()], axis=1)
+
     def _server_batches(self, rnd: Round) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """One fresh batch per row for the server pass: sample indices, labels, real-row counts (every
         row's, on every process: each row's draw comes from its own stream)."""
@@ -177,7 +187,13 @@ class CseFsl(LocalLoss):
                 )
             serve(out.per_sample[0], False)
             return (params, out.state[0], opt_state), samples
+        noise = None
+        if self.sample_privacy is not None:  # privacy.sample: the pass's trunk step is DP-SGD too
+            at = self.runtime.local_row_ids(cohort)
+            noise = self.sample_privacy.at(
+                rnd.t, rnd.draws.clients[at], rnd.draws.occurrence[at], -1, own_counts
+            )
         step = self.clients.backprop_step(
-            (params, buffers, opt_state), x, own_counts, rnd.lr_client, client_keys, serve
+            (params, buffers, opt_state), x, own_counts, rnd.lr_client, client_keys, serve, noise
         )
         return step.state, samples

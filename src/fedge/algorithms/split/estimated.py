@@ -22,6 +22,7 @@ from torch.func import grad_and_value
 
 from fedge.algorithms.split.clients import ClientSide, LocalStep, State, as_state
 from fedge.algorithms.split.parts import SplitParts
+from fedge.algorithms.split.private_step import make_private_local_step
 from fedge.engine import Executor, Optimizer
 from fedge.engine.bind import call_at
 from fedge.engine.executors import ClientFn, Mapped, TwoForms
@@ -56,6 +57,10 @@ def make_estimated_step(local: nn.Module, sgd: Optimizer, criterion: Criterion) 
     return TwoForms(stepping(grad_and_value(loss, has_aux=True)), stepping(eager_grad_and_value(loss)))
 
 
+def _in_trunk(name: str) -> bool:
+    return name.startswith("trunk.")
+
+
 class EstimatedGradientClients(ClientSide):
     """FSL-SAGE's clients: the trunk steps on its own aux model's estimate of the server's gradient; upload
     steps send the step's smashed data; nothing comes back during the local steps. Each client keeps its
@@ -77,24 +82,40 @@ class EstimatedGradientClients(ClientSide):
         self.local_step = make_estimated_step(parts.local, sgd, parts.criterion)
         self.realigned = realigned
         """after an upload: the rows' state with the aux models the server aligned on it, or None"""
+        self.private_step: ClientFn | None = None
 
-    def step(self, state, batch, counts, lr, keys, exchange, upload) -> LocalStep:
-        out = self._mapped(state, batch, counts, lr, keys)
+    def privatize(self, clip: float) -> None:
+        super().privatize(clip)
+        self.private_step = make_private_local_step(
+            self.parts.local, self.sgd, self.parts.criterion, clip, _in_trunk
+        )  # the aux model is held fixed
+
+    def step(self, state, batch, counts, lr, keys, exchange, upload, noise=None) -> LocalStep:
+        drawn = None  # privacy.sample: the step's noise (a realigned retake adds the same)
+        if self.private_step is not None:
+            assert noise is not None, "a DP-SGD step draws its noise"
+            drawn = noise({k: v for k, v in state[0].items() if k.startswith("trunk.")})
+        out = self._mapped(state, batch, counts, lr, keys, drawn)
         if upload:
             z = out.per_sample[0]
             exchange(z if self.smashed_clip is None else clip_rows(z, self.smashed_clip, lead=2), False)
             aligned = None if self.realigned is None else self.realigned(state)
             if aligned is not None:  # the step again, on the aux model aligned on its upload (same z)
-                out = self._mapped(aligned, batch, counts, lr, keys)
+                out = self._mapped(aligned, batch, counts, lr, keys, drawn)
         return LocalStep(as_state(out.state), out.per_client[0])
 
-    def _mapped(self, state: State, batch, counts, lr: float, keys) -> Mapped:
+    def _mapped(self, state: State, batch, counts, lr: float, keys, drawn: Tensors | None) -> Mapped:
+        fn: ClientFn = self.local_step
+        inputs: tuple[Tensors, ...] = ()
+        if self.private_step is not None and drawn is not None:
+            fn, inputs = self.private_step, (drawn,)
         return self.executor.map(
-            self.local_step,
+            fn,
             state=state,
             batch=batch,
             shared=(lr,),
             counts=counts,
+            inputs=inputs,
             keys=keys,
             stage="sage step",
         )

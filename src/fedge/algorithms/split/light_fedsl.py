@@ -93,11 +93,9 @@ class FedSLRounds(Algorithm[FedSLConfig]):
 
     def __init__(self, ctx: Context, cfg: FedSLConfig):
         super().__init__(ctx, cfg)
-        for block in ("cut", "labels"):
+        for block in ("cut", "labels", "sample"):
             if getattr(ctx.config.privacy, block) is not None:
-                raise ConfigError(
-                    f"privacy.{block}", f"{cfg.name} has no privacy at the cut; use splitfed_v2"
-                )
+                raise ConfigError(f"privacy.{block}", f"{cfg.name} does not implement it; use splitfed_v2")
         for key, value in (
             ("momentum", cfg.optimizer.momentum),
             ("weight_decay", cfg.optimizer.weight_decay),

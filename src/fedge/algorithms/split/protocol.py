@@ -36,6 +36,7 @@ from fedge.algorithms.split.participation import Draws, check_participation, par
 from fedge.algorithms.split.parts import build_parts, initial_state
 from fedge.algorithms.split.plans import round_plan, step_sizes
 from fedge.algorithms.split.privacy import CutPrivacy, sent_indices
+from fedge.algorithms.split.private_step import SampleDP
 from fedge.algorithms.split.round import Round
 from fedge.algorithms.split.server import SplitServer
 from fedge.algorithms.split.steps import LocalSteps
@@ -87,6 +88,9 @@ class SplitLearning(Algorithm[SplitConfig]):
         if self.cut_privacy is not None:  # which clients' labels went out travels in the checkpoint
             self.state_fields = (*self.state_fields, "cut_privacy")
         self.clients = self.client_side()
+        self.sample_privacy = SampleDP.of(ctx)  # privacy.sample: every client update is DP-SGD
+        if self.sample_privacy is not None:
+            self.clients.privatize(self.sample_privacy.clip)
         self.parts = self.clients.parts
         client, client_buffers, server, server_buffers = initial_state(self.parts, cfg.init, ctx.seed)
         self.client = {"params": client, "buffers": client_buffers}
@@ -109,6 +113,7 @@ class SplitLearning(Algorithm[SplitConfig]):
                                       self._synchronise)  # fmt: skip
         if self.cut_privacy is not None:
             self.local_steps.sent_labels = self.cut_privacy.sent_labels
+        self.local_steps.sample = self.sample_privacy
         self.hold_storage(self.rows_per_round, [])
 
     def most_batches(self) -> int:
@@ -151,12 +156,23 @@ class SplitLearning(Algorithm[SplitConfig]):
         sent = sent_indices(plan.index, plan.weight, steps)
         return sent, sent if self.clients.returns_gradient else sent[:, :0]
 
+    def sample_uses(self, rnd: Round, plan: BatchPlan) -> np.ndarray:
+        """The samples each row of round ``rnd`` computes a client update on, ``[rows, ...]`` padded with
+        -1: every step of the plan (an extension point: CSE-FSL adds its server-backprop batch)."""
+        return sent_indices(plan.index, plan.weight, list(range(plan.index.shape[1])))
+
     def record_cut(self, rnd: Round, plan: BatchPlan) -> None:
-        """Put the round's releases at the cut on the privacy ledger (counted exactly: see
-        :mod:`~fedge.algorithms.split.privacy`)."""
+        """Record the round's releases at the cut and those of DP-SGD in the client steps (counted
+        exactly: see :mod:`~fedge.algorithms.split.privacy`)."""
+        if self.cut_privacy is None and self.sample_privacy is None:
+            return
+        sends = self.cut_sends(rnd, plan)
         if self.cut_privacy is not None:
             self.cut_privacy.begin(rnd.t, rnd.draws.clients)
-            self.cut_privacy.record(rnd.t, rnd.draws.clients, *self.cut_sends(rnd, plan))
+            self.cut_privacy.record(rnd.t, rnd.draws.clients, *sends)
+        if self.sample_privacy is not None:
+            self.sample_privacy.begin(rnd.t, rnd.draws.clients)
+            self.sample_privacy.record(rnd.t, rnd.draws.clients, self.sample_uses(rnd, plan), sends[0])
 
     def server_pass(self, rnd: Round) -> tuple[State, np.ndarray]:
         """Server work before the local steps (CSE-FSL's every-l-rounds pass): the new state of this

@@ -15,6 +15,7 @@ import torch
 
 from fedge.algorithms.split.clients import ClientSide, State
 from fedge.algorithms.split.exchange import ServerExchange
+from fedge.algorithms.split.private_step import SampleDP
 from fedge.algorithms.split.round import Round
 from fedge.algorithms.split.server import SERVER_STAGE, CutBatch, Served
 from fedge.data.federated import BatchPlan, FederatedData
@@ -64,6 +65,7 @@ class LocalSteps:
         self.data, self.clients, self.exchange = data, clients, exchange
         self.uploads_at, self.agg_every, self.synchronise = uploads_at, agg_every, synchronise
         self.sent_labels = data.y_train  # the labels the server sees (privacy.labels: randomized once)
+        self.sample: SampleDP | None = None  # privacy.sample: every client step is DP-SGD
 
     def __call__(self, rnd: Round, plan: BatchPlan, subset: torch.Tensor | None) -> None:
         """Every local step of the rows ``subset`` (all rows for None), with its server traffic."""
@@ -94,7 +96,11 @@ class LocalSteps:
         if bool(own.any()):
             keys = None if run.local_keys is None else run.local_keys.at(s)
             batch = (x, y[mine], every[mine])
-            step = self.clients.step(state, batch, own, rnd.lr_client, keys, exchange, upload)
+            noise = None
+            if self.sample is not None:
+                at = run.row_ids[mine].cpu().numpy()
+                noise = self.sample.at(rnd.t, rnd.draws.clients[at], rnd.draws.occurrence[at], s, own)
+            step = self.clients.step(state, batch, own, rnd.lr_client, keys, exchange, upload, noise)
         else:  # spread over processes: this process's rows idle at this step while others' step
             step = self.clients.idle(state, run.index.shape[2], exchange, upload)
         rnd.tally.computed(run.row_ids, counts)

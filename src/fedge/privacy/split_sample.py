@@ -1,0 +1,65 @@
+"""The planner of DP-SGD in split learning's client steps (``privacy.sample`` on the split family).
+
+Each round a client makes one sample-level release: its client-side updates of the round, each a
+Gaussian mechanism on the batch's clipped per-sample gradients. fedge's batches are shuffled epochs of
+disjoint batches, so a sample is in one step per epoch: the round counts one release per epoch
+(parallel composition over the epoch's batches), with no claim of amplification by sampling, plus
+CSE-FSL's server-backprop batch in a server round. Without ``privacy.cut`` the smashed data a client
+sends carries no noise: planned (and recorded) as a release without noise, whose epsilon is infinite.
+"""
+
+from __future__ import annotations
+
+from fedge.config import RunConfig
+from fedge.errors import ConfigError
+from fedge.privacy.cut import planned_sends
+from fedge.privacy.release import GAUSSIAN, Release
+
+
+def planned_uses(config: RunConfig, size: int) -> int:
+    """The most client steps one sample of a client of ``size`` samples can be in during a round: once per
+    epoch of the round's batches, one more for CSE-FSL's server-backprop batch, times the draws of one
+    client a round can hold (independent draws with replacement)."""
+    algorithm = config.algorithm
+    batch = int(getattr(algorithm, "batch_size", 1))
+    per_epoch = size // batch if getattr(algorithm, "drop_last", False) else -(-size // batch)
+    if per_epoch == 0:
+        return 0
+    local_steps = getattr(algorithm, "local_steps", None)
+    batches = (
+        int(local_steps)
+        if local_steps is not None
+        else per_epoch * int(getattr(algorithm, "local_epochs", 1))
+    )
+    uses = -(-batches // per_epoch)
+    if getattr(algorithm, "zb_step", "aux") == "server_backprop":
+        uses += 1
+    independent = getattr(algorithm, "duplicates", "merge") == "independent"
+    if getattr(algorithm, "participation", "full") == "with_replacement" and independent:
+        uses *= int(getattr(algorithm, "clients_per_round", None) or 1)
+    return uses
+
+
+def plan_split_sample(config: RunConfig, data_sizes: list[int], multiplier: float) -> list[Release]:
+    """A split run's DP-SGD releases (at ``privacy.sample.noise_multiplier``, else ``multiplier``) and,
+    without ``privacy.cut``, its smashed data's releases without noise: every client every round. No
+    target epsilon is met with smashed data in clear: refused, naming ``privacy.target_epsilon``."""
+    sample = config.privacy.sample
+    if sample is None or not getattr(config.algorithm, "split_dp_sgd", False):  # the split family's mark
+        return []
+    if config.privacy.cut is None and config.privacy.target_epsilon is not None:
+        reason = "smashed data sent without privacy.cut has an infinite epsilon; set privacy.cut"
+        raise ConfigError("privacy.target_epsilon", reason)
+    z = sample.noise_multiplier if sample.noise_multiplier is not None else multiplier
+    releases = []
+    for t in range(1, config.rounds + 1):
+        for c, size in enumerate(data_sizes):
+            uses = planned_uses(config, size)
+            if uses:
+                releases.append(
+                    Release(t, "gradient", "sample", GAUSSIAN, z, sample.clip, count=uses, clients=(c,))
+                )
+            sends = planned_sends(config, size)
+            if config.privacy.cut is None and sends:
+                releases.append(Release(t, "smashed", "sample", GAUSSIAN, 0.0, count=sends, clients=(c,)))
+    return releases
