@@ -133,13 +133,12 @@ class SecureAggregation(Reducer):
         self._calls: dict[int, int] = {}  # aggregations so far in the round (a round may hold several)
 
     def bind(self, run: StageRun) -> None:
-        if run.site not in SITES:
-            raise ConfigError(
-                "aggregation.stages", f"secagg runs at the {', '.join(SITES)}, not the {run.site}"
-            )
         self.run = run
 
     def reduce(self, updates: Updates) -> Tensors:
+        if updates.site not in SITES:
+            where = f"secagg runs at the {', '.join(SITES)}, not the {updates.site}"
+            raise ConfigError("aggregation.stages", f"{where} (set the stage's at)")
         if any(part.masks for part in updates.parts):
             raise ConfigError("aggregation.stages", "secagg cannot sum masked (sparse) rows")
         part = updates.joined()
@@ -257,7 +256,8 @@ class SecureAggregation(Reducer):
         system = self.run.system
         if system is None:
             return
-        seconds, phases, joules = 0.0, {}, {}
+        seconds, phases = 0.0, {}
+        joules: dict[str, dict[str, float]] = {}
         for o, report in enumerate(self.reports):
             costs = report.costs
             flops = PRG_FLOPS * np.asarray(costs.client_coordinates, dtype=np.float64)
