@@ -313,3 +313,15 @@ def test_fedavg_on_digits_with_secagg_ends_where_plain_fedavg_does(tmp_path):
         plain.run_dir / "ledger.csv", delimiter=",", dtype=None, names=True, encoding=None
     )
     assert not any(str(kind).startswith("secagg") for kind in plain_kinds["kind"])
+
+
+def test_fedge_deploy_refuses_the_simulated_stage_in_one_line(tmp_path):
+    pytest.importorskip("flwr")
+    path = tmp_path / "secagg.yaml"
+    path.write_text("rounds: 1\naggregation: {stages: [{name: secagg}]}\n")
+    refused = CliRunner().invoke(app, ["deploy", str(path)])
+    assert refused.exit_code == 2, refused.output
+    line = refused.output.strip()
+    assert (
+        line.startswith("error: aggregation.stages.0.name: 'secagg' cannot be deployed") and "SecAgg+" in line
+    )
