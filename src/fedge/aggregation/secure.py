@@ -24,9 +24,10 @@ a dropout the threshold cannot unmask is refused in one line. The protocol's mes
 communication ledger at their real widths (:func:`~fedge.aggregation.secure_protocol.secagg_traffic`;
 the algorithm's own upload of each row stays on the ledger as it was, so the protocol's bits are read
 from the ``secagg_*`` kinds), and its compute, the mask expansion, key agreements and reconstructions,
-is charged to the simulated clock with the system's compute model. The communication's airtime is not
-charged by the stage: the site's round rule charges what it reads of the ledger when it closes the
-round, and a FedAvg server closes its round before it aggregates.
+is charged to the simulated clock with the system's compute model (at an asynchronous buffer, whose
+time is its event queue's, the joules only; the seconds stay in the stage's reports). The
+communication's airtime is not charged by the stage: the site's round rule charges what it reads of
+the ledger when it closes the round, and a FedAvg server closes its round before it aggregates.
 """
 
 from __future__ import annotations
@@ -252,7 +253,9 @@ class SecureAggregation(Reducer):
     def _charge(self, updates: Updates) -> None:
         """Charge the protocol's compute to the clock: each receiver's senders expand their masks and
         agree their keys in parallel, then the receiver rebuilds the secrets and removes the masks;
-        receivers (an edge's cells) run side by side, the slowest setting the time."""
+        receivers (an edge's cells) run side by side, the slowest setting the time. An asynchronous
+        buffer's time is its event queue's, which a stage cannot move: there only the joules are
+        charged, and the seconds stay in :attr:`reports`."""
         system = self.run.system
         if system is None:
             return
@@ -276,6 +279,8 @@ class SecureAggregation(Reducer):
             receiver = joules.setdefault(self._receiver(updates.site, o), {})
             receiver[SERVER_COMPUTE] = receiver.get(SERVER_COMPUTE, 0.0) + float(server.joules.sum())
         total = sum(sum(v.values()) for v in joules.values())
+        if updates.site == sites.BUFFER:
+            seconds, phases = 0.0, {}
         system.charge(RoundCost(seconds, total, phases, joules))
 
 
