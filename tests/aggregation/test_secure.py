@@ -134,6 +134,26 @@ def test_the_unmasked_sum_is_the_plain_sum_within_the_fixed_point_bound(bits):
     assert out["w"].dtype == x["w"].dtype and torch.equal(out["count"], x["count"].max())
 
 
+def test_stochastic_rounding_stays_in_the_bound_repeats_by_seed_and_is_unbiased():
+    n = 5
+    x, w = rows(n), sample_weights(n)
+    want = plain_mean(x, w, 8.0, list(range(n)))
+
+    def secure(seed: int) -> torch.Tensor:
+        stage = SecureAggregation(bits=12, rounding="stochastic")
+        stage.bind(StageRun("server", seed))
+        out = stage.reduce(Updates.of("server", 1, x, w))
+        got = flat({k: v[None] for k, v in out.items()})[0]
+        assert (got - want).abs().max() <= bound(stage) + FLOAT32 * want.abs().max()
+        return got.double()
+
+    first = secure(0)
+    assert torch.equal(first, secure(0)) and not torch.equal(first, secure(1))
+    single = (first - want).abs().mean()
+    averaged = (torch.stack([secure(seed) for seed in range(40)]).mean(0) - want).abs().mean()
+    assert averaged < single / 3  # errors of independent draws average out: no bias
+
+
 def test_a_strict_subset_of_masked_vectors_is_uniform_and_the_whole_sum_is_not():
     n, d, bits = 4, 16384, 8
     inputs = torch.full((n, d), 3, dtype=torch.int64)  # far from uniform
@@ -267,6 +287,8 @@ def test_its_options_and_sites_are_refused_in_one_line_naming_the_key():
         ({"bits": 3}, "bits"),
         ({"neighbours": 3}, "neighbours"),
         ({"dropout": 1.5}, "dropout"),
+        ({"rounding": "up"}, "rounding"),
+        ({"bits": 8, "range": 1000.0}, "bits"),  # no fraction bits left: refused at the aggregation
     ]:
         config = AggregationConfig.model_validate({"stages": [{"name": "secagg", "options": options}]})
         with pytest.raises(ConfigError, match=f"^aggregation.stages.0.options: secagg: {word}"):

@@ -10,13 +10,13 @@ share of distributed DP noise, composes with it that way.
 
 Each sender's row (every floating tensor, flattened and joined in the rows' order) is clipped
 coordinate-wise to ``[-range, range]``, multiplied by the sender's weight and encoded in fixed point:
-``round(w x 2^f) mod 2^bits``, with ``f`` the most fraction bits for which the sum of the ``n`` weighted
-rows, ``|sum w x| <= range * sum |w|`` plus rounding, cannot wrap around the signed range of ``bits``
-bits. The server learns only the survivors' sum ``sum w x`` (each coordinate within ``n 2^-f`` of the
-float sum of the clipped rows), decodes it and divides by the survivors' share of the weights, so that
-the site's mean (the sample-weighted mean at a FedAvg server, each cell's mean at an edge) comes out of
-whoever survived. Integer tensors (counters) are not secret and are not summed: they take the largest
-row's value, as the site's own mean does.
+``round(w x 2^f) mod 2^bits`` (to the nearest, or stochastically: ``rounding``), with ``f`` the most
+fraction bits for which the sum of the ``n`` weighted rows, ``|sum w x| <= range * sum |w|`` plus
+rounding, cannot wrap around the signed range of ``bits`` bits. The server learns only the survivors'
+sum ``sum w x`` (each coordinate within ``n 2^-f`` of the float sum of the clipped rows), decodes it and
+divides by the survivors' share of the weights, so that the site's mean (the sample-weighted mean at a
+FedAvg server, each cell's mean at an edge) comes out of whoever survived. Integer tensors (counters)
+are not secret and are not summed: they take the largest row's value, as the site's own mean does.
 
 Dropouts (``dropout``: a fraction of each aggregation's senders, drawn from the run seed, or a list of
 client ids) leave after masking; their pairwise masks are removed with the survivors' Shamir shares, and
@@ -101,8 +101,9 @@ class SecureAggregation(Reducer):
     """The site's mean computed by secure aggregation (see the module): options ``bits`` (the modulus
     ``2^bits``, 4 to 62), ``range`` (the clip bound of every coordinate), ``neighbours`` (SecAgg+'s
     graph degree, even; unset: every other sender), ``threshold`` (shares that rebuild a secret; unset:
-    a majority of a sender's holders) and ``dropout`` (a fraction of the senders, or a list of client
-    ids, that drop after masking)."""
+    a majority of a sender's holders), ``dropout`` (a fraction of the senders, or a list of client
+    ids, that drop after masking) and ``rounding`` (``nearest``, or ``stochastic``: up with probability
+    the remainder, unbiased, each sender's draws from the run seed)."""
 
     additive: ClassVar[bool] = False  # the protocol runs once over every sender's row
 
@@ -113,6 +114,7 @@ class SecureAggregation(Reducer):
         neighbours: int | None = None,
         threshold: int | None = None,
         dropout: float | Sequence[int] = 0.0,
+        rounding: str = "nearest",
     ):
         if isinstance(bits, bool) or not isinstance(bits, int) or not 4 <= bits <= 62:
             raise ValueError(f"bits {bits!r} must be an integer in 4..62")
@@ -128,7 +130,12 @@ class SecureAggregation(Reducer):
         elif not (isinstance(dropout, list | tuple) and all(isinstance(c, int) and c >= 0 for c in dropout)):
             raise ValueError(f"dropout {dropout!r} must be a fraction in [0, 1) or a list of client ids")
         self.bits, self.bound = bits, float(range)
+        if fraction_bits(bits, float(range), 1.0, 2) < 1:  # the most any aggregation can have
+            raise ValueError(f"bits {bits} leave no fraction bits for range {range:g}")
+        if rounding not in ("nearest", "stochastic"):
+            raise ValueError(f"rounding {rounding!r} must be nearest or stochastic")
         self.neighbours, self.threshold, self.dropout = neighbours, threshold, dropout
+        self.rounding = rounding
         self.run = StageRun(sites.SERVER)
         self.reports: list[SecAggReport] = []  # the last aggregation's, one per receiver
         self._calls: dict[int, int] = {}  # aggregations so far in the round (a round may hold several)
@@ -202,7 +209,7 @@ class SecureAggregation(Reducer):
             where = f"at the {updates.site} in round {updates.round}"
             raise ConfigError("aggregation.stages", f"secagg {where}: {error} (dropout, threshold)") from None
         scale = 2.0**f
-        encoded = torch.round(w[:, None] * x * scale).long() & (2**self.bits - 1)
+        encoded = self._rounded(w[:, None] * x * scale, seed, ids) & (2**self.bits - 1)
         total = protocol.unmask(protocol.masked(encoded), dropped)
         signed = torch.where(total >= 2 ** (self.bits - 1), total - 2**self.bits, total).double() / scale
         alive = [i for i in range(n) if i not in set(dropped)]
@@ -220,6 +227,19 @@ class SecureAggregation(Reducer):
             protocol.costs,
         )
         return signed * (float(w.sum()) / kept), report
+
+    def _rounded(self, scaled: torch.Tensor, seed: int, ids: list[int]) -> torch.Tensor:
+        """``scaled`` to integers: to the nearest, or up with probability the fractional part (each
+        sender's uniform draws from its own stream)."""
+        if self.rounding == "nearest":
+            return torch.round(scaled).long()
+        draws = [
+            torch.rand(
+                scaled.shape[1], generator=torch_rng(seed, "privacy-secagg-rounding", c), dtype=torch.float64
+            )
+            for c in ids
+        ]
+        return torch.floor(scaled + torch.stack(draws)).long()
 
     def _receiver(self, site: str, output: int) -> str:
         return nodes.edge(output) if site == sites.EDGE else nodes.SERVER
