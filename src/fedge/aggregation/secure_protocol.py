@@ -35,6 +35,8 @@ from dataclasses import dataclass, field
 
 import torch
 
+from fedge.rng import derive_seed
+
 FIELD_PRIME = 2**255 - 19
 """Shamir's field: every secret (a masking key, a self-mask seed) is one of its elements."""
 KEY_BITS = 256
@@ -220,8 +222,8 @@ class SecAggRound:
         return len(self.graph[0])
 
     def _rng(self, purpose: str, *keys: int) -> random.Random:
-        text = "/".join([str(self.seed), purpose, *(str(k) for k in keys)])
-        return random.Random(int.from_bytes(hashlib.blake2b(text.encode(), digest_size=8).digest(), "little"))
+        """The named stream of this aggregation's draws (Python integers of any size)."""
+        return random.Random(derive_seed(self.seed, f"secagg-{purpose}", *keys))
 
     def holders(self, u: int) -> list[int]:
         """Who holds shares of ``u``'s secrets, in the order of their evaluation points."""
