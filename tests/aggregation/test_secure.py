@@ -5,7 +5,10 @@ its compute, and a FedAvg run with it ends where plain FedAvg does."""
 
 from __future__ import annotations
 
+import json
 import random
+import subprocess
+import sys
 from pathlib import Path
 
 import numpy as np
@@ -381,3 +384,30 @@ def test_hist_edges_and_a_fedbuff_buffer_aggregate_securely(tmp_path, algorithm,
         assert secure.summary["sim_seconds"] == plain.summary["sim_seconds"]
     else:
         assert secure.summary["sim_seconds"] > plain.summary["sim_seconds"]
+
+
+GLOO_WORKER = """
+import json, sys, torch
+torch.set_num_threads(1)
+import fedge
+fedge.run(json.loads(sys.argv[1]))
+"""
+
+
+@pytest.mark.ci
+def test_secagg_on_two_gloo_ranks_equals_one_process(tmp_path):
+    cfg = {**SYNTHETIC, "algorithm": {"name": "fedavg", "batch_size": 16}}
+    cfg["aggregation"] = {"stages": [{"name": "secagg", "options": {"dropout": [2]}}]}
+    one = fedge.run({**cfg, "output": {"dir": str(tmp_path / "one"), "plots": False}})
+    worker = tmp_path / "worker.py"
+    worker.write_text(GLOO_WORKER)
+    two = {**cfg, "output": {"dir": str(tmp_path / "ranks"), "plots": False}}
+    command = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2"]
+    done = subprocess.run(
+        [*command, str(worker), json.dumps(two)], capture_output=True, text=True, timeout=300
+    )
+    assert done.returncode == 0, done.stderr[-2000:]
+    ranked = next((tmp_path / "ranks").iterdir())
+    mine, theirs = final_params(one.run_dir), final_params(ranked)
+    assert all(torch.equal(mine[k], theirs[k]) for k in mine)
+    assert (ranked / "ledger.csv").read_text() == (one.run_dir / "ledger.csv").read_text()
