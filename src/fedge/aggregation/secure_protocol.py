@@ -19,7 +19,8 @@ One aggregation of ``n`` senders over vectors of ``d`` integers mod ``2^bits``:
 
 What is simulated: the keys come from the run seed (:func:`fedge.rng.derive_seed`), so a run repeats;
 the encrypted shares are handed over in memory and only their ciphertext bits are counted
-(:func:`secagg_traffic`). Key agreement is X25519 from the ``cryptography`` package where it is
+(:func:`secagg_traffic`), so only the masking key pairs are drawn (the encryption keys are counted on
+the wire, never used). Key agreement is X25519 from the ``cryptography`` package where it is
 installed, else Diffie-Hellman over RFC 3526's 2048-bit safe-prime group with Python integers; both give
 the same sums (the masks cancel either way). Shamir's scheme is written here over the prime field of
 ``2^255 - 19``: it is a few lines of Lagrange interpolation and no well-kept library offers exactly
