@@ -15,19 +15,25 @@ from dataclasses import dataclass
 from typing import ClassVar
 
 from fedge.aggregation.updates import Updates
+from fedge.comm import Network
 from fedge.privacy.run import RunPrivacy
+from fedge.system import SystemModel
 from fedge.tensors import Tensors
 
 
 @dataclass(frozen=True)
 class StageRun:
     """What a stage may read of its run, given once when its pipeline is built (:meth:`Transform.bind`):
-    its site, the run seed, and the run's privacy side (the ledger a mechanism records its releases in,
-    its seeded noise streams and calibrated noise multiplier; ``None`` outside a run)."""
+    its site, the run seed, the run's privacy side (the ledger a mechanism records its releases in,
+    its seeded noise streams and calibrated noise multiplier), and the run's network (whose ledger a
+    stage that exchanges messages of its own records them on) and system (whose clock it charges for
+    its own compute); each ``None`` outside a run."""
 
     site: str
     seed: int = 0
     privacy: RunPrivacy | None = None
+    network: Network | None = None
+    system: SystemModel | None = None
 
 
 class Bindable:

@@ -82,7 +82,7 @@ def _deploy(config: str, overrides: list[str], tls: bool, round_timeout: float, 
     from fedge.cli.commands import console
     from fedge.cli.progress import RunProgress
     from fedge.deploy.launch import Federation, Tls
-    from fedge.deploy.rounds import deployed_class
+    from fedge.deploy.rounds import check_stages, deployed_class
     from fedge.runner.loop import build_run
 
     def say(line: str) -> None:
@@ -91,6 +91,7 @@ def _deploy(config: str, overrides: list[str], tls: bool, round_timeout: float, 
 
     cfg = resolve_config(config, overrides)
     deployed = deployed_class(cfg.algorithm.name)  # a refused algorithm fails here, in one line
+    check_stages(cfg.aggregation)  # and a stage only the simulation runs
     built = build_run(cfg)  # bad input fails here, before any process starts
     clients = built.context.data.num_clients
     deployed(built.context, cfg.algorithm).check_deployable()

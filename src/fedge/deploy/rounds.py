@@ -16,6 +16,7 @@ from typing import Any
 
 from fedge.algorithms import ALGORITHMS
 from fedge.comm import nodes
+from fedge.config import AggregationConfig
 from fedge.deploy.executor import RemoteExecutor
 from fedge.deploy.fedsl_rounds import DeployedLightFedSL, DeployedTraditionalFedSL
 from fedge.deploy.split_rounds import (
@@ -37,6 +38,11 @@ REFUSED = {
     "cse_fsl_async": "its asynchronous event queue runs on the simulated clock only",
 }
 """Algorithms that cannot be deployed, with the reason ``fedge deploy`` prints."""
+SIMULATED_STAGES = {
+    "secagg": "it simulates secure aggregation on the server (the nodes send their rows in clear); "
+    "a deployment uses Flower's SecAgg+ (flwr's secaggplus mod and workflow)",
+}
+"""Aggregation stages a deployed run refuses, with the reason."""
 SPLIT_ROUNDS: dict[str, type] = {
     "cse_fsl": DeployedCseFsl,
     "fsl_an": DeployedFslAn,
@@ -75,6 +81,14 @@ class DeployedRounds:
 def refusal(name: str) -> str | None:
     """Why algorithm ``name`` cannot be deployed (None: it can)."""
     return REFUSED.get(name)
+
+
+def check_stages(aggregation: AggregationConfig) -> None:
+    """Refuse, in one line naming the stage's key, a stage that only a simulation can run."""
+    for i, stage in enumerate(aggregation.stages):
+        reason = SIMULATED_STAGES.get(stage.name)
+        if reason is not None:
+            raise ConfigError(f"aggregation.stages.{i}.name", f"{stage.name!r} cannot be deployed: {reason}")
 
 
 def deployed_class(name: str) -> type:

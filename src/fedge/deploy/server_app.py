@@ -19,7 +19,7 @@ from flwr.serverapp import Grid, ServerApp
 
 from fedge.comm import nodes
 from fedge.config import RunConfig
-from fedge.deploy.rounds import DeployedRounds, deployed_class
+from fedge.deploy.rounds import DeployedRounds, check_stages, deployed_class
 from fedge.deploy.transport import GridTransport
 from fedge.extend import parse_config
 from fedge.files import results
@@ -52,6 +52,7 @@ def run_deployed(config: RunConfig, connect: Callable[[int], GridTransport]) -> 
     """Run ``config`` with its clients' work on the nodes of ``connect(num_clients)``'s transport; write
     the run directory."""
     deployed = deployed_class(config.algorithm.name)
+    check_stages(config.aggregation)
     results.check_output_dir(config.output.dir)
     ctx = build_run(config).context
     algorithm = deployed(ctx, config.algorithm)

@@ -52,7 +52,7 @@ class Context:
         """The aggregation pipeline at ``site`` (server, edge, cloud, peer, buffer) from the config's
         ``aggregation`` block, built once: every aggregation of the algorithm goes through it."""
         if site not in self.pipelines:
-            run = StageRun(site, self.seed, self.privacy)
+            run = StageRun(site, self.seed, self.privacy, self.network, self.system)
             self.pipelines[site] = build_pipeline(self.config.aggregation, site, run)
         return self.pipelines[site]
 
