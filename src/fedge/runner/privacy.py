@@ -22,14 +22,15 @@ from fedge.privacy.ledger import UNITS
 from fedge.privacy.peer import plan_peer
 from fedge.privacy.release import Unit
 from fedge.privacy.run import RunPrivacy
+from fedge.privacy.sample import plan_sample
 
 Planner = Callable[[RunConfig, list[int], float], list[Release]]
 """(config, client dataset sizes, the multiplier of unset mechanisms) -> a whole run's releases, at
 each mechanism's configured multiplier where it has one."""
 History = dict[tuple[Any, ...], int]
 
-PLANNERS: tuple[Planner, ...] = (plan_cut, plan_labels, plan_peer)
-"""Every mechanism's planner (split learning's cut and its labels, peer messages)."""
+PLANNERS: tuple[Planner, ...] = (plan_cut, plan_labels, plan_peer, plan_sample)
+"""Every mechanism's planner (split learning's cut and its labels, peer messages, DP-SGD)."""
 
 
 def planned(
