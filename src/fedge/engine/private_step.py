@@ -20,7 +20,7 @@ executors, any chunking of clients and a resumed run add the same numbers.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 import numpy as np
 import torch
@@ -29,7 +29,7 @@ from torch.func import grad_and_value, vmap
 
 from fedge.data.federated import BatchPlan
 from fedge.engine.noise import MASK32, keyed_noise, mix32
-from fedge.engine.step import LossFn, Optimizer, Step
+from fedge.engine.step import LossFn, Optimizer, Step, StepFn
 from fedge.errors import ConfigError
 from fedge.privacy.release import GAUSSIAN, Release
 from fedge.privacy.run import RunPrivacy
@@ -45,14 +45,14 @@ _SAMPLE_SALT = 0x27D4EB2F  # tells a sample's dropout key apart from its row's
 class SampleMechanism:
     """The run's DP-SGD mechanism: its clip, noise multiplier, releases and noise streams.
 
-    It counts the training calls of each round, so two calls in one round (HIST's edge rounds, an
-    alternating local update) draw different noise; the count is the same on either executor.
+    The run's privacy counts the training calls of each round, so two calls in one round (HIST's edge
+    rounds, an alternating local update, Ditto's two models) draw different noise; the count is the
+    same on either executor.
     """
 
     privacy: RunPrivacy
     clip: float
     configured: float | None
-    calls: dict[int, int] = field(default_factory=dict)
 
     @property
     def multiplier(self) -> float:
@@ -63,7 +63,7 @@ class SampleMechanism:
         """Start a training call of ``clients`` by ``plan``: record its releases and return the
         ``[rows, steps]`` noise keys of its rows (int64)."""
         round_ = self.privacy.round
-        call = self.calls[round_] = self.calls.get(round_, 0) + 1
+        call = self.privacy.next_call(GRADIENT)
         seen: dict[int, int] = {}
         keys = np.zeros((len(clients), plan.num_steps), dtype=np.int64)
         for r, c in enumerate(clients):
@@ -115,18 +115,11 @@ def sample_keys(key: torch.Tensor, count: int) -> torch.Tensor:
 
 @dataclass(frozen=True)
 class PrivateStep:
-    """A local step of ``loss_fn`` and ``optimizer`` with DP-SGD's gradient (``mechanism``).
-
-    ``plain`` is the step without the mechanism (evaluation's fine-tuning, which releases nothing).
-    """
+    """A local step of ``loss_fn`` and ``optimizer`` with DP-SGD's gradient (``mechanism``)."""
 
     loss_fn: LossFn
     optimizer: Optimizer
     mechanism: SampleMechanism
-
-    @property
-    def plain(self) -> Step:
-        return Step(self.loss_fn, self.optimizer)
 
     def clipped_sum(
         self,
@@ -204,6 +197,12 @@ def step_keys(step: PrivateStep, clients: tuple[int, ...], plan: BatchPlan, drop
     privacy = step.mechanism.open(clients, plan)
     other = torch.full_like(privacy, -1) if dropout is None else dropout.cpu().to(torch.int64)
     return torch.stack([privacy, other], dim=-1)
+
+
+def without_privacy(step: StepFn | PrivateStep) -> StepFn:
+    """``step`` without DP-SGD: what evaluation fine-tunes with (a fine-tuned copy is only tested, never
+    sent, so it releases nothing and spends no budget)."""
+    return Step(step.loss_fn, step.optimizer) if isinstance(step, PrivateStep) else step
 
 
 def private_step(step: Step, privacy: RunPrivacy, model: nn.Module) -> Step | PrivateStep:
