@@ -52,12 +52,7 @@ class SampleMechanism:
 
     privacy: RunPrivacy
     clip: float
-    configured: float | None
-
-    @property
-    def multiplier(self) -> float:
-        """``z``: the configured noise multiplier, else the one ``privacy.target_epsilon`` calibrated."""
-        return self.privacy.multiplier(self.configured, f"{KEY}.noise_multiplier")
+    multiplier: float  # z: the configured noise multiplier, else the one privacy.target_epsilon calibrated
 
     def open(self, clients: tuple[int, ...], plan: BatchPlan) -> torch.Tensor:
         """Start a training call of ``clients`` by ``plan``: record its releases and return the
@@ -214,4 +209,5 @@ def private_step(step: Step, privacy: RunPrivacy, model: nn.Module) -> Step | Pr
         return step
     if any(isinstance(m, nn.modules.batchnorm._BatchNorm) for m in model.modules()):
         raise ConfigError(KEY, "needs per-sample gradients, which BatchNorm's batch statistics mix; use GroupNorm")
-    return PrivateStep(step.loss_fn, step.optimizer, SampleMechanism(privacy, sample.clip, sample.noise_multiplier))
+    multiplier = privacy.multiplier(sample.noise_multiplier, f"{KEY}.noise_multiplier")
+    return PrivateStep(step.loss_fn, step.optimizer, SampleMechanism(privacy, sample.clip, multiplier))

@@ -49,16 +49,21 @@ def per_round(config: RunConfig, size: int) -> int:
     return count
 
 
+def check_sample(config: RunConfig) -> None:
+    """Refuse ``privacy.sample`` for an algorithm whose local step is not the shared one (split
+    learning's client step, the asynchronous family, centralized training)."""
+    if config.privacy.sample is not None and config.algorithm.name not in SUPPORTED:
+        refused = f"{config.algorithm.name} has no DP-SGD local step; use one of {', '.join(SUPPORTED)}"
+        raise ConfigError("privacy.sample", refused)
+
+
 def plan_sample(config: RunConfig, data_sizes: list[int], multiplier: float) -> list[Release]:
     """The noisy gradients a whole run would release, at ``privacy.sample.noise_multiplier`` or, where
     that is unset, at ``multiplier`` (the calibrated one): every client trains every round
-    (:func:`per_round`). An algorithm whose local step is not the shared one is refused."""
+    (:func:`per_round`)."""
     sample = config.privacy.sample
     if sample is None:
         return []
-    if config.algorithm.name not in SUPPORTED:
-        refused = f"{config.algorithm.name} has no DP-SGD local step; use one of {', '.join(SUPPORTED)}"
-        raise ConfigError("privacy.sample", refused)
     if sample.noise_multiplier is not None:
         multiplier = sample.noise_multiplier
     return [

@@ -22,7 +22,7 @@ from fedge.privacy.ledger import UNITS
 from fedge.privacy.peer import plan_peer
 from fedge.privacy.release import Unit
 from fedge.privacy.run import RunPrivacy
-from fedge.privacy.sample import plan_sample
+from fedge.privacy.sample import check_sample, plan_sample
 
 Planner = Callable[[RunConfig, list[int], float], list[Release]]
 """(config, client dataset sizes, the multiplier of unset mechanisms) -> a whole run's releases, at
@@ -91,7 +91,9 @@ def calibrated(planners: Sequence[Planner], config: RunConfig, sizes: list[int],
 
 
 def prepare(planners: Sequence[Planner], config: RunConfig, sizes: list[int], privacy: RunPrivacy) -> None:
-    """Calibrate ``privacy`` to ``privacy.target_epsilon`` (when given) and check ``stop.max_epsilon``."""
+    """Calibrate ``privacy`` to ``privacy.target_epsilon`` (when given) and check ``stop.max_epsilon``
+    (and that the algorithm takes the mechanisms configured)."""
+    check_sample(config)
     target, budget = config.privacy.target_epsilon, config.stop.max_epsilon
     try:
         if target is not None:
