@@ -218,3 +218,18 @@ def test_an_unset_multiplier_without_a_target_is_refused_naming_the_key(tmp_path
 def test_families_without_the_shared_step_refuse_it(tmp_path, algorithm):
     with pytest.raises(ConfigError, match="privacy.sample"):
         build_run(fedge.resolve_config(config(tmp_path, algorithm, NOISY)))
+
+
+def test_the_pure_form_equals_the_in_place_step_and_leaves_its_inputs():
+    model = MODELS["mlp"]()
+    step = PrivateStep(dp_step(model, 1.0).loss_fn, SGD(momentum=0.9), mechanism(0.2, 1.0))
+    params = parameters_of(model)
+    state = step.optimizer.init(params)
+    before = {k: v.clone() for k, v in params.items()}
+    x, y, keys = torch.randn(4, 1, 8, 8), torch.randint(0, 3, (4,)), torch.tensor([99, -1])
+    new_params, _, _, loss = step(params, {}, state, x, y, torch.ones(4), 0.1, keys, 8)
+    assert all(torch.equal(params[k], before[k]) for k in params)
+    loss_in_place = step.step_(params, {}, state, x, y, torch.ones(4), 0.1, keys, 8, False)
+    assert float(loss) == float(loss_in_place)
+    assert all(torch.equal(params[k], new_params[k]) for k in params)
+    assert not all(torch.equal(params[k], before[k]) for k in params)

@@ -294,8 +294,7 @@ def _train_one_at_a_time(
     destination = _destination(bank)
     grid = None if keys is None else keys.grid(plan.num_steps)
     private = step if isinstance(step, PrivateStep) else None
-    if private is not None:
-        grid = step_keys(private, bank.clients, plan, grid)
+    private_keys = None if private is None else step_keys(private, bank.clients, plan, grid)
     losses = torch.zeros(len(bank), device=data.device)
     in_place = step if isinstance(step, (Step, PrivateStep)) else None  # updates the row in place
     real = _real_rows(plan)
@@ -313,9 +312,9 @@ def _train_one_at_a_time(
             x, y = data.x_train[idx], data.y_train[idx]
             noise = keyed_noise(None if grid is None or private is not None else grid[r, s])
             with _failing(f"client {bank.clients[r]}", f"local step {s}"), noise:
-                if private is not None:
-                    width = plan.index.shape[2]
-                    loss = private.step_(params, buffers, opt_state, x, y, weight, lr, grid[r, s], width, False)
+                if private is not None and private_keys is not None:
+                    width, at = plan.index.shape[2], private_keys[r, s]
+                    loss = private.step_(params, buffers, opt_state, x, y, weight, lr, at, width, False)
                 elif isinstance(in_place, Step):
                     grads, loss, buffers = in_place.eager_gradients(params, buffers, x, y, weight)
                     in_place.optimizer.update_(params, grads, opt_state, lr)

@@ -71,7 +71,9 @@ class SampleMechanism:
 
     def release(self, round_: int, client: int, count: int) -> Release:
         """``count`` sample-level Gaussian releases of ``client``'s noisy gradients in ``round_``."""
-        return Release(round_, GRADIENT, "sample", GAUSSIAN, self.multiplier, self.clip, count=count, clients=(client,))
+        return Release(
+            round_, GRADIENT, "sample", GAUSSIAN, self.multiplier, self.clip, count=count, clients=(client,)
+        )
 
     def noise(self, keys: list[int], shapes: dict[str, torch.Size], like: torch.Tensor) -> Tensors:
         """Stacked ``[rows, ...]`` noise of std ``z C`` for the tensors ``shapes``: row r's from the
@@ -151,6 +153,14 @@ class PrivateStep:
         noise = self.mechanism.noise(keys, {name: s.shape[1:] for name, s in sums.items()}, some)
         return {name: (s + noise[name]) / width for name, s in sums.items()}
 
+    def __call__(self, params, buffers, opt_state, x, y, weight, lr, keys, width):
+        """The pure form of one client's step (its real samples, ``keys``: its privacy and dropout keys
+        at this step, ``width``: the batch size): new tensors, the inputs left as they were."""
+        params = {name: p.clone() for name, p in params.items()}
+        opt_state = {name: s.clone() for name, s in opt_state.items()}
+        loss = self.step_(params, buffers, opt_state, x, y, weight, lr, keys, width, False)
+        return params, buffers, opt_state, loss
+
     def step_(
         self,
         params: Tensors,
@@ -176,7 +186,9 @@ class PrivateStep:
                 sums, loss = fn(params, buffers, x, y, weight, dropout.to(x.device) if keyed else None)
                 privacy_keys = [int(k) for k in keys[:, 0]]
             else:
-                sums, loss = self.clipped_sum(params, buffers, x, y, weight, dropout.to(x.device) if keyed else None)
+                sums, loss = self.clipped_sum(
+                    params, buffers, x, y, weight, dropout.to(x.device) if keyed else None
+                )
                 sums = {name: s[None] for name, s in sums.items()}
                 privacy_keys = [int(keys[0])]
             grads = self.noisy_gradients(sums, privacy_keys, width)
@@ -186,7 +198,9 @@ class PrivateStep:
         return loss
 
 
-def step_keys(step: PrivateStep, clients: tuple[int, ...], plan: BatchPlan, dropout: torch.Tensor | None) -> torch.Tensor:
+def step_keys(
+    step: PrivateStep, clients: tuple[int, ...], plan: BatchPlan, dropout: torch.Tensor | None
+) -> torch.Tensor:
     """``[rows, steps, 2]``: each row's privacy key and dropout key (-1 without random layers) at every
     step of a training call (which :meth:`SampleMechanism.open` starts)."""
     privacy = step.mechanism.open(clients, plan)
@@ -208,6 +222,8 @@ def private_step(step: Step, privacy: RunPrivacy, model: nn.Module) -> Step | Pr
     if sample is None:
         return step
     if any(isinstance(m, nn.modules.batchnorm._BatchNorm) for m in model.modules()):
-        raise ConfigError(KEY, "needs per-sample gradients, which BatchNorm's batch statistics mix; use GroupNorm")
+        raise ConfigError(
+            KEY, "needs per-sample gradients, which BatchNorm's batch statistics mix; use GroupNorm"
+        )
     multiplier = privacy.multiplier(sample.noise_multiplier, f"{KEY}.noise_multiplier")
     return PrivateStep(step.loss_fn, step.optimizer, SampleMechanism(privacy, sample.clip, multiplier))

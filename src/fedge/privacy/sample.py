@@ -40,8 +40,8 @@ def per_round(config: RunConfig, size: int) -> int:
     algorithm = config.algorithm
     batch = int(getattr(algorithm, "batch_size", 1))
     if algorithm.name in HIERARCHICAL:
-        drop = size >= batch
-        return int(getattr(algorithm, "edge_rounds")) * passes(size, batch, drop, int(getattr(algorithm, "local_steps")), 1)
+        calls, steps = int(getattr(algorithm, "edge_rounds", 1)), int(getattr(algorithm, "local_steps", 1))
+        return calls * passes(size, batch, size >= batch, steps, 1)
     epochs = int(getattr(algorithm, "local_epochs", 1))
     count = passes(size, batch, bool(getattr(algorithm, "drop_last", False)), None, epochs)
     if algorithm.name == "ditto":

@@ -81,7 +81,8 @@ class PeerAlgorithm(LocalTraining, PeerExchange, FineTunedEvaluation, Algorithm[
         self.head = self._head_names()
         self.private = self.head if cfg.personal == "head" else set()
         self.sgd = make_optimizer(cfg.optimizer)
-        self.step = private_step(make_step(classification_loss(self.model, ctx.criterion), self.sgd), ctx.privacy, self.model)
+        plain = make_step(classification_loss(self.model, ctx.criterion), self.sgd)
+        self.step = private_step(plain, ctx.privacy, self.model)
         params, buffers = parameters_of(self.model), buffers_of(self.model)
         self.bank = ClientBank.broadcast(range(n), params, buffers)
         self.requests = ctx.network.link(cfg.codec_request)  # models sent for probing
