@@ -17,7 +17,8 @@ from torch import nn
 import fedge
 from fedge.config import PrivacyConfig
 from fedge.engine import classification_loss, make_step, parameters_of
-from fedge.engine.private_step import PrivateStep, SampleMechanism, sample_keys
+from fedge.engine.executors import PrivateKernel
+from fedge.engine.private_step import PrivateStep, SampleMechanism, private_dense_kernel, sample_keys
 from fedge.engine.step import SGD
 from fedge.errors import ConfigError
 from fedge.models import build_model
@@ -233,3 +234,26 @@ def test_the_pure_form_equals_the_in_place_step_and_leaves_its_inputs():
     assert float(loss) == float(loss_in_place)
     assert all(torch.equal(params[k], new_params[k]) for k in params)
     assert not all(torch.equal(params[k], before[k]) for k in params)
+
+
+def test_the_dense_kernel_without_per_sample_gradients_equals_the_per_sample_path():
+    torch.manual_seed(1)
+    model = build_model("mlp", (1, 6, 6), 4, hidden=(16, 8))
+    step = make_step(classification_loss(model), SGD(momentum=0.9))
+    private = PrivateStep(step.loss_fn, step.optimizer, mechanism(0.3, 1.0))
+    rows, batch = 3, 5
+    params = {k: v[None].repeat(rows, *[1] * v.dim()) for k, v in parameters_of(model).items()}
+    other = {k: v.clone() for k, v in params.items()}
+    states = [private.optimizer.init(p) for p in (params, other)]
+    x, y = torch.randn(rows, batch, 1, 6, 6), torch.randint(0, 4, (rows, batch))
+    weight = torch.ones(rows, batch)
+    weight[2, 3:] = 0.0  # a short batch: its padding adds nothing on either path
+    keys = torch.tensor([[11, -1], [12, -1], [13, -1]])
+    dense = private_dense_kernel(private, (1, 6, 6), list(params))
+    assert dense is not None
+    for _ in range(2):
+        loss = dense(params, {}, states[0], x, y, weight, 0.1, keys)
+        reference = PrivateKernel(private)(other, {}, states[1], x, y, weight, 0.1, keys)
+        torch.testing.assert_close(loss, reference, rtol=0, atol=1e-6)
+    for k in params:
+        torch.testing.assert_close(params[k], other[k], rtol=0, atol=1e-6)

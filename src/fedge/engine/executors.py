@@ -55,7 +55,7 @@ from fedge.engine.folded import FoldedKernel, clients_per_fold, folded_kernel
 from fedge.engine.host import REUSED_BLOCK_BYTES, release_free_memory, retaining_memory
 from fedge.engine.kernels import batched_kernels
 from fedge.engine.noise import NoiseStreams, RowKeys, keyed_noise
-from fedge.engine.private_step import PrivateStep, step_keys
+from fedge.engine.private_step import PrivateDenseKernel, PrivateStep, private_dense_kernel, step_keys
 from fedge.engine.step import Step, StepFn, grad_leaves, leaf_gradients
 from fedge.tensors import Tensors, rows
 
@@ -498,7 +498,8 @@ class BatchedExecutor(Executor):
 
     def _kernel(self, step: StepFn, keyed: bool, sample_shape: tuple[int, ...], trained: Tensors) -> Kernel:
         if isinstance(step, PrivateStep):
-            return PrivateKernel(step)
+            dense = private_dense_kernel(step, sample_shape, trained) if self.fused else None
+            return dense or PrivateKernel(step)
         if self.fused and not keyed and isinstance(step, Step):
             fused = dense_kernel(step, sample_shape, trained) or folded_kernel(step)
             if fused is not None:
@@ -518,7 +519,7 @@ class BatchedExecutor(Executor):
             return self.chunk_clients
         count = len(bank)
         fits = self.activation_chunk(plan.index.shape[2])
-        if not isinstance(kernel, DenseKernel):
+        if not isinstance(kernel, (DenseKernel, PrivateDenseKernel)):
             grads = sum(t[0].numel() * t.element_size() for t in bank.params.values())
             if isinstance(kernel, PrivateKernel):
                 grads *= plan.index.shape[2]  # DP-SGD holds every sample's gradient
