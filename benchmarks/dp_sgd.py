@@ -150,12 +150,9 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     torch.set_num_threads(1)
     steps = -(-args.samples // args.batch)
-    print(
-        f"W10: {args.clients} clients x {args.samples} MNIST samples, batch {args.batch}, {steps} DP-SGD steps"
-    )
-    print(
-        "| model | fedge DP-SGD s | Opacus loop s | fedge speed-up | fedge non-private s | DP-SGD overhead | max diff (z=0) |"
-    )
+    print(f"W10: {args.clients} clients x {args.samples} MNIST samples, batch {args.batch}, {steps} steps")
+    columns = ["fedge DP-SGD s", "Opacus loop s", "fedge speed-up", "fedge non-private s", "DP-SGD overhead"]
+    print("| model | " + " | ".join(columns) + " | max diff (z=0) |")
     print("|---|---|---|---|---|---|---|")
     for model in args.models:
         r = measure(model, args)
