@@ -77,18 +77,13 @@ class SampleMechanism:
             round_, GRADIENT, "sample", GAUSSIAN, self.multiplier, self.clip, count=count, clients=(client,)
         )
 
-    def noise(self, keys: list[int], shapes: dict[str, torch.Size], like: torch.Tensor) -> Tensors:
-        """Stacked ``[rows, ...]`` noise of std ``z C`` for the tensors ``shapes``: row r's from the
-        stream keyed ``keys[r]`` (one flat draw split over the tensors in order)."""
-        std = self.multiplier * self.clip
-        total = sum(int(np.prod(shape)) for shape in shapes.values())
-        flat = torch.stack([self.privacy.gaussian(like.new_empty(total), std, GRADIENT, key) for key in keys])
-        out, offset = {}, 0
-        for name, shape in shapes.items():
-            size = int(np.prod(shape))
-            out[name] = flat[:, offset : offset + size].reshape(len(keys), *shape)
-            offset += size
-        return out
+    def noise(self, keys: list[int], size: int) -> torch.Tensor:
+        """``[rows, size]`` Gaussian noise of std ``z C``, row r from the stream keyed ``keys[r]`` (drawn
+        in float32 on the CPU, as every privacy stream is, so every device adds the same numbers)."""
+        flat = torch.empty(len(keys), size, dtype=torch.float32)
+        for row, key in zip(flat, keys, strict=True):
+            torch.randn(size, generator=self.privacy.generator(GRADIENT, key), out=row)
+        return flat.mul_(self.multiplier * self.clip)
 
 
 def most_uses(clients: tuple[int, ...], plan: BatchPlan) -> dict[int, int]:
@@ -152,8 +147,14 @@ class PrivateStep:
         if self.mechanism.multiplier == 0.0:
             return {name: s / width for name, s in sums.items()}
         some = next(iter(sums.values()))
-        noise = self.mechanism.noise(keys, {name: s.shape[1:] for name, s in sums.items()}, some)
-        return {name: (s + noise[name]) / width for name, s in sums.items()}
+        sizes = [s[0].numel() for s in sums.values()]
+        noise = self.mechanism.noise(keys, sum(sizes)).to(device=some.device, dtype=some.dtype)
+        out, offset = {}, 0  # one flat draw per row, split over the tensors in order
+        for (name, s), size in zip(sums.items(), sizes, strict=True):
+            part = noise[:, offset : offset + size]
+            out[name] = torch.add(s.reshape(len(keys), size), part).div_(width).view(s.shape)
+            offset += size
+        return out
 
     def __call__(self, params, buffers, opt_state, x, y, weight, lr, keys, width):
         """The pure form of one client's step (its real samples, ``keys``: its privacy and dropout keys
