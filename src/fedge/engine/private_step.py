@@ -136,8 +136,8 @@ class PrivateStep:
         keys = None if key is None else sample_keys(key, x.shape[0])
         per_sample = vmap(grad_and_value(one), in_dims=(None, 0, 0, 0, None if keys is None else 0))
         grads, losses = per_sample(params, x, y, weight, keys)
-        squares = sum(g.flatten(1).square().sum(dim=1) for g in grads.values())
-        norms = torch.as_tensor(squares).sqrt()
+        per_tensor = [torch.linalg.vector_norm(g.flatten(1), dim=1) for g in grads.values()]
+        norms = torch.linalg.vector_norm(torch.stack(per_tensor), dim=0)
         factor = (self.mechanism.clip / norms.clamp_min(torch.finfo(norms.dtype).tiny)).clamp(max=1.0)
         sums = {name: torch.tensordot(factor, g, dims=1) for name, g in grads.items()}
         return sums, (losses * weight).sum() / weight.sum().clamp_min(1.0)
