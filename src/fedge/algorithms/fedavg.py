@@ -12,6 +12,7 @@ from fedge.algorithms.base import Context, GlobalModel, register
 from fedge.algorithms.optimizer_state import ClientOptimizerStates
 from fedge.config import AlgorithmConfig, Fraction, SGDConfig
 from fedge.engine import buffers_of, classification_loss, make_optimizer, make_step, parameters_of
+from fedge.engine.private_step import private_step
 from fedge.metrics import RoundReport
 from fedge.runtime import StarRuntime
 
@@ -63,7 +64,8 @@ class FedAvg(GlobalModel[FedAvgConfig]):
         self.client_opt = ClientOptimizerStates(self.sgd, cfg.client_optimizer_state == "keep")
         if self.client_opt.keep:  # the kept states travel in the checkpoint; reset runs' stay as they were
             self.state_fields = (*self.state_fields, "client_opt")
-        self.step = make_step(classification_loss(self.model, ctx.criterion), self.sgd)
+        plain = make_step(classification_loss(self.model, ctx.criterion), self.sgd)
+        self.step = private_step(plain, ctx.privacy, self.model)
         self.up, self.down = ctx.network.link(cfg.codec_up), ctx.network.link(cfg.codec_down)
         self.rounds = StarRuntime(ctx, cfg.fraction, self.model, {**self.params, **self.buffers})
 

@@ -55,6 +55,7 @@ from fedge.engine.folded import FoldedKernel, clients_per_fold, folded_kernel
 from fedge.engine.host import REUSED_BLOCK_BYTES, release_free_memory, retaining_memory
 from fedge.engine.kernels import batched_kernels
 from fedge.engine.noise import NoiseStreams, RowKeys, keyed_noise
+from fedge.engine.private_step import PrivateDenseKernel, PrivateStep, private_dense_kernel, step_keys
 from fedge.engine.step import Step, StepFn, grad_leaves, leaf_gradients
 from fedge.tensors import Tensors, rows
 
@@ -292,8 +293,10 @@ def _train_one_at_a_time(
     source = (bank.params, bank.buffers, bank.opt_state)
     destination = _destination(bank)
     grid = None if keys is None else keys.grid(plan.num_steps)
+    private = step if isinstance(step, PrivateStep) else None
+    private_keys = None if private is None else step_keys(private, bank.clients, plan, grid)
     losses = torch.zeros(len(bank), device=data.device)
-    in_place = step if isinstance(step, Step) else None  # a Step updates the row in place
+    in_place = step if isinstance(step, (Step, PrivateStep)) else None  # updates the row in place
     real = _real_rows(plan)
     for r in range(len(bank)):
         params, buffers, opt_state = (rows(tensors, r) for tensors in source)
@@ -307,9 +310,12 @@ def _train_one_at_a_time(
         for s in range(steps):
             idx, weight = real(r, s)
             x, y = data.x_train[idx], data.y_train[idx]
-            noise = keyed_noise(None if grid is None else grid[r, s])
+            noise = keyed_noise(None if grid is None or private is not None else grid[r, s])
             with _failing(f"client {bank.clients[r]}", f"local step {s}"), noise:
-                if in_place is not None:
+                if private is not None and private_keys is not None:
+                    width, at = plan.index.shape[2], private_keys[r, s]
+                    loss = private.step_(params, buffers, opt_state, x, y, weight, lr, at, width, False)
+                elif isinstance(in_place, Step):
                     grads, loss, buffers = in_place.eager_gradients(params, buffers, x, y, weight)
                     in_place.optimizer.update_(params, grads, opt_state, lr)
                 else:
@@ -415,6 +421,17 @@ def _step_kernel(step: Step, keyed: bool, compile_step: bool) -> Kernel:
     return run
 
 
+@dataclass(frozen=True)
+class PrivateKernel:
+    """DP-SGD on every active row at once: per-sample gradients under a vmap over the rows, each row's
+    noise from its keys (``keys[r]``: privacy key, dropout key), over the batch width."""
+
+    step: PrivateStep
+
+    def __call__(self, params, buffers, opt_state, x, y, weight, lr, keys) -> torch.Tensor:
+        return self.step.step_(params, buffers, opt_state, x, y, weight, lr, keys, x.shape[1], True)
+
+
 def _vmapped_kernel(step: StepFn, keyed: bool, compile_step: bool) -> Kernel:
     """``step`` vmapped: :func:`_step_kernel` for a :class:`Step`, else :func:`_generic_kernel`."""
     if isinstance(step, Step):
@@ -480,6 +497,9 @@ class BatchedExecutor(Executor):
         self._compiled: dict[tuple[StepFn, bool], Kernel] = {}
 
     def _kernel(self, step: StepFn, keyed: bool, sample_shape: tuple[int, ...], trained: Tensors) -> Kernel:
+        if isinstance(step, PrivateStep):
+            dense = private_dense_kernel(step, sample_shape, trained) if self.fused else None
+            return dense or PrivateKernel(step)
         if self.fused and not keyed and isinstance(step, Step):
             fused = dense_kernel(step, sample_shape, trained) or folded_kernel(step)
             if fused is not None:
@@ -499,8 +519,10 @@ class BatchedExecutor(Executor):
             return self.chunk_clients
         count = len(bank)
         fits = self.activation_chunk(plan.index.shape[2])
-        if not isinstance(kernel, DenseKernel):
+        if not isinstance(kernel, (DenseKernel, PrivateDenseKernel)):
             grads = sum(t[0].numel() * t.element_size() for t in bank.params.values())
+            if isinstance(kernel, PrivateKernel):
+                grads *= plan.index.shape[2]  # DP-SGD holds every sample's gradient
             budget = self.chunk_bytes if retaining_memory() else min(self.chunk_bytes, REUSED_BLOCK_BYTES)
             fits = min(fits, max(1, budget // max(1, grads)))
         if isinstance(kernel, FoldedKernel):
@@ -525,6 +547,8 @@ class BatchedExecutor(Executor):
         destination = _destination(bank)
         keys = self.phase_keys(bank.clients)
         grid = None if keys is None else keys.grid(plan.num_steps)
+        if isinstance(step, PrivateStep):
+            grid = step_keys(step, bank.clients, plan, grid)
         kernel = self._kernel(step, grid is not None, tuple(data.x_train.shape[1:]), bank.params)
         size = min(self.chunk_size(bank, plan, data, kernel), max(count, 1))
         x_buffer = data.x_train.new_empty((size * plan.index.shape[2], *data.x_train.shape[1:]))

@@ -30,6 +30,7 @@ class RunPrivacy:
     calibrated: float | None = None  # the noise multiplier privacy.target_epsilon gave (set before round 1)
     round: int = 0  # the round being trained (set by the context when it opens a round's streams)
     ledger: PrivacyLedger = field(init=False)
+    calls: dict[tuple[str, int], int] = field(default_factory=dict)  # training calls per (purpose, round)
 
     def __post_init__(self) -> None:
         self.ledger = PrivacyLedger(self.num_clients, self.config.delta, self.config.accountant)
@@ -42,6 +43,13 @@ class RunPrivacy:
         if self.calibrated is None:
             raise ConfigError(key, "is unset and privacy.target_epsilon is not given to calibrate it")
         return self.calibrated
+
+    def next_call(self, purpose: str) -> int:
+        """Count one more call of ``purpose`` this round (1, 2...): a key that tells apart the noise of
+        two calls in one round, the same in every executor."""
+        key = (purpose, self.round)
+        self.calls[key] = self.calls.get(key, 0) + 1
+        return self.calls[key]
 
     def record(self, release: Release) -> None:
         """Put a release on the ledger."""

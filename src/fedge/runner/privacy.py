@@ -22,6 +22,7 @@ from fedge.privacy.ledger import UNITS
 from fedge.privacy.peer import plan_peer
 from fedge.privacy.release import Unit
 from fedge.privacy.run import RunPrivacy
+from fedge.privacy.sample import check_sample, plan_sample
 from fedge.privacy.split_sample import plan_split_sample
 
 Planner = Callable[[RunConfig, list[int], float], list[Release]]
@@ -29,9 +30,9 @@ Planner = Callable[[RunConfig, list[int], float], list[Release]]
 each mechanism's configured multiplier where it has one."""
 History = dict[tuple[Any, ...], int]
 
-PLANNERS: tuple[Planner, ...] = (plan_cut, plan_labels, plan_peer, plan_split_sample)
-"""Every mechanism's planner (split learning's cut and its labels, peer messages, DP-SGD in split
-learning's client steps)."""
+PLANNERS: tuple[Planner, ...] = (plan_cut, plan_labels, plan_peer, plan_sample, plan_split_sample)
+"""Every mechanism's planner (split learning's cut and its labels, peer messages, DP-SGD in the
+engine's local step and in split learning's client steps)."""
 
 
 def planned(
@@ -92,7 +93,9 @@ def calibrated(planners: Sequence[Planner], config: RunConfig, sizes: list[int],
 
 
 def prepare(planners: Sequence[Planner], config: RunConfig, sizes: list[int], privacy: RunPrivacy) -> None:
-    """Calibrate ``privacy`` to ``privacy.target_epsilon`` (when given) and check ``stop.max_epsilon``."""
+    """Calibrate ``privacy`` to ``privacy.target_epsilon`` (when given) and check ``stop.max_epsilon``
+    (and that the algorithm takes the mechanisms configured)."""
+    check_sample(config)
     target, budget = config.privacy.target_epsilon, config.stop.max_epsilon
     try:
         if target is not None:

@@ -41,6 +41,7 @@ from fedge.algorithms.decentralized.view import PeerView
 from fedge.comm import Link
 from fedge.data.federated import FederatedData
 from fedge.engine import ClientBank, buffers_of, classification_loss, make_optimizer, make_step, parameters_of
+from fedge.engine.private_step import private_step
 from fedge.errors import ConfigError
 from fedge.metrics import RoundReport
 from fedge.models import split
@@ -80,7 +81,8 @@ class PeerAlgorithm(LocalTraining, PeerExchange, FineTunedEvaluation, Algorithm[
         self.head = self._head_names()
         self.private = self.head if cfg.personal == "head" else set()
         self.sgd = make_optimizer(cfg.optimizer)
-        self.step = make_step(classification_loss(self.model, ctx.criterion), self.sgd)
+        plain = make_step(classification_loss(self.model, ctx.criterion), self.sgd)
+        self.step = private_step(plain, ctx.privacy, self.model)
         params, buffers = parameters_of(self.model), buffers_of(self.model)
         self.bank = ClientBank.broadcast(range(n), params, buffers)
         self.requests = ctx.network.link(cfg.codec_request)  # models sent for probing

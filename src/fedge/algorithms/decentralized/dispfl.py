@@ -30,6 +30,7 @@ from fedge.algorithms.decentralized.config import PeerConfig
 from fedge.algorithms.decentralized.hosted import HostedConfig, PeerChoice
 from fedge.algorithms.decentralized.probes import ProbeBatches
 from fedge.engine import make_step, weighted_mean
+from fedge.engine.private_step import private_step
 from fedge.errors import ConfigError
 from fedge.metrics import Evaluation, RoundReport
 from fedge.privacy.peer import unprotected
@@ -84,7 +85,7 @@ class DisPFL(PeerAlgorithm):
                 "algorithm.codec_model", "Dis-PFL sends its masked models as bitmaps (no codec)"
             )
         self.choice = PeerChoice(self.view(), cfg.peer_selection, cfg.afind, cfg.peers)
-        self.step = make_step(self._masked_loss, self.sgd)
+        self.step = private_step(make_step(self._masked_loss, self.sgd), ctx.privacy, self.model)
         shapes = {k: tuple(v.shape[1:]) for k, v in self.bank.params.items() if v.dim() > 2}
         self.densities = erk_densities(shapes, cfg.density)
         self.masks = {k: self._initial_mask(k, shapes[k]) for k in shapes}

@@ -21,6 +21,7 @@ from fedge.algorithms.decentralized.config import PeerConfig
 from fedge.algorithms.decentralized.hosted import HostedConfig, PeerChoice
 from fedge.config import aliased
 from fedge.engine import ClientBank, make_step, weighted_mean
+from fedge.engine.private_step import private_step
 from fedge.metrics import Evaluation, RoundReport
 from fedge.tensors import Tensors, rows
 
@@ -57,7 +58,7 @@ class Ditto(PeerAlgorithm):
             {k: v.clone() for k, v in self.bank.params.items()},
             {k: v.clone() for k, v in self.bank.buffers.items()},
         )
-        self.prox_step = make_step(self._prox_loss, self.sgd)
+        self.prox_step = private_step(make_step(self._prox_loss, self.sgd), ctx.privacy, self.model)
         model = {**self.personal_bank.params, **self.personal_bank.buffers}
         self.peers.meter_storage("personal_model", rows(model, 0))
 

@@ -12,6 +12,7 @@ from fedge.data.federated import FederatedData
 from fedge.distributed.evaluate import evaluate_clients_on
 from fedge.engine import ClientBank
 from fedge.engine.personal import fine_tuned
+from fedge.engine.private_step import without_privacy
 from fedge.engine.step import Optimizer, StepFn
 from fedge.metrics import Evaluation
 from fedge.models import SplitModel
@@ -49,7 +50,7 @@ class FineTunedEvaluation:
             copies = ClientBank(bank.clients, dict(bank.params), {**bank.buffers, **(extra or {})})
             bank = fine_tuned(
                 self.ctx.executor,
-                step or self.step,
+                without_privacy(step or self.step),
                 copies,
                 self.sgd.init(bank.params, rows=len(bank.clients)),
                 self.train_data,

@@ -20,6 +20,7 @@ from fedge.config import Fraction, SGDConfig
 from fedge.distributed.evaluate import evaluate_clients_on
 from fedge.engine import ClientBank
 from fedge.engine.personal import fine_tuned
+from fedge.engine.private_step import without_privacy
 from fedge.metrics import Evaluation, RoundReport
 from fedge.runtime.peers import client_block
 
@@ -65,7 +66,7 @@ class FedAvgFT(FedAvg):
         self.model.train()
         tuned = fine_tuned(
             self.ctx.executor,
-            self.step,
+            without_privacy(self.step),
             bank,
             self.sgd.init(bank.params, rows=len(bank.clients)),
             data,

@@ -39,6 +39,7 @@ from fedge.algorithms.hierarchical.submodel import CellViews, Tensors
 from fedge.algorithms.hierarchical.training import local_steps_plan, masked_step
 from fedge.distributed.evaluate import evaluate_model_on
 from fedge.engine import buffers_of, classification_loss, make_optimizer, make_step, parameters_of
+from fedge.engine.private_step import PrivateStep, private_step
 from fedge.engine.step import Step
 from fedge.errors import ConfigError
 from fedge.metrics import Evaluation, RoundReport
@@ -79,7 +80,8 @@ class HierarchicalFL(Algorithm[HierarchicalT], Generic[HierarchicalT]):
         if cfg.radio.clip is not None:
             self._check_clip(cfg)
         self.sgd = make_optimizer(cfg.optimizer)
-        self.plain_step = make_step(classification_loss(self.model, ctx.criterion), self.sgd)
+        plain = make_step(classification_loss(self.model, ctx.criterion), self.sgd)
+        self.plain_step = private_step(plain, ctx.privacy, self.model)
         self.step = masked_step(self.plain_step, self.layout)
         network = ctx.network
         self.links = CellLinks(
@@ -205,7 +207,7 @@ class HierarchicalFL(Algorithm[HierarchicalT], Generic[HierarchicalT]):
         masks (what the masked step reads)."""
         return {**self.sgd.init(params, rows=len(cell_of)), **views.client_valid(cell_of)}
 
-    def _step(self, views: CellViews) -> Step:
+    def _step(self, views: CellViews) -> Step | PrivateStep:
         """The masked step, or the plain one when every slot is real (equal cells, compact form):
         masking then multiplies by one, so the plain step gives the same numbers without the products."""
         padded = any(not bool(v.all()) for v in views.valid)

@@ -10,13 +10,14 @@ from __future__ import annotations
 
 import math
 from collections.abc import Iterable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import torch
 
 from fedge.algorithms.hierarchical.masks import HiddenLayer
 from fedge.algorithms.hierarchical.submodel import VALID, apply_valid, apply_valid_
 from fedge.data.federated import BatchPlan, FederatedData
+from fedge.engine.private_step import PrivateStep
 from fedge.engine.step import Optimizer, Step
 from fedge.tensors import Tensors
 
@@ -56,9 +57,15 @@ class MaskedOptimizer:
         apply_valid_(params, self.layout, valid)
 
 
-def masked_step(step: Step, layout: tuple[HiddenLayer, ...]) -> Step:
-    """``step`` restricted to each client's submodel; the plain ``step`` when nothing is partitioned."""
-    return Step(step.loss_fn, MaskedOptimizer(step.optimizer, layout)) if layout else step
+def masked_step(step: Step | PrivateStep, layout: tuple[HiddenLayer, ...]) -> Step | PrivateStep:
+    """``step`` restricted to each client's submodel; the plain ``step`` when nothing is partitioned.
+    A DP-SGD step stays one: the clip bounds each sample's gradient over every slot, held or not, and
+    the mask then zeroes the noise on the slots a cell does not hold (post-processing)."""
+    if not layout:
+        return step
+    if isinstance(step, PrivateStep):
+        return replace(step, optimizer=MaskedOptimizer(step.optimizer, layout))
+    return Step(step.loss_fn, MaskedOptimizer(step.optimizer, layout))
 
 
 def local_steps_plan(

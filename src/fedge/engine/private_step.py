@@ -1,0 +1,310 @@
+"""DP-SGD in every local step (``privacy.sample``; Abadi et al., "Deep learning with differential
+privacy", 2016, Algorithm 1): each sample's gradient clipped to L2 norm ``C`` over all trained
+parameters, the clipped gradients summed, Gaussian noise of std ``z C`` added, and the sum divided by
+the batch size ``B`` before the optimizer's update.
+
+Per-sample gradients come from ``torch.func``: ``vmap(grad(loss of one sample))`` over a client's batch;
+the batched executor maps that whole function over its clients (a vmap inside a vmap), the sequential
+executor calls it for one client at a time. A padding sample (weight 0) has a zero loss, so a zero
+gradient: it adds nothing to the sum.
+
+The divisor is the configured batch size ``B`` (the width of the batch plan), not the count of real
+samples: a short last batch is then a smaller sum over the same ``B``, and the noise on every step's
+gradient has std exactly ``z C / B``. With a clip no gradient reaches and no noise the step equals the
+non-private one wherever a batch is full.
+
+Noise is drawn per row and local step from the run's seeded privacy streams, keyed by (round, training
+call of the round, client, occurrence of the client in the call, step): the sequential and batched
+executors, any chunking of clients and a resumed run add the same numbers.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+from torch import nn
+from torch.func import grad_and_value, vmap
+
+from fedge.data.federated import BatchPlan
+from fedge.engine.dense import Layer, Linear, Relu, dense_kernel
+from fedge.engine.noise import MASK32, keyed_noise, mix32
+from fedge.engine.step import LossFn, Optimizer, Step, StepFn
+from fedge.errors import ConfigError
+from fedge.privacy.release import GAUSSIAN, Release
+from fedge.privacy.run import RunPrivacy
+from fedge.privacy.sample import GRADIENT
+from fedge.rng import derive_seed
+from fedge.tensors import Tensors
+
+KEY = "privacy.sample"
+_SAMPLE_SALT = 0x27D4EB2F  # tells a sample's dropout key apart from its row's
+
+
+@dataclass
+class SampleMechanism:
+    """The run's DP-SGD mechanism: its clip, noise multiplier, releases and noise streams.
+
+    The run's privacy counts the training calls of each round, so two calls in one round (HIST's edge
+    rounds, an alternating local update, Ditto's two models) draw different noise; the count is the
+    same on either executor.
+    """
+
+    privacy: RunPrivacy
+    clip: float
+    multiplier: float  # z: the configured noise multiplier, else the one privacy.target_epsilon calibrated
+
+    def open(self, clients: tuple[int, ...], plan: BatchPlan) -> torch.Tensor:
+        """Start a training call of ``clients`` by ``plan``: record its releases and return the
+        ``[rows, steps]`` noise keys of its rows (int64)."""
+        round_ = self.privacy.round
+        call = self.privacy.next_call(GRADIENT)
+        seen: dict[int, int] = {}
+        keys = np.zeros((len(clients), plan.num_steps), dtype=np.int64)
+        for r, c in enumerate(clients):
+            occurrence = seen[int(c)] = seen.get(int(c), -1) + 1
+            for s in range(plan.num_steps):
+                keys[r, s] = derive_seed(self.privacy.seed, "sample-dp", round_, call, int(c), occurrence, s)
+        for client, count in most_uses(clients, plan).items():
+            self.privacy.record(self.release(round_, client, count))
+        return torch.from_numpy(keys)
+
+    def release(self, round_: int, client: int, count: int) -> Release:
+        """``count`` sample-level Gaussian releases of ``client``'s noisy gradients in ``round_``."""
+        return Release(
+            round_, GRADIENT, "sample", GAUSSIAN, self.multiplier, self.clip, count=count, clients=(client,)
+        )
+
+    def noise(self, keys: list[int], size: int) -> torch.Tensor:
+        """``[rows, size]`` Gaussian noise of std ``z C``, row r from the stream keyed ``keys[r]`` (drawn
+        in float32 on the CPU, as every privacy stream is, so every device adds the same numbers)."""
+        flat = torch.empty(len(keys), size, dtype=torch.float32)
+        for row, key in zip(flat, keys, strict=True):
+            torch.randn(size, generator=self.privacy.generator(GRADIENT, key), out=row)
+        return flat.mul_(self.multiplier * self.clip)
+
+
+def most_uses(clients: tuple[int, ...], plan: BatchPlan) -> dict[int, int]:
+    """Per client, the most times any one of its samples is in a batch of ``plan`` (its real entries):
+    each use is one release of that sample (the batches of an epoch are disjoint)."""
+    index, real = plan.index.cpu().numpy(), (plan.weight > 0).cpu().numpy()
+    by_client: dict[int, list[np.ndarray]] = {}
+    for r, c in enumerate(clients):
+        by_client.setdefault(int(c), []).append(index[r][real[r]])
+    out = {}
+    for client, parts in by_client.items():
+        used = np.concatenate(parts)
+        if used.size:
+            out[client] = int(np.unique(used, return_counts=True)[1].max())
+    return out
+
+
+def sample_keys(key: torch.Tensor, count: int) -> torch.Tensor:
+    """Dropout keys of a batch's ``count`` samples from their row's key (each sample's masks its own)."""
+    index = torch.arange(count, dtype=torch.int64, device=key.device)
+    return mix32(key ^ mix32((index + 1) * _SAMPLE_SALT & MASK32))
+
+
+@dataclass(frozen=True)
+class PrivateStep:
+    """A local step of ``loss_fn`` and ``optimizer`` with DP-SGD's gradient (``mechanism``)."""
+
+    loss_fn: LossFn
+    optimizer: Optimizer
+    mechanism: SampleMechanism
+
+    def clipped_sum(
+        self,
+        params: Tensors,
+        buffers: Tensors,
+        x: torch.Tensor,
+        y: torch.Tensor,
+        weight: torch.Tensor,
+        key: torch.Tensor | None = None,
+    ) -> tuple[Tensors, torch.Tensor]:
+        """One client's sum of per-sample gradients, each clipped to ``C``, and its mean loss over the
+        real samples (pure: runs under the batched executor's vmap over clients). ``key``: the row's
+        dropout key (None: no random layers)."""
+
+        def one(p: Tensors, xi: torch.Tensor, yi: torch.Tensor, wi: torch.Tensor, ki: torch.Tensor | None):
+            with keyed_noise(ki):
+                loss, _ = self.loss_fn(p, buffers, xi[None], yi[None], wi[None])
+            return loss
+
+        keys = None if key is None else sample_keys(key, x.shape[0])
+        per_sample = vmap(grad_and_value(one), in_dims=(None, 0, 0, 0, None if keys is None else 0))
+        grads, losses = per_sample(params, x, y, weight, keys)
+        per_tensor = [torch.linalg.vector_norm(g.flatten(1), dim=1) for g in grads.values()]
+        norms = torch.linalg.vector_norm(torch.stack(per_tensor), dim=0)
+        factor = (self.mechanism.clip / norms.clamp_min(torch.finfo(norms.dtype).tiny)).clamp(max=1.0)
+        sums = {name: torch.tensordot(factor, g, dims=1) for name, g in grads.items()}
+        return sums, (losses * weight).sum() / weight.sum().clamp_min(1.0)
+
+    def noisy_gradients(self, sums: Tensors, keys: list[int], width: int) -> Tensors:
+        """Stacked clipped sums (``[rows, ...]``) plus each row's noise, over the batch size ``width``."""
+        if self.mechanism.multiplier == 0.0:
+            return {name: s / width for name, s in sums.items()}
+        some = next(iter(sums.values()))
+        sizes = [s[0].numel() for s in sums.values()]
+        noise = self.mechanism.noise(keys, sum(sizes)).to(device=some.device, dtype=some.dtype)
+        out, offset = {}, 0  # one flat draw per row, split over the tensors in order
+        for (name, s), size in zip(sums.items(), sizes, strict=True):
+            part = noise[:, offset : offset + size]
+            out[name] = torch.add(s.reshape(len(keys), size), part).div_(width).view(s.shape)
+            offset += size
+        return out
+
+    def __call__(self, params, buffers, opt_state, x, y, weight, lr, keys, width):
+        """The pure form of one client's step (its real samples, ``keys``: its privacy and dropout keys
+        at this step, ``width``: the batch size): new tensors, the inputs left as they were."""
+        params = {name: p.clone() for name, p in params.items()}
+        opt_state = {name: s.clone() for name, s in opt_state.items()}
+        loss = self.step_(params, buffers, opt_state, x, y, weight, lr, keys, width, False)
+        return params, buffers, opt_state, loss
+
+    def step_(
+        self,
+        params: Tensors,
+        buffers: Tensors,
+        opt_state: Tensors,
+        x: torch.Tensor,
+        y: torch.Tensor,
+        weight: torch.Tensor,
+        lr: float,
+        keys: torch.Tensor,
+        width: int,
+        batched: bool,
+    ) -> torch.Tensor:
+        """One DP-SGD step in place on stacked rows (``batched``: every row at once under vmap; else one
+        row, unstacked, on its real samples). ``keys[r]``: row r's (privacy key, dropout key or -1);
+        returns the rows' losses (``[rows]``, or one value)."""
+        dropout = keys[..., 1]
+        keyed = bool((dropout >= 0).all())
+        with torch.no_grad():
+            if batched:
+                in_dims = (0, 0, 0, 0, 0, 0 if keyed else None)
+                fn = vmap(self.clipped_sum, in_dims=in_dims, randomness="different")
+                sums, loss = fn(params, buffers, x, y, weight, dropout.to(x.device) if keyed else None)
+                privacy_keys = [int(k) for k in keys[:, 0]]
+            else:
+                sums, loss = self.clipped_sum(
+                    params, buffers, x, y, weight, dropout.to(x.device) if keyed else None
+                )
+                sums = {name: s[None] for name, s in sums.items()}
+                privacy_keys = [int(keys[0])]
+            grads = self.noisy_gradients(sums, privacy_keys, width)
+            if not batched:
+                grads = {name: g[0] for name, g in grads.items()}
+            self.optimizer.update_(params, grads, opt_state, lr)
+        return loss
+
+
+def step_keys(
+    step: PrivateStep, clients: tuple[int, ...], plan: BatchPlan, dropout: torch.Tensor | None
+) -> torch.Tensor:
+    """``[rows, steps, 2]``: each row's privacy key and dropout key (-1 without random layers) at every
+    step of a training call (which :meth:`SampleMechanism.open` starts)."""
+    privacy = step.mechanism.open(clients, plan)
+    other = torch.full_like(privacy, -1) if dropout is None else dropout.cpu().to(torch.int64)
+    return torch.stack([privacy, other], dim=-1)
+
+
+def without_privacy(step: StepFn | PrivateStep) -> StepFn:
+    """``step`` without DP-SGD: what evaluation fine-tunes with (a fine-tuned copy is only tested, never
+    sent, so it releases nothing and spends no budget)."""
+    return Step(step.loss_fn, step.optimizer) if isinstance(step, PrivateStep) else step
+
+
+def private_step(step: Step, privacy: RunPrivacy, model: nn.Module) -> Step | PrivateStep:
+    """``step`` with DP-SGD where the run configures ``privacy.sample`` (else ``step`` itself). A model
+    with BatchNorm is refused: its batch statistics mix the samples of a batch, so a sample's gradient
+    is not its own (GroupNorm and LayerNorm are per sample)."""
+    sample = privacy.config.sample
+    if sample is None:
+        return step
+    if any(isinstance(m, nn.modules.batchnorm._BatchNorm) for m in model.modules()):
+        raise ConfigError(
+            KEY, "needs per-sample gradients, which BatchNorm's batch statistics mix; use GroupNorm"
+        )
+    multiplier = privacy.multiplier(sample.noise_multiplier, f"{KEY}.noise_multiplier")
+    return PrivateStep(step.loss_fn, step.optimizer, SampleMechanism(privacy, sample.clip, multiplier))
+
+
+@dataclass(frozen=True)
+class PrivateDenseKernel:
+    """DP-SGD for stacked clients of a dense chain (:func:`~fedge.engine.dense.dense_layers`) without
+    any per-sample gradient: the batched executor's kernel where it applies.
+
+    A ``Linear`` layer's gradient on sample i is the outer product ``d_i a_i^T`` of its output gradient
+    and its input, so its squared norm is ``|d_i|^2 |a_i|^2`` (plus ``|d_i|^2`` for the bias): every
+    sample's norm over all layers comes from the activations and output gradients a backward pass holds
+    anyway (Goodfellow's trick, "Efficient per-example gradient computations", 2015). The clipped sum is
+    then ``(f * d)^T a`` with each sample's factor ``f_i = min(1, C / |g_i|)``: one batched product per
+    layer, as in non-private training. The numbers are the per-sample path's up to rounding.
+    """
+
+    layers: tuple[Layer, ...]
+    step: PrivateStep
+
+    @torch.no_grad()
+    def __call__(self, params, buffers, opt_state, x, y, weight, lr, keys) -> torch.Tensor:
+        h, saved = x, []  # each Linear's input, each ReLU's output
+        for layer in self.layers:
+            if isinstance(layer, Linear):
+                saved.append(h)
+                w = params[layer.weight].transpose(1, 2)
+                h = (
+                    torch.bmm(h, w)
+                    if layer.bias is None
+                    else torch.baddbmm(params[layer.bias][:, None], h, w)
+                )
+            elif isinstance(layer, Relu):
+                h = torch.relu(h)
+                saved.append(h)
+            else:
+                h = h.flatten(2)
+        log_p = torch.log_softmax(h, dim=-1)
+        picked = log_p.gather(-1, y[..., None]).squeeze(-1)
+        loss = -(picked * weight).sum(dim=1) / weight.sum(dim=1).clamp_min(1.0)
+        grad = log_p.exp_()  # each sample's own loss: d loss_i / d logits_i = (softmax - one-hot) w_i
+        grad.scatter_add_(-1, y[..., None], -torch.ones_like(picked)[..., None])
+        grad.mul_(weight[..., None])
+        pairs: list[tuple[Linear, torch.Tensor, torch.Tensor]] = []  # (layer, output gradient, input)
+        squares = torch.zeros_like(weight)
+        first = next(i for i, layer in enumerate(self.layers) if isinstance(layer, Linear))
+        for i in range(len(self.layers) - 1, first - 1, -1):
+            layer = self.layers[i]
+            if isinstance(layer, Relu):
+                grad = torch.ops.aten.threshold_backward(grad, saved.pop(), 0)
+            elif isinstance(layer, Linear):
+                inputs = saved.pop()
+                outputs = grad.square().sum(dim=-1)
+                squares += outputs * inputs.square().sum(dim=-1)
+                if layer.bias is not None:
+                    squares += outputs
+                pairs.append((layer, grad, inputs))
+                if i > first:
+                    grad = torch.bmm(grad, params[layer.weight])
+        clip = self.step.mechanism.clip
+        factor = (clip / squares.sqrt().clamp_min(torch.finfo(squares.dtype).tiny)).clamp(max=1.0)
+        sums: Tensors = {}
+        for layer, out_grad, inputs in pairs:
+            scaled = out_grad * factor[..., None]
+            sums[layer.weight] = torch.bmm(scaled.transpose(1, 2), inputs)
+            if layer.bias is not None:
+                sums[layer.bias] = scaled.sum(dim=1)
+        ordered = {name: sums[name] for name in params}  # the noise is drawn over the parameters in order
+        grads = self.step.noisy_gradients(ordered, [int(k) for k in keys[:, 0]], x.shape[1])
+        self.step.optimizer.update_(params, grads, opt_state, lr)
+        return loss
+
+
+def private_dense_kernel(
+    step: PrivateStep, sample_shape: tuple[int, ...], trained: Iterable[str]
+) -> PrivateDenseKernel | None:
+    """:class:`PrivateDenseKernel` of ``step`` where the non-private step would get the dense kernel
+    (:func:`~fedge.engine.dense.dense_kernel`'s conditions), else None."""
+    dense = dense_kernel(Step(step.loss_fn, step.optimizer), sample_shape, trained)
+    return None if dense is None else PrivateDenseKernel(dense.layers, step)
