@@ -215,8 +215,8 @@ def test_an_unset_multiplier_without_a_target_is_refused_naming_the_key(tmp_path
         build_run(fedge.resolve_config(config(tmp_path, sample={"clip": 1.0})))
 
 
-@pytest.mark.parametrize("algorithm", ["splitfed_v2", "centralized", "fedasync"])
-def test_families_without_the_shared_step_refuse_it(tmp_path, algorithm):
+@pytest.mark.parametrize("algorithm", ["centralized", "fedasync"])
+def test_families_without_a_dp_sgd_step_refuse_it(tmp_path, algorithm):
     with pytest.raises(ConfigError, match="privacy.sample"):
         build_run(fedge.resolve_config(config(tmp_path, algorithm, NOISY)))
 
