@@ -12,6 +12,7 @@ from typing import Any
 
 from fedge.aggregation import sites
 from fedge.aggregation.means import AnchoredMean, BlockMean, WeightedMean
+from fedge.aggregation.private import Clip, Gaussian, GaussianShare
 from fedge.aggregation.stage import Reducer, Stage
 
 SITE_MEANS: dict[str, type[Reducer]] = {
@@ -26,8 +27,13 @@ SITE_MEANS: dict[str, type[Reducer]] = {
 MEAN = "mean"
 """The built-in stage name for a site's own mean."""
 
-STAGES: dict[str, Callable[..., Stage]] = {}
-"""Registered stages by name (the built-in ``mean`` is resolved per site, not through this table)."""
+STAGES: dict[str, Callable[..., Stage]] = {
+    "clip": Clip,
+    "gaussian_share": GaussianShare,
+    "gaussian": Gaussian,
+}
+"""Registered stages by name: client-level DP's (:mod:`fedge.aggregation.private`) and the users' (the
+built-in ``mean`` is resolved per site, not through this table)."""
 
 BUILT_IN = frozenset({MEAN})
 

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from abc import ABC, abstractmethod
 from dataclasses import dataclass
-from typing import ClassVar
+from typing import Any, ClassVar
 
 from fedge.aggregation.updates import Updates
 from fedge.privacy.run import RunPrivacy
@@ -23,11 +23,13 @@ from fedge.tensors import Tensors
 class StageRun:
     """What a stage may read of its run, given once when its pipeline is built (:meth:`Transform.bind`):
     its site, the run seed, and the run's privacy side (the ledger a mechanism records its releases in,
-    its seeded noise streams and calibrated noise multiplier; ``None`` outside a run)."""
+    its seeded noise streams and calibrated noise multiplier; ``None`` outside a run), and the stage's
+    config key (what a refusal names)."""
 
     site: str
     seed: int = 0
     privacy: RunPrivacy | None = None
+    key: str = "aggregation.stages"
 
 
 class Bindable:
@@ -35,6 +37,14 @@ class Bindable:
 
     def bind(self, run: StageRun) -> None:
         """Keep what the stage needs of ``run`` (by default nothing)."""
+
+    def state_dict(self) -> dict[str, Any]:
+        """What the stage carries from one aggregation to the next (an adaptive clip's bound, say), for
+        the run's checkpoint; empty for a stage without state (the default)."""
+        return {}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        """Take back :meth:`state_dict`'s state on a resume (by default there is none)."""
 
 
 class Transform(Bindable, ABC):
