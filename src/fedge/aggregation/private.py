@@ -30,6 +30,7 @@ from typing import Any, ClassVar
 import torch
 
 from fedge.aggregation import sites
+from fedge.aggregation.means import BlockMean, WeightedMean
 from fedge.aggregation.stage import Reducer, StageRun, Transform
 from fedge.aggregation.updates import Part, Updates
 from fedge.errors import ConfigError
@@ -105,21 +106,30 @@ def _unflat(flat: torch.Tensor, like: Tensors, names: list[str]) -> Tensors:
     return out
 
 
-def _privacy(run: StageRun, name: str) -> RunPrivacy:
+def _bound(run: StageRun, name: str) -> RunPrivacy | None:
+    """The run's privacy side, once the site is one where a client-level release can be accounted
+    (refused in one line naming the key). Outside a run (a config check builds every site) there is
+    nothing to bind: the stage is then refused only where a run aggregates with it."""
     if run.privacy is None:
-        raise ConfigError(run.key, f"{name} draws seeded noise and records releases: it needs a run")
-    return run.privacy
-
-
-def _check_site(run: StageRun, name: str) -> None:
-    """Refuse a site where a client-level release cannot be accounted, in one line naming the key."""
+        return None
     why = {
         sites.PEER: "peers release their own messages: use privacy.peer",
         sites.CLOUD: "the cloud's rows are cells' models, not clients': put the noise at the edge",
         sites.BUFFER: "an asynchronous buffer's clients arrive unsampled: no sampling analysis covers it",
     }
     if run.site not in NOISED_SITES:
-        raise ConfigError(run.key, f"{name} cannot be accounted at the {run.site} ({why[run.site]}); set at:")
+        sites_named = ", ".join(NOISED_SITES)
+        raise ConfigError(
+            run.key,
+            f"{name} cannot be accounted at the {run.site} ({why[run.site]}); set at: [{sites_named}]",
+        )
+    return run.privacy
+
+
+def _needed(privacy: RunPrivacy | None, name: str) -> RunPrivacy:
+    if privacy is None:
+        raise ValueError(f"{name} draws seeded noise and records releases: bind it to a run")
+    return privacy
 
 
 def _sampling(privacy: RunPrivacy, updates: Updates, key: str) -> dict[str, Any]:
@@ -200,8 +210,7 @@ class Clip(Transform):
     def bind(self, run: StageRun) -> None:
         self.key = run.key
         if self.adaptive:
-            _check_site(run, "adaptive clipping")
-            self.privacy = _privacy(run, "adaptive clipping")
+            self.privacy = _bound(run, "adaptive clipping")
 
     def state_dict(self) -> dict[str, Any]:
         return {"clip": self.bound} if self.adaptive else {}
@@ -240,8 +249,7 @@ class Clip(Transform):
     ) -> None:
         """Andrew et al.'s geometric update of the bound from the noisy count of unclipped rows (one
         release per output, sensitivity 1)."""
-        assert self.privacy is not None
-        privacy, call = self.privacy, self.calls.next(updates.round)
+        privacy, call = _needed(self.privacy, "adaptive clipping"), self.calls.next(updates.round)
         sigma = privacy.multiplier(self.count_noise_multiplier, f"{self.key}.options.count_noise_multiplier")
         counts = torch.bincount(block_of.cpu(), weights=inside.cpu().double(), minlength=outputs)
         divisors = _divisors(privacy, updates, torch.bincount(block_of.cpu(), minlength=outputs))
@@ -263,12 +271,9 @@ def _block_weights(block_of: torch.Tensor, outputs: int, shares: torch.Tensor) -
     return weights
 
 
-def _shared(
-    privacy: RunPrivacy, updates: Updates, multiplier: float, call: int
-) -> tuple[Updates, torch.Tensor, torch.Tensor]:
+def _shared(privacy: RunPrivacy, updates: Updates, multiplier: float, call: int) -> Updates:
     """``updates`` with every sender's share of std ``z C / sqrt(n)`` on its row (``n``: its output's
-    rows), drawn from the stream keyed by (round, site, call, sender); also each row's output and the
-    outputs' row counts."""
+    rows), drawn from the stream keyed by (round, site, call, sender)."""
     if updates.clip is None:
         raise ValueError("the noise needs a clip stage before it (the sensitivity)")
     part = updates.joined()
@@ -289,7 +294,7 @@ def _shared(
     )
     rows = {**part.rows, **_unflat(flat + noise, part.rows, names)}
     shared = Part(rows, part.weights, part.masks, part.senders)
-    return replace(updates.with_parts(shared), noise=multiplier), block_of, counts
+    return replace(updates.with_parts(shared), noise=multiplier)
 
 
 class GaussianShare(Transform):
@@ -305,14 +310,15 @@ class GaussianShare(Transform):
         self.noise_multiplier = noise_multiplier
         self.calls = _Calls()
         self.key = "aggregation.stages"
+        self.privacy: RunPrivacy | None = None
 
     def bind(self, run: StageRun) -> None:
-        _check_site(run, "gaussian_share")
-        self.privacy, self.key = _privacy(run, "gaussian_share"), run.key
+        self.privacy, self.key = _bound(run, "gaussian_share"), run.key
 
     def apply(self, updates: Updates) -> Updates:
-        z = self.privacy.multiplier(self.noise_multiplier, f"{self.key}.options.noise_multiplier")
-        return _shared(self.privacy, updates, z, self.calls.next(updates.round))[0]
+        privacy = _needed(self.privacy, "gaussian_share")
+        z = privacy.multiplier(self.noise_multiplier, f"{self.key}.options.noise_multiplier")
+        return _shared(privacy, updates, z, self.calls.next(updates.round))
 
 
 class Gaussian(Reducer):
@@ -337,49 +343,41 @@ class Gaussian(Reducer):
         self.noise_multiplier, self.mode = noise_multiplier, mode
         self.calls = _Calls()
         self.key = "aggregation.stages"
+        self.privacy: RunPrivacy | None = None
 
     def bind(self, run: StageRun) -> None:
-        _check_site(run, "gaussian")
-        self.privacy, self.key = _privacy(run, "gaussian"), run.key
+        self.privacy, self.key = _bound(run, "gaussian"), run.key
 
     def reduce(self, updates: Updates) -> Tensors:
-        privacy, call = self.privacy, self.calls.next(updates.round)
+        privacy, call = _needed(self.privacy, "gaussian"), self.calls.next(updates.round)
         clip = updates.clip
         if clip is None:
             raise ConfigError(self.key, "gaussian needs a clip stage before it (its sensitivity)")
         z = privacy.multiplier(self.noise_multiplier, f"{self.key}.options.noise_multiplier")
         if self.mode == "distributed" and updates.noise == 0.0:
-            updates = _shared(privacy, updates, z, call)[0]
+            updates = _shared(privacy, updates, z, call)
         elif self.mode == "distributed" and self.noise_multiplier not in (None, updates.noise):
             raise ConfigError(self.key, "the noise_multiplier differs from the gaussian_share stage's")
         if self.mode == "distributed":
             z = updates.noise
         part = updates.joined()
         block_of, outputs = _blocks(updates, part)
-        names = _floating(part)
-        reference = _reference_rows(updates, part, block_of, names)
-        delta = _flat(part.rows, names) - _flat(reference, names)
-        sums = torch.zeros(outputs, delta.shape[1], dtype=delta.dtype, device=delta.device)
-        sums.index_add_(0, block_of.to(delta.device), delta)
+        counts = torch.bincount(block_of.cpu(), minlength=outputs)
+        out = self._mean(updates, part, block_of, outputs, counts)
         if self.mode == "central" and z > 0:
-            noise = [
-                privacy.gaussian(sums[b], z * clip, UPDATE, updates.round, updates.site, call, b)
+            names = _floating(part)
+            dims = sum(part.rows[k][0].numel() for k in names)
+            like = torch.empty(dims, dtype=part.rows[names[0]].dtype)
+            draws = [
+                privacy.gaussian(like, z * clip, UPDATE, updates.round, updates.site, call, b)
                 for b in range(outputs)
             ]
-            sums = sums + torch.stack(noise)
-        counts = torch.bincount(block_of.cpu(), minlength=outputs)
-        divisors = _divisors(privacy, updates, counts).to(device=delta.device, dtype=delta.dtype)
-        assert updates.reference is not None  # _reference_rows checked it
-        base = torch.cat([updates.reference[k].reshape(outputs, -1) for k in names], dim=1)
-        mean = _unflat(base.to(delta.dtype) + sums / divisors[:, None], part.rows, names)
-        out: Tensors = {k: v if updates.per_receiver else v[0] for k, v in mean.items()}
-        for name, t in part.rows.items():
-            if not t.is_floating_point():
-                low = torch.full(
-                    (outputs, *t.shape[1:]), torch.iinfo(t.dtype).min, dtype=t.dtype, device=t.device
-                )
-                top = low.index_reduce_(0, block_of.to(t.device), t, "amax")
-                out[name] = top if updates.per_receiver else top[0]
+            divisors = _divisors(privacy, updates, counts)
+            noise = torch.stack(draws) / divisors[:, None].to(like.dtype)
+            shaped = {
+                k: v if updates.per_receiver else v[0] for k, v in _unflat(noise, part.rows, names).items()
+            }
+            out = {**out, **{k: out[k] + shaped[k].to(out[k].device) for k in names}}
         sampling = _sampling(privacy, updates, self.key)
         kind = EDGE if updates.site == sites.EDGE else UPDATE
         for block in range(outputs):
@@ -388,3 +386,29 @@ class Gaussian(Reducer):
                 Release(updates.round, kind, "client", GAUSSIAN, z, clip, clients=members, **sampling)
             )
         return out
+
+    def _mean(
+        self, updates: Updates, part: Part, block_of: torch.Tensor, outputs: int, counts: torch.Tensor
+    ) -> Tensors:
+        """Each output's reference plus its rows' summed change over the expected cohort, before the
+        central noise. With the rows as divisor (fixed participation, a cell) that is the rows'
+        unweighted mean, taken as the site's mean takes it (so clip 1e9 and noise 0 give the plain
+        mean's numbers); under Poisson participation the sum over ``q N``."""
+        if updates.per_receiver:
+            uniform = _block_weights(
+                block_of, outputs, (1.0 / counts.double())[block_of.cpu()].to(block_of.device)
+            )
+        else:
+            uniform = torch.full((len(block_of),), 1.0 / len(block_of), dtype=torch.float64)
+        uniform = uniform.to(part.weights.device)
+        even = updates.with_parts(Part(part.rows, uniform, part.masks, part.senders))
+        mean = (BlockMean() if updates.per_receiver else WeightedMean()).reduce(even)
+        drawn = self.privacy.participation if self.privacy is not None else None
+        if updates.site != sites.SERVER or drawn is None or drawn.sampling != "poisson":
+            return mean
+        assert updates.reference is not None
+        scale = len(block_of) / (drawn.probability * drawn.population)  # |S| / (q N)
+        for name in _floating(part):
+            ref = updates.reference[name]
+            mean[name] = ref + (mean[name] - ref) * scale
+        return mean
