@@ -353,13 +353,14 @@ class Gaussian(Reducer):
         clip = updates.clip
         if clip is None:
             raise ConfigError(self.key, "gaussian needs a clip stage before it (its sensitivity)")
-        z = privacy.multiplier(self.noise_multiplier, f"{self.key}.options.noise_multiplier")
-        if self.mode == "distributed" and updates.noise == 0.0:
-            updates = _shared(privacy, updates, z, call)
-        elif self.mode == "distributed" and self.noise_multiplier not in (None, updates.noise):
-            raise ConfigError(self.key, "the noise_multiplier differs from the gaussian_share stage's")
-        if self.mode == "distributed":
+        if self.mode == "distributed" and updates.noise is not None:  # the senders added their shares
+            if self.noise_multiplier not in (None, updates.noise):
+                raise ConfigError(self.key, "the noise_multiplier differs from the gaussian_share stage's")
             z = updates.noise
+        else:
+            z = privacy.multiplier(self.noise_multiplier, f"{self.key}.options.noise_multiplier")
+            if self.mode == "distributed":
+                updates = _shared(privacy, updates, z, call)
         part = updates.joined()
         block_of, outputs = _blocks(updates, part)
         counts = torch.bincount(block_of.cpu(), minlength=outputs)

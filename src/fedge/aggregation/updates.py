@@ -56,8 +56,8 @@ class Updates:
     started from where the site has one (the broadcast global model of a server; ``None`` elsewhere):
     what a stage that works on deltas (clipping, say) measures the rows against. ``clip`` is the L2
     bound a clipping stage put on every row's change from the reference (``None``: unbounded), and
-    ``noise`` the noise multiplier of the Gaussian shares the rows already carry (0: none), what a
-    noise-adding reducer reads.
+    ``noise`` the noise multiplier of the Gaussian shares the rows already carry (``None``: none), what
+    a noise-adding reducer reads.
     """
 
     site: str
@@ -65,7 +65,7 @@ class Updates:
     parts: tuple[Part, ...]
     reference: Tensors | None = field(default=None)
     clip: float | None = None
-    noise: float = 0.0
+    noise: float | None = None
 
     @classmethod
     def of(
