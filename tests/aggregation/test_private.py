@@ -84,7 +84,12 @@ def test_each_aggregation_records_one_client_level_release_at_the_rounds_samplin
     gaussian = bound(Gaussian(noise_multiplier=1.5), privacy)
     gaussian.reduce(Clip(clip=2.0).apply(server_updates(torch.ones(4, 3), torch.zeros(3), round_=3)))
     (release,) = privacy.ledger.releases
-    assert (release.round, release.kind, release.unit, release.noise_multiplier) == (3, "update", "client", 1.5)
+    assert (release.round, release.kind, release.unit, release.noise_multiplier) == (
+        3,
+        "update",
+        "client",
+        1.5,
+    )
     assert (release.sampling, release.sample_size, release.population) == ("without_replacement", 4, 10)
     assert release.clip == 2.0 and release.clients is None
 

@@ -80,6 +80,18 @@ def plan_client_level(config: RunConfig, data_sizes: list[int], multiplier: floa
     if not planned:
         return []
     site = _site(config, f"aggregation.stages.{planned[0][3]}")
+    if site == sites.EDGE:  # a hierarchy aggregates at its cloud too, where no client-level release fits
+        for i, stage in enumerate(stages):
+            noised = (
+                stage.name in ("gaussian", "gaussian_share")
+                or stage.name == "clip"
+                and stage.options.get("adaptive")
+            )
+            if noised and _applies(stage, sites.CLOUD):
+                raise ConfigError(
+                    f"aggregation.stages.{i}",
+                    f"{stage.name} cannot be accounted at the cloud; set at: [edge]",
+                )
     planned = [p for p in planned if _applies(stages[p[3]], site)]
     clients = len(data_sizes)
     releases: list[Release] = []
