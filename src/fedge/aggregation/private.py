@@ -34,6 +34,7 @@ from fedge.aggregation.means import BlockMean, WeightedMean
 from fedge.aggregation.stage import Reducer, StageRun, Transform
 from fedge.aggregation.updates import Part, Updates
 from fedge.errors import ConfigError
+from fedge.privacy.client_level import COUNT, EDGE, UPDATE
 from fedge.privacy.release import GAUSSIAN, Release
 from fedge.privacy.run import RunPrivacy
 from fedge.tensors import Tensors
@@ -41,14 +42,8 @@ from fedge.tensors import Tensors
 NOISED_SITES = (sites.SERVER, sites.EDGE)
 """Where a client-level Gaussian release can be accounted: a star server (its runtime says how it draws
 its clients) and an edge server (every member of its cell takes part)."""
-UPDATE = "update"
-"""The release kind (and noise purpose) of a server's noisy aggregate."""
-EDGE = "edge"
-"""The release kind of an edge server's noisy aggregate."""
 SHARE = "update-share"
 """The noise purpose of a sender's distributed share."""
-COUNT = "clip_count"
-"""The release kind (and noise purpose) of an adaptive clip's noisy count."""
 WEIGHTS = ("uniform", "samples")
 
 

@@ -14,12 +14,19 @@ from __future__ import annotations
 
 from typing import Any
 
-from fedge.aggregation import sites
-from fedge.aggregation.private import COUNT, EDGE, UPDATE
 from fedge.config import RunConfig, StageConfig
 from fedge.errors import ConfigError
 from fedge.privacy.release import GAUSSIAN, Release
 from fedge.privacy.run import Participation
+
+UPDATE = "update"
+"""The release kind (and noise purpose) of a server's noisy aggregate."""
+EDGE = "edge"
+"""The release kind of an edge server's noisy aggregate (and the edge site's name)."""
+COUNT = "clip_count"
+"""The release kind (and noise purpose) of an adaptive clip's noisy count."""
+SERVER, CLOUD = "server", "cloud"
+"""The aggregation sites a plan is made for, and the hierarchy's one it refuses."""
 
 STAR_ALGORITHMS = ("fedavg", "fedavg_ft")
 """The algorithms whose server draws its clients by the star round (what ``privacy.participation`` sets)."""
@@ -47,9 +54,9 @@ def _site(config: RunConfig, key: str) -> str:
     """Where a client-level stage of this run is accounted, or one line naming ``key``."""
     name = config.algorithm.name
     if name in STAR_ALGORITHMS:
-        return sites.SERVER
+        return SERVER
     if name in HIERARCHICAL_ALGORITHMS:
-        return sites.EDGE
+        return EDGE
     known = ", ".join((*STAR_ALGORITHMS, *HIERARCHICAL_ALGORITHMS))
     raise ConfigError(key, f"client-level noise is accounted for {known}, not {name}")
 
@@ -80,14 +87,14 @@ def plan_client_level(config: RunConfig, data_sizes: list[int], multiplier: floa
     if not planned:
         return []
     site = _site(config, f"aggregation.stages.{planned[0][3]}")
-    if site == sites.EDGE:  # a hierarchy aggregates at its cloud too, where no client-level release fits
+    if site == EDGE:  # a hierarchy aggregates at its cloud too, where no client-level release fits
         for i, stage in enumerate(stages):
             noised = (
                 stage.name in ("gaussian", "gaussian_share")
                 or stage.name == "clip"
                 and stage.options.get("adaptive")
             )
-            if noised and _applies(stage, sites.CLOUD):
+            if noised and _applies(stage, CLOUD):
                 raise ConfigError(
                     f"aggregation.stages.{i}",
                     f"{stage.name} cannot be accounted at the cloud; set at: [edge]",
@@ -95,7 +102,7 @@ def plan_client_level(config: RunConfig, data_sizes: list[int], multiplier: floa
     planned = [p for p in planned if _applies(stages[p[3]], site)]
     clients = len(data_sizes)
     releases: list[Release] = []
-    if site == sites.SERVER:
+    if site == SERVER:
         drawn = star_participation(config, clients)
         sampling: dict[str, Any] = {"sampling": drawn.sampling}
         if drawn.sampling == "poisson":
