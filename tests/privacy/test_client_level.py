@@ -150,3 +150,16 @@ def test_a_resumed_adaptive_clip_gives_the_same_numbers(tmp_path):
     resumed = fedge.resume(first.run_dir, rounds=3)
     assert rows(resumed) == rows(whole)
     assert resumed.summary["epsilon"] == pytest.approx(whole.summary["epsilon"])
+
+
+def test_max_epsilon_stops_before_the_planned_budget_is_crossed(tmp_path):
+    config = dp(tmp_path, rounds=10, noise_multiplier=1.5)
+    per_round = fedge.run(dp(tmp_path / "one", rounds=1, noise_multiplier=1.5)).summary["epsilon"]
+    config["stop"] = {"max_epsilon": 2.5 * per_round}  # composition spends less than linearly: 3+ rounds fit
+    result = fedge.run(config)
+    assert result.summary["stopped_by"] == "max_epsilon" and 3 <= result.summary["rounds"] < 10
+    assert result.summary["epsilon"] <= 2.5 * per_round
+    config["stop"] = {"max_epsilon": per_round / 2}
+    config["output"] = {**config["output"], "dir": str(tmp_path / "refused")}
+    with pytest.raises(ConfigError, match=r"stop\.max_epsilon"):
+        fedge.run(config)
