@@ -39,14 +39,14 @@ def test_clip_scales_only_the_rows_whose_change_exceeds_the_bound_over_all_tenso
     rows = {"w": torch.tensor([[4.0, 1.0], [1.3, 1.0]]), "b": torch.tensor([[5.0], [1.4]])}
     weights = torch.tensor([0.8, 0.2], dtype=torch.float64)
     updates = Updates.of(sites.SERVER, 1, rows, weights, reference, (0, 1))
-    out = Clip(clip=1.0).apply(updates)
+    out = Clip(clip=1.0, weights="uniform").apply(updates)
     part = out.parts[0]
     # row 0 moved by (3, 0, 4): norm 5, scaled to (0.6, 0, 0.8); row 1 moved by norm 0.5: kept exactly
     assert torch.allclose(part.rows["w"][0], torch.tensor([1.6, 1.0]))
     assert torch.allclose(part.rows["b"][0], torch.tensor([1.8]))
     assert torch.equal(part.rows["w"][1], rows["w"][1]) and torch.equal(part.rows["b"][1], rows["b"][1])
     assert part.weights.tolist() == [0.5, 0.5] and out.clip == 1.0
-    kept = Clip(clip=1.0, weights="samples").apply(updates).parts[0].weights
+    kept = Clip(clip=1.0).apply(updates).parts[0].weights
     assert kept.tolist() == [0.8, 0.2]
 
 

@@ -51,11 +51,19 @@ def test_clip_1e9_and_no_noise_give_fedavgs_numbers_with_matching_weights(tmp_pa
     assert rows(private) == rows(plain)
     uneven = tiny("fedavg", tmp_path / "uneven")
     uneven["partition"] = {"kind": "dirichlet", "alpha": 0.5, "num_clients": 4}
-    weighted = dict(
-        uneven, aggregation={"stages": [{"name": "clip", "options": {"clip": 1e9, "weights": "samples"}}]}
-    )
-    weighted["output"] = {**uneven["output"], "dir": str(tmp_path / "weighted")}
-    assert rows(fedge.run(weighted)) == rows(fedge.run(uneven))
+    plain_uneven = fedge.run(uneven)
+
+    def staged(name: str, *stages: dict[str, Any]) -> list[dict[str, Any]]:
+        config = {**uneven, "aggregation": {"stages": list(stages)}}
+        config["output"] = {**uneven["output"], "dir": str(tmp_path / name)}
+        return rows(fedge.run(config))
+
+    clip_only = {"name": "clip", "options": {"clip": 1e9}}  # keeps the sample weights
+    assert staged("weighted", clip_only) == rows(plain_uneven)
+    uniform = {"name": "clip", "options": {"clip": 1e9, "weights": "uniform"}}
+    noiseless = {"name": "gaussian", "options": {"noise_multiplier": 0.0}}
+    equal = staged("uniform", uniform)
+    assert staged("dp-uneven", uniform, noiseless) == equal != rows(plain_uneven)
 
 
 def test_both_executors_add_the_same_seeded_noise(tmp_path):

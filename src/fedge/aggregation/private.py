@@ -168,9 +168,10 @@ class Clip(Transform):
     """Each row's change from the reference, over all its floating tensors, clipped to L2 norm ``clip``
     (rows within it come back exactly; the others as reference + clipped change).
 
-    ``weights``: ``uniform`` gives every row ``1/n`` of its output (DP-FedAvg's, the form whose
-    sensitivity is ``C / n``; the :class:`Gaussian` reducer always counts rows so), ``samples`` keeps the
-    site's (clipping only to bound the updates, as robustness). ``adaptive`` moves the bound toward the
+    ``weights``: ``samples`` (the default) keeps the site's weights (sample counts at a FedAvg server:
+    clipping only to bound the updates, as robustness), ``uniform`` gives every row ``1/n`` of its
+    output. With the :class:`Gaussian` reducer the weights are uniform whatever this says: it counts
+    every row once, DP-FedAvg's form whose sensitivity is ``C / n``. ``adaptive`` moves the bound toward the
     ``target_quantile`` of the update norms after each aggregation (Andrew et al. 2021): ``C <- C exp(-lr
     (b - target))``, ``b`` the noisy share of unclipped rows, counted with Gaussian noise of std
     ``count_noise_multiplier`` (unset: the calibrated multiplier) over the expected cohort.
@@ -183,7 +184,7 @@ class Clip(Transform):
         target_quantile: float = 0.5,
         learning_rate: float = 0.2,
         count_noise_multiplier: float | None = None,
-        weights: str = "uniform",
+        weights: str = "samples",
     ):
         if not clip > 0:
             raise ValueError("clip must be positive")
