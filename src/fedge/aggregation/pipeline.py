@@ -16,7 +16,7 @@ process's rows, so that every process computes the same result as one process wo
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from functools import partial
 from typing import Any
 
@@ -49,6 +49,11 @@ class Pipeline:
         if not self.transforms and self.reducer.additive:
             return _completed(cohort.sum(self.reducer.reduce(updates)), updates)
         return self._run(_gathered(updates, cohort))
+
+    @property
+    def stages(self) -> tuple[Stage, ...]:
+        """Every stage in order (the transforms, then the reducer)."""
+        return (*self.transforms, self.reducer)
 
     def _run(self, updates: Updates) -> Tensors:
         for stage in self.transforms:
@@ -114,7 +119,7 @@ def build_pipeline(config: AggregationConfig, site: str, run: StageRun | None = 
             refused = f"{stage_config.name} comes after the reducer {names[-1]} at the {site}"
             raise ConfigError(key, f"{refused}; a reducer is the last stage")
         stage = _built(stage_config.name, site, stage_config.options, key)
-        stage.bind(run)
+        stage.bind(replace(run, key=key))
         if isinstance(stage, Reducer):
             reducer = stage
         else:

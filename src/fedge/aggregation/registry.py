@@ -12,6 +12,7 @@ from typing import Any
 
 from fedge.aggregation import sites
 from fedge.aggregation.means import AnchoredMean, BlockMean, WeightedMean
+from fedge.aggregation.private import Clip, Gaussian, GaussianShare
 from fedge.aggregation.secure import SecureAggregation
 from fedge.aggregation.stage import Reducer, Stage
 
@@ -27,8 +28,14 @@ SITE_MEANS: dict[str, type[Reducer]] = {
 MEAN = "mean"
 """The built-in stage name for a site's own mean."""
 
-STAGES: dict[str, Callable[..., Stage]] = {"secagg": SecureAggregation}
-"""Stages by name: fedge's own (secure aggregation) and the registered ones (the built-in ``mean`` is
+STAGES: dict[str, Callable[..., Stage]] = {
+    "clip": Clip,
+    "gaussian_share": GaussianShare,
+    "gaussian": Gaussian,
+    "secagg": SecureAggregation,
+}
+"""Stages by name: fedge's own (client-level DP's, :mod:`fedge.aggregation.private`; secure
+aggregation, :mod:`fedge.aggregation.secure`) and the registered ones (the built-in ``mean`` is
 resolved per site, not through this table)."""
 
 BUILT_IN = frozenset({MEAN})

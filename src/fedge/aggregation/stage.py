@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from abc import ABC, abstractmethod
 from dataclasses import dataclass
-from typing import ClassVar
+from typing import Any, ClassVar
 
 from fedge.aggregation.updates import Updates
 from fedge.comm import Network
@@ -25,15 +25,16 @@ from fedge.tensors import Tensors
 class StageRun:
     """What a stage may read of its run, given once when its pipeline is built (:meth:`Transform.bind`):
     its site, the run seed, the run's privacy side (the ledger a mechanism records its releases in,
-    its seeded noise streams and calibrated noise multiplier), and the run's network (whose ledger a
+    its seeded noise streams and calibrated noise multiplier), the run's network (whose ledger a
     stage that exchanges messages of its own records them on) and system (whose clock it charges for
-    its own compute); each ``None`` outside a run."""
+    its own compute), each ``None`` outside a run, and the stage's config key (what a refusal names)."""
 
     site: str
     seed: int = 0
     privacy: RunPrivacy | None = None
     network: Network | None = None
     system: SystemModel | None = None
+    key: str = "aggregation.stages"
 
 
 class Bindable:
@@ -41,6 +42,14 @@ class Bindable:
 
     def bind(self, run: StageRun) -> None:
         """Keep what the stage needs of ``run`` (by default nothing)."""
+
+    def state_dict(self) -> dict[str, Any]:
+        """What the stage carries from one aggregation to the next (an adaptive clip's bound, say), for
+        the run's checkpoint; empty for a stage without state (the default)."""
+        return {}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        """Take back :meth:`state_dict`'s state on a resume (by default there is none)."""
 
 
 class Transform(Bindable, ABC):

@@ -54,13 +54,18 @@ class Updates:
 
     ``parts`` hold the rows and weights (see :class:`Part`); ``reference`` is the state the senders
     started from where the site has one (the broadcast global model of a server; ``None`` elsewhere):
-    what a stage that works on deltas (clipping, say) measures the rows against.
+    what a stage that works on deltas (clipping, say) measures the rows against. ``clip`` is the L2
+    bound a clipping stage put on every row's change from the reference (``None``: unbounded), and
+    ``noise`` the noise multiplier of the Gaussian shares the rows already carry (``None``: none), what
+    a noise-adding reducer reads.
     """
 
     site: str
     round: int
     parts: tuple[Part, ...]
     reference: Tensors | None = field(default=None)
+    clip: float | None = None
+    noise: float | None = None
 
     @classmethod
     def of(

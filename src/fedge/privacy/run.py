@@ -16,8 +16,20 @@ import torch
 from fedge.config import PrivacyConfig
 from fedge.errors import ConfigError
 from fedge.privacy.ledger import PrivacyLedger
-from fedge.privacy.release import Release
+from fedge.privacy.release import Release, Sampling
 from fedge.rng import torch_rng
+
+
+@dataclass(frozen=True)
+class Participation:
+    """How a round's clients are drawn from the ``population``: ``poisson`` (each with ``probability``),
+    ``without_replacement`` (``sample_size`` of them) or ``none`` (all take part), what a client-level
+    release over a round's cohort records as its sampling."""
+
+    sampling: Sampling
+    population: int
+    probability: float = 1.0
+    sample_size: int = 0
 
 
 @dataclass
@@ -29,6 +41,7 @@ class RunPrivacy:
     seed: int
     calibrated: float | None = None  # the noise multiplier privacy.target_epsilon gave (set before round 1)
     round: int = 0  # the round being trained (set by the context when it opens a round's streams)
+    participation: Participation | None = None  # how the star runtime draws a round's clients (it sets it)
     ledger: PrivacyLedger = field(init=False)
     calls: dict[tuple[str, int], int] = field(default_factory=dict)  # training calls per (purpose, round)
 

@@ -342,6 +342,9 @@ class Runner:
             "wall_seconds": wall,
             "nonfinite": self.nonfinite,
         }
+        stages = self.built.context.stage_state()
+        if stages:  # only stages that carry state across rounds (an adaptive clip's bound)
+            state["stages"] = stages
         if self.group.writes:
             path = self.run_dir / results.CHECKPOINT
             journal = self.journal or checkpoint.Journal(checkpoint.journal_path(path))
@@ -367,6 +370,7 @@ class Runner:
             self.built.context.system.clock.load_state_dict(state["clock"])
             if "privacy" in state:  # a checkpoint from before the privacy ledger had no releases
                 self.built.context.privacy.ledger.load_state_dict(state["privacy"])
+            self.built.context.load_stage_state(state.get("stages", {}))
             self.rows = list(state["rows"])
             self.start = int(state["round"])
             self.wall_offset = float(state["wall_seconds"])

@@ -17,6 +17,7 @@ from typing import Any
 from fedge.config import RunConfig
 from fedge.errors import ConfigError
 from fedge.privacy import AccountingError, PrivacyLedger, Release, calibrate, epsilon
+from fedge.privacy.client_level import plan_client_level
 from fedge.privacy.cut import plan_cut, plan_labels
 from fedge.privacy.ledger import UNITS
 from fedge.privacy.peer import plan_peer
@@ -30,9 +31,17 @@ Planner = Callable[[RunConfig, list[int], float], list[Release]]
 each mechanism's configured multiplier where it has one."""
 History = dict[tuple[Any, ...], int]
 
-PLANNERS: tuple[Planner, ...] = (plan_cut, plan_labels, plan_peer, plan_sample, plan_split_sample)
+PLANNERS: tuple[Planner, ...] = (
+    plan_cut,
+    plan_labels,
+    plan_peer,
+    plan_sample,
+    plan_split_sample,
+    plan_client_level,
+)
 """Every mechanism's planner (split learning's cut and its labels, peer messages, DP-SGD in the
-engine's local step and in split learning's client steps)."""
+engine's local step and in split learning's client steps, client-level DP-FedAvg's aggregation
+stages)."""
 
 
 def planned(

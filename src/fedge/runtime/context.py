@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from typing import Any
 
 import torch
 
@@ -59,6 +60,24 @@ class Context:
     def aggregation_summary(self) -> dict[str, list[str]]:
         """The stages of every site this run aggregates at, by site (``summary.json``)."""
         return {site: list(pipeline.names) for site, pipeline in sorted(self.pipelines.items())}
+
+    def stage_state(self) -> dict[str, dict[str, Any]]:
+        """The state of every built stage that has one, by site and position (an adaptive clip's bound):
+        what the run's checkpoint keeps of its pipelines."""
+        out: dict[str, dict[str, Any]] = {}
+        for site, pipeline in sorted(self.pipelines.items()):
+            held = {str(i): stage.state_dict() for i, stage in enumerate(pipeline.stages)}
+            held = {i: state for i, state in held.items() if state}
+            if held:
+                out[site] = held
+        return out
+
+    def load_stage_state(self, state: dict[str, dict[str, Any]]) -> None:
+        """Give :meth:`stage_state`'s state back to the stages (building their pipelines)."""
+        for site, held in state.items():
+            stages = self.pipeline(site).stages
+            for i, stage_state in held.items():
+                stages[int(i)].load_state_dict(stage_state)
 
     def start(self, purpose: str, round_: int) -> None:
         """Open the random streams of ``purpose`` (``train`` or ``evaluate``) in round ``round_``.

@@ -236,8 +236,8 @@ class CellsRound:
         self, params: Tensors, buffers: Tensors, reference: Tensors, reducer: Reducer | None = None
     ) -> tuple[Tensors, Tensors]:
         """Each edge server's new model from its clients' uploads (this process's rows), through the
-        edge's pipeline: by default its clients' mean (:class:`~fedge.aggregation.BlockMean`).
-        ``reference`` holds the cells' models the clients started from; ``reducer`` replaces the
+        edge's pipeline: by default its clients' mean (:class:`~fedge.aggregation.BlockMean`); the rows
+        carry their senders (what a client-level noise stage keys and records by). ``reference`` holds the cells' models the clients started from; ``reducer`` replaces the
         pipeline's own (AirComp's over-the-air sum)."""
         cells, cohort, device = self.cells, self.cohort, self.ctx.device
         weights = torch.zeros(cells.num_cells, len(cohort), dtype=torch.float64, device=device)
@@ -245,9 +245,8 @@ class CellsRound:
         pipeline = self.ctx.pipeline(sites.EDGE)
         if reducer is not None:
             pipeline = replace(pipeline, reducer=reducer)
-        means = pipeline.reduce(
-            Updates.of(sites.EDGE, self.round, params | buffers, weights, reference), cohort
-        )
+        updates = Updates.of(sites.EDGE, self.round, params | buffers, weights, reference, self.local_clients)
+        means = pipeline.reduce(updates, cohort)
         return {k: means[k] for k in params}, {k: means[k] for k in buffers}
 
     def cloud(self, shared: Tensors, model: Tensors) -> Tensors:

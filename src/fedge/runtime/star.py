@@ -28,6 +28,7 @@ from fedge.engine import ClientBank
 from fedge.engine.step import StepFn
 from fedge.errors import ConfigError
 from fedge.metrics import RoundReport
+from fedge.privacy.client_level import star_participation
 from fedge.rng import numpy_rng
 from fedge.runtime.availability import choose, online_clients
 from fedge.runtime.context import Context
@@ -46,6 +47,19 @@ def sample_clients(
     if count >= pool:
         return np.arange(num_clients) if online is None else online.copy()
     return np.sort(choose(numpy_rng(seed, "participants", round_), num_clients, count, False, online))
+
+
+def poisson_clients(
+    seed: int, round_: int, num_clients: int, fraction: float, online: np.ndarray | None = None
+) -> np.ndarray:
+    """Each client independently with probability ``fraction`` (Poisson participation), fixed by
+    ``(seed, "participants", round)``; only the ``online`` ones when given. May be empty."""
+    drawn = numpy_rng(seed, "participants", round_).random(num_clients) < fraction
+    if online is not None:
+        mask = np.zeros(num_clients, dtype=bool)
+        mask[online] = True
+        drawn &= mask
+    return np.flatnonzero(drawn)
 
 
 class OptimizerStates(Protocol):
@@ -143,10 +157,15 @@ class StarRound:
 
 class StarRuntime:
     """Opens the star rounds of an algorithm that samples ``fraction`` of the clients each round and
-    trains ``model``: the server holds its initial ``state``, and every device the model's frozen base."""
+    trains ``model``: the server holds its initial ``state``, and every device the model's frozen base.
+    Under ``privacy.participation: poisson`` each client takes part independently with probability
+    ``fraction`` (a round may then have nobody); the run's privacy side is told how clients are drawn
+    (what a client-level release records)."""
 
     def __init__(self, ctx: Context, fraction: float, model: nn.Module, state: Tensors):
         self.ctx, self.fraction = ctx, fraction
+        self.poisson = ctx.config.privacy.participation == "poisson"
+        ctx.privacy.participation = star_participation(ctx.config, ctx.data.num_clients)
         ctx.network.hold(nodes.SERVER, "model", state)
         hold_frozen_base(ctx.network, [nodes.SERVER, *nodes.clients(range(ctx.data.num_clients))], model)
         self.flops_per_sample = forward_flops(model, ctx.data.input_shape)
@@ -158,10 +177,12 @@ class StarRuntime:
     def participants(self, t: int) -> np.ndarray:
         """Round ``t``'s participants, among the clients online in it."""
         ctx = self.ctx
-        return sample_clients(ctx.seed, t, ctx.data.num_clients, self.fraction, online_clients(ctx.system, t))
+        draw = poisson_clients if self.poisson else sample_clients
+        return draw(ctx.seed, t, ctx.data.num_clients, self.fraction, online_clients(ctx.system, t))
 
     def open(self, t: int) -> StarRound | None:
-        """Round ``t``, or None when nobody is online (the model and the clock then stay as they are)."""
+        """Round ``t``, or None when nobody is online or drawn (the model and the clock then stay as they
+        are)."""
         clients = self.participants(t)
         if not len(clients):
             return None
