@@ -24,7 +24,7 @@ def run_privacy(clients: int, participation: Participation | None = None) -> Run
 
 
 def bound(stage, privacy: RunPrivacy, site: str = sites.SERVER):
-    stage.bind(StageRun(site, 5, privacy, "aggregation.stages.0"))
+    stage.bind(StageRun(site, 5, privacy, key="aggregation.stages.0"))
     return stage
 
 

@@ -237,8 +237,9 @@ class CellsRound:
     ) -> tuple[Tensors, Tensors]:
         """Each edge server's new model from its clients' uploads (this process's rows), through the
         edge's pipeline: by default its clients' mean (:class:`~fedge.aggregation.BlockMean`); the rows
-        carry their senders (what a client-level noise stage keys and records by). ``reference`` holds the cells' models the clients started from; ``reducer`` replaces the
-        pipeline's own (AirComp's over-the-air sum)."""
+        carry their senders (what a client-level noise stage keys and records by). ``reference`` holds
+        the cells' models the clients started from; ``reducer`` replaces the pipeline's own (AirComp's
+        over-the-air sum)."""
         cells, cohort, device = self.cells, self.cohort, self.ctx.device
         weights = torch.zeros(cells.num_cells, len(cohort), dtype=torch.float64, device=device)
         weights[self.local_cells, torch.arange(len(cohort), device=device)] = 1.0 / cells.per_cell
