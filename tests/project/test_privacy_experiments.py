@@ -56,7 +56,7 @@ def test_quick_cut_grid_calibrates_pairs_and_reads_back(tmp_path):
     with (tmp_path / "privacy_cut.csv").open() as handle:
         rows = list(csv.DictReader(handle))
     assert sorted(r["variant"] for r in rows) == sorted(
-        f"{a}-{t}" for a in ("splitfed_v2", "cse_fsl") for t in ("none", "eps2")
+        f"{a}-{t}" for a in ("splitfed_v2", "cse_fsl", "splitfed_v2_4rounds") for t in ("none", "eps2")
     )
     assert all(r["status"] == "done" for r in rows)
     for row in rows:
@@ -68,6 +68,7 @@ def test_quick_cut_grid_calibrates_pairs_and_reads_back(tmp_path):
     assert {(p["first"], p["second"]) for p in kept["paired"]} >= {
         ("splitfed_v2-eps2", "splitfed_v2-none"),
         ("cse_fsl-eps2", "splitfed_v2-eps2"),
+        ("cse_fsl-eps2", "splitfed_v2_4rounds-eps2"),
     }
     assert "| splitfed_v2-eps2 |" in (tmp_path / "privacy.md").read_text()
     summary = tmp_path / "cut" / "splitfed_v2-eps2-s1" / "summary.json"
