@@ -6,11 +6,11 @@ dotted overrides, every figure read from the run's ``summary.json``:
 - ``cut``: SplitFed v2 and CSE-FSL (h = 2) with noise on the smashed data (``privacy.cut``, clip 1, the
   multiplier calibrated to ``privacy.target_epsilon`` in 0.5 .. 8, and no mechanism), from
   ``examples/privacy-split.yaml``: accuracy, epsilon, MB and joules; each target paired with the
-  non-private run of its seed, and CSE-FSL paired with SplitFed v2 at each target (their MB differ and
-  are reported beside).
+  non-private run of its seed, and CSE-FSL paired with SplitFed v2 at each target, both over 10 rounds
+  and with SplitFed v2 stopped at CSE-FSL's MB (4 rounds, its noise calibrated to them).
 - ``aircomp``: HIST with over-the-air aggregation whose receiver noise is accounted
-  (``algorithm.radio.clip``) at SNR -20, -10 and +10 dB, from ``examples/privacy-aircomp.yaml``; OMA
-  without noise, and OMA with a clip and a ``gaussian`` stage at the edges whose multiplier gives the
+  (``algorithm.radio.clip`` 20 and 50) at SNR -20, -10 and +10 dB, from ``examples/privacy-aircomp.yaml``;
+  OMA without noise, and OMA with a clip and a ``gaussian`` stage at the edges whose multiplier gives the
   epsilon the AirComp run of the same seed and SNR reached (calibrated here by fedge's accountant over
   the run's edge rounds).
 - ``dpfedavg``: client-level DP-FedAvg, 100 clients joining each round with probability 0.1 (Poisson),
@@ -55,6 +55,7 @@ RESULTS = EXAMPLES.parent / "docs" / "results"
 SEEDS = (1, 2, 3)
 EPSILONS: tuple[float | None, ...] = (None, 0.5, 1.0, 2.0, 4.0, 8.0)
 SNRS = (-20.0, -10.0, 10.0)
+CLIPS = (20.0, 50.0)  # radio.clip: the bound on a client's transmitted accumulated gradient
 SPLIT_ALGORITHMS = {"splitfed_v2": [], "cse_fsl": ["algorithm.h=2"]}
 # SplitFed v2 stopped at CSE-FSL's traffic: CSE-FSL (h = 2) moves 68 MB in its 10 rounds, SplitFed v2
 # 15.6 MB a round, so 4 rounds (62 MB) is the nearest equal-MB run; its noise is calibrated to 4 rounds
@@ -148,9 +149,9 @@ def dpfedavg_jobs(seeds: list[int], epsilons: list[float | None], extra: list[st
             )
 
 
-def aircomp_jobs(seeds: list[int], snrs: list[float], extra: list[str]) -> Iterator[Job]:
-    """AirComp-HIST at every SNR and OMA-HIST without noise (the OMA rows with noise at equal epsilon
-    follow each AirComp run: :func:`oma_noise_job`)."""
+def aircomp_jobs(seeds: list[int], snrs: list[float], clips: list[float], extra: list[str]) -> Iterator[Job]:
+    """AirComp-HIST at every clip and SNR, and OMA-HIST without noise (the OMA rows with noise at equal
+    epsilon follow each AirComp run: :func:`oma_noise_job`)."""
     for seed in seeds:
         yield Job(
             "aircomp",
@@ -160,25 +161,26 @@ def aircomp_jobs(seeds: list[int], snrs: list[float], extra: list[str]) -> Itera
             ["algorithm.aggregation=oma", "algorithm.radio.clip=null", *extra],
             {"algorithm": "hist", "aggregation": "oma"},
         )
-        for snr in snrs:
-            yield Job(
-                "aircomp",
-                air_variant(snr),
-                seed,
-                EXAMPLES / "privacy-aircomp.yaml",
-                [f"algorithm.radio.snr_db=[{snr}]", *extra],
-                {"algorithm": "hist", "aggregation": "aircomp", "snr_db": snr},
-            )
+        for clip in clips:
+            for snr in snrs:
+                yield Job(
+                    "aircomp",
+                    air_variant(clip, snr),
+                    seed,
+                    EXAMPLES / "privacy-aircomp.yaml",
+                    [f"algorithm.radio.snr_db=[{snr}]", f"algorithm.radio.clip={clip}", *extra],
+                    {"algorithm": "hist", "aggregation": "aircomp", "snr_db": snr, "clip": clip},
+                )
 
 
-def air_variant(snr: float) -> str:
-    """AirComp-HIST's variant at ``snr`` dB (``aircomp-snr-10``, ``aircomp-snr+10``)."""
-    return f"aircomp-snr{snr:+g}"
+def air_variant(clip: float, snr: float) -> str:
+    """AirComp-HIST's variant at ``clip`` and ``snr`` dB (``aircomp-c20-snr-10``)."""
+    return f"aircomp-c{clip:g}-snr{snr:+g}"
 
 
-def oma_variant(snr: float) -> str:
-    """OMA-HIST with edge noise at the epsilon of AirComp at ``snr`` dB."""
-    return f"oma-noise-snr{snr:+g}"
+def oma_variant(clip: float, snr: float) -> str:
+    """OMA-HIST with edge noise at the epsilon of AirComp at ``clip`` and ``snr`` dB."""
+    return f"oma-noise-c{clip:g}-snr{snr:+g}"
 
 
 def equal_epsilon_multiplier(epsilon: float, releases: int, delta: float) -> float:
@@ -205,14 +207,17 @@ def oma_noise_job(air: Job, row: dict[str, Any]) -> Job | None:
         f"aggregation.stages=[{{name: clip, at: [edge], options: {{clip: {clip:.6g}}}}},"
         f" {{name: gaussian, at: [edge], options: {{noise_multiplier: {z:.6g}}}}}]"
     )
-    overrides = [o for o in air.overrides if not o.startswith("algorithm.radio.snr_db")]
+    overrides = [
+        o for o in air.overrides if not o.startswith(("algorithm.radio.snr_db", "algorithm.radio.clip"))
+    ]
+    snr, bound = air.meta["snr_db"], air.meta["clip"]
     return Job(
         "aircomp",
-        oma_variant(air.meta["snr_db"]),
+        oma_variant(bound, snr),
         air.seed,
         air.config,
         ["algorithm.aggregation=oma", "algorithm.radio.clip=null", stages, *overrides],
-        {"algorithm": "hist", "aggregation": "oma+noise", "snr_db": air.meta["snr_db"], "multiplier": z},
+        {"algorithm": "hist", "aggregation": "oma+noise", "snr_db": snr, "clip": bound, "multiplier": z},
     )
 
 
@@ -366,21 +371,23 @@ def cse_versus_splitfed(rows: list[dict[str, Any]], other: str) -> tuple[str, li
 def aircomp_table(rows: list[dict[str, Any]]) -> tuple[str, list]:
     lines = [HEADER, variant_line(rows, "oma", COLUMNS)]
     pairs = []
-    snrs = list(dict.fromkeys(r["snr_db"] for r in rows if r.get("aggregation") == "aircomp"))
-    for snr in snrs:
-        lines.append(variant_line(rows, air_variant(snr), COLUMNS))
-        lines.append(variant_line(rows, oma_variant(snr), COLUMNS))
+    settings = list(
+        dict.fromkeys((r["clip"], r["snr_db"]) for r in rows if r.get("aggregation") == "aircomp")
+    )
+    for clip, snr in settings:
+        lines.append(variant_line(rows, air_variant(clip, snr), COLUMNS))
+        lines.append(variant_line(rows, oma_variant(clip, snr), COLUMNS))
     lines += [
         "",
-        "| SNR | OMA - AirComp (points) | AirComp - OMA + noise at its epsilon (points) |",
-        "|---|---|---|",
+        "| clip | SNR | OMA - AirComp, final acc. (points) | AirComp - OMA + noise at its epsilon (points) |",
+        "|---|---|---|---|",
     ]
-    for snr in snrs:
-        air = air_variant(snr)
-        first, second = pair(rows, "oma", air), pair(rows, air, oma_variant(snr))
+    for clip, snr in settings:
+        air = air_variant(clip, snr)
+        first, second = pair(rows, "oma", air), pair(rows, air, oma_variant(clip, snr))
         pairs += [p for p in (first, second) if p is not None]
         texts = [p["text"] if p is not None else "-" for p in (first, second)]
-        lines.append(f"| {snr:+g} dB | {texts[0]} | {texts[1]} |")
+        lines.append(f"| {clip:g} | {snr:+g} dB | {texts[0]} | {texts[1]} |")
     return "\n".join(lines), pairs
 
 
@@ -430,7 +437,7 @@ def write(experiment: str, rows: list[dict[str, Any]], where: Path, command: str
 
 EXPERIMENTS: dict[str, Callable[[argparse.Namespace], Iterator[Job]]] = {
     "cut": lambda a: cut_jobs(a.seeds, a.epsilons, a.extra),
-    "aircomp": lambda a: aircomp_jobs(a.seeds, a.snrs, a.extra + a.extra_hist),
+    "aircomp": lambda a: aircomp_jobs(a.seeds, a.snrs, a.clips, a.extra + a.extra_hist),
     "dpfedavg": lambda a: dpfedavg_jobs(a.seeds, a.epsilons, a.extra),
     "dpsgd": lambda a: dpsgd_jobs(a.seeds, a.epsilons, a.extra),
 }
@@ -461,9 +468,10 @@ def main(argv: list[str] | None = None) -> None:
     args = parser.parse_args(argv)
     command = " ".join(["python examples/privacy_experiments.py", *argv])
     args.seeds = [int(s) for s in args.seeds.split(",")]
-    args.epsilons, args.snrs, args.extra, args.extra_hist = list(EPSILONS), list(SNRS), [], []
+    args.epsilons, args.snrs, args.clips = list(EPSILONS), list(SNRS), list(CLIPS)
+    args.extra, args.extra_hist = [], []
     if args.quick:
-        args.seeds, args.epsilons, args.snrs = args.seeds[:1], [None, 2.0], [-10.0]
+        args.seeds, args.epsilons, args.snrs, args.clips = args.seeds[:1], [None, 2.0], [-10.0], [20.0]
         args.extra, args.extra_hist = list(QUICK), list(QUICK_HIST)
     if args.results is None:
         args.results = args.out if args.quick else RESULTS
