@@ -13,11 +13,12 @@ dotted overrides, every figure read from the run's ``summary.json``:
   OMA without noise, and OMA with a clip and a ``gaussian`` stage at the edges whose multiplier gives the
   epsilon the AirComp run of the same seed and SNR reached (calibrated here by fedge's accountant over
   the run's edge rounds).
-- ``dpfedavg``: client-level DP-FedAvg, 100 clients joining each round with probability 0.1 (Poisson),
-  a clip and a ``gaussian`` stage at the server, target epsilon 0.5 .. 8 and no mechanism, from
+- ``dpfedavg``: client-level DP-FedAvg, 100 (and 1,000) clients joining each round with probability
+  0.1 (Poisson), a clip and a ``gaussian`` stage at the server, target epsilon 0.5 .. 8 and no mechanism, from
   ``examples/privacy-fedavg.yaml``.
 - ``dpsgd``: sample-level DP-SGD in the clients' local steps (``privacy.sample``) of SplitFed v2 and
-  CSE-FSL, target epsilon 0.5 .. 8, from ``examples/privacy-split.yaml``.
+  CSE-FSL together with the smashed data's noise (``privacy.cut``), one multiplier calibrated to the
+  target epsilon 0.5 .. 8, from ``examples/privacy-split.yaml``.
 
 A run whose config fedge refuses (a stage or mechanism this checkout does not have) is kept as a
 ``pending`` row naming the refusal; rerunning after it exists fills it in, and finished runs are read
@@ -60,6 +61,9 @@ SPLIT_ALGORITHMS = {"splitfed_v2": [], "cse_fsl": ["algorithm.h=2"]}
 # SplitFed v2 stopped at CSE-FSL's traffic: CSE-FSL (h = 2) moves 68 MB in its 10 rounds, SplitFed v2
 # 15.6 MB a round, so 4 rounds (62 MB) is the nearest equal-MB run; its noise is calibrated to 4 rounds
 EQUAL_MB = {"splitfed_v2_4rounds": ["algorithm.name=splitfed_v2", "rounds=4"]}
+# DP-FedAvg's populations: the config's 100 clients, and all 60,000 training images over 1,000 clients,
+# where the ~100 clients of a round average the noise down ten times further (client-level DP needs many)
+POPULATIONS = {"fedavg": [], "fedavg1k": ["partition.num_clients=1000", "data.train_limit=60000"]}
 # --quick: one seed, one target, runs of a few hundred samples and one round (a smoke test, no figures)
 QUICK = ["rounds=1", "data.train_limit=600", "data.test_limit=200"]
 QUICK_HIST = ["algorithm.local_steps=2", "algorithm.edge_rounds=1"]
@@ -108,7 +112,10 @@ def cut_jobs(seeds: list[int], epsilons: list[float | None], extra: list[str]) -
 
 
 def dpsgd_jobs(seeds: list[int], epsilons: list[float | None], extra: list[str]) -> Iterator[Job]:
-    """SplitFed v2 and CSE-FSL with DP-SGD in the local steps (the non-private rows are ``cut``'s)."""
+    """SplitFed v2 and CSE-FSL with a whole sample-level guarantee: DP-SGD in the client steps
+    (``privacy.sample``, clip 1) and noise on the smashed data (the config's ``privacy.cut``), one
+    multiplier for both calibrated to the target (a split client releases both; without the cut's noise
+    the smashed data's epsilon is infinite). The non-private rows are ``cut``'s."""
     for algorithm, knobs in SPLIT_ALGORITHMS.items():
         for eps in (e for e in epsilons if e is not None):
             for seed in seeds:
@@ -120,7 +127,6 @@ def dpsgd_jobs(seeds: list[int], epsilons: list[float | None], extra: list[str])
                     [
                         f"algorithm.name={algorithm}",
                         *knobs,
-                        "privacy.cut=null",
                         "privacy.sample={clip: 1.0}",
                         *target_overrides(eps),
                         *extra,
@@ -130,23 +136,24 @@ def dpsgd_jobs(seeds: list[int], epsilons: list[float | None], extra: list[str])
 
 
 def dpfedavg_jobs(seeds: list[int], epsilons: list[float | None], extra: list[str]) -> Iterator[Job]:
-    """FedAvg with Poisson participation, with (a target) or without (``none``) the server's clip and
-    gaussian stages."""
+    """FedAvg with Poisson participation in each population of :data:`POPULATIONS`, with (a target) or
+    without (``none``) the server's clip and gaussian stages."""
     stages = (
         "aggregation.stages=[{name: clip, at: [server], options: {clip: 1.0}},"
         " {name: gaussian, at: [server]}]"
     )
-    for eps in epsilons:
-        dp = [] if eps is None else [stages, *target_overrides(eps)]
-        for seed in seeds:
-            yield Job(
-                "dpfedavg",
-                f"fedavg-{label(eps)}",
-                seed,
-                EXAMPLES / "privacy-fedavg.yaml",
-                [*dp, *extra],
-                {"algorithm": "fedavg", "target": eps},
-            )
+    for population, knobs in POPULATIONS.items():
+        for eps in epsilons:
+            dp = [] if eps is None else [stages, *target_overrides(eps)]
+            for seed in seeds:
+                yield Job(
+                    "dpfedavg",
+                    f"{population}-{label(eps)}",
+                    seed,
+                    EXAMPLES / "privacy-fedavg.yaml",
+                    [*knobs, *dp, *extra],
+                    {"algorithm": "fedavg", "target": eps},
+                )
 
 
 def aircomp_jobs(seeds: list[int], snrs: list[float], clips: list[float], extra: list[str]) -> Iterator[Job]:
@@ -410,7 +417,7 @@ def tables(experiment: str, rows: list[dict[str, Any]]) -> tuple[str, list]:
     if experiment == "aircomp":
         return aircomp_table(rows)
     if experiment == "dpfedavg":
-        return targets_table(rows, ["fedavg"], "none")
+        return targets_table(rows, list(POPULATIONS), "none")
     return targets_table(rows, list(SPLIT_ALGORITHMS), None)
 
 

@@ -10,6 +10,7 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+import torch
 import pytest
 from cases import tiny
 
@@ -171,3 +172,35 @@ def test_max_epsilon_stops_before_the_planned_budget_is_crossed(tmp_path):
     config["output"] = {**config["output"], "dir": str(tmp_path / "refused")}
     with pytest.raises(ConfigError, match=r"stop\.max_epsilon"):
         fedge.run(config)
+
+
+@pytest.mark.parametrize("form", ["compact", "masked"])
+def test_hist_edge_noise_stays_off_the_slots_a_cell_does_not_train(tmp_path, monkeypatch, form):
+    """A HIST cell's model keeps zeros outside its submodel after a noisy edge aggregation: noise there
+    would come back as each client's change at the next edge round (clients train and send zeros on
+    those slots) and the clip would spend its bound on it."""
+    from fedge.algorithms.hierarchical.hierarchy import HierarchicalFL
+    from fedge.algorithms.hierarchical.submodel import apply_valid
+
+    seen = []
+    edge_round = HierarchicalFL._edge_round
+
+    def recorded(self, rnd, e, views, cell_params, cell_buffers):
+        out = edge_round(self, rnd, e, views, cell_params, cell_buffers)
+        seen.append((views, out[0]))
+        return out
+
+    monkeypatch.setattr(HierarchicalFL, "_edge_round", recorded)
+    config = tiny("hist", tmp_path, 1)
+    config["model"] = {"name": "fcnn"}
+    config["algorithm"].update(cells=2, edge_rounds=2, form=form)
+    stages = [
+        {"name": "clip", "options": {"clip": 1.0}},
+        {"name": "gaussian", "options": {"noise_multiplier": 5.0}},
+    ]
+    config["aggregation"] = {"stages": [dict(s, at=["edge"]) for s in stages]}
+    fedge.run(config)
+    assert len(seen) == 2 and seen[0][0].layout
+    for views, params in seen:
+        masked = apply_valid(params, views.layout, list(views.valid))
+        assert all(torch.equal(masked[k], params[k]) for k in params)

@@ -35,7 +35,7 @@ from fedge.algorithms.hierarchical.cost import BITS_PER_MB
 from fedge.algorithms.hierarchical.devices import CellDevices
 from fedge.algorithms.hierarchical.masks import check_cells, partition_layout
 from fedge.algorithms.hierarchical.radio import CellRadio
-from fedge.algorithms.hierarchical.submodel import CellViews, Tensors
+from fedge.algorithms.hierarchical.submodel import CellViews, Tensors, apply_valid
 from fedge.algorithms.hierarchical.training import local_steps_plan, masked_step
 from fedge.distributed.evaluate import evaluate_model_on
 from fedge.engine import buffers_of, classification_loss, make_optimizer, make_step, parameters_of
@@ -173,6 +173,8 @@ class HierarchicalFL(Algorithm[HierarchicalT], Generic[HierarchicalT]):
                 for release in aircomp_releases(t, air.mses, members, clip, real_part):
                     self.ctx.privacy.record(release)
         new_params, new_buffers = rnd.aggregate(uploaded, uploaded_buffers, reference, air)
+        if views.layout:  # a stage's noise on the foreign slots, which no client trains or sends: dropped
+            new_params = apply_valid(new_params, views.layout, list(views.valid))
         return new_params, new_buffers, rnd.mean(loss), list(air.mses) if air is not None else []
 
     def _check_clip(self, cfg: HierarchicalT) -> None:
