@@ -10,8 +10,8 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
-import torch
 import pytest
+import torch
 from cases import tiny
 
 import fedge
