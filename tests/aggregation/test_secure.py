@@ -9,6 +9,7 @@ import json
 import random
 import subprocess
 import sys
+from dataclasses import replace
 from pathlib import Path
 
 import numpy as np
@@ -19,16 +20,18 @@ from scipy.stats import chisquare
 from typer.testing import CliRunner
 
 import fedge
-from fedge.aggregation import BlockMean, Transform, Updates
+from fedge.aggregation import BlockMean, Reducer, Transform, Updates
 from fedge.aggregation import secure_protocol as protocol
 from fedge.aggregation.pipeline import Pipeline, build_pipeline
+from fedge.aggregation.private import Clip, Gaussian, GaussianShare
 from fedge.aggregation.secure import SecureAggregation
 from fedge.aggregation.secure_protocol import SecAggRound, secagg_traffic, shamir_reconstruct, shamir_share
 from fedge.aggregation.stage import StageRun
 from fedge.cli.commands import app
 from fedge.comm import Ledger, Network
-from fedge.config import AggregationConfig, SystemConfig
+from fedge.config import AggregationConfig, PrivacyConfig, SystemConfig
 from fedge.errors import ConfigError
+from fedge.privacy.run import Participation, RunPrivacy
 from fedge.runner import checkpoint
 from fedge.system import SystemModel
 
@@ -301,6 +304,99 @@ def test_its_options_and_sites_are_refused_in_one_line_naming_the_key():
         SecureAggregation().reduce(Updates.of("peer", 1, x, w))
 
 
+# ----- distributed DP: Gaussian shares summed securely ------------------------------------------
+
+
+def dp_privacy(clients: int, participation: Participation) -> RunPrivacy:
+    privacy = RunPrivacy(PrivacyConfig(), clients, seed=5)
+    privacy.participation = participation
+    return privacy
+
+
+def dp_pipeline(privacy: RunPrivacy, site: str, *stages: Transform | Reducer) -> Pipeline:
+    for i, stage in enumerate(stages):
+        stage.bind(StageRun(site, 5, privacy, key=f"aggregation.stages.{i}"))
+    *transforms, reducer = stages
+    assert isinstance(reducer, Reducer)
+    return Pipeline(tuple(transforms), reducer, ())  # type: ignore[arg-type]
+
+
+def dp_updates(site: str, n: int) -> Updates:
+    """``n`` senders' models near a reference (one model at a server, one per two-client cell at an
+    edge), their weights the site's: sample shares at a server, ``1/2`` in a cell."""
+    x = rows(n, seed=6, spread=0.3)
+    x.pop("count")
+    if site == "server":
+        reference = {k: v.mean(0) for k, v in x.items()}
+        return Updates.of(site, 2, x, sample_weights(n), reference, tuple(range(10, 10 + n)))
+    weights = torch.zeros(n // 2, n, dtype=torch.float64)
+    for j in range(n // 2):
+        weights[j, 2 * j : 2 * j + 2] = 0.5
+    reference = {k: torch.stack([v[2 * j : 2 * j + 2].mean(0) for j in range(n // 2)]) for k, v in x.items()}
+    return Updates.of(site, 2, x, weights, reference, tuple(range(10, 10 + n)))
+
+
+@pytest.mark.parametrize(
+    "site, participation",
+    [
+        ("server", Participation("none", 6)),
+        ("server", Participation("poisson", 20, probability=0.25)),
+        ("edge", Participation("none", 6)),
+    ],
+)
+def test_gaussian_shares_under_secagg_equal_the_distributed_gaussian_and_record_its_releases(
+    site, participation
+):
+    n, z = 6, 1.5
+    updates = dp_updates(site, n)
+    shared = dp_privacy(20, participation)
+    stage = SecureAggregation(bits=16)  # few fraction bits: the fixed point's error shows in float32
+    secure = dp_pipeline(shared, site, Clip(clip=0.5, weights="uniform"), GaussianShare(z), stage)
+    central = dp_privacy(20, participation)
+    plain = dp_pipeline(central, site, Clip(clip=0.5), Gaussian(z, mode="distributed"))
+    got, want = secure.reduce(updates), plain.reduce(updates)
+    scale = 6 / 5 if participation.sampling == "poisson" else 1.0  # |S| / (q N): the sum over q N
+    tolerance = n * 2.0 ** -stage.reports[0].fraction_bits * scale
+    for name in want:
+        torch.testing.assert_close(got[name], want[name], rtol=FLOAT32, atol=tolerance)
+    assert any(not torch.equal(got[name], want[name]) for name in want)  # fixed point, not the float sum
+    assert shared.ledger.releases == central.ledger.releases
+    kinds = {(r.kind, r.noise_multiplier, r.clip, r.sampling, r.clients) for r in shared.ledger.releases}
+    if site == "edge":
+        assert kinds == {("edge", z, 0.5, "none", (10, 11)), ("edge", z, 0.5, "none", (12, 13)),
+                         ("edge", z, 0.5, "none", (14, 15))}  # fmt: skip
+    else:
+        assert kinds == {("update", z, 0.5, participation.sampling, None)}
+    assert shared.ledger.summary() == central.ledger.summary()  # the same epsilon
+
+
+def test_secagg_with_shares_is_refused_without_their_reducer_clip_or_with_dropouts():
+    def pipeline(*stages: dict) -> None:
+        build_pipeline(AggregationConfig.model_validate({"stages": list(stages)}), "server")
+
+    share = {"name": "gaussian_share", "options": {"noise_multiplier": 1.0}}
+    for closing in ([], ["mean"]):
+        with pytest.raises(
+            ConfigError, match=r"^aggregation\.stages\.1: gaussian_share at the server: its noise"
+        ):
+            pipeline("clip", share, *closing)
+    for dropout in (0.2, [3]):
+        secagg = {"name": "secagg", "options": {"dropout": dropout}}
+        with pytest.raises(
+            ConfigError, match=r"^aggregation\.stages\.2: secagg at the server: dropout"
+        ) as refused:
+            pipeline("clip", share, secagg)
+        assert "\n" not in str(refused.value)
+    pipeline("clip", share, "secagg")  # composes
+    pipeline({"name": "secagg", "options": {"dropout": 0.2}})  # without shares, dropouts are the protocol's
+    noised = replace(dp_updates("server", 4), noise=1.0)  # shares without a clip's bound
+    stage = dp_pipeline(dp_privacy(4, Participation("none", 4)), "server", SecureAggregation())
+    with pytest.raises(
+        ConfigError, match=r"^aggregation\.stages\.0: secagg sums Gaussian shares: it needs a clip"
+    ):
+        stage.reduce(noised)
+
+
 # ----- a whole run --------------------------------------------------------------------------------
 
 
@@ -334,6 +430,14 @@ def test_fedavg_on_digits_with_secagg_ends_where_plain_fedavg_does(tmp_path):
     want = secagg_traffic(4, d, 32, 3, 3, 0)
     for kind, bits in want.items():
         assert int(ledger["bits"][ledger["kind"] == kind].sum()) == 2 * bits
+    # the upload counted once, as the masked vectors: no plain model_up, and every uploaded bit the protocol's
+    up = ledger["direction"] == "up"
+    assert "model_up" not in set(ledger["kind"].tolist())
+    sent_up = 4 * (
+        2 * protocol.KEY_BITS + 3 * protocol.CIPHER_BITS + 4 * (protocol.SHARE_BITS + protocol.ID_BITS)
+    )
+    assert int(ledger["bits"][up].sum()) == summary["bits_up"] == 2 * (want["secagg_masked"] + sent_up)
+    assert summary["sim_seconds"] > plain.summary["sim_seconds"]  # the protocol's airtime and compute
     plain_kinds = np.genfromtxt(
         plain.run_dir / "ledger.csv", delimiter=",", dtype=None, names=True, encoding=None
     )
@@ -380,6 +484,8 @@ def test_hist_edges_and_a_fedbuff_buffer_aggregate_securely(tmp_path, algorithm,
         torch.testing.assert_close(mine[name], value, rtol=0, atol=1e-5)
     assert secure.summary["bits_up"] > plain.summary["bits_up"]
     assert secure.summary["sim_joules"] > plain.summary["sim_joules"]
+    kinds = {row.split(",")[3] for row in (secure.run_dir / "ledger.csv").read_text().splitlines()[1:]}
+    assert "model_up" not in kinds and "secagg_masked" in kinds  # the clients' upload counted once
     if site == "buffer":  # the event queue keeps the time; the compute's joules are charged
         assert secure.summary["sim_seconds"] == plain.summary["sim_seconds"]
     else:

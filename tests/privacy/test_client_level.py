@@ -115,6 +115,51 @@ def test_target_epsilon_calibrates_the_gaussian_stage(tmp_path):
     assert result.summary["epsilon"] <= 3.0 * (1 + 1e-9)
 
 
+def test_target_epsilon_calibrates_gaussian_shares_summed_by_secagg_as_the_distributed_gaussian(tmp_path):
+    def run(name: str, *stages: Any) -> fedge.Result:
+        config = tiny("fedavg", tmp_path / name, 3)
+        config["aggregation"] = {"stages": [{"name": "clip", "options": {"clip": 1.0, "weights": "uniform"}}]}
+        config["aggregation"]["stages"] += list(stages)
+        config["privacy"] = {"target_epsilon": 3.0}
+        return fedge.run(config)
+
+    secure = run("secagg", "gaussian_share", "secagg")
+    assert secure.summary["aggregation"] == {"server": ["clip", "gaussian_share", "secagg"]}
+    assert secure.summary["epsilon"] == pytest.approx(3.0, rel=1e-3)
+    recorded = releases(secure)
+    assert [(r["round"], r["kind"]) for r in recorded] == [("1", "update"), ("2", "update"), ("3", "update")]
+    distributed = run("gaussian", {"name": "gaussian", "options": {"mode": "distributed"}})
+    assert secure.summary["epsilon"] == distributed.summary["epsilon"]
+    assert recorded == releases(distributed)  # the same calibrated multiplier, the same releases
+    for a, b in zip(secure.metrics, distributed.metrics, strict=True):  # the same shares, summed securely
+        assert a["loss"] == pytest.approx(b["loss"], abs=1e-4)
+    shares = ["clip", {"name": "gaussian_share", "options": {"noise_multiplier": 2.0}}, "secagg"]
+    star = {**tiny("fedavg", tmp_path), "aggregation": {"stages": shares}}
+    planned = plan_client_level(parse_config(star), [60] * 4, 1.0)
+    assert [(r.round, r.kind, r.noise_multiplier) for r in planned] == [
+        (1, "update", 2.0),
+        (2, "update", 2.0),
+    ]
+    cells = tiny("hfedavg", tmp_path)
+    cells["algorithm"]["cells"] = 2
+    at_edge = [{"name": s, "at": ["edge"]} if isinstance(s, str) else {**s, "at": ["edge"]} for s in shares]
+    cells["aggregation"] = {"stages": at_edge}
+    planned = plan_client_level(parse_config(cells), [60] * 4, 1.0)
+    assert [(r.kind, r.clients) for r in planned] == [("edge", (0, 1)), ("edge", (2, 3))] * 2
+
+
+def test_gaussian_shares_no_reducer_accounts_are_refused_before_the_run(tmp_path):
+    config = tiny("fedavg", tmp_path)
+    config["aggregation"] = {
+        "stages": ["clip", {"name": "gaussian_share", "options": {"noise_multiplier": 1.0}}]
+    }
+    with pytest.raises(
+        ConfigError, match=r"^aggregation\.stages\.1: gaussian_share at the server: its noise"
+    ):
+        fedge.run(config)
+    assert not any(tmp_path.rglob("metrics.jsonl"))
+
+
 def test_edge_noise_in_a_hierarchy_spends_each_cells_members(tmp_path):
     config = tiny("hfedavg", tmp_path, 2)
     config["algorithm"].update(cells=2, edge_rounds=2)

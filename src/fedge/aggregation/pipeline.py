@@ -111,6 +111,7 @@ def build_pipeline(config: AggregationConfig, site: str, run: StageRun | None = 
     transforms: list[Transform] = []
     reducer: Reducer | None = None
     names: list[str] = []
+    keys: list[str] = []
     for i, stage_config in enumerate(config.stages):
         if stage_config.at is not None and site not in stage_config.at:
             continue
@@ -125,7 +126,14 @@ def build_pipeline(config: AggregationConfig, site: str, run: StageRun | None = 
         else:
             transforms.append(stage)
         names.append(stage_config.name)
+        keys.append(key)
     if reducer is None:
         reducer = site_mean(site)
         names.append(MEAN)
-    return Pipeline(tuple(transforms), reducer, tuple(names))
+    pipeline = Pipeline(tuple(transforms), reducer, tuple(names))
+    for stage, name, key in zip(pipeline.stages, names, keys, strict=False):  # the site's own mean: no key
+        try:
+            stage.check_pipeline(pipeline.stages)
+        except ValueError as error:
+            raise ConfigError(key, f"{name} at the {site}: {error}") from None
+    return pipeline

@@ -14,7 +14,9 @@ more data move it by more than ``C``, and DP-FedAvg's bounded weights serve only
 
 The noise can also come from the senders (``mode: distributed``, :class:`GaussianShare`): each of the
 ``n`` senders adds its own share of std ``z C / sqrt(n)``, keyed by round and sender, so the sum carries
-std ``z C`` and a secure-aggregation stage between the shares and the sum reveals only the noisy total.
+std ``z C`` and a secure-aggregation stage between the shares and the sum reveals only the noisy total
+(``secagg`` then closes the pipeline in :class:`Gaussian`'s place, with the same rule:
+:func:`expected_cohort_mean` and :func:`record_client_level`).
 
 Each aggregation releases its result once (a client-level Gaussian release per round at a server, one
 per cell and edge round at the edge servers of a hierarchy, for that cell's members); an adaptive clip's
@@ -24,6 +26,7 @@ noisy count of unclipped updates is a Gaussian release of its own (each client a
 from __future__ import annotations
 
 import math
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
 from typing import Any, ClassVar
 
@@ -31,7 +34,7 @@ import torch
 
 from fedge.aggregation import sites
 from fedge.aggregation.means import BlockMean, WeightedMean
-from fedge.aggregation.stage import Reducer, StageRun, Transform
+from fedge.aggregation.stage import Reducer, Stage, StageRun, Transform
 from fedge.aggregation.updates import Part, Updates
 from fedge.errors import ConfigError
 from fedge.privacy.client_level import COUNT, EDGE, UPDATE
@@ -170,11 +173,12 @@ class Clip(Transform):
 
     ``weights``: ``samples`` (the default) keeps the site's weights (sample counts at a FedAvg server:
     clipping only to bound the updates, as robustness), ``uniform`` gives every row ``1/n`` of its
-    output. With the :class:`Gaussian` reducer the weights are uniform whatever this says: it counts
-    every row once, DP-FedAvg's form whose sensitivity is ``C / n``. ``adaptive`` moves the bound toward the
-    ``target_quantile`` of the update norms after each aggregation (Andrew et al. 2021): ``C <- C exp(-lr
-    (b - target))``, ``b`` the noisy share of unclipped rows, counted with Gaussian noise of std
-    ``count_noise_multiplier`` (unset: the calibrated multiplier) over the expected cohort.
+    output. With the :class:`Gaussian` reducer (or ``secagg`` summing :class:`GaussianShare`'s rows) the
+    weights are uniform whatever this says: it counts every row once, DP-FedAvg's form whose
+    sensitivity is ``C / n``. ``adaptive`` moves the bound toward the ``target_quantile`` of the update
+    norms after each aggregation (Andrew et al. 2021): ``C <- C exp(-lr (b - target))``, ``b`` the noisy
+    share of unclipped rows, counted with Gaussian noise of std ``count_noise_multiplier`` (unset: the
+    calibrated multiplier) over the expected cohort.
     """
 
     def __init__(
@@ -293,12 +297,60 @@ def _shared(privacy: RunPrivacy, updates: Updates, multiplier: float, call: int)
     return replace(updates.with_parts(shared), noise=multiplier)
 
 
+def expected_cohort_mean(
+    privacy: RunPrivacy, updates: Updates, mean: Callable[[Updates], Tensors]
+) -> Tensors:
+    """DP-FedAvg's aggregate before any central noise: every row weighted ``1/n`` on its own output
+    (``n``: the output's rows, each row counted once), ``mean`` of those (the site's mean, or secure
+    aggregation's sum of the rows so weighted), and under Poisson participation at a server each
+    output's change from the reference scaled by ``|S| / (q N)``, the sum over the expected cohort.
+    The rule of :class:`Gaussian` and of a ``secagg`` reducer summing :class:`GaussianShare`'s rows."""
+    part = updates.joined()
+    block_of, outputs = _blocks(updates, part)
+    if updates.per_receiver:
+        counts = torch.bincount(block_of.cpu(), minlength=outputs)
+        shares = (1.0 / counts.double())[block_of.cpu()].to(block_of.device)
+        uniform = _block_weights(block_of, outputs, shares)
+    else:
+        uniform = torch.full((len(block_of),), 1.0 / len(block_of), dtype=torch.float64)
+    uniform = uniform.to(part.weights.device)
+    out = mean(updates.with_parts(Part(part.rows, uniform, part.masks, part.senders)))
+    drawn = privacy.participation
+    if updates.site != sites.SERVER or drawn is None or drawn.sampling != "poisson":
+        return out
+    assert updates.reference is not None
+    scale = len(block_of) / (drawn.probability * drawn.population)  # |S| / (q N)
+    for name in _floating(part):
+        ref = updates.reference[name]
+        out[name] = ref + (out[name] - ref) * scale
+    return out
+
+
+def record_client_level(
+    privacy: RunPrivacy, updates: Updates, multiplier: float, clip: float, key: str
+) -> None:
+    """One noised aggregation's client-level releases: one per output, of kind ``update`` at a server
+    (every client's, at the round's sampling) or ``edge`` at an edge (its cell's senders'), Gaussian of
+    ``multiplier`` and sensitivity ``clip``. What :class:`Gaussian` and a ``secagg`` reducer summing
+    :class:`GaussianShare`'s rows record."""
+    part = updates.joined()
+    block_of, outputs = _blocks(updates, part)
+    sampling = _sampling(privacy, updates, key)
+    kind = EDGE if updates.site == sites.EDGE else UPDATE
+    for block in range(outputs):
+        members = _members(part, block_of.cpu(), block, updates.site)
+        privacy.record(
+            Release(updates.round, kind, "client", GAUSSIAN, multiplier, clip, clients=members, **sampling)
+        )
+
+
 class GaussianShare(Transform):
     """Each sender's share of the distributed Gaussian noise, added to its row before the rows are
     summed (so a secure-aggregation stage can sit between the shares and the sum): std ``z C /
     sqrt(n)`` for the ``n`` rows of its output, keyed by (round, sender), the shares' sum having std
-    ``z C``. ``noise_multiplier`` unset: the calibrated one. The :class:`Gaussian` reducer records the
-    release."""
+    ``z C``. ``noise_multiplier`` unset: the calibrated one. The reducer records the release: a
+    :class:`Gaussian` one or ``secagg`` (:attr:`~fedge.aggregation.stage.Reducer.records_shares`); any
+    other is refused, since the noise would go unaccounted."""
 
     def __init__(self, noise_multiplier: float | None = None):
         if noise_multiplier is not None and noise_multiplier < 0:
@@ -310,6 +362,13 @@ class GaussianShare(Transform):
 
     def bind(self, run: StageRun) -> None:
         self.privacy, self.key = _bound(run, "gaussian_share"), run.key
+
+    def check_pipeline(self, stages: Sequence[Stage]) -> None:
+        reducer = stages[-1]
+        if not (isinstance(reducer, Reducer) and reducer.records_shares):
+            raise ValueError(
+                "its noise would go unaccounted; close the pipeline with gaussian (distributed) or secagg"
+            )
 
     def apply(self, updates: Updates) -> Updates:
         privacy = _needed(self.privacy, "gaussian_share")
@@ -330,6 +389,7 @@ class Gaussian(Reducer):
     """
 
     additive: ClassVar[bool] = False
+    records_shares: ClassVar[bool] = True
 
     def __init__(self, noise_multiplier: float | None = None, mode: str = "central"):
         if noise_multiplier is not None and noise_multiplier < 0:
@@ -357,11 +417,11 @@ class Gaussian(Reducer):
             z = privacy.multiplier(self.noise_multiplier, f"{self.key}.options.noise_multiplier")
             if self.mode == "distributed":
                 updates = _shared(privacy, updates, z, call)
-        part = updates.joined()
-        block_of, outputs = _blocks(updates, part)
-        counts = torch.bincount(block_of.cpu(), minlength=outputs)
-        out = self._mean(updates, part, block_of, outputs, counts)
+        out = expected_cohort_mean(privacy, updates, _site_mean)
         if self.mode == "central" and z > 0:
+            part = updates.joined()
+            block_of, outputs = _blocks(updates, part)
+            counts = torch.bincount(block_of.cpu(), minlength=outputs)
             names = _floating(part)
             dims = sum(part.rows[k][0].numel() for k in names)
             like = torch.empty(dims, dtype=part.rows[names[0]].dtype)
@@ -375,37 +435,12 @@ class Gaussian(Reducer):
                 k: v if updates.per_receiver else v[0] for k, v in _unflat(noise, part.rows, names).items()
             }
             out = {**out, **{k: out[k] + shaped[k].to(out[k].device) for k in names}}
-        sampling = _sampling(privacy, updates, self.key)
-        kind = EDGE if updates.site == sites.EDGE else UPDATE
-        for block in range(outputs):
-            members = _members(part, block_of.cpu(), block, updates.site)
-            privacy.record(
-                Release(updates.round, kind, "client", GAUSSIAN, z, clip, clients=members, **sampling)
-            )
+        record_client_level(privacy, updates, z, clip, self.key)
         return out
 
-    def _mean(
-        self, updates: Updates, part: Part, block_of: torch.Tensor, outputs: int, counts: torch.Tensor
-    ) -> Tensors:
-        """Each output's reference plus its rows' summed change over the expected cohort, before the
-        central noise. With the rows as divisor (fixed participation, a cell) that is the rows'
-        unweighted mean, taken as the site's mean takes it (so clip 1e9 and noise 0 give the plain
-        mean's numbers); under Poisson participation the sum over ``q N``."""
-        if updates.per_receiver:
-            uniform = _block_weights(
-                block_of, outputs, (1.0 / counts.double())[block_of.cpu()].to(block_of.device)
-            )
-        else:
-            uniform = torch.full((len(block_of),), 1.0 / len(block_of), dtype=torch.float64)
-        uniform = uniform.to(part.weights.device)
-        even = updates.with_parts(Part(part.rows, uniform, part.masks, part.senders))
-        mean = (BlockMean() if updates.per_receiver else WeightedMean()).reduce(even)
-        drawn = self.privacy.participation if self.privacy is not None else None
-        if updates.site != sites.SERVER or drawn is None or drawn.sampling != "poisson":
-            return mean
-        assert updates.reference is not None
-        scale = len(block_of) / (drawn.probability * drawn.population)  # |S| / (q N)
-        for name in _floating(part):
-            ref = updates.reference[name]
-            mean[name] = ref + (mean[name] - ref) * scale
-        return mean
+
+def _site_mean(updates: Updates) -> Tensors:
+    """The site's own mean of ``updates`` at their weights (each cell's at an edge): with uniform weights
+    the rows' unweighted mean, taken as the site takes its mean (so clip 1e9 and noise 0 give the plain
+    mean's numbers)."""
+    return (BlockMean() if updates.per_receiver else WeightedMean()).reduce(updates)

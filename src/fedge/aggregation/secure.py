@@ -15,19 +15,25 @@ fraction bits for which the sum of the ``n`` weighted rows, ``|sum w x| <= range
 rounding, cannot wrap around the signed range of ``bits`` bits. The server learns only the survivors'
 sum ``sum w x`` (each coordinate within ``n 2^-f`` of the float sum of the clipped rows), decodes it and
 divides by the survivors' share of the weights, so that the site's mean (the sample-weighted mean at a
-FedAvg server, each cell's mean at an edge) comes out of whoever survived. Integer tensors (counters)
+FedAvg server, each cell's mean at an edge) comes out of whoever survived. Rows that carry a
+``gaussian_share`` stage's noise (distributed DP) are summed by DP-FedAvg's rule instead, as the
+``gaussian`` reducer sums them: every row weighted ``1/n`` whatever the clip's ``weights`` say, the sum
+over the expected cohort (``q N`` under Poisson participation), the aggregation's client-level releases
+recorded; such a pipeline needs a ``clip`` stage and is refused with ``dropout`` (a dropped sender's
+share would be lost, and the sum carry less noise than accounted). Integer tensors (counters)
 are not secret and are not summed: they take the largest row's value, as the site's own mean does.
 
 Dropouts (``dropout``: a fraction of each aggregation's senders, drawn from the run seed, or a list of
 client ids) leave after masking; their pairwise masks are removed with the survivors' Shamir shares, and
 a dropout the threshold cannot unmask is refused in one line. The protocol's messages are put on the
-communication ledger at their real widths (:func:`~fedge.aggregation.secure_protocol.secagg_traffic`;
-the algorithm's own upload of each row stays on the ledger as it was, so the protocol's bits are read
-from the ``secagg_*`` kinds), and its compute, the mask expansion, key agreements and reconstructions,
-is charged to the simulated clock with the system's compute model (at an asynchronous buffer, whose
-time is its event queue's, the joules only; the seconds stay in the stage's reports). The
-communication's airtime is not charged by the stage: the site's round rule charges what it reads of
-the ledger when it closes the round, and a FedAvg server closes its round before it aggregates.
+communication ledger at their real widths (:func:`~fedge.aggregation.secure_protocol.secagg_traffic`);
+the masked vectors are the senders' upload, so the site's runtime does not record the plain upload of
+the rows (:attr:`carries_upload`) and each upload counts once, at ``bits`` per coordinate. Its compute,
+the mask expansion, key agreements and reconstructions, is charged to the simulated clock with the
+system's compute model (at an asynchronous buffer, whose time is its event queue's, the joules only;
+the seconds stay in the stage's reports). The communication's airtime is not charged by the stage: the
+site's round rule charges it, a FedAvg server's from the round's ledger (it closes its round after
+aggregating); a hierarchy's and an asynchronous server's rules time the upload from its plain bits.
 """
 
 from __future__ import annotations
@@ -41,6 +47,7 @@ import numpy as np
 import torch
 
 from fedge.aggregation import sites
+from fedge.aggregation.private import GaussianShare, expected_cohort_mean, record_client_level
 from fedge.aggregation.secure_protocol import (
     CIPHER_BITS,
     ID_BITS,
@@ -49,7 +56,7 @@ from fedge.aggregation.secure_protocol import (
     Costs,
     SecAggRound,
 )
-from fedge.aggregation.stage import Reducer, StageRun
+from fedge.aggregation.stage import Reducer, Stage, StageRun
 from fedge.aggregation.updates import Part, Updates
 from fedge.comm import nodes
 from fedge.errors import ConfigError
@@ -106,6 +113,8 @@ class SecureAggregation(Reducer):
     the remainder, unbiased, each sender's draws from the run seed)."""
 
     additive: ClassVar[bool] = False  # the protocol runs once over every sender's row
+    records_shares: ClassVar[bool] = True  # rows with Gaussian shares: DP-FedAvg's sum and its releases
+    carries_upload: ClassVar[bool] = True  # the masked vectors are the senders' upload
 
     def __init__(
         self,
@@ -143,12 +152,37 @@ class SecureAggregation(Reducer):
     def bind(self, run: StageRun) -> None:
         self.run = run
 
+    def check_pipeline(self, stages: Sequence[Stage]) -> None:
+        drops = bool(self.dropout) if isinstance(self.dropout, list | tuple) else self.dropout > 0
+        if drops and any(isinstance(stage, GaussianShare) for stage in stages):
+            raise ValueError(
+                "dropout with gaussian_share: the dropped senders' noise shares would be lost and the sum "
+                "carry less noise than accounted; set dropout 0"
+            )
+
     def reduce(self, updates: Updates) -> Tensors:
+        """The site's secure mean; for rows carrying Gaussian shares (``updates.noise``), DP-FedAvg's
+        aggregate instead: every row counted once over the expected cohort, as the ``gaussian`` reducer
+        computes it (:func:`~fedge.aggregation.private.expected_cohort_mean`), and its client-level
+        releases recorded (:func:`~fedge.aggregation.private.record_client_level`)."""
         if updates.site not in SITES:
             where = f"secagg runs at the {', '.join(SITES)}, not the {updates.site}"
             raise ConfigError("aggregation.stages", f"{where} (set the stage's at)")
         if any(part.masks for part in updates.parts):
             raise ConfigError("aggregation.stages", "secagg cannot sum masked (sparse) rows")
+        if updates.noise is None:
+            return self._secure_mean(updates)
+        privacy, clip = self.run.privacy, updates.clip
+        if privacy is None:
+            raise ValueError("secagg sums Gaussian shares and records their releases: bind it to a run")
+        if clip is None:
+            raise ConfigError(self.run.key, "secagg sums Gaussian shares: it needs a clip stage before them")
+        out = expected_cohort_mean(privacy, updates, self._secure_mean)
+        record_client_level(privacy, updates, updates.noise, clip, self.run.key)
+        return out
+
+    def _secure_mean(self, updates: Updates) -> Tensors:
+        """The weighted mean of the rows, over the survivors, by the protocol."""
         part = updates.joined()
         call = self._occurrence(updates.round)
         names = [name for name, t in part.rows.items() if t.is_floating_point()]

@@ -11,6 +11,7 @@ group), then named in the config's ``aggregation.stages``.
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any, ClassVar
 
@@ -51,6 +52,11 @@ class Bindable:
     def load_state_dict(self, state: dict[str, Any]) -> None:
         """Take back :meth:`state_dict`'s state on a resume (by default there is none)."""
 
+    def check_pipeline(self, stages: Sequence[Stage]) -> None:
+        """Raise ``ValueError`` (why, in a few words) if the stage cannot work in a pipeline of ``stages``
+        (its site's, in order, this one among them, the reducer last): a noise share whose reducer
+        would leave it unaccounted, say. Called once the site's pipeline is built; by default any."""
+
 
 class Transform(Bindable, ABC):
     """A stage that changes the updates before they are reduced (rows, weights or both)."""
@@ -68,10 +74,16 @@ class Reducer(Bindable, ABC):
     integer counter that cannot be averaged, say): the site then keeps that tensor's own value.
     ``additive`` says the reduction is a sum over the rows (a weighted mean is); on a run whose rows are
     spread over processes each process then reduces its own rows and the partial results are added,
-    where any other reducer sees every process's rows.
+    where any other reducer sees every process's rows. ``records_shares`` says the reducer accounts the
+    Gaussian shares its rows carry (``updates.noise``: it records their client-level releases), what a
+    ``gaussian_share`` stage needs of the reducer after it. ``carries_upload`` says the reducer puts its
+    senders' upload of the rows on the ledger itself (secure aggregation's masked vectors): the site's
+    runtime then hands it the rows without recording their plain upload, so each upload counts once.
     """
 
     additive: ClassVar[bool] = False
+    records_shares: ClassVar[bool] = False
+    carries_upload: ClassVar[bool] = False
 
     @abstractmethod
     def reduce(self, updates: Updates) -> Tensors:

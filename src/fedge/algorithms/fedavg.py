@@ -79,6 +79,6 @@ class FedAvg(GlobalModel[FedAvgConfig]):
         self.model.train()
         losses = rnd.train(self.step, bank, plan, self.cfg.optimizer.lr, self.client_opt)
         trained = rnd.collect(self.up, bank)
-        rnd.close(plan)
         self.params, self.buffers = rnd.aggregate(trained, params, buffers)
+        rnd.close(plan)  # after the aggregation: a stage's own messages (secagg's) are the round's too
         return rnd.report(losses)

@@ -108,6 +108,7 @@ class Link:
         entry_mask: torch.Tensor | None = None,
         row_of: Sequence[int] | np.ndarray | None = None,
         seeds: list[int] | None = None,
+        record: bool = True,
     ) -> Sent:
         """Encode ``payload``, record its transfers as ``kind`` and return what the receivers decode.
 
@@ -119,14 +120,18 @@ class Link:
           padded batch); they alone are counted, and a row of length 0 sends nothing.
         - ``entry_mask``: a 0/1 mask shaped like the payload's tensors; only kept entries are counted (values
           dropped by a mask both ends derive from a shared seed are never sent).
+        - ``record`` false: the bits are counted and returned but not put on the ledger, for rows whose
+          transfer a stage records in its own form (secure aggregation's masked vectors).
         """
         if seeds is None and self.codec.stochastic:
             rows = next(iter(payload.values())).shape[0] if stacked and payload else 1
             seeds = self.row_seeds(round_, kind, rows)
         received = self.codec.encode(payload, stacked, seeds)
+        ledger = self.ledger if record else None
         if not stacked:
-            return Sent(received, self._record_whole(round_, src, dst, kind, payload))
-        return Sent(received, self._record_rows(round_, src, dst, kind, payload, lengths, entry_mask, row_of))
+            return Sent(received, self._record_whole(ledger, round_, src, dst, kind, payload))
+        bits = self._record_rows(ledger, round_, src, dst, kind, payload, lengths, entry_mask, row_of)
+        return Sent(received, bits)
 
     def account(
         self,
@@ -151,24 +156,30 @@ class Link:
             counted = np.asarray(
                 [[given.get(name, math.prod(shape)) for name, shape in shapes.items()]], dtype=np.int64
             )
-        return self._record_bits(round_, src, dst, kind, self.codec.bits(values, counted))
+        return self._record_bits(self.ledger, round_, src, dst, kind, self.codec.bits(values, counted))
 
-    def _record_whole(self, round_: int, src: Nodes, dst: Nodes, kind: str, payload: Tensors) -> np.ndarray:
-        """Record one unstacked payload sent to every ``(src, dst)`` pair; its bits."""
+    def _record_whole(
+        self, ledger: Ledger | None, round_: int, src: Nodes, dst: Nodes, kind: str, payload: Tensors
+    ) -> np.ndarray:
+        """Record on ``ledger`` (none: nowhere) one unstacked payload sent to every ``(src, dst)`` pair;
+        its bits."""
         nonzeros = nonzero_counts(payload, False) if self.codec.counts_nonzeros else None
         bits = self.codec.bits(value_counts(payload, False), nonzeros)
-        return self._record_bits(round_, src, dst, kind, bits)
+        return self._record_bits(ledger, round_, src, dst, kind, bits)
 
-    def _record_bits(self, round_: int, src: Nodes, dst: Nodes, kind: str, bits: np.ndarray) -> np.ndarray:
-        """Record ``bits`` (one payload's) for every ``(src, dst)`` pair; returns them."""
+    def _record_bits(
+        self, ledger: Ledger | None, round_: int, src: Nodes, dst: Nodes, kind: str, bits: np.ndarray
+    ) -> np.ndarray:
+        """Record ``bits`` (one payload's) for every ``(src, dst)`` pair on ``ledger``; returns them."""
         lists = [len(nodes) for nodes in (src, dst) if not isinstance(nodes, str)]
         count = lists[0] if lists else 1
-        if count:
-            self.ledger.record(round_, _names(src, count), _names(dst, count), kind, np.repeat(bits, count))
+        if count and ledger is not None:
+            ledger.record(round_, _names(src, count), _names(dst, count), kind, np.repeat(bits, count))
         return bits
 
     def _record_rows(
         self,
+        ledger: Ledger | None,
         round_: int,
         src: Nodes,
         dst: Nodes,
@@ -178,7 +189,8 @@ class Link:
         entry_mask: torch.Tensor | None,
         row_of: Sequence[int] | np.ndarray | None,
     ) -> np.ndarray:
-        """Record the transfers of a stacked payload (see :meth:`send`); the bits of each row."""
+        """Record the transfers of a stacked payload (see :meth:`send`) on ``ledger`` (none: nowhere); the
+        bits of each row."""
         real = None if lengths is None else np.asarray(torch.as_tensor(lengths).cpu())
         values, nonzeros = _sent_counts(payload, real, entry_mask, self.codec.counts_nonzeros)
         bits = self.codec.bits(values, nonzeros)
@@ -186,10 +198,10 @@ class Link:
             bits = np.where(real > 0, bits, 0)
         carried = np.arange(len(bits)) if row_of is None else np.asarray(row_of, dtype=np.int64)
         sending = np.flatnonzero(real[carried] > 0) if real is not None else np.arange(len(carried))
-        if len(sending):
+        if len(sending) and ledger is not None:
             src_names, dst_names = _names(src, len(carried)), _names(dst, len(carried))
             senders, receivers = [src_names[i] for i in sending], [dst_names[i] for i in sending]
-            self.ledger.record(round_, senders, receivers, kind, bits[carried[sending]])
+            ledger.record(round_, senders, receivers, kind, bits[carried[sending]])
         return bits
 
     def decode(self, round_: int, kind: str, payload: Tensors) -> Tensors:

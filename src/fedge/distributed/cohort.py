@@ -100,14 +100,25 @@ class Cohort:
         *,
         lengths: np.ndarray | torch.Tensor | None = None,
         entry_mask: torch.Tensor | None = None,
+        record: bool = True,
     ) -> Sent:
         """A stacked send of this process's rows of the cohort: ``src``/``dst`` name the whole cohort's
         senders and receivers, ``payload`` (and ``lengths``, ``entry_mask``) hold this process's rows. Returns
         this process's received rows and the bits of *every* cohort row; the ledger on every process gets
-        the whole cohort's entries, and a stochastic codec draws row ``r``'s noise as one process does."""
+        the whole cohort's entries (none when ``record`` is false: :meth:`fedge.comm.Link.send`), and a
+        stochastic codec draws row ``r``'s noise as one process does."""
         return send_rows(
-            self._group, link, round_, src, dst, kind, payload, self._shard,
-            lengths=lengths, entry_mask=entry_mask,
+            self._group,
+            link,
+            round_,
+            src,
+            dst,
+            kind,
+            payload,
+            self._shard,
+            lengths=lengths,
+            entry_mask=entry_mask,
+            record=record,
         )
 
     def sum(self, tensors: Tensors) -> Tensors:

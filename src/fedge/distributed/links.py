@@ -40,13 +40,23 @@ def send_rows(
     *,
     lengths: np.ndarray | torch.Tensor | None = None,
     entry_mask: torch.Tensor | None = None,
+    record: bool = True,
 ) -> Sent:
     """``link.send(..., stacked=True)`` of rows ``shard`` of a cohort; ``src``/``dst`` name the whole
-    cohort's senders and receivers. Returns the shard's received rows and the bits of *every* cohort row.
+    cohort's senders and receivers (on the ledger unless ``record`` is false). Returns the shard's
+    received rows and the bits of *every* cohort row.
     """
     if not group.distributed:
         return link.send(
-            round_, src, dst, kind, payload, stacked=True, lengths=lengths, entry_mask=entry_mask
+            round_,
+            src,
+            dst,
+            kind,
+            payload,
+            stacked=True,
+            lengths=lengths,
+            entry_mask=entry_mask,
+            record=record,
         )
     # every process advances the link's send counter, with or without rows in this send
     seeds = link.row_seeds(round_, kind, shard.total)[shard.rows] if link.codec.stochastic else None
@@ -75,7 +85,6 @@ def send_rows(
     parts = group.all_objects(mine)
     senders = [name for part in parts for name in part[0]]
     receivers = [name for part in parts for name in part[1]]
-    if senders:
+    if senders and record:
         link.ledger.record(round_, senders, receivers, kind, np.concatenate([part[2] for part in parts]))
     return Sent(received, np.concatenate([part[3] for part in parts]))
-

@@ -1,5 +1,6 @@
 """The planner of client-level DP-FedAvg (:mod:`fedge.aggregation.private`): the releases a whole run's
-``gaussian`` (and adaptive ``clip``) stages would make, so that ``privacy.target_epsilon`` calibrates
+``gaussian`` (and adaptive ``clip``) stages would make, and its ``gaussian_share`` stages where
+``secagg`` sums the shares in a ``gaussian`` reducer's place, so that ``privacy.target_epsilon`` calibrates
 their noise and ``stop.max_epsilon`` is checked before round 1.
 
 At a star server (FedAvg and its fine-tuned variant) each round releases one aggregate spending every
@@ -23,6 +24,9 @@ UPDATE = "update"
 """The release kind (and noise purpose) of a server's noisy aggregate."""
 EDGE = "edge"
 """The release kind of an edge server's noisy aggregate (and the edge site's name)."""
+SECAGG = "secagg"
+"""The secure-aggregation reducer, which records a ``gaussian_share`` stage's releases in a
+``gaussian`` reducer's place."""
 COUNT = "clip_count"
 """The release kind (and noise purpose) of an adaptive clip's noisy count."""
 SERVER, CLOUD = "server", "cloud"
@@ -61,6 +65,12 @@ def _site(config: RunConfig, key: str) -> str:
     raise ConfigError(key, f"client-level noise is accounted for {known}, not {name}")
 
 
+def _closes(stages: list[StageConfig], site: str) -> str | None:
+    """The name of the last stage that applies at ``site`` (its reducer, where that is one)."""
+    here = [stage.name for stage in stages if _applies(stage, site)]
+    return here[-1] if here else None
+
+
 def _multiplier(stages: list[StageConfig], gaussian: StageConfig, multiplier: float) -> float:
     """The gaussian stage's multiplier: its own, else a gaussian_share stage's, else ``multiplier``."""
     configured = gaussian.options.get("noise_multiplier")
@@ -70,9 +80,16 @@ def _multiplier(stages: list[StageConfig], gaussian: StageConfig, multiplier: fl
     return multiplier if configured is None else float(configured)
 
 
+def _released(stages: list[StageConfig], index: int, site: str) -> bool:
+    """Whether stage ``index``'s planned release is made at ``site``: a ``gaussian_share``'s where
+    ``secagg`` closes the site's pipeline (a ``gaussian`` reducer there plans its own)."""
+    return stages[index].name != "gaussian_share" or _closes(stages, site) == SECAGG
+
+
 def plan_client_level(config: RunConfig, data_sizes: list[int], multiplier: float) -> list[Release]:
-    """The client-level releases of a whole run's ``gaussian`` stages and adaptive ``clip`` stages, at
-    their configured multipliers or, where unset, at ``multiplier`` (the calibrated one)."""
+    """The client-level releases of a whole run's ``gaussian`` stages, ``gaussian_share`` stages closed
+    by ``secagg`` and adaptive ``clip`` stages, at their configured multipliers or, where unset, at
+    ``multiplier`` (the calibrated one)."""
     stages = config.aggregation.stages
     if config.privacy.participation == "poisson" and config.algorithm.name not in STAR_ALGORITHMS:
         refused = f"{config.algorithm.name} draws its own clients; poisson is a star round's draw"
@@ -81,6 +98,9 @@ def plan_client_level(config: RunConfig, data_sizes: list[int], multiplier: floa
     for i, stage in enumerate(stages):
         if stage.name == "gaussian":
             planned.append((UPDATE, _multiplier(stages, stage, multiplier), 1.0, i))
+        elif stage.name == "gaussian_share" and any(s.name == SECAGG for s in stages[i + 1 :]):
+            configured = stage.options.get("noise_multiplier")
+            planned.append((UPDATE, multiplier if configured is None else float(configured), 1.0, i))
         elif stage.name == "clip" and stage.options.get("adaptive"):
             count = stage.options.get("count_noise_multiplier")
             planned.append((COUNT, multiplier if count is None else float(count), 1.0, i))
@@ -99,7 +119,7 @@ def plan_client_level(config: RunConfig, data_sizes: list[int], multiplier: floa
                     f"aggregation.stages.{i}",
                     f"{stage.name} cannot be accounted at the cloud; set at: [edge]",
                 )
-    planned = [p for p in planned if _applies(stages[p[3]], site)]
+    planned = [p for p in planned if _applies(stages[p[3]], site) and _released(stages, p[3], site)]
     clients = len(data_sizes)
     releases: list[Release] = []
     if site == SERVER:

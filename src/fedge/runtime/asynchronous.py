@@ -25,6 +25,7 @@ from typing import Any, Protocol
 
 import numpy as np
 
+from fedge.aggregation import sites
 from fedge.comm import Link, nodes
 from fedge.runtime.availability import draw_clients, idle_online
 from fedge.runtime.context import Context
@@ -192,12 +193,14 @@ class AsyncEngine:
     # --- arrivals and the round -----------------------------------------------------------------------
 
     def arrive(self, t: int, event: Event) -> None:
-        """A client's final message reaches the server: its upload on the ledger, its energy on the
-        clock, and the arrival kept for the merge."""
+        """A client's final message reaches the server: its upload on the ledger (unless the buffer's
+        reducer records the upload itself: :meth:`~fedge.runtime.context.Context.records_upload`), its
+        energy on the clock, and the arrival kept for the merge."""
         message, received = event.message, None
         if message.upload is not None and self.up is not None:
-            sender = nodes.client(message.client)
-            received = self.up.send(t, sender, nodes.SERVER, "model_up", message.upload).payload
+            sender, record = nodes.client(message.client), self.ctx.records_upload(sites.BUFFER)
+            sent = self.up.send(t, sender, nodes.SERVER, "model_up", message.upload, record=record)
+            received = sent.payload
         if message.joules:
             self.ctx.system.charge(job_energy(message.client, message.joules))
         self.arrived.append(Arrival(event, received))

@@ -57,6 +57,12 @@ class Context:
             self.pipelines[site] = build_pipeline(self.config.aggregation, site, run)
         return self.pipelines[site]
 
+    def records_upload(self, site: str) -> bool:
+        """Whether the runtime records the plain upload of the rows ``site`` aggregates: not where its
+        reducer puts the senders' upload on the ledger itself (secure aggregation's masked vectors,
+        :attr:`~fedge.aggregation.Reducer.carries_upload`), so that each upload is counted once."""
+        return not self.pipeline(site).reducer.carries_upload
+
     def aggregation_summary(self) -> dict[str, list[str]]:
         """The stages of every site this run aggregates at, by site (``summary.json``)."""
         return {site: list(pipeline.names) for site, pipeline in sorted(self.pipelines.items())}

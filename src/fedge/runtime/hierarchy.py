@@ -208,9 +208,12 @@ class CellsRound:
     def collect(self, bank: ClientBank) -> tuple[Tensors, Tensors]:
         """Every client sends its trained model to its edge server (``model_up``, or AirComp's
         ``update_up_analog``); this process's rows as the edge servers decode them. Adds each client's
-        uplink bits to :attr:`client_bits` and records one client's upload per cell in :attr:`cell_bits`."""
+        uplink bits to :attr:`client_bits` and records one client's upload per cell in :attr:`cell_bits`
+        (on the ledger too, unless the edge's reducer records the upload itself:
+        :meth:`~fedge.runtime.context.Context.records_upload`)."""
         cells, cohort, up = self.cells, self.cohort, self.links.up
         kind = "update_up_analog" if self.links.analogue else "model_up"
+        record = self.ctx.records_upload(sites.EDGE)
         uploaded, uploaded_buffers = bank.params, bank.buffers
         receivers = self.receivers
         for j in range(cells.num_cells):
@@ -218,7 +221,7 @@ class CellsRound:
             cell = cohort.part(rows)  # this process's clients of cell j
             local = slice(cell.start + rows.start - cohort.start, cell.stop + rows.start - cohort.start)
             payload = _payload(self.submodels, j, local, bank.params, bank.buffers)
-            sent = cell.send(up, self.round, receivers[rows], nodes.edge(j), kind, payload)
+            sent = cell.send(up, self.round, receivers[rows], nodes.edge(j), kind, payload, record=record)
             self.client_bits[rows] += sent.bits
             self.cell_bits[j] = sent.bits.max(initial=0)
             if not up.codec.lossless and len(cell):

@@ -122,11 +122,21 @@ class SplitRuntime:
         *,
         lengths: np.ndarray | torch.Tensor | None = None,
         entry_mask: torch.Tensor | None = None,
+        record: bool = True,
     ) -> Sent:
         """Every row's ``senders[r]`` sends the server its row of ``payload`` (this process's rows); the
-        server's decoded rows and every row's bits (:meth:`~fedge.distributed.Cohort.send`)."""
+        server's decoded rows and every row's bits (:meth:`~fedge.distributed.Cohort.send`; on the
+        ledger unless ``record`` is false)."""
         return cohort.send(
-            link, t, senders, nodes.SERVER, kind, payload, lengths=lengths, entry_mask=entry_mask
+            link,
+            t,
+            senders,
+            nodes.SERVER,
+            kind,
+            payload,
+            lengths=lengths,
+            entry_mask=entry_mask,
+            record=record,
         )
 
     def answer(
@@ -147,8 +157,11 @@ class SplitRuntime:
         )
 
     def collect(self, rnd: SplitRows, link: Link, kind: str, payload: Tensors) -> Sent:
-        """Every participant uploads its row of ``payload`` (this process's rows) to the server."""
-        return self.upload(rnd.cohort, link, rnd.t, rnd.nodes, kind, payload)
+        """Every participant uploads its row of ``payload`` (this process's rows) to the server, for its
+        aggregation (on the ledger unless the server's reducer records the upload itself:
+        :meth:`~fedge.runtime.context.Context.records_upload`)."""
+        record = self.ctx.records_upload(sites.SERVER)
+        return self.upload(rnd.cohort, link, rnd.t, rnd.nodes, kind, payload, record=record)
 
     def gather(self, cohort: Cohort, tensors: Tensors) -> Tensors:
         """Every row of stacked ``tensors`` (this process's rows), on every process, in row order."""

@@ -4,10 +4,12 @@ FedAvg's round (and every algorithm with one global model on a server) is its pa
 locally from the broadcast model, send the trained model back, average -- around the same pipes: draw
 the participants (only the online ones under device profiles), send the model down, train this
 process's rows of the participants (keeping each one's optimizer state where the run keeps it), send the
-trained models up, close the round on the clock by the star rule (:func:`fedge.system.star_round`),
-aggregate through the server's pipeline and hold the new model on every participant. :class:`StarRuntime`
-holds the initial model in storage and opens a round; :class:`StarRound` does those steps, so that no
-algorithm writes a link send, a storage hold, cohort row arithmetic or a latency formula itself.
+trained models up, aggregate through the server's pipeline, hold the new model on every participant and
+close the round on the clock by the star rule (:func:`fedge.system.star_round`), which reads the round's
+traffic on the ledger: a stage's own messages (secure aggregation's) are then timed with the round's.
+:class:`StarRuntime` holds the initial model in storage and opens a round; :class:`StarRound` does those
+steps, so that no algorithm writes a link send, a storage hold, cohort row arithmetic or a latency
+formula itself.
 """
 
 from __future__ import annotations
@@ -117,10 +119,15 @@ class StarRound:
         return losses
 
     def collect(self, link: Link, bank: ClientBank) -> Tensors:
-        """Every participant sends its trained model up (``model_up``); the server's decoded rows (this
-        process's), parameters then buffers (integer counters as trained: they are not sent)."""
+        """Every participant sends its trained model up (``model_up``; on the ledger unless the server's
+        reducer records the upload itself, :meth:`~fedge.runtime.context.Context.records_upload`); the
+        server's decoded rows (this process's), parameters then buffers (integer counters as trained:
+        they are not sent)."""
         trained = {**bank.params, **floating(bank.buffers)}
-        up = self.cohort.send(link, self.round, self.receivers, nodes.SERVER, "model_up", trained)
+        record = self.ctx.records_upload(sites.SERVER)
+        up = self.cohort.send(
+            link, self.round, self.receivers, nodes.SERVER, "model_up", trained, record=record
+        )
         stacked = {k: up.payload[k] for k in bank.params}
         stacked.update({k: up.payload.get(k, v) for k, v in bank.buffers.items()})
         return stacked

@@ -86,7 +86,8 @@ class FedAvgDeadline(GlobalModel):
         trained = self.work.train(mine, params, buffers)
         senders = nodes.clients(reached[trainees])
         model = {**trained.params, **floating(trained.buffers)}
-        up = self.work.up.send(t, senders, nodes.SERVER, "model_up", model, stacked=True)
+        record = ctx.records_upload(sites.SERVER)
+        up = self.work.up.send(t, senders, nodes.SERVER, "model_up", model, stacked=True, record=record)
         sizes = torch.as_tensor(ctx.data.client_sizes(reached[trainees]), dtype=torch.float64)
         share = torch.as_tensor(done[trainees] / full[trainees], dtype=torch.float64)
         sizes = sizes * share  # a partial client counts for the share of its steps it did

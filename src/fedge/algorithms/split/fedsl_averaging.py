@@ -6,6 +6,7 @@ from __future__ import annotations
 import numpy as np
 import torch
 
+from fedge.aggregation import sites
 from fedge.comm import Link, nodes
 from fedge.distributed import Cohort
 from fedge.engine import stack_copies
@@ -41,7 +42,8 @@ class Averaging:
         n, cohort, runtime = len(self.clients), self.cohort, self.runtime
         params, buffers = trained["params"], trained["buffers"]
         sent = {**params, **floating(buffers)}
-        up = runtime.upload(cohort, self.link, t, self.clients, "model_up", sent)
+        record = runtime.ctx.records_upload(sites.SERVER)
+        up = runtime.upload(cohort, self.link, t, self.clients, "model_up", sent, record=record)
         runtime.store(nodes.SERVER, "client_models", int(up.bits.sum()))
         device = next(iter(params.values())).device
         uniform = torch.full((len(cohort),), 1.0 / n, dtype=torch.float64, device=device)
