@@ -215,10 +215,9 @@ def test_an_unset_multiplier_without_a_target_is_refused_naming_the_key(tmp_path
         build_run(fedge.resolve_config(config(tmp_path, sample={"clip": 1.0})))
 
 
-@pytest.mark.parametrize("algorithm", ["centralized", "fedasync"])
-def test_families_without_a_dp_sgd_step_refuse_it(tmp_path, algorithm):
+def test_centralized_training_without_a_dp_sgd_step_refuses_it(tmp_path):
     with pytest.raises(ConfigError, match="privacy.sample"):
-        build_run(fedge.resolve_config(config(tmp_path, algorithm, NOISY)))
+        build_run(fedge.resolve_config(config(tmp_path, "centralized", NOISY)))
 
 
 def test_the_pure_form_equals_the_in_place_step_and_leaves_its_inputs():

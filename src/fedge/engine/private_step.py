@@ -14,14 +14,20 @@ gradient has std exactly ``z C / B``. With a clip no gradient reaches and no noi
 non-private one wherever a batch is full.
 
 Noise is drawn per row and local step from the run's seeded privacy streams, keyed by (round, training
-call of the round, client, occurrence of the client in the call, step): the sequential and batched
-executors, any chunking of clients and a resumed run add the same numbers.
+call of the round, client, occurrence of the client in the call, step), or where the caller names the
+job, by (job, client, occurrence, step) (an asynchronous dispatch: its key is in the checkpoint): the
+sequential and batched executors, any chunking of clients and a resumed run add the same numbers.
+
+A loss with a penalty on the parameters alone (:class:`Penalized`: FedAsync's proximal pull) has only
+its data term clipped and noised; the penalty's gradient, which depends on no sample, is added exactly
+(as the optimizer's weight decay is).
 """
 
 from __future__ import annotations
 
 from collections.abc import Iterable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
+from typing import Protocol, runtime_checkable
 
 import numpy as np
 import torch
@@ -55,18 +61,21 @@ class SampleMechanism:
     privacy: RunPrivacy
     clip: float
     multiplier: float  # z: the configured noise multiplier, else the one privacy.target_epsilon calibrated
+    job: tuple[int, ...] | None = None  # the training call's own key (None: the round's call count)
 
     def open(self, clients: tuple[int, ...], plan: BatchPlan) -> torch.Tensor:
-        """Start a training call of ``clients`` by ``plan``: record its releases and return the
-        ``[rows, steps]`` noise keys of its rows (int64)."""
+        """Start a training call of ``clients`` by ``plan``: record its releases (in the current round)
+        and return the ``[rows, steps]`` noise keys of its rows (int64)."""
         round_ = self.privacy.round
-        call = self.privacy.next_call(GRADIENT)
+        call: tuple[int | str, ...] = (
+            ("job", *self.job) if self.job is not None else (round_, self.privacy.next_call(GRADIENT))
+        )
         seen: dict[int, int] = {}
         keys = np.zeros((len(clients), plan.num_steps), dtype=np.int64)
         for r, c in enumerate(clients):
             occurrence = seen[int(c)] = seen.get(int(c), -1) + 1
             for s in range(plan.num_steps):
-                keys[r, s] = derive_seed(self.privacy.seed, "sample-dp", round_, call, int(c), occurrence, s)
+                keys[r, s] = derive_seed(self.privacy.seed, "sample-dp", *call, int(c), occurrence, s)
         for client, count in most_uses(clients, plan).items():
             self.privacy.record(self.release(round_, client, count))
         return torch.from_numpy(keys)
@@ -107,6 +116,21 @@ def sample_keys(key: torch.Tensor, count: int) -> torch.Tensor:
     return mix32(key ^ mix32((index + 1) * _SAMPLE_SALT & MASK32))
 
 
+@runtime_checkable
+class Penalized(Protocol):
+    """A loss that is a data term plus a penalty on the parameters alone (no sample in it)."""
+
+    def data(
+        self, params: Tensors, buffers: Tensors, x: torch.Tensor, y: torch.Tensor, weight: torch.Tensor
+    ) -> tuple[torch.Tensor, Tensors]:
+        """The data term (a :data:`LossFn`)."""
+        ...
+
+    def penalty(self, params: Tensors, buffers: Tensors) -> torch.Tensor:
+        """The penalty of ``params`` (one value)."""
+        ...
+
+
 @dataclass(frozen=True)
 class PrivateStep:
     """A local step of ``loss_fn`` and ``optimizer`` with DP-SGD's gradient (``mechanism``)."""
@@ -114,6 +138,10 @@ class PrivateStep:
     loss_fn: LossFn
     optimizer: Optimizer
     mechanism: SampleMechanism
+
+    def for_job(self, job: tuple[int, ...]) -> PrivateStep:
+        """This step keying its noise by ``job`` (a dispatch's key) instead of the round's call count."""
+        return replace(self, mechanism=replace(self.mechanism, job=job))
 
     def clipped_sum(
         self,
@@ -128,9 +156,11 @@ class PrivateStep:
         real samples (pure: runs under the batched executor's vmap over clients). ``key``: the row's
         dropout key (None: no random layers)."""
 
+        loss_fn = self.loss_fn.data if isinstance(self.loss_fn, Penalized) else self.loss_fn
+
         def one(p: Tensors, xi: torch.Tensor, yi: torch.Tensor, wi: torch.Tensor, ki: torch.Tensor | None):
             with keyed_noise(ki):
-                loss, _ = self.loss_fn(p, buffers, xi[None], yi[None], wi[None])
+                loss, _ = loss_fn(p, buffers, xi[None], yi[None], wi[None])
             return loss
 
         keys = None if key is None else sample_keys(key, x.shape[0])
@@ -197,6 +227,11 @@ class PrivateStep:
             grads = self.noisy_gradients(sums, privacy_keys, width)
             if not batched:
                 grads = {name: g[0] for name, g in grads.items()}
+            if isinstance(self.loss_fn, Penalized):  # the penalty's exact gradient (no sample in it)
+                penalty = grad_and_value(self.loss_fn.penalty)
+                pulls, value = (vmap(penalty) if batched else penalty)(params, buffers)
+                grads = {name: g + pulls[name] for name, g in grads.items()}
+                loss = loss + value
             self.optimizer.update_(params, grads, opt_state, lr)
         return loss
 

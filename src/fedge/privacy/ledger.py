@@ -35,6 +35,7 @@ class PrivacyLedger:
     def __init__(self, num_clients: int, delta: float = 1e-5, method: Method = "rdp"):
         self.num_clients, self.delta, self.method = num_clients, delta, method
         self.releases: list[Release] = []
+        self.round_bound: list[Release] = []  # the most one round can release, where set before the run
 
     def record(self, release: Release) -> None:
         """Add a release (a mechanism calls this each time it releases something)."""
@@ -82,13 +83,15 @@ class PrivacyLedger:
     def round_fields(self, t: int) -> dict[str, Any]:
         """A round's metrics fields (empty when the run releases nothing): cumulative ``epsilon`` (the
         largest over units and clients), each unit's, this round's alone, and ``epsilon_next``, what one
-        more round like this one would make the cumulative epsilon."""
+        more round like this one (or, where :attr:`round_bound` is set, one at its most) would make the
+        cumulative epsilon."""
         if not self.active:
             return {}
         so_far = [r for r in self.releases if r.round <= t]
         this = [r for r in so_far if r.round == t]
         cumulative = self.worst(so_far)
-        next_round = self.worst(so_far + [_moved(r, t + 1) for r in this])
+        following = self.round_bound or this
+        next_round = self.worst(so_far + [_moved(r, t + 1) for r in following])
         fields: dict[str, Any] = {f"epsilon_{unit}": value for unit, value in cumulative.items()}
         fields.update(
             epsilon=max(cumulative.values(), default=0.0),

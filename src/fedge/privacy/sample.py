@@ -20,7 +20,8 @@ GRADIENT = "gradient"
 STAR = ("fedavg", "fedavg_ft")
 HIERARCHICAL = ("hfedavg", "hist")
 DECENTRALIZED = ("afind", "ditto", "dispfl", "federico", "fedfomo", "gossip", "local", "pens")
-SUPPORTED = STAR + HIERARCHICAL + DECENTRALIZED
+ASYNCHRONOUS = ("fedasync", "fedbuff", "fedavg_deadline")
+SUPPORTED = STAR + HIERARCHICAL + DECENTRALIZED + ASYNCHRONOUS
 """The algorithms whose local step is the engine's shared step, which DP-SGD replaces."""
 
 
@@ -57,7 +58,7 @@ def split(config: RunConfig) -> bool:
 
 def check_sample(config: RunConfig) -> None:
     """Refuse ``privacy.sample`` for an algorithm with neither the shared local step nor split
-    learning's client step (the asynchronous family, centralized training)."""
+    learning's client step (centralized training)."""
     if config.privacy.sample is None or split(config):
         return
     if config.algorithm.name not in SUPPORTED:
@@ -71,7 +72,14 @@ def check_sample(config: RunConfig) -> None:
 def plan_sample(config: RunConfig, data_sizes: list[int], multiplier: float) -> list[Release]:
     """The noisy gradients a whole run would release, at ``privacy.sample.noise_multiplier`` or, where
     that is unset, at ``multiplier`` (the calibrated one): every client trains every round
-    (:func:`per_round`)."""
+    (:func:`per_round`).
+
+    For the asynchronous family this is an exact upper bound whatever the simulated clock does: FedBuff
+    and FedAsync dispatch a client at most once a round (it is busy from its dispatch until its update
+    is merged, which ends a round), each job is ``local_epochs`` epochs (a job in flight at the end is
+    counted, as it is trained at its dispatch), and the deadline variant trains its selected clients
+    once a round, a straggler's job cut short releasing less. So ``privacy.target_epsilon`` calibrates
+    for the fastest possible client, and the ledger's epsilon is what the jobs made released."""
     sample = config.privacy.sample
     if sample is None or split(config):
         return []

@@ -7,6 +7,10 @@ that makes the worst guarantee's planned epsilon meet the target, by dp-accounti
 round 1; and it refuses, in one line naming the keys, a run whose budget the configuration cannot meet:
 a target no multiplier reaches, a target with nothing to calibrate, or a ``stop.max_epsilon`` that a
 single round already exceeds.
+
+The asynchronous family's rounds release what the simulated clock dispatches, so the next round may
+train a client this one did not: its ledger checks ``stop.max_epsilon`` against one planned round (every
+client's job at its most) rather than a repeat of the last round, so the budget is never crossed.
 """
 
 from __future__ import annotations
@@ -23,7 +27,7 @@ from fedge.privacy.ledger import UNITS
 from fedge.privacy.peer import plan_peer
 from fedge.privacy.release import Unit
 from fedge.privacy.run import RunPrivacy
-from fedge.privacy.sample import check_sample, plan_sample
+from fedge.privacy.sample import ASYNCHRONOUS, check_sample, plan_sample
 from fedge.privacy.split_sample import plan_split_sample
 
 Planner = Callable[[RunConfig, list[int], float], list[Release]]
@@ -102,8 +106,9 @@ def calibrated(planners: Sequence[Planner], config: RunConfig, sizes: list[int],
 
 
 def prepare(planners: Sequence[Planner], config: RunConfig, sizes: list[int], privacy: RunPrivacy) -> None:
-    """Calibrate ``privacy`` to ``privacy.target_epsilon`` (when given) and check ``stop.max_epsilon``
-    (and that the algorithm takes the mechanisms configured)."""
+    """Calibrate ``privacy`` to ``privacy.target_epsilon`` (when given), check ``stop.max_epsilon`` (and
+    that the algorithm takes the mechanisms configured), and give the asynchronous family's ledger its
+    bound on one round."""
     check_sample(config)
     target, budget = config.privacy.target_epsilon, config.stop.max_epsilon
     try:
@@ -112,8 +117,10 @@ def prepare(planners: Sequence[Planner], config: RunConfig, sizes: list[int], pr
                 refused = "no mechanism leaves its noise_multiplier unset for it to calibrate"
                 raise ConfigError("privacy.target_epsilon", refused)
             privacy.calibrated = calibrated(planners, config, sizes, target)
+        one_round = config.model_copy(update={"rounds": 1})
+        if config.algorithm.name in ASYNCHRONOUS:  # the next round may train anyone: one round at its most
+            privacy.ledger.round_bound = planned(planners, one_round, sizes, privacy.calibrated or 1.0)
         if budget is not None:
-            one_round = config.model_copy(update={"rounds": 1})
             first = planned(planners, one_round, sizes, privacy.calibrated or 1.0)
             spent = worst_epsilon(first, config, len(sizes)) if first else 0.0
             if spent > budget:

@@ -163,6 +163,12 @@ class AsyncEngine:
         """The clients at work."""
         return {event.client for event in self.events if event.message.final}
 
+    @property
+    def dispatch_key(self) -> tuple[int, int]:
+        """The key of the dispatch under way: the version its model becomes and its place among that
+        version's dispatches (1, 2...); unique over the run, the same on a resumed one."""
+        return self.version + 1, self.refills
+
     # --- dispatch and refill --------------------------------------------------------------------------
 
     def refill(self, t: int) -> None:

@@ -82,7 +82,7 @@ class AsyncServer(GlobalModel):
         """``clients`` receive the current model in round ``t`` and train from it; each one's update."""
         params, buffers = self.work.send(t, clients, self.params, self.buffers)
         plan = self.work.plan(clients, version + 1)
-        trained = self.work.train(plan, params, buffers)
+        trained = self.work.train(plan, params, buffers, self.engine.dispatch_key)
         phases = self.work.phases(version + 1, clients, trained.samples)
         base = {**params, **floating(buffers)}  # the model as the clients received it (one, shared)
         each, messages = phases.each, []

@@ -1,9 +1,11 @@
-"""A client's job in the straggler-aware and asynchronous variants: FedAvg's local training, and what the
-job costs each client on the simulated clock (download, compute, upload) given its device profile."""
+"""A client's job in the straggler-aware and asynchronous variants: FedAvg's local training (DP-SGD in
+every step under ``privacy.sample``), and what the job costs each client on the simulated clock
+(download, compute, upload) given its device profile."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import cast
 
 import numpy as np
 import torch
@@ -21,6 +23,7 @@ from fedge.engine import (
     make_step,
     parameters_of,
 )
+from fedge.engine.private_step import PrivateStep, private_step
 from fedge.engine.step import LossFn
 from fedge.errors import ConfigError
 from fedge.system import forward_flops, training_flops
@@ -54,10 +57,21 @@ class ProximalLoss:
     def __call__(
         self, params: Tensors, buffers: Tensors, x: torch.Tensor, y: torch.Tensor, weight: torch.Tensor
     ) -> tuple[torch.Tensor, Tensors]:
+        loss, new = self.data(params, buffers, x, y, weight)
+        return loss + self.penalty(params, buffers), new
+
+    def data(
+        self, params: Tensors, buffers: Tensors, x: torch.Tensor, y: torch.Tensor, weight: torch.Tensor
+    ) -> tuple[torch.Tensor, Tensors]:
+        """The weighted loss alone (the anchors kept in the new buffers): DP-SGD's clipped term."""
         anchors = {k: v for k, v in buffers.items() if k.startswith(ANCHOR)}
         loss, new = self.loss(params, {k: v for k, v in buffers.items() if k not in anchors}, x, y, weight)
-        pull = sum(((params[k] - anchors[ANCHOR + k]) ** 2).sum() for k in params)
-        return loss + 0.5 * self.mu * pull, {**new, **anchors}
+        return loss, {**new, **anchors}
+
+    def penalty(self, params: Tensors, buffers: Tensors) -> torch.Tensor:
+        """The pull ``mu / 2 ||params - anchor||^2``, which depends on no sample."""
+        pull = cast(torch.Tensor, sum(((params[k] - buffers[ANCHOR + k]) ** 2).sum() for k in params))
+        return 0.5 * self.mu * pull
 
 
 def cohort_size(num_clients: int, fraction: float) -> int:
@@ -75,7 +89,9 @@ def truncated(plan: BatchPlan, steps: np.ndarray) -> BatchPlan:
 
 class LocalWork:
     """FedAvg's client side (model, step, links) and the simulated cost of a job; with ``proximal_mu``
-    > 0 the local objective is :class:`ProximalLoss` (FedAsync's)."""
+    > 0 the local objective is :class:`ProximalLoss` (FedAsync's), and with ``privacy.sample`` every
+    local step is DP-SGD (:func:`~fedge.engine.private_step.private_step`; the proximal pull is not
+    clipped, it depends on no sample)."""
 
     def __init__(self, ctx: Context, cfg: LocalWorkConfig, proximal_mu: float = 0.0):
         if ctx.cohorts.processes > 1:
@@ -86,7 +102,8 @@ class LocalWork:
         self.buffers = buffers_of(self.model)
         self.sgd = make_optimizer(cfg.optimizer)
         loss: LossFn = classification_loss(self.model, ctx.criterion)
-        self.step = make_step(ProximalLoss(loss, proximal_mu) if proximal_mu else loss, self.sgd)
+        plain = make_step(ProximalLoss(loss, proximal_mu) if proximal_mu else loss, self.sgd)
+        self.step = private_step(plain, ctx.privacy, self.model)
         self.up, self.down = ctx.network.link(cfg.codec_up), ctx.network.link(cfg.codec_down)
         self.flops_per_sample = forward_flops(self.model, ctx.data.input_shape)
         model = {**self.params, **floating(self.buffers)}  # what travels each way: one model
@@ -106,14 +123,19 @@ class LocalWork:
         cfg = self.cfg
         return self.ctx.data.batch_plan(clients, key, cfg.local_epochs, cfg.batch_size, cfg.drop_last)
 
-    def train(self, plan: BatchPlan, params: Tensors, buffers: Tensors) -> Trained:
+    def train(
+        self, plan: BatchPlan, params: Tensors, buffers: Tensors, job: tuple[int, ...] | None = None
+    ) -> Trained:
         """Every client of ``plan`` trains from ``params`` / ``buffers`` with a fresh optimizer state (with
-        ``proximal_mu``, on an objective that pulls it back towards ``params``, the model it received)."""
+        ``proximal_mu``, on an objective that pulls it back towards ``params``, the model it received).
+        Under DP-SGD the steps actually in ``plan`` are released in the current round, their noise keyed
+        by ``job`` (an asynchronous dispatch's key; None: the round's training call, a synchronous round)."""
         clients = np.asarray(plan.clients, dtype=np.int64)
         anchors = {ANCHOR + k: v for k, v in params.items()} if self.proximal_mu else {}
         bank = ClientBank.broadcast(clients, params, {**buffers, **anchors}, self.sgd.init(params))
         self.model.train()
-        losses = self.ctx.executor.train(self.step, bank, plan, self.ctx.data, self.cfg.optimizer.lr)
+        step = self.step.for_job(job) if isinstance(self.step, PrivateStep) and job is not None else self.step
+        losses = self.ctx.executor.train(step, bank, plan, self.ctx.data, self.cfg.optimizer.lr)
         samples = plan.weight.sum(dim=(1, 2)).cpu().numpy().astype(np.float64)
         trained = {k: v for k, v in bank.buffers.items() if k not in anchors}
         return Trained(clients, bank.params, trained, losses, samples)
