@@ -21,4 +21,4 @@ class CoordinateMedian(Reducer):
         return out
 
 
-fedge.register_stage("median", CoordinateMedian)
+fedge.register_stage("my_median", CoordinateMedian)

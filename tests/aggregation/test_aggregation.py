@@ -41,12 +41,12 @@ def stacked(rows: int, seed: int = 0) -> dict[str, torch.Tensor]:
 
 @pytest.fixture(scope="module")
 def median() -> type[Reducer]:
-    """docs/extending.md's median stage, registered as ``median`` (as running the file would)."""
-    if "median" not in STAGES:
+    """docs/extending.md's median stage, registered as ``my_median`` (as running the file would)."""
+    if "my_median" not in STAGES:
         spec = importlib.util.spec_from_file_location("median_stage", MEDIAN)
         module = importlib.util.module_from_spec(spec)
         spec.loader.exec_module(module)
-    return STAGES["median"]
+    return STAGES["my_median"]
 
 
 # ----- the built-in means are the arithmetic the sites had -----------------------------------------
@@ -116,10 +116,10 @@ class Halve(Transform):
 def test_stages_apply_in_order_at_the_sites_they_name_and_the_site_mean_closes_the_chain(median):
     STAGES.setdefault("halve", Halve)
     config = AggregationConfig(
-        stages=[{"name": "halve", "at": ["server"]}, {"name": "median", "at": ["cloud"]}]
+        stages=[{"name": "halve", "at": ["server"]}, {"name": "my_median", "at": ["cloud"]}]
     )
     server, cloud, peer = (build_pipeline(config, site) for site in ("server", "cloud", "peer"))
-    assert (server.names, cloud.names, peer.names) == (("halve", "mean"), ("median",), ("mean",))
+    assert (server.names, cloud.names, peer.names) == (("halve", "mean"), ("my_median",), ("mean",))
     assert isinstance(peer.reducer, WeightedMean) and not peer.transforms
     assert isinstance(server.transforms[0], Halve) and isinstance(server.reducer, WeightedMean)
     rows = stacked(3)
@@ -138,7 +138,7 @@ def test_stages_apply_in_order_at_the_sites_they_name_and_the_site_mean_closes_t
     [
         (["medain"], "aggregation.stages.0.name", "unknown aggregation stage 'medain'"),
         ([{"name": "mean", "options": {"trim": 0.1}}], "aggregation.stages.0.options", "takes no options"),
-        (["median", "halve"], "aggregation.stages.1", "a reducer is the last stage"),
+        (["my_median", "halve"], "aggregation.stages.1", "a reducer is the last stage"),
     ],
 )
 def test_a_bad_stage_is_refused_in_one_line_naming_its_key(median, stages, key, words):
@@ -195,11 +195,11 @@ def final_state(run_dir: Path) -> dict[str, torch.Tensor]:
 @parametrize_first_by_default("family", list(FAMILIES))
 def test_the_median_runs_at_its_site_on_both_executors_with_one_result(tmp_path, median, family):
     runs = {
-        executor: fedge.run(config(tmp_path, FAMILIES[family], ["median"], executor))
+        executor: fedge.run(config(tmp_path, FAMILIES[family], ["my_median"], executor))
         for executor in ("sequential", "batched")
     }
     mean = fedge.run(config(tmp_path / "mean", FAMILIES[family], []))
-    assert runs["sequential"].summary["aggregation"] == {site: ["median"] for site in SITES[family]}
+    assert runs["sequential"].summary["aggregation"] == {site: ["my_median"] for site in SITES[family]}
     assert mean.summary["aggregation"] == {site: ["mean"] for site in SITES[family]}
     states = {name: final_state(run.run_dir) for name, run in runs.items()}
     for k, value in states["sequential"].items():
@@ -220,7 +220,7 @@ result = fedge.run(json.loads(sys.argv[2]))
 
 @pytest.mark.ci
 def test_the_median_on_two_gloo_ranks_equals_one_process(tmp_path, median):
-    cfg = config(tmp_path, FAMILIES["fedavg"], ["median"])
+    cfg = config(tmp_path, FAMILIES["fedavg"], ["my_median"])
     cfg["algorithm"] = {**cfg["algorithm"], "fraction": 1.0}  # every client: 3 + 3 rows over the ranks
     one = fedge.run(cfg)
     two = {**cfg, "output": {"dir": str(tmp_path / "ranks"), "plots": False}}
@@ -249,7 +249,7 @@ def test_the_median_in_a_deployed_run_equals_the_simulation(tmp_path, median):
     from fedge.deploy.loopback import LoopbackTransport
     from fedge.deploy.server_app import run_deployed
 
-    cfg = resolve_config(config(tmp_path, FAMILIES["fedavg"], ["median"]))
+    cfg = resolve_config(config(tmp_path, FAMILIES["fedavg"], ["my_median"]))
     simulated = fedge.run(cfg.model_copy(update={"output": cfg.output.model_copy(update={"name": "sim"})}))
     deployed = run_deployed(cfg, lambda n: LoopbackTransport(cfg, n))
     mine, theirs = final_state(simulated.run_dir), final_state(deployed.run_dir)

@@ -15,6 +15,7 @@ process's rows, so that every process computes the same result as one process wo
 
 from __future__ import annotations
 
+import inspect
 from collections.abc import Callable
 from dataclasses import dataclass, replace
 from functools import partial
@@ -23,7 +24,7 @@ from typing import Any
 import numpy as np
 
 from fedge.aggregation.registry import BUILT_IN, MEAN, SITE_MEANS, STAGES, site_mean
-from fedge.aggregation.stage import Reducer, Stage, StageRun, Transform
+from fedge.aggregation.stage import OptionError, Reducer, Stage, StageRun, Transform
 from fedge.aggregation.updates import Part, Updates
 from fedge.config import AggregationConfig
 from fedge.distributed import Cohort
@@ -95,13 +96,30 @@ def _built(name: str, site: str, options: dict[str, Any], key: str) -> Stage:
     if factory is None:
         known = ", ".join(sorted({*BUILT_IN, *STAGES}))
         raise ConfigError(f"{key}.name", f"unknown aggregation stage {name!r}; known: {known}")
+    unknown = _unknown(factory, options)
+    if unknown:
+        raise ConfigError(f"{key}.options.{unknown}", f"{name} has no option {unknown!r}")
     try:
         stage = factory(**options)
+    except OptionError as error:
+        raise ConfigError(f"{key}.options.{error.option}", f"{name}: {error}") from None
     except (TypeError, ValueError) as error:
         raise ConfigError(f"{key}.options", f"{name}: {error}") from None
     if not isinstance(stage, Transform | Reducer):
         raise ConfigError(f"{key}.name", f"{name} did not make a Transform or a Reducer")
     return stage
+
+
+def _unknown(factory: Callable[..., Stage], options: dict[str, Any]) -> str | None:
+    """The first option ``factory`` takes no keyword for (``None``: all taken, or it takes any)."""
+    try:
+        parameters = inspect.signature(factory).parameters.values()
+    except (TypeError, ValueError):  # a callable without a signature: let the call decide
+        return None
+    if any(p.kind is inspect.Parameter.VAR_KEYWORD for p in parameters):
+        return None
+    named = {p.name for p in parameters if p.kind is not inspect.Parameter.POSITIONAL_ONLY}
+    return next((option for option in options if option not in named), None)
 
 
 def build_pipeline(config: AggregationConfig, site: str, run: StageRun | None = None) -> Pipeline:

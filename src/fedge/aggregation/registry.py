@@ -13,6 +13,7 @@ from typing import Any
 from fedge.aggregation import sites
 from fedge.aggregation.means import AnchoredMean, BlockMean, WeightedMean
 from fedge.aggregation.private import Clip, Gaussian, GaussianShare
+from fedge.aggregation.robust import ROBUST
 from fedge.aggregation.secure import SecureAggregation
 from fedge.aggregation.stage import Reducer, Stage
 
@@ -33,9 +34,11 @@ STAGES: dict[str, Callable[..., Stage]] = {
     "gaussian_share": GaussianShare,
     "gaussian": Gaussian,
     "secagg": SecureAggregation,
+    **ROBUST,
 }
 """Stages by name: fedge's own (client-level DP's, :mod:`fedge.aggregation.private`; secure
-aggregation, :mod:`fedge.aggregation.secure`) and the registered ones (the built-in ``mean`` is
+aggregation, :mod:`fedge.aggregation.secure`; Byzantine-robust aggregation,
+:mod:`fedge.aggregation.robust`) and the registered ones (the built-in ``mean`` is
 resolved per site, not through this table)."""
 
 BUILT_IN = frozenset({MEAN})

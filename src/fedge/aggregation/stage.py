@@ -38,6 +38,15 @@ class StageRun:
     key: str = "aggregation.stages"
 
 
+class OptionError(ValueError):
+    """A stage's refusal of one of its options: the config error then names
+    ``aggregation.stages.N.options.<option>``."""
+
+    def __init__(self, option: str, message: str):
+        super().__init__(message)
+        self.option = option
+
+
 class Bindable:
     """A stage that reads its run: :meth:`bind` is called once, before the first aggregation."""
 
