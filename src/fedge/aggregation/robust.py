@@ -49,7 +49,7 @@ from fedge.aggregation.updates import Part, Updates
 from fedge.comm import nodes
 from fedge.errors import ConfigError
 from fedge.system.clock import CLIENT_COMPUTE, SERVER_COMPUTE, RoundCost
-from fedge.tensors import Tensors
+from fedge.tensors import Tensors, floating
 
 BLOCK = 1 << 24
 """Values per column block (``outputs x rows x columns``): 64 MiB of float32, the working set's unit."""
@@ -233,7 +233,8 @@ def _groups(weights: torch.Tensor, site: str, key: str) -> Iterator[tuple[torch.
 def _integers(updates: Updates, part: Part) -> Tensors:
     """The integer tensors as the site's mean takes them (an edge's per-cell maximum, a one-output
     site's largest row, peers' own values: left out)."""
-    rows = {n: t for n, t in part.rows.items() if not t.is_floating_point()}
+    floats = floating(part.rows)
+    rows = {n: t for n, t in part.rows.items() if n not in floats}
     if not rows:
         return {}
     mean = BlockMean() if updates.site == sites.EDGE else WeightedMean()
