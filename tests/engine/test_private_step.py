@@ -17,8 +17,14 @@ from torch import nn
 import fedge
 from fedge.config import PrivacyConfig
 from fedge.engine import classification_loss, make_step, parameters_of
-from fedge.engine.executors import PrivateKernel
-from fedge.engine.private_step import PrivateStep, SampleMechanism, private_dense_kernel, sample_keys
+from fedge.engine.executors import BatchedExecutor, PrivateKernel
+from fedge.engine.private_chain import (
+    CPU_CHAIN_CLIENTS,
+    PrivateChainKernel,
+    chain_layers,
+    private_chain_kernel,
+)
+from fedge.engine.private_step import PrivateStep, SampleMechanism, sample_keys
 from fedge.engine.step import SGD
 from fedge.errors import ConfigError
 from fedge.models import build_model
@@ -235,24 +241,126 @@ def test_the_pure_form_equals_the_in_place_step_and_leaves_its_inputs():
     assert not all(torch.equal(params[k], before[k]) for k in params)
 
 
-def test_the_dense_kernel_without_per_sample_gradients_equals_the_per_sample_path():
+def small_cnn() -> nn.Module:
+    """A conv chain off LeNet-5's beaten path: strides, padding, dilation, a bias-free convolution, a
+    3 x 3 pooling (PyTorch's kernel, not the three maxima), a 2 x 2 one on an odd map."""
+    return nn.Sequential(
+        nn.Conv2d(2, 4, 3, stride=2, padding=1),
+        nn.ReLU(),
+        nn.MaxPool2d(3, stride=1, padding=1),
+        nn.Sequential(nn.Conv2d(4, 5, 2, dilation=2, bias=False), nn.MaxPool2d(2), nn.ReLU()),
+        nn.Flatten(),
+        nn.Linear(5 * 2 * 2, 6),
+        nn.ReLU(),
+        nn.Linear(6, 3),
+    )
+
+
+CHAINS = {
+    "mlp": (lambda: build_model("mlp", (1, 6, 6), 3, hidden=(16, 8)), (1, 6, 6)),
+    "lenet5": (lambda: build_model("lenet5", (1, 28, 28), 3), (1, 28, 28)),
+    "small_cnn": (small_cnn, (2, 13, 13)),
+}
+
+
+def stacked(model: nn.Module, rows: int) -> dict[str, torch.Tensor]:
+    """``rows`` clients' copies of ``model``'s parameters, each a little different."""
+    return {k: v[None] + 0.05 * torch.randn(rows, *v.shape) for k, v in parameters_of(model).items()}
+
+
+@pytest.mark.parametrize("name", list(CHAINS))
+def test_the_chain_kernel_without_vmap_equals_the_per_sample_path(name):
     torch.manual_seed(1)
-    model = build_model("mlp", (1, 6, 6), 4, hidden=(16, 8))
+    build, shape = CHAINS[name]
+    model = build()
     step = make_step(classification_loss(model), SGD(momentum=0.9))
     private = PrivateStep(step.loss_fn, step.optimizer, mechanism(0.3, 1.0))
     rows, batch = 3, 5
-    params = {k: v[None].repeat(rows, *[1] * v.dim()) for k, v in parameters_of(model).items()}
+    params = stacked(model, rows)
     other = {k: v.clone() for k, v in params.items()}
     states = [private.optimizer.init(p) for p in (params, other)]
-    x, y = torch.randn(rows, batch, 1, 6, 6), torch.randint(0, 4, (rows, batch))
+    x, y = torch.randn(rows, batch, *shape), torch.randint(0, 3, (rows, batch))
     weight = torch.ones(rows, batch)
     weight[2, 3:] = 0.0  # a short batch: its padding adds nothing on either path
     keys = torch.tensor([[11, -1], [12, -1], [13, -1]])
-    dense = private_dense_kernel(private, (1, 6, 6), list(params))
-    assert dense is not None
+    kernel = private_chain_kernel(private, shape, list(params))
+    assert isinstance(kernel, PrivateChainKernel)
     for _ in range(2):
-        loss = dense(params, {}, states[0], x, y, weight, 0.1, keys)
+        loss = kernel(params, {}, states[0], x, y, weight, 0.1, keys)
         reference = PrivateKernel(private)(other, {}, states[1], x, y, weight, 0.1, keys)
         torch.testing.assert_close(loss, reference, rtol=0, atol=1e-6)
     for k in params:
         torch.testing.assert_close(params[k], other[k], rtol=0, atol=1e-6)
+
+
+@pytest.mark.parametrize("name", ["lenet5", "small_cnn"])
+def test_the_chain_kernels_clipped_sums_equal_opacus(name):
+    torch.manual_seed(2)
+    build, shape = CHAINS[name]
+    model = build()
+    clip, batch = 0.05, 6  # the clip below every sample's norm: every gradient is scaled
+    step = make_step(classification_loss(model), SGD())
+    kernel = private_chain_kernel(
+        PrivateStep(step.loss_fn, SGD(), mechanism(clip)), shape, parameters_of(model)
+    )
+    assert kernel is not None
+    before = {k: v[None].clone() for k, v in parameters_of(model).items()}
+    params = {k: v.clone() for k, v in before.items()}
+    x, y = torch.randn(1, batch, *shape), torch.randint(0, 3, (1, batch))
+    kernel(params, {}, {}, x, y, torch.ones(1, batch), 1.0, torch.tensor([[0, -1]]))
+    expected = opacus_clipped(model, x[0], y[0], clip)
+    for k in params:  # plain SGD at lr 1 without noise: the step is the clipped sum over the batch size
+        total = sum(e[k] for e in expected)
+        torch.testing.assert_close((before[k] - params[k])[0] * batch, total, rtol=0, atol=1e-6)
+
+
+def test_the_batched_executor_takes_the_chain_kernel_unless_fused_is_off():
+    model = build_model("lenet5", (1, 28, 28), 3)
+    step = dp_step(model, 1.0)
+    trained = parameters_of(model)
+    kernel = BatchedExecutor()._kernel(step, False, (1, 28, 28), trained)
+    assert isinstance(kernel, PrivateChainKernel)
+    assert kernel.per_sample == (
+        "conv1.conv.weight",
+        "conv1.conv.bias",
+        "conv2.conv.weight",
+        "conv2.conv.bias",
+    )
+    assert isinstance(BatchedExecutor(fused=False)._kernel(step, False, (1, 28, 28), trained), PrivateKernel)
+    other = dp_step(group_norm_cnn(), 1.0)  # GroupNorm is not in a chain: per-sample gradients by vmap
+    assert isinstance(
+        BatchedExecutor()._kernel(other, False, (1, 8, 8), parameters_of(other.loss_fn.model)), PrivateKernel
+    )
+
+
+def test_what_is_not_a_chain_keeps_the_vmap_path():
+    def chain(*layers: nn.Module, shape: tuple[int, ...] = (2, 6, 6)):
+        return chain_layers(nn.Sequential(*layers), shape)
+
+    head = (nn.Flatten(), nn.Linear(3 * 4 * 4, 2))
+    assert chain(nn.Conv2d(2, 3, 3), nn.Dropout(0.0), nn.Identity(), *head) is not None
+    assert chain(nn.Conv2d(2, 4, 3, groups=2), nn.Flatten(), nn.Linear(4 * 4 * 4, 2)) is None
+    assert chain(nn.Conv2d(2, 3, 3, padding="same"), nn.Flatten(), nn.Linear(3 * 6 * 6, 2)) is None
+    assert chain(nn.Conv2d(2, 3, 3, padding_mode="reflect"), *head) is None
+    assert chain(nn.Conv2d(2, 3, 3), nn.Tanh(), *head) is None
+    assert chain(nn.Conv2d(2, 3, 3), nn.Dropout(0.5), *head) is None
+    assert chain(nn.Linear(6, 2)) is None  # a Linear on an image's rows
+    assert chain(nn.Conv2d(2, 3, 3)) is None  # no flat logits
+    assert chain(nn.Flatten(), nn.Linear(72, 2)) is not None
+    assert chain(nn.Linear(6, 2), shape=(6,)) is not None
+
+
+def test_a_lenet5_run_agrees_across_executors_and_with_fused_off(tmp_path):
+    raw = config(tmp_path, "fedavg", NOISY)
+    raw["model"] = {"name": "lenet5"}
+    raw["data"]["shape"] = [1, 28, 28]
+    raw["partition"]["num_clients"] = CPU_CHAIN_CLIENTS + 2  # two chunks of the chain kernel
+    raw["data"]["num_train"] = 20 * raw["partition"]["num_clients"]
+    (seq, seq_losses), (bat, bat_losses) = (trained(raw, ex, rounds=1) for ex in ("sequential", "batched"))
+    unfused = build_run(fedge.resolve_config({**raw, "engine": {"executor": "batched", "fused": False}}))
+    unfused_losses = [unfused.algorithm.run_round(1)["train_loss"]]
+    assert bat_losses == pytest.approx(seq_losses, abs=1e-5)
+    assert bat_losses == pytest.approx(unfused_losses, abs=1e-5)
+    for k, v in model_of(seq).items():
+        torch.testing.assert_close(model_of(bat)[k], v, rtol=0, atol=1e-5)
+        torch.testing.assert_close(model_of(unfused)[k], v, rtol=0, atol=1e-5)

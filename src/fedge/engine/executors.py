@@ -55,7 +55,8 @@ from fedge.engine.folded import FoldedKernel, clients_per_fold, folded_kernel
 from fedge.engine.host import REUSED_BLOCK_BYTES, release_free_memory, retaining_memory
 from fedge.engine.kernels import batched_kernels
 from fedge.engine.noise import NoiseStreams, RowKeys, keyed_noise
-from fedge.engine.private_step import PrivateDenseKernel, PrivateStep, private_dense_kernel, step_keys
+from fedge.engine.private_chain import PrivateChainKernel, clients_per_chain, private_chain_kernel
+from fedge.engine.private_step import PrivateStep, step_keys
 from fedge.engine.step import Step, StepFn, grad_leaves, leaf_gradients
 from fedge.tensors import Tensors, rows
 
@@ -498,8 +499,8 @@ class BatchedExecutor(Executor):
 
     def _kernel(self, step: StepFn, keyed: bool, sample_shape: tuple[int, ...], trained: Tensors) -> Kernel:
         if isinstance(step, PrivateStep):
-            dense = private_dense_kernel(step, sample_shape, trained) if self.fused else None
-            return dense or PrivateKernel(step)
+            chain = private_chain_kernel(step, sample_shape, trained) if self.fused else None
+            return chain or PrivateKernel(step)
         if self.fused and not keyed and isinstance(step, Step):
             fused = dense_kernel(step, sample_shape, trained) or folded_kernel(step)
             if fused is not None:
@@ -514,17 +515,22 @@ class BatchedExecutor(Executor):
         self, bank: ClientBank, plan: BatchPlan, data: FederatedData, kernel: Kernel | None = None
     ) -> int:
         """Clients per chunk: ``chunk_clients``, or equal chunks whose gradients fit in ``chunk_bytes``
-        (every client at once for a :class:`~fedge.engine.dense.DenseKernel`, which makes no gradient)."""
+        (every client at once for a :class:`~fedge.engine.dense.DenseKernel`, which makes no gradient;
+        a :class:`~fedge.engine.private_chain.PrivateChainKernel` holds per-sample gradients of its
+        convolutions only, in chunks of at most :func:`~fedge.engine.private_chain.clients_per_chain`)."""
         if self.chunk_clients is not None:
             return self.chunk_clients
         count = len(bank)
         fits = self.activation_chunk(plan.index.shape[2])
-        if not isinstance(kernel, (DenseKernel, PrivateDenseKernel)):
-            grads = sum(t[0].numel() * t.element_size() for t in bank.params.values())
-            if isinstance(kernel, PrivateKernel):
-                grads *= plan.index.shape[2]  # DP-SGD holds every sample's gradient
+        if not isinstance(kernel, DenseKernel):
+            held = kernel.per_sample if isinstance(kernel, PrivateChainKernel) else tuple(bank.params)
+            grads = sum(bank.params[name][0].numel() * bank.params[name].element_size() for name in held)
+            if isinstance(kernel, (PrivateKernel, PrivateChainKernel)):
+                grads *= plan.index.shape[2]  # DP-SGD holds every sample's gradient (of those tensors)
             budget = self.chunk_bytes if retaining_memory() else min(self.chunk_bytes, REUSED_BLOCK_BYTES)
             fits = min(fits, max(1, budget // max(1, grads)))
+        if isinstance(kernel, PrivateChainKernel):
+            fits = min(fits, clients_per_chain(data.device) or fits)
         if isinstance(kernel, FoldedKernel):
             positions = plan.index.shape[2] * data.x_train[0].numel()
             fits = min(fits, clients_per_fold(data.device, positions) or fits)

@@ -36,6 +36,21 @@ def _corners(x: torch.Tensor) -> list[torch.Tensor]:
     return [x[..., i:h:2, j:w:2] for i, j in CORNERS]
 
 
+def maxima_and_index(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """The maximum of every 2 x 2 window and ``max_pool2d``'s flat index of the window's first maximum
+    in its ``H x W`` plane (what ``max_pool2d_with_indices_backward`` takes)."""
+    a, b, c, d = _corners(x)
+    upper, lower = torch.maximum(a, b), torch.maximum(c, d)
+    top = upper >= lower  # the first maximum is in the upper row (a tie goes to the earlier row)
+    right = (top & (a < b)) | (~top & (c < d))  # ... and in the right column
+    width = x.shape[-1]
+    row_starts = torch.arange(a.shape[-2], device=x.device)[:, None] * (2 * width)
+    col_starts = torch.arange(a.shape[-1], device=x.device) * 2
+    small = torch.uint8 if width < 255 else torch.int64  # the offset within a window: at most width + 1
+    offset = (~top).to(small).mul_(width).add_(right)  # in bytes, half the int64 index's passes
+    return torch.maximum(upper, lower), row_starts + col_starts + offset
+
+
 class _MaxPool2x2(torch.autograd.Function):
     """The pooled maximum and, as a second output, ``max_pool2d``'s flat index of each window's first
     maximum in its ``H x W`` plane."""
@@ -44,14 +59,7 @@ class _MaxPool2x2(torch.autograd.Function):
 
     @staticmethod
     def forward(x):  # noqa: ANN001, ANN205 - autograd API
-        a, b, c, d = _corners(x)
-        upper, lower = torch.maximum(a, b), torch.maximum(c, d)
-        top = upper >= lower  # the first maximum is in the upper row (a tie goes to the earlier row)
-        right = (top & (a < b)) | (~top & (c < d))  # ... and in the right column
-        width = x.shape[-1]
-        row_starts = torch.arange(a.shape[-2], device=x.device)[:, None] * (2 * width)
-        col_starts = torch.arange(a.shape[-1], device=x.device) * 2
-        return torch.maximum(upper, lower), row_starts + col_starts + right + (~top) * width
+        return maxima_and_index(x)
 
     @staticmethod
     def setup_context(ctx, inputs, output):  # noqa: ANN001, ANN205

@@ -25,7 +25,6 @@ its data term clipped and noised; the penalty's gradient, which depends on no sa
 
 from __future__ import annotations
 
-from collections.abc import Iterable
 from dataclasses import dataclass, replace
 from typing import Protocol, runtime_checkable
 
@@ -35,7 +34,6 @@ from torch import nn
 from torch.func import grad_and_value, vmap
 
 from fedge.data.federated import BatchPlan
-from fedge.engine.dense import Layer, Linear, Relu, dense_kernel
 from fedge.engine.noise import MASK32, keyed_noise, mix32
 from fedge.engine.step import LossFn, Optimizer, Step, StepFn
 from fedge.errors import ConfigError
@@ -265,81 +263,3 @@ def private_step(step: Step, privacy: RunPrivacy, model: nn.Module) -> Step | Pr
         )
     multiplier = privacy.multiplier(sample.noise_multiplier, f"{KEY}.noise_multiplier")
     return PrivateStep(step.loss_fn, step.optimizer, SampleMechanism(privacy, sample.clip, multiplier))
-
-
-@dataclass(frozen=True)
-class PrivateDenseKernel:
-    """DP-SGD for stacked clients of a dense chain (:func:`~fedge.engine.dense.dense_layers`) without
-    any per-sample gradient: the batched executor's kernel where it applies.
-
-    A ``Linear`` layer's gradient on sample i is the outer product ``d_i a_i^T`` of its output gradient
-    and its input, so its squared norm is ``|d_i|^2 |a_i|^2`` (plus ``|d_i|^2`` for the bias): every
-    sample's norm over all layers comes from the activations and output gradients a backward pass holds
-    anyway (Goodfellow's trick, "Efficient per-example gradient computations", 2015). The clipped sum is
-    then ``(f * d)^T a`` with each sample's factor ``f_i = min(1, C / |g_i|)``: one batched product per
-    layer, as in non-private training. The numbers are the per-sample path's up to rounding.
-    """
-
-    layers: tuple[Layer, ...]
-    step: PrivateStep
-
-    @torch.no_grad()
-    def __call__(self, params, buffers, opt_state, x, y, weight, lr, keys) -> torch.Tensor:
-        h, saved = x, []  # each Linear's input, each ReLU's output
-        for layer in self.layers:
-            if isinstance(layer, Linear):
-                saved.append(h)
-                w = params[layer.weight].transpose(1, 2)
-                h = (
-                    torch.bmm(h, w)
-                    if layer.bias is None
-                    else torch.baddbmm(params[layer.bias][:, None], h, w)
-                )
-            elif isinstance(layer, Relu):
-                h = torch.relu(h)
-                saved.append(h)
-            else:
-                h = h.flatten(2)
-        log_p = torch.log_softmax(h, dim=-1)
-        picked = log_p.gather(-1, y[..., None]).squeeze(-1)
-        loss = -(picked * weight).sum(dim=1) / weight.sum(dim=1).clamp_min(1.0)
-        grad = log_p.exp_()  # each sample's own loss: d loss_i / d logits_i = (softmax - one-hot) w_i
-        grad.scatter_add_(-1, y[..., None], -torch.ones_like(picked)[..., None])
-        grad.mul_(weight[..., None])
-        pairs: list[tuple[Linear, torch.Tensor, torch.Tensor]] = []  # (layer, output gradient, input)
-        squares = torch.zeros_like(weight)
-        first = next(i for i, layer in enumerate(self.layers) if isinstance(layer, Linear))
-        for i in range(len(self.layers) - 1, first - 1, -1):
-            layer = self.layers[i]
-            if isinstance(layer, Relu):
-                grad = torch.ops.aten.threshold_backward(grad, saved.pop(), 0)
-            elif isinstance(layer, Linear):
-                inputs = saved.pop()
-                outputs = grad.square().sum(dim=-1)
-                squares += outputs * inputs.square().sum(dim=-1)
-                if layer.bias is not None:
-                    squares += outputs
-                pairs.append((layer, grad, inputs))
-                if i > first:
-                    grad = torch.bmm(grad, params[layer.weight])
-        clip = self.step.mechanism.clip
-        factor = (clip / squares.sqrt().clamp_min(torch.finfo(squares.dtype).tiny)).clamp(max=1.0)
-        sums: Tensors = {}
-        for layer, out_grad, inputs in pairs:
-            scaled = out_grad * factor[..., None]
-            sums[layer.weight] = torch.bmm(scaled.transpose(1, 2), inputs)
-            if layer.bias is not None:
-                sums[layer.bias] = scaled.sum(dim=1)
-        ordered = {name: sums[name] for name in params}  # the noise is drawn over the parameters in order
-        grads = self.step.noisy_gradients(ordered, [int(k) for k in keys[:, 0]], x.shape[1])
-        self.step.optimizer.update_(params, grads, opt_state, lr)
-        return loss
-
-
-def private_dense_kernel(
-    step: PrivateStep, sample_shape: tuple[int, ...], trained: Iterable[str]
-) -> PrivateDenseKernel | None:
-    """:class:`PrivateDenseKernel` of ``step`` where the non-private step would get the dense kernel
-    (:func:`~fedge.engine.dense.dense_kernel`'s conditions), else None."""
-    dense = dense_kernel(Step(step.loss_fn, step.optimizer), sample_shape, trained)
-    return None if dense is None else PrivateDenseKernel(dense.layers, step)
