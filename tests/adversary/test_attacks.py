@@ -261,3 +261,11 @@ def test_adversary_is_refused_beyond_the_star_family():
     with pytest.raises(ConfigError, match="^adversary: is built for fedavg, fedavg_ft, not gossip"):
         parse_config({"algorithm": {"name": "gossip"}, "adversary": {"clients": 0.5, "attack": "ipm"}})
     assert parse_config({"algorithm": {"name": "fedavg_ft"}, "adversary": {"clients": 0.5, "attack": "ipm"}})
+
+
+def test_fedavg_ft_takes_an_adversary(tmp_path):
+    config = tiny("fedavg_ft", tmp_path / "runs", rounds=1)
+    config["algorithm"].update(fraction=1.0, local_epochs=1)
+    config["adversary"] = {"clients": [2], "attack": "label_flip"}
+    result = fedge.run(config)
+    assert result.metrics[-1]["malicious"] == 1 and result.summary["malicious_kept"] == pytest.approx(0.25)

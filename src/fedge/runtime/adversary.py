@@ -197,9 +197,9 @@ def _flipped(data: FederatedData, bad: np.ndarray) -> FederatedData:
         raise ConfigError(
             "adversary.attack", "label_flip needs disjoint client shards, not resampled clients"
         )
-    owned = np.concatenate([data.client_train[c] for c in bad])
-    others = [data.client_train[c] for c in range(data.num_clients) if c not in set(bad.tolist())]
-    if len(np.unique(owned)) < len(owned) or (others and np.isin(owned, np.concatenate(others)).any()):
+    owned = np.unique(np.concatenate([data.client_train[c] for c in bad]))
+    honest = [data.client_train[c] for c in np.setdiff1d(np.arange(data.num_clients), bad)]
+    if honest and np.isin(owned, np.concatenate(honest)).any():
         raise ConfigError(
             "adversary.attack", "label_flip needs the malicious clients' samples to be theirs alone"
         )
