@@ -668,6 +668,59 @@ class PrivacyConfig(StrictModel):
     """clipping and noise on every message a peer sends"""
 
 
+ATTACKS = ("sign_flip", "scaling", "gaussian", "free_rider", "alie", "ipm", "label_flip")
+"""The adversary's attacks (``fedge.adversary``): model poisoning of the uploaded rows, or label flipping."""
+ATTACK_OPTIONS: dict[str, tuple[str, ...]] = {
+    "sign_flip": ("scale",),
+    "scaling": ("scale",),
+    "gaussian": ("sigma",),
+    "free_rider": (),
+    "alie": ("z",),
+    "ipm": ("epsilon",),
+    "label_flip": (),
+}
+"""Each attack's options (every one a number; ``z`` may be any real, the others are positive)."""
+ADVERSARY_ALGORITHMS = ("fedavg", "fedavg_ft")
+"""The algorithms that take an ``adversary`` block (the star family's server)."""
+
+
+class AdversaryConfig(StrictModel):
+    """Clients that lie (``fedge.adversary``): which clients are malicious, from which round, and how
+    they attack: by model poisoning of the rows they upload, or by training on flipped labels."""
+
+    clients: float | list[int]
+    """the malicious clients: a fraction in (0, 1) drawn once from the run seed, or a list of client ids"""
+    start_round: PositiveInt = 1
+    """the first round they attack (before it they behave honestly)"""
+    attack: Literal[ATTACKS]  # type: ignore[valid-type]
+    """sign_flip, scaling, gaussian, free_rider, alie, ipm or label_flip (docs/robustness.md)"""
+    options: dict[str, Any] = Field(default_factory=dict)
+    """the attack's own numbers: scale (sign_flip, scaling), sigma (gaussian), z (alie), epsilon (ipm)"""
+
+    @field_validator("clients", mode="before")
+    @classmethod
+    def _fraction_or_ids(cls, value: Any) -> Any:
+        fraction = isinstance(value, int | float) and not isinstance(value, bool) and 0 < value < 1
+        ids = isinstance(value, list) and all(type(i) is int and i >= 0 for i in value)
+        if not fraction and not (ids and value and len(set(value)) == len(value)):
+            raise ValueError("must be a fraction in (0, 1) or a non-empty list of distinct client ids")
+        return value
+
+    @model_validator(mode="after")
+    def _known_options(self) -> AdversaryConfig:
+        known = ATTACK_OPTIONS[self.attack]
+        for option, value in self.options.items():
+            key = f"adversary.options.{option}"
+            if option not in known:
+                takes = f"takes {', '.join(known)}" if known else "takes no options"
+                raise ConfigError(key, f"{self.attack} has no option {option!r}; it {takes}")
+            if isinstance(value, bool) or not isinstance(value, int | float) or not math.isfinite(value):
+                raise ConfigError(key, f"must be a finite number (got {_shown(value)})")
+            if option != "z" and value <= 0:
+                raise ConfigError(key, f"must be positive (got {_shown(value)})")
+        return self
+
+
 class RunConfig(StrictModel):
     """Everything that defines a run."""
 
@@ -691,6 +744,8 @@ class RunConfig(StrictModel):
     """the stages between the updates a node receives and its new state"""
     privacy: PrivacyConfig = Field(default_factory=PrivacyConfig)
     """the privacy ledger's delta and accountant, and the client-step mechanisms"""
+    adversary: AdversaryConfig | None = None
+    """malicious clients and their attack (default: none, every client honest)"""
     system: SystemConfig = Field(default_factory=SystemConfig)
     """the wireless system and compute model behind the simulated clock"""
     engine: EngineConfig = Field(default_factory=EngineConfig)
@@ -730,6 +785,20 @@ class RunConfig(StrictModel):
                 block.model_validate(value)
             return AlgorithmConfig.model_construct(name=value["name"])
         return known[value["name"]].model_validate(value)
+
+    @model_validator(mode="after")
+    def _adversary_fits(self) -> RunConfig:
+        """An adversary only where it is built (the star family), with ids among the clients."""
+        if self.adversary is None:
+            return self
+        if self.algorithm.name not in ADVERSARY_ALGORITHMS:
+            known = ", ".join(ADVERSARY_ALGORITHMS)
+            raise ConfigError("adversary", f"is built for {known}, not {self.algorithm.name} (yet)")
+        ids = self.adversary.clients
+        if isinstance(ids, list) and max(ids) >= self.partition.num_clients:
+            beyond = f"client {max(ids)} is not among the {self.partition.num_clients} clients"
+            raise ConfigError("adversary.clients", beyond)
+        return self
 
     def to_yaml(self) -> str:
         """The resolved config as YAML (paths as strings)."""

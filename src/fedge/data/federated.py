@@ -154,6 +154,13 @@ class FederatedData:
             steps=torch.from_numpy(steps),
         )
 
+    def with_labels(self, y_train: torch.Tensor) -> FederatedData:
+        """A view with other training labels (same samples and clients, no copy of the inputs)."""
+        view = object.__new__(FederatedData)
+        view.__dict__.update(self.__dict__)
+        view.y_train = y_train.to(self.device)
+        return view
+
     def pooled(self) -> FederatedData:
         """A one-client view of the union of all clients' training samples (same tensors, no copy)."""
         view = object.__new__(FederatedData)

@@ -522,6 +522,18 @@ def summarize(config: RunConfig, rows: list[dict[str, Any]]) -> dict[str, Any]:
         "epsilon": last.get("epsilon"),  # the privacy ledger's cumulative epsilon (None: nothing private)
         "delta": config.privacy.delta if "epsilon" in last else None,
         **stop.summary_fields(config.stop, rows),
+        **(_adversary_fields(rows) if config.adversary is not None else {}),
+    }
+
+
+def _adversary_fields(rows: list[dict[str, Any]]) -> dict[str, Any]:
+    """An adversary's run totals: ``malicious``, the attacking participations over all rounds, and
+    ``malicious_kept``, the mean of the rounds' kept shares where some attacked (``None``: none did, or
+    the reducer does not report it)."""
+    kept = [r["malicious_kept"] for r in rows if r.get("malicious") and "malicious_kept" in r]
+    return {
+        "malicious": sum(int(r.get("malicious", 0)) for r in rows),
+        "malicious_kept": sum(kept) / len(kept) if kept else None,
     }
 
 

@@ -14,7 +14,7 @@ formula itself.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from functools import cached_property
 from typing import Protocol
 
@@ -32,6 +32,7 @@ from fedge.errors import ConfigError
 from fedge.metrics import RoundReport
 from fedge.privacy.client_level import star_participation
 from fedge.rng import numpy_rng
+from fedge.runtime.adversary import Adversary
 from fedge.runtime.availability import choose, online_clients
 from fedge.runtime.context import Context
 from fedge.runtime.storage import hold_frozen_base
@@ -81,6 +82,8 @@ class StarRound:
     clients: np.ndarray
     cohort: Cohort
     flops_per_sample: float
+    adversary: Adversary | None = None
+    figures: dict[str, object] = field(default_factory=dict)  # the adversary's, once aggregated
 
     @property
     def receivers(self) -> list[str]:
@@ -114,7 +117,8 @@ class StarRound:
     ) -> torch.Tensor:
         """The executor trains ``bank`` by ``plan``; each row's mean training loss. The rows' optimizer
         states then go to ``states`` (kept for each client's next round, where the run keeps them)."""
-        losses = self.ctx.executor.train(step, bank, plan, self.ctx.data, lr)
+        data = self.ctx.data if self.adversary is None else self.adversary.data(self.round, self.ctx.data)
+        losses = self.ctx.executor.train(step, bank, plan, data, lr)
         states.end(self.clients, bank.opt_state, self.cohort)
         return losses
 
@@ -144,10 +148,15 @@ class StarRound:
         """The server's new model (parameters, buffers) from the participants' rows, through the server's
         pipeline (by default the sample-weighted mean); ``params`` and ``buffers`` are the model they
         started from. Every participant then holds the new model (a FedAvg client keeps the last model it
-        received)."""
+        received). An adversary's participants first replace their rows (:mod:`fedge.runtime.adversary`)."""
         senders = tuple(int(c) for c in self.local_clients)
-        updates = Updates.of(sites.SERVER, self.round, stacked, self.weights, {**params, **buffers}, senders)
-        averaged = self.ctx.pipeline(sites.SERVER).reduce(updates, self.cohort)
+        reference, pipeline = {**params, **buffers}, self.ctx.pipeline(sites.SERVER)
+        if self.adversary is not None:
+            stacked = self.adversary.poison(self.round, self.clients, stacked, reference)
+        updates = Updates.of(sites.SERVER, self.round, stacked, self.weights, reference, senders)
+        averaged = pipeline.reduce(updates, self.cohort)
+        if self.adversary is not None:
+            self.figures = self.adversary.figures(self.round, self.clients, self.weights, pipeline)
         new_params, new_buffers = {k: averaged[k] for k in params}, {k: averaged[k] for k in buffers}
         self.ctx.network.hold(self.receivers, "model", {**new_params, **new_buffers})
         return new_params, new_buffers
@@ -158,8 +167,8 @@ class StarRound:
 
     def report(self, losses: torch.Tensor) -> RoundReport:
         """The round's report: the participants' weighted mean training loss (``losses``: this process's
-        rows) and how many took part."""
-        return RoundReport(self.mean(losses), {"participants": len(self.clients)})
+        rows), how many took part and, under an adversary, its figures."""
+        return RoundReport(self.mean(losses), {"participants": len(self.clients), **self.figures})
 
 
 class StarRuntime:
@@ -176,6 +185,7 @@ class StarRuntime:
         ctx.network.hold(nodes.SERVER, "model", state)
         hold_frozen_base(ctx.network, [nodes.SERVER, *nodes.clients(range(ctx.data.num_clients))], model)
         self.flops_per_sample = forward_flops(model, ctx.data.input_shape)
+        self.adversary = Adversary.of(ctx.config.adversary, ctx.data, ctx.seed, ctx.cohorts.processes)
         cohort = len(sample_clients(ctx.seed, 1, ctx.data.num_clients, fraction))
         if cohort < ctx.cohorts.processes:
             count = f"{cohort} participants for {ctx.cohorts.processes} processes"
@@ -193,4 +203,5 @@ class StarRuntime:
         clients = self.participants(t)
         if not len(clients):
             return None
-        return StarRound(self.ctx, t, clients, self.ctx.cohorts.of(len(clients)), self.flops_per_sample)
+        cohort = self.ctx.cohorts.of(len(clients))
+        return StarRound(self.ctx, t, clients, cohort, self.flops_per_sample, self.adversary)

@@ -1,0 +1,209 @@
+"""Clients that lie at a star server (the ``adversary`` block): who is malicious, and what they send.
+
+The malicious clients are a list, or a fraction drawn once from the run seed's own stream
+``(seed, "adversary")``; from ``start_round`` on, each of them that takes part attacks. Model poisoning
+replaces a malicious participant's row (its change ``d = x - r`` from the round's reference ``r``, the
+broadcast model) after the server received the rows and before its pipeline, on the stacked rows:
+
+- ``sign_flip``: ``r - s d`` (a reversed update; ``scale`` s, 1);
+- ``scaling``: ``r + s d``, the model-replacement boost of Bagdasaryan et al., "How to backdoor federated
+  learning", 2020 (``scale`` s, default ``n / m``: the round's participants over its malicious ones);
+- ``gaussian``: ``r + N(0, sigma^2)`` per coordinate (Blanchard et al. 2017's Gaussian Byzantine worker;
+  ``sigma``, 1), drawn from ``(seed, "adversary-gaussian", round, client)``;
+- ``free_rider``: ``r`` (no training contribution; Lin et al., "Free-riders in federated learning", 2019);
+- ``alie``: ``r + mean(D) - z std(D)`` coordinate-wise over the honest changes ``D`` of the round
+  (Baruch et al., "A little is enough: circumventing defenses for distributed learning", 2019), ``z``
+  by the paper's ``s = floor(n/2 + 1) - m``, ``z = Phi^-1((n - s) / n)``, or ``options.z``;
+- ``ipm``: ``r - epsilon mean(D)`` (Xie et al., "Fall of empires: breaking Byzantine-tolerant SGD by
+  inner product manipulation", 2020; ``epsilon``, 0.1).
+
+The omniscient two read the honest rows of the round, as their papers assume (a round with no honest
+participant: the malicious rows' own trained changes). Data poisoning, ``label_flip``: a malicious
+client trains on labels ``y -> C - 1 - y`` (Tolpegin et al., "Data poisoning attacks against federated
+learning systems", 2020), a label view of the data that both executors read alike; evaluation keeps the
+clean labels. Rows of a run spread over processes would hide the honest rows from one another, so an
+adversary is refused under torchrun.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from statistics import NormalDist
+from typing import Any
+
+import numpy as np
+import torch
+
+from fedge.aggregation import Pipeline
+from fedge.aggregation.registry import MEAN
+from fedge.config import AdversaryConfig
+from fedge.data.federated import FederatedData, ResampledClients
+from fedge.errors import ConfigError
+from fedge.rng import numpy_rng, torch_rng
+from fedge.tensors import Tensors
+
+DEFAULTS = {"scale": 1.0, "sigma": 1.0, "epsilon": 0.1}
+"""Options' defaults (``scaling``'s scale and ``alie``'s z depend on the round: see the module)."""
+
+
+def malicious_clients(config: AdversaryConfig, num_clients: int, seed: int) -> np.ndarray:
+    """The sorted malicious client ids: the given list, or ``max(1, round(fraction n))`` drawn from the
+    stream ``(seed, "adversary")``."""
+    if isinstance(config.clients, list):
+        return np.sort(np.asarray(config.clients, dtype=np.int64))
+    count = max(1, round(config.clients * num_clients))
+    return np.sort(numpy_rng(seed, "adversary").choice(num_clients, size=count, replace=False))
+
+
+def alie_z(n: int, m: int) -> float:
+    """Baruch et al. 2019's ``z_max`` for ``m`` malicious of ``n`` participants: ``s = floor(n/2 + 1) - m``
+    honest rows to win over, ``z = Phi^-1((n - s) / n)`` (``s`` at least 1; 0 where ``n - s`` is 0)."""
+    s = max(1, math.floor(n / 2 + 1) - m)
+    return NormalDist().inv_cdf((n - s) / n) if n > s else 0.0
+
+
+def poisoned(
+    attack: str,
+    options: dict[str, Any],
+    rows: Tensors,
+    reference: Tensors,
+    bad: torch.Tensor,
+    noise: list[torch.Generator] | None = None,
+) -> Tensors:
+    """``rows`` with the rows where ``bad`` (``[R]`` bool) is set replaced by ``attack``'s (see the
+    module); the floating tensors only (integer counters are as trained). ``noise``: one generator per
+    malicious row, for ``gaussian``."""
+    m, n = int(bad.sum()), int(bad.numel())
+    if m == 0 or attack == "label_flip":
+        return rows
+    honest = ~bad if m < n else bad  # nobody honest: the malicious rows' own trained changes
+    out = dict(rows)
+    for name, stacked in rows.items():
+        if not stacked.is_floating_point():
+            continue
+        ref = reference[name].to(stacked)
+        mine = stacked[bad] - ref
+        if attack == "sign_flip":
+            change = -float(options.get("scale", DEFAULTS["scale"])) * mine
+        elif attack == "scaling":
+            change = float(options.get("scale", n / m)) * mine
+        elif attack == "gaussian":
+            sigma = float(options.get("sigma", DEFAULTS["sigma"]))
+            if noise is None or len(noise) != m:
+                raise ValueError("gaussian needs one generator per malicious row")
+            draws = [torch.randn(ref.shape, generator=g, device=ref.device, dtype=ref.dtype) for g in noise]
+            change = sigma * torch.stack(draws)
+        elif attack == "free_rider":
+            change = torch.zeros_like(mine)
+        else:
+            others = stacked[honest] - ref
+            mean = others.mean(dim=0)
+            if attack == "alie":
+                z = float(options.get("z", alie_z(n, m)))
+                std = others.std(dim=0, correction=1 if len(others) > 1 else 0)
+                change = (mean - z * std).expand_as(mine)
+            else:  # ipm
+                change = (-float(options.get("epsilon", DEFAULTS["epsilon"])) * mean).expand_as(mine)
+        result = stacked.clone()
+        result[bad] = ref + change
+        out[name] = result
+    return out
+
+
+@dataclass
+class Adversary:
+    """The run's malicious clients (``malicious``, sorted ids) and their attack from ``config``."""
+
+    config: AdversaryConfig
+    malicious: np.ndarray
+    seed: int
+    training: FederatedData | None = None  # label_flip: the data with the malicious clients' labels flipped
+
+    @classmethod
+    def of(
+        cls, config: AdversaryConfig | None, data: FederatedData, seed: int, processes: int
+    ) -> Adversary | None:
+        """The run's adversary (``None`` without an ``adversary`` block); refused under torchrun, and
+        ``label_flip`` where the malicious clients' labels cannot be flipped for them alone."""
+        if config is None:
+            return None
+        if processes > 1:
+            raise ConfigError("adversary", "is not built for torchrun runs (the honest rows are rank-local)")
+        bad = malicious_clients(config, data.num_clients, seed)
+        adversary = cls(config, bad, seed)
+        if config.attack == "label_flip":
+            adversary.training = _flipped(data, bad)
+        return adversary
+
+    def attacking(self, round_: int) -> bool:
+        """Whether the malicious clients attack in ``round_``."""
+        return round_ >= self.config.start_round
+
+    def mask(self, round_: int, clients: np.ndarray) -> np.ndarray:
+        """Which of the round's ``clients`` attack (none before ``start_round``)."""
+        return np.isin(clients, self.malicious) & self.attacking(round_)
+
+    def data(self, round_: int, data: FederatedData) -> FederatedData:
+        """The data the round's participants train on: flipped labels for the malicious ones under
+        ``label_flip`` once they attack, else ``data``."""
+        return self.training if self.training is not None and self.attacking(round_) else data
+
+    def poison(self, round_: int, clients: np.ndarray, rows: Tensors, reference: Tensors) -> Tensors:
+        """The round's rows (of ``clients``, in order) with the attacking participants' rows replaced."""
+        bad = self.mask(round_, clients)
+        if not bad.any():
+            return rows
+        noise = None
+        if self.config.attack == "gaussian":
+            device = next(iter(rows.values())).device
+            noise = [
+                torch_rng(self.seed, "adversary-gaussian", round_, int(c), device=device)
+                for c in clients[bad]
+            ]
+        mask = torch.as_tensor(bad, device=next(iter(rows.values())).device)
+        return poisoned(self.config.attack, self.config.options, rows, reference, mask, noise)
+
+    def figures(
+        self, round_: int, clients: np.ndarray, weights: torch.Tensor, pipeline: Pipeline
+    ) -> dict[str, Any]:
+        """``malicious``: how many participants attacked; ``malicious_kept``: the share of the result's
+        weight that came from them, ``sum_M w_i k_i / sum_i w_i k_i`` with ``k_i`` how much the reducer
+        kept row ``i`` (its :attr:`~fedge.aggregation.robust.RobustReport.kept`; 1 for the mean, whose
+        figure is then their weight share). Reducers that report neither leave ``malicious_kept`` out."""
+        bad = self.mask(round_, clients)
+        out: dict[str, Any] = {"malicious": int(bad.sum())}
+        w = weights.double().cpu().numpy()
+        reports = getattr(pipeline.reducer, "reports", None)
+        if reports:  # one output, its rows in the order of the round's clients (one process)
+            kept = np.zeros(len(clients))
+            for report in reports:
+                kept[list(report.rows)] = report.kept
+        elif pipeline.names[-1] == MEAN:
+            kept = np.ones(len(clients))
+        else:
+            return out
+        total = float((w * kept).sum())
+        out["malicious_kept"] = float((w * kept)[bad].sum()) / total if total > 0 else 0.0
+        return out
+
+
+def _flipped(data: FederatedData, bad: np.ndarray) -> FederatedData:
+    """``data`` with the training labels of the clients ``bad`` flipped, ``y -> C - 1 - y``; refused
+    (``adversary.attack``) for token labels or for shards an honest client shares."""
+    if data.y_train.dim() > 1:
+        raise ConfigError("adversary.attack", "label_flip flips class labels, not token sequences")
+    if isinstance(data.client_train, ResampledClients):
+        raise ConfigError(
+            "adversary.attack", "label_flip needs disjoint client shards, not resampled clients"
+        )
+    owned = np.unique(np.concatenate([data.client_train[c] for c in bad]))
+    honest = [data.client_train[c] for c in np.setdiff1d(np.arange(data.num_clients), bad)]
+    if honest and np.isin(owned, np.concatenate(honest)).any():
+        raise ConfigError(
+            "adversary.attack", "label_flip needs the malicious clients' samples to be theirs alone"
+        )
+    labels = data.y_train.clone()
+    index = torch.as_tensor(owned, device=labels.device)
+    labels[index] = data.num_classes - 1 - labels[index]
+    return data.with_labels(labels)
