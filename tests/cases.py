@@ -1,6 +1,7 @@
 """Shared by the robustness tests: tiny configs of every algorithm, the config schema's leaves, a CLI call
 and the check that its outcome is one the issue allows (one-line exit 2 and no directory, a finished run,
-or a divergence stopped with exit 3)."""
+or a divergence stopped with exit 3); and, for the aggregation tests, a small run with given stages and
+its final model."""
 
 from __future__ import annotations
 
@@ -15,12 +16,14 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+import torch
 from pydantic import BaseModel
 from typer.testing import CliRunner
 
 from fedge.algorithms import ALGORITHMS
 from fedge.cli.commands import app
 from fedge.config import AlgorithmConfig, RunConfig, StrictModel
+from fedge.runner import checkpoint
 
 ALGORITHM_NAMES = sorted(ALGORITHMS)
 SPLIT = ("splitfed_v1", "splitfed_v2", "fsl_an", "cse_fsl", "light_fedsl", "fedsl", "fsl_sage")
@@ -178,12 +181,42 @@ def small_hist(tmp_path: Path, rounds: int, **algorithm: Any) -> dict[str, Any]:
         "seed": 5,
         "rounds": rounds,
         "data": {
-            "name": "synthetic", "num_train": 480, "num_test": 120, "shape": [1, 6, 6], "num_classes": 4,
+            "name": "synthetic",
+            "num_train": 480,
+            "num_test": 120,
+            "shape": [1, 6, 6],
+            "num_classes": 4,
         },
         "partition": {"kind": "iid", "num_clients": 8},
         "model": {"name": "mlp", "options": {"hidden": [16]}},
         "algorithm": {
-            "name": "hist", "cells": 2, "edge_rounds": 2, "local_steps": 3, "batch_size": 16, **algorithm,
+            "name": "hist",
+            "cells": 2,
+            "edge_rounds": 2,
+            "local_steps": 3,
+            "batch_size": 16,
+            **algorithm,
         },
         "output": {"dir": str(tmp_path / "runs"), "plots": False},
     }
+
+
+def staged(tmp_path: Path, algorithm: dict, stages: list, executor: str = "sequential") -> dict[str, Any]:
+    """A two-round run of ``algorithm`` on small synthetic data with ``aggregation.stages`` set."""
+    return {
+        "seed": 3,
+        "rounds": 2,
+        "data": {"name": "synthetic", "num_train": 240, "num_test": 80, "shape": [1, 6, 6], "num_classes": 4},
+        "partition": {"kind": "iid", "num_clients": 6},
+        "model": {"name": "mlp", "options": {"hidden": [16]}},
+        "algorithm": algorithm,
+        "aggregation": {"stages": stages},
+        "engine": {"executor": executor, "threads": 1},
+        "output": {"dir": str(tmp_path / executor), "plots": False},
+    }
+
+
+def final_state(run_dir: Path) -> dict[str, torch.Tensor]:
+    """The final model (the shared one, or every client's stacked) from a run's checkpoint."""
+    state = checkpoint.load(run_dir / "checkpoint.pt").state["algorithm"]
+    return state["bank"]["params"] if "bank" in state else state["params"]

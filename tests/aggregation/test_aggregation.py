@@ -13,6 +13,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from cases import final_state, staged
 from tiers import parametrize_first_by_default
 from typer.testing import CliRunner
 
@@ -24,7 +25,6 @@ from fedge.config import AggregationConfig
 from fedge.engine import weighted_sum
 from fedge.engine.mixing import mix
 from fedge.errors import ConfigError
-from fedge.runner import checkpoint
 
 ROOT = Path(__file__).parents[2]
 MEDIAN = ROOT / "examples" / "extending" / "median.py"
@@ -158,20 +158,6 @@ def test_the_command_line_refuses_an_unknown_stage_with_exit_code_2(tmp_path):
 # ----- a user's median at a server, a cloud and peers --------------------------------------------
 
 
-def config(tmp_path: Path, algorithm: dict, stages: list, executor: str = "sequential") -> dict:
-    return {
-        "seed": 3,
-        "rounds": 2,
-        "data": {"name": "synthetic", "num_train": 240, "num_test": 80, "shape": [1, 6, 6], "num_classes": 4},
-        "partition": {"kind": "iid", "num_clients": 6},
-        "model": {"name": "mlp", "options": {"hidden": [16]}},
-        "algorithm": algorithm,
-        "aggregation": {"stages": stages},
-        "engine": {"executor": executor, "threads": 1},
-        "output": {"dir": str(tmp_path / executor), "plots": False},
-    }
-
-
 FAMILIES = {
     "fedavg": {"name": "fedavg", "batch_size": 16, "fraction": 0.5},
     "hist": {
@@ -187,18 +173,13 @@ FAMILIES = {
 SITES = {"fedavg": ["server"], "hist": ["cloud", "edge"], "gossip": ["peer"]}  # HIST: its edges and cloud
 
 
-def final_state(run_dir: Path) -> dict[str, torch.Tensor]:
-    state = checkpoint.load(run_dir / "checkpoint.pt").state["algorithm"]
-    return state["bank"]["params"] if "bank" in state else state["params"]
-
-
 @parametrize_first_by_default("family", list(FAMILIES))
 def test_the_median_runs_at_its_site_on_both_executors_with_one_result(tmp_path, median, family):
     runs = {
-        executor: fedge.run(config(tmp_path, FAMILIES[family], ["my_median"], executor))
+        executor: fedge.run(staged(tmp_path, FAMILIES[family], ["my_median"], executor))
         for executor in ("sequential", "batched")
     }
-    mean = fedge.run(config(tmp_path / "mean", FAMILIES[family], []))
+    mean = fedge.run(staged(tmp_path / "mean", FAMILIES[family], []))
     assert runs["sequential"].summary["aggregation"] == {site: ["my_median"] for site in SITES[family]}
     assert mean.summary["aggregation"] == {site: ["mean"] for site in SITES[family]}
     states = {name: final_state(run.run_dir) for name, run in runs.items()}
@@ -220,7 +201,7 @@ result = fedge.run(json.loads(sys.argv[2]))
 
 @pytest.mark.ci
 def test_the_median_on_two_gloo_ranks_equals_one_process(tmp_path, median):
-    cfg = config(tmp_path, FAMILIES["fedavg"], ["my_median"])
+    cfg = staged(tmp_path, FAMILIES["fedavg"], ["my_median"])
     cfg["algorithm"] = {**cfg["algorithm"], "fraction": 1.0}  # every client: 3 + 3 rows over the ranks
     one = fedge.run(cfg)
     two = {**cfg, "output": {"dir": str(tmp_path / "ranks"), "plots": False}}
@@ -249,7 +230,7 @@ def test_the_median_in_a_deployed_run_equals_the_simulation(tmp_path, median):
     from fedge.deploy.loopback import LoopbackTransport
     from fedge.deploy.server_app import run_deployed
 
-    cfg = resolve_config(config(tmp_path, FAMILIES["fedavg"], ["my_median"]))
+    cfg = resolve_config(staged(tmp_path, FAMILIES["fedavg"], ["my_median"]))
     simulated = fedge.run(cfg.model_copy(update={"output": cfg.output.model_copy(update={"name": "sim"})}))
     deployed = run_deployed(cfg, lambda n: LoopbackTransport(cfg, n))
     mine, theirs = final_state(simulated.run_dir), final_state(deployed.run_dir)

@@ -7,11 +7,11 @@ peers on both executors with one result."""
 from __future__ import annotations
 
 import json
-from pathlib import Path
 
 import numpy as np
 import pytest
 import torch
+from cases import final_state, staged
 
 import fedge
 from fedge.aggregation import Updates, WeightedMean
@@ -28,7 +28,6 @@ from fedge.aggregation.robust import (
 from fedge.aggregation.stage import StageRun
 from fedge.config import SystemConfig
 from fedge.errors import ConfigError
-from fedge.runner import checkpoint
 from fedge.system import SystemModel
 
 
@@ -335,33 +334,14 @@ RUNS = {
 }
 
 
-def run_config(tmp_path: Path, algorithm: dict, stages: list, executor: str) -> dict:
-    return {
-        "seed": 3,
-        "rounds": 2,
-        "data": {"name": "synthetic", "num_train": 240, "num_test": 80, "shape": [1, 6, 6], "num_classes": 4},
-        "partition": {"kind": "iid", "num_clients": 6},
-        "model": {"name": "mlp", "options": {"hidden": [16]}},
-        "algorithm": algorithm,
-        "aggregation": {"stages": stages},
-        "engine": {"executor": executor, "threads": 1},
-        "output": {"dir": str(tmp_path / executor), "plots": False},
-    }
-
-
-def final_state(run_dir: Path) -> dict[str, torch.Tensor]:
-    state = checkpoint.load(run_dir / "checkpoint.pt").state["algorithm"]
-    return state["bank"]["params"] if "bank" in state else state["params"]
-
-
 @pytest.mark.parametrize("family", list(RUNS))
 def test_the_median_runs_at_its_site_on_both_executors_with_one_result(tmp_path, family):
     algorithm, site = RUNS[family]
     stages = [{"name": "median", "at": [site]}]
-    runs = {e: fedge.run(run_config(tmp_path, algorithm, stages, e)) for e in ("sequential", "batched")}
+    runs = {e: fedge.run(staged(tmp_path, algorithm, stages, e)) for e in ("sequential", "batched")}
     assert runs["sequential"].summary["aggregation"][site] == ["median"]
     states = {name: final_state(run.run_dir) for name, run in runs.items()}
     for k, value in states["sequential"].items():
         torch.testing.assert_close(states["batched"][k], value, rtol=0, atol=1e-5)
-    mean = final_state(fedge.run(run_config(tmp_path / "mean", algorithm, [], "sequential")).run_dir)
+    mean = final_state(fedge.run(staged(tmp_path / "mean", algorithm, [], "sequential")).run_dir)
     assert any(not torch.allclose(mean[k], states["sequential"][k]) for k in mean)
