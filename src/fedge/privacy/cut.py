@@ -108,31 +108,48 @@ def most_sends(clients: np.ndarray, indices: np.ndarray) -> dict[int, int]:
     return out
 
 
-def planned_sends(config: RunConfig, size: int) -> int:
-    """The most times one sample of a client of ``size`` samples can cross the cut in a round: once
-    per pass over its data (epoch) among the round's batches, and for CSE-FSL and FSL-SAGE no more than
-    their upload steps (one every h batches; one server batch under the every-l-rounds trigger); times
-    the draws of one client a round can hold (independent draws with replacement)."""
+def round_batches(config: RunConfig, size: int) -> tuple[int, int]:
+    """A split client's round over ``size`` samples: (its passes over the data, its batches), the
+    passes counting a started epoch whole; ``(0, 0)`` for a client without a batch."""
     algorithm = config.algorithm
     batch = int(getattr(algorithm, "batch_size", 1))
     per_epoch = size // batch if getattr(algorithm, "drop_last", False) else -(-size // batch)
     if per_epoch == 0:
-        return 0
+        return 0, 0
     local_steps = getattr(algorithm, "local_steps", None)
     batches = (
         int(local_steps)
         if local_steps is not None
         else per_epoch * int(getattr(algorithm, "local_epochs", 1))
     )
-    sends = -(-batches // per_epoch)
+    return -(-batches // per_epoch), batches
+
+
+def draws_per_round(config: RunConfig) -> int:
+    """How many times one client can be drawn in a round: the cohort size under independent draws with
+    replacement, else once."""
+    algorithm = config.algorithm
+    independent = getattr(algorithm, "duplicates", "merge") == "independent"
+    if getattr(algorithm, "participation", "full") == "with_replacement" and independent:
+        return int(getattr(algorithm, "clients_per_round", None) or 1)
+    return 1
+
+
+def planned_sends(config: RunConfig, size: int) -> int:
+    """The most times one sample of a client of ``size`` samples can cross the cut in a round: once
+    per pass over its data (epoch) among the round's batches, and for CSE-FSL and FSL-SAGE no more than
+    their upload steps (one every h batches; one server batch under the every-l-rounds trigger); times
+    the draws of one client a round can hold (independent draws with replacement)."""
+    algorithm = config.algorithm
+    sends, batches = round_batches(config, size)
+    if batches == 0:
+        return 0
     h = getattr(algorithm, "h", None)
     if getattr(algorithm, "server_trigger", "every_h_batches") == "every_l_rounds":
         sends = 1
     elif h is not None:
         sends = min(sends, -(-batches // int(h)))
-    independent = getattr(algorithm, "duplicates", "merge") == "independent"
-    if getattr(algorithm, "participation", "full") == "with_replacement" and independent:
-        sends *= int(getattr(algorithm, "clients_per_round", None) or 1)
+    sends *= draws_per_round(config)
     return sends
 
 

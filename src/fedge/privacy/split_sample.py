@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from fedge.config import RunConfig
 from fedge.errors import ConfigError
-from fedge.privacy.cut import planned_sends
+from fedge.privacy.cut import draws_per_round, planned_sends, round_batches
 from fedge.privacy.release import GAUSSIAN, Release
 
 
@@ -20,24 +20,12 @@ def planned_uses(config: RunConfig, size: int) -> int:
     """The most client steps one sample of a client of ``size`` samples can be in during a round: once per
     epoch of the round's batches, one more for CSE-FSL's server-backprop batch, times the draws of one
     client a round can hold (independent draws with replacement)."""
-    algorithm = config.algorithm
-    batch = int(getattr(algorithm, "batch_size", 1))
-    per_epoch = size // batch if getattr(algorithm, "drop_last", False) else -(-size // batch)
-    if per_epoch == 0:
+    uses, batches = round_batches(config, size)
+    if batches == 0:
         return 0
-    local_steps = getattr(algorithm, "local_steps", None)
-    batches = (
-        int(local_steps)
-        if local_steps is not None
-        else per_epoch * int(getattr(algorithm, "local_epochs", 1))
-    )
-    uses = -(-batches // per_epoch)
-    if getattr(algorithm, "zb_step", "aux") == "server_backprop":
+    if getattr(config.algorithm, "zb_step", "aux") == "server_backprop":
         uses += 1
-    independent = getattr(algorithm, "duplicates", "merge") == "independent"
-    if getattr(algorithm, "participation", "full") == "with_replacement" and independent:
-        uses *= int(getattr(algorithm, "clients_per_round", None) or 1)
-    return uses
+    return uses * draws_per_round(config)
 
 
 def plan_split_sample(config: RunConfig, data_sizes: list[int], multiplier: float) -> list[Release]:
