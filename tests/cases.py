@@ -20,6 +20,7 @@ import torch
 from pydantic import BaseModel
 from typer.testing import CliRunner
 
+import fedge
 from fedge.algorithms import ALGORITHMS
 from fedge.cli.commands import app
 from fedge.config import AlgorithmConfig, RunConfig, StrictModel
@@ -220,3 +221,15 @@ def final_state(run_dir: Path) -> dict[str, torch.Tensor]:
     """The final model (the shared one, or every client's stacked) from a run's checkpoint."""
     state = checkpoint.load(run_dir / "checkpoint.pt").state["algorithm"]
     return state["bank"]["params"] if "bank" in state else state["params"]
+
+
+def killed_after(config: dict[str, Any], round_: int) -> None:
+    """Run ``config`` and stop it after round ``round_`` as a kill would (its checkpoint and metrics
+    left as they were then)."""
+
+    def stop(t: int, row: dict[str, Any]) -> None:
+        if t == round_:
+            raise KeyboardInterrupt
+
+    with pytest.raises(KeyboardInterrupt):
+        fedge.run(config, on_round=stop)

@@ -10,7 +10,7 @@ from typing import Any
 import numpy as np
 import pytest
 import torch
-from cases import tiny
+from cases import killed_after, tiny
 from tiers import parametrize_first_by_default
 
 import fedge
@@ -80,12 +80,7 @@ def test_a_resumed_run_that_keeps_client_optimizer_states_equals_an_uninterrupte
     config["rounds"] = 4
     config["output"]["checkpoint_every"] = 1
 
-    def stop(t, row):
-        if t == 2:
-            raise KeyboardInterrupt
-
-    with pytest.raises(KeyboardInterrupt):
-        fedge.run(config, on_round=stop)
+    killed_after(config, 2)
     resumed = fedge.resume(tmp_path / "cut")
     reference = fedge.run({**config, "output": {**config["output"], "name": "whole"}})
     assert len(resumed.metrics) == 4 and _numbers(resumed) == _numbers(reference)

@@ -9,6 +9,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
+from cases import killed_after, tiny
 from tiers import parametrize_first_by_default
 
 import fedge
@@ -254,7 +255,6 @@ def test_the_paper_scale_example_runs_its_first_round_on_cifar10_files(tmp_path)
 @parametrize_first_by_default("forms", [{}, CODE_FORMS], ids=["default", "code-forms"])
 def test_an_interrupted_run_resumes_to_the_uninterrupted_result(tmp_path, forms):
     """The alignment store (samples and the aux models' optimizer state) travels in the checkpoint."""
-    from cases import tiny
 
     def run_config(name: str) -> dict:
         raw = tiny("fsl_sage", tmp_path / "runs", rounds=4)
@@ -265,12 +265,7 @@ def test_an_interrupted_run_resumes_to_the_uninterrupted_result(tmp_path, forms)
 
     whole = fedge.run(run_config("whole"))
 
-    def stop(t, row):
-        if t == 2:
-            raise KeyboardInterrupt
-
-    with pytest.raises(KeyboardInterrupt):
-        fedge.run(run_config("cut"), on_round=stop)
+    killed_after(run_config("cut"), 2)
     resumed = fedge.resume(tmp_path / "runs" / "cut")
     drop = ("wall_seconds", "run_dir")
     clean = [{k: v for k, v in row.items() if k not in drop} for row in resumed.metrics]

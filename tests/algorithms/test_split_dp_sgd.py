@@ -13,7 +13,7 @@ from typing import Any
 import numpy as np
 import pytest
 import torch
-from cases import invoke, tiny
+from cases import invoke, killed_after, tiny
 from llm_cases import lm_config, needs_llm, write_corpus
 from torch import nn
 
@@ -292,12 +292,7 @@ def test_a_resumed_run_adds_the_same_noise_and_spends_the_same(tmp_path):
     config = {**split(tmp_path / "cut", "cse_fsl", privacy), "rounds": 3}
     config["output"]["name"] = "cut"
 
-    def stop(t, row):
-        if t == 2:
-            raise KeyboardInterrupt
-
-    with pytest.raises(KeyboardInterrupt):
-        fedge.run(config, on_round=stop)
+    killed_after(config, 2)
     resumed = fedge.resume(tmp_path / "cut" / "cut")
     assert resumed.summary["privacy"] == whole.summary["privacy"]
     assert resumed.metrics[-1]["train_loss"] == whole.metrics[-1]["train_loss"]

@@ -15,7 +15,7 @@ import numpy as np
 import pytest
 import torch
 import yaml
-from cases import invoke, read_only, tiny
+from cases import invoke, killed_after, read_only, tiny
 from tiers import parametrize_first_by_default
 
 import fedge
@@ -97,12 +97,7 @@ def interrupted(tmp_path) -> Path:
     config = tiny("fedavg", tmp_path / "runs", rounds=4)
     config["output"]["name"] = "cut"
 
-    def stop(t, row):
-        if t == 2:
-            raise KeyboardInterrupt
-
-    with pytest.raises(KeyboardInterrupt):
-        fedge.run(config, on_round=stop)
+    killed_after(config, 2)
     run_dir = tmp_path / "runs" / "cut"
     assert len(results.read_jsonl(run_dir / "metrics.jsonl")) == 2
     return run_dir

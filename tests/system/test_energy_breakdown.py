@@ -10,7 +10,7 @@ from types import SimpleNamespace
 
 import numpy as np
 import pytest
-from cases import tiny
+from cases import killed_after, tiny
 from tiers import parametrize_first_by_default
 from typer.testing import CliRunner
 
@@ -112,12 +112,7 @@ def test_resume_keeps_the_breakdown(tmp_path):
     config = tiny("cse_fsl", tmp_path / "runs", rounds=4)
     config["output"].update(name="cut", checkpoint_every=2)
 
-    def stop(t, row):
-        if t == 3:
-            raise KeyboardInterrupt
-
-    with pytest.raises(KeyboardInterrupt):
-        fedge.run(config, on_round=stop)
+    killed_after(config, 3)
     resumed = fedge.resume(tmp_path / "runs" / "cut")
     config["output"]["name"] = "whole"
     whole = fedge.run(config)
