@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import atexit
 import os
+import time
 from collections.abc import Callable
 from datetime import timedelta
 from typing import Any, TypeVar
@@ -23,6 +24,17 @@ from fedge.errors import EXIT_PEER_LOST, FedgeError
 from fedge.tensors import Tensors
 
 T = TypeVar("T")
+
+_LEFT_KEY = "fedge/left-last-barrier"  # store counter: ranks out of the closing barrier, at exit
+_CLOSED_KEY = "fedge/group-closed"  # store counter: ranks other than 0 whose group is down
+_EXIT_WAIT_S = 30.0  # the longest a rank waits at exit for its peers to reach the same point
+
+
+def _wait_count(store: Any, key: str, count: int) -> None:
+    """Wait (at most ``_EXIT_WAIT_S``) until the store's counter ``key`` reaches ``count``."""
+    deadline = time.monotonic() + _EXIT_WAIT_S
+    while store.add(key, 0) < count and time.monotonic() < deadline:
+        time.sleep(0.005)
 
 
 class DistError(FedgeError):
@@ -102,12 +114,16 @@ class TorchGroup(Group):
         self.rank = dist.get_rank()
         self.size = dist.get_world_size()
         self.failed = False
+        self.in_step = False  # whether the last collective was a barrier every rank has left
         atexit.register(self.close)
         self.device = torch.device("cuda", torch.cuda.current_device()) if cuda else torch.device("cpu")
 
     def _call(self, what: str, fn: Callable[[], T]) -> T:
+        self.in_step = False
         try:
-            return fn()
+            out = fn()
+            self.in_step = what == "barrier"
+            return out
         except (RuntimeError, ValueError, ConnectionError) as error:
             self.failed = True
             first = str(error).strip().splitlines()[0] if str(error).strip() else type(error).__name__
@@ -117,10 +133,28 @@ class TorchGroup(Group):
             ) from None
 
     def close(self) -> None:
-        """At exit: take the group down cleanly (runs end with a barrier, so no peer is still waiting;
-        after a failure there is nobody left to tell)."""
-        if self.dist.is_initialized() and not self.failed:
+        """At exit: take the group down (after a failure there is nobody left to tell).
+
+        A rank that tears gloo down while a peer is still inside the last collective, or after its store
+        host (rank 0) has exited, can abort in C++ ("terminate called without an active exception")
+        once all its work is done. So when the ranks left their last collective in step (a run's
+        closing barrier), each says so on the rendezvous store and waits for the others before it
+        destroys the group, and rank 0 leaves only once every other rank has said its group is gone.
+        A rank that stopped mid-run skips the waits: its peers are not coming."""
+        if not self.dist.is_initialized() or self.failed:
+            return
+        try:
+            store = self.dist.distributed_c10d._get_default_store()
+            if self.in_step:
+                store.add(_LEFT_KEY, 1)
+                _wait_count(store, _LEFT_KEY, self.size)
             self.dist.destroy_process_group()
+            if self.in_step and self.rank:
+                store.add(_CLOSED_KEY, 1)
+            elif self.in_step:
+                _wait_count(store, _CLOSED_KEY, self.size - 1)
+        except (RuntimeError, ValueError, ConnectionError):
+            pass  # a peer already gone at exit: nothing is left to take down in step
 
     def sum_tensors(self, tensors: Tensors) -> Tensors:
         out: dict[str, torch.Tensor] = {}
