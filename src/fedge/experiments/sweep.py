@@ -73,6 +73,8 @@ SUMMARY_FIELDS = (
     "sim_joules",
     "epsilon",
     "stopped_by",
+    "malicious",
+    "malicious_kept",
 )
 TABLE_FIELDS = ("final_accuracy", "best_accuracy", "mb_total", "sim_seconds")
 
