@@ -189,6 +189,14 @@ def test_an_adversary_that_never_attacks_changes_no_number(tmp_path, algorithm):
     assert runs[1].metrics[-1]["malicious"] == 0
 
 
+def test_label_flipping_peers_train_on_flipped_labels(tmp_path):
+    clean = fedge.run(tiny("gossip", tmp_path / "clean"))
+    config = {**tiny("gossip", tmp_path / "flip"), "adversary": {"clients": [1], "attack": "label_flip"}}
+    flipped = fedge.run(config)
+    assert flipped.metrics[0]["train_loss"] != clean.metrics[0]["train_loss"]
+    assert flipped.metrics[-1]["malicious"] == 1 and flipped.metrics[-1]["malicious_selected"] > 0
+
+
 @pytest.mark.parametrize(
     ("algorithm", "adversary", "key"),
     [
