@@ -680,8 +680,12 @@ ATTACK_OPTIONS: dict[str, tuple[str, ...]] = {
     "label_flip": (),
 }
 """Each attack's options (every one a number; ``z`` may be any real, the others are positive)."""
-ADVERSARY_ALGORITHMS = ("fedavg", "fedavg_ft")
-"""The algorithms that take an ``adversary`` block (the star family's server)."""
+PEER_ADVERSARY_ALGORITHMS = ("afind", "gossip", "pens", "federico", "local", "ditto")
+"""The decentralized algorithms that take an ``adversary`` block (malicious peers poison what they send)."""
+PROBING_ALGORITHMS = ("afind", "pens", "federico")
+"""The peer selectors a malicious peer answers probes of (``adversary.probes``)."""
+ADVERSARY_ALGORITHMS = ("fedavg", "fedavg_ft", *PEER_ADVERSARY_ALGORITHMS)
+"""The algorithms that take an ``adversary`` block (the star family's server, the peers)."""
 
 
 class AdversaryConfig(StrictModel):
@@ -696,6 +700,9 @@ class AdversaryConfig(StrictModel):
     """sign_flip, scaling, gaussian, free_rider, alie, ipm or label_flip (docs/robustness.md)"""
     options: dict[str, Any] = Field(default_factory=dict)
     """the attack's own numbers: scale (sign_flip, scaling), sigma (gaussian), z (alie), epsilon (ipm)"""
+    probes: Literal["honest", "poisoned"] = "honest"
+    """peers only: a malicious peer answers a selector's probes honestly (poisoning only the models it
+    sends once selected) or poisons them too (AFIND+, PENS, FedeRiCo)"""
 
     @field_validator("clients", mode="before")
     @classmethod
@@ -794,6 +801,9 @@ class RunConfig(StrictModel):
         if self.algorithm.name not in ADVERSARY_ALGORITHMS:
             known = ", ".join(ADVERSARY_ALGORITHMS)
             raise ConfigError("adversary", f"is built for {known}, not {self.algorithm.name} (yet)")
+        if self.adversary.probes != "honest" and self.algorithm.name not in PROBING_ALGORITHMS:
+            probing = ", ".join(PROBING_ALGORITHMS)
+            raise ConfigError("adversary.probes", f"only {probing} probe peers, not {self.algorithm.name}")
         ids = self.adversary.clients
         if isinstance(ids, list) and max(ids) >= self.partition.num_clients:
             beyond = f"client {max(ids)} is not among the {self.partition.num_clients} clients"

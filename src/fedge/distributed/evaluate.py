@@ -3,6 +3,7 @@ figures come back together as one process has them."""
 
 from __future__ import annotations
 
+import numpy as np
 import torch
 from torch import nn
 
@@ -34,15 +35,25 @@ def evaluate_model_on(
 
 
 def evaluate_clients_on(
-    cohort: Cohort, model: nn.Module, bank: ClientBank, data: FederatedData, max_samples: int
+    cohort: Cohort,
+    model: nn.Module,
+    bank: ClientBank,
+    data: FederatedData,
+    max_samples: int,
+    honest: np.ndarray | None = None,
 ) -> Evaluation:
     """The clients of ``cohort`` (of the run's clients; ``bank`` holds this process's rows of it, in client
     order) on their own test sets; every process's per-client figures gathered in client order and
-    summarised as one process does."""
+    summarised as one process does. ``honest`` (boolean, one per client): summarise those clients alone
+    (a run with malicious peers), every client's mean accuracy then ``accuracy_all``."""
     index, weight = client_test_sets(data)
     acc, loss = evaluate_rows(
         model, bank.params, bank.buffers, data.x_test, data.y_test, index[cohort.rows], weight[cohort.rows],
         max_samples,
     )  # fmt: skip
     gathered = cohort.gather({"accuracy": acc, "loss": loss})
-    return client_summary(gathered["accuracy"], gathered["loss"])
+    if honest is None:
+        return client_summary(gathered["accuracy"], gathered["loss"])
+    keep = torch.as_tensor(honest, device=gathered["accuracy"].device)
+    summary = client_summary(gathered["accuracy"][keep], gathered["loss"][keep])
+    return summary.with_extra(accuracy_all=float(gathered["accuracy"].double().mean()))

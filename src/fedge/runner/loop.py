@@ -529,12 +529,15 @@ def summarize(config: RunConfig, rows: list[dict[str, Any]]) -> dict[str, Any]:
 def _adversary_fields(rows: list[dict[str, Any]]) -> dict[str, Any]:
     """An adversary's run totals: ``malicious``, the attacking participations over all rounds, and
     ``malicious_kept``, the mean of the rounds' kept shares where some attacked (``None``: none did, or
-    the reducer does not report it)."""
+    the reducer does not report it); peers add ``malicious_selected``, the mean of the rounds' shares of
+    honest peers' mixed-in neighbours that were malicious."""
     kept = [r["malicious_kept"] for r in rows if r.get("malicious") and "malicious_kept" in r]
-    return {
+    fields = {
         "malicious": sum(int(r.get("malicious", 0)) for r in rows),
         "malicious_kept": sum(kept) / len(kept) if kept else None,
     }
+    selected = [r["malicious_selected"] for r in rows if r.get("malicious") and "malicious_selected" in r]
+    return {**fields, "malicious_selected": sum(selected) / len(selected)} if selected else fields
 
 
 def start_run(

@@ -87,7 +87,8 @@ class Afind(PeerAlgorithm):
         smoothed = torch.full_like(plan.pre, float("nan"))
         if self.cfg.aggregation == "boltzmann":
             rows = torch.arange(len(holder), device=own.device)
-            post = self.losses_on(params, buffers, (rows, rows, holder), batches).double()
+            scored = self.scored(params, buffers, (start_p, start_b), holder)
+            post = self.losses_on(*scored, (rows, rows, holder), batches).double()
             smoothed[requester, holder] = self.selector.smoothed(plan.pre[requester, holder], post)
         dp = self.cfg.dp  # the holder reports its loss, then sends a noisy update
         if dp is not None and dp.target == "update" and len(i):
@@ -110,7 +111,7 @@ class Afind(PeerAlgorithm):
         own = torch.arange(self.num_clients, device=plan.chosen.device)
         start_p, start_b = self.rows(own)
         params, buffers, losses = self.local_update(start_p, start_b, own.tolist(), t)
-        weights = self.selector.standard_weights(plan, params, buffers, batches)
+        weights = self.selector.standard_weights(plan, *self.scored(params, buffers), batches)
         self.bank.adopt(*self.mix_received(t, weights, start_p, params, buffers), owned=False)
         return losses, self.num_clients
 

@@ -45,6 +45,7 @@ from fedge.engine.private_step import private_step
 from fedge.errors import ConfigError
 from fedge.metrics import RoundReport
 from fedge.models import split
+from fedge.runtime.peer_adversary import PeerAdversary
 from fedge.runtime.peers import PeerRuntime
 from fedge.system import forward_flops
 from fedge.tensors import Tensors, floating
@@ -76,6 +77,7 @@ class PeerAlgorithm(LocalTraining, PeerExchange, FineTunedEvaluation, Algorithm[
             raise ConfigError("algorithm.peers", f"{cfg.peers} peers per client, but {others}")
         self.num_clients = n
         self.train_data: FederatedData = ctx.data  # what local training, probes and fine-tunes draw from
+        self.adversary = PeerAdversary.of(ctx.config.adversary, ctx.data, ctx.seed, ctx.cohorts.processes)
         self.adjacency = build_topology(cfg.topology, n, ctx.seed)
         self.neighbours = torch.as_tensor(self.adjacency, device=ctx.device)
         self.head = self._head_names()
@@ -99,8 +101,12 @@ class PeerAlgorithm(LocalTraining, PeerExchange, FineTunedEvaluation, Algorithm[
         """Round ``t`` (:meth:`peer_round`), closed on the clock with its compute and peer traffic."""
         self.round = t
         self.this_round = self.peers.open(t)
+        if self.adversary is not None:  # label_flip: the malicious peers' labels flipped from start_round
+            self.train_data = self.adversary.data(t, self.ctx.data)
         report = self.peer_round(t)
         self.this_round.close(self.flops_per_sample)
+        if self.adversary is not None:
+            report = RoundReport(report.train_loss, {**report.extra, **self.adversary.figures(t)})
         return report
 
     @abstractmethod
@@ -124,6 +130,7 @@ class PeerAlgorithm(LocalTraining, PeerExchange, FineTunedEvaluation, Algorithm[
             reply=self.send_models,
             report=self.exchange,
             map_rows=self.map_rows,
+            adversary=self.adversary,
         )
 
     # ----- parameters -------------------------------------------------------------------------------

@@ -1,7 +1,9 @@
 """Evaluation of a decentralized host: every client's model fine-tuned on its own data, then tested.
 
 ``accuracy`` is the unweighted mean over clients of each fine-tuned copy's accuracy on its own test
-set (the evaluation of AFIND+'s App. C.3); the clients are a cohort (docs/scale-out.md).
+set (the evaluation of AFIND+'s App. C.3); the clients are a cohort (docs/scale-out.md). With
+malicious peers (the ``adversary`` block) ``accuracy`` is the honest peers' mean (a poisoner's own model
+says nothing) and ``accuracy_all`` every peer's.
 """
 
 from __future__ import annotations
@@ -16,6 +18,7 @@ from fedge.engine.private_step import without_privacy
 from fedge.engine.step import Optimizer, StepFn
 from fedge.metrics import Evaluation
 from fedge.models import SplitModel
+from fedge.runtime.peer_adversary import PeerAdversary
 from fedge.runtime.peers import client_block
 from fedge.tensors import Tensors
 
@@ -31,6 +34,7 @@ class FineTunedEvaluation:
     step: StepFn
     bank: ClientBank
     round: int
+    adversary: PeerAdversary | None
 
     def evaluate(self) -> Evaluation:
         return self.evaluate_bank(self.bank)
@@ -63,4 +67,5 @@ class FineTunedEvaluation:
             own_buffers = {k: v for k, v in bank.buffers.items() if k not in (extra or {})}
             bank.adopt(bank.params, own_buffers, owned=False)
         max_samples = self.ctx.config.eval.batch_size
-        return evaluate_clients_on(block.cohort, self.model, bank, self.ctx.data, max_samples)
+        honest = None if self.adversary is None else self.adversary.honest
+        return evaluate_clients_on(block.cohort, self.model, bank, self.ctx.data, max_samples, honest)

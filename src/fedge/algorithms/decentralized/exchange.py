@@ -34,6 +34,7 @@ from fedge.engine import ClientBank
 from fedge.privacy import GAUSSIAN, Release
 from fedge.privacy.peer import peer_releases, released_rows, unprotected
 from fedge.rng import numpy_rng
+from fedge.runtime.peer_adversary import PeerAdversary
 from fedge.runtime.peers import PeerRound
 from fedge.tensors import Tensors
 
@@ -66,6 +67,7 @@ class PeerExchange:
     models: Link
     round: int
     this_round: PeerRound
+    adversary: PeerAdversary | None
     shared: Callable[[Tensors], Tensors]
     """the tensors of a state that travel (the host's :meth:`PeerAlgorithm.shared`)"""
     releases_at_mix: bool = True
@@ -159,10 +161,12 @@ class PeerExchange:
         n = self.num_clients
         shared = self.shared({**params, **buffers})
         message = shared if sent is None else self.shared({**params, **sent, **buffers})
+        start_p, start_b = start or (self.bank.params, self.bank.buffers)
+        senders, receivers = pairs or (torch.arange(n), None)
         if self.peer_dp is not None and self.releases_at_mix:
-            start_p, start_b = start or (self.bank.params, self.bank.buffers)
-            senders, receivers = pairs or (torch.arange(n), None)
             shared = message = self.released({**start_p, **start_b}, message, senders, receivers)
+        if self.adversary is not None:  # malicious senders poison what their neighbours receive
+            message = self.adversary.sent(self.round, message, {**start_p, **start_b}, senders)
         masks = masks or {}
         if self.models.codec.lossless and message is shared:
             parts: tuple[Part, ...] = (Part(shared, weights, masks),)
@@ -172,10 +176,30 @@ class PeerExchange:
             received = self.peer_rows(message)
             parts = (Part(shared, weights * own, masks), Part(received, weights * ~own, masks))
         updates = Updates(sites.PEER, self.round, parts, {k: v[:n] for k, v in shared.items()})
-        mixed = self.ctx.pipeline(sites.PEER).reduce(updates)
+        pipeline = self.ctx.pipeline(sites.PEER)
+        mixed = pipeline.reduce(updates)
+        if self.adversary is not None:
+            self.adversary.observe(self.round, weights, senders, pipeline, len(parts))
         new_p = {k: mixed[k] if k in mixed else v[:n] for k, v in params.items()}
         new_b = {k: mixed[k] if k in mixed else v[:n] for k, v in buffers.items()}
         return new_p, new_b
+
+    def scored(
+        self,
+        params: Tensors,
+        buffers: Tensors,
+        start: tuple[Tensors, Tensors] | None = None,
+        senders: torch.Tensor | None = None,
+    ) -> tuple[Tensors, Tensors]:
+        """The trained rows as a selector scores them (PENS's, FedeRiCo's and AFIND+'s losses): as trained,
+        or, where malicious peers poison their probes (``adversary.probes: poisoned``), with their rows
+        poisoned as :meth:`mixed` sends them (``start``, ``senders``: as there)."""
+        if self.adversary is None or not self.adversary.poisons_probes(self.round):
+            return params, buffers
+        start_p, start_b = start or (self.bank.params, self.bank.buffers)
+        who = torch.arange(self.num_clients) if senders is None else senders
+        sent = self.adversary.sent(self.round, {**params, **buffers}, {**start_p, **start_b}, who)
+        return {k: sent[k] for k in params}, {k: sent[k] for k in buffers}
 
     def peer_rows(self, shared: Tensors) -> Tensors:
         """Stacked shared rows as the peers that receive them decode them through :attr:`models` (the

@@ -78,7 +78,7 @@ class Federico(PeerAlgorithm):
         scored = chosen | eye
         i, j = scored.nonzero(as_tuple=True)
         fresh = torch.zeros_like(self.loss)
-        fresh[i, j] = self.losses_on(params, buffers, (j, i, i), self.probes(t)).double()
+        fresh[i, j] = self.losses_on(*self.scored(params, buffers), (j, i, i), self.probes(t)).double()
         smoothed = self.cfg.ema * self.loss + (1.0 - self.cfg.ema) * fresh
         self.loss = torch.where(scored, torch.where(self.seen, smoothed, fresh), self.loss)
         self.seen |= scored

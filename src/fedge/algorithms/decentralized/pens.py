@@ -72,7 +72,8 @@ class Pens(PeerAlgorithm):
             candidates = torch.as_tensor(self.random_peers(t, self.cfg.candidates), device=own.device)
             i, j = candidates.nonzero(as_tuple=True)
             scores = torch.full(candidates.shape, float("inf"), dtype=torch.float64, device=own.device)
-            scores[i, j] = self.losses_on(params, buffers, (j, i, i), self.probes(t)).double()
+            scored = self.scored(params, buffers)  # what a malicious candidate shows the scoring
+            scores[i, j] = self.losses_on(*scored, (j, i, i), self.probes(t)).double()
             chosen = top_k(-scores, candidates, self.cfg.keep)
             self.counts += chosen.long()
             self.send_models(candidates)

@@ -128,11 +128,15 @@ class AfindSelector:
         requester's own loss on the diagonal (entries of unprobed pairs are meaningless).
 
         Each requester's own proxy, then its probed holders': one nested vmap over the rows' requesters
-        and every holder when most pairs are probed, else pair by pair. The DP noise is drawn for the
+        and every holder when most pairs are probed, else (and where malicious holders poison their
+        answers, ``adversary.probes: poisoned``) pair by pair. The DP noise is drawn for the
         whole round as one process draws it and the rows' part taken, so any split gives the same numbers.
         """
         view, n = self.view, self.view.num_clients
         (params, buffers), data = view.current(), view.data
+        adversary = view.adversary if view.adversary and view.adversary.poisons_probes(t) else None
+        if adversary is not None:  # label_flip: the malicious holders probe on their flipped labels
+            data = adversary.data(t, data)
         device = self.available.device
         dp = self.cfg.dp if self.cfg.dp is not None and self.cfg.dp.target == "proxy" else None
         clip = None if dp is None else dp.clip  # own proxy clipped alike; only the shared ones get noise
@@ -147,7 +151,7 @@ class AfindSelector:
         view.count_probes(k[first:last], batches, backward)
         local = torch.arange(len(own), device=device)
         out = torch.zeros(len(own), 2, n, dtype=torch.float64, device=device)
-        if 2 * len(i) >= n * (n - 1):  # most pairs: one nested vmap over requesters x holders
+        if 2 * len(i) >= n * (n - 1) and adversary is None:  # most pairs: one nested vmap
             noise = None if dp is None else (dp.sigma * dp.clip, generator)
             sim, loss = self.prober.similarities(params, buffers, mine, data, batches, clip, noise, rows)
             out[:, 0], out[:, 1] = sim, loss
@@ -157,6 +161,8 @@ class AfindSelector:
             if dp is not None:
                 count = batches.weight[rk].sum(dim=1)
                 theirs = gaussian_mechanism(theirs, count, dp.clip, dp.sigma, generator, first, len(i))
+            if adversary is not None:  # poisoned answers, pair by pair (the proxies are formed)
+                theirs = adversary.proxies(t, ri, rk, theirs)
             out[ri - rows.start, 0, rk] = cosine(mine[ri - rows.start], theirs).double()
             out[ri - rows.start, 1, rk] = loss.double()
         out[local, 1, own] = own_loss.double()

@@ -19,6 +19,7 @@ import torch
 from fedge.algorithms.decentralized.probes import ProbeBatches
 from fedge.data.federated import FederatedData
 from fedge.models import SplitModel
+from fedge.runtime.peer_adversary import PeerAdversary
 from fedge.tensors import Tensors
 
 Pairs = tuple[torch.Tensor, torch.Tensor, torch.Tensor]  # (shared_from, private_from, data_from)
@@ -44,6 +45,8 @@ class PeerView:
     - ``map_rows(total, work)``: ``work(rows)`` on this process's rows of a cohort of ``total`` rows, its
       tensors back in row order and its compute tally the whole cohort's (``PeerAlgorithm.map_rows``; in
       one process, all rows): how a selector spreads its probes over the run's processes.
+    - ``adversary``: the run's malicious peers, whose probe answers a selector asks it for
+      (:meth:`~fedge.runtime.peer_adversary.PeerAdversary.poisons_probes`); ``None`` without one.
     The senders return the number of transfers.
     """
 
@@ -61,6 +64,7 @@ class PeerView:
     reply: Callable[[torch.Tensor], int]
     report: Callable[[torch.Tensor, str, Mapping[str, Sequence[int]]], int]
     map_rows: Callable[[int, Callable[[slice], Tensors]], Tensors]
+    adversary: PeerAdversary | None = None
 
     @property
     def num_clients(self) -> int:
