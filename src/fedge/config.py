@@ -680,8 +680,9 @@ ATTACK_OPTIONS: dict[str, tuple[str, ...]] = {
     "label_flip": (),
 }
 """Each attack's options (every one a number; ``z`` may be any real, the others are positive)."""
-ADVERSARY_ALGORITHMS = ("fedavg", "fedavg_ft")
-"""The algorithms that take an ``adversary`` block (the star family's server)."""
+ADVERSARY_ALGORITHMS = ("fedavg", "fedavg_ft", "hist", "hfedavg", "fedbuff", "fedasync")
+"""The algorithms that take an ``adversary`` block (the star family's server, a hierarchy's edges, an
+asynchronous server's buffer)."""
 
 
 class AdversaryConfig(StrictModel):
@@ -788,7 +789,7 @@ class RunConfig(StrictModel):
 
     @model_validator(mode="after")
     def _adversary_fits(self) -> RunConfig:
-        """An adversary only where it is built (the star family), with ids among the clients."""
+        """An adversary only where it is built (:data:`ADVERSARY_ALGORITHMS`), with ids among the clients."""
         if self.adversary is None:
             return self
         if self.algorithm.name not in ADVERSARY_ALGORITHMS:
