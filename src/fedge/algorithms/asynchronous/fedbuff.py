@@ -7,7 +7,7 @@ import torch
 
 from fedge.aggregation import Updates, sites
 from fedge.algorithms.asynchronous.config import PAPER_BUFFER, FedBuffConfig
-from fedge.algorithms.asynchronous.server import AsyncServer, uploaded
+from fedge.algorithms.asynchronous.server import AsyncServer, delta, uploaded
 from fedge.algorithms.base import Context, register
 from fedge.errors import ConfigError
 from fedge.runtime.asynchronous import Arrival
@@ -48,9 +48,9 @@ class FedBuff(AsyncServer):
         stale = [self.staleness(a) for a in arrivals]
         current = {**self.params, **floating(self.buffers)}
         buffer, number = self.ctx.pipeline(sites.BUFFER), self.version + 1
-        clients, bases = np.array([a.client for a in arrivals]), [a.payload.base for a in arrivals]
-        received = [uploaded(a) for a in arrivals]
+        clients, received = np.array([a.client for a in arrivals]), [uploaded(a) for a in arrivals]
         if self.adversary is not None:
+            bases = [a.payload.base for a in arrivals]
             received = poisoned_updates(self.adversary, t, clients, received, bases)
         if cfg.server_lr == 1.0 and not any(stale):  # FedAvg's average, rounded as FedAvg rounds it
             models = _stacked(received, current)
@@ -58,8 +58,7 @@ class FedBuff(AsyncServer):
         else:
             scale = [1.0 / np.sqrt(1.0 + tau) if cfg.staleness == "sqrt" else 1.0 for tau in stale]
             weights = weights * torch.as_tensor(scale, dtype=torch.float64, device=weights.device)
-            changes = [{k: v - b[k] for k, v in m.items()} for m, b in zip(received, bases, strict=True)]
-            deltas = _stacked(changes, current)
+            deltas = _stacked([delta(a, m) for a, m in zip(arrivals, received, strict=True)], current)
             step = buffer.reduce(Updates.of_deltas(sites.BUFFER, number, deltas, weights))
             merged = {k: v + cfg.server_lr * step[k] for k, v in current.items()}
         if self.adversary is not None:

@@ -46,6 +46,13 @@ def uploaded(arrival: Arrival) -> Tensors:
     return arrival.received
 
 
+def delta(arrival: Arrival, model: Tensors | None = None) -> Tensors:
+    """An arrived update as the server sees it: the uploaded model (or ``model``, what the server took in
+    its place: an adversary's) minus the one the client received."""
+    base: Tensors = arrival.payload.base
+    return {k: v - base[k] for k, v in (uploaded(arrival) if model is None else model).items()}
+
+
 class AsyncServer(GlobalModel):
     """FedBuff's and FedAsync's policy on the engine; subclasses say when and how to aggregate."""
 
