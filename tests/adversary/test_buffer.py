@@ -16,17 +16,13 @@ import pytest
 import torch
 
 import fedge
-from fedge.aggregation import Updates
-from fedge.aggregation.pipeline import Pipeline
 from fedge.config import AdversaryConfig
 from fedge.errors import ConfigError
 from fedge.runtime.adversary import Adversary, alie_z
 from fedge.runtime.buffer_adversary import poisoned_updates
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from cases import killed_after, tiny  # noqa: E402
-
-REDUCE = Pipeline.reduce
+from cases import killed_after, reduced, tiny  # noqa: E402
 
 
 def test_each_attacking_update_is_its_own_delta_poisoned_over_the_honest_deltas():
@@ -57,23 +53,11 @@ def _config(tmp_path: Path, algorithm: str, adversary: dict | None, **options: A
     return config
 
 
-def _buffers(monkeypatch, config: dict) -> tuple[list[Updates], Any]:
-    """The updates every buffer pipeline received, and the run's result."""
-    seen: list[Updates] = []
-
-    def recording(self, updates, cohort=None):
-        seen.append(updates)
-        return REDUCE(self, updates, cohort)
-
-    monkeypatch.setattr(Pipeline, "reduce", recording)
-    return seen, fedge.run(config)
-
-
 @pytest.mark.parametrize("server_lr", [1.0, 0.5])  # the fresh models' average, or the deltas' step
 def test_the_buffers_rows_carry_the_attack(tmp_path, monkeypatch, server_lr):
-    honest, _ = _buffers(monkeypatch, _config(tmp_path, "fedbuff", None, server_lr=server_lr))
+    honest, _ = reduced(monkeypatch, _config(tmp_path, "fedbuff", None, server_lr=server_lr))
     adversary = {"clients": [1, 6], "attack": "sign_flip", "options": {"scale": 2.0}}
-    attacked, result = _buffers(monkeypatch, _config(tmp_path, "fedbuff", adversary, server_lr=server_lr))
+    attacked, result = reduced(monkeypatch, _config(tmp_path, "fedbuff", adversary, server_lr=server_lr))
     first_h, first_a = honest[0].parts[0].rows, attacked[0].parts[0].rows  # the first flush: all of them
     reference = attacked[0].reference  # the model they trained from, or no change
     for name, rows in first_a.items():
@@ -118,7 +102,7 @@ def test_both_executors_poison_alike(tmp_path, monkeypatch, attack):
     for executor in ("sequential", "batched"):
         config = _config(tmp_path, "fedbuff", adversary, buffer_size=3)
         config["engine"] = {"executor": executor}
-        runs.append(_buffers(monkeypatch, config))
+        runs.append(reduced(monkeypatch, config))
     (seq, first), (bat, second) = runs
     for a, b in zip(seq, bat, strict=True):
         for name, rows in a.parts[0].rows.items():

@@ -15,15 +15,12 @@ import torch
 
 import fedge
 from fedge.aggregation import Updates
-from fedge.aggregation.pipeline import Pipeline
 from fedge.config import parse_config
 from fedge.errors import ConfigError
 from fedge.runtime.adversary import alie_z
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from cases import tiny  # noqa: E402
-
-REDUCE = Pipeline.reduce
+from cases import reduced, tiny  # noqa: E402
 
 
 def _config(tmp_path: Path, algorithm: str, adversary: dict | None, clients: int = 8, cells: int = 2,
@@ -36,29 +33,16 @@ def _config(tmp_path: Path, algorithm: str, adversary: dict | None, clients: int
     return config
 
 
-def _edges(monkeypatch, config: dict) -> tuple[list[Updates], Any]:
-    """The updates every edge pipeline received, and the run's result."""
-    seen: list[Updates] = []
-
-    def recording(self, updates, cohort=None):
-        if updates.site == "edge":
-            seen.append(updates)
-        return REDUCE(self, updates, cohort)
-
-    monkeypatch.setattr(Pipeline, "reduce", recording)
-    return seen, fedge.run(config)
-
-
 def _floating(updates: Updates) -> dict[str, torch.Tensor]:
     return {k: v for k, v in updates.parts[0].rows.items() if v.is_floating_point()}
 
 
 @pytest.mark.parametrize("attack", ["sign_flip", "alie"])
 def test_each_cells_uploads_are_poisoned_from_its_broadcast_and_honest_rows(tmp_path, monkeypatch, attack):
-    honest, _ = _edges(monkeypatch, _config(tmp_path, "hfedavg", None))
+    honest, _ = reduced(monkeypatch, _config(tmp_path, "hfedavg", None), "edge")
     options = {"scale": 2.0} if attack == "sign_flip" else {}
     adversary = {"clients": [1, 2, 6], "attack": attack, "options": options}
-    attacked, _ = _edges(monkeypatch, _config(tmp_path, "hfedavg", adversary))
+    attacked, _ = reduced(monkeypatch, _config(tmp_path, "hfedavg", adversary), "edge")
     bad = {1, 2, 6}
     reference = attacked[0].reference  # the first edge round: every cell's broadcast, stacked per cell
     for name, rows in _floating(attacked[0]).items():
@@ -82,7 +66,7 @@ def test_hist_poisons_only_the_cells_slots(tmp_path, monkeypatch, form):
     # 16 hidden neurons over 3 cells: compact cells are padded, masked ones hold foreign slots
     adversary = {"clients": [1, 5], "attack": "gaussian", "options": {"sigma": 0.5}}
     config = _config(tmp_path, "hist", adversary, clients=9, cells=3, form=form)
-    attacked, result = _edges(monkeypatch, config)
+    attacked, result = reduced(monkeypatch, config, "edge")
     first = attacked[0]
     for name, rows in _floating(first).items():
         for client, cell in ((1, 0), (5, 1)):
@@ -151,7 +135,7 @@ def test_both_executors_poison_alike(tmp_path, monkeypatch, algorithm, attack):
     for executor in ("sequential", "batched"):
         config = _config(tmp_path, algorithm, adversary, edge_rounds=2)
         config["engine"] = {"executor": executor}
-        runs.append(_edges(monkeypatch, config))
+        runs.append(reduced(monkeypatch, config, "edge"))
     (seq, first), (bat, second) = runs
     for a, b in zip(seq, bat, strict=True):
         for name, rows in _floating(a).items():
