@@ -21,6 +21,7 @@ from pydantic import BaseModel
 from typer.testing import CliRunner
 
 import fedge
+from fedge.aggregation.pipeline import Pipeline
 from fedge.algorithms import ALGORITHMS
 from fedge.cli.commands import app
 from fedge.config import AlgorithmConfig, RunConfig, StrictModel
@@ -233,3 +234,23 @@ def killed_after(config: dict[str, Any], round_: int) -> None:
 
     with pytest.raises(KeyboardInterrupt):
         fedge.run(config, on_round=stop)
+
+
+_REDUCE = Pipeline.reduce
+
+
+def reduced(
+    monkeypatch: pytest.MonkeyPatch, config: dict[str, Any], site: str | None = None
+) -> tuple[list, Any]:
+    """Run ``config`` recording the updates every aggregation pipeline (only ``site``'s, where given)
+    received, in order; the updates and the run's result."""
+    seen: list = []
+    reduce = _REDUCE  # the class's own, not a recording an earlier call of this test put in its place
+
+    def recording(self, updates, cohort=None):
+        if site is None or updates.site == site:
+            seen.append(updates)
+        return reduce(self, updates, cohort)
+
+    monkeypatch.setattr(Pipeline, "reduce", recording)
+    return seen, fedge.run(config)

@@ -684,8 +684,17 @@ PEER_ADVERSARY_ALGORITHMS = ("afind", "gossip", "pens", "federico", "local", "di
 """The decentralized algorithms that take an ``adversary`` block (malicious peers poison what they send)."""
 PROBING_ALGORITHMS = ("afind", "pens", "federico")
 """The peer selectors a malicious peer answers probes of (``adversary.probes``)."""
-ADVERSARY_ALGORITHMS = ("fedavg", "fedavg_ft", *PEER_ADVERSARY_ALGORITHMS)
-"""The algorithms that take an ``adversary`` block (the star family's server, the peers)."""
+ADVERSARY_ALGORITHMS = (
+    "fedavg",
+    "fedavg_ft",
+    *PEER_ADVERSARY_ALGORITHMS,
+    "hist",
+    "hfedavg",
+    "fedbuff",
+    "fedasync",
+)
+"""The algorithms that take an ``adversary`` block (the star family's server, the peers, a hierarchy's
+edges, an asynchronous server's buffer)."""
 
 
 class AdversaryConfig(StrictModel):
@@ -795,7 +804,7 @@ class RunConfig(StrictModel):
 
     @model_validator(mode="after")
     def _adversary_fits(self) -> RunConfig:
-        """An adversary only where it is built (the star family), with ids among the clients."""
+        """An adversary only where it is built (:data:`ADVERSARY_ALGORITHMS`), with ids among the clients."""
         if self.adversary is None:
             return self
         if self.algorithm.name not in ADVERSARY_ALGORITHMS:

@@ -27,6 +27,8 @@ from fedge.distributed import Cohort
 from fedge.engine import ClientBank
 from fedge.engine.step import StepFn
 from fedge.errors import ConfigError
+from fedge.runtime.adversary import Adversary, poisoned
+from fedge.runtime.cell_adversary import CellTally, cell_shares, edge_noise
 from fedge.runtime.context import Context
 from fedge.system import CellsWork, cells_round
 from fedge.system.cells import RadioTiming
@@ -121,7 +123,8 @@ class CellsRound:
     """Global round ``round`` of the ``cells`` with their ``submodels``; this process runs the rows of
     ``cohort`` of the active clients. ``client_bits`` is every active client's uplink bits of the round,
     ``cell_bits`` one client's upload per cell in the last edge round (what the OMA latency reads),
-    ``submodel_bits`` each cell's submodel at fp32 (what its edge server and clients hold)."""
+    ``submodel_bits`` each cell's submodel at fp32 (what its edge server and clients hold). An
+    ``adversary``'s malicious members poison their uploads (:mod:`fedge.runtime.cell_adversary`)."""
 
     ctx: Context
     round: int
@@ -129,6 +132,8 @@ class CellsRound:
     links: CellLinks
     submodels: Submodels
     cohort: Cohort
+    adversary: Adversary | None = None
+    tally: CellTally = field(default_factory=CellTally)
     client_bits: np.ndarray = field(init=False)
     cell_bits: np.ndarray = field(init=False)
     submodel_bits: np.ndarray = field(init=False)
@@ -202,7 +207,10 @@ class CellsRound:
     def train(
         self, step: StepFn, bank: ClientBank, plan: BatchPlan, data: FederatedData, lr: float
     ) -> torch.Tensor:
-        """The executor trains ``bank`` by ``plan`` on ``data``; each row's mean training loss."""
+        """The executor trains ``bank`` by ``plan`` on ``data`` (an adversary's view of it: flipped labels
+        for its members under ``label_flip``); each row's mean training loss."""
+        if self.adversary is not None:
+            data = self.adversary.data(self.round, data)
         return self.ctx.executor.train(step, bank, plan, data, lr)
 
     def collect(self, bank: ClientBank) -> tuple[Tensors, Tensors]:
@@ -230,6 +238,34 @@ class CellsRound:
                 )
         return uploaded, uploaded_buffers
 
+    def poison(
+        self, edge_round: int, params: Tensors, buffers: Tensors, start: tuple[Tensors, Tensors]
+    ) -> tuple[Tensors, Tensors]:
+        """The uploads of :meth:`collect` with each cell's attacking members' replaced by the adversary's
+        (one process: the rows are the active clients), on the values their submodel holds; ``start``:
+        the cells' models the edge servers broadcast (stacked ``[N, ...]``), each cell's reference."""
+        if self.adversary is None:
+            return params, buffers
+        attack, options = self.adversary.config.attack, self.adversary.config.options
+        for j in range(self.cells.num_cells):
+            members = self.cells.members(j)
+            bad = self.adversary.mask(self.round, members)
+            if not bad.any():
+                continue
+            rows = self.cells.rows(j)
+            sent = _payload(self.submodels, j, rows, params, buffers)
+            reference = {k: v[0] for k, v in _payload(self.submodels, j, slice(j, j + 1), *start).items()}
+            noise = edge_noise(self.adversary, self.round, edge_round, members[bad], self.ctx.device)
+            mask = torch.as_tensor(bad, device=self.ctx.device)
+            replaced = poisoned(attack, options, sent, reference, mask, noise)
+            params, buffers = _received(self.submodels, j, rows, params, buffers, replaced)
+        return params, buffers
+
+    def figures(self) -> dict[str, object]:
+        """The adversary's figures of the round (:meth:`~fedge.runtime.cell_adversary.CellTally.figures`;
+        none without an adversary)."""
+        return {} if self.adversary is None else self.tally.figures()
+
     @property
     def edge_reducer(self) -> Reducer:
         """The edge pipeline's reducer (what AirComp's air sum wraps)."""
@@ -251,6 +287,9 @@ class CellsRound:
             pipeline = replace(pipeline, reducer=reducer)
         updates = Updates.of(sites.EDGE, self.round, params | buffers, weights, reference, self.local_clients)
         means = pipeline.reduce(updates, cohort)
+        if self.adversary is not None:
+            bad = self.adversary.mask(self.round, np.asarray(self.local_clients))
+            self.tally.add(int(bad.sum()), cell_shares(weights, bad, pipeline))
         return {k: means[k] for k in params}, {k: means[k] for k in buffers}
 
     def cloud(self, shared: Tensors, model: Tensors) -> Tensors:
@@ -305,13 +344,13 @@ class CellsRound:
 
 
 class CellsRuntime:
-    """Opens the global rounds of the ``cells`` over ``links`` (every active client works every round)."""
+    """Opens the global rounds of the ``cells`` over ``links`` (every active client works every round),
+    the ``adversary``'s members among them."""
 
-    def __init__(self, ctx: Context, cells: Cells, links: CellLinks):
-        self.ctx, self.cells, self.links = ctx, cells, links
+    def __init__(self, ctx: Context, cells: Cells, links: CellLinks, adversary: Adversary | None = None):
+        self.ctx, self.cells, self.links, self.adversary = ctx, cells, links, adversary
 
     def open(self, t: int, submodels: Submodels) -> CellsRound:
         """Round ``t`` of the cells with their ``submodels`` of the round."""
-        return CellsRound(
-            self.ctx, t, self.cells, self.links, submodels, self.ctx.cohorts.of(self.cells.size)
-        )
+        cohort = self.ctx.cohorts.of(self.cells.size)
+        return CellsRound(self.ctx, t, self.cells, self.links, submodels, cohort, self.adversary)

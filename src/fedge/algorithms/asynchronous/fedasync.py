@@ -2,13 +2,18 @@
 
 from __future__ import annotations
 
+import numpy as np
 import torch
 
 from fedge.aggregation import Part, Updates, sites
 from fedge.algorithms.asynchronous.config import FedAsyncConfig
 from fedge.algorithms.asynchronous.server import AsyncServer, uploaded
 from fedge.algorithms.base import Context, register
+from fedge.errors import ConfigError
 from fedge.runtime.asynchronous import Arrival
+from fedge.runtime.buffer_adversary import combined, poisoned_updates
+
+OMNISCIENT = ("alie", "ipm")  # attacks that read the honest updates merged with the malicious one
 
 
 @register("fedasync", FedAsyncConfig, "FedAsync: asynchronous clients, each update mixed in by its staleness")
@@ -17,10 +22,17 @@ class FedAsync(AsyncServer):
     paper's staleness functions ``s``: ``(1 + tau)^(-exponent)`` (polynomial), 1 (constant), or the hinge
     (1 while ``tau <= hinge_b``, then ``1 / (hinge_a (tau - hinge_b) + 1)``); ``server_lr`` scales
     ``a_t`` (capped at 1). Clients train on the paper's regularised objective, their loss plus
-    ``proximal_mu / 2 ||x - x_tau||^2`` (:class:`~fedge.algorithms.asynchronous.work.ProximalLoss`)."""
+    ``proximal_mu / 2 ||x - x_tau||^2`` (:class:`~fedge.algorithms.asynchronous.work.ProximalLoss`).
+    An adversary's update is poisoned alone as it arrives (:mod:`fedge.runtime.buffer_adversary`); its
+    ``malicious_kept`` is the share ``a_t`` of the new model it makes (or what the reducer kept of it)."""
 
     def __init__(self, ctx: Context, cfg: FedAsyncConfig):
         super().__init__(ctx, cfg, cfg.proximal_mu)
+        attack = None if self.adversary is None else self.adversary.config.attack
+        if attack in OMNISCIENT:
+            alone = "fedasync merges one update at a time, so there are none"
+            reads = f"{attack} reads the honest updates merged with the malicious one"
+            raise ConfigError("adversary.attack", f"{reads}; {alone}")
 
     def due(self, arrived: int) -> bool:
         return arrived >= 1
@@ -33,17 +45,25 @@ class FedAsync(AsyncServer):
     def aggregate(self, t: int, arrivals: list[Arrival]) -> None:
         """Each arrival mixed in through the buffer's pipeline: the server's own model weighs ``1 - a``,
         the arrived one ``a`` (two parts, so the default mean computes ``(1 - a) x + a x_k`` exactly)."""
-        buffer = self.ctx.pipeline(sites.BUFFER)
+        buffer, figures = self.ctx.pipeline(sites.BUFFER), []
         for arrival in arrivals:
             alpha = self.mixing(self.staleness(arrival))
             model = uploaded(arrival)
+            if self.adversary is not None:
+                clients = np.array([arrival.client])
+                (model,) = poisoned_updates(self.adversary, t, clients, [model], [arrival.payload.base])
             current = {k: v for k, v in {**self.params, **self.buffers}.items() if k in model}
             own = Part({k: v[None] for k, v in current.items()}, _weight(1.0 - alpha, self.ctx.device))
             arrived = Part({k: model[k][None] for k in current}, _weight(alpha, self.ctx.device))
             mixed = buffer.reduce(Updates(sites.BUFFER, self.version + 1, (own, arrived), current))
+            if self.adversary is not None:  # the server's own model (row 0) is no client's
+                weights = torch.cat([own.weights, arrived.weights])
+                rows = np.array([-1, arrival.client])
+                figures.append(self.adversary.figures(t, rows, weights, buffer))
             self.params = {k: mixed[k] for k in self.params}
             self.buffers = {k: mixed.get(k, v) for k, v in self.buffers.items()}
         self.merge_integers(arrivals)
+        self.figures = combined(figures)
 
 
 def _weight(value: float, device: torch.device) -> torch.Tensor:

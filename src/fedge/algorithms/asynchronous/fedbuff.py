@@ -11,6 +11,7 @@ from fedge.algorithms.asynchronous.server import AsyncServer, delta, uploaded
 from fedge.algorithms.base import Context, register
 from fedge.errors import ConfigError
 from fedge.runtime.asynchronous import Arrival
+from fedge.runtime.buffer_adversary import poisoned_updates
 from fedge.tensors import Tensors, floating
 
 
@@ -22,7 +23,8 @@ class FedBuff(AsyncServer):
     clients' sample shares within the buffer (``samples``) and ``s(tau) = 1 / sqrt(1 + tau)`` (or 1).
     When every update is fresh and the server's step is 1 the new model is the buffer's weighted average
     itself, computed as FedAvg computes it: with sample weights, identical devices and K = cohort,
-    FedBuff is FedAvg.
+    FedBuff is FedAvg. An adversary's clients poison their updates in the buffer before it is reduced
+    (:mod:`fedge.runtime.buffer_adversary`: each delta from the version it trained from).
     """
 
     def __init__(self, ctx: Context, cfg: FedBuffConfig):
@@ -46,15 +48,21 @@ class FedBuff(AsyncServer):
         stale = [self.staleness(a) for a in arrivals]
         current = {**self.params, **floating(self.buffers)}
         buffer, number = self.ctx.pipeline(sites.BUFFER), self.version + 1
+        clients, received = np.array([a.client for a in arrivals]), [uploaded(a) for a in arrivals]
+        if self.adversary is not None:
+            bases = [a.payload.base for a in arrivals]
+            received = poisoned_updates(self.adversary, t, clients, received, bases)
         if cfg.server_lr == 1.0 and not any(stale):  # FedAvg's average, rounded as FedAvg rounds it
-            models = _stacked([uploaded(a) for a in arrivals], current)
+            models = _stacked(received, current)
             merged = buffer.reduce(Updates.of(sites.BUFFER, number, models, weights, current))
         else:
             scale = [1.0 / np.sqrt(1.0 + tau) if cfg.staleness == "sqrt" else 1.0 for tau in stale]
-            scaled = weights * torch.as_tensor(scale, dtype=torch.float64, device=weights.device)
-            deltas = _stacked([delta(a) for a in arrivals], current)
-            step = buffer.reduce(Updates.of_deltas(sites.BUFFER, number, deltas, scaled))
+            weights = weights * torch.as_tensor(scale, dtype=torch.float64, device=weights.device)
+            deltas = _stacked([delta(a, m) for a, m in zip(arrivals, received, strict=True)], current)
+            step = buffer.reduce(Updates.of_deltas(sites.BUFFER, number, deltas, weights))
             merged = {k: v + cfg.server_lr * step[k] for k, v in current.items()}
+        if self.adversary is not None:
+            self.figures = self.adversary.figures(t, clients, weights, buffer)
         self.params = {k: merged[k] for k in self.params}
         self.buffers = {k: merged.get(k, v) for k, v in self.buffers.items()}
         self.merge_integers(arrivals)

@@ -7,7 +7,8 @@ its download, compute and upload time on its own device and links. The event loo
 uploads, the clock and the storage are :class:`~fedge.runtime.asynchronous.AsyncEngine`'s; this module
 is what FedBuff and FedAsync share as its policy: the job a client does, and the round's report.
 Staleness is the number of versions between the model a client trained on and the one its update is
-merged into.
+merged into. Under an ``adversary`` the malicious clients' updates are poisoned when the server merges
+them (:mod:`fedge.runtime.buffer_adversary`); the round reports ``malicious`` and ``malicious_kept``.
 """
 
 from __future__ import annotations
@@ -22,6 +23,7 @@ from fedge.algorithms.asynchronous.config import AsyncConfig
 from fedge.algorithms.asynchronous.work import LocalWork, cohort_size
 from fedge.algorithms.base import Context, GlobalModel
 from fedge.metrics import RoundReport
+from fedge.runtime.adversary import Adversary
 from fedge.runtime.asynchronous import Arrival, AsyncEngine, Dispatch, Dispatched
 from fedge.tensors import Tensors, floating
 
@@ -44,10 +46,11 @@ def uploaded(arrival: Arrival) -> Tensors:
     return arrival.received
 
 
-def delta(arrival: Arrival) -> Tensors:
-    """An arrived update as the server sees it: the uploaded model minus the one the client received."""
+def delta(arrival: Arrival, model: Tensors | None = None) -> Tensors:
+    """An arrived update as the server sees it: the uploaded model (or ``model``, what the server took in
+    its place: an adversary's) minus the one the client received."""
     base: Tensors = arrival.payload.base
-    return {k: v - base[k] for k, v in uploaded(arrival).items()}
+    return {k: v - base[k] for k, v in (uploaded(arrival) if model is None else model).items()}
 
 
 class AsyncServer(GlobalModel):
@@ -63,6 +66,8 @@ class AsyncServer(GlobalModel):
         self.concurrency = cohort_size(ctx.data.num_clients, cfg.fraction)
         self.sizes = ctx.data.client_sizes().astype(np.float64)
         self.engine = AsyncEngine(ctx, self, (Update,), self.work.up)
+        self.adversary = Adversary.of(ctx.config.adversary, ctx.data, ctx.seed, ctx.cohorts.processes)
+        self.figures: dict[str, object] = {}  # the adversary's, of the round's merge
 
     @property
     def version(self) -> int:
@@ -82,7 +87,8 @@ class AsyncServer(GlobalModel):
         """``clients`` receive the current model in round ``t`` and train from it; each one's update."""
         params, buffers = self.work.send(t, clients, self.params, self.buffers)
         plan = self.work.plan(clients, version + 1)
-        trained = self.work.train(plan, params, buffers, self.engine.dispatch_key)
+        data = None if self.adversary is None else self.adversary.data(t, self.ctx.data)
+        trained = self.work.train(plan, params, buffers, self.engine.dispatch_key, data)
         phases = self.work.phases(version + 1, clients, trained.samples)
         base = {**params, **floating(buffers)}  # the model as the clients received it (one, shared)
         each, messages = phases.each, []
@@ -110,6 +116,7 @@ class AsyncServer(GlobalModel):
         return self.version - arrival.version
 
     def run_round(self, t: int) -> RoundReport:
+        self.figures = {}
         arrivals = self.engine.run_round(t)
         if not arrivals:
             return RoundReport(0.0, {**EMPTY, "model_version": self.version})  # an empty round
@@ -124,6 +131,7 @@ class AsyncServer(GlobalModel):
                 "staleness_max": int(max(stale)),
                 "model_version": self.version,
                 "in_flight": self.engine.in_flight,
+                **self.figures,
             },
         )
 

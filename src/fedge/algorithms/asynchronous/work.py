@@ -14,7 +14,7 @@ from fedge.algorithms.asynchronous.config import LocalWorkConfig
 from fedge.algorithms.base import Context
 from fedge.comm import nodes
 from fedge.comm.codecs import value_counts
-from fedge.data.federated import BatchPlan
+from fedge.data.federated import BatchPlan, FederatedData
 from fedge.engine import (
     ClientBank,
     buffers_of,
@@ -124,10 +124,16 @@ class LocalWork:
         return self.ctx.data.batch_plan(clients, key, cfg.local_epochs, cfg.batch_size, cfg.drop_last)
 
     def train(
-        self, plan: BatchPlan, params: Tensors, buffers: Tensors, job: tuple[int, ...] | None = None
+        self,
+        plan: BatchPlan,
+        params: Tensors,
+        buffers: Tensors,
+        job: tuple[int, ...] | None = None,
+        data: FederatedData | None = None,
     ) -> Trained:
         """Every client of ``plan`` trains from ``params`` / ``buffers`` with a fresh optimizer state (with
-        ``proximal_mu``, on an objective that pulls it back towards ``params``, the model it received).
+        ``proximal_mu``, on an objective that pulls it back towards ``params``, the model it received), on
+        ``data`` (default: the run's; an adversary's label view).
         Under DP-SGD the steps actually in ``plan`` are released in the current round, their noise keyed
         by ``job`` (an asynchronous dispatch's key; None: the round's training call, a synchronous round)."""
         clients = np.asarray(plan.clients, dtype=np.int64)
@@ -135,7 +141,8 @@ class LocalWork:
         bank = ClientBank.broadcast(clients, params, {**buffers, **anchors}, self.sgd.init(params))
         self.model.train()
         step = self.step.for_job(job) if isinstance(self.step, PrivateStep) and job is not None else self.step
-        losses = self.ctx.executor.train(step, bank, plan, self.ctx.data, self.cfg.optimizer.lr)
+        data = self.ctx.data if data is None else data
+        losses = self.ctx.executor.train(step, bank, plan, data, self.cfg.optimizer.lr)
         samples = plan.weight.sum(dim=(1, 2)).cpu().numpy().astype(np.float64)
         trained = {k: v for k, v in bank.buffers.items() if k not in anchors}
         return Trained(clients, bank.params, trained, losses, samples)

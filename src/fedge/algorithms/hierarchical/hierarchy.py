@@ -17,6 +17,10 @@ Privacy: with AirComp and ``radio.clip`` every client's transmitted accumulated 
 that L2 norm, and each cell's over-the-air aggregate of each edge round is recorded on the privacy ledger
 as the Gaussian mechanism its receiver noise makes of it (:mod:`fedge.privacy.air`), with the noise
 multiplier of that edge round's channels and beamformer.
+
+Adversary: malicious members poison the uploads their edge server receives, per cell, before AirComp's
+clip and the edge's pipeline (:mod:`fedge.runtime.cell_adversary`); the round reports ``malicious`` and
+``malicious_kept``.
 """
 
 from __future__ import annotations
@@ -45,6 +49,7 @@ from fedge.errors import ConfigError
 from fedge.metrics import Evaluation, RoundReport
 from fedge.privacy.air import aircomp_releases
 from fedge.privacy.peer import clip_rows, flat_rows
+from fedge.runtime.adversary import Adversary
 from fedge.runtime.hierarchy import CellLinks, Cells, CellsRound, CellsRuntime
 
 HierarchicalT = TypeVar("HierarchicalT", bound=HierarchicalConfig)
@@ -91,7 +96,7 @@ class HierarchicalFL(Algorithm[HierarchicalT], Generic[HierarchicalT]):
             network.link(cfg.codec_edge_down),
             analogue=cfg.aggregation == "aircomp",
         )
-        self.rounds = CellsRuntime(ctx, self.cells, self.links)
+        self.rounds = CellsRuntime(ctx, self.cells, self.links, self._adversary())
         self.model_values = sum(p.numel() for p in self.params.values())
         self.client_up_bits = np.zeros(self.cells.size, dtype=np.int64)
 
@@ -143,6 +148,7 @@ class HierarchicalFL(Algorithm[HierarchicalT], Generic[HierarchicalT]):
             metrics["mask_sizes"] = [int(s) for s in sizes]
         if mses:
             metrics["aircomp_mse"] = float(np.mean(mses))
+        metrics.update(rnd.figures())
         return RoundReport(float(torch.stack(losses).double().mean()), metrics)
 
     def _edge_round(
@@ -160,6 +166,7 @@ class HierarchicalFL(Algorithm[HierarchicalT], Generic[HierarchicalT]):
         self.model.train()
         loss = rnd.train(self._step(views), bank, plan, self.data, cfg.optimizer.lr)
         uploaded, uploaded_buffers = rnd.collect(bank)
+        uploaded, uploaded_buffers = rnd.poison(e, uploaded, uploaded_buffers, (start_params, start_buffers))
         reference = start_params | start_buffers  # the models the clients started from
         air = None
         if cfg.aggregation == "aircomp":
@@ -176,6 +183,15 @@ class HierarchicalFL(Algorithm[HierarchicalT], Generic[HierarchicalT]):
         if views.layout:  # a stage's noise on the foreign slots, which no client trains or sends: dropped
             new_params = apply_valid(new_params, views.layout, list(views.valid))
         return new_params, new_buffers, rnd.mean(loss), list(air.mses) if air is not None else []
+
+    def _adversary(self) -> Adversary | None:
+        """The run's adversary among the active clients (a fraction of them; listed ids must be active:
+        the last ``K mod N`` clients are in no cell)."""
+        ctx, config = self.ctx, self.ctx.config.adversary
+        if config is not None and isinstance(config.clients, list) and max(config.clients) >= self.cells.size:
+            idle = f"client {max(config.clients)} is in no cell ({self.cells.size} active clients)"
+            raise ConfigError("adversary.clients", idle)
+        return Adversary.of(config, self.data, ctx.seed, ctx.cohorts.processes)
 
     def _check_clip(self, cfg: HierarchicalT) -> None:
         """``radio.clip`` bounds AirComp's transmissions; the channel noise covers the parameters only, so
