@@ -258,7 +258,7 @@ def test_bad_adversaries_are_refused_naming_the_key(adversary, key):
 
 
 def test_adversary_is_refused_beyond_the_star_family():
-    with pytest.raises(ConfigError, match="^adversary: is built for fedavg, fedavg_ft, not gossip"):
+    with pytest.raises(ConfigError, match="^adversary: is built for fedavg, fedavg_ft, .*not gossip"):
         parse_config({"algorithm": {"name": "gossip"}, "adversary": {"clients": 0.5, "attack": "ipm"}})
     assert parse_config({"algorithm": {"name": "fedavg_ft"}, "adversary": {"clients": 0.5, "attack": "ipm"}})
 
