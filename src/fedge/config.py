@@ -668,8 +668,11 @@ class PrivacyConfig(StrictModel):
     """clipping and noise on every message a peer sends"""
 
 
-ATTACKS = ("sign_flip", "scaling", "gaussian", "free_rider", "alie", "ipm", "label_flip")
-"""The adversary's attacks (``fedge.adversary``): model poisoning of the uploaded rows, or label flipping."""
+CUT_ATTACKS = ("smashed_noise", "smashed_flip")
+"""The split family's attacks on the smashed data a malicious client sends across the cut."""
+ATTACKS = ("sign_flip", "scaling", "gaussian", "free_rider", "alie", "ipm", "label_flip", *CUT_ATTACKS)
+"""The adversary's attacks (``fedge.adversary``): model poisoning of the uploaded rows, label flipping,
+or (split learning) poisoned smashed data."""
 ATTACK_OPTIONS: dict[str, tuple[str, ...]] = {
     "sign_flip": ("scale",),
     "scaling": ("scale",),
@@ -678,12 +681,16 @@ ATTACK_OPTIONS: dict[str, tuple[str, ...]] = {
     "alie": ("z",),
     "ipm": ("epsilon",),
     "label_flip": (),
+    "smashed_noise": ("sigma",),
+    "smashed_flip": ("scale",),
 }
 """Each attack's options (every one a number; ``z`` may be any real, the others are positive)."""
 PEER_ADVERSARY_ALGORITHMS = ("afind", "gossip", "pens", "federico", "local", "ditto")
 """The decentralized algorithms that take an ``adversary`` block (malicious peers poison what they send)."""
 PROBING_ALGORITHMS = ("afind", "pens", "federico")
 """The peer selectors a malicious peer answers probes of (``adversary.probes``)."""
+SPLIT_ADVERSARY_ALGORITHMS = ("cse_fsl", "splitfed_v1", "splitfed_v2", "fsl_an", "fsl_sage")
+"""The split algorithms that take an ``adversary`` block (its attacks at the cut and on the client models)."""
 ADVERSARY_ALGORITHMS = (
     "fedavg",
     "fedavg_ft",
@@ -692,9 +699,10 @@ ADVERSARY_ALGORITHMS = (
     "hfedavg",
     "fedbuff",
     "fedasync",
+    *SPLIT_ADVERSARY_ALGORITHMS,
 )
 """The algorithms that take an ``adversary`` block (the star family's server, the peers, a hierarchy's
-edges, an asynchronous server's buffer)."""
+edges, an asynchronous server's buffer, the split family's server)."""
 
 
 class AdversaryConfig(StrictModel):
@@ -706,9 +714,11 @@ class AdversaryConfig(StrictModel):
     start_round: PositiveInt = 1
     """the first round they attack (before it they behave honestly)"""
     attack: Literal[ATTACKS]  # type: ignore[valid-type]
-    """sign_flip, scaling, gaussian, free_rider, alie, ipm or label_flip (docs/robustness.md)"""
+    """sign_flip, scaling, gaussian, free_rider, alie, ipm, label_flip; split: smashed_noise, smashed_flip
+    (docs/robustness.md)"""
     options: dict[str, Any] = Field(default_factory=dict)
-    """the attack's own numbers: scale (sign_flip, scaling), sigma (gaussian), z (alie), epsilon (ipm)"""
+    """the attack's own numbers: scale (sign_flip, scaling, smashed_flip), sigma (gaussian, smashed_noise),
+    z (alie), epsilon (ipm)"""
     probes: Literal["honest", "poisoned"] = "honest"
     """peers only: a malicious peer answers a selector's probes honestly (poisoning only the models it
     sends once selected) or poisons them too (AFIND+, PENS, FedeRiCo)"""
@@ -813,6 +823,9 @@ class RunConfig(StrictModel):
         if self.adversary.probes != "honest" and self.algorithm.name not in PROBING_ALGORITHMS:
             probing = ", ".join(PROBING_ALGORITHMS)
             raise ConfigError("adversary.probes", f"only {probing} probe peers, not {self.algorithm.name}")
+        attack, name = self.adversary.attack, self.algorithm.name
+        if attack in CUT_ATTACKS and name not in SPLIT_ADVERSARY_ALGORITHMS:
+            raise ConfigError("adversary.attack", f"{attack} poisons split smashed data; {name} has none")
         ids = self.adversary.clients
         if isinstance(ids, list) and max(ids) >= self.partition.num_clients:
             beyond = f"client {max(ids)} is not among the {self.partition.num_clients} clients"

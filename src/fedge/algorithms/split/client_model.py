@@ -9,16 +9,22 @@ its rows' heads. On several processes every process sends the whole broadcast (o
 rows) and stacks its own rows; each uploads and sums its own rows and one all-reduce adds the sums (as
 FedAvg); unshared heads are gathered, so every process keeps every client's.
 
+Under an ``adversary``, the malicious rows' uploads are poisoned as the server received them, before its
+pipeline, and the round's figures (``malicious``, ``malicious_kept``) read that pipeline's reducer
+(:mod:`~fedge.runtime.split_adversary`).
+
 Evaluation composes the global client model with the server's model (:func:`evaluate_split`).
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable
+from typing import Any
 
 import numpy as np
 import torch
 
+from fedge.aggregation import sites
 from fedge.algorithms.base import Context
 from fedge.algorithms.split.parts import SplitParts, aux_only, composed, trunk_only
 from fedge.algorithms.split.round import Round
@@ -27,6 +33,7 @@ from fedge.distributed.evaluate import evaluate_model_on
 from fedge.engine import stack_copies
 from fedge.metrics import Evaluation
 from fedge.runtime.split import SplitRuntime
+from fedge.runtime.split_adversary import SplitAdversary
 from fedge.tensors import Tensors, floating
 
 Part = Callable[[Tensors], Tensors]
@@ -48,6 +55,8 @@ class ClientModels:
     ):
         self.runtime, self.up, self.down, self.shares_aux = runtime, up, down, shares_aux
         self.global_lr, self.device = global_lr, device
+        self.adversary: SplitAdversary | None = None  # malicious clients' client models
+        self.figures: dict[str, Any] = {}  # the adversary's, at the last average
 
     def parts(self) -> list[tuple[str, Part]]:
         """The parts of the client model that travel, by name: the trunk, and the aux head if shared."""
@@ -84,11 +93,19 @@ class ClientModels:
         self, rnd: Round, uploaded: Tensors, old: ClientState, local_aux: dict[int, Tensors]
     ) -> ClientState:
         """The new global model from the rows' ``uploaded`` parts (see :meth:`aggregate`), through the
-        server's aggregation pipeline (by default the round weights' mean)."""
+        server's aggregation pipeline (by default the round weights' mean); an adversary's rows poisoned
+        first."""
+        weights, reference = self.runtime.row_weights(rnd), {**old["params"], **old["buffers"]}
+        adversary = self.adversary
+        if adversary is not None:
+            mine = self.runtime.local_clients(rnd.cohort, rnd.draws.clients)
+            uploaded = adversary.poison(rnd.t, mine, uploaded, reference)
         params = {k: uploaded.get(k, v) for k, v in rnd.rows.params.items()}
         buffers = {k: uploaded.get(k, v) for k, v in rnd.rows.buffers.items()}
-        weights, reference = self.runtime.row_weights(rnd), {**old["params"], **old["buffers"]}
         average = self.runtime.aggregate(rnd.t, rnd.cohort, {**params, **buffers}, weights, reference)
+        if adversary is not None:
+            pipeline = self.runtime.ctx.pipeline(sites.SERVER)
+            self.figures = adversary.figures(rnd.t, rnd.draws.clients, rnd.weights, pipeline)
         before, step = old["params"], self.global_lr
         new = {k: average[k] if step == 1.0 else before[k] + step * (average[k] - before[k]) for k in params}
         if not self.shares_aux:

@@ -152,7 +152,7 @@ class CseFsl(LocalLoss):
             index[r, : len(chosen)] = chosen
             counts[r] = len(chosen)
         index_t = torch.from_numpy(index).to(data.device)
-        return index_t, self.local_steps.sent_labels[index_t], torch.from_numpy(counts).to(data.device)
+        return index_t, self.local_steps.sent(rnd.t)[index_t], torch.from_numpy(counts).to(data.device)
 
     def server_pass(self, rnd: Round) -> tuple[State, np.ndarray]:
         """The every-l-rounds server pass (the SplitFed convergence paper's Algorithm 1): each row's fresh

@@ -29,6 +29,7 @@ from fedge.algorithms.split.server import CutBatch, Served, SplitServer
 from fedge.comm import FloatCodec
 from fedge.distributed import Cohort
 from fedge.runtime.split import SplitRuntime
+from fedge.runtime.split_adversary import SplitAdversary
 
 
 class Uploaded(NamedTuple):
@@ -59,6 +60,7 @@ class ServerExchange:
         self.labels = self.up if isinstance(self.up.codec, FloatCodec) else network.link("fp32")
         self.runtime, self.server, self.order = runtime, server, order
         self.privacy: CutPrivacy | None = None  # privacy.cut's noise on what crosses the cut
+        self.adversary: SplitAdversary | None = None  # malicious clients' smashed data
 
     def __call__(self, rnd: Round, row_ids: torch.Tensor, batch: CutBatch, step: int, grad_z: bool) -> Served:
         """Upload local step ``step``'s cut batch of rows ``row_ids`` of the round, let the server serve
@@ -98,12 +100,18 @@ class ServerExchange:
     def noised(
         self, rnd: Round, cohort: Cohort, at: np.ndarray, batch: CutBatch, lengths: torch.Tensor, step: int
     ) -> CutBatch:
-        """``batch`` with ``privacy.cut``'s noise on this process's rows of smashed data (as it is)."""
-        if self.privacy is None:
+        """``batch`` with ``privacy.cut``'s noise on this process's rows of smashed data (as it is), then
+        as the malicious clients send it (:mod:`~fedge.runtime.split_adversary`)."""
+        if self.privacy is None and self.adversary is None:
             return batch
         own = self.runtime.local_rows(cohort, at)
         clients, occurrence = rnd.draws.clients[own], rnd.draws.occurrence[own]
-        return batch._replace(z=self.privacy.smashed(rnd.t, clients, occurrence, step, batch.z, lengths))
+        z = batch.z
+        if self.privacy is not None:
+            z = self.privacy.smashed(rnd.t, clients, occurrence, step, z, lengths)
+        if self.adversary is not None:
+            z = self.adversary.smashed(rnd.t, clients, occurrence, step, z, lengths)
+        return batch._replace(z=z)
 
     def _upload(
         self, rnd: Round, cohort: Cohort, senders: list[str], batch: CutBatch, lengths: torch.Tensor

@@ -49,6 +49,7 @@ from fedge.errors import ConfigError
 from fedge.metrics import Evaluation, RoundReport
 from fedge.runtime.availability import online_clients
 from fedge.runtime.split import SplitRuntime
+from fedge.runtime.split_adversary import SplitAdversary
 from fedge.system import RoundCost
 from fedge.tensors import Tensors
 
@@ -114,6 +115,8 @@ class SplitLearning(Algorithm[SplitConfig]):
         if self.cut_privacy is not None:
             self.local_steps.sent_labels = self.cut_privacy.sent_labels
         self.local_steps.sample = self.sample_privacy
+        self.adversary = SplitAdversary.of_run(ctx)  # the adversary block: at the cut and the client models
+        self.exchange.adversary = self.local_steps.adversary = self.models.adversary = self.adversary
         self.hold_storage(self.rows_per_round, [])
 
     def most_batches(self) -> int:
@@ -243,9 +246,9 @@ class SplitLearning(Algorithm[SplitConfig]):
         return rnd
 
     def round_report(self, rnd: Round) -> RoundReport:
-        """The round's training loss and traffic figures (the queue's too); the run's totals move on.
-        An extension point: a variant adds its own figures (FSL-SAGE, a deployed round)."""
-        return rnd.report(self.totals, self.exchange.order.figures(rnd))
+        """The round's training loss and traffic figures (the queue's and an adversary's too); the run's
+        totals move on. An extension point: a variant adds its own figures (FSL-SAGE, a deployed round)."""
+        return rnd.report(self.totals, {**self.exchange.order.figures(rnd), **self.models.figures})
 
     # ----- the client model's way down and up --------------------------------------------------------
 

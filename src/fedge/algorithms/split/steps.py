@@ -21,6 +21,7 @@ from fedge.algorithms.split.server import SERVER_STAGE, CutBatch, Served
 from fedge.data.federated import BatchPlan, FederatedData
 from fedge.engine.noise import RowKeys
 from fedge.runtime.split import SplitRuntime
+from fedge.runtime.split_adversary import SplitAdversary
 
 
 @dataclass(frozen=True)
@@ -66,6 +67,18 @@ class LocalSteps:
         self.uploads_at, self.agg_every, self.synchronise = uploads_at, agg_every, synchronise
         self.sent_labels = data.y_train  # the labels the server sees (privacy.labels: randomized once)
         self.sample: SampleDP | None = None  # privacy.sample: every client step is DP-SGD
+        self.adversary: SplitAdversary | None = None  # label_flip: the malicious clients' flipped labels
+
+    def training(self, t: int) -> FederatedData:
+        """The data round ``t``'s steps read: under ``label_flip``, once the malicious clients attack,
+        their labels flipped (for their local loss and for the server alike)."""
+        return self.data if self.adversary is None else self.adversary.data(t, self.data)
+
+    def sent(self, t: int) -> torch.Tensor:
+        """Every training sample's label as the server receives it in round ``t`` (``privacy.labels``:
+        randomized once; ``label_flip``: the malicious clients' flipped, the two never together)."""
+        data = self.training(t)
+        return self.sent_labels if data is self.data else data.y_train
 
     def __call__(self, rnd: Round, plan: BatchPlan, subset: torch.Tensor | None) -> None:
         """Every local step of the rows ``subset`` (all rows for None), with its server traffic."""
@@ -85,8 +98,9 @@ class LocalSteps:
     def _step(self, rnd: Round, run: LocalRun, state: State, s: int, counts: torch.Tensor) -> State:
         """Local step ``s`` of the run's rows (``counts`` samples each); their new state."""
         every, mine = run.weight[:, s], run.local_rows
-        x, y = self.data.x_train[run.index[mine, s]], self.data.y_train[run.index[:, s]]
-        sent = y if self.sent_labels is self.data.y_train else self.sent_labels[run.index[:, s]]
+        data, labels = self.training(rnd.t), self.sent(rnd.t)
+        x, y = data.x_train[run.index[mine, s]], data.y_train[run.index[:, s]]
+        sent = y if labels is data.y_train else labels[run.index[:, s]]
 
         def exchange(z: torch.Tensor, grad_z: bool) -> Served:
             keys = None if run.keys is None else run.keys.at(s, SERVER_STAGE)
