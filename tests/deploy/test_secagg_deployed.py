@@ -102,6 +102,10 @@ def test_a_threshold_flower_cannot_take_and_a_run_without_a_grid_are_refused(tmp
         options.settings(5, 100.0)  # 3 holders: Flower needs fewer shares than holders
     with pytest.raises(ConfigError, match=r"algorithm\.fraction"):
         options.settings(1, 100.0)
+    with pytest.raises(ConfigError, match=r"aggregation\.stages\.0\.options\.threshold"):
+        check_stages(config(tmp_path, [secagg(neighbours=2, threshold=3)], clients=5))  # before any start
+    with pytest.raises(ConfigError, match=r"algorithm\.fraction"):
+        check_stages(config(tmp_path, [secagg()], {"name": "fedavg", "fraction": 0.3}))
     cfg = config(tmp_path, [secagg()])
     with pytest.raises(ConfigError, match=r"aggregation\.stages\.0\.name.*runtime only"):
         run_deployed(cfg, lambda n: LoopbackTransport(cfg, n))

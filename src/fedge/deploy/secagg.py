@@ -99,16 +99,16 @@ def secagg_options(config: RunConfig) -> SecAggOptions | None:
             raise ConfigError(
                 f"aggregation.stages.{j}.name", f"{other.name!r} cannot be deployed with secagg: {why}"
             )
-    stage_ = build_pipeline(config.aggregation, sites.SERVER).reducer  # the stage's own option checks
-    assert isinstance(stage_, SecureAggregation)
+    built = build_pipeline(config.aggregation, sites.SERVER).reducer  # the stage's own option checks
+    assert isinstance(built, SecureAggregation)
     refusals = {
-        "bits": (stage_.bits > MAX_BITS, f"at most {MAX_BITS} with Flower's SecAgg+"),
-        "dropout": (bool(stage_.dropout), "a deployed round's dropouts are the nodes that fail; set it to 0"),
+        "bits": (built.bits > MAX_BITS, f"at most {MAX_BITS} with Flower's SecAgg+"),
+        "dropout": (bool(built.dropout), "a deployed round's dropouts are the nodes that fail; set it to 0"),
         "rounding": (
             stage.options.get("rounding", "stochastic") != "stochastic",
             "Flower's SecAgg+ rounds stochastically; leave it unset or set stochastic",
         ),
-        "threshold": (stage_.threshold == 1, "Flower's SecAgg+ reads 1 as every share; use 2 or more"),
+        "threshold": (built.threshold == 1, "Flower's SecAgg+ reads 1 as every share; use 2 or more"),
     }
     for option, (refused, why) in refusals.items():
         if refused:
@@ -121,4 +121,7 @@ def secagg_options(config: RunConfig) -> SecAggOptions | None:
     if getattr(config.algorithm, "client_optimizer_state", "reset") != "reset":
         why = "cannot be deployed with secagg: the states would have to come back beside the masked rows"
         raise ConfigError("algorithm.client_optimizer_state", why)
-    return SecAggOptions(key, stage_.bits, stage_.bound, stage_.neighbours, stage_.threshold)
+    secure = SecAggOptions(key, built.bits, built.bound, built.neighbours, built.threshold)
+    if config.privacy.participation != "poisson":  # a fixed cohort: its settings must map before any start
+        secure.settings(max(1, round(config.algorithm.fraction * config.partition.num_clients)), 1.0)
+    return secure
