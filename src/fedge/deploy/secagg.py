@@ -123,5 +123,6 @@ def secagg_options(config: RunConfig) -> SecAggOptions | None:
         raise ConfigError("algorithm.client_optimizer_state", why)
     secure = SecAggOptions(key, built.bits, built.bound, built.neighbours, built.threshold)
     if config.privacy.participation != "poisson":  # a fixed cohort: its settings must map before any start
-        secure.settings(max(1, round(config.algorithm.fraction * config.partition.num_clients)), 1.0)
+        fraction = float(getattr(config.algorithm, "fraction", 1.0))  # FedAvg and FedAvg-FT have it
+        secure.settings(max(1, round(fraction * config.partition.num_clients)), 1.0)
     return secure
