@@ -444,15 +444,18 @@ def test_fedavg_on_digits_with_secagg_ends_where_plain_fedavg_does(tmp_path):
     assert not any(str(kind).startswith("secagg") for kind in plain_kinds["kind"])
 
 
-def test_fedge_deploy_refuses_the_simulated_stage_in_one_line(tmp_path):
+def test_fedge_deploy_refuses_a_simulated_dropout_in_one_line(tmp_path):
+    """A deployment runs the stage on Flower's SecAgg+ (tests/deploy/test_secagg_deployed.py), whose
+    dropouts are the nodes that fail: a simulated one is refused before any process starts."""
     pytest.importorskip("flwr")
     path = tmp_path / "secagg.yaml"
-    path.write_text("rounds: 1\naggregation: {stages: [{name: secagg}]}\n")
+    path.write_text("rounds: 1\naggregation: {stages: [{name: secagg, options: {dropout: 0.25}}]}\n")
     refused = CliRunner().invoke(app, ["deploy", str(path)])
     assert refused.exit_code == 2, refused.output
     line = refused.output.strip()
     assert (
-        line.startswith("error: aggregation.stages.0.name: 'secagg' cannot be deployed") and "SecAgg+" in line
+        line.startswith("error: aggregation.stages.0.options.dropout: 0.25 cannot be deployed")
+        and "\n" not in line
     )
 
 

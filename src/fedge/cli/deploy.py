@@ -91,7 +91,7 @@ def _deploy(config: str, overrides: list[str], tls: bool, round_timeout: float, 
 
     cfg = resolve_config(config, overrides)
     deployed = deployed_class(cfg.algorithm.name)  # a refused algorithm fails here, in one line
-    check_stages(cfg.aggregation)  # and a stage only the simulation runs
+    check_stages(cfg)  # and a stage only the simulation runs
     built = build_run(cfg)  # bad input fails here, before any process starts
     clients = built.context.data.num_clients
     deployed(built.context, cfg.algorithm).check_deployable()

@@ -14,7 +14,11 @@ import time
 
 import yaml
 from flwr.app import ConfigRecord, Context, Message, MetricRecord, RecordDict
+from flwr.client.mod import secaggplus_mod
 from flwr.clientapp import ClientApp
+from flwr.common import Code, FitRes, Status, ndarrays_to_parameters
+from flwr.common.secure_aggregation.secaggplus_constants import RECORD_KEY_CONFIGS
+from flwr.compat.common import recorddict_compat as compat
 
 from fedge.deploy import fedsl_node
 from fedge.deploy.node import Node, State
@@ -97,10 +101,27 @@ def _keep_aux(context: Context, model: Tensors, round_: int) -> None:
     context.state[AUX_ROUND] = ConfigRecord({"round": round_})
 
 
+def secure_fit(msg: Message, context: Context) -> Message:
+    """Stage 2 of Flower's SecAgg+ (inside its ``secaggplus_mod``): train the row the fit message
+    carries and reply with it as a FitRes; the mod masks it and empties the reply's ArrayRecords."""
+    node = _node(context)
+    config = dict(msg.content.config_records["fitins.config"])
+    received = {
+        name: from_record(r) for name, r in msg.content.array_records.items() if name != "fitins.parameters"
+    }
+    arrays, count, metrics = node.secure_rows(received, config)
+    fitres = FitRes(Status(Code.OK, ""), ndarrays_to_parameters(arrays), count, metrics)
+    return Message(compat.fitres_to_recorddict(fitres, False), reply_to=msg)
+
+
 @app.train()
 def train(msg: Message, context: Context) -> Message:
-    """CSE-FSL, FSL_AN, FSL-SAGE: a whole aux-head split round's local work (FSL-SAGE's with the aux
-    model its node keeps, ``aux_round`` naming the one the server expects)."""
+    """A stage of Flower's SecAgg+ workflow (a deployed FedAvg with ``secagg``): handled by Flower's
+    ``secaggplus_mod`` around :func:`secure_fit`. Otherwise CSE-FSL, FSL_AN, FSL-SAGE: a whole aux-head
+    split round's local work (FSL-SAGE's with the aux model its node keeps, ``aux_round`` naming the one
+    the server expects)."""
+    if RECORD_KEY_CONFIGS in msg.content.config_records:
+        return secaggplus_mod(msg, context, secure_fit)
     node = _node(context)
     config = msg.content.config_records["config"]
     received = _received(msg)

@@ -76,6 +76,15 @@ class RemoteExecutor(Executor):
     def train(
         self, step: StepFn, bank: ClientBank, plan: BatchPlan, data: FederatedData, lr: float
     ) -> torch.Tensor:
+        outgoing, specs, index_of = self.messages(step, bank, plan, data, lr)
+        replies = self.transport.exchange(self.round, MESSAGE, outgoing, specs)
+        return self._adopt(bank, (bank.params, bank.buffers, bank.opt_state), replies, index_of, data.device)
+
+    def messages(
+        self, step: StepFn, bank: ClientBank, plan: BatchPlan, data: FederatedData, lr: float
+    ) -> tuple[dict[int, Outgoing], dict[int, dict], dict[int, torch.Tensor]]:
+        """Each client's message of a ``train`` call (its rows, their batch plan and noise keys, the step
+        function's and data set's names), the checks of its reply, and its rows' positions in the bank."""
         keys = self.phase_keys(bank.clients)  # the server's stream: the phase a simulation would take
         config = {
             "step": attribute_name(self.algorithm, step, "step function"),
@@ -97,8 +106,7 @@ class RemoteExecutor(Executor):
             losses = {"loss": torch.zeros(len(index), dtype=torch.float32)}
             specs[client] = {**{name: expect(t, F32) for name, t in sent.items()}, "losses": expect(losses)}
             index_of[client] = index
-        replies = self.transport.exchange(self.round, MESSAGE, outgoing, specs)
-        return self._adopt(bank, state, replies, index_of, data.device)
+        return outgoing, specs, index_of
 
     def _adopt(
         self,

@@ -109,6 +109,30 @@ class Node:
         records["losses"] = {"loss": losses.float()}
         return records, {"compute_seconds": time.perf_counter() - began}
 
+    def secure_rows(
+        self, received: dict[str, Tensors], config: dict
+    ) -> tuple[list[np.ndarray], int, dict[str, bool | bytes | float | int | str]]:
+        """Flower's SecAgg+ fit (wrapped by its ``secaggplus_mod``): the row :meth:`train_rows` trains,
+        as the arrays the mod quantizes and masks (parameters then floating buffers, through the up
+        codec as a simulated upload is, in float64: Flower quantizes to up to 31 bits), the client's
+        sample count (its weight), its loss and compute seconds, and its integer counters in clear
+        (int64 bytes: they are not secret, the simulated stage takes the largest of them too)."""
+        records, metrics = self.train_rows(received, config)
+        if len(records["losses"]["loss"]) != 1:
+            raise FedgeError(
+                f"client {self.client} trains {len(records['losses']['loss'])} rows: secagg sums one"
+            )
+        params, buffers = rows(records["params"], 0), rows(records["buffers"], 0)
+        model = get_codec(self.algorithm.cfg.codec_up).encode({**params, **floating(buffers)}, False, None)
+        arrays = [v.detach().cpu().double().numpy() for v in model.values()]
+        counters: dict[str, bool | bytes | float | int | str] = {
+            f"counter:{k}": v.cpu().long().numpy().tobytes()
+            for k, v in buffers.items()
+            if not v.is_floating_point()
+        }
+        count = int(self.built.context.data.client_sizes(np.asarray([self.client]))[0])
+        return arrays, count, {"loss": float(records["losses"]["loss"][0]), **metrics, **counters}
+
     # ----- split learning ----------------------------------------------------------------------------
 
     def row_round(self, t: int) -> RowRound:

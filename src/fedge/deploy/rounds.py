@@ -16,9 +16,11 @@ from typing import Any
 
 from fedge.algorithms import ALGORITHMS
 from fedge.comm import nodes
-from fedge.config import AggregationConfig
+from fedge.config import RunConfig
 from fedge.deploy.executor import RemoteExecutor
 from fedge.deploy.fedsl_rounds import DeployedLightFedSL, DeployedTraditionalFedSL
+from fedge.deploy.secagg import secagg_options
+from fedge.deploy.secagg_round import SecAggPlusUpload, SecureRounds
 from fedge.deploy.split_rounds import (
     DeployedCseFsl,
     DeployedFslAn,
@@ -38,11 +40,6 @@ REFUSED = {
     "cse_fsl_async": "its asynchronous event queue runs on the simulated clock only",
 }
 """Algorithms that cannot be deployed, with the reason ``fedge deploy`` prints."""
-SIMULATED_STAGES = {
-    "secagg": "it simulates secure aggregation on the server (the nodes send their rows in clear); "
-    "a deployment uses Flower's SecAgg+ (flwr's secaggplus mod and workflow)",
-}
-"""Aggregation stages a deployed run refuses, with the reason."""
 SPLIT_ROUNDS: dict[str, type] = {
     "cse_fsl": DeployedCseFsl,
     "fsl_an": DeployedFslAn,
@@ -60,14 +57,21 @@ class DeployedRounds:
 
     transport: Transport
     ctx: Any
+    rounds: Any
+    secure: SecAggPlusUpload | None = None
 
     def check_deployable(self) -> None:
         """Every setting is carried: the codecs run in the server app's links."""
 
     def attach(self, transport: Transport) -> None:
-        """Train through ``transport`` from now on."""
+        """Train through ``transport`` from now on; with a ``secagg`` stage, each round's upload and sum
+        through Flower's SecAgg+ (:mod:`fedge.deploy.secagg_round`)."""
         self.transport = transport
         self.ctx.executor = RemoteExecutor(self, transport, self.ctx.executor)
+        options = secagg_options(self.ctx.config)
+        if options is not None:
+            self.secure = SecAggPlusUpload(self.ctx, transport, options)  # type: ignore[arg-type]
+            self.rounds = SecureRounds(self.rounds, self.secure)
 
     def run_round(self, t: int) -> RoundReport:
         executor: RemoteExecutor = self.ctx.executor
@@ -83,12 +87,10 @@ def refusal(name: str) -> str | None:
     return REFUSED.get(name)
 
 
-def check_stages(aggregation: AggregationConfig) -> None:
-    """Refuse, in one line naming the stage's key, a stage that only a simulation can run."""
-    for i, stage in enumerate(aggregation.stages):
-        reason = SIMULATED_STAGES.get(stage.name)
-        if reason is not None:
-            raise ConfigError(f"aggregation.stages.{i}.name", f"{stage.name!r} cannot be deployed: {reason}")
+def check_stages(config: RunConfig) -> None:
+    """Refuse, in one line naming the key, an aggregation stage a deployment cannot carry: a ``secagg``
+    stage runs on Flower's SecAgg+ where its settings map (:func:`fedge.deploy.secagg.secagg_options`)."""
+    secagg_options(config)
 
 
 def deployed_class(name: str) -> type:

@@ -52,7 +52,7 @@ def run_deployed(config: RunConfig, connect: Callable[[int], GridTransport]) -> 
     """Run ``config`` with its clients' work on the nodes of ``connect(num_clients)``'s transport; write
     the run directory."""
     deployed = deployed_class(config.algorithm.name)
-    check_stages(config.aggregation)
+    check_stages(config)
     results.check_output_dir(config.output.dir)
     ctx = build_run(config).context
     algorithm = deployed(ctx, config.algorithm)
@@ -69,7 +69,9 @@ def run_deployed(config: RunConfig, connect: Callable[[int], GridTransport]) -> 
     result = runner.run()
     results.write_jsonl(run_dir / NODES, transport.timings)
     results.write_text(run_dir / CARRIED, _csv(transport.carried))
-    results.write_json(run_dir / DEPLOY, deploy_summary(ctx.ledger.totals(), transport))
+    secure = getattr(algorithm, "secure", None)
+    reports = secure.reports if secure is not None else None
+    results.write_json(run_dir / DEPLOY, deploy_summary(ctx.ledger.totals(), transport, reports))
     return result
 
 
@@ -81,7 +83,9 @@ def _csv(rows: list[dict[str, Any]]) -> str:
     )
 
 
-def deploy_summary(totals: dict[tuple[str, str], int], transport: GridTransport) -> dict[str, Any]:
+def deploy_summary(
+    totals: dict[tuple[str, str], int], transport: GridTransport, secagg: list[dict[str, Any]] | None = None
+) -> dict[str, Any]:
     """What the ledger counted next to what the runtime carried.
 
     ``ledger``: bits per transfer kind and direction, as the simulation counts them (the algorithm's
@@ -91,6 +95,9 @@ def deploy_summary(totals: dict[tuple[str, str], int], transport: GridTransport)
     the decentralized family's peer messages reach their receivers through the SuperLink; relayed
     one by one, each would be carried up to the SuperLink and down again (twice its ledger bits),
     while the server app mixes the trained rows the nodes send up and sends each node its rows down.
+    ``secagg``: per round of Flower's SecAgg+, its settings, senders, dropped clients, the protocol's
+    ledger bits by kind next to the simulated stage's formula, and the least share of a sender's masked
+    coordinates above the quantization range (:class:`~fedge.deploy.secagg_round.CountingGrid`).
     """
     ledger: dict[str, dict[str, int]] = {}
     for (kind, way), bits in sorted(totals.items()):
@@ -113,6 +120,8 @@ def deploy_summary(totals: dict[tuple[str, str], int], transport: GridTransport)
             "relayed_bits": 2 * by_way["peer"],
             "note": "peer messages relayed one by one: each carried up to the SuperLink and down again",
         }
+    if secagg is not None:
+        summary["secagg"] = secagg
     summary["dropped"] = {
         str(t): {str(c): why for c, why in lost.items()} for t, lost in transport.dropped.items()
     }
