@@ -216,12 +216,11 @@ def test_label_flip_with_randomized_labels_is_refused(tmp_path):
         fedge.run(config)
 
 
-def test_a_deployed_split_run_refuses_an_adversary(tmp_path):
+@pytest.mark.parametrize("algorithm", ["cse_fsl", "fedavg"])
+def test_a_deployed_run_refuses_an_adversary(tmp_path, algorithm):
     pytest.importorskip("flwr")
-    from fedge.deploy.split_rounds import DeployedCseFsl
-    from fedge.runner.loop import build_run
+    from fedge.deploy.rounds import check_stages
 
-    cfg = parse_config(_tiny(tmp_path, "cse_fsl", {"clients": [1], "attack": "smashed_flip"}))
-    algorithm = DeployedCseFsl(build_run(cfg).context, cfg.algorithm)
-    with pytest.raises(ConfigError, match="^adversary: a deployed node"):
-        algorithm.check_deployable()
+    cfg = parse_config(_tiny(tmp_path, algorithm, {"clients": [1], "attack": "label_flip"}))
+    with pytest.raises(ConfigError, match="^adversary: is simulated, not deployed"):
+        check_stages(cfg)

@@ -88,8 +88,14 @@ def refusal(name: str) -> str | None:
 
 
 def check_stages(config: RunConfig) -> None:
-    """Refuse, in one line naming the key, an aggregation stage a deployment cannot carry: a ``secagg``
-    stage runs on Flower's SecAgg+ where its settings map (:func:`fedge.deploy.secagg.secagg_options`)."""
+    """Refuse, in one line naming the key, what a deployment cannot carry: an ``adversary`` (the attacks
+    are simulated; a deployed node trains and sends as an honest client, so a label flip would silently
+    not happen) and an aggregation stage that does not map: a ``secagg`` stage runs on Flower's SecAgg+
+    where its settings map (:func:`fedge.deploy.secagg.secagg_options`)."""
+    if config.adversary is not None:
+        raise ConfigError(
+            "adversary", "is simulated, not deployed: a deployed node trains and sends as an honest client"
+        )
     secagg_options(config)
 
 

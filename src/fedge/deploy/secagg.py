@@ -19,7 +19,7 @@ What cannot map is refused in one line naming the key: more than 32 bits, a simu
 deployed round's dropouts are the nodes that really fail, and Flower's shares recover them),
 ``rounding: nearest`` (Flower always rounds stochastically), ``threshold: 1`` (Flower reads 1 as every
 share), another stage next to ``secagg`` (a transform before it acts on each sender's row, which the
-server never holds), an adversary, kept client optimizer states, and any algorithm outside the star
+server never holds), kept client optimizer states, and any algorithm outside the star
 family (FedAvg and FedAvg-FT: one upload per participant a round, summed by the server).
 """
 
@@ -114,10 +114,6 @@ def secagg_options(config: RunConfig) -> SecAggOptions | None:
         if refused:
             value = stage.options[option]
             raise ConfigError(f"{key}.options.{option}", f"{value!r} cannot be deployed: {why}")
-    if config.adversary is not None:
-        raise ConfigError(
-            "adversary", "cannot be deployed with secagg: the server never holds a row to poison"
-        )
     if getattr(config.algorithm, "client_optimizer_state", "reset") != "reset":
         why = "cannot be deployed with secagg: the states would have to come back beside the masked rows"
         raise ConfigError("algorithm.client_optimizer_state", why)

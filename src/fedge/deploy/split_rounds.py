@@ -76,8 +76,6 @@ class DeployedSplit(SplitLearning):
                 "algorithm.client_optimizer_state",
                 "a deployed node starts each round's optimizer state afresh",
             )
-        if self.ctx.config.adversary is not None:
-            raise ConfigError("adversary", "a deployed node trains and sends as an honest client")
         for block in ("cut", "labels", "sample"):
             if getattr(self.ctx.config.privacy, block) is not None:
                 raise ConfigError(
