@@ -668,8 +668,10 @@ class PrivacyConfig(StrictModel):
     """clipping and noise on every message a peer sends"""
 
 
-ATTACKS = ("sign_flip", "scaling", "gaussian", "free_rider", "alie", "ipm", "label_flip")
-"""The adversary's attacks (``fedge.adversary``): model poisoning of the uploaded rows, or label flipping."""
+ATTACKS: tuple[str, ...] = ("sign_flip", "scaling", "gaussian", "free_rider", "alie", "ipm", "label_flip")
+ATTACKS += ("backdoor", "min_max", "min_sum")
+"""The adversary's attacks (``fedge.adversary``): model poisoning of the uploaded rows, or data poisoning
+(flipped labels, a backdoor trigger)."""
 ATTACK_OPTIONS: dict[str, tuple[str, ...]] = {
     "sign_flip": ("scale",),
     "scaling": ("scale",),
@@ -678,8 +680,14 @@ ATTACK_OPTIONS: dict[str, tuple[str, ...]] = {
     "alie": ("z",),
     "ipm": ("epsilon",),
     "label_flip": (),
+    "backdoor": ("target", "trigger_size", "poison_fraction", "scale"),
+    "min_max": ("perturbation", "gamma_init", "tolerance"),
+    "min_sum": ("perturbation", "gamma_init", "tolerance"),
 }
-"""Each attack's options (every one a number; ``z`` may be any real, the others are positive)."""
+"""Each attack's options (numbers: ``z`` any real, ``target`` a non-negative integer, ``trigger_size`` a
+positive integer, ``poison_fraction`` in (0, 1], the others positive; ``perturbation`` a name)."""
+PERTURBATIONS = ("std", "unit", "sign")
+"""min-max's and min-sum's perturbation directions (Shejwalkar and Houmansadr 2021)."""
 ADVERSARY_ALGORITHMS = ("fedavg", "fedavg_ft")
 """The algorithms that take an ``adversary`` block (the star family's server)."""
 
@@ -693,9 +701,12 @@ class AdversaryConfig(StrictModel):
     start_round: PositiveInt = 1
     """the first round they attack (before it they behave honestly)"""
     attack: Literal[ATTACKS]  # type: ignore[valid-type]
-    """sign_flip, scaling, gaussian, free_rider, alie, ipm or label_flip (docs/robustness.md)"""
+    """sign_flip, scaling, gaussian, free_rider, alie, ipm, label_flip, backdoor, min_max or min_sum
+    (docs/robustness.md)"""
     options: dict[str, Any] = Field(default_factory=dict)
-    """the attack's own numbers: scale (sign_flip, scaling), sigma (gaussian), z (alie), epsilon (ipm)"""
+    """the attack's own options: scale (sign_flip, scaling, backdoor), sigma (gaussian), z (alie), epsilon
+    (ipm), target, trigger_size, poison_fraction (backdoor), perturbation, gamma_init, tolerance (min_max,
+    min_sum)"""
 
     @field_validator("clients", mode="before")
     @classmethod
@@ -714,9 +725,19 @@ class AdversaryConfig(StrictModel):
             if option not in known:
                 takes = f"takes {', '.join(known)}" if known else "takes no options"
                 raise ConfigError(key, f"{self.attack} has no option {option!r}; it {takes}")
+            if option == "perturbation":
+                if value not in PERTURBATIONS:
+                    raise ConfigError(key, f"must be one of {', '.join(PERTURBATIONS)} (got {_shown(value)})")
+                continue
             if isinstance(value, bool) or not isinstance(value, int | float) or not math.isfinite(value):
                 raise ConfigError(key, f"must be a finite number (got {_shown(value)})")
-            if option != "z" and value <= 0:
+            if option in ("target", "trigger_size") and value != int(value):
+                raise ConfigError(key, f"must be an integer (got {_shown(value)})")
+            if option == "target" and value < 0:
+                raise ConfigError(key, f"must be a class, 0 or more (got {_shown(value)})")
+            if option == "poison_fraction" and not 0 < value <= 1:
+                raise ConfigError(key, f"must be a fraction in (0, 1] (got {_shown(value)})")
+            if option not in ("z", "target") and value <= 0:
                 raise ConfigError(key, f"must be positive (got {_shown(value)})")
         return self
 
