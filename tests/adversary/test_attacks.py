@@ -253,6 +253,31 @@ def test_sign_flip_breaks_the_mean_not_the_median_or_krum(tmp_path):
         ({"clients": [1, 1], "attack": "ipm"}, "adversary.clients"),
         ({"clients": [4], "attack": "ipm"}, "adversary.clients"),
         ({"clients": 0.5, "attack": "ipm", "start_round": 0}, "adversary.start_round"),
+        ({"clients": 0.5, "attack": "backdoor", "options": {"target": -1}}, "adversary.options.target"),
+        ({"clients": 0.5, "attack": "backdoor", "options": {"target": 1.5}}, "adversary.options.target"),
+        (
+            {"clients": 0.5, "attack": "backdoor", "options": {"trigger_size": 0}},
+            "adversary.options.trigger_size",
+        ),
+        (
+            {"clients": 0.5, "attack": "backdoor", "options": {"poison_fraction": 1.5}},
+            "adversary.options.poison_fraction",
+        ),
+        (
+            {"clients": 0.5, "attack": "backdoor", "options": {"poison_fraction": 0}},
+            "adversary.options.poison_fraction",
+        ),
+        ({"clients": 0.5, "attack": "backdoor", "options": {"scale": 0}}, "adversary.options.scale"),
+        (
+            {"clients": 0.5, "attack": "min_max", "options": {"perturbation": "mean"}},
+            "adversary.options.perturbation",
+        ),
+        ({"clients": 0.5, "attack": "min_sum", "options": {"gamma_init": 0}}, "adversary.options.gamma_init"),
+        (
+            {"clients": 0.5, "attack": "min_max", "options": {"tolerance": -1e-5}},
+            "adversary.options.tolerance",
+        ),
+        ({"clients": 0.5, "attack": "min_max", "options": {"z": 1.0}}, "adversary.options.z"),
     ],
 )
 def test_bad_adversaries_are_refused_naming_the_key(adversary, key):

@@ -1,7 +1,7 @@
 """The backdoor (fedge.runtime.backdoor): the poisoned view stamps and relabels the malicious clients'
 own copies, the attack success rate is exact on constructed models, a strong backdoor succeeds on
 digits where the clean model does not, rounds before the attack are the clean run's, FedAvg-FT reports
-it, and data it cannot stamp or bad options are refused naming the key."""
+it, and data it cannot stamp is refused naming the key (bad options: tests/adversary/test_attacks.py)."""
 
 from __future__ import annotations
 
@@ -15,7 +15,7 @@ import torch
 from torch import nn
 
 import fedge
-from fedge.config import AdversaryConfig, parse_config
+from fedge.config import AdversaryConfig
 from fedge.data.dataset import Dataset
 from fedge.data.federated import FederatedData
 from fedge.errors import ConfigError
@@ -51,7 +51,7 @@ def test_the_view_stamps_and_relabels_the_malicious_clients_own_copies():
     assert view.y_train[new].tolist() == [2, 2]
     assert torch.all(view.x_train[new][..., -2:, -2:] == top)
     kept = own[own < 12]
-    assert np.isin(kept, np.arange(4, 8)).all() and len(np.union1d(kept, own)) == 4
+    assert np.isin(kept, np.arange(4, 8)).all() and len(own) == 4
     source = np.setdiff1d(np.arange(4, 8), kept)  # the copies' originals, left clean for everyone
     assert torch.equal(view.x_train[new][..., :-2, :], data.x_train[source][..., :-2, :])
     assert torch.equal(view.x_train[:12], data.x_train) and torch.equal(view.y_train[:12], data.y_train)
@@ -149,22 +149,3 @@ def test_data_it_cannot_stamp_is_refused():
         _backdoor(_toy(), [1], target=3)
     with pytest.raises(ConfigError, match="^adversary.options.trigger_size: 5 is larger"):
         _backdoor(_toy(), [1], trigger_size=5)
-
-
-@pytest.mark.parametrize(
-    ("options", "key"),
-    [
-        ({"target": -1}, "adversary.options.target"),
-        ({"target": 1.5}, "adversary.options.target"),
-        ({"trigger_size": 0}, "adversary.options.trigger_size"),
-        ({"poison_fraction": 1.5}, "adversary.options.poison_fraction"),
-        ({"poison_fraction": 0}, "adversary.options.poison_fraction"),
-        ({"scale": 0}, "adversary.options.scale"),
-        ({"sigma": 1}, "adversary.options.sigma"),
-    ],
-)
-def test_bad_options_are_refused_naming_the_key(options, key):
-    adversary = {"clients": 0.25, "attack": "backdoor", "options": options}
-    with pytest.raises(ConfigError) as error:
-        parse_config({"partition": {"num_clients": 4}, "adversary": adversary})
-    assert error.value.key == key and "\n" not in str(error.value)

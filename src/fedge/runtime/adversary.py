@@ -50,7 +50,7 @@ from fedge.errors import ConfigError
 from fedge.rng import numpy_rng, torch_rng
 from fedge.runtime.backdoor import Backdoor
 from fedge.runtime.minmax import crafted
-from fedge.tensors import Tensors
+from fedge.tensors import Tensors, floating
 
 DEFAULTS = {"scale": 1.0, "sigma": 1.0, "epsilon": 0.1}
 """Options' defaults (``scaling``'s scale and ``alie``'s z depend on the round: see the module)."""
@@ -90,7 +90,7 @@ def poisoned(
     out = dict(rows)
     shared: Tensors = {}
     if attack in ("min_max", "min_sum"):
-        changes = {k: v[honest] - reference[k].to(v) for k, v in rows.items() if v.is_floating_point()}
+        changes = {k: v[honest] - reference[k].to(v) for k, v in floating(rows).items()}
         shared = crafted(attack, options, changes)[0]
     for name, stacked in rows.items():
         if not stacked.is_floating_point():
