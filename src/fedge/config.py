@@ -670,9 +670,12 @@ class PrivacyConfig(StrictModel):
 
 CUT_ATTACKS = ("smashed_noise", "smashed_flip")
 """The split family's attacks on the smashed data a malicious client sends across the cut."""
-ATTACKS = ("sign_flip", "scaling", "gaussian", "free_rider", "alie", "ipm", "label_flip", *CUT_ATTACKS)
-"""The adversary's attacks (``fedge.adversary``): model poisoning of the uploaded rows, label flipping,
-or (split learning) poisoned smashed data."""
+STAR_ATTACKS = ("backdoor",)
+"""The attacks built for the star family's server alone (a backdoor's data view and its success rate)."""
+ATTACKS: tuple[str, ...] = ("sign_flip", "scaling", "gaussian", "free_rider", "alie", "ipm", "label_flip")
+ATTACKS += ("min_max", "min_sum", *STAR_ATTACKS, *CUT_ATTACKS)
+"""The adversary's attacks (``fedge.adversary``): model poisoning of the uploaded rows, data poisoning
+(flipped labels, a backdoor trigger), or (split learning) poisoned smashed data."""
 ATTACK_OPTIONS: dict[str, tuple[str, ...]] = {
     "sign_flip": ("scale",),
     "scaling": ("scale",),
@@ -683,8 +686,14 @@ ATTACK_OPTIONS: dict[str, tuple[str, ...]] = {
     "label_flip": (),
     "smashed_noise": ("sigma",),
     "smashed_flip": ("scale",),
+    "backdoor": ("target", "trigger_size", "poison_fraction", "scale"),
+    "min_max": ("perturbation", "gamma_init", "tolerance"),
+    "min_sum": ("perturbation", "gamma_init", "tolerance"),
 }
-"""Each attack's options (every one a number; ``z`` may be any real, the others are positive)."""
+"""Each attack's options (numbers: ``z`` any real, ``target`` a non-negative integer, ``trigger_size`` a
+positive integer, ``poison_fraction`` in (0, 1], the others positive; ``perturbation`` a name)."""
+PERTURBATIONS = ("std", "unit", "sign")
+"""min-max's and min-sum's perturbation directions (Shejwalkar and Houmansadr 2021)."""
 PEER_ADVERSARY_ALGORITHMS = ("afind", "gossip", "pens", "federico", "local", "ditto")
 """The decentralized algorithms that take an ``adversary`` block (malicious peers poison what they send)."""
 PROBING_ALGORITHMS = ("afind", "pens", "federico")
@@ -714,11 +723,12 @@ class AdversaryConfig(StrictModel):
     start_round: PositiveInt = 1
     """the first round they attack (before it they behave honestly)"""
     attack: Literal[ATTACKS]  # type: ignore[valid-type]
-    """sign_flip, scaling, gaussian, free_rider, alie, ipm, label_flip; split: smashed_noise, smashed_flip
-    (docs/robustness.md)"""
+    """sign_flip, scaling, gaussian, free_rider, alie, ipm, label_flip, min_max, min_sum; star: backdoor;
+    split: smashed_noise, smashed_flip (docs/robustness.md)"""
     options: dict[str, Any] = Field(default_factory=dict)
-    """the attack's own numbers: scale (sign_flip, scaling, smashed_flip), sigma (gaussian, smashed_noise),
-    z (alie), epsilon (ipm)"""
+    """the attack's own options: scale (sign_flip, scaling, backdoor, smashed_flip), sigma (gaussian,
+    smashed_noise), z (alie), epsilon (ipm), target, trigger_size, poison_fraction (backdoor),
+    perturbation, gamma_init, tolerance (min_max, min_sum)"""
     probes: Literal["honest", "poisoned"] = "honest"
     """peers only: a malicious peer answers a selector's probes honestly (poisoning only the models it
     sends once selected) or poisons them too (AFIND+, PENS, FedeRiCo)"""
@@ -740,9 +750,19 @@ class AdversaryConfig(StrictModel):
             if option not in known:
                 takes = f"takes {', '.join(known)}" if known else "takes no options"
                 raise ConfigError(key, f"{self.attack} has no option {option!r}; it {takes}")
+            if option == "perturbation":
+                if value not in PERTURBATIONS:
+                    raise ConfigError(key, f"must be one of {', '.join(PERTURBATIONS)} (got {_shown(value)})")
+                continue
             if isinstance(value, bool) or not isinstance(value, int | float) or not math.isfinite(value):
                 raise ConfigError(key, f"must be a finite number (got {_shown(value)})")
-            if option != "z" and value <= 0:
+            if option in ("target", "trigger_size") and value != int(value):
+                raise ConfigError(key, f"must be an integer (got {_shown(value)})")
+            if option == "target" and value < 0:
+                raise ConfigError(key, f"must be a class, 0 or more (got {_shown(value)})")
+            if option == "poison_fraction" and not 0 < value <= 1:
+                raise ConfigError(key, f"must be a fraction in (0, 1] (got {_shown(value)})")
+            if option not in ("z", "target") and value <= 0:
                 raise ConfigError(key, f"must be positive (got {_shown(value)})")
         return self
 
@@ -826,6 +846,10 @@ class RunConfig(StrictModel):
         attack, name = self.adversary.attack, self.algorithm.name
         if attack in CUT_ATTACKS and name not in SPLIT_ADVERSARY_ALGORITHMS:
             raise ConfigError("adversary.attack", f"{attack} poisons split smashed data; {name} has none")
+        if attack in STAR_ATTACKS and name not in ("fedavg", "fedavg_ft"):
+            raise ConfigError(
+                "adversary.attack", f"{attack} is built for fedavg and fedavg_ft, not {name} (yet)"
+            )
         ids = self.adversary.clients
         if isinstance(ids, list) and max(ids) >= self.partition.num_clients:
             beyond = f"client {max(ids)} is not among the {self.partition.num_clients} clients"

@@ -13,7 +13,7 @@ from fedge.algorithms.optimizer_state import ClientOptimizerStates
 from fedge.config import AlgorithmConfig, Fraction, SGDConfig
 from fedge.engine import buffers_of, classification_loss, make_optimizer, make_step, parameters_of
 from fedge.engine.private_step import private_step
-from fedge.metrics import RoundReport
+from fedge.metrics import Evaluation, RoundReport
 from fedge.runtime import StarRuntime
 
 
@@ -82,3 +82,13 @@ class FedAvg(GlobalModel[FedAvgConfig]):
         self.params, self.buffers = rnd.aggregate(trained, params, buffers)
         rnd.close(plan)  # after the aggregation: a stage's own messages (secagg's) are the round's too
         return rnd.report(losses)
+
+    def evaluate(self) -> Evaluation:
+        return super().evaluate().with_extra(**self.attack_figures())
+
+    def attack_figures(self) -> dict[str, float]:
+        """The adversary's figures of the global model (a backdoor's attack success rate), or none."""
+        adversary, ctx = self.rounds.adversary, self.ctx
+        if adversary is None:
+            return {}
+        return adversary.success(self.model, self.params, self.buffers, ctx.data, ctx.config.eval.batch_size)

@@ -527,14 +527,17 @@ def summarize(config: RunConfig, rows: list[dict[str, Any]]) -> dict[str, Any]:
 
 
 def _adversary_fields(rows: list[dict[str, Any]]) -> dict[str, Any]:
-    """An adversary's run totals: ``malicious``, the attacking participations over all rounds, and
+    """An adversary's run totals: ``malicious``, the attacking participations over all rounds,
     ``malicious_kept``, the mean of the rounds' kept shares where some attacked (``None``: none did, or
     the reducer does not report it); peers add ``malicious_selected``, the mean of the rounds' shares of
-    honest peers' mixed-in neighbours that were malicious."""
+    honest peers' mixed-in neighbours that were malicious, and a backdoor ``final_attack_success``, the
+    last evaluated round's attack success rate."""
     kept = [r["malicious_kept"] for r in rows if r.get("malicious") and "malicious_kept" in r]
+    success = [r["attack_success"] for r in rows if "attack_success" in r]
     fields = {
         "malicious": sum(int(r.get("malicious", 0)) for r in rows),
         "malicious_kept": sum(kept) / len(kept) if kept else None,
+        **({"final_attack_success": success[-1]} if success else {}),
     }
     selected = [r["malicious_selected"] for r in rows if r.get("malicious") and "malicious_selected" in r]
     return {**fields, "malicious_selected": sum(selected) / len(selected)} if selected else fields

@@ -15,14 +15,20 @@ broadcast model) after the server received the rows and before its pipeline, on 
   (Baruch et al., "A little is enough: circumventing defenses for distributed learning", 2019), ``z``
   by the paper's ``s = floor(n/2 + 1) - m``, ``z = Phi^-1((n - s) / n)``, or ``options.z``;
 - ``ipm``: ``r - epsilon mean(D)`` (Xie et al., "Fall of empires: breaking Byzantine-tolerant SGD by
-  inner product manipulation", 2020; ``epsilon``, 0.1).
+  inner product manipulation", 2020; ``epsilon``, 0.1);
+- ``min_max``, ``min_sum``: ``r + mean(D) + gamma p`` with ``gamma`` the largest that keeps the row as
+  close to the honest ones as they are to each other (Shejwalkar and Houmansadr 2021;
+  :mod:`fedge.runtime.minmax`).
 
-The omniscient two read the honest rows of the round, as their papers assume (a round with no honest
-participant: the malicious rows' own trained changes). Data poisoning, ``label_flip``: a malicious
-client trains on labels ``y -> C - 1 - y`` (Tolpegin et al., "Data poisoning attacks against federated
-learning systems", 2020), a label view of the data that both executors read alike; evaluation keeps the
-clean labels. Rows of a run spread over processes would hide the honest rows from one another, so an
-adversary is refused under torchrun.
+The omniscient four (``alie``, ``ipm``, ``min_max``, ``min_sum``) read the honest rows of the round, as
+their papers assume (a round with no honest participant: the malicious rows' own trained changes). Data
+poisoning, ``label_flip``: a malicious client trains on labels ``y -> C - 1 - y`` (Tolpegin et al., "Data
+poisoning attacks against federated learning systems", 2020), a label view of the data that both
+executors read alike; evaluation keeps the clean labels. ``backdoor``: a malicious client trains on part
+of its samples stamped with a pixel trigger and relabelled to the target class
+(:mod:`fedge.runtime.backdoor`), its upload boosted by ``scale`` (1: as trained); each evaluation adds the
+attack success rate ``attack_success``. Rows of a run spread over processes would hide the honest rows
+from one another, so an adversary is refused under torchrun.
 """
 
 from __future__ import annotations
@@ -34,6 +40,7 @@ from typing import Any
 
 import numpy as np
 import torch
+from torch import nn
 
 from fedge.aggregation import Pipeline
 from fedge.aggregation.registry import MEAN
@@ -41,7 +48,9 @@ from fedge.config import AdversaryConfig
 from fedge.data.federated import FederatedData, ResampledClients
 from fedge.errors import ConfigError
 from fedge.rng import numpy_rng, torch_rng
-from fedge.tensors import Tensors
+from fedge.runtime.backdoor import Backdoor
+from fedge.runtime.minmax import crafted
+from fedge.tensors import Tensors, floating
 
 DEFAULTS = {"scale": 1.0, "sigma": 1.0, "epsilon": 0.1}
 """Options' defaults (``scaling``'s scale and ``alie``'s z depend on the round: see the module)."""
@@ -75,10 +84,14 @@ def poisoned(
     module); the floating tensors only (integer counters are as trained). ``noise``: one generator per
     malicious row, for ``gaussian``."""
     m, n = int(bad.sum()), int(bad.numel())
-    if m == 0 or attack == "label_flip":
+    if m == 0 or attack == "label_flip" or (attack == "backdoor" and float(options.get("scale", 1)) == 1):
         return rows
     honest = ~bad if m < n else bad  # nobody honest: the malicious rows' own trained changes
     out = dict(rows)
+    shared: Tensors = {}
+    if attack in ("min_max", "min_sum"):
+        changes = {k: v[honest] - reference[k].to(v) for k, v in floating(rows).items()}
+        shared = crafted(attack, options, changes)[0]
     for name, stacked in rows.items():
         if not stacked.is_floating_point():
             continue
@@ -88,6 +101,10 @@ def poisoned(
             change = -float(options.get("scale", DEFAULTS["scale"])) * mine
         elif attack == "scaling":
             change = float(options.get("scale", n / m)) * mine
+        elif attack == "backdoor":
+            change = float(options.get("scale", DEFAULTS["scale"])) * mine
+        elif shared:
+            change = shared[name].expand_as(mine)
         elif attack == "gaussian":
             sigma = float(options.get("sigma", DEFAULTS["sigma"]))
             if noise is None or len(noise) != m:
@@ -118,14 +135,16 @@ class Adversary:
     config: AdversaryConfig
     malicious: np.ndarray
     seed: int
-    training: FederatedData | None = None  # label_flip: the data with the malicious clients' labels flipped
+    training: FederatedData | None = None  # data poisoning: the data the malicious clients train on
+    backdoor: Backdoor | None = None
 
     @classmethod
     def of(
         cls, config: AdversaryConfig | None, data: FederatedData, seed: int, processes: int
     ) -> Adversary | None:
         """The run's adversary (``None`` without an ``adversary`` block); refused under torchrun, and
-        ``label_flip`` where the malicious clients' labels cannot be flipped for them alone."""
+        ``label_flip`` where the malicious clients' labels cannot be flipped for them alone, and a
+        ``backdoor`` on data it cannot stamp (:meth:`~fedge.runtime.backdoor.Backdoor.of`)."""
         if config is None:
             return None
         if processes > 1:
@@ -134,6 +153,9 @@ class Adversary:
         adversary = cls(config, bad, seed)
         if config.attack == "label_flip":
             adversary.training = _flipped(data, bad)
+        if config.attack == "backdoor":
+            adversary.backdoor = Backdoor.of(config.options, data, bad, seed)
+            adversary.training = adversary.backdoor.training
         return adversary
 
     def attacking(self, round_: int) -> bool:
@@ -145,8 +167,8 @@ class Adversary:
         return np.isin(clients, self.malicious) & self.attacking(round_)
 
     def data(self, round_: int, data: FederatedData) -> FederatedData:
-        """The data the round's participants train on: flipped labels for the malicious ones under
-        ``label_flip`` once they attack, else ``data``."""
+        """The data the round's participants train on: flipped labels (``label_flip``) or stamped samples
+        (``backdoor``) for the malicious ones once they attack, else ``data``."""
         return self.training if self.training is not None and self.attacking(round_) else data
 
     def poison(self, round_: int, clients: np.ndarray, rows: Tensors, reference: Tensors) -> Tensors:
@@ -163,6 +185,15 @@ class Adversary:
             ]
         mask = torch.as_tensor(bad, device=next(iter(rows.values())).device)
         return poisoned(self.config.attack, self.config.options, rows, reference, mask, noise)
+
+    def success(
+        self, model: nn.Module, params: Tensors, buffers: Tensors, data: FederatedData, batch_size: int
+    ) -> dict[str, float]:
+        """An evaluation's figures of the model ``params``, ``buffers``: a backdoor's ``attack_success``
+        on ``data``'s test set, in the evaluation's batches of ``batch_size`` (other attacks: none)."""
+        if self.backdoor is None:
+            return {}
+        return {"attack_success": self.backdoor.success(model, params, buffers, data, batch_size)}
 
     def figures(
         self, round_: int, clients: np.ndarray, weights: torch.Tensor, pipeline: Pipeline

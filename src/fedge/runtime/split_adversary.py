@@ -39,7 +39,7 @@ from fedge.runtime.adversary import DEFAULTS, Adversary
 from fedge.runtime.context import Context
 from fedge.tensors import Tensors
 
-MODEL_ATTACKS = ("sign_flip", "scaling", "gaussian", "free_rider", "alie", "ipm")
+MODEL_ATTACKS = ("sign_flip", "scaling", "gaussian", "free_rider", "alie", "ipm", "min_max", "min_sum")
 """The attacks on the uploaded client model (the others act at the cut or on the labels)."""
 
 

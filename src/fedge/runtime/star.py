@@ -24,7 +24,7 @@ from torch import nn
 
 from fedge.aggregation import Updates, sites
 from fedge.comm import Link, nodes
-from fedge.data.federated import BatchPlan
+from fedge.data.federated import BatchPlan, FederatedData
 from fedge.distributed import Cohort
 from fedge.engine import ClientBank
 from fedge.engine.step import StepFn
@@ -108,17 +108,22 @@ class StarRound:
         down = link.send(self.round, nodes.SERVER, self.receivers, "model_down", model)
         return {k: down.payload[k] for k in params}, {k: down.payload.get(k, v) for k, v in buffers.items()}
 
+    @property
+    def data(self) -> FederatedData:
+        """The data the participants train on: the run's, or an attacking adversary's poisoned view."""
+        return self.ctx.data if self.adversary is None else self.adversary.data(self.round, self.ctx.data)
+
     def plan(self, epochs: int, batch_size: int, drop_last: bool) -> BatchPlan:
-        """This process's participants' local steps: ``epochs`` passes in batches of ``batch_size``."""
-        return self.ctx.data.batch_plan(self.local_clients, self.round, epochs, batch_size, drop_last)
+        """This process's participants' local steps: ``epochs`` passes in batches of ``batch_size`` (over
+        :attr:`data`: a backdoor's malicious clients index their stamped copies)."""
+        return self.data.batch_plan(self.local_clients, self.round, epochs, batch_size, drop_last)
 
     def train(
         self, step: StepFn, bank: ClientBank, plan: BatchPlan, lr: float, states: OptimizerStates
     ) -> torch.Tensor:
         """The executor trains ``bank`` by ``plan``; each row's mean training loss. The rows' optimizer
         states then go to ``states`` (kept for each client's next round, where the run keeps them)."""
-        data = self.ctx.data if self.adversary is None else self.adversary.data(self.round, self.ctx.data)
-        losses = self.ctx.executor.train(step, bank, plan, data, lr)
+        losses = self.ctx.executor.train(step, bank, plan, self.data, lr)
         states.end(self.clients, bank.opt_state, self.cohort)
         return losses
 

@@ -13,7 +13,12 @@ from fedge.errors import ConfigError
 from fedge.runtime.asynchronous import Arrival
 from fedge.runtime.buffer_adversary import combined, poisoned_updates
 
-OMNISCIENT = ("alie", "ipm")  # attacks that read the honest updates merged with the malicious one
+OMNISCIENT = (
+    "alie",
+    "ipm",
+    "min_max",
+    "min_sum",
+)  # attacks that read the honest updates merged with the malicious one
 
 
 @register("fedasync", FedAsyncConfig, "FedAsync: asynchronous clients, each update mixed in by its staleness")

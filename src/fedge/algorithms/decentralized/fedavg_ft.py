@@ -77,5 +77,5 @@ class FedAvgFT(FedAvg):
             cfg.drop_last,
         )
         return evaluate_clients_on(block.cohort, self.model, tuned, data, max_samples).with_extra(
-            global_accuracy=plain.accuracy
+            global_accuracy=plain.accuracy, **self.attack_figures()
         )
