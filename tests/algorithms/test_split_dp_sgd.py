@@ -270,7 +270,6 @@ DROPOUT = {"name": "fcnn", "cut": 1, "options": {"dropout": 0.2}}
 @pytest.mark.parametrize(
     ("algorithm", "model", "reason"),
     [
-        ("light_fedsl", None, "privacy.sample: light_fedsl"),
         ("splitfed_v2", VGG, "privacy.sample: .* without BatchNorm"),
         ("cse_fsl", DROPOUT, "privacy.sample: .* without dropout"),
         ("splitfed_v2", None, r"privacy\.sample\.noise_multiplier"),

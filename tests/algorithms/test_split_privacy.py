@@ -182,15 +182,6 @@ def test_the_run_reports_the_cut_epsilon_and_runs_from_the_cli(tmp_path):
     assert summary["privacy"]["epsilon_by_unit"]["sample"] < privacy["epsilon_by_unit"]["sample"]
 
 
-@pytest.mark.parametrize(
-    ("algorithm", "block"),
-    [("light_fedsl", {"cut": {"noise_multiplier": 1.0}}), ("fedsl", {"labels": {"epsilon": 1.0}})],
-)
-def test_algorithms_without_cut_privacy_refuse_it(tmp_path, algorithm, block):
-    with pytest.raises(ConfigError, match=f"privacy.{next(iter(block))}"):
-        trained(split(tmp_path, algorithm, block))
-
-
 def test_an_unset_multiplier_without_a_target_is_refused_naming_the_key(tmp_path):
     with pytest.raises(ConfigError, match="privacy.cut.noise_multiplier"):
         trained(split(tmp_path, "splitfed_v2", {"cut": {"clip": 1.0}}))

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from fedge.config import RunConfig
 from fedge.errors import ConfigError
-from fedge.privacy.cut import draws_per_round, planned_sends, round_batches
+from fedge.privacy.cut import begins_pass, draws_per_round, planned_sends, round_batches
 from fedge.privacy.release import GAUSSIAN, Release
 
 
@@ -42,6 +42,8 @@ def plan_split_sample(config: RunConfig, data_sizes: list[int], multiplier: floa
     releases = []
     for t in range(1, config.rounds + 1):
         for c, size in enumerate(data_sizes):
+            if not begins_pass(config, size, t):  # one-step rounds: the epoch's release is at its first
+                continue
             uses = planned_uses(config, size)
             if uses:
                 releases.append(
