@@ -5,12 +5,13 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
-from typing import Any
 
 import numpy as np
 import pytest
 import torch
-from cases import invoke, killed_after, tiny
+from cases import invoke, whole_and_resumed
+from cases import split_case as split
+from cases import trained_rounds as trained
 from llm_cases import lm_config, needs_llm, write_corpus
 
 import fedge
@@ -20,20 +21,6 @@ from fedge.privacy import epsilon
 from fedge.runner.loop import build_run
 
 NOISY = {"clip": 1.0, "noise_multiplier": 0.6, "gradient_clip": 0.05, "gradient_noise_multiplier": 0.8}
-
-
-def split(out: Path, algorithm: str, privacy: dict[str, Any] | None = None, **options: Any) -> dict[str, Any]:
-    config = tiny(algorithm, out)
-    config["algorithm"].update({"batch_size": 16, **options})
-    if privacy is not None:
-        config["privacy"] = privacy
-    return config
-
-
-def trained(raw: dict[str, Any], rounds: int = 2, executor: str = "sequential"):
-    built = build_run(fedge.resolve_config({**raw, "engine": {"executor": executor}}))
-    metrics = [built.algorithm.run_round(t) for t in range(1, rounds + 1)]
-    return built, metrics
 
 
 def fingerprint(built, metrics) -> tuple[list[float], float]:
@@ -238,12 +225,7 @@ def test_a_deployed_split_run_refuses_the_cut_privacy(tmp_path):
 def test_a_resumed_run_spends_what_the_uninterrupted_run_spends(tmp_path):
     """The label releases (once per client) and the per-round cut releases survive a resume exactly."""
     privacy = {"cut": {"clip": 1.0, "noise_multiplier": 1.0}, "labels": {"epsilon": 1.0}}
-    whole = fedge.run({**split(tmp_path, "cse_fsl", privacy, h=2), "rounds": 3})
-    config = {**split(tmp_path / "cut", "cse_fsl", privacy, h=2), "rounds": 3}
-    config["output"]["name"] = "cut"
-
-    killed_after(config, 2)
-    resumed = fedge.resume(tmp_path / "cut" / "cut")
+    whole, resumed = whole_and_resumed(lambda out: split(out, "cse_fsl", privacy, h=2), tmp_path, 3, 2)
     assert resumed.summary["privacy"] == whole.summary["privacy"]
     assert resumed.metrics[-1]["train_loss"] == whole.metrics[-1]["train_loss"]
 

@@ -7,13 +7,13 @@ from __future__ import annotations
 
 import copy
 import math
-from pathlib import Path
 from typing import Any
 
 import dp_accounting as dpa
 import pytest
 import torch
-from cases import killed_after, tiny
+from cases import split_case as run_config
+from cases import trained_rounds, whole_and_resumed
 from opacus.accountants.analysis import rdp as opacus_rdp
 
 import fedge
@@ -32,17 +32,9 @@ ALGORITHMS = ["light_fedsl", "fedsl"]
 EPOCH = 4  # 60 samples a client in batches of 16: an epoch is four rounds
 
 
-def run_config(out: Path, algorithm: str, privacy: dict[str, Any] | None = None, **options: Any) -> dict:
-    config = tiny(algorithm, out)
-    config["algorithm"].update({"batch_size": 16, **options})
-    if privacy is not None:
-        config["privacy"] = privacy
-    return config
-
-
 def trained(raw: dict[str, Any], rounds: int = 3, executor: str = "sequential"):
-    built = build_run(fedge.resolve_config({**raw, "engine": {"executor": executor}}))
-    metrics = [built.algorithm.run_round(t) for t in range(1, rounds + 1)]
+    """The built run after ``rounds`` rounds and its fingerprint: the losses and the held-out loss."""
+    built, metrics = trained_rounds(raw, rounds, executor)
     return built, [m["train_loss"] for m in metrics] + [float(built.algorithm.evaluate()["loss"])]
 
 
@@ -208,11 +200,7 @@ def test_max_epsilon_stops_before_the_round_that_opens_an_epoch_past_it(tmp_path
 
 
 def test_a_resumed_run_adds_the_same_noise_and_spends_the_same(tmp_path):
-    whole = fedge.run({**run_config(tmp_path, "light_fedsl", ALL), "rounds": 6})
-    config = {**run_config(tmp_path / "cut", "light_fedsl", ALL), "rounds": 6}
-    config["output"]["name"] = "cut"
-    killed_after(config, 5)
-    resumed = fedge.resume(tmp_path / "cut" / "cut")
+    whole, resumed = whole_and_resumed(lambda out: run_config(out, "light_fedsl", ALL), tmp_path, 6, 5)
     assert resumed.summary["privacy"] == whole.summary["privacy"]
     assert resumed.metrics[-1]["train_loss"] == whole.metrics[-1]["train_loss"]
 

@@ -189,7 +189,7 @@ def plan_cut(config: RunConfig, data_sizes: list[int], multiplier: float) -> lis
         return []
     if cut.noise_multiplier is not None:
         multiplier = cut.noise_multiplier
-    returned = cut.gradient_clip is not None and getattr(config.algorithm, "returns_cut_gradient", False)
+    returned = cut.gradient_clip if getattr(config.algorithm, "returns_cut_gradient", False) else None
     releases = []
     for t in range(1, config.rounds + 1):
         for c, size in enumerate(data_sizes):
@@ -199,10 +199,10 @@ def plan_cut(config: RunConfig, data_sizes: list[int], multiplier: float) -> lis
             releases.append(
                 Release(t, "smashed", "sample", GAUSSIAN, multiplier, cut.clip, count=sends, clients=(c,))
             )
-            if returned:
-                z, clip = cut.gradient_noise_multiplier, cut.gradient_clip
+            if returned is not None:
+                z = cut.gradient_noise_multiplier
                 releases.append(
-                    Release(t, "cut_gradient", "sample", GAUSSIAN, z, clip, count=sends, clients=(c,))
+                    Release(t, "cut_gradient", "sample", GAUSSIAN, z, returned, count=sends, clients=(c,))
                 )
     return releases
 

@@ -28,6 +28,9 @@ part's adapters ``A`` and ``B``, and ``codec_down: q<bits>`` sends the cut-layer
 paper quantizes only the local update; this is our extension for the link). Pruned adapters save no
 simulated client compute: the frozen base, dense, does nearly all of it.
 
+``privacy.cut``, ``privacy.labels`` and ``privacy.sample`` act inside steps 1-3; where, and why the
+compression around them keeps their guarantee, is in :mod:`~fedge.algorithms.split.fedsl_privacy`.
+
 Evaluation uses the virtual average of the client trunks with the server model (the paper names no evaluation
 model; docs/decisions.md, "Evaluation on the virtual average"). Clients start from the same initial trunk and
 no transfer is counted for it (the paper's initialisation).
