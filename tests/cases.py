@@ -1,7 +1,7 @@
 """Shared by the robustness tests: tiny configs of every algorithm, the config schema's leaves, a CLI call
 and the check that its outcome is one the issue allows (one-line exit 2 and no directory, a finished run,
-or a divergence stopped with exit 3); and, for the aggregation tests, a small run with given stages and
-its final model."""
+or a divergence stopped with exit 3); for the aggregation tests, a small run with given stages and its
+final model; and, for the split privacy tests, a split run's config, its first rounds and a resume."""
 
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ import json
 import math
 import os
 import subprocess
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -254,3 +254,32 @@ def reduced(
 
     monkeypatch.setattr(Pipeline, "reduce", recording)
     return seen, fedge.run(config)
+
+
+def split_case(out: Path, algorithm: str, privacy: dict[str, Any] | None = None, **options: Any) -> dict:
+    """:func:`tiny` for a split algorithm in batches of 16 with ``options`` and a ``privacy`` block, as
+    the split privacy tests run it."""
+    config = tiny(algorithm, out)
+    config["algorithm"].update({"batch_size": 16, **options})
+    if privacy is not None:
+        config["privacy"] = privacy
+    return config
+
+
+def trained_rounds(raw: dict[str, Any], rounds: int = 2, executor: str = "sequential"):
+    """The built run of ``raw`` on ``executor`` after ``rounds`` rounds, and those rounds' reports."""
+    from fedge.runner.loop import build_run
+
+    built = build_run(fedge.resolve_config({**raw, "engine": {"executor": executor}}))
+    metrics = [built.algorithm.run_round(t) for t in range(1, rounds + 1)]
+    return built, metrics
+
+
+def whole_and_resumed(config_of: Callable[[Path], dict[str, Any]], out: Path, rounds: int, after: int):
+    """The run ``config_of(out)`` of ``rounds`` rounds, and the same run killed after round ``after`` and
+    resumed (its results)."""
+    whole = fedge.run({**config_of(out), "rounds": rounds})
+    config = {**config_of(out / "cut"), "rounds": rounds}
+    config["output"]["name"] = "cut"
+    killed_after(config, after)
+    return whole, fedge.resume(out / "cut" / "cut")

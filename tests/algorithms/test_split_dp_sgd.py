@@ -13,7 +13,8 @@ from typing import Any
 import numpy as np
 import pytest
 import torch
-from cases import invoke, killed_after, tiny
+from cases import invoke, split_case, whole_and_resumed
+from cases import trained_rounds as trained
 from llm_cases import lm_config, needs_llm, write_corpus
 from torch import nn
 
@@ -30,19 +31,9 @@ SAMPLE = {"clip": 0.5, "noise_multiplier": 1.0}
 
 
 def split(out: Path, algorithm: str, privacy: dict[str, Any] | None = None, **options: Any) -> dict[str, Any]:
-    config = tiny(algorithm, out)
-    config["algorithm"].update({"batch_size": 16, **options})
     if algorithm in ("cse_fsl", "fsl_sage", "cse_fsl_async"):
-        config["algorithm"].setdefault("h", 2)
-    if privacy is not None:
-        config["privacy"] = privacy
-    return config
-
-
-def trained(raw: dict[str, Any], rounds: int = 2, executor: str = "sequential"):
-    built = build_run(fedge.resolve_config({**raw, "engine": {"executor": executor}}))
-    metrics = [built.algorithm.run_round(t) for t in range(1, rounds + 1)]
-    return built, metrics
+        options.setdefault("h", 2)
+    return split_case(out, algorithm, privacy, **options)
 
 
 def fingerprint(built, metrics) -> list[float]:
@@ -270,7 +261,6 @@ DROPOUT = {"name": "fcnn", "cut": 1, "options": {"dropout": 0.2}}
 @pytest.mark.parametrize(
     ("algorithm", "model", "reason"),
     [
-        ("light_fedsl", None, "privacy.sample: light_fedsl"),
         ("splitfed_v2", VGG, "privacy.sample: .* without BatchNorm"),
         ("cse_fsl", DROPOUT, "privacy.sample: .* without dropout"),
         ("splitfed_v2", None, r"privacy\.sample\.noise_multiplier"),
@@ -288,12 +278,7 @@ def test_refusals_name_the_key(tmp_path, algorithm, model, reason):
 
 def test_a_resumed_run_adds_the_same_noise_and_spends_the_same(tmp_path):
     privacy = {"sample": SAMPLE, "cut": CUT}
-    whole = fedge.run({**split(tmp_path, "cse_fsl", privacy), "rounds": 3})
-    config = {**split(tmp_path / "cut", "cse_fsl", privacy), "rounds": 3}
-    config["output"]["name"] = "cut"
-
-    killed_after(config, 2)
-    resumed = fedge.resume(tmp_path / "cut" / "cut")
+    whole, resumed = whole_and_resumed(lambda out: split(out, "cse_fsl", privacy), tmp_path, 3, 2)
     assert resumed.summary["privacy"] == whole.summary["privacy"]
     assert resumed.metrics[-1]["train_loss"] == whole.metrics[-1]["train_loss"]
 

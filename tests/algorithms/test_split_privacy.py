@@ -5,12 +5,13 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
-from typing import Any
 
 import numpy as np
 import pytest
 import torch
-from cases import invoke, killed_after, tiny
+from cases import invoke, whole_and_resumed
+from cases import split_case as split
+from cases import trained_rounds as trained
 from llm_cases import lm_config, needs_llm, write_corpus
 
 import fedge
@@ -18,22 +19,9 @@ from fedge.algorithms.split.exchange import ServerExchange
 from fedge.errors import ConfigError
 from fedge.privacy import epsilon
 from fedge.runner.loop import build_run
+from fedge.runner.privacy import PLANNERS, planned
 
 NOISY = {"clip": 1.0, "noise_multiplier": 0.6, "gradient_clip": 0.05, "gradient_noise_multiplier": 0.8}
-
-
-def split(out: Path, algorithm: str, privacy: dict[str, Any] | None = None, **options: Any) -> dict[str, Any]:
-    config = tiny(algorithm, out)
-    config["algorithm"].update({"batch_size": 16, **options})
-    if privacy is not None:
-        config["privacy"] = privacy
-    return config
-
-
-def trained(raw: dict[str, Any], rounds: int = 2, executor: str = "sequential"):
-    built = build_run(fedge.resolve_config({**raw, "engine": {"executor": executor}}))
-    metrics = [built.algorithm.run_round(t) for t in range(1, rounds + 1)]
-    return built, metrics
 
 
 def fingerprint(built, metrics) -> tuple[list[float], float]:
@@ -139,6 +127,8 @@ def test_the_ledger_counts_each_samples_sends_from_the_batch_plan(tmp_path):
     assert gradients == smashed_counts(built)
     assert {r.noise_multiplier for r in releases if r.kind == "cut_gradient"} == {0.8}
     assert not [r for r in releases if r.kind == "label"]  # labels in clear: no label guarantee recorded
+    config, sizes = built.context.config, [int(s) for s in built.context.data.client_sizes()]
+    assert sorted(planned(PLANNERS, config, sizes, 1.0), key=repr) == sorted(releases, key=repr)
 
 
 def test_cse_fsl_releases_fewer_smashed_data_sends_than_splitfed(tmp_path):
@@ -180,15 +170,6 @@ def test_the_run_reports_the_cut_epsilon_and_runs_from_the_cli(tmp_path):
     assert outcome.code == 0, outcome.output
     summary = json.loads(next(tmp_path.glob("cli*/summary.json")).read_text())
     assert summary["privacy"]["epsilon_by_unit"]["sample"] < privacy["epsilon_by_unit"]["sample"]
-
-
-@pytest.mark.parametrize(
-    ("algorithm", "block"),
-    [("light_fedsl", {"cut": {"noise_multiplier": 1.0}}), ("fedsl", {"labels": {"epsilon": 1.0}})],
-)
-def test_algorithms_without_cut_privacy_refuse_it(tmp_path, algorithm, block):
-    with pytest.raises(ConfigError, match=f"privacy.{next(iter(block))}"):
-        trained(split(tmp_path, algorithm, block))
 
 
 def test_an_unset_multiplier_without_a_target_is_refused_naming_the_key(tmp_path):
@@ -247,12 +228,7 @@ def test_a_deployed_split_run_refuses_the_cut_privacy(tmp_path):
 def test_a_resumed_run_spends_what_the_uninterrupted_run_spends(tmp_path):
     """The label releases (once per client) and the per-round cut releases survive a resume exactly."""
     privacy = {"cut": {"clip": 1.0, "noise_multiplier": 1.0}, "labels": {"epsilon": 1.0}}
-    whole = fedge.run({**split(tmp_path, "cse_fsl", privacy, h=2), "rounds": 3})
-    config = {**split(tmp_path / "cut", "cse_fsl", privacy, h=2), "rounds": 3}
-    config["output"]["name"] = "cut"
-
-    killed_after(config, 2)
-    resumed = fedge.resume(tmp_path / "cut" / "cut")
+    whole, resumed = whole_and_resumed(lambda out: split(out, "cse_fsl", privacy, h=2), tmp_path, 3, 2)
     assert resumed.summary["privacy"] == whole.summary["privacy"]
     assert resumed.metrics[-1]["train_loss"] == whole.metrics[-1]["train_loss"]
 

@@ -22,13 +22,14 @@ from __future__ import annotations
 
 import torch
 
+from fedge.algorithms.base import Context
 from fedge.algorithms.split.fedsl_client import cut_masks
 from fedge.algorithms.split.fedsl_steps import ServedCut, Trained
 from fedge.algorithms.split.light_fedsl import FedSL, LightFedSL
 from fedge.deploy.transport import Outgoing, Reply, Transport, dropout_figures
 from fedge.deploy.wire import F32, Spec, expect, labels, wire_dtype
 from fedge.engine.noise import RowKeys
-from fedge.errors import FedgeError
+from fedge.errors import ConfigError, FedgeError
 from fedge.metrics import RoundReport
 from fedge.tensors import Tensors, rows
 
@@ -40,9 +41,15 @@ class DeployedFedSL:
     its baseline): the clients' steps on their nodes, the round's dropouts in its metrics row."""
 
     transport: Transport
+    ctx: Context
 
     def check_deployable(self) -> None:
-        """Every setting is carried (the cut's codecs are fp32 or fp16, which the runtime carries)."""
+        """Every setting is carried (the cut's codecs are fp32 or fp16, which the runtime carries) but
+        the privacy mechanisms: a node trains and sends its cut data itself."""
+        for block in ("cut", "labels", "sample"):
+            if getattr(self.ctx.config.privacy, block) is not None:
+                clear = "a deployed node trains and sends the cut's data in clear"
+                raise ConfigError(f"privacy.{block}", clear)
 
     def run_round(self, t: int) -> RoundReport:
         report = super().run_round(t)

@@ -108,15 +108,39 @@ def most_sends(clients: np.ndarray, indices: np.ndarray) -> dict[int, int]:
     return out
 
 
+def step_rounds(config: RunConfig) -> bool:
+    """Whether a round of the run is one step of every client, its epochs spanning rounds (lightweight
+    FedSL and FedSL mark their configs ``step_rounds``)."""
+    return bool(getattr(config.algorithm, "step_rounds", False))
+
+
+def epoch_batches(config: RunConfig, size: int) -> int:
+    """A split client's batches in one pass over its ``size`` samples (0: it has no batch)."""
+    algorithm = config.algorithm
+    batch = int(getattr(algorithm, "batch_size", 1))
+    return size // batch if getattr(algorithm, "drop_last", False) else -(-size // batch)
+
+
+def begins_pass(config: RunConfig, size: int, t: int) -> bool:
+    """Whether round ``t`` opens a pass over a client's ``size`` samples, the round whose releases stand
+    for the pass: every round where a round is whole passes; where it is one step (:func:`step_rounds`),
+    the first round of each epoch. An epoch's batches are disjoint, so a sample is released once in the
+    epoch's rounds (the parallel composition the other planners apply within a round), and recording
+    that release at the epoch's first round never reports less than was spent."""
+    if not step_rounds(config):
+        return True
+    per_epoch = epoch_batches(config, size)
+    return per_epoch > 0 and (t - 1) % per_epoch == 0
+
+
 def round_batches(config: RunConfig, size: int) -> tuple[int, int]:
     """A split client's round over ``size`` samples: (its passes over the data, its batches), the
     passes counting a started epoch whole; ``(0, 0)`` for a client without a batch."""
     algorithm = config.algorithm
-    batch = int(getattr(algorithm, "batch_size", 1))
-    per_epoch = size // batch if getattr(algorithm, "drop_last", False) else -(-size // batch)
+    per_epoch = epoch_batches(config, size)
     if per_epoch == 0:
         return 0, 0
-    local_steps = getattr(algorithm, "local_steps", None)
+    local_steps = 1 if step_rounds(config) else getattr(algorithm, "local_steps", None)
     batches = (
         int(local_steps)
         if local_steps is not None
@@ -156,27 +180,31 @@ def planned_sends(config: RunConfig, size: int) -> int:
 def plan_cut(config: RunConfig, data_sizes: list[int], multiplier: float) -> list[Release]:
     """The smashed-data releases of a whole run, at ``privacy.cut.noise_multiplier`` or, where that is
     unset, at ``multiplier`` (the calibrated one): every client trains every round, each sample sent the
-    most times a round allows (:func:`planned_sends`)."""
+    most times a round allows (:func:`planned_sends`; one-step rounds at each epoch's first,
+    :func:`begins_pass`). With ``gradient_clip``, an algorithm whose config says
+    ``returns_cut_gradient`` (every sent sample's gradient comes back) plans as many cut-gradient
+    releases at ``gradient_noise_multiplier``."""
     cut = config.privacy.cut
     if cut is None:
         return []
     if cut.noise_multiplier is not None:
         multiplier = cut.noise_multiplier
-    return [
-        Release(
-            t,
-            "smashed",
-            "sample",
-            GAUSSIAN,
-            multiplier,
-            cut.clip,
-            count=planned_sends(config, size),
-            clients=(c,),
-        )  # fmt: skip
-        for t in range(1, config.rounds + 1)
-        for c, size in enumerate(data_sizes)
-        if planned_sends(config, size)
-    ]
+    returned = cut.gradient_clip if getattr(config.algorithm, "returns_cut_gradient", False) else None
+    releases = []
+    for t in range(1, config.rounds + 1):
+        for c, size in enumerate(data_sizes):
+            sends = planned_sends(config, size)
+            if not sends or not begins_pass(config, size, t):
+                continue
+            releases.append(
+                Release(t, "smashed", "sample", GAUSSIAN, multiplier, cut.clip, count=sends, clients=(c,))
+            )
+            if returned is not None:
+                z = cut.gradient_noise_multiplier
+                releases.append(
+                    Release(t, "cut_gradient", "sample", GAUSSIAN, z, returned, count=sends, clients=(c,))
+                )
+    return releases
 
 
 def plan_labels(config: RunConfig, data_sizes: list[int], multiplier: float) -> list[Release]:

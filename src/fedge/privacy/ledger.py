@@ -36,6 +36,7 @@ class PrivacyLedger:
         self.num_clients, self.delta, self.method = num_clients, delta, method
         self.releases: list[Release] = []
         self.round_bound: list[Release] = []  # the most one round can release, where set before the run
+        self.schedule: dict[int, list[Release]] = {}  # each round's releases, where the config fixes them
 
     def record(self, release: Release) -> None:
         """Add a release (a mechanism calls this each time it releases something)."""
@@ -83,14 +84,14 @@ class PrivacyLedger:
     def round_fields(self, t: int) -> dict[str, Any]:
         """A round's metrics fields (empty when the run releases nothing): cumulative ``epsilon`` (the
         largest over units and clients), each unit's, this round's alone, and ``epsilon_next``, what one
-        more round like this one (or, where :attr:`round_bound` is set, one at its most) would make the
-        cumulative epsilon."""
+        more round like this one (or, where :attr:`round_bound` is set, one at its most; where
+        :attr:`schedule` is, the next round's own) would make the cumulative epsilon."""
         if not self.active:
             return {}
         so_far = [r for r in self.releases if r.round <= t]
         this = [r for r in so_far if r.round == t]
         cumulative = self.worst(so_far)
-        following = self.round_bound or this
+        following = self.schedule.get(t + 1, []) if self.schedule else (self.round_bound or this)
         next_round = self.worst(so_far + [_moved(r, t + 1) for r in following])
         fields: dict[str, Any] = {f"epsilon_{unit}": value for unit, value in cumulative.items()}
         fields.update(

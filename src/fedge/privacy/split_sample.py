@@ -4,15 +4,17 @@ Each round a client makes one sample-level release: its client-side updates of t
 Gaussian mechanism on the batch's clipped per-sample gradients. fedge's batches are shuffled epochs of
 disjoint batches, so a sample is in one step per epoch: the round counts one release per epoch
 (parallel composition over the epoch's batches), with no claim of amplification by sampling, plus
-CSE-FSL's server-backprop batch in a server round. Without ``privacy.cut`` the smashed data a client
-sends carries no noise: planned (and recorded) as a release without noise, whose epsilon is infinite.
+CSE-FSL's server-backprop batch in a server round. Where a round is one step (lightweight FedSL,
+FedSL) the epoch spans rounds and its release is planned at its first round. Without ``privacy.cut``
+the smashed data a client sends carries no noise: planned (and recorded) as a release without noise,
+whose epsilon is infinite.
 """
 
 from __future__ import annotations
 
 from fedge.config import RunConfig
 from fedge.errors import ConfigError
-from fedge.privacy.cut import draws_per_round, planned_sends, round_batches
+from fedge.privacy.cut import begins_pass, draws_per_round, planned_sends, round_batches
 from fedge.privacy.release import GAUSSIAN, Release
 
 
@@ -42,6 +44,8 @@ def plan_split_sample(config: RunConfig, data_sizes: list[int], multiplier: floa
     releases = []
     for t in range(1, config.rounds + 1):
         for c, size in enumerate(data_sizes):
+            if not begins_pass(config, size, t):  # one-step rounds: the epoch's release is at its first
+                continue
             uses = planned_uses(config, size)
             if uses:
                 releases.append(

@@ -10,7 +10,9 @@ single round already exceeds.
 
 The asynchronous family's rounds release what the simulated clock dispatches, so the next round may
 train a client this one did not: its ledger checks ``stop.max_epsilon`` against one planned round (every
-client's job at its most) rather than a repeat of the last round, so the budget is never crossed.
+client's job at its most) rather than a repeat of the last round, so the budget is never crossed. A run
+whose round is one step (lightweight FedSL, FedSL) records an epoch's releases at its first round, a
+schedule the config fixes: its ledger checks the next round's planned releases.
 """
 
 from __future__ import annotations
@@ -22,7 +24,7 @@ from fedge.config import RunConfig
 from fedge.errors import ConfigError
 from fedge.privacy import AccountingError, PrivacyLedger, Release, calibrate, epsilon
 from fedge.privacy.client_level import plan_client_level
-from fedge.privacy.cut import plan_cut, plan_labels
+from fedge.privacy.cut import plan_cut, plan_labels, step_rounds
 from fedge.privacy.ledger import UNITS
 from fedge.privacy.peer import plan_peer
 from fedge.privacy.release import Unit
@@ -120,6 +122,9 @@ def prepare(planners: Sequence[Planner], config: RunConfig, sizes: list[int], pr
         one_round = config.model_copy(update={"rounds": 1})
         if config.algorithm.name in ASYNCHRONOUS:  # the next round may train anyone: one round at its most
             privacy.ledger.round_bound = planned(planners, one_round, sizes, privacy.calibrated or 1.0)
+        elif step_rounds(config):  # an epoch's releases come at its first round: the plan says which
+            for release in planned(planners, config, sizes, privacy.calibrated or 1.0):
+                privacy.ledger.schedule.setdefault(release.round, []).append(release)
         if budget is not None:
             first = planned(planners, one_round, sizes, privacy.calibrated or 1.0)
             spent = worst_epsilon(first, config, len(sizes)) if first else 0.0

@@ -127,6 +127,9 @@ class GradientReturnConfig(SplitConfig):
     server gradient and of each client's gradient at ``clip_norm`` (CSE-FSL Sec. VI-A clips FSL_OC without
     naming a threshold)."""
 
+    returns_cut_gradient: ClassVar[bool] = True
+    """every sent sample's cut gradient comes back: the privacy planner counts those releases too"""
+
     clip_norm: Positive | None = None
     """global-norm clipping of server and client gradients (default: none)"""
 

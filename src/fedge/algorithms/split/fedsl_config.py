@@ -4,7 +4,7 @@ them to."""
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Annotated, Literal
+from typing import Annotated, ClassVar, Literal
 
 from pydantic import Field, PositiveInt, StringConstraints
 
@@ -36,6 +36,12 @@ class FedSLConfig(AlgorithmConfig):
       once with the mean gradient at one set of weights).
     """
 
+    split_dp_sgd: ClassVar[bool] = True
+    """``privacy.sample`` makes its client update DP-SGD (:mod:`fedge.privacy.split_sample` plans it)"""
+    step_rounds: ClassVar[bool] = True
+    """a round is one step of every client, its epochs spanning rounds (:mod:`fedge.privacy.cut`)"""
+    returns_cut_gradient: ClassVar[bool] = True
+    """every sent sample's cut gradient comes back (planned with ``privacy.cut.gradient_clip``)"""
     name: str
     batch_size: PositiveInt = 32
     """samples per client and round (a round is one step)"""

@@ -78,3 +78,17 @@ class StepBatches:
             index.append(cached[1].index[0, position])
             weight.append(cached[1].weight[0, position])
         return torch.stack(index), torch.stack(weight)
+
+    def epoch_samples(self, t: int) -> np.ndarray:
+        """The samples of the epoch each client opens in round ``t`` (after :meth:`__call__` of ``t``),
+        ``[K, ...]`` padded with -1, none for a client in the middle of an epoch: an epoch's rounds send
+        each of them once, a release the privacy ledger records at the epoch's first round."""
+        opened = []
+        for k, steps in enumerate(self.steps.tolist()):
+            plan = self._epochs[k][1]
+            picked = torch.where(plan.weight[0] > 0, plan.index[0], -1).flatten()
+            opened.append(picked.cpu().numpy() if (t - 1) % steps == 0 else np.zeros(0, dtype=np.int64))
+        out = np.full((len(opened), max(len(o) for o in opened)), -1, dtype=np.int64)
+        for k, samples in enumerate(opened):
+            out[k, : len(samples)] = samples
+        return out

@@ -28,6 +28,9 @@ part's adapters ``A`` and ``B``, and ``codec_down: q<bits>`` sends the cut-layer
 paper quantizes only the local update; this is our extension for the link). Pruned adapters save no
 simulated client compute: the frozen base, dense, does nearly all of it.
 
+``privacy.cut``, ``privacy.labels`` and ``privacy.sample`` act inside steps 1-3; where, and why the
+compression around them keeps their guarantee, is in :mod:`~fedge.algorithms.split.fedsl_privacy`.
+
 Evaluation uses the virtual average of the client trunks with the server model (the paper names no evaluation
 model; docs/decisions.md, "Evaluation on the virtual average"). Clients start from the same initial trunk and
 no transfer is counted for it (the paper's initialisation).
@@ -59,6 +62,7 @@ from fedge.algorithms.split.fedsl_config import (
     LightFedSLConfig,
     TraditionalFedSLConfig,
 )
+from fedge.algorithms.split.fedsl_privacy import FedSLPrivacy
 from fedge.algorithms.split.fedsl_steps import CutStep, ServedCut, StepBatches, Trained
 from fedge.algorithms.split.padding import sent_entries, sent_targets
 from fedge.algorithms.split.parts import build_parts, composed, initial_state
@@ -87,15 +91,12 @@ class FedSLRounds(Algorithm[FedSLConfig]):
     BatchNorm statistics as stacked state, one server model; a subclass says which compression the
     round runs (:meth:`compression`)."""
 
-    state_fields = ("clients", "server", "totals")
+    state_fields: tuple[str, ...] = ("clients", "server", "totals")
     takes_loss = False
     batched_from = SPLIT_BATCHED_FROM
 
     def __init__(self, ctx: Context, cfg: FedSLConfig):
         super().__init__(ctx, cfg)
-        for block in ("cut", "labels", "sample"):
-            if getattr(ctx.config.privacy, block) is not None:
-                raise ConfigError(f"privacy.{block}", f"{cfg.name} does not implement it; use splitfed_v2")
         for key, value in (
             ("momentum", cfg.optimizer.momentum),
             ("weight_decay", cfg.optimizer.weight_decay),
@@ -125,6 +126,10 @@ class FedSLRounds(Algorithm[FedSLConfig]):
         self.server = MeanGradientServer(self.parts.server, server, server_buffers, SGD(), None, ctx.executor)
         self.update = ClientUpdate(self.knobs, self.prunable, ctx.seed, ctx.device)
         self.forward = make_forward(self.parts.trunk)
+        self.privacy = FedSLPrivacy.of(ctx, self.parts, self.forward)  # None: no mechanism configured
+        if self.privacy is not None:  # which clients' labels went out travels in the checkpoint
+            self.state_fields = (*self.state_fields, "privacy")
+        self.sent_labels = ctx.data.y_train if self.privacy is None else self.privacy.sent_labels
         self.batches = StepBatches(ctx.data, cfg.batch_size, cfg.drop_last)
         network = ctx.network
         self.up, self.down = network.link(cfg.codec_up), network.link(cfg.codec_down)
@@ -162,6 +167,8 @@ class FedSLRounds(Algorithm[FedSLConfig]):
         self.parts.model.train()
         index, weight = self.batches(t)
         counts = (weight > 0).sum(dim=1)
+        if self.privacy is not None:
+            self.privacy.record(t, self.batches.epoch_samples(t))
         before = self._sparsities(self.clients["params"])
         step = self.client_steps(t, rho, index, counts)
         trained = step.states
@@ -187,31 +194,50 @@ class FedSLRounds(Algorithm[FedSLConfig]):
     def client_steps(self, t: int, rho: float, index: torch.Tensor, counts: torch.Tensor) -> Trained:
         """Steps 1-3 of the round for this process's clients: the cut exchange, then each client's
         update (prune to ``rho``, mask, quantize, step)."""
-        cut = self._cut_exchange(t, index, counts)
         own, cohort = self.runtime.local_rows, self.cohort
         masks = {name: own(cohort, mask) for name, mask in self.clients["masks"].items()}
+        cut = self._cut_exchange(t, index, counts, masks)
         lr, first = self.cfg.optimizer.lr, self.runtime.first_row(cohort)
         params, masks = self.update(t, rho, cut.params, cut.grads, masks, lr, first)
         states = {"params": params, "buffers": cut.buffers, "masks": masks}
         return Trained(states, cut.loss, cut.up_bits, cut.down_bits)
 
-    def _cut_exchange(self, t: int, index: torch.Tensor, counts: torch.Tensor) -> CutStep:
-        """Steps 1-2 of the round for this process's clients: trunk forward, cut dropout, the server's
-        side (:meth:`server_side`), the returned gradient back-propagated through the trunk."""
-        ctx, cohort, runtime = self.ctx, self.cohort, self.runtime
-        p, mine = self.knobs.cut_dropout, runtime.local_rows(cohort, index)
-        x, y = ctx.data.x_train[mine], ctx.data.y_train[mine]
+    def _cut_exchange(self, t: int, index: torch.Tensor, counts: torch.Tensor, masks: Tensors) -> CutStep:
+        """Steps 1-2 of the round for this process's clients (``masks``: their pruning masks): trunk
+        forward, cut dropout, the server's side (:meth:`server_side`), the returned gradient
+        back-propagated through the trunk (under ``privacy.sample`` each sample's, as DP-SGD;
+        :mod:`~fedge.algorithms.split.fedsl_privacy` says in which order the mechanisms act)."""
+        ctx, cohort, runtime, privacy = self.ctx, self.cohort, self.runtime, self.privacy
+        p, mine, first = self.knobs.cut_dropout, runtime.local_rows(cohort, index), runtime.first_row(cohort)
+        x, y = ctx.data.x_train[mine], self.sent_labels[mine]
         params = {k: runtime.local_rows(cohort, v) for k, v in self.clients["params"].items()}
         buffers = {k: runtime.local_rows(cohort, v) for k, v in self.clients["buffers"].items()}
         every = ctx.executor.phase_keys(range(len(self.nodes)))
         keys = None if every is None else RowKeys(runtime.local_rows(cohort, every.base))
         own = runtime.local_rows(cohort, counts)
-        z, new_buffers, pullback = ctx.executor.forward_with_vjp(
-            self.forward, params, buffers, x, own, None if keys is None else keys.at(0)
-        )
-        keep = cut_masks(ctx.seed, t, own, z, runtime.first_row(cohort), p)
-        served = self.server_side(t, apply_dropout(z.detach(), keep, p), y, own, keep, keys)
-        grads = pullback(apply_dropout(served.grad, keep, p))
+        private = privacy is not None and privacy.sample is not None
+        if private:  # the per-sample gradients come later: one forward pass without a graph to send
+            with torch.no_grad():
+                out = ctx.executor.map(
+                    self.forward, state=(buffers,), batch=(x,), shared=(), counts=own, inputs=(params,),
+                    stage="forward",
+                )  # fmt: skip
+            z, new_buffers = out.per_sample[0], out.state[0]
+        else:
+            z, new_buffers, pullback = ctx.executor.forward_with_vjp(
+                self.forward, params, buffers, x, own, None if keys is None else keys.at(0)
+            )
+        keep = cut_masks(ctx.seed, t, own, z, first, p)
+        sent, through = apply_dropout(z.detach(), keep, p), None
+        if privacy is not None:
+            sent, through = privacy.released(t, first, sent, keep, own)
+        served = self.server_side(t, sent, y, own, keep, keys)
+        grad = served.grad if through is None else through(served.grad)
+        if privacy is not None and private:
+            state = (params, buffers, masks)
+            grads = privacy.gradient(ctx.executor, t, first, state, x, apply_dropout(grad, keep, p), own)
+        else:
+            grads = pullback(apply_dropout(grad, keep, p))
         return CutStep(params, new_buffers, grads, served.loss, served.up_bits, served.down_bits)
 
     def server_side(
@@ -238,6 +264,8 @@ class FedSLRounds(Algorithm[FedSLConfig]):
         grad_z = served.grad_z
         assert grad_z is not None, "the server returns the cut-layer gradient when asked for it"
         returned = {"g": grad_z * keep.to(grad_z)}
+        if self.privacy is not None:  # privacy.cut's gradient_clip: clipped and noised as it goes down
+            returned["g"] = self.privacy.returned(t, runtime.first_row(cohort), returned["g"], keep, own)
         grad = runtime.answer(cohort, self.down, t, self.nodes, "grad_down", returned, entry_mask=keep)
         loss = runtime.gather(cohort, {"loss": served.loss})["loss"]
         return ServedCut(grad.payload["g"], loss, smashed.bits + labels.bits, grad.bits)

@@ -73,12 +73,14 @@ def noisy_clipped_mean(grads: Tensors, weight: torch.Tensor, noise: Tensors, cli
     }
 
 
-def make_private_apply(
-    forward: ClientForward, sgd: Optimizer, clip_norm: float | None, clip: float
-) -> ClientFn:
-    """SplitFed's trunk update on a returned cut gradient as DP-SGD: ``fn(params, opt_state, buffers,
-    noise, x, grad_z, weight, lr)``. Sample ``i``'s gradient is ``d <z_i, n * grad_z_i> / d params``, its
-    smashed data computed on its own (through ``privacy.cut``'s clip when set)."""
+CutSampleGradients = Callable[[Tensors, Tensors, torch.Tensor, torch.Tensor, torch.Tensor], Tensors]
+"""``(params, buffers, x, grad_z, weight)`` -> each sample's gradient of the client-side parameters."""
+
+
+def cut_sample_gradients(forward: ClientForward) -> CutSampleGradients:
+    """Each sample's gradient of the client-side parameters through the cut gradient ``grad_z`` the server
+    returns for its batch's mean loss: sample ``i``'s is ``d <z_i, n * grad_z_i> / d params``, its smashed
+    data computed on its own (through ``forward``'s clip when set), ``n`` the batch's sample count."""
 
     def sample_output(params: Tensors, buffers: Tensors, x: torch.Tensor, g: torch.Tensor) -> torch.Tensor:
         z = forward(buffers, params, x[None]).per_sample[0][0]
@@ -86,9 +88,24 @@ def make_private_apply(
 
     per_sample = vmap(grad(sample_output), in_dims=(None, None, 0, 0))
 
-    def apply(params, opt_state, buffers, noise, x, grad_z, weight, lr):
+    def gradients(
+        params: Tensors, buffers: Tensors, x: torch.Tensor, grad_z: torch.Tensor, weight: torch.Tensor
+    ):
         scale = weight.sum().reshape(*([1] * grad_z.dim()))
-        grads = per_sample(params, buffers, x, grad_z * scale)
+        return per_sample(params, buffers, x, grad_z * scale)
+
+    return gradients
+
+
+def make_private_apply(
+    forward: ClientForward, sgd: Optimizer, clip_norm: float | None, clip: float
+) -> ClientFn:
+    """SplitFed's trunk update on a returned cut gradient as DP-SGD: ``fn(params, opt_state, buffers,
+    noise, x, grad_z, weight, lr)`` on :func:`cut_sample_gradients`."""
+    per_sample = cut_sample_gradients(forward)
+
+    def apply(params, opt_state, buffers, noise, x, grad_z, weight, lr):
+        grads = per_sample(params, buffers, x, grad_z, weight)
         private = noisy_clipped_mean(grads, weight, noise, clip)
         new_params, new_state = sgd.update(params, clip_global_norm(private, clip_norm), opt_state, lr)
         return Mapped((new_params, new_state))
