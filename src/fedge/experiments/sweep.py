@@ -75,6 +75,8 @@ SUMMARY_FIELDS = (
     "stopped_by",
     "malicious",
     "malicious_kept",
+    "malicious_selected",
+    "final_attack_success",
 )
 TABLE_FIELDS = ("final_accuracy", "best_accuracy", "mb_total", "sim_seconds")
 
