@@ -11,6 +11,7 @@ from collections.abc import Callable
 from typing import Any
 
 from fedge.aggregation import sites
+from fedge.aggregation.fltrust import FLTrust
 from fedge.aggregation.means import AnchoredMean, BlockMean, WeightedMean
 from fedge.aggregation.private import Clip, Gaussian, GaussianShare
 from fedge.aggregation.robust import ROBUST
@@ -35,6 +36,7 @@ STAGES: dict[str, Callable[..., Stage]] = {
     "gaussian": Gaussian,
     "secagg": SecureAggregation,
     **ROBUST,
+    "fltrust": FLTrust,
 }
 """Stages by name: fedge's own (client-level DP's, :mod:`fedge.aggregation.private`; secure
 aggregation, :mod:`fedge.aggregation.secure`; Byzantine-robust aggregation,
