@@ -38,7 +38,7 @@ from collections import deque
 from collections.abc import Callable, Iterator
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
-from typing import ClassVar, TypeVar
+from typing import ClassVar, TypeVar, cast
 
 import numpy as np
 import torch
@@ -317,7 +317,8 @@ def _sum(x: Host) -> torch.Tensor:
 def _count(where: Host) -> torch.Tensor:
     """Each row's count of the columns where ``where`` (``[g, k, c]``) holds, ``[g, k]`` float64 on the
     CPU."""
-    return torch.as_tensor(where.sum(axis=2)).double().cpu()
+    counts = where.sum(axis=2) if isinstance(where, np.ndarray) else where.sum(dim=2)
+    return torch.as_tensor(counts).double().cpu()
 
 
 class Median(RobustReducer):
@@ -342,7 +343,8 @@ class Median(RobustReducer):
             ranked = _partitioned(a, middle)
             values = [ranked[:, r] for r in middle]
             middle_value = values[0] if len(values) == 1 else (values[0] + values[1]) / 2
-            return torch.as_tensor(middle_value), sum(_count(a == value[:, None]) for value in values)
+            counts = [_count(cast(Host, a == value[:, None])) for value in values]
+            return torch.as_tensor(middle_value), counts[0] if len(counts) == 1 else counts[0] + counts[1]
 
         for name, cols, (value, count) in _each_block(batch, select):
             out[name][:, cols] = value
