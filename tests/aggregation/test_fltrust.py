@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import sys
 from pathlib import Path
-from typing import Any
 
 import numpy as np
 import pytest
@@ -23,7 +22,7 @@ from fedge.extend import parse_config
 from fedge.runtime.root import root_indices
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from cases import final_state, staged  # noqa: E402
+from cases import final_state, sign_flipped_digits, staged  # noqa: E402
 
 FLTRUST = {"name": "fltrust", "at": ["server"]}
 
@@ -127,22 +126,8 @@ def test_both_executors_agree_and_the_root_training_is_charged(tmp_path, monkeyp
 
 
 def test_fltrust_keeps_digits_near_clean_under_sign_flip(tmp_path):
-    def digits(stages: list[Any], attacked: bool) -> float:
-        config: dict[str, Any] = {
-            "seed": 1,
-            "rounds": 4,
-            "data": {"name": "digits"},
-            "partition": {"kind": "iid", "num_clients": 8},
-            "model": {"name": "mlp", "options": {"hidden": [32]}},
-            "algorithm": {"name": "fedavg", "optimizer": {"lr": 0.1}},
-            "aggregation": {"stages": stages},
-            "output": {"dir": str(tmp_path), "plots": False},
-        }
-        if attacked:
-            config["adversary"] = {"clients": 0.25, "attack": "sign_flip", "options": {"scale": 4.0}}
-        return fedge.run(config).summary["final_accuracy"]
-
-    clean, trusted = digits([], False), digits([FLTRUST], True)
+    clean = sign_flipped_digits(tmp_path, [], False, rounds=4)
+    trusted = sign_flipped_digits(tmp_path, [FLTRUST], True, rounds=4)
     assert trusted > clean - 0.05
 
 
