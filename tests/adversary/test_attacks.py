@@ -24,7 +24,7 @@ from fedge.rng import torch_rng
 from fedge.runtime.adversary import Adversary, alie_z, malicious_clients, poisoned
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from cases import tiny  # noqa: E402
+from cases import sign_flipped_digits, tiny  # noqa: E402
 
 REF = {"w": torch.tensor([[1.0, -2.0], [0.5, 3.0]]), "b": torch.tensor([0.0, 1.0]), "n": torch.tensor(5)}
 ROWS = {
@@ -221,19 +221,7 @@ def test_both_executors_poison_alike_and_runs_repeat(tmp_path, monkeypatch, atta
 
 def test_sign_flip_breaks_the_mean_not_the_median_or_krum(tmp_path):
     def digits(stages: list[Any], attacked: bool) -> float:
-        config: dict[str, Any] = {
-            "seed": 1,
-            "rounds": 5,
-            "data": {"name": "digits"},
-            "partition": {"kind": "iid", "num_clients": 8},
-            "model": {"name": "mlp", "options": {"hidden": [32]}},
-            "algorithm": {"name": "fedavg", "optimizer": {"lr": 0.1}},
-            "aggregation": {"stages": stages},
-            "output": {"dir": str(tmp_path), "plots": False},
-        }
-        if attacked:
-            config["adversary"] = {"clients": 0.25, "attack": "sign_flip", "options": {"scale": 4.0}}
-        return fedge.run(config).summary["final_accuracy"]
+        return sign_flipped_digits(tmp_path, stages, attacked)
 
     krum = [{"name": "krum", "options": {"byzantine": 2}}]
     clean, mean = digits([], False), digits([], True)

@@ -12,6 +12,7 @@ from typing import Any
 
 from fedge.aggregation import sites
 from fedge.aggregation.clipped_gossip import ClippedGossip
+from fedge.aggregation.fltrust import FLTrust
 from fedge.aggregation.means import AnchoredMean, BlockMean, WeightedMean
 from fedge.aggregation.private import Clip, Gaussian, GaussianShare
 from fedge.aggregation.robust import ROBUST
@@ -37,6 +38,7 @@ STAGES: dict[str, Callable[..., Stage]] = {
     "secagg": SecureAggregation,
     **ROBUST,
     "clipped_gossip": ClippedGossip,
+    "fltrust": FLTrust,
 }
 """Stages by name: fedge's own (client-level DP's, :mod:`fedge.aggregation.private`; secure
 aggregation, :mod:`fedge.aggregation.secure`; Byzantine-robust aggregation,

@@ -34,9 +34,11 @@ from __future__ import annotations
 
 import math
 from abc import abstractmethod
-from collections.abc import Iterator
+from collections import deque
+from collections.abc import Callable, Iterator
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
-from typing import ClassVar
+from typing import ClassVar, TypeVar, cast
 
 import numpy as np
 import torch
@@ -51,8 +53,15 @@ from fedge.errors import ConfigError
 from fedge.system.clock import CLIENT_COMPUTE, SERVER_COMPUTE, RoundCost
 from fedge.tensors import Tensors, floating
 
+Result = TypeVar("Result")
+
 BLOCK = 1 << 24
 """Values per column block (``outputs x rows x columns``): 64 MiB of float32, the working set's unit."""
+SELECTION_BLOCK = 1 << 20
+"""The median's and trimmed mean's block (4 MiB): a selection's copy of it stays in cache."""
+ITERATIVE_BLOCK = 1 << 20
+"""The geometric median's and centred clipping's block (4 MiB): a pass reads the block from memory for
+its weighted sum and again from cache for its distances."""
 
 
 @dataclass(frozen=True)
@@ -90,6 +99,7 @@ class Batch:
     index: torch.Tensor | None
     weights: torch.Tensor
     scale: torch.Tensor
+    block: int = BLOCK
 
     @property
     def shape(self) -> tuple[int, int]:
@@ -102,7 +112,7 @@ class Batch:
     def blocks(self) -> Iterator[tuple[str, slice, torch.Tensor]]:
         """Every tensor's columns, a block at a time: (name, columns, ``[g, k, c]`` values)."""
         g, k = self.shape
-        width = max(1, BLOCK // (g * k))
+        width = max(1, self.block // (g * k))
         for name in self.names:
             flat = self.rows[name].reshape(self.rows[name].shape[0], -1)
             for start in range(0, flat.shape[1], width):
@@ -122,6 +132,7 @@ class RobustReducer(Reducer):
 
     additive: ClassVar[bool] = False  # a robust rule needs every row at once
     name: ClassVar[str]
+    block: ClassVar[int] = BLOCK  # values per column block (see :class:`Batch`)
 
     def __init__(self) -> None:
         self.run = StageRun(sites.SERVER)
@@ -154,7 +165,7 @@ class RobustReducer(Reducer):
             whole = outputs == 1 and index.shape[1] == weights.shape[1]
             w = torch.gather(weights[chosen], 1, index).double()
             total = w.sum(dim=1)
-            batch = Batch(part.rows, names, None if whole else index, w / total[:, None], total)
+            batch = Batch(part.rows, names, None if whole else index, w / total[:, None], total, self.block)
             out = batch.empty()
             centre = self._centre(updates, names, chosen) if self.uses_reference else None
             kept, extras = self.aggregate(batch, out, centre)
@@ -245,44 +256,116 @@ def _log2(k: int) -> int:
     return max(1, math.ceil(math.log2(k))) if k > 1 else 1
 
 
+def _each_block(batch: Batch, work: Callable[[torch.Tensor], Result]) -> Iterator[tuple[str, slice, Result]]:
+    """``(name, columns, work(block))`` for every block of ``batch`` in order (:meth:`Batch.blocks`):
+    on the CPU on torch's threads, a few blocks at a time (numpy's selections release the GIL), so the
+    blocks in flight stay a few whatever their number."""
+    threads = torch.get_num_threads()
+    if threads == 1 or any(batch.rows[n].device.type != "cpu" for n in batch.names):
+        yield from ((name, cols, work(x)) for name, cols, x in batch.blocks())
+        return
+    with ThreadPoolExecutor(threads) as pool:
+        flight: deque[tuple[str, slice, Future[Result]]] = deque()
+        for name, cols, x in batch.blocks():
+            flight.append((name, cols, pool.submit(work, x)))
+            if len(flight) > 2 * threads:
+                done = flight.popleft()
+                yield done[0], done[1], done[2].result()
+        while flight:
+            done = flight.popleft()
+            yield done[0], done[1], done[2].result()
+
+
+Host = torch.Tensor | np.ndarray
+"""A block as :func:`_host` gives it: a numpy view on the CPU, else the tensor."""
+
+
+def _host(x: torch.Tensor) -> Host:
+    """``x`` as a numpy view on the CPU, else ``x`` itself (bfloat16, which numpy lacks, aside): on the
+    CPU numpy's partition, comparisons and reductions along a strided dimension are several times
+    torch's, and its single-threaded loops pay no thread synchronisation on every small block."""
+    return x.numpy() if x.device.type == "cpu" and x.dtype != torch.bfloat16 else x
+
+
+def _like(t: torch.Tensor, x: Host) -> Host:
+    """``t`` as ``x``'s kind, dtype and device."""
+    if isinstance(x, np.ndarray):
+        return t.to(dtype=torch.from_numpy(x[:0]).dtype, device="cpu").numpy()
+    return t.to(device=x.device, dtype=x.dtype)
+
+
+def _partitioned(x: Host, ranks: list[int]) -> Host:
+    """``x`` (``[g, k, c]``) with each column's values along the rows partitioned at the sorted
+    positions ``ranks`` (each such position holds its order statistic, lesser values before it and
+    greater after, as ``numpy.partition``): numpy's introselect, one pass for every rank, for an array
+    (torch has no partition); a sort for a tensor."""
+    if isinstance(x, np.ndarray):  # each column's values made contiguous first: the selection's fast path
+        columns = np.ascontiguousarray(x.transpose(0, 2, 1))
+        columns.partition(ranks, axis=2)
+        return columns.transpose(0, 2, 1)
+    return x.sort(dim=1).values
+
+
+def _sum(x: Host) -> torch.Tensor:
+    """``x`` (``[g, k, c]``) summed over the rows in float64, ``[g, c]`` (numpy's on an array: torch's
+    float64 sum along a strided dimension is far slower on the CPU)."""
+    if isinstance(x, np.ndarray):
+        return torch.from_numpy(x.sum(axis=1, dtype=np.float64))
+    return x.sum(dim=1, dtype=torch.float64)
+
+
+def _count(where: Host) -> torch.Tensor:
+    """Each row's count of the columns where ``where`` (``[g, k, c]``) holds, ``[g, k]`` float64 on the
+    CPU."""
+    counts = where.sum(axis=2) if isinstance(where, np.ndarray) else where.sum(dim=2)
+    return torch.as_tensor(counts).double().cpu()
+
+
 class Median(RobustReducer):
     """The coordinate-wise median of each output's rows (the mean of the two middle values for an even
     count, as ``numpy.median``): tolerates fewer than half the rows lying in any coordinate (Yin et al.
-    2018). Unweighted. One selection per coordinate (``kthvalue``; for an even count the next value up
-    by a masked minimum). Cost: ``2 k d`` comparisons per output counted."""
+    2018). Unweighted. One selection per coordinate for both middle values (:func:`_partitioned`); a
+    row's ``kept`` counts the coordinates where its value is a middle one (twice where both middle
+    values are its). Cost: ``2 k d`` comparisons per output counted."""
 
     name = "median"
+    block = SELECTION_BLOCK
 
     def aggregate(
         self, batch: Batch, out: Tensors, centre: Tensors | None
     ) -> tuple[torch.Tensor, list[dict[str, object]]]:
         g, k = batch.shape
         kept = torch.zeros(g, k, dtype=torch.float64)
-        low, high = (k - 1) // 2, k // 2
-        for name, cols, x in batch.blocks():
-            lower = x.kthvalue(low + 1, dim=1)
-            value, where = lower.values, [lower.indices]
-            if high != low:  # the next value up: the least above the lower middle, or it again if tied
-                up = torch.where(x > value[:, None], x, torch.inf).min(dim=1)
-                tied = (x <= value[:, None]).sum(dim=1) > high
-                value = (value + torch.where(tied, value, up.values)) / 2
-                where.append(torch.where(tied, lower.indices, up.indices))
+        middle = sorted({(k - 1) // 2, k // 2})
+
+        def select(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+            a = _host(x)
+            ranked = _partitioned(a, middle)
+            values = [ranked[:, r] for r in middle]
+            middle_value = values[0] if len(values) == 1 else (values[0] + values[1]) / 2
+            counts = [_count(cast(Host, a == value[:, None])) for value in values]
+            return torch.as_tensor(middle_value), counts[0] if len(counts) == 1 else counts[0] + counts[1]
+
+        for name, cols, (value, count) in _each_block(batch, select):
             out[name][:, cols] = value
-            for rows in where:
-                kept.scatter_add_(1, rows.cpu(), torch.ones(rows.shape, dtype=torch.float64))
+            kept += count
+        kept = kept / batch.dims
         flops = float(2 * k * batch.dims)
-        return kept / batch.dims, [{"flops": flops}] * g
+        return kept, [{"flops": flops}] * g
 
 
 class TrimmedMean(RobustReducer):
     """The coordinate-wise trimmed mean: per coordinate, the ``b`` largest and ``b`` smallest values
     dropped and the rest averaged (Yin et al. 2018). ``trim``: a fraction of each output's ``k`` rows
     (``b = floor(trim k)``, as Flower's and SciPy's ``trim_mean``; in ``[0, 0.5)``) or a count per side
-    (an integer); ``trim: 0`` is the plain unweighted mean. Unweighted. Computed as the sum less the
-    ``b`` largest and ``b`` smallest (two top-``b`` selections, in float64), so no sort. Cost: ``2 k
-    ceil(log2 b) d`` comparisons and ``2 k d`` additions per output (``k d`` when nothing is trimmed)."""
+    (an integer); ``trim: 0`` is the plain unweighted mean. Unweighted. One selection per coordinate
+    partitions the values at both cuts (:func:`_partitioned`, no sort) and the middle ones are summed in
+    float64; a row's ``kept`` is the share of coordinates where its value lies between the cuts (a value
+    tied with a cut counts as kept). Cost: ``2 k ceil(log2 b) d`` comparisons and ``2 k d`` additions
+    per output (``k d`` when nothing is trimmed)."""
 
     name = "trimmed_mean"
+    block = SELECTION_BLOCK
 
     def __init__(self, trim: float | int = 0.1):
         super().__init__()
@@ -308,22 +391,25 @@ class TrimmedMean(RobustReducer):
     ) -> tuple[torch.Tensor, list[dict[str, object]]]:
         g, k = batch.shape
         b = self.cut(k)
-        kept = torch.zeros(g, k, dtype=torch.float64)
-        for name, cols, x in batch.blocks():
-            if b == 0:
-                out[name][:, cols] = x.mean(dim=1)
-                continue
-            top, bottom = x.topk(b, dim=1), x.topk(b, dim=1, largest=False)
-            total = x.sum(dim=1, dtype=torch.float64) - top.values.sum(1, dtype=torch.float64)
-            out[name][:, cols] = (total - bottom.values.sum(1, dtype=torch.float64)) / (k - 2 * b)
-            for dropped in (top.indices, bottom.indices):
-                where = dropped.reshape(g, -1).cpu()
-                kept.scatter_add_(1, where, torch.ones(where.shape, dtype=torch.float64))
+        cut = torch.zeros(g, k, dtype=torch.float64)
         if b == 0:
-            kept.fill_(1.0)
+            for name, cols, x in batch.blocks():
+                out[name][:, cols] = x.mean(dim=1)
+
+        def trimmed(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+            a = _host(x)
+            ranked = _partitioned(a, [b, k - b - 1])
+            dropped = _count(a < ranked[:, b, None]) + _count(a > ranked[:, k - b - 1, None])
+            return _sum(ranked[:, b : k - b]) / (k - 2 * b), dropped
+
+        for name, cols, (value, dropped) in _each_block(batch, trimmed) if b else ():
+            out[name][:, cols] = value
+            cut += dropped
+        if b == 0:
+            kept = torch.ones(g, k, dtype=torch.float64)
             flops = float(k * batch.dims)
         else:
-            kept = 1.0 - kept / batch.dims  # the share of coordinates where a row was not cut
+            kept = 1.0 - cut / batch.dims  # the share of coordinates where a row was not cut
             flops = float((2 * k * _log2(b) + 2 * k) * batch.dims)
         return kept, [{"flops": flops}] * g
 
@@ -398,20 +484,25 @@ class _Iterative(RobustReducer):
     the columns that computes the next ``v`` block by block and, with it, every row's squared distance
     to it."""
 
+    block = ITERATIVE_BLOCK
+
     def step(self, batch: Batch, out: Tensors, move: torch.Tensor, base: Tensors | None) -> torch.Tensor:
         """``v <- (base + ) sum_i move[:, i] (x_i - base)`` written into ``out`` (``base`` ``None``: a
         weighted sum of the rows), and each row's squared distance to the new ``v`` ``[g, k]``."""
         g, k = batch.shape
         squared = torch.zeros(g, k, dtype=torch.float64)
         for name, cols, x in batch.blocks():
-            a = move.to(device=x.device, dtype=x.dtype)[:, None, :]
+            h = _host(x)
+            ops = np if isinstance(h, np.ndarray) else torch
+            a = _like(move, h)
             if base is None:
-                v = (a @ x)[:, 0]
+                v = ops.einsum("gk,gkc->gc", a, h)
             else:
-                b = base[name][:, cols].to(x.device)
-                v = b + (a @ (x - b[:, None]))[:, 0]
-            out[name][:, cols] = v
-            squared += torch.linalg.vector_norm(x - v[:, None], dim=2).double().square().cpu()
+                b = _like(base[name][:, cols], h)
+                v = b + ops.einsum("gk,gkc->gc", a, h - b[:, None])
+            out[name][:, cols] = torch.as_tensor(v)
+            gap = h - v[:, None]
+            squared += torch.as_tensor(ops.einsum("gkc,gkc->gk", gap, gap)).double().cpu()
         return squared
 
 

@@ -163,9 +163,14 @@ class FederatedData:
 
     def pooled(self) -> FederatedData:
         """A one-client view of the union of all clients' training samples (same tensors, no copy)."""
+        return self.holding(np.sort(np.concatenate(self.client_train)))
+
+    def holding(self, indices: np.ndarray) -> FederatedData:
+        """A one-client view that holds the training samples ``indices`` (same tensors, no copy): a
+        server's own set, say (FLTrust's root set)."""
         view = object.__new__(FederatedData)
         view.__dict__.update(self.__dict__)
-        view.client_train = [np.sort(np.concatenate(self.client_train))]
+        view.client_train = [np.asarray(indices, dtype=np.int64)]
         view.client_test = [np.arange(self.dataset.num_test, dtype=np.int64)]
         return view
 

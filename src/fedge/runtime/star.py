@@ -23,6 +23,7 @@ import torch
 from torch import nn
 
 from fedge.aggregation import Updates, sites
+from fedge.aggregation.fltrust import FLTrust
 from fedge.comm import Link, nodes
 from fedge.data.federated import BatchPlan, FederatedData
 from fedge.distributed import Cohort
@@ -35,6 +36,7 @@ from fedge.rng import numpy_rng
 from fedge.runtime.adversary import Adversary
 from fedge.runtime.availability import choose, online_clients
 from fedge.runtime.context import Context
+from fedge.runtime.root import LocalWork, root_update
 from fedge.runtime.storage import hold_frozen_base
 from fedge.system import forward_flops, star_round, training_flops
 from fedge.tensors import Tensors, floating
@@ -84,6 +86,8 @@ class StarRound:
     flops_per_sample: float
     adversary: Adversary | None = None
     figures: dict[str, object] = field(default_factory=dict)  # the adversary's, once aggregated
+    local: tuple[int, int, bool] | None = None  # the plan's epochs, batch size and drop_last
+    work: LocalWork | None = None  # how the participants trained (what FLTrust's root training repeats)
 
     @property
     def receivers(self) -> list[str]:
@@ -116,6 +120,7 @@ class StarRound:
     def plan(self, epochs: int, batch_size: int, drop_last: bool) -> BatchPlan:
         """This process's participants' local steps: ``epochs`` passes in batches of ``batch_size`` (over
         :attr:`data`: a backdoor's malicious clients index their stamped copies)."""
+        self.local = (epochs, batch_size, drop_last)
         return self.data.batch_plan(self.local_clients, self.round, epochs, batch_size, drop_last)
 
     def train(
@@ -123,6 +128,8 @@ class StarRound:
     ) -> torch.Tensor:
         """The executor trains ``bank`` by ``plan``; each row's mean training loss. The rows' optimizer
         states then go to ``states`` (kept for each client's next round, where the run keeps them)."""
+        if self.local is not None:
+            self.work = LocalWork(step, lr, *self.local)
         losses = self.ctx.executor.train(step, bank, plan, self.data, lr)
         states.end(self.clients, bank.opt_state, self.cohort)
         return losses
@@ -153,9 +160,15 @@ class StarRound:
         """The server's new model (parameters, buffers) from the participants' rows, through the server's
         pipeline (by default the sample-weighted mean); ``params`` and ``buffers`` are the model they
         started from. Every participant then holds the new model (a FedAvg client keeps the last model it
-        received). An adversary's participants first replace their rows (:mod:`fedge.runtime.adversary`)."""
+        received). An adversary's participants first replace their rows (:mod:`fedge.runtime.adversary`);
+        an ``fltrust`` reducer is first given the server's root update (:mod:`fedge.runtime.root`)."""
         senders = tuple(int(c) for c in self.local_clients)
         reference, pipeline = {**params, **buffers}, self.ctx.pipeline(sites.SERVER)
+        if isinstance(pipeline.reducer, FLTrust) and self.work is not None:
+            model = (params, buffers)
+            pipeline.reducer.root = root_update(
+                self.ctx, self.round, self.work, pipeline.reducer, model, self.flops_per_sample
+            )
         if self.adversary is not None:
             stacked = self.adversary.poison(self.round, self.clients, stacked, reference)
         updates = Updates.of(sites.SERVER, self.round, stacked, self.weights, reference, senders)

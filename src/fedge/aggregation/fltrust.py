@@ -1,0 +1,109 @@
+"""FLTrust (Cao, Fang, Liu and Gong, "FLTrust: Byzantine-robust federated learning via trust
+bootstrapping", NDSS 2021): the server trains its own update on a small clean root set and trusts each
+client's update by its direction's agreement with it.
+
+Each round the server trains a copy of the broadcast model on its root set, as a client trains (its
+update ``g0``, the trained model less the broadcast one), and with ``g_i`` each client's change from the
+broadcast model (over every floating tensor, one vector per row):
+
+- trust score ``TS_i = ReLU(cos(g_i, g0))`` (the paper's Eq. 5);
+- each update rescaled to the root update's norm, ``g_i ||g0|| / ||g_i||`` (Eq. 6);
+- the new model ``r + sum_i TS_i g_i ||g0|| / ||g_i|| / sum_j TS_j`` (Eq. 7; no change where every
+  score is 0).
+
+The root training lives with the star runtime (:mod:`fedge.runtime.root`): before each aggregation it
+hands the reducer the round's root model (:attr:`FLTrust.root`), so the stage runs only at the server of
+FedAvg and FedAvg-FT and is refused elsewhere. Unweighted, as the paper's rule; the site's weights only
+choose the rows.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from fedge.aggregation import sites
+from fedge.aggregation.robust import Batch, RobustReducer
+from fedge.aggregation.stage import OptionError, StageRun
+from fedge.errors import ConfigError
+from fedge.tensors import Tensors
+
+STAR = ("fedavg", "fedavg_ft")
+"""The algorithms whose server trains a root update (their star runtime)."""
+
+
+@dataclass(frozen=True)
+class RootUpdate:
+    """The server's own model of one round, trained on its root set from the broadcast model, and the
+    FLOPs that training took (charged to the server with the aggregation's)."""
+
+    model: Tensors
+    flops: float
+
+
+class FLTrust(RobustReducer):
+    """FLTrust's trust-weighted mean of norm-rescaled updates (see the module). ``root_samples``: the
+    size of the root set; ``root_epochs`` and ``lr``: the root training's passes and learning rate
+    (unset: the clients' ``local_epochs`` and ``optimizer.lr``). Report: ``kept`` is each row's
+    normalised trust score ``TS_i / sum_j TS_j`` (its weight in the result; all 0 when every score is),
+    ``scores`` the trust scores ``TS_i``. Cost per output: ``(6 k + 2) d`` (the dot products and norms,
+    then the weighted sum), plus the root training's FLOPs."""
+
+    name = "fltrust"
+    uses_reference = True
+
+    def __init__(self, root_samples: int = 100, root_epochs: int | None = None, lr: float | None = None):
+        super().__init__()
+        if isinstance(root_samples, bool) or not isinstance(root_samples, int) or root_samples < 1:
+            raise OptionError("root_samples", f"{root_samples!r} must be a positive integer")
+        if root_epochs is not None and (
+            isinstance(root_epochs, bool) or not isinstance(root_epochs, int) or root_epochs < 1
+        ):
+            raise OptionError("root_epochs", f"{root_epochs!r} must be a positive integer")
+        if lr is not None and (isinstance(lr, bool) or not isinstance(lr, int | float) or not lr > 0):
+            raise OptionError("lr", f"{lr!r} must be a positive number")
+        self.root_samples, self.root_epochs = root_samples, root_epochs
+        self.lr = None if lr is None else float(lr)
+        self.root: RootUpdate | None = None  # this round's, set by the star runtime before it reduces
+
+    def bind(self, run: StageRun) -> None:
+        if run.site != sites.SERVER:
+            where = f"the star server ({', '.join(STAR)}): set at: [server]"
+            raise ConfigError(f"{run.key}.at", f"fltrust trains a root update at {where}, not the {run.site}")
+        super().bind(run)
+
+    def aggregate(
+        self, batch: Batch, out: Tensors, centre: Tensors | None
+    ) -> tuple[torch.Tensor, list[dict[str, object]]]:
+        assert centre is not None
+        root, self.root = self.root, None  # one round's update serves one aggregation
+        if root is None:
+            raise ConfigError(
+                f"{self.run.key}.name",
+                f"fltrust needs the server's root update, which only {', '.join(STAR)} train",
+            )
+        g, k = batch.shape
+        dots = torch.zeros(g, k, dtype=torch.float64)
+        squared = torch.zeros(g, k, dtype=torch.float64)
+        root_squared = torch.zeros(g, dtype=torch.float64)
+        for name, cols, x in batch.blocks():
+            c = centre[name][:, cols].to(x.device)
+            g0 = root.model[name].reshape(1, -1)[:, cols].to(x) - c
+            gap = x - c[:, None]
+            dots += (gap @ g0[:, :, None])[..., 0].double().cpu()
+            squared += torch.linalg.vector_norm(gap, dim=2).double().square().cpu()
+            root_squared += g0.double().square().sum(dim=1).cpu()
+        norms, root_norm = squared.sqrt(), root_squared.sqrt()[:, None]
+        both = (norms > 0) & (root_norm > 0)
+        cosine = torch.where(both, dots / (norms * root_norm).clamp_min(1e-300), 0.0)
+        trust = cosine.clamp_min(0.0)
+        total = trust.sum(dim=1, keepdim=True)
+        kept = torch.where(total > 0, trust / total.clamp_min(1e-300), 0.0)
+        move = torch.where(norms > 0, kept * root_norm / norms.clamp_min(1e-300), 0.0)
+        for name, cols, x in batch.blocks():
+            c = centre[name][:, cols].to(x.device)
+            a = move.to(device=x.device, dtype=x.dtype)[:, None, :]
+            out[name][:, cols] = c + (a @ (x - c[:, None]))[:, 0]
+        flops = float((6 * k + 2) * batch.dims) + root.flops
+        return kept, [{"flops": flops, "scores": tuple(t.tolist())} for t in trust]
