@@ -1,13 +1,13 @@
 """The robustness grids of docs/robustness.md from finished sweeps: attack x defence, seeds paired.
 
-Each grid is one or more attacked sweeps (cells labelled by defence, times a grid over the attack) and,
-optionally, the same cells without an adversary. From their ``results.csv`` files this writes, per grid,
-the final accuracy of every attack (rows) under every defence (columns) as mean ± std over seeds; each
-defence's paired difference from a reference defence (the plain mean) in the same row (same seed: the same malicious
-clients, data and initialisation on both sides), with its 95 % interval; the share of the aggregate's
-weight that came from malicious rows (``malicious_kept``) and, where the attack has one, the figure the
-attack targets (a backdoor's ``attack_success``, a selector's ``malicious_selected``); and without an
-attack, what each defence costs in accuracy and in simulated seconds::
+Each grid is one or more attacked sweeps (cells labelled by defence, times a grid over the attack) and
+the same cells without an adversary. From their ``results.csv`` files this writes, per grid, the final
+accuracy of every attack (rows) under every defence (columns) as mean ± std over seeds; each defence's
+paired difference from a reference defence (the plain mean) in the same row (same seed: the same
+malicious clients, data and initialisation on both sides), with its 95 % interval; the share of the
+aggregate's weight that came from malicious rows (``malicious_kept``) and, where the attack has one, the
+figure the attack targets (a backdoor's ``final_attack_success``, a selector's ``malicious_selected``);
+and without an attack, what each defence costs in simulated seconds::
 
     fedge sweep examples/sweeps/robust-fedavg-clean.yaml output.dir=runs/robust
     fedge sweep examples/sweeps/robust-fedavg.yaml output.dir=runs/robust
@@ -42,7 +42,7 @@ class Grid:
 
     title: str
     attacked: tuple[str, ...]
-    clean: str | None
+    clean: tuple[str, ...]
     row_keys: tuple[str, ...] = ("adversary.attack",)
     reference: str = "mean"
     figures: tuple[str, ...] = ("malicious_kept",)
@@ -51,31 +51,33 @@ class Grid:
 GRIDS = (
     Grid(
         "FedAvg: attack x defence at the server",
-        ("robust-fedavg", "robust-fedavg-optimized", "robust-fedavg-boosted"),
-        "robust-fedavg-clean",
+        ("robust-fedavg", "robust-fedavg-optimized", "robust-fedavg-boosted", "robust-fedavg-fltrust"),
+        ("robust-fedavg-clean", "robust-fedavg-fltrust-clean"),
     ),
     Grid(
         "FedAvg: a targeted backdoor (attack success rate)",
         ("robust-fedavg-backdoor",),
-        None,
+        (),
         row_keys=(),
         figures=("final_attack_success", "malicious_kept"),
     ),
     Grid(
         "Decentralized: malicious peers",
         ("robust-peers",),
-        "robust-peers-clean",
+        ("robust-peers-clean",),
         reference="gossip",
         figures=("malicious_selected", "malicious_kept"),
     ),
     Grid(
         "Hierarchical: malicious members in the cells",
         ("robust-cells",),
-        "robust-cells-clean",
+        ("robust-cells-clean",),
         row_keys=("algorithm.name", "adversary.attack"),
     ),
-    Grid("CSE-FSL: poisoned smashed data, labels and client models", ("robust-split",), "robust-split-clean"),
-    Grid("FedBuff: a robust buffer", ("robust-buffer",), "robust-buffer-clean"),
+    Grid(
+        "CSE-FSL: poisoned smashed data, labels and client models", ("robust-split",), ("robust-split-clean",)
+    ),
+    Grid("FedBuff: a robust buffer", ("robust-buffer",), ("robust-buffer-clean",)),
 )
 
 
@@ -101,11 +103,9 @@ def defence(result: dict[str, str]) -> str:
     return result["label"].split(", ")[0]
 
 
-def read(root: Path, sweep: str | None) -> list[dict[str, str]]:
+def read(root: Path, sweep: str) -> list[dict[str, str]]:
     """The rows of ``sweep``'s ``results.csv`` under ``root`` (a sweeps' output.dir, or a folder of kept
     ``<sweep>.csv`` files such as :data:`KEPT`); none where it does not exist."""
-    if sweep is None:
-        return []
     for path in (root / sweep / RESULTS, root / f"{sweep}.csv"):
         if path.is_file():
             with path.open() as handle:
@@ -116,7 +116,7 @@ def read(root: Path, sweep: str | None) -> list[dict[str, str]]:
 def keep(root: Path, grids: tuple[Grid, ...]) -> None:
     """Copy every grid's sweep results to :data:`KEPT`, so the tables can be rebuilt without the runs."""
     KEPT.mkdir(parents=True, exist_ok=True)
-    for sweep in {s for g in grids for s in (*g.attacked, g.clean) if s}:
+    for sweep in sorted({s for g in grids for s in (*g.attacked, *g.clean)}):
         source = root / sweep / RESULTS
         if source.is_file():
             shutil.copyfile(source, KEPT / f"{sweep}.csv")
@@ -184,12 +184,16 @@ def section(root: Path, grid: Grid) -> list[str]:
     ]
     if not attacked:
         return []
-    clean = [{**r, "_row": row_name(r, grid, None), "_column": defence(r)} for r in read(root, grid.clean)]
+    clean = [
+        {**r, "_row": row_name(r, grid, None), "_column": defence(r)}
+        for sweep in grid.clean
+        for r in read(root, sweep)
+    ]
     rows = clean + attacked
     columns = list(dict.fromkeys(r["_column"] for r in rows))
     clean_rows = list(dict.fromkeys(r["_row"] for r in clean))
     attack_rows = list(dict.fromkeys(r["_row"] for r in attacked))
-    commands = [f"fedge sweep examples/sweeps/{s}.yaml" for s in (grid.clean, *grid.attacked) if s]
+    commands = [f"fedge sweep examples/sweeps/{s}.yaml" for s in (*grid.clean, *grid.attacked)]
     seeds = sorted({int(r["seed"]) for r in rows})
     out = [f"### {grid.title}", "", *(f"`{c}`" for c in commands), "", f"Seeds {seeds}.", ""]
     out += ["Final accuracy (%), mean ± std over seeds:", ""]

@@ -46,7 +46,7 @@ def test_a_grid_pairs_each_defence_with_the_mean_seed_by_seed(tmp_path):
     ]
     _write(tmp_path / "attacked", attacked)
     _write(tmp_path / "clean", clean)
-    grid = script.Grid("t", ("attacked",), "clean")
+    grid = script.Grid("t", ("attacked",), ("clean",))
     text = "\n".join(script.section(tmp_path, grid))
     assert "| none | 80.00 ± 0.00 | 80.00 ± 0.00 |" in text
     assert "| sign_flip | 55.00 ± 7.07 | 76.00 ± 8.49 |" in text
@@ -80,4 +80,4 @@ def test_every_robustness_sweep_expands_and_is_in_a_grid(sweep):
     script = _script()
     base, spec = sweeps.load_sweep(sweep, [], None, None, None, None)
     assert sweeps.expand(base, spec)
-    assert any(spec.name in (*g.attacked, g.clean) for g in script.GRIDS)
+    assert any(spec.name in (*g.attacked, *g.clean) for g in script.GRIDS)
