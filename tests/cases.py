@@ -6,10 +6,12 @@ final model; and, for the split privacy tests, a split run's config, its first r
 from __future__ import annotations
 
 import contextlib
+import importlib.util
 import json
 import math
 import os
 import subprocess
+import sys
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -301,3 +303,17 @@ def sign_flipped_digits(out: Path, stages: list[Any], attacked: bool, rounds: in
     if attacked:
         config["adversary"] = {"clients": 0.25, "attack": "sign_flip", "options": {"scale": 4.0}}
     return fedge.run(config).summary["final_accuracy"]
+
+
+EXAMPLES = Path(__file__).parents[1] / "examples"
+
+
+def example_script(name: str) -> Any:
+    """The example script ``examples/<name>.py`` imported as a module (registered under its name: a
+    dataclass in it looks its module up there)."""
+    spec = importlib.util.spec_from_file_location(name, EXAMPLES / f"{name}.py")
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[name] = module
+    spec.loader.exec_module(module)
+    return module

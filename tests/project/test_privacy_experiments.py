@@ -4,12 +4,11 @@ refuses becomes a pending row, and OMA's equal-epsilon multiplier spends the eps
 from __future__ import annotations
 
 import csv
-import importlib.util
 import json
-import sys
 from pathlib import Path
 
 import pytest
+from cases import example_script
 
 from fedge.privacy.accountant import epsilon
 from fedge.privacy.release import GAUSSIAN, Release
@@ -19,11 +18,7 @@ FASHION = Path("/usr/share/datasets/fashion-mnist")
 
 
 def _script():
-    spec = importlib.util.spec_from_file_location("privacy_experiments", EXAMPLES / "privacy_experiments.py")
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module  # its dataclass looks its module up there
-    spec.loader.exec_module(module)
-    return module
+    return example_script("privacy_experiments")
 
 
 def test_equal_epsilon_multiplier_spends_the_given_epsilon():

@@ -4,11 +4,10 @@ and a tiny real sweep read back through it."""
 from __future__ import annotations
 
 import csv
-import importlib.util
-import sys
 from pathlib import Path
 
 import pytest
+from cases import example_script
 
 import fedge.experiments.sweep as sweeps
 
@@ -16,11 +15,7 @@ EXAMPLES = Path(__file__).parents[2] / "examples"
 
 
 def _script():
-    spec = importlib.util.spec_from_file_location("robust_tables", EXAMPLES / "robust_tables.py")
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module  # its dataclass looks its module up there
-    spec.loader.exec_module(module)
-    return module
+    return example_script("robust_tables")
 
 
 def _write(path: Path, rows: list[dict]) -> None:
