@@ -136,8 +136,32 @@ def configs(tmp_path: Path) -> dict[str, dict]:
         ),  # 12 of 30 pairs: probed pair by pair
         **{name: peer_config(tmp_path, name) for name in PEER},
         **{name: split_config(tmp_path, name) for name in SPLIT},
+        **robust_configs(tmp_path),
         **(lm_configs(tmp_path) if llm_extra() else {}),  # the language models need the llm extra
     }
+
+
+def robust_configs(tmp_path: Path) -> dict[str, dict]:
+    """Robust reducers, which no rank-local partial sum gives: every rank gathers the rows first, at a
+    server (Krum, FLTrust), at the edges (the median) and at peers (ClippedGossip)."""
+    star = {"name": "fedavg", "batch_size": 16, "fraction": 1.0, "optimizer": {"lr": 0.1}}  # Krum: k > 4
+    cells = {"name": "hfedavg", "cells": 3, "split": "partition", "edge_rounds": 1, "local_steps": 2}
+    stages = {
+        "fedavg_krum": (star, [{"name": "krum", "options": {"byzantine": 1}}]),
+        "fedavg_fltrust": (star, [{"name": "fltrust", "at": ["server"], "options": {"root_samples": 20}}]),
+        "hfedavg_median": ({**cells, "batch_size": 8}, [{"name": "median", "at": ["edge"]}]),
+        "gossip_clipped": (
+            {"name": "gossip", "local_epochs": 1, "batch_size": 16, "peers": 2},
+            [{"name": "clipped_gossip", "at": ["peer"]}],
+        ),
+    }
+    return {
+        name: {**base(tmp_path, **algorithm), "aggregation": {"stages": chain}}
+        for name, (algorithm, chain) in stages.items()
+    }
+
+
+ROBUST = ["fedavg_krum", "fedavg_fltrust", "hfedavg_median", "gossip_clipped"]
 
 
 def lm_configs(tmp_path: Path) -> dict[str, dict]:
@@ -326,7 +350,7 @@ LM = [pytest.param(name, marks=needs_llm) for name in ("lm_fedavg", *(f"lm_{name
 
 
 @pytest.mark.ci
-@pytest.mark.parametrize("name", ["fedavg", "hist", "hfedavg", "gossip", *AFIND, *PEER, *SPLIT, *LM])
+@pytest.mark.parametrize("name", ["fedavg", "hist", "hfedavg", "gossip", *AFIND, *PEER, *SPLIT, *ROBUST, *LM])
 def test_two_ranks_twice_bit_identical_and_match_one_process(runs, name):
     root = runs[name]
     two_a, two_b, one = (root / f"{name}-{tag}" for tag in ("a", "b", "single"))

@@ -39,8 +39,8 @@ class ClippedGossip(RobustReducer):
 
     def __init__(self, tau: float | str = AUTO, delta: float = 0.2):
         super().__init__()
-        fixed = isinstance(tau, int | float) and not isinstance(tau, bool)
-        if not (tau == AUTO or (fixed and tau > 0)):
+        positive = isinstance(tau, int | float) and not isinstance(tau, bool) and tau > 0
+        if not (tau == AUTO or positive):
             raise OptionError("tau", f"{tau!r} must be a positive number or {AUTO!r}")
         if isinstance(delta, bool) or not isinstance(delta, int | float) or not 0 <= delta < 1:
             raise OptionError("delta", f"{delta!r} must be a number in [0, 1)")
