@@ -116,6 +116,14 @@ def test_malicious_kept_reads_the_reducer():
     assert later.figures(1, clients, weights, pipeline) == {"malicious": 0, "malicious_kept": 0.0}
 
 
+def test_secure_aggregation_says_nothing_of_what_it_kept(tmp_path):
+    """secagg's reports are of its protocol, not of rows kept: the run leaves malicious_kept out."""
+    config = _run(tmp_path, {"clients": [0], "attack": "sign_flip"}, [{"name": "secagg"}])
+    result = fedge.run(config)
+    assert result.summary["malicious"] == 2 and result.summary["malicious_kept"] is None
+    assert all("malicious_kept" not in row for row in result.metrics)
+
+
 def _run(tmp_path: Path, adversary: dict | None, stages: list | None = None, **extra: Any) -> dict:
     config = tiny("fedavg", tmp_path / "runs", rounds=2)
     config["partition"]["num_clients"] = 8

@@ -44,6 +44,7 @@ from torch import nn
 
 from fedge.aggregation import Pipeline
 from fedge.aggregation.registry import MEAN
+from fedge.aggregation.robust import RobustReport
 from fedge.config import AdversaryConfig
 from fedge.data.federated import FederatedData, ResampledClients
 from fedge.errors import ConfigError
@@ -205,18 +206,27 @@ class Adversary:
         bad = self.mask(round_, clients)
         out: dict[str, Any] = {"malicious": int(bad.sum())}
         w = weights.double().cpu().numpy()
-        reports = getattr(pipeline.reducer, "reports", None)
-        if reports:  # one output, its rows in the order of the round's clients (one process)
-            kept = np.zeros(len(clients))
-            for report in reports:
-                kept[list(report.rows)] = report.kept
-        elif pipeline.names[-1] == MEAN:
-            kept = np.ones(len(clients))
-        else:
+        by_output = kept_shares(pipeline, (1, len(clients)))  # one output, rows in the clients' order
+        if by_output is None:
             return out
+        kept = by_output[0]
         total = float((w * kept).sum())
         out["malicious_kept"] = float((w * kept)[bad].sum()) / total if total > 0 else 0.0
         return out
+
+
+def kept_shares(pipeline: Pipeline, shape: tuple[int, int]) -> np.ndarray | None:
+    """How much a site's reducer kept of each (output, row) of ``shape``: a robust reducer's
+    :attr:`~fedge.aggregation.robust.RobustReport.kept` (0 for a row an output did not take), all 1 for
+    the mean, ``None`` for a reducer that says neither (secure aggregation's reports are of its
+    protocol, not of rows kept)."""
+    reports = getattr(pipeline.reducer, "reports", None)
+    if reports and all(isinstance(r, RobustReport) for r in reports):
+        kept = np.zeros(shape)
+        for report in reports:
+            kept[report.output, list(report.rows)] = report.kept
+        return kept
+    return np.ones(shape) if pipeline.names[-1] == MEAN else None
 
 
 def _flipped(data: FederatedData, bad: np.ndarray) -> FederatedData:

@@ -22,10 +22,8 @@ import numpy as np
 import torch
 
 from fedge.aggregation import Pipeline
-from fedge.aggregation.registry import MEAN
-from fedge.aggregation.robust import RobustReport
 from fedge.rng import torch_rng
-from fedge.runtime.adversary import Adversary
+from fedge.runtime.adversary import Adversary, kept_shares
 
 
 def edge_noise(
@@ -44,14 +42,8 @@ def cell_shares(weights: torch.Tensor, bad: np.ndarray, pipeline: Pipeline) -> n
     row ``i`` (:attr:`~fedge.aggregation.robust.RobustReport.kept`; 1 for the mean). ``None`` where the
     reducer reports neither."""
     w = weights.double().cpu().numpy()
-    reports = getattr(pipeline.reducer, "reports", None)
-    if reports and all(isinstance(r, RobustReport) for r in reports):
-        kept = np.zeros_like(w)
-        for report in reports:
-            kept[report.output, list(report.rows)] = report.kept
-    elif pipeline.names[-1] == MEAN:
-        kept = np.ones_like(w)
-    else:
+    kept = kept_shares(pipeline, w.shape)
+    if kept is None:
         return None
     used = w * kept
     total = used.sum(axis=1)

@@ -27,10 +27,9 @@ import numpy as np
 import torch
 
 from fedge.aggregation import Pipeline
-from fedge.aggregation.registry import MEAN
 from fedge.config import AdversaryConfig
 from fedge.data.federated import FederatedData
-from fedge.runtime.adversary import Adversary
+from fedge.runtime.adversary import Adversary, kept_shares
 from fedge.tensors import Tensors, floating
 
 
@@ -133,15 +132,11 @@ class PeerAdversary:
 
 
 def _kept(pipeline: Pipeline, n: int, count: int, parts: int, own: torch.Tensor) -> torch.Tensor | None:
-    """How much the peer reducer kept of each (receiver, column) ``[n, count]``: a robust reducer's
-    reports (over ``parts`` joined copies of the columns, own entries from the first), 1 for the mean,
+    """How much the peer reducer kept of each (receiver, column) ``[n, count]``: over ``parts`` joined
+    copies of the columns, own entries from the first (:func:`~fedge.runtime.adversary.kept_shares`);
     ``None`` for a reducer that does not say."""
-    reports = getattr(pipeline.reducer, "reports", None)
-    if reports:
-        joined = torch.zeros(n, parts * count, dtype=torch.float64)
-        for report in reports:
-            joined[report.output, list(report.rows)] = torch.tensor(report.kept, dtype=torch.float64)
-        if parts == 1:
-            return joined
-        return torch.where(own, joined[:, :count], joined[:, count:])
-    return torch.ones(n, count, dtype=torch.float64) if pipeline.names[-1] == MEAN else None
+    shares = kept_shares(pipeline, (n, parts * count))
+    if shares is None:
+        return None
+    joined = torch.as_tensor(shares, dtype=torch.float64)
+    return joined if parts == 1 else torch.where(own, joined[:, :count], joined[:, count:])
