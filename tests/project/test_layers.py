@@ -42,6 +42,7 @@ RANKS = {
     "api": 10,
     "experiments": 10,
     "report": 10,
+    "attacks": 10,
     "deploy": 10,
     "cli": 11,
     "__main__": 11,
