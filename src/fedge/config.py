@@ -485,6 +485,11 @@ class EvalConfig(StrictModel):
     """samples per evaluation batch (memory only: results do not depend on it)"""
 
 
+RECORDED = ("smashed", "cut_gradients", "labels", "updates")
+"""What ``output.record`` may keep: the smashed data the server receives, the cut gradients it returns,
+the labels it receives, and the client updates a FedAvg server receives."""
+
+
 class OutputConfig(StrictModel):
     """The results directory ``dir/name`` and what goes in it. ``name`` is one folder name."""
 
@@ -496,6 +501,21 @@ class OutputConfig(StrictModel):
     """write a checkpoint every this many rounds (and at the end)"""
     plots: bool = True
     """draw the accuracy plots at the end"""
+    record: list[Literal[RECORDED]] = Field(default_factory=list)  # type: ignore[valid-type]
+    """transfers kept for `fedge attack`: smashed, cut_gradients, labels (split), updates (FedAvg)"""
+    record_every: PositiveInt = 1
+    """record rounds 1, 1 + every, 1 + 2 every... (and the last)"""
+    record_samples: PositiveInt = 256
+    """cut transfers kept per recorded round (a seeded uniform sample), and inputs per recorded update"""
+    record_clients: PositiveInt = 4
+    """client updates kept per recorded round (a seeded uniform sample of the participants)"""
+
+    @field_validator("record")
+    @classmethod
+    def _distinct_kinds(cls, value: list[str]) -> list[str]:
+        if len(set(value)) != len(value):
+            raise ValueError("names a kind twice")
+        return value
 
     @field_validator("dir")
     @classmethod

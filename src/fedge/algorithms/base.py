@@ -41,6 +41,8 @@ class Algorithm(ABC, Generic[ConfigT]):
     description: ClassVar[str]
     state_fields: tuple[str, ...] = ()  # an instance may name more (a configured option's state)
     takes_loss: ClassVar[bool] = True  # trains with ctx.criterion (False: its own cross-entropy terms)
+    recorded: ClassVar[frozenset[str]] = frozenset()
+    """The transfers ``output.record`` can keep of this algorithm (:mod:`fedge.runtime.recording`)."""
     batched_from: ClassVar[int] = 1
     """On a CPU, the clients one step must train together for ``engine.executor: auto`` to pick the
     batched executor (below: the sequential one); measured per family (docs/performance.md)."""

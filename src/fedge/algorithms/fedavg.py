@@ -54,6 +54,7 @@ class FedAvg(GlobalModel[FedAvgConfig]):
     """
 
     state_fields: tuple[str, ...] = ("params", "buffers")
+    recorded = frozenset({"updates"})
 
     def __init__(self, ctx: Context, cfg: FedAvgConfig):
         super().__init__(ctx, cfg)

@@ -556,6 +556,42 @@ def report(
     console.print(str(written))
 
 
+ATTACK_NAMES = ("label_norm", "label_direction", "decoder", "inversion", "gradient_inversion", "membership")
+
+
+@app.command()
+def attack(
+    run_dir: Annotated[Path, typer.Argument(help="a finished run directory")],
+    names: Annotated[
+        list[str] | None,
+        typer.Option(
+            "--attack", "-a", help=f"an attack to run (repeat it; default: all the run allows): {', '.join(ATTACK_NAMES)}"
+        ),
+    ] = None,
+    rounds: Annotated[
+        list[int] | None, typer.Option("--round", "-r", help="a recorded round to attack (default: all)")
+    ] = None,
+    seed: Annotated[int, typer.Option(help="the seed of every random draw of the attacks")] = 0,
+) -> None:
+    """Attack what a run recorded (output.record) or its final model; figures go to attacks.json.
+
+    Each attack states its paper and threat model there, with the seconds it took on this machine.
+    """
+    from fedge.attacks.from_run import attack as run_attacks
+
+    with _reported():
+        found = run_attacks(run_dir, names or None, seed, rounds)
+    table = Table(title=f"attacks on {run_dir}", title_justify="left")
+    for column in ("attack", "figures", "seconds"):
+        table.add_column(column)
+    for name, figures in found.items():
+        shown = {k: v for k, v in figures.items() if isinstance(v, float) and k != "seconds"}
+        line = ", ".join(f"{k} {v:.3g}" for k, v in shown.items())
+        table.add_row(name, escape(line), f"{figures['seconds']:.1f}")
+    console.print(table)
+    console.print(str(run_dir / "attacks.json"))
+
+
 def _algorithm_fields(name: str, as_json: bool) -> None:
     """The keys of one algorithm's config block: type, default, other spellings and description."""
     import difflib

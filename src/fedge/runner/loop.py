@@ -53,6 +53,7 @@ from fedge.runner import (
     restore,
     run_length,
     stop,
+    transfers,
 )
 from fedge.runner.environment import cuda_missing, write_environment
 from fedge.runner.plots import plot_run
@@ -196,6 +197,22 @@ def _check_padding(model: nn.Module, dataset: Dataset) -> None:
         )
 
 
+def _check_recording(config: RunConfig, recorded: frozenset[str], processes: int) -> None:
+    """``output.record`` asks only for transfers the algorithm hands to the recorder, in one process."""
+    asked = config.output.record
+    if not asked:
+        return
+    missing = [kind for kind in asked if kind not in recorded]
+    if missing:
+        kept = ", ".join(sorted(recorded)) or "nothing"
+        name = config.algorithm.name
+        raise ConfigError(
+            "output.record", f"{name} has no {', '.join(missing)} to record (it records {kept})"
+        )
+    if processes > 1:
+        raise ConfigError("output.record", f"is kept by one process; this run has {processes}")
+
+
 def build_run(config: RunConfig, force: bool = False, extensions: Extensions | None = None) -> Built:
     """Load data, partition it, check the model and build the algorithm; no file is written.
 
@@ -260,6 +277,7 @@ def build_run(config: RunConfig, force: bool = False, extensions: Extensions | N
     activations = preflight.activation_parts(config, data, executor.sample_bytes, together)
     preflight.check(parts + activations, available, force)
     algorithm_cls = ALGORITHMS[config.algorithm.name]
+    _check_recording(config, algorithm_cls.recorded, group.size)
     if has_random_layers(template):
         executor.noise = NoiseStreams(config.seed, device)
     ctx = Context(
@@ -444,6 +462,9 @@ class Runner:
                 if self.stopped:
                     break
                 round_metrics = self.built.round(t).row()
+                recorded = self.built.context.recorder.take()
+                if writes:
+                    transfers.write_round(self.run_dir, t, recorded, cfg)
                 clock = self.built.context.system.clock
                 costs = {**_communication(ledger), "sim_seconds": clock.seconds, "sim_joules": clock.joules}
                 costs.update(clock.breakdown())
@@ -480,6 +501,7 @@ class Runner:
         if not self.group.writes:
             self.group.barrier()  # rank 0 has written the results when any rank returns
             return Result(self.run_dir, self.config, self.rows, summary)
+        summary.update(transfers.summary(self.run_dir, self.config))
         results.write_jsonl(self.run_dir / results.METRICS, self.rows)
         results.write_text(self.run_dir / results.LEDGER, self.built.context.ledger.to_csv())
         results.write_text(self.run_dir / results.ENERGY, self.built.context.system.clock.to_csv())

@@ -19,6 +19,7 @@ from fedge.engine import Criterion, Executor, cross_entropy
 from fedge.models import SplitModel
 from fedge.privacy.run import RunPrivacy
 from fedge.rng import derive_seed
+from fedge.runtime.recording import TransferRecorder
 from fedge.system import SystemModel
 
 
@@ -40,9 +41,11 @@ class Context:
     cohorts: Cohorts = SINGLE_PROCESS  # which rows this process runs, and how they come back together
     pipelines: dict[str, Pipeline] = field(default_factory=dict, repr=False)  # built by pipeline(site)
     privacy: RunPrivacy = field(init=False, repr=False)  # the privacy ledger, its noise and calibration
+    recorder: TransferRecorder = field(init=False, repr=False)  # output.record: transfers for the attacks
 
     def __post_init__(self) -> None:
         self.privacy = RunPrivacy(self.config.privacy, self.data.num_clients, self.seed)
+        self.recorder = TransferRecorder(self.config.output, self.config.rounds, self.seed)
 
     @property
     def ledger(self) -> Ledger:
@@ -95,5 +98,6 @@ class Context:
         torch.manual_seed(derive_seed(self.seed, f"{purpose}-noise", round_))
         if purpose == "train":
             self.privacy.round = round_
+            self.recorder.begin(round_)
         if self.executor.noise is not None:
             self.executor.noise.open(purpose, round_)

@@ -88,6 +88,7 @@ class StarRound:
     figures: dict[str, object] = field(default_factory=dict)  # the adversary's, once aggregated
     local: tuple[int, int, bool] | None = None  # the plan's epochs, batch size and drop_last
     work: LocalWork | None = None  # how the participants trained (what FLTrust's root training repeats)
+    batches: BatchPlan | None = None  # the participants' local steps (what output.record keeps of them)
 
     @property
     def receivers(self) -> list[str]:
@@ -121,7 +122,8 @@ class StarRound:
         """This process's participants' local steps: ``epochs`` passes in batches of ``batch_size`` (over
         :attr:`data`: a backdoor's malicious clients index their stamped copies)."""
         self.local = (epochs, batch_size, drop_last)
-        return self.data.batch_plan(self.local_clients, self.round, epochs, batch_size, drop_last)
+        self.batches = self.data.batch_plan(self.local_clients, self.round, epochs, batch_size, drop_last)
+        return self.batches
 
     def train(
         self, step: StepFn, bank: ClientBank, plan: BatchPlan, lr: float, states: OptimizerStates
@@ -171,6 +173,7 @@ class StarRound:
             )
         if self.adversary is not None:
             stacked = self.adversary.poison(self.round, self.clients, stacked, reference)
+        self.record(stacked, reference)
         updates = Updates.of(sites.SERVER, self.round, stacked, self.weights, reference, senders)
         averaged = pipeline.reduce(updates, self.cohort)
         if self.adversary is not None:
@@ -178,6 +181,21 @@ class StarRound:
         new_params, new_buffers = {k: averaged[k] for k in params}, {k: averaged[k] for k in buffers}
         self.ctx.network.hold(self.receivers, "model", {**new_params, **new_buffers})
         return new_params, new_buffers
+
+    def record(self, stacked: Tensors, reference: Tensors) -> None:
+        """Hand the uploads the server received to the run's recorder (``output.record: [updates]``), with
+        the samples each participant trained on and its local work."""
+        recorder = self.ctx.recorder
+        if "updates" not in recorder.kinds or self.batches is None or self.work is None:
+            return
+        plan, work = self.batches, self.work
+        samples = [
+            np.unique(plan.index[r][plan.weight[r] > 0].cpu().numpy()) for r in range(len(plan.clients))
+        ]
+        local = {"lr": work.lr, "local_epochs": work.epochs, "batch_size": work.batch_size,
+                 "steps": plan.steps.cpu().numpy()}  # fmt: skip
+        data = self.ctx.data
+        recorder.updates(self.local_clients, stacked, reference, samples, local, (data.x_train, data.y_train))
 
     def mean(self, losses: torch.Tensor) -> float:
         """The participants' sample-weighted mean of a per-row value (this process's rows in ``losses``)."""

@@ -105,6 +105,7 @@ class CseFslAsync(CseFsl):
     """
 
     cfg: CseFslAsyncConfig
+    recorded = frozenset()  # its uploads are served on the arrival timeline, not through the recorder
     exchange: DeferredExchange
     exchange_class = DeferredExchange  # uploads placed on the arrival timeline, served in event order
     state_fields = (*CseFsl.state_fields, "server_free_at", "server_steps", "engine")

@@ -169,7 +169,8 @@ class CseFsl(LocalLoss):
         every_row = torch.arange(len(rnd.draws), device=self.ctx.device)
 
         def serve(z: torch.Tensor, grad_z: bool) -> Served:
-            return self.exchange(rnd, every_row, CutBatch(None, z, y, counts, server_keys), -1, grad_z)
+            batch = CutBatch(None, z, y, counts, server_keys, samples=index)
+            return self.exchange(rnd, every_row, batch, -1, grad_z)
 
         params, buffers, opt_state = rnd.state(None)
         samples = counts.cpu().numpy()

@@ -82,6 +82,7 @@ class ServerExchange:
         served = self._serve(rnd, cohort, sent.batch, grad_z, queued.order)
         rnd.tally.uploads += len(queued.order)
         if not grad_z:
+            self.record(rnd, at, sent.batch, None, step)
             return served
         assert served.grad_z is not None, "the server returns the cut-layer gradient when asked for it"
         grad = served.grad_z
@@ -95,7 +96,21 @@ class ServerExchange:
         np.add.at(rnd.tally.down_bits, at, grads.bits)
         if queued.finish is not None:
             self.order.returned(rnd, at, queued, grads.bits)
+        self.record(rnd, at, sent.batch, grads.payload["g"], step)
         return Served(served.loss, grads.payload["g"])
+
+    def record(
+        self, rnd: Round, at: np.ndarray, received: CutBatch, grad: torch.Tensor | None, step: int
+    ) -> None:
+        """Hand the exchange to the run's recorder (``output.record``): the smashed data and labels as the
+        server received them, the cut gradients as the clients did."""
+        recorder = self.runtime.ctx.recorder
+        if not recorder.recording_cut or received.samples is None:
+            return
+        data = self.runtime.ctx.data
+        seen = {"smashed": received.z, "labels": received.y, "cut_gradients": grad}
+        recorder.cut_step(rnd.draws.clients[at], step, received.samples, received.counts, seen,
+                          (data.x_train, data.y_train))  # fmt: skip
 
     def noised(
         self, rnd: Round, cohort: Cohort, at: np.ndarray, batch: CutBatch, lengths: torch.Tensor, step: int

@@ -240,6 +240,7 @@ class SplitLearning(Algorithm[SplitConfig]):
         self.parts.model.train()
         self.parts.local.train()
         self._download(rnd)
+        ctx.recorder.model("client_model", self.client["params"], self.client["buffers"])
         self.exchange.begin(rnd)
         opt_state = self.client_opt.start(rows.clients, self.client["params"])
         rows.adopt(rows.params, rows.buffers, opt_state, owned=False)
@@ -292,6 +293,7 @@ class GradientReturn(SplitLearning):
     """SplitFed's clients (v1 and v2): cut-layer gradients come back and are back-propagated."""
 
     cfg: GradientReturnConfig
+    recorded = frozenset({"smashed", "cut_gradients", "labels"})
 
     def client_side(self) -> ClientSide:
         parts = build_parts(self.ctx, with_aux=False)
@@ -304,6 +306,7 @@ class LocalLoss(SplitLearning):
     """Aux-head clients (FSL_AN, CSE-FSL): they learn from their local loss; nothing comes back."""
 
     cfg: AuxHeadConfig
+    recorded = frozenset({"smashed", "labels"})  # nothing comes back across the cut
 
     def client_side(self) -> ClientSide:
         cfg, parts = self.cfg, build_parts(self.ctx, with_aux=True)

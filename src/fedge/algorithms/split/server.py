@@ -54,6 +54,7 @@ class CutBatch(NamedTuple):
     counts: torch.Tensor
     keys: torch.Tensor | None = None
     cohort: int = 0
+    samples: torch.Tensor | None = None  # each row's training-sample indices ``[R, B]`` (output.record)
 
 
 class Served(NamedTuple):

@@ -104,7 +104,8 @@ class LocalSteps:
 
         def exchange(z: torch.Tensor, grad_z: bool) -> Served:
             keys = None if run.keys is None else run.keys.at(s, SERVER_STAGE)
-            return self.exchange(rnd, run.row_ids, CutBatch(run.subset, z, sent, counts, keys), s, grad_z)
+            batch = CutBatch(run.subset, z, sent, counts, keys, samples=run.index[:, s])
+            return self.exchange(rnd, run.row_ids, batch, s, grad_z)
 
         upload, own = self.uploads_at(s), counts[mine]
         if bool(own.any()):

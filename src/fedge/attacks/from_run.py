@@ -1,0 +1,314 @@
+"""The attacks on a finished run directory (``fedge attack``): each reads what the run recorded (or its
+final model), runs, and its figures go to ``attacks.json`` with the seconds it took on this machine.
+
+The attacker is told what its threat model grants and nothing else; the ground truth a record keeps
+(inputs, true labels) is read only to score it. Every random draw of an attack comes from ``seed``.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from collections import Counter
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+from torch import nn
+
+from fedge.attacks import gradient_inversion, inversion, label_inference, membership
+from fedge.attacks.grids import write_grid
+from fedge.attacks.metrics import match_reconstructions
+from fedge.attacks.run_view import AttackError, RunView
+from fedge.files import results
+from fedge.rng import torch_rng
+from fedge.tensors import Tensors
+
+ATTACKS_FILE = "attacks.json"
+SPLIT_MODELS = ("splitfed_v1", "splitfed_v2", "fsl_an", "cse_fsl")  # one trunk and server part at the end
+
+
+@dataclass(frozen=True)
+class Budget:
+    """How much work each attack may do (its defaults keep a digits or MNIST run's attacks in minutes)."""
+
+    aux_samples: int = 2000  # the curious server's auxiliary data: this many test inputs
+    decoder_epochs: int = 30
+    inversion_samples: int = 32  # smashed samples inverted by optimisation
+    inversion_steps: int = 400
+    gradient_steps: int = 1500
+    gradient_max_batch: int = 16  # recorded updates trained on more samples are skipped
+    gradient_clients: int = 4
+    membership_samples: int = 1000  # members and as many non-members
+
+
+@dataclass(frozen=True)
+class Attack:
+    """An attack: its paper, threat model and metric in one line each, and how it runs on a run."""
+
+    paper: str
+    threat: str
+    metric: str
+    run: Callable[[RunView, Budget, int], dict[str, Any]]
+
+
+def _classes(labels: torch.Tensor) -> int:
+    return int(labels.max()) + 1
+
+
+def _label_norm(view: RunView, budget: Budget, seed: int) -> dict[str, Any]:
+    rounds = view.need("label_norm", "cut_gradients", "cut/cut_gradients")
+    grads, labels = view.pooled(rounds, "cut/cut_gradients", "cut/true_label")
+    return {"rounds": rounds, "samples": len(labels),
+            **label_inference.norm_attack(grads, labels, _classes(labels))}  # fmt: skip
+
+
+def _label_direction(view: RunView, budget: Budget, seed: int) -> dict[str, Any]:
+    rounds = view.need("label_direction", "cut_gradients", "cut/cut_gradients")
+    grads, labels = view.pooled(rounds, "cut/cut_gradients", "cut/true_label")
+    figures = label_inference.direction_attack(
+        grads, labels, _classes(labels), generator=torch_rng(seed, "label-direction")
+    )
+    return {"rounds": rounds, "samples": len(labels), **figures}
+
+
+def _aux(view: RunView, budget: Budget, seed: int) -> torch.Tensor:
+    """The curious server's auxiliary inputs: test inputs, from the same distribution as the clients'
+    and never trained on."""
+    x = view.built.context.data.x_test.cpu()
+    order = torch.randperm(len(x), generator=torch_rng(seed, "attack-aux"))
+    return x[order[: budget.aux_samples]].float()
+
+
+def _bounds(x: torch.Tensor) -> tuple[float, float]:
+    return float(x.min()), float(x.max())
+
+
+def _encoder(view: RunView, t: int) -> Callable[[torch.Tensor], torch.Tensor]:
+    """The client trunk of round ``t`` as a function (the attacker knows the broadcast model)."""
+    trunk, state = view.trunk(t)
+    trunk.eval()
+
+    def encode(x: torch.Tensor) -> torch.Tensor:
+        return torch.func.functional_call(trunk, state, (x,))
+
+    return encode
+
+
+def _smashed(view: RunView, attack: str) -> tuple[int, dict[str, np.ndarray]]:
+    """The last recorded round with smashed data, and its record."""
+    t = view.need(attack, "smashed", "cut/smashed")[-1]
+    return t, view.record(t)
+
+
+def _decoder(view: RunView, budget: Budget, seed: int) -> dict[str, Any]:
+    t, held = _smashed(view, "decoder")
+    aux = _aux(view, budget, seed)
+    bounds = _bounds(aux)
+    rng = torch_rng(seed, "decoder")
+    decoder = inversion.train_decoder(
+        _encoder(view, t),
+        aux,
+        epochs=budget.decoder_epochs,
+        batch_size=64,
+        lr=1e-3,
+        generator=rng,
+        bounds=bounds,
+    )
+    original = torch.from_numpy(held["cut/input"]).float()
+    rebuilt = inversion.decode(decoder, torch.from_numpy(held["cut/smashed"]).float())
+    span = bounds[1] - bounds[0]
+    figures = inversion.reconstruction_figures(original, rebuilt, span)
+    mean_image = aux.mean(dim=0, keepdim=True).expand_as(original)
+    baseline = inversion.reconstruction_figures(original, mean_image, span)
+    return {"round": t, "samples": len(original), **figures, "mean_image_psnr": baseline["psnr"],
+            "_images": (original, rebuilt)}  # fmt: skip
+
+
+def _inversion(view: RunView, budget: Budget, seed: int) -> dict[str, Any]:
+    t, held = _smashed(view, "inversion")
+    aux = _aux(view, budget, seed)
+    bounds = _bounds(aux)
+    steps = held["cut/step"]
+    first = np.flatnonzero(steps <= 0)  # the broadcast model computed exactly these (local step 0)
+    chosen = (first if len(first) else np.arange(len(steps)))[: budget.inversion_samples]
+    original = torch.from_numpy(held["cut/input"][chosen]).float()
+    z = torch.from_numpy(held["cut/smashed"][chosen]).float()
+    rebuilt = inversion.invert_by_optimisation(
+        _encoder(view, t), z, tuple(original.shape[1:]), steps=budget.inversion_steps, lr=0.05,
+        tv_weight=1e-3, bounds=bounds, generator=torch_rng(seed, "inversion"),
+    )  # fmt: skip
+    figures = inversion.reconstruction_figures(original, rebuilt, bounds[1] - bounds[0])
+    return {"round": t, "samples": len(original), **figures, "_images": (original, rebuilt)}
+
+
+def _update_of(held: dict[str, np.ndarray], row: int) -> tuple[Tensors, Tensors]:
+    """Recorded update ``row``'s global model and its delta, by parameter name."""
+    prefix = "updates/delta/"
+    delta = {k[len(prefix) :]: torch.from_numpy(v[row]) for k, v in held.items() if k.startswith(prefix)}
+    reference = {name: torch.from_numpy(held[f"global/{name}"]) for name in delta}
+    return reference, delta
+
+
+def _gradient_inversion(view: RunView, budget: Budget, seed: int) -> dict[str, Any]:
+    rounds = view.need("gradient_inversion", "updates", "updates/client")
+    model = view.built.algorithm.model if hasattr(view.built.algorithm, "model") else None
+    if not isinstance(model, nn.Module):
+        raise AttackError(f"{view.run_dir}: gradient inversion needs a global model")
+    model.eval()
+    trainable = {name for name, p in model.named_parameters() if p.requires_grad}
+    bounds = _bounds(_aux(view, budget, seed))  # the data's range, known from public data
+    last = [name for name in trainable if name.endswith("weight")][-1]
+    cases, originals, rebuilt_all = [], [], []
+    for t in rounds:
+        held = view.record(t)
+        lr = float(held["updates/lr"])
+        for row in range(len(held["updates/client"])):
+            if len(cases) >= budget.gradient_clients:
+                break
+            used = held["updates/sample"][row] >= 0
+            count = int(used.sum())
+            if count > budget.gradient_max_batch:
+                continue
+            reference, delta = _update_of(held, row)
+            params = {k: v for k, v in reference.items() if k in trainable}
+            target = gradient_inversion.gradient_from_update({k: delta[k] for k in params}, lr)
+            labels = gradient_inversion.infer_labels(target[last], count)
+            original = torch.from_numpy(held["updates/input"][row][used]).float()
+            true = torch.from_numpy(held["updates/true_label"][row][used])
+            rng = torch_rng(seed, "gradient-inversion", t, row)
+            rebuilt = gradient_inversion.invert_gradients(
+                model, params, target, tuple(original.shape[1:]), labels, steps=budget.gradient_steps,
+                lr=0.1, tv_weight=1e-4, bounds=bounds, generator=rng,
+            )  # fmt: skip
+            order = match_reconstructions(original, rebuilt)
+            figures = inversion.reconstruction_figures(original, rebuilt[order], bounds[1] - bounds[0])
+            label_hits = _label_hits(labels, true)
+            steps = int(held["updates/steps"][row])
+            cases.append({"round": t, "client": int(held["updates/client"][row]), "batch": count,
+                          "local_steps": steps, "labels_right": label_hits, **figures})  # fmt: skip
+            originals.append(original)
+            rebuilt_all.append(rebuilt[order])
+    if not cases:
+        raise AttackError(
+            f"{view.run_dir}: no recorded update was trained on at most {budget.gradient_max_batch} samples"
+        )
+    psnr = float(np.mean([case["psnr"] for case in cases]))
+    images = (torch.cat(originals), torch.cat(rebuilt_all))
+    return {"cases": cases, "psnr": psnr, "_images": images}
+
+
+def _label_hits(inferred: torch.Tensor, true: torch.Tensor) -> float:
+    """The share of the batch's labels the attack got right (as multisets: the order is unknown)."""
+    hits = Counter(inferred.tolist()) & Counter(true.tolist())
+    return sum(hits.values()) / len(true)
+
+
+def _membership(view: RunView, budget: Budget, seed: int) -> dict[str, Any]:
+    model, state = view.released_model()
+    data = view.built.context.data
+    generator = torch_rng(seed, "membership")
+    count = min(budget.membership_samples, len(data.x_train), len(data.x_test))
+    members = torch.randperm(len(data.x_train), generator=generator)[:count]
+    others = torch.randperm(len(data.x_test), generator=generator)[:count]
+    model.load_state_dict(state, strict=False)
+    inside = membership.per_sample_losses(model, data.x_train[members], data.y_train[members])
+    outside = membership.per_sample_losses(model, data.x_test[others], data.y_test[others])
+    return membership.loss_threshold_attack(inside, outside)
+
+
+ATTACKS: dict[str, Attack] = {
+    "label_norm": Attack(
+        "Li et al., ICLR 2022 (norm attack)",
+        "whoever sees the cut gradients (a client, a downlink eavesdropper) scores labels by their norm",
+        "ROC AUC of the norm for the labels",
+        _label_norm,
+    ),
+    "label_direction": Attack(
+        "Li et al., ICLR 2022 (direction attack)",
+        "the same observer knows one labelled sample per class and labels the rest by cosine similarity",
+        "accuracy, and the ROC AUC of cosine similarity for same-label pairs",
+        _label_direction,
+    ),
+    "decoder": Attack(
+        "He, Zhang & Lee, ACSAC 2019 (learned inversion)",
+        "a curious server with the client model and auxiliary test data trains a decoder from smashed data",
+        "PSNR and SSIM of the reconstructions of recorded samples",
+        _decoder,
+    ),
+    "inversion": Attack(
+        "He, Zhang & Lee, ACSAC 2019 (white-box inversion); UnSplit, Erdogan et al., WPES 2022",
+        "a curious server that knows the client model finds the input whose smashed data matches",
+        "PSNR and SSIM of the reconstructions",
+        _inversion,
+    ),
+    "gradient_inversion": Attack(
+        "Geiping et al., NeurIPS 2020 (cosine objective); iDLG, Zhao et al. 2020 (labels)",
+        "an honest-but-curious FedAvg server inverts a client's update, knowing the global model and lr",
+        "PSNR of the matched reconstructions; share of labels right",
+        _gradient_inversion,
+    ),
+    "membership": Attack(
+        "Yeom et al., CSF 2018 (loss threshold)",
+        "anyone holding the final model tells training samples from others by their loss",
+        "ROC AUC, TPR at 1 % FPR, advantage",
+        _membership,
+    ),
+}
+
+
+NEEDS = {  # the record key each attack reads (membership: the final model)
+    "label_norm": "cut/cut_gradients",
+    "label_direction": "cut/cut_gradients",
+    "decoder": "cut/smashed",
+    "inversion": "cut/smashed",
+    "gradient_inversion": "updates/client",
+}
+
+
+def applicable(view: RunView) -> list[str]:
+    """The attacks the run's records and model allow."""
+    held = set().union(*(view.record(t) for t in view.recorded)) if view.recorded else set()
+    names = [name for name, key in NEEDS.items() if key in held]
+    single = view.config.algorithm.name in ("fedavg", *SPLIT_MODELS)
+    return names + (["membership"] if single and (view.run_dir / results.CHECKPOINT).is_file() else [])
+
+
+def attack(
+    run_dir: Path | str,
+    names: list[str] | None = None,
+    seed: int = 0,
+    rounds: list[int] | None = None,
+    budget: Budget | None = None,
+) -> dict[str, Any]:
+    """Run the attacks ``names`` (default: every one the run allows) on the run in ``run_dir`` and merge
+    their figures into its ``attacks.json`` (written atomically; an image grid per reconstruction attack
+    beside it); the figures of this call, by attack."""
+    unknown = [name for name in names or () if name not in ATTACKS]
+    if unknown:
+        raise AttackError(f"--attack: unknown attack {unknown[0]!r}; known: {', '.join(ATTACKS)}")
+    view, budget = RunView(Path(run_dir), rounds), budget or Budget()
+    view.config  # a bad directory is refused before any attack runs  # noqa: B018
+    if names is None:
+        names = applicable(view)
+        if not names:
+            raise AttackError(f"{view.run_dir}: recorded nothing to attack (output.record) and has no model")
+    found: dict[str, Any] = {}
+    for name in names:
+        spec = ATTACKS[name]
+        began = time.perf_counter()
+        figures = spec.run(view, budget, seed)
+        images = figures.pop("_images", None)
+        figures.update(seconds=round(time.perf_counter() - began, 3), seed=seed, paper=spec.paper,
+                       threat_model=spec.threat, metric=spec.metric)  # fmt: skip
+        if images is not None:
+            figures["images"] = write_grid(view.run_dir / f"attack-{name}.png", *images)
+        found[name] = figures
+    path = view.run_dir / ATTACKS_FILE
+    held = json.loads(path.read_text()) if path.is_file() else {}
+    held.update(found)
+    results.write_json(path, held)
+    return found
