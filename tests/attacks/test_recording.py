@@ -123,3 +123,14 @@ def test_fedge_attack_refuses_a_run_that_recorded_nothing_it_needs(tmp_path: Pat
     assert outcome.code == 2 and len(outcome.lines) == 1
     assert "output.record: [cut_gradients]" in outcome.lines[0]
     assert not (run_dir / "attacks.json").exists()
+
+
+def test_a_deployed_run_refuses_to_record(tmp_path: Path) -> None:
+    pytest.importorskip("flwr")
+    from fedge.config import parse_config
+    from fedge.deploy.rounds import check_stages
+    from fedge.errors import ConfigError
+
+    config = parse_config(recorded(tiny("splitfed_v2", tmp_path), CUT))
+    with pytest.raises(ConfigError, match="^output.record: is kept by a simulated run"):
+        check_stages(config)

@@ -90,12 +90,15 @@ def refusal(name: str) -> str | None:
 def check_stages(config: RunConfig) -> None:
     """Refuse, in one line naming the key, what a deployment cannot carry: an ``adversary`` (the attacks
     are simulated; a deployed node trains and sends as an honest client, so a label flip would silently
-    not happen) and an aggregation stage that does not map: a ``secagg`` stage runs on Flower's SecAgg+
+    not happen), ``output.record`` (the transfers are sampled in the simulation's exchange) and an
+    aggregation stage that does not map: a ``secagg`` stage runs on Flower's SecAgg+
     where its settings map (:func:`fedge.deploy.secagg.secagg_options`)."""
     if config.adversary is not None:
         raise ConfigError(
             "adversary", "is simulated, not deployed: a deployed node trains and sends as an honest client"
         )
+    if config.output.record:
+        raise ConfigError("output.record", "is kept by a simulated run (fedge run), not a deployed one")
     secagg_options(config)
 
 
