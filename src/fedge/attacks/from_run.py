@@ -311,4 +311,15 @@ def attack(
     held = json.loads(path.read_text()) if path.is_file() else {}
     held.update(found)
     results.write_json(path, held)
+    summary_path = view.run_dir / results.SUMMARY
+    if summary_path.is_file():  # the headline figures beside the run's MB, joules and epsilon
+        summary = json.loads(summary_path.read_text())
+        summary["attacks"] = {name: headline(figures) for name, figures in held.items()}
+        results.write_json(summary_path, summary)
     return found
+
+
+def headline(figures: dict[str, Any]) -> dict[str, float]:
+    """An attack's figures that are single numbers (no seed, no seconds): what the summary shows."""
+    skipped = ("seconds", "seed", "samples", "round")
+    return {k: v for k, v in figures.items() if isinstance(v, float) and k not in skipped}

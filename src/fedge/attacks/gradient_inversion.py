@@ -29,7 +29,7 @@ import torch.nn.functional as F
 from torch import nn
 from torch.func import functional_call
 
-from fedge.attacks.metrics import as_images
+from fedge.attacks.metrics import reads_as_image, total_variation
 
 
 def gradient_from_update(update: dict[str, torch.Tensor], lr: float) -> dict[str, torch.Tensor]:
@@ -72,22 +72,6 @@ def infer_labels(last_grad: torch.Tensor, count: int) -> torch.Tensor:
         given[pick] += 1
         labels.append(int(negative[pick]))
     return torch.tensor(labels, dtype=torch.long)
-
-
-def _total_variation(x: torch.Tensor) -> torch.Tensor:
-    """The batch's mean absolute difference between neighbouring pixels (Geiping et al.'s image prior)."""
-    images = as_images(x)
-    down = (images[..., 1:, :] - images[..., :-1, :]).abs().mean()
-    right = (images[..., :, 1:] - images[..., :, :-1]).abs().mean()
-    return down + right
-
-
-def _reads_as_image(x_shape: tuple[int, ...]) -> bool:
-    try:
-        as_images(torch.zeros(1, *x_shape))
-    except ValueError:
-        return False
-    return True
 
 
 def _check(
@@ -145,7 +129,7 @@ def invert_gradients(
     names = list(target)
     frozen = {name: value.detach() for name, value in params.items() if name not in target}
     goal = torch.cat([target[name].detach().flatten() for name in names])
-    use_tv = tv_weight > 0 and _reads_as_image(tuple(x_shape))
+    use_tv = tv_weight > 0 and reads_as_image(tuple(x_shape))
 
     def objective(x: torch.Tensor, create_graph: bool) -> torch.Tensor:
         live = {name: params[name].detach().requires_grad_(True) for name in names}
@@ -153,7 +137,7 @@ def invert_gradients(
         grads = torch.autograd.grad(loss, [live[name] for name in names], create_graph=create_graph)
         flat = torch.cat([grad.flatten() for grad in grads])
         value = 1 - F.cosine_similarity(flat, goal, dim=0)
-        return value + tv_weight * _total_variation(x) if use_tv else value
+        return value + tv_weight * total_variation(x).mean() if use_tv else value
 
     milestones = [steps * 3 // 8, steps * 5 // 8, steps * 7 // 8]
     finals: list[tuple[float, torch.Tensor]] = []

@@ -28,7 +28,7 @@ from collections.abc import Callable
 import torch
 from torch import nn
 
-from fedge.attacks.metrics import as_images, psnr, ssim
+from fedge.attacks.metrics import psnr, reads_as_image, ssim, total_variation
 
 Encode = Callable[[torch.Tensor], torch.Tensor]
 
@@ -135,24 +135,6 @@ def decode(decoder: nn.Module, z: torch.Tensor, batch_size: int = 512) -> torch.
     return torch.cat([decoder(z[i : i + batch_size]) for i in range(0, len(z), batch_size)])
 
 
-def _total_variation(x: torch.Tensor) -> torch.Tensor:
-    """Each image's mean absolute difference between neighbouring pixels (``[N]``): the smoothness prior
-    He et al. add to the white-box inversion."""
-    images = as_images(x)
-    down = (images[..., 1:, :] - images[..., :-1, :]).abs().flatten(1).mean(1)
-    right = (images[..., :, 1:] - images[..., :, :-1]).abs().flatten(1).mean(1)
-    return down + right
-
-
-def _is_image(x_shape: tuple[int, ...]) -> bool:
-    """Whether inputs of shape ``x_shape`` read as images (:func:`fedge.attacks.metrics.as_images`)."""
-    try:
-        as_images(torch.zeros(1, *x_shape))
-    except ValueError:
-        return False
-    return True
-
-
 def invert_by_optimisation(
     encode: Encode,
     z: torch.Tensor,
@@ -178,12 +160,12 @@ def invert_by_optimisation(
     else:
         start = low + (high - low) * torch.rand(shape, generator=generator)
     x = start.requires_grad_(True)
-    use_tv = tv_weight > 0 and _is_image(tuple(x_shape))
+    use_tv = tv_weight > 0 and reads_as_image(tuple(x_shape))
     optimiser = torch.optim.Adam([x], lr=lr)
     for _ in range(steps):
         loss = (encode(x) - target).flatten(1).pow(2).sum(1)
         if use_tv:
-            loss = loss + tv_weight * _total_variation(x)
+            loss = loss + tv_weight * total_variation(x)
         optimiser.zero_grad()
         loss.sum().backward()  # a sum of per-sample losses: each sample's step is its own
         optimiser.step()

@@ -26,10 +26,30 @@ def as_images(x: torch.Tensor) -> torch.Tensor:
     return x.reshape(-1, 1, side, side)
 
 
+def reads_as_image(x_shape: tuple[int, ...]) -> bool:
+    """Whether inputs of shape ``x_shape`` read as images (:func:`as_images`)."""
+    try:
+        as_images(torch.zeros(1, *x_shape))
+    except ValueError:
+        return False
+    return True
+
+
+def total_variation(x: torch.Tensor) -> torch.Tensor:
+    """Each image's mean absolute difference between neighbouring pixels (``[N]``): the smoothness prior
+    of the inversion attacks (He et al. 2019; Geiping et al. 2020)."""
+    images = as_images(x)
+    down = (images[..., 1:, :] - images[..., :-1, :]).abs().flatten(1).mean(1)
+    right = (images[..., :, 1:] - images[..., :, :-1]).abs().flatten(1).mean(1)
+    return down + right
+
+
 def psnr(original: torch.Tensor, reconstructed: torch.Tensor, data_range: float) -> torch.Tensor:
     """Each image's peak signal-to-noise ratio in dB, ``10 log10(range^2 / MSE)`` (``[N]``)."""
     a, b = as_images(original).float(), as_images(reconstructed).float()
-    return peak_signal_noise_ratio(b, a, data_range=data_range, reduction="none", dim=(1, 2, 3))
+    value = peak_signal_noise_ratio(b, a, data_range=data_range, reduction="none", dim=(1, 2, 3))
+    assert isinstance(value, torch.Tensor)
+    return value
 
 
 def ssim(original: torch.Tensor, reconstructed: torch.Tensor, data_range: float) -> torch.Tensor:
