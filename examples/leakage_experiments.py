@@ -115,8 +115,8 @@ def execute(job: Job, out: Path, fresh: bool, quick: bool) -> dict[str, Any]:
     summary = json.loads(summary_path.read_text())
     found = json.loads(attacks_path.read_text())
     row = {"experiment": job.experiment, "variant": job.variant, "seed": job.seed,
-           "accuracy": summary.get("final_accuracy"), "mb": summary.get("total_mb"),
-           "sim_seconds": summary.get("sim_seconds"), "epsilon": (summary.get("privacy") or {}).get("epsilon")}  # fmt: skip
+           "accuracy": summary.get("final_accuracy"), "mb": summary.get("mb_total"),
+           "sim_seconds": summary.get("sim_seconds"), "epsilon": summary.get("epsilon")}  # fmt: skip
     if "decoder" in found:
         row.update(psnr=found["decoder"]["psnr"], ssim=found["decoder"]["ssim"],
                    mean_image_psnr=found["decoder"]["mean_image_psnr"], attack_seconds=found["decoder"]["seconds"])  # fmt: skip

@@ -159,7 +159,7 @@ def _gradient_inversion(view: RunView, budget: Budget, seed: int) -> dict[str, A
     if not isinstance(model, nn.Module):
         raise AttackError(f"{view.run_dir}: gradient inversion needs a global model")
     model.eval()
-    trainable = {name for name, p in model.named_parameters() if p.requires_grad}
+    trainable = [name for name, p in model.named_parameters() if p.requires_grad]  # in the model's order
     bounds = _bounds(_aux(view, budget, seed))  # the data's range, known from public data
     last = [name for name in trainable if name.endswith("weight")][-1]
     cases, originals, rebuilt_all = [], [], []
