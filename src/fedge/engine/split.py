@@ -4,9 +4,10 @@
 at every batch: the client's smashed data goes to a server model, and (SplitFed) the cut-layer gradient
 comes back before the client can step. So the split family drives its own step loop through
 ``Executor.map`` with the functions built here: a client's aux-head step, the client part's forward
-pass, applying a returned gradient, and a server step with optional gradient clipping. Each is a pure
-function of one client's explicit tensors returning a :class:`~fedge.engine.executors.Mapped`, so either
-executor runs it.
+pass, applying a returned gradient, NoPeek's term at the cut (:func:`make_nopeek_gradient`; the aux-head
+step takes it as a penalty) and a server step with optional gradient clipping. Each is a pure function
+of one client's explicit tensors returning a :class:`~fedge.engine.executors.Mapped`, so either executor
+runs it.
 """
 
 from __future__ import annotations
@@ -17,9 +18,10 @@ from typing import Any
 
 import torch
 from torch import nn
-from torch.func import grad_and_value
+from torch.func import grad, grad_and_value
 
 from fedge.engine.bind import call_at
+from fedge.engine.distance_correlation import distance_correlation
 from fedge.engine.executors import ClientFn, Mapped, TwoForms
 from fedge.engine.folded import folded_forward, folds_clients
 from fedge.engine.step import (
@@ -62,8 +64,16 @@ def _clone(tensors: Tensors) -> Tensors:
     return {name: t.clone() for name, t in tensors.items()}
 
 
+Penalty = Callable[[torch.Tensor, torch.Tensor, torch.Tensor], torch.Tensor]
+"""``(x, z, weight)`` -> a term added to a client's loss on its inputs and smashed data (NoPeek's)."""
+
+
 def make_aux_step(
-    local: nn.Module, sgd: Optimizer, post_step: bool, criterion: Criterion = cross_entropy
+    local: nn.Module,
+    sgd: Optimizer,
+    post_step: bool,
+    criterion: Criterion = cross_entropy,
+    penalty: Penalty | None = None,
 ) -> ClientFn:
     """One local step of a client with an auxiliary head (FSL_AN, CSE-FSL; CSE-FSL Eq. 8).
 
@@ -71,6 +81,8 @@ def make_aux_step(
     The step is SGD on the aux loss over trunk and aux together and also returns the smashed data of the
     batch: by default from the forward pass of this very step (pre-update, as the authors' code does; Eq. 11's
     notation suggests post-update), or with ``post_step`` from one extra forward pass with the updated trunk.
+    With a ``penalty`` the step descends the aux loss plus the penalty of the batch and its smashed data;
+    the loss it reports is the aux loss alone.
     """
     trunk, aux = local.get_submodule("trunk"), local.get_submodule("aux")
 
@@ -78,11 +90,13 @@ def make_aux_step(
         new_buffers = _clone(buffers)
         z = call_at(trunk, {**prefixed(params, "trunk."), **prefixed(new_buffers, "trunk.")}, (x,))
         logits = call_at(aux, {**prefixed(params, "aux."), **prefixed(new_buffers, "aux.")}, (z,))
-        return weighted_loss(logits, y, weight, criterion), (new_buffers, z)
+        task = weighted_loss(logits, y, weight, criterion)
+        total = task if penalty is None else task + penalty(x, z, weight)
+        return total, (new_buffers, z, task.detach())
 
     def stepping(loss_and_grad: Callable[..., Any]) -> ClientFn:
         def step(params, buffers, opt_state, x, y, weight, lr):
-            grads, (value, (new_buffers, z)) = loss_and_grad(params, buffers, x, y, weight)
+            grads, (_, (new_buffers, z, value)) = loss_and_grad(params, buffers, x, y, weight)
             new_params, new_state = sgd.update(params, grads, opt_state, lr)
             if post_step:
                 scratch = _clone(prefixed(new_buffers, "trunk."))
@@ -138,6 +152,29 @@ class ClientForward:
 def make_forward(trunk: nn.Module, clip: float | None = None) -> ClientForward:
     """The client part's forward pass (:class:`ClientForward`), clipping each sample's output at ``clip``."""
     return ClientForward(trunk, clip)
+
+
+def nopeek_penalty(alpha: float, clip: float | None = None) -> Penalty:
+    """NoPeek's term (Vepakomma et al., 2020): ``alpha`` times the distance correlation of the batch's
+    inputs and its smashed data over the real rows; with ``clip`` (``privacy.cut``) of the smashed data
+    clipped per sample, as it is sent."""
+
+    def penalty(x: torch.Tensor, z: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
+        return alpha * distance_correlation(x, z if clip is None else clip_rows(z, clip), weight)
+
+    return penalty
+
+
+def make_nopeek_gradient(alpha: float) -> ClientFn:
+    """For a client that back-propagates a returned cut gradient: ``fn(x, z, weight)`` -> the gradient of
+    :func:`nopeek_penalty` in the smashed data ``z``, to add to the server's ``dL/dz`` before the pullback
+    (the trunk's gradient of the penalty is that vector-Jacobian product)."""
+    gradient = grad(nopeek_penalty(alpha), argnums=1)
+
+    def fn(x: torch.Tensor, z: torch.Tensor, weight: torch.Tensor) -> Mapped:
+        return Mapped((), (), (gradient(x, z, weight),))
+
+    return fn
 
 
 def make_apply(sgd: Optimizer, clip_norm: float | None) -> ClientFn:

@@ -9,6 +9,11 @@ Either step works on the stacked state of a round's participant rows through the
 reaches the server through ``exchange``: a function of the smashed data (and whether the gradient is
 wanted) that carries out the uploads, the server's steps and any returned gradient, and answers with the
 server's :class:`~fedge.algorithms.split.server.Served`.
+
+With ``nopeek`` (NoPeek's alpha, ``algorithm.nopeek``) either step also descends alpha times the distance
+correlation of the batch's inputs and the smashed data it sends: SplitFed's clients add its gradient in
+the smashed data to the returned cut gradient before back-propagating, aux-head clients add the term to
+their local loss.
 """
 
 from __future__ import annotations
@@ -29,12 +34,20 @@ from fedge.algorithms.split.private_step import (
 from fedge.algorithms.split.server import Served
 from fedge.engine import Executor, Optimizer
 from fedge.engine.executors import ClientFn
-from fedge.engine.split import make_apply, make_aux_step, make_forward
+from fedge.engine.split import make_apply, make_aux_step, make_forward, make_nopeek_gradient, nopeek_penalty
+from fedge.errors import ConfigError
 from fedge.privacy.cut import clip_rows
 from fedge.tensors import Tensors
 
 State = tuple[Tensors, Tensors, Tensors]  # stacked params, buffers, optimizer state of the rows
 Exchange = Callable[[torch.Tensor, bool], Served]
+
+
+def real_rows(counts: torch.Tensor, like: torch.Tensor) -> torch.Tensor:
+    """The ``[rows, B]`` 0/1 weights of a step's batch columns (``B``: ``like``'s second dimension),
+    1 for each row's first ``counts`` (its real samples), in ``like``'s dtype."""
+    width = torch.arange(like.shape[1], device=like.device)
+    return (width[None, :] < counts[:, None]).to(like)
 
 
 def as_state(mapped: tuple[Tensors, ...]) -> State:
@@ -65,19 +78,26 @@ class ClientSide(ABC):
         executor: Executor,
         clip_norm: float | None = None,
         smashed_clip: float | None = None,
+        nopeek: float = 0.0,
     ):
         self.parts = parts
         self.sgd = sgd
         self.executor = executor
         self.smashed_clip = smashed_clip  # privacy.cut: each sample's smashed data clipped to this L2 norm
         self.clip_norm = clip_norm
+        self.nopeek = nopeek
         self.forward = make_forward(parts.trunk, smashed_clip)
         self.apply = make_apply(sgd, clip_norm)  # the trunk's step on a returned cut-layer gradient
         self.private_apply: ClientFn | None = None  # privacy.sample: that step as DP-SGD
+        # NoPeek's gradient in the smashed data, added to a returned cut gradient (None: nopeek off)
+        self.nopeek_gradient = make_nopeek_gradient(nopeek) if nopeek > 0 else None
 
     def privatize(self, clip: float) -> None:
         """Make every parameter update of the client part DP-SGD with per-sample bound ``clip``
-        (``privacy.sample``; :mod:`~fedge.algorithms.split.private_step`)."""
+        (``privacy.sample``; :mod:`~fedge.algorithms.split.private_step`). NoPeek's term couples the
+        batch's samples, so it has no per-sample gradient to clip: the two are not combined."""
+        if self.nopeek > 0:
+            raise ConfigError("algorithm.nopeek", "a batch-wide loss term, not combined with privacy.sample")
         refuse_unsupported(self.parts.local)
         self.private_apply = make_private_apply(self.forward, self.sgd, self.clip_norm, clip)
 
@@ -133,6 +153,8 @@ class ClientSide(ABC):
         served = exchange(z, True)
         grad_z = served.grad_z
         assert grad_z is not None, "the server returns the cut-layer gradient when asked for it"
+        if self.nopeek_gradient is not None:
+            grad_z = grad_z + self._nopeek_at_cut(x, z, counts)
         trunk_state = self.sgd.select(opt_state, trunk)
         out = self.executor.map(
             self.apply,
@@ -145,6 +167,19 @@ class ClientSide(ABC):
         )
         new_params, new_state = out.state
         return LocalStep(({**params, **new_params}, buffers, {**opt_state, **new_state}), served.loss)
+
+    def _nopeek_at_cut(self, x: torch.Tensor, z: torch.Tensor, counts: torch.Tensor) -> torch.Tensor:
+        """Each row's gradient of NoPeek's term in its smashed data ``z`` (zero past its real rows)."""
+        assert self.nopeek_gradient is not None
+        out = self.executor.map(
+            self.nopeek_gradient,
+            state=(),
+            batch=(x, z, real_rows(counts, z)),
+            shared=(),
+            counts=counts,
+            stage="nopeek",
+        )
+        return out.per_sample[0]
 
     def _private_backprop(
         self,
@@ -168,7 +203,7 @@ class ClientSide(ABC):
         served = exchange(out.per_sample[0], True)
         assert served.grad_z is not None, "the server returns the cut-layer gradient when asked for it"
         assert self.private_apply is not None
-        weight = (torch.arange(x.shape[1], device=x.device)[None, :] < counts[:, None]).to(served.grad_z)
+        weight = real_rows(counts, served.grad_z)
         trunk_state = self.sgd.select(opt_state, trunk)
         stepped = self.executor.map(
             self.private_apply,
@@ -200,8 +235,9 @@ class GradientClients(ClientSide):
         executor: Executor,
         clip_norm: float | None,
         smashed_clip: float | None = None,
+        nopeek: float = 0.0,
     ):
-        super().__init__(parts, sgd, executor, clip_norm, smashed_clip)
+        super().__init__(parts, sgd, executor, clip_norm, smashed_clip, nopeek)
 
     def step(self, state, batch, counts, lr, keys, exchange, upload, noise=None) -> LocalStep:
         return self.backprop_step(state, batch[0], counts, lr, keys, exchange, noise)
@@ -227,9 +263,11 @@ class AuxHeadClients(ClientSide):
         post_step: bool,
         shares_aux: bool,
         smashed_clip: float | None = None,
+        nopeek: float = 0.0,
     ):
-        super().__init__(parts, sgd, executor, smashed_clip=smashed_clip)
-        self.local_step = make_aux_step(parts.local, sgd, post_step, parts.criterion)
+        super().__init__(parts, sgd, executor, smashed_clip=smashed_clip, nopeek=nopeek)
+        penalty = nopeek_penalty(nopeek, smashed_clip) if nopeek > 0 else None
+        self.local_step = make_aux_step(parts.local, sgd, post_step, parts.criterion, penalty)
         self.shares_aux, self.post_step = shares_aux, post_step
         self.private_step: ClientFn | None = None
 

@@ -62,6 +62,11 @@ class SplitConfig(AlgorithmConfig):
       authors' code's init; the paper gives none); all copies start identical either way.
     - ``codec_up`` encodes smashed data, labels and model uploads; ``codec_down`` gradients and downloads
       (any codec name ``fedge.config.CodecName`` admits: ``fp16``, ``bf16``, ``q8``, ``topk:0.1``...).
+    - ``nopeek``: NoPeek's weight alpha (Vepakomma, Gupta, Popescu & Raskar, "NoPeek: Information leakage
+      reduction to share activations in distributed deep learning", ICDM Workshops 2020): each client
+      step adds ``alpha * DCor(X, Z)``, the distance correlation of the batch's raw inputs and the smashed
+      data it sends (:mod:`~fedge.engine.distance_correlation`), to the client's loss; 0 (the default)
+      leaves the step as it was. An empirical defence against inverting the smashed data: no epsilon.
     """
 
     split_dp_sgd: ClassVar[bool] = True
@@ -113,6 +118,8 @@ class SplitConfig(AlgorithmConfig):
     """encoding of smashed data, labels and model uploads"""
     codec_down: CodecName = "fp32"
     """encoding of gradients and model downloads"""
+    nopeek: Annotated[float, Field(ge=0.0)] = 0.0
+    """NoPeek: weight of the inputs-to-smashed-data distance correlation in the client loss (0: off)"""
 
     @field_validator("aggregate_divisor")
     @classmethod

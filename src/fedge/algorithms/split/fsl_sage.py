@@ -156,6 +156,8 @@ class FslSage(SplitLearning):
     def __init__(self, ctx: Context, cfg: FslSageConfig):
         if cfg.agg_every is not None:
             raise ConfigError("algorithm.agg_every", "not used by fsl_sage (it aggregates once per round)")
+        if cfg.nopeek > 0:
+            raise ConfigError("algorithm.nopeek", "not supported by fsl_sage's estimated-gradient step")
         self.store = AlignmentStore(cfg.align_samples)
         self.aligned: list[Aligned] = []
         self.align_flops, self.aux_bits = 0.0, np.zeros(0)  # the round's alignment work, for the clock

@@ -80,6 +80,8 @@ class SplitLearning(Algorithm[SplitConfig]):
         self.rows_per_round = check_participation(cfg.participation, cfg.clients_per_round, m)
         if cfg.agg_every is not None and cfg.server_order == "client_after_client":
             raise ConfigError("algorithm.agg_every", "needs server_order round_robin or random")
+        if cfg.nopeek > 0 and not ctx.data.x_train.is_floating_point():
+            raise ConfigError("algorithm.nopeek", "needs real-valued inputs; this data set's are token ids")
         self.client_sgd = make_optimizer(cfg.optimizer)
         self.client_opt = ClientOptimizerStates(self.client_sgd, cfg.client_optimizer_state == "keep")
         if self.client_opt.keep:  # the kept states travel in the checkpoint; reset runs' stay as they were
@@ -297,8 +299,9 @@ class GradientReturn(SplitLearning):
 
     def client_side(self) -> ClientSide:
         parts = build_parts(self.ctx, with_aux=False)
+        cfg = self.cfg
         return GradientClients(
-            parts, self.client_sgd, self.ctx.executor, self.cfg.clip_norm, self.smashed_clip
+            parts, self.client_sgd, self.ctx.executor, cfg.clip_norm, self.smashed_clip, cfg.nopeek
         )
 
 
@@ -312,4 +315,6 @@ class LocalLoss(SplitLearning):
         cfg, parts = self.cfg, build_parts(self.ctx, with_aux=True)
         post_step = cfg.smashed_from == "post_step"
         executor, clip = self.ctx.executor, self.smashed_clip
-        return AuxHeadClients(parts, self.client_sgd, executor, post_step, cfg.aggregate_aux, clip)
+        return AuxHeadClients(
+            parts, self.client_sgd, executor, post_step, cfg.aggregate_aux, clip, cfg.nopeek
+        )
