@@ -57,6 +57,7 @@ def test_labels_replaced_by_noise_leave_nothing_to_infer(tmp_path: Path) -> None
     assert abs(found["auc"] - 0.5) < 0.07
 
 
+@pytest.mark.ci  # a run and a trained attack: seconds; CI's ci tier runs it
 def test_a_wide_first_cut_is_reconstructed_far_better_than_a_bottleneck(tmp_path: Path) -> None:
     psnr = {}
     for cut in (1, 2):
@@ -67,6 +68,7 @@ def test_a_wide_first_cut_is_reconstructed_far_better_than_a_bottleneck(tmp_path
     assert psnr[1] > psnr[2] + 5  # 256 ReLU units of 64 pixels against 4 values a sample
 
 
+@pytest.mark.ci  # a run and a trained attack: seconds; CI's ci tier runs it
 def test_one_image_of_one_fedavg_step_is_recovered_from_its_update(tmp_path: Path) -> None:
     config = digits(tmp_path, "fedavg", ["updates"])
     config["data"]["train_limit"] = 4
