@@ -8,6 +8,7 @@ from typing import Any
 
 import pytest
 from cases import invoke
+from llm_cases import lm_config, needs_llm, write_corpus
 
 import fedge
 from fedge.attacks.from_run import ATTACKS, Budget, attack
@@ -111,3 +112,14 @@ def test_an_attack_names_what_the_run_should_have_recorded(tmp_path: Path, missi
     outcome = invoke(["attack", str(run_dir), "--attack", missing])
     kind = "smashed" if missing == "decoder" else "updates"
     assert outcome.code == 2 and f"output.record: [{kind}]" in outcome.lines[0]
+
+
+@needs_llm
+@pytest.mark.ci  # transformers takes seconds to import
+def test_the_tokens_behind_a_split_lms_hidden_states_are_recovered(tmp_path: Path) -> None:
+    root = write_corpus(tmp_path / "corpus")
+    output = {"dir": str(tmp_path / "runs"), "plots": False, "record": ["smashed"]}
+    run_dir = fedge.run(lm_config(root, {"name": "splitfed_v2"}, output=output)).run_dir
+    found = attack(run_dir, None, budget=QUICK)
+    assert set(found) == {"tokens", "membership"}  # no image reconstruction of a token sequence
+    assert found["tokens"]["token_accuracy"] > found["tokens"]["most_frequent_token_share"] + 0.1

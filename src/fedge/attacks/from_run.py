@@ -19,11 +19,12 @@ import numpy as np
 import torch
 from torch import nn
 
-from fedge.attacks import gradient_inversion, inversion, label_inference, membership
+from fedge.attacks import gradient_inversion, inversion, label_inference, membership, tokens
 from fedge.attacks.grids import write_grid
 from fedge.attacks.metrics import match_reconstructions
 from fedge.attacks.run_view import AttackError, RunView
 from fedge.files import results
+from fedge.models.transformer import LANGUAGE_MODELS
 from fedge.rng import torch_rng
 from fedge.tensors import Tensors
 
@@ -145,6 +146,42 @@ def _inversion(view: RunView, budget: Budget, seed: int) -> dict[str, Any]:
     return {"round": t, "samples": len(original), **figures, "_images": (original, rebuilt)}
 
 
+def _embedding(trunk: nn.Module) -> torch.Tensor:
+    """The token embedding table of a language model's client side (its largest embedding)."""
+    tables = [m.weight for m in trunk.modules() if isinstance(m, nn.Embedding)]
+    if not tables:
+        raise AttackError("token recovery needs a language model whose client side embeds the tokens")
+    return max(tables, key=len).detach()
+
+
+def _tokens(view: RunView, budget: Budget, seed: int) -> dict[str, Any]:
+    t, held = _smashed(view, "tokens")
+    data = view.built.context.data
+    if data.x_test.dtype != torch.long:
+        raise AttackError(f"{view.run_dir}: token recovery needs a language model's token sequences")
+    order = torch.randperm(len(data.x_test), generator=torch_rng(seed, "attack-aux"))
+    aux = data.x_test.cpu()[order[: budget.aux_samples]]
+    trunk, _ = view.trunk(t)
+    embedding = _embedding(trunk)
+    encode = _encoder(view, t)
+    inversion_map = tokens.train_token_inversion(
+        encode, aux, embedding, epochs=budget.decoder_epochs, generator=torch_rng(seed, "tokens")
+    )
+    sent = torch.from_numpy(held["cut/input"])
+    recovered = tokens.recover_tokens(inversion_map, torch.from_numpy(held["cut/smashed"]).float(), embedding)
+    pad = data.dataset.pad_id
+    mask = None if pad is None else sent != pad
+    shown = sent if mask is None else sent[mask]
+    frequent = float(torch.bincount(shown.flatten()).max()) / shown.numel()
+    accuracy = tokens.token_accuracy(recovered, sent, mask)
+    return {
+        "round": t,
+        "samples": len(sent),
+        "token_accuracy": accuracy,
+        "most_frequent_token_share": frequent,
+    }
+
+
 def _update_of(held: dict[str, np.ndarray], row: int) -> tuple[Tensors, Tensors]:
     """Recorded update ``row``'s global model and its delta, by parameter name."""
     prefix = "updates/delta/"
@@ -215,8 +252,13 @@ def _membership(view: RunView, budget: Budget, seed: int) -> dict[str, Any]:
     members = torch.randperm(len(data.x_train), generator=generator)[:count]
     others = torch.randperm(len(data.x_test), generator=generator)[:count]
     model.load_state_dict(state, strict=False)
-    inside = membership.per_sample_losses(model, data.x_train[members], data.y_train[members])
-    outside = membership.per_sample_losses(model, data.x_test[others], data.y_test[others])
+    criterion = view.built.context.criterion  # the run's per-sample loss (a sequence: its mean)
+    inside = membership.per_sample_losses(
+        model, data.x_train[members], data.y_train[members], criterion=criterion
+    )
+    outside = membership.per_sample_losses(
+        model, data.x_test[others], data.y_test[others], criterion=criterion
+    )
     return membership.loss_threshold_attack(inside, outside)
 
 
@@ -251,6 +293,12 @@ ATTACKS: dict[str, Attack] = {
         "PSNR of the matched reconstructions; share of labels right",
         _gradient_inversion,
     ),
+    "tokens": Attack(
+        "He, Zhang & Lee, ACSAC 2019; Song & Raghunathan, CCS 2020 (embedding inversion)",
+        "a curious server maps an LM's hidden states at the cut back to the client's token embeddings",
+        "token accuracy against the most frequent token's share",
+        _tokens,
+    ),
     "membership": Attack(
         "Yeom et al., CSF 2018 (loss threshold)",
         "anyone holding the final model tells training samples from others by their loss",
@@ -273,6 +321,9 @@ def applicable(view: RunView) -> list[str]:
     """The attacks the run's records and model allow."""
     held = set().union(*(view.record(t) for t in view.recorded)) if view.recorded else set()
     names = [name for name, key in NEEDS.items() if key in held]
+    if view.config.model.name in LANGUAGE_MODELS:  # tokens, not images, cross its cut
+        images = ("decoder", "inversion")
+        names = [name for name in names if name not in images] + ["tokens"] * ("cut/smashed" in held)
     single = view.config.algorithm.name in ("fedavg", *SPLIT_MODELS)
     return names + (["membership"] if single and (view.run_dir / results.CHECKPOINT).is_file() else [])
 

@@ -20,6 +20,8 @@ and the membership advantage, the largest TPR - FPR over thresholds (Yeom et al.
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import numpy as np
 import torch
 from sklearn.metrics import roc_curve
@@ -29,10 +31,16 @@ from fedge.attacks.metrics import roc_auc, tpr_at_fpr
 
 
 def per_sample_losses(
-    model: nn.Module, x: torch.Tensor, y: torch.Tensor, batch_size: int = 512
+    model: nn.Module,
+    x: torch.Tensor,
+    y: torch.Tensor,
+    batch_size: int = 512,
+    criterion: Callable[[torch.Tensor, torch.Tensor], torch.Tensor] | None = None,
 ) -> torch.Tensor:
-    """Each sample's cross-entropy under ``model`` (inputs to logits), in eval mode and without gradients,
-    ``[N]``; the model's training mode is restored afterwards."""
+    """Each sample's loss under ``model`` (inputs to logits), in eval mode and without gradients, ``[N]``:
+    ``criterion`` (a per-sample loss, such as a run's, which gives a sequence its mean over its targets)
+    or plain cross-entropy; the model's training mode is restored afterwards."""
+    loss = criterion or (lambda logits, target: nn.functional.cross_entropy(logits, target, reduction="none"))
     if len(x) != len(y):
         raise ValueError(f"{len(x)} inputs for {len(y)} labels")
     if batch_size < 1:
@@ -42,9 +50,7 @@ def per_sample_losses(
     try:
         with torch.no_grad():
             losses = [
-                nn.functional.cross_entropy(
-                    model(x[start : start + batch_size]), y[start : start + batch_size], reduction="none"
-                )
+                loss(model(x[start : start + batch_size]), y[start : start + batch_size])
                 for start in range(0, len(x), batch_size)
             ]
     finally:

@@ -556,7 +556,15 @@ def report(
     console.print(str(written))
 
 
-ATTACK_NAMES = ("label_norm", "label_direction", "decoder", "inversion", "gradient_inversion", "membership")
+ATTACK_NAMES = (
+    "label_norm",
+    "label_direction",
+    "decoder",
+    "inversion",
+    "gradient_inversion",
+    "tokens",
+    "membership",
+)
 
 
 @app.command()
@@ -565,7 +573,9 @@ def attack(
     names: Annotated[
         list[str] | None,
         typer.Option(
-            "--attack", "-a", help=f"an attack to run (repeat it; default: all the run allows): {', '.join(ATTACK_NAMES)}"
+            "--attack",
+            "-a",
+            help=f"an attack to run (repeat it; default: all the run allows): {', '.join(ATTACK_NAMES)}",
         ),
     ] = None,
     rounds: Annotated[
