@@ -29,6 +29,7 @@ from __future__ import annotations
 import argparse
 import csv
 import json
+import shutil
 import statistics
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -41,6 +42,10 @@ from fedge.attacks.from_run import attack
 EXAMPLES = Path(__file__).parent
 RESULTS = EXAMPLES.parent / "docs" / "results"
 CONFIG = EXAMPLES / "leakage-split.yaml"
+FEDAVG = EXAMPLES / "leakage-fedavg.yaml"
+DP_STAGES = (
+    "aggregation.stages=[{name: clip, at: [server], options: {clip: 1.0}}, {name: gaussian, at: [server]}]"
+)
 SEEDS = (1, 2, 3)
 ALGORITHMS = {"splitfed_v2": [], "cse_fsl": ["algorithm.h=2"]}
 GRADIENTS = ["output.record=[smashed,labels,cut_gradients]"]
@@ -56,16 +61,21 @@ class Job:
     seed: int
     overrides: tuple[str, ...]
     attacks: tuple[str, ...]
+    config: Path = CONFIG
 
     @property
     def name(self) -> str:
-        return f"{self.experiment}-{self.variant}-s{self.seed}".replace("=", "").replace(".", "_")
+        variant = self.variant.replace(" ", "-").replace(".", "_")
+        return f"{self.experiment}-{variant}-s{self.seed}"
 
 
 def cut_jobs(seeds: list[int]) -> Iterator[Job]:
     for algorithm, extra in ALGORITHMS.items():
-        record, attacks = (GRADIENTS, ("decoder", "label_direction")) if algorithm == "splitfed_v2" else (
-            SMASHED, ("decoder",))  # fmt: skip
+        record, attacks = (
+            (GRADIENTS, ("decoder", "label_direction"))
+            if algorithm == "splitfed_v2"
+            else (SMASHED, ("decoder",))
+        )
         for cut in (1, 2, 3, 4):
             for seed in seeds:
                 overrides = (f"algorithm.name={algorithm}", *extra, f"model.cut={cut}", *record)
@@ -84,7 +94,9 @@ def noise_jobs(seeds: list[int]) -> Iterator[Job]:
     for epsilon in (None, 1.0, 4.0, 16.0):
         dp = [] if epsilon is None else ["privacy.cut.clip=1.0", f"privacy.target_epsilon={epsilon}"]
         for seed in seeds:
-            yield Job("noise", f"cut eps {epsilon or 'none'}", seed, ("model.cut=1", *SMASHED, *dp), ("decoder",))
+            yield Job(
+                "noise", f"cut eps {epsilon or 'none'}", seed, ("model.cut=1", *SMASHED, *dp), ("decoder",)
+            )
 
 
 def nopeek_jobs(seeds: list[int]) -> Iterator[Job]:
@@ -94,41 +106,114 @@ def nopeek_jobs(seeds: list[int]) -> Iterator[Job]:
             yield Job("nopeek", f"nopeek {weight}", seed, overrides, ("decoder",))
 
 
-EXPERIMENTS = {"cut": cut_jobs, "labels": label_jobs, "noise": noise_jobs, "nopeek": nopeek_jobs}
+def membership_jobs(seeds: list[int]) -> Iterator[Job]:
+    for epsilon in (None, 1.0, 4.0, 16.0):
+        dp = [] if epsilon is None else [DP_STAGES, f"privacy.target_epsilon={epsilon}"]
+        for seed in seeds:
+            yield Job(
+                "membership", f"dp-fedavg eps {epsilon or 'none'}", seed, tuple(dp), ("membership",), FEDAVG
+            )
+
+
+def gradient_jobs(seeds: list[int]) -> Iterator[Job]:
+    for batch in (1, 4, 16):
+        overrides = (
+            "rounds=1",
+            "data.train_limit=64",
+            "partition.kind=iid",
+            f"partition.num_clients={64 // batch}",
+            "algorithm.fraction=1.0",
+            "algorithm.local_epochs=1",
+            f"algorithm.batch_size={batch}",
+            "privacy.participation=fixed",
+            "output.record=[updates]",
+        )
+        for seed in seeds:
+            yield Job("gradients", f"batch {batch}", seed, overrides, ("gradient_inversion",), FEDAVG)
+
+
+EXPERIMENTS = {
+    "cut": cut_jobs,
+    "labels": label_jobs,
+    "noise": noise_jobs,
+    "nopeek": nopeek_jobs,
+    "membership": membership_jobs,
+    "gradients": gradient_jobs,
+}
 
 
 def execute(job: Job, out: Path, fresh: bool, quick: bool) -> dict[str, Any]:
-    """Run ``job`` (unless finished before) and its attacks; its row of figures."""
+    """Run ``job`` (unless finished before) and its attacks (unless made before); its row of figures."""
     run_dir = out / job.name
     summary_path = run_dir / "summary.json"
     attacks_path = run_dir / "attacks.json"
-    if fresh or not summary_path.is_file() or not attacks_path.is_file():
+    if fresh or not summary_path.is_file():
         quick_keys = ["rounds=1", "data.train_limit=1000", "data.test_limit=500"] if quick else []
-        config = fedge.resolve_config(CONFIG, [*job.overrides, f"seed={job.seed}", f"output.dir={out}",
-                                               f"output.name={job.name}", *quick_keys])  # fmt: skip
+        keys = [
+            *job.overrides,
+            f"seed={job.seed}",
+            f"output.dir={out}",
+            f"output.name={job.name}",
+            *quick_keys,
+        ]
         if run_dir.exists():
-            import shutil
-
             shutil.rmtree(run_dir)
-        fedge.run(config)
+        fedge.run(fedge.resolve_config(job.config, keys))
+    if fresh or not attacks_path.is_file():
         attack(run_dir, list(job.attacks), seed=job.seed)
     summary = json.loads(summary_path.read_text())
     found = json.loads(attacks_path.read_text())
-    row = {"experiment": job.experiment, "variant": job.variant, "seed": job.seed,
-           "accuracy": summary.get("final_accuracy"), "mb": summary.get("mb_total"),
-           "sim_seconds": summary.get("sim_seconds"), "epsilon": summary.get("epsilon")}  # fmt: skip
+    row = {
+        "experiment": job.experiment,
+        "variant": job.variant,
+        "seed": job.seed,
+        "accuracy": summary.get("final_accuracy"),
+        "mb": summary.get("mb_total"),
+        "sim_seconds": summary.get("sim_seconds"),
+        "epsilon": summary.get("epsilon"),
+    }
     if "decoder" in found:
-        row.update(psnr=found["decoder"]["psnr"], ssim=found["decoder"]["ssim"],
-                   mean_image_psnr=found["decoder"]["mean_image_psnr"], attack_seconds=found["decoder"]["seconds"])  # fmt: skip
+        row.update(
+            psnr=found["decoder"]["psnr"],
+            ssim=found["decoder"]["ssim"],
+            mean_image_psnr=found["decoder"]["mean_image_psnr"],
+            attack_seconds=found["decoder"]["seconds"],
+        )
+    if "membership" in found:
+        row.update(
+            mia_auc=found["membership"]["auc"],
+            mia_tpr=found["membership"]["tpr_at_1pct_fpr"],
+            attack_seconds=found["membership"]["seconds"],
+        )
+    if "gradient_inversion" in found:
+        cases = found["gradient_inversion"]["cases"]
+        row.update(
+            psnr=found["gradient_inversion"]["psnr"],
+            labels_right=statistics.fmean(case["labels_right"] for case in cases),
+            attack_seconds=found["gradient_inversion"]["seconds"],
+        )
     if "label_direction" in found:
-        row.update(label_auc=found["label_direction"]["auc"], label_accuracy=found["label_direction"]["accuracy"])
+        row.update(
+            label_auc=found["label_direction"]["auc"], label_accuracy=found["label_direction"]["accuracy"]
+        )
     return row
 
 
-COLUMNS = [("accuracy", "accuracy %", 100.0), ("mb", "MB", 1.0), ("sim_seconds", "sim s", 1.0),
-           ("epsilon", "epsilon", 1.0), ("psnr", "PSNR dB", 1.0), ("ssim", "SSIM", 1.0),
-           ("mean_image_psnr", "mean-image PSNR", 1.0), ("label_auc", "label AUC", 1.0),
-           ("label_accuracy", "label acc", 1.0), ("attack_seconds", "attack s", 1.0)]  # fmt: skip
+COLUMNS = [
+    ("accuracy", "accuracy %", 100.0),
+    ("mb", "MB", 1.0),
+    ("sim_seconds", "sim s", 1.0),
+    ("epsilon", "epsilon", 1.0),
+    ("psnr", "PSNR dB", 1.0),
+    ("ssim", "SSIM", 1.0),
+    ("mean_image_psnr", "mean-image PSNR", 1.0),
+    ("label_auc", "label AUC", 1.0),
+    ("label_accuracy", "label acc", 1.0),
+    ("mia_auc", "MIA AUC", 1.0),
+    ("mia_tpr", "MIA TPR @1% FPR", 1.0),
+    ("labels_right", "labels right", 1.0),
+    ("attack_seconds", "attack s", 1.0),
+]
 
 
 def cell(values: list[float], scale: float) -> str:
@@ -143,8 +228,10 @@ def cell(values: list[float], scale: float) -> str:
 def table(rows: list[dict[str, Any]]) -> str:
     """Mean ± std over seeds per variant, for every column some row has."""
     shown = [c for c in COLUMNS if any(row.get(c[0]) is not None for row in rows)]
-    lines = ["| variant | " + " | ".join(title for _, title, _ in shown) + " |",
-             "|---" * (len(shown) + 1) + "|"]  # fmt: skip
+    lines = [
+        "| variant | " + " | ".join(title for _, title, _ in shown) + " |",
+        "|---" * (len(shown) + 1) + "|",
+    ]
     for variant in dict.fromkeys(row["variant"] for row in rows):
         mine = [row for row in rows if row["variant"] == variant]
         cells = [cell([r[key] for r in mine if r.get(key) is not None], scale) for key, _, scale in shown]

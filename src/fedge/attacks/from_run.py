@@ -25,6 +25,7 @@ from fedge.attacks.metrics import match_reconstructions
 from fedge.attacks.run_view import AttackError, RunView
 from fedge.files import results
 from fedge.models.transformer import LANGUAGE_MODELS
+from fedge.privacy.cut import clip_rows
 from fedge.rng import torch_rng
 from fedge.tensors import Tensors
 
@@ -99,6 +100,30 @@ def _encoder(view: RunView, t: int) -> Callable[[torch.Tensor], torch.Tensor]:
     return encode
 
 
+def _mechanism(view: RunView) -> tuple[float | None, float]:
+    """``privacy.cut``'s clip and noise std on the smashed data (None, 0: sent as computed): public
+    parameters of the run, so the attacker trains on smashed data noised as the clients noise theirs."""
+    cut_privacy = getattr(view.built.algorithm, "cut_privacy", None)
+    if cut_privacy is None or cut_privacy.smashed_clip is None:
+        return None, 0.0
+    clip = cut_privacy.smashed_clip
+    return clip, cut_privacy.noise_multiplier() * clip
+
+
+def _noisy_encoder(view: RunView, t: int, seed: int) -> Callable[[torch.Tensor], torch.Tensor]:
+    """The trunk of round ``t`` followed by the run's smashed-data mechanism, its noise seeded."""
+    encode, (clip, std) = _encoder(view, t), _mechanism(view)
+    if clip is None:
+        return encode
+    generator = torch_rng(seed, "attack-mechanism")
+
+    def noised(x: torch.Tensor) -> torch.Tensor:
+        z = clip_rows(encode(x), clip)
+        return z + std * torch.randn(z.shape, generator=generator).to(z)
+
+    return noised
+
+
 def _smashed(view: RunView, attack: str) -> tuple[int, dict[str, np.ndarray]]:
     """The last recorded round with smashed data, and its record."""
     t = view.need(attack, "smashed", "cut/smashed")[-1]
@@ -111,7 +136,7 @@ def _decoder(view: RunView, budget: Budget, seed: int) -> dict[str, Any]:
     bounds = _bounds(aux)
     rng = torch_rng(seed, "decoder")
     decoder = inversion.train_decoder(
-        _encoder(view, t),
+        _noisy_encoder(view, t, seed),
         aux,
         epochs=budget.decoder_epochs,
         batch_size=64,

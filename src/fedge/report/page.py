@@ -30,6 +30,7 @@ import yaml
 
 from fedge.experiments.labels import config_diff, labels
 from fedge.files import results
+from fedge.report.attacks import attacks_section
 from fedge.report.lm import lm_section
 from fedge.report.rundirs import find_run_dirs
 from fedge.report.selection import selection_section
@@ -467,6 +468,7 @@ def render(paths: str | Path | Sequence[str | Path], targets: list[float] | None
     )
     parts.append(lm_section(cells, _figure_uri, _table))
     parts.append(selection_section(cells, _figure_uri))
+    parts.append(attacks_section(cells, _table))
     if levels:
         parts.append("<h2>Time to target accuracy</h2>")
         parts.append(
