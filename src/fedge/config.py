@@ -483,6 +483,8 @@ class EvalConfig(StrictModel):
     """evaluate every this many rounds (and always after the last)"""
     batch_size: PositiveInt = 2048
     """samples per evaluation batch (memory only: results do not depend on it)"""
+    attacks: list[str] = Field(default_factory=list)
+    """attacks of `fedge attack` run on every recorded round (output.record_every), figures in the rows"""
 
 
 RECORDED = ("smashed", "cut_gradients", "labels", "updates")

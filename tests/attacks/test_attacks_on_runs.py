@@ -123,3 +123,32 @@ def test_the_tokens_behind_a_split_lms_hidden_states_are_recovered(tmp_path: Pat
     found = attack(run_dir, None, budget=QUICK)
     assert set(found) == {"tokens", "membership"}  # no image reconstruction of a token sequence
     assert found["tokens"]["token_accuracy"] > found["tokens"]["most_frequent_token_share"] + 0.1
+
+
+def test_in_run_attacks_fill_the_recorded_rounds_rows_and_change_no_number(tmp_path: Path) -> None:
+    def config(out: Path, attacks: list[str]) -> dict[str, Any]:
+        raw = label_case(out)
+        raw.update(rounds=3)
+        raw["data"]["train_limit"] = 60
+        raw["output"].update(record_every=2)
+        raw["eval"] = {"attacks": attacks}
+        return raw
+
+    plain = fedge.run(config(tmp_path / "plain", []))
+    attacked = fedge.run(config(tmp_path / "attacked", ["label_direction", "membership"]))
+    leaks = [sorted(k for k in row if k.startswith("leak_")) for row in attacked.metrics]
+    assert leaks[1] == [] and "leak_label_direction_auc" in leaks[0] and "leak_membership_auc" in leaks[2]
+    stripped = [{k: v for k, v in row.items() if not k.startswith("leak_") and k != "wall_seconds"}
+                for row in attacked.metrics]  # fmt: skip
+    assert stripped == [{k: v for k, v in row.items() if k != "wall_seconds"} for row in plain.metrics]
+
+
+def test_an_in_run_attack_without_its_record_is_refused_before_the_run(tmp_path: Path) -> None:
+    raw = label_case(tmp_path / "runs")
+    raw["output"]["record"] = ["labels"]
+    raw["eval"] = {"attacks": ["label_direction"]}
+    with pytest.raises(
+        fedge.ConfigError, match=r"^eval.attacks: label_direction needs output.record: \[cut_gradients\]"
+    ):
+        fedge.run(raw)
+    assert not (tmp_path / "runs").exists() or not any((tmp_path / "runs").iterdir())

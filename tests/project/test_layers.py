@@ -38,11 +38,11 @@ RANKS = {
     "extend": 8,
     "intake": 8,
     "runner": 9,
+    "attacks": 9,  # the runner runs in-run attacks (eval.attacks); they read runs it built
     "empirical": 10,
     "api": 10,
     "experiments": 10,
     "report": 10,
-    "attacks": 10,
     "deploy": 10,
     "cli": 11,
     "__main__": 11,

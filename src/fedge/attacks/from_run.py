@@ -159,8 +159,8 @@ def _inversion(view: RunView, budget: Budget, seed: int) -> dict[str, Any]:
     aux = _aux(view, budget, seed)
     bounds = _bounds(aux)
     steps = held["cut/step"]
-    first = np.flatnonzero(steps <= 0)  # the broadcast model computed exactly these (local step 0)
-    chosen = (first if len(first) else np.arange(len(steps)))[: budget.inversion_samples]
+    # step 0's smashed data first: the broadcast model the attacker knows computed exactly these
+    chosen = np.argsort(steps > 0, kind="stable")[: budget.inversion_samples]
     original = torch.from_numpy(held["cut/input"][chosen]).float()
     z = torch.from_numpy(held["cut/smashed"][chosen]).float()
     rebuilt = inversion.invert_by_optimisation(
@@ -269,6 +269,18 @@ def _label_hits(inferred: torch.Tensor, true: torch.Tensor) -> float:
     return sum(hits.values()) / len(true)
 
 
+class _Bound(nn.Module):
+    """A model run with a given state through a functional call (the model itself is left untouched:
+    in-run, it is the live run's)."""
+
+    def __init__(self, model: nn.Module, state: Tensors):
+        super().__init__()
+        self.model, self.state = model, state
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return torch.func.functional_call(self.model, self.state, (x,))
+
+
 def _membership(view: RunView, budget: Budget, seed: int) -> dict[str, Any]:
     model, state = view.released_model()
     data = view.built.context.data
@@ -276,7 +288,7 @@ def _membership(view: RunView, budget: Budget, seed: int) -> dict[str, Any]:
     count = min(budget.membership_samples, len(data.x_train), len(data.x_test))
     members = torch.randperm(len(data.x_train), generator=generator)[:count]
     others = torch.randperm(len(data.x_test), generator=generator)[:count]
-    model.load_state_dict(state, strict=False)
+    model = _Bound(model, state)
     criterion = view.built.context.criterion  # the run's per-sample loss (a sequence: its mean)
     inside = membership.per_sample_losses(
         model, data.x_train[members], data.y_train[members], criterion=criterion

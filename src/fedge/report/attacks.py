@@ -58,7 +58,7 @@ def attacks_section(cells: list[AttackedCell], table: Callable[..., str]) -> str
             keys = [k for k, v in per_seed[0].items() if isinstance(v, float) and k not in SKIPPED]
             shown = ", ".join(f"{k} {_mean([f[k] for f in per_seed if k in f])}" for k in keys)
             seconds = _mean([f["seconds"] for f in per_seed])
-            rows.append([cell.label, name, shown, seconds, per_seed[0].get("threat_model", "")])
+            rows.append([cell.label, name, shown, per_seed[0].get("threat_model", ""), seconds])
             grid = _grid(found[0][0], per_seed[0])
             if grid:
                 grids.append(
@@ -66,9 +66,9 @@ def attacks_section(cells: list[AttackedCell], table: Callable[..., str]) -> str
                 )
     if not rows:
         return ""
-    head = ["cell", "attack", "figures (mean ± std over seeds)", "seconds", "threat model"]
+    head = ["cell", "attack", "figures (mean ± std over seeds)", "threat model", "seconds"]
     intro = (
         "<h2>What leaks</h2><p>The attacks of <code>fedge attack</code> on what each run recorded "
         "(<code>output.record</code>) and on its final model; the seconds are this machine's.</p>"
     )
-    return intro + table(head, rows, numeric_from=3) + "".join(grids)
+    return intro + table(head, rows, numeric_from=4) + "".join(grids)

@@ -58,9 +58,7 @@ def describe(device: str, group: Group = SINGLE, executor: str | None = None) ->
     }
 
 
-def write_environment(
-    run_dir: Path, device: str, group: Group = SINGLE, executor: str | None = None
-) -> None:
+def write_environment(run_dir: Path, device: str, group: Group = SINGLE, executor: str | None = None) -> None:
     """Write ``run_dir/environment.json`` (kept from the first session when a run is resumed)."""
     path = Path(run_dir) / ENVIRONMENT
     if not path.exists():

@@ -278,6 +278,10 @@ def build_run(config: RunConfig, force: bool = False, extensions: Extensions | N
     preflight.check(parts + activations, available, force)
     algorithm_cls = ALGORITHMS[config.algorithm.name]
     _check_recording(config, algorithm_cls.recorded, group.size)
+    if config.eval.attacks:
+        from fedge.attacks import in_run
+
+        in_run.check(config)
     if has_random_layers(template):
         executor.noise = NoiseStreams(config.seed, device)
     ctx = Context(
@@ -465,6 +469,10 @@ class Runner:
                 recorded = self.built.context.recorder.take()
                 if writes:
                     transfers.write_round(self.run_dir, t, recorded, cfg)
+                if cfg.eval.attacks:  # the attacks as evaluators of the round just recorded
+                    from fedge.attacks import in_run
+
+                    round_metrics.update(in_run.figures(self.built, self.run_dir, t))
                 clock = self.built.context.system.clock
                 costs = {**_communication(ledger), "sim_seconds": clock.seconds, "sim_joules": clock.joules}
                 costs.update(clock.breakdown())
