@@ -224,7 +224,8 @@ def _gradient_inversion(view: RunView, budget: Budget, seed: int) -> dict[str, A
     trainable = [name for name, p in model.named_parameters() if p.requires_grad]  # in the model's order
     bounds = _bounds(_aux(view, budget, seed))  # the data's range, known from public data
     last = [name for name in trainable if name.endswith("weight")][-1]
-    cases, originals, rebuilt_all = [], [], []
+    cases: list[dict[str, Any]] = []
+    originals, rebuilt_all = [], []
     for t in rounds:
         held = view.record(t)
         lr = float(held["updates/lr"])

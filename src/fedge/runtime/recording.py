@@ -55,12 +55,12 @@ class Reservoir:
         slots = np.empty(count, dtype=np.int64)
         for i in range(count):
             self.seen += 1
-            slots[i] = self.seen - 1 if self.seen <= self.size else self.rng.integers(0, self.seen)
+            slots[i] = self.seen - 1 if self.seen <= self.size else int(self.rng.integers(0, self.seen))
         for name, values in items.items():
             if name not in self.fields:
                 self.fields[name] = np.zeros((self.size, *values.shape[1:]), dtype=values.dtype)
-            for i in np.flatnonzero(slots < self.size):  # in order: a later item overwrites an earlier one
-                self.fields[name][slots[i]] = values[i]
+            for item in np.flatnonzero(slots < self.size):  # in order: a later item overwrites an earlier one
+                self.fields[name][slots[item]] = values[item]
 
     def arrays(self) -> dict[str, np.ndarray]:
         """The kept items (fewer than ``size`` when the stream was shorter)."""
@@ -165,9 +165,9 @@ class TransferRecorder:
         for name, value in received.items():
             self.arrays[f"updates/delta/{name}"] = _numpy(value[rows] - reference[name])
             self.arrays[f"global/{name}"] = _numpy(reference[name])
-        for name, value in local.items():  # per-participant values (each one's steps) for the kept rows
-            held = np.asarray(value)
-            self.arrays[f"updates/{name}"] = held[keep] if held.ndim else held
+        for name, figure in local.items():  # per-participant values (each one's steps) for the kept rows
+            kept_value = np.asarray(figure)
+            self.arrays[f"updates/{name}"] = kept_value[keep] if kept_value.ndim else kept_value
 
     def take(self) -> dict[str, np.ndarray]:
         """The round's record (empty when the round was not recorded), and forget it."""

@@ -192,8 +192,10 @@ class StarRound:
         samples = [
             np.unique(plan.index[r][plan.weight[r] > 0].cpu().numpy()) for r in range(len(plan.clients))
         ]
-        local = {"lr": work.lr, "local_epochs": work.epochs, "batch_size": work.batch_size,
-                 "steps": plan.steps.cpu().numpy()}  # fmt: skip
+        local: dict[str, float | np.ndarray] = {
+            "lr": work.lr, "local_epochs": work.epochs, "batch_size": work.batch_size,
+            "steps": plan.steps.cpu().numpy(),
+        }  # fmt: skip
         data = self.ctx.data
         recorder.updates(self.local_clients, stacked, reference, samples, local, (data.x_train, data.y_train))
 
