@@ -10,11 +10,12 @@ attacks read the last one.
   2,000 test images as auxiliary data), label inference from the cut gradients for SplitFed v2 (CSE-FSL
   returns none), beside each cut's accuracy, MB and simulated seconds: the privacy-latency-communication
   trade-off of choosing the cut.
+- ``cut_mnist``: the same on MNIST.
 - ``labels``: SplitFed v2 at cut 2 with label DP (k-ary randomized response, epsilon 1, 2, 4, 8) and
   without: the direction attack's AUC and accuracy on the labels, and the accuracy each epsilon costs.
-- ``noise``: SplitFed v2 at cut 1 with Gaussian noise on the smashed data calibrated to epsilon 1..16:
+- ``noise``: SplitFed v2 at cut 1 with Gaussian noise on the smashed data calibrated to epsilon 1..256:
   the decoder's PSNR against epsilon, and accuracy.
-- ``nopeek``: SplitFed v2 at cut 1 with NoPeek's distance-correlation weight 0 .. 1: PSNR and accuracy.
+- ``nopeek``: SplitFed v2 at cut 1 with NoPeek's distance-correlation weight 0 .. 10: PSNR and accuracy.
 
 Writes ``docs/results/leakage.md`` and ``docs/results/leakage/<experiment>.csv``. Finished runs are read
 back (``--fresh`` reruns them)::
@@ -82,6 +83,11 @@ def cut_jobs(seeds: list[int]) -> Iterator[Job]:
                 yield Job("cut", f"{algorithm} cut {cut}", seed, overrides, attacks)
 
 
+def cut_mnist_jobs(seeds: list[int]) -> Iterator[Job]:
+    for job in cut_jobs(seeds):
+        yield Job("cut_mnist", job.variant, job.seed, (*job.overrides, "data.name=mnist"), job.attacks)
+
+
 def label_jobs(seeds: list[int]) -> Iterator[Job]:
     for epsilon in (None, 1.0, 2.0, 4.0, 8.0):
         dp = [] if epsilon is None else [f"privacy.labels.epsilon={epsilon}"]
@@ -91,7 +97,7 @@ def label_jobs(seeds: list[int]) -> Iterator[Job]:
 
 
 def noise_jobs(seeds: list[int]) -> Iterator[Job]:
-    for epsilon in (None, 1.0, 4.0, 16.0):
+    for epsilon in (None, 1.0, 4.0, 16.0, 64.0, 256.0):
         dp = [] if epsilon is None else ["privacy.cut.clip=1.0", f"privacy.target_epsilon={epsilon}"]
         for seed in seeds:
             yield Job(
@@ -100,7 +106,7 @@ def noise_jobs(seeds: list[int]) -> Iterator[Job]:
 
 
 def nopeek_jobs(seeds: list[int]) -> Iterator[Job]:
-    for weight in (0.0, 0.1, 0.5, 1.0):
+    for weight in (0.0, 0.5, 2.0, 5.0, 10.0):
         for seed in seeds:
             overrides = ("model.cut=1", *SMASHED, f"algorithm.nopeek={weight}")
             yield Job("nopeek", f"nopeek {weight}", seed, overrides, ("decoder",))
@@ -134,6 +140,7 @@ def gradient_jobs(seeds: list[int]) -> Iterator[Job]:
 
 EXPERIMENTS = {
     "cut": cut_jobs,
+    "cut_mnist": cut_mnist_jobs,
     "labels": label_jobs,
     "noise": noise_jobs,
     "nopeek": nopeek_jobs,
