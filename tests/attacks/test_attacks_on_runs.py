@@ -152,3 +152,15 @@ def test_an_in_run_attack_without_its_record_is_refused_before_the_run(tmp_path:
     ):
         fedge.run(raw)
     assert not (tmp_path / "runs").exists() or not any((tmp_path / "runs").iterdir())
+
+
+def test_in_run_leaks_reach_the_summary_and_fedge_compare(tmp_path: Path) -> None:
+    raw = label_case(tmp_path / "runs")
+    raw["eval"] = {"attacks": ["label_direction"]}
+    summary = fedge.run(raw).summary
+    assert summary["leaks"]["leak_label_direction_auc"] > 0.9
+    path = tmp_path / "config.yaml"
+    path.write_text(json.dumps({**raw, "output": {**raw["output"], "dir": str(tmp_path / "cmp")}}))
+    outcome = invoke(["compare", str(path), "--algorithms", "splitfed_v2,splitfed_v1", "--seeds", "1"])
+    assert outcome.code == 0, outcome.output
+    assert "leaks (last" in outcome.output and "label_direction_auc" in outcome.output

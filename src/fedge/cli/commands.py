@@ -497,6 +497,8 @@ def _print_comparison(outcome: Any, target: float | None) -> None:
     columns += ["server MB", "client MB", "sim. s", "sim. J", "epsilon"]
     perplexity = all("final_perplexity_mean" in row for row in outcome.rows)  # language models
     columns += ["perplexity (final)"] if perplexity else []
+    leaks = any("leaks_mean" in row for row in outcome.rows)  # eval.attacks
+    columns += ["leaks (last recorded round)"] if leaks else []
     if target is not None:
         columns += [
             f"rounds to {100 * target:g} %",
@@ -518,6 +520,8 @@ def _print_comparison(outcome: Any, target: float | None) -> None:
             "none" if row.get("epsilon_mean") is None else f"{row['epsilon_mean']:.3g}",
         ]
         cells += [f"{row['final_perplexity_mean']:.3f}"] if perplexity else []
+        shown = ", ".join(f"{k.removeprefix('leak_')} {v:.3g}" for k, v in row.get("leaks_mean", {}).items())
+        cells += [escape(shown)] if leaks else []
         if target is not None:
             reached = row["target_reached"]
             if reached:

@@ -104,7 +104,17 @@ def _row(name: str, runs: list[Result], target: float | None = None) -> dict[str
         "wall_seconds_mean": statistics.fmean(s["wall_seconds"] for s in summaries),
         **(_to_target(runs, target) if target is not None else {}),
         **_perplexity(summaries),
+        **_leaks(summaries),
     }
+
+
+def _leaks(summaries: list[dict[str, Any]]) -> dict[str, Any]:
+    """The in-run attacks' last figures (``eval.attacks``), each the mean over the seeds that have it."""
+    keys = list(dict.fromkeys(k for s in summaries for k in s.get("leaks", {})))
+    if not keys:
+        return {}
+    found = {k: [s["leaks"][k] for s in summaries if k in s.get("leaks", {})] for k in keys}
+    return {"leaks_mean": {k: statistics.fmean(v) for k, v in found.items()}}
 
 
 def _epsilon_mean(summaries: list[dict[str, Any]]) -> float | None:

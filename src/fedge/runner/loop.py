@@ -522,6 +522,14 @@ class Runner:
         return Result(self.run_dir, self.config, self.rows, summary)
 
 
+def _leaks(rows: list[dict[str, Any]]) -> dict[str, Any]:
+    """The in-run attacks' figures of the last recorded round (``eval.attacks``), as ``leaks``."""
+    attacked = [row for row in rows if any(key.startswith("leak_") for key in row)]
+    if not attacked:
+        return {}
+    return {"leaks": {k: v for k, v in attacked[-1].items() if k.startswith("leak_")}}
+
+
 def summarize(config: RunConfig, rows: list[dict[str, Any]]) -> dict[str, Any]:
     """The headline figures of a run (accuracy from its evaluated rounds; only its names before the
     first), and why it stopped."""
@@ -539,6 +547,7 @@ def summarize(config: RunConfig, rows: list[dict[str, Any]]) -> dict[str, Any]:
         "best_round": best["round"],
         "final_loss": scored[-1]["loss"],
         **({"final_perplexity": scored[-1]["perplexity"]} if "perplexity" in scored[-1] else {}),  # an LM
+        **_leaks(rows),
         **{
             k: last[k]
             for k in ("bits_up", "bits_down", "bits_peer", "mb_up", "mb_down", "mb_peer", "mb_total")
