@@ -13,6 +13,13 @@ attacks read the last one.
 - ``cut_mnist``: the same on MNIST.
 - ``labels``: SplitFed v2 at cut 2 with label DP (k-ary randomized response, epsilon 1, 2, 4, 8) and
   without: the direction attack's AUC and accuracy on the labels, and the accuracy each epsilon costs.
+  Also the cut gradients clipped to 0.01 (their median norm is about 0.005) with Gaussian noise of
+  multiplier 0.5 and 2 (``privacy.cut.gradient_*``; their releases give no finite epsilon on their own,
+  the smashed data being sent in clear).
+- ``codec``: SplitFed v2 at cut 1 with both links' codec fp32, q8, q4, q2 or top-10 %: does
+  quantization or sparsification protect the smashed data and the cut gradients, and how much?
+- ``light_fedsl``: lightweight FedSL's example on the digits (``examples/light-fedsl-digits.yaml``) with
+  cut dropout 0, 0.3 and 0.6: does dropping activations at the cut protect them?
 - ``noise``: SplitFed v2 at cut 1 with Gaussian noise on the smashed data calibrated to epsilon 1..256:
   the decoder's PSNR against epsilon, and accuracy.
 - ``nopeek``: SplitFed v2 at cut 1 with NoPeek's distance-correlation weight 0 .. 10: PSNR and accuracy.
@@ -44,6 +51,7 @@ EXAMPLES = Path(__file__).parent
 RESULTS = EXAMPLES.parent / "docs" / "results"
 CONFIG = EXAMPLES / "leakage-split.yaml"
 FEDAVG = EXAMPLES / "leakage-fedavg.yaml"
+LIGHT = EXAMPLES / "light-fedsl-digits.yaml"  # VGG-13 at width 0.25 cut after block 4, 300 rounds
 DP_STAGES = (
     "aggregation.stages=[{name: clip, at: [server], options: {clip: 1.0}}, {name: gaussian, at: [server]}]"
 )
@@ -94,6 +102,41 @@ def label_jobs(seeds: list[int]) -> Iterator[Job]:
         for seed in seeds:
             overrides = ("model.cut=2", *GRADIENTS, *dp)
             yield Job("labels", f"label eps {epsilon or 'none'}", seed, overrides, ("label_direction",))
+    yield from gradient_noise_jobs(seeds)
+
+
+def gradient_noise_jobs(seeds: list[int]) -> Iterator[Job]:
+    for multiplier in (0.5, 2.0):
+        dp = [
+            "privacy.cut.clip=1000.0",
+            "privacy.cut.noise_multiplier=0.0",
+            "privacy.cut.gradient_clip=0.01",
+            f"privacy.cut.gradient_noise_multiplier={multiplier}",
+        ]
+        for seed in seeds:
+            overrides = ("model.cut=2", *GRADIENTS, *dp)
+            yield Job("labels", f"grad noise {multiplier}", seed, overrides, ("label_direction",))
+
+
+def codec_jobs(seeds: list[int]) -> Iterator[Job]:
+    for codec in ("fp32", "q8", "q4", "q2", "topk:0.1"):
+        for seed in seeds:
+            overrides = (
+                "model.cut=1",
+                *GRADIENTS,
+                f"algorithm.codec_up={codec}",
+                f"algorithm.codec_down={codec}",
+            )
+            yield Job(
+                "codec", f"codec {codec}".replace(":", ""), seed, overrides, ("decoder", "label_direction")
+            )
+
+
+def light_fedsl_jobs(seeds: list[int]) -> Iterator[Job]:
+    for dropout in (0.0, 0.3, 0.6):
+        for seed in seeds:
+            overrides = (*GRADIENTS, "output.record_every=1000", f"algorithm.cut_dropout={dropout}")
+            yield Job("light_fedsl", f"cut dropout {dropout}", seed, overrides, ("decoder",), LIGHT)
 
 
 def noise_jobs(seeds: list[int]) -> Iterator[Job]:
@@ -143,6 +186,8 @@ EXPERIMENTS = {
     "cut_mnist": cut_mnist_jobs,
     "labels": label_jobs,
     "noise": noise_jobs,
+    "codec": codec_jobs,
+    "light_fedsl": light_fedsl_jobs,
     "nopeek": nopeek_jobs,
     "membership": membership_jobs,
     "gradients": gradient_jobs,

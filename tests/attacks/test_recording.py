@@ -102,7 +102,7 @@ def test_a_resumed_run_records_what_the_whole_run_did(tmp_path: Path) -> None:
     [
         ("cse_fsl", ["cut_gradients"], "cse_fsl has no cut_gradients to record"),
         ("fedavg", ["smashed"], "fedavg has no smashed to record"),
-        ("light_fedsl", ["smashed"], "light_fedsl has no smashed to record"),
+        ("fsl_sage", ["smashed"], "fsl_sage has no smashed to record"),
     ],
 )
 def test_a_kind_the_algorithm_does_not_send_is_refused_in_one_line(
@@ -134,3 +134,11 @@ def test_a_deployed_run_refuses_to_record(tmp_path: Path) -> None:
     config = parse_config(recorded(tiny("splitfed_v2", tmp_path), CUT))
     with pytest.raises(ConfigError, match="^output.record: is kept by a simulated run"):
         check_stages(config)
+
+
+def test_lightweight_fedsl_records_its_one_exchange_a_round(tmp_path: Path) -> None:
+    config = recorded(tiny("light_fedsl", tmp_path, rounds=2), CUT)
+    held = np.load(round_path(fedge.run(config).run_dir, 2))
+    assert (held["cut/step"] == 0).all() and len(set(held["cut/client"].tolist())) == 4
+    assert held["cut/cut_gradients"].shape == held["cut/smashed"].shape
+    assert any(name.startswith("client_model/trunk.") for name in held.files)

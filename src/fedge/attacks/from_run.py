@@ -23,6 +23,7 @@ from fedge.attacks import gradient_inversion, inversion, label_inference, member
 from fedge.attacks.grids import write_grid
 from fedge.attacks.metrics import match_reconstructions
 from fedge.attacks.run_view import AttackError, RunView
+from fedge.comm.dropout import apply_dropout
 from fedge.files import results
 from fedge.models.transformer import LANGUAGE_MODELS
 from fedge.privacy.cut import clip_rows
@@ -30,7 +31,12 @@ from fedge.rng import torch_rng
 from fedge.tensors import Tensors
 
 ATTACKS_FILE = "attacks.json"
-SPLIT_MODELS = ("splitfed_v1", "splitfed_v2", "fsl_an", "cse_fsl")  # one trunk and server part at the end
+SPLIT_MODELS = (
+    "splitfed_v1",
+    "splitfed_v2",
+    "fsl_an",
+    "cse_fsl",
+)  # light FedSL: per-client trunks  # one trunk and server part at the end
 
 
 @dataclass(frozen=True)
@@ -90,9 +96,10 @@ def _bounds(x: torch.Tensor) -> tuple[float, float]:
 
 
 def _encoder(view: RunView, t: int) -> Callable[[torch.Tensor], torch.Tensor]:
-    """The client trunk of round ``t`` as a function (the attacker knows the broadcast model)."""
+    """The client trunk of round ``t`` as a function (the attacker knows the broadcast model), in
+    training mode as the clients ran it (a BatchNorm trunk normalises by the batch's statistics)."""
     trunk, state = view.trunk(t)
-    trunk.eval()
+    trunk.train()
 
     def encode(x: torch.Tensor) -> torch.Tensor:
         return torch.func.functional_call(trunk, state, (x,))
@@ -100,26 +107,36 @@ def _encoder(view: RunView, t: int) -> Callable[[torch.Tensor], torch.Tensor]:
     return encode
 
 
-def _mechanism(view: RunView) -> tuple[float | None, float]:
-    """``privacy.cut``'s clip and noise std on the smashed data (None, 0: sent as computed): public
-    parameters of the run, so the attacker trains on smashed data noised as the clients noise theirs."""
-    cut_privacy = getattr(view.built.algorithm, "cut_privacy", None)
+def _mechanism(view: RunView) -> tuple[float | None, float, float]:
+    """What the run does to smashed data before sending it, all public parameters: ``privacy.cut``'s
+    clip and noise std (None, 0: sent as computed) and lightweight FedSL's cut dropout rate."""
+    algorithm = view.built.algorithm
+    knobs = getattr(algorithm, "knobs", None)
+    dropout = float(getattr(knobs, "cut_dropout", 0.0))
+    cut_privacy = getattr(algorithm, "cut_privacy", None)
     if cut_privacy is None or cut_privacy.smashed_clip is None:
-        return None, 0.0
+        return None, 0.0, dropout
     clip = cut_privacy.smashed_clip
-    return clip, cut_privacy.noise_multiplier() * clip
+    return clip, cut_privacy.noise_multiplier() * clip, dropout
 
 
 def _noisy_encoder(view: RunView, t: int, seed: int) -> Callable[[torch.Tensor], torch.Tensor]:
-    """The trunk of round ``t`` followed by the run's smashed-data mechanism, its noise seeded."""
-    encode, (clip, std) = _encoder(view, t), _mechanism(view)
-    if clip is None:
+    """The trunk of round ``t`` followed by what the run does to its smashed data (clip and Gaussian
+    noise, cut dropout), the attacker's draws seeded: an attacker who knows the mechanism trains on it."""
+    encode, (clip, std, dropout) = _encoder(view, t), _mechanism(view)
+    if clip is None and dropout == 0.0:
         return encode
     generator = torch_rng(seed, "attack-mechanism")
 
     def noised(x: torch.Tensor) -> torch.Tensor:
-        z = clip_rows(encode(x), clip)
-        return z + std * torch.randn(z.shape, generator=generator).to(z)
+        z = encode(x)
+        if clip is not None:
+            z = clip_rows(z, clip)
+            z = z + std * torch.randn(z.shape, generator=generator).to(z)
+        if dropout:
+            kept = torch.rand(z.shape, generator=generator) >= dropout
+            z = apply_dropout(z, kept, dropout)
+        return z
 
     return noised
 

@@ -94,6 +94,7 @@ class FedSLRounds(Algorithm[FedSLConfig]):
     state_fields: tuple[str, ...] = ("clients", "server", "totals")
     takes_loss = False
     batched_from = SPLIT_BATCHED_FROM
+    recorded = frozenset({"smashed", "cut_gradients", "labels"})  # the one exchange of a round
 
     def __init__(self, ctx: Context, cfg: FedSLConfig):
         super().__init__(ctx, cfg)
@@ -165,6 +166,8 @@ class FedSLRounds(Algorithm[FedSLConfig]):
         knobs, lr = self.knobs, self.cfg.optimizer.lr
         rho = sparsity_target(t, knobs.schedule_rounds, knobs.final_sparsity)
         self.parts.model.train()
+        first = {k: v[0] for k, v in self.clients["params"].items()}  # the averaged trunk every client holds
+        self.ctx.recorder.model("client_model", first, {k: v[0] for k, v in self.clients["buffers"].items()})
         index, weight = self.batches(t)
         counts = (weight > 0).sum(dim=1)
         if self.privacy is not None:
@@ -231,7 +234,7 @@ class FedSLRounds(Algorithm[FedSLConfig]):
         sent, through = apply_dropout(z.detach(), keep, p), None
         if privacy is not None:
             sent, through = privacy.released(t, first, sent, keep, own)
-        served = self.server_side(t, sent, y, own, keep, keys)
+        served = self.server_side(t, sent, y, own, keep, keys, samples=mine)
         grad = served.grad if through is None else through(served.grad)
         if privacy is not None and private:
             state = (params, buffers, masks)
@@ -242,11 +245,12 @@ class FedSLRounds(Algorithm[FedSLConfig]):
 
     def server_side(
         self, t: int, dropped: torch.Tensor, y: torch.Tensor, own: torch.Tensor, keep: torch.Tensor,
-        keys: RowKeys | None,
+        keys: RowKeys | None, samples: torch.Tensor | None = None,
     ) -> ServedCut:  # fmt: skip
         """Step 2 for this process's clients: their kept cut entries (``dropped``, dropout applied) and
         labels up, the server's mean-gradient step, the kept entries' gradient down, as received. A
-        padded sequence's pad positions are not sent either (:mod:`~fedge.algorithms.split.padding`)."""
+        padded sequence's pad positions are not sent either (:mod:`~fedge.algorithms.split.padding`).
+        ``samples``: the rows' training-sample indices, for the run's recorder (``output.record``)."""
         cohort, n, runtime = self.cohort, len(self.nodes), self.runtime
         targets = None
         if self.parts.model.pad_id is not None:
@@ -267,6 +271,10 @@ class FedSLRounds(Algorithm[FedSLConfig]):
         if self.privacy is not None:  # privacy.cut's gradient_clip: clipped and noised as it goes down
             returned["g"] = self.privacy.returned(t, runtime.first_row(cohort), returned["g"], keep, own)
         grad = runtime.answer(cohort, self.down, t, self.nodes, "grad_down", returned, entry_mask=keep)
+        if samples is not None and self.ctx.recorder.recording_cut:
+            seen = {"smashed": smashed.payload["z"], "labels": y, "cut_gradients": grad.payload["g"]}
+            data = self.ctx.data
+            self.ctx.recorder.cut_step(np.arange(n), 0, samples, own, seen, (data.x_train, data.y_train))
         loss = runtime.gather(cohort, {"loss": served.loss})["loss"]
         return ServedCut(grad.payload["g"], loss, smashed.bits + labels.bits, grad.bits)
 
