@@ -164,3 +164,11 @@ def test_in_run_leaks_reach_the_summary_and_fedge_compare(tmp_path: Path) -> Non
     outcome = invoke(["compare", str(path), "--algorithms", "splitfed_v2,splitfed_v1", "--seeds", "1"])
     assert outcome.code == 0, outcome.output
     assert "leaks (last" in outcome.output and "label_direction_auc" in outcome.output
+
+
+def test_the_calibrated_membership_attack_trains_its_reference_on_the_attackers_half(tmp_path: Path) -> None:
+    run_dir = fedge.run(label_case(tmp_path)).run_dir
+    found = attack(run_dir, ["membership_calibrated"], budget=Budget(reference_epochs=1))
+    figures = found["membership_calibrated"]
+    assert 0.0 <= figures["auc"] <= 1.0 and figures["members"] == figures["nonmembers"] > 0
+    assert figures["reference_samples"] > 0 and "Watson" in figures["paper"]

@@ -496,3 +496,21 @@ def test_a_row_being_appended_is_not_read_as_damage(interrupted):
         metrics.write('{"round": 3, "accur')
     assert results.read_jsonl(interrupted / "metrics.jsonl") == rows
     assert invoke(["plot", str(interrupted)]).code == 0
+
+
+def test_keys_added_later_leave_older_checkpoints_digest_alone():
+    """A run's digest at the defaults of ``algorithm.nopeek`` and ``eval.attacks`` is the one a fedge
+    without those keys wrote, so its checkpoints still resume; a set value does change it."""
+    import hashlib
+    import json
+
+    from fedge.config import parse_config
+    from fedge.runner.checkpoint import config_digest
+
+    config = parse_config({"algorithm": {"name": "splitfed_v2"}, "model": {"cut": 1}})
+    older = config.model_dump(mode="json", exclude={"output", "stop", "rounds", "aggregation"})
+    del older["algorithm"]["nopeek"], older["eval"]["attacks"]
+    assert config_digest(config) == hashlib.sha256(json.dumps(older, sort_keys=True).encode()).hexdigest()
+    assert config_digest(
+        config.model_copy(update={"algorithm": config.algorithm.model_copy(update={"nopeek": 1.0})})
+    ) != config_digest(config)

@@ -7,6 +7,7 @@ The attacker is told what its threat model grants and nothing else; the ground t
 
 from __future__ import annotations
 
+import copy
 import json
 import time
 from collections import Counter
@@ -51,6 +52,7 @@ class Budget:
     gradient_max_batch: int = 16  # recorded updates trained on more samples are skipped
     gradient_clients: int = 4
     membership_samples: int = 1000  # members and as many non-members
+    reference_epochs: int = 10  # the calibrated attack's reference model, trained on half the test set
 
 
 @dataclass(frozen=True)
@@ -317,6 +319,45 @@ def _membership(view: RunView, budget: Budget, seed: int) -> dict[str, Any]:
     return membership.loss_threshold_attack(inside, outside)
 
 
+def _reference_model(view: RunView, model: nn.Module, x: torch.Tensor, y: torch.Tensor, budget: Budget,
+                     seed: int) -> nn.Module:  # fmt: skip
+    """Watson et al.'s reference: the run's architecture from its initial weights, trained centrally with
+    the run's loss and step size on the attacker's own data (never the run's members)."""
+    reference = copy.deepcopy(model)
+    reference.train()
+    criterion = view.built.context.criterion
+    lr = float(getattr(getattr(view.config.algorithm, "optimizer", None), "lr", 0.05))
+    optimiser = torch.optim.SGD(reference.parameters(), lr=lr)
+    generator = torch_rng(seed, "membership-reference")
+    for _ in range(budget.reference_epochs):
+        order = torch.randperm(len(x), generator=generator)
+        for start in range(0, len(x), 32):
+            batch = order[start : start + 32]
+            optimiser.zero_grad()
+            criterion(reference(x[batch]), y[batch]).mean().backward()
+            optimiser.step()
+    return reference
+
+
+def _membership_calibrated(view: RunView, budget: Budget, seed: int) -> dict[str, Any]:
+    model, state = view.released_model()
+    data, criterion = view.built.context.data, view.built.context.criterion
+    generator = torch_rng(seed, "membership")
+    split = torch.randperm(len(data.x_test), generator=generator)
+    own, outside = split[: len(split) // 2], split[len(split) // 2 :]  # the attacker's data; non-members
+    count = min(budget.membership_samples, len(data.x_train), len(outside))
+    members, others = torch.randperm(len(data.x_train), generator=generator)[:count], outside[:count]
+    reference = _reference_model(view, model, data.x_test[own], data.y_test[own], budget, seed)
+    target = _Bound(model, state)
+    losses = {
+        name: [membership.per_sample_losses(m, x, y, criterion=criterion) for x, y in
+               ((data.x_train[members], data.y_train[members]), (data.x_test[others], data.y_test[others]))]
+        for name, m in (("target", target), ("reference", reference))
+    }  # fmt: skip
+    return {**membership.calibrated_attack(*losses["target"], *losses["reference"]),
+            "reference_samples": float(len(own))}  # fmt: skip
+
+
 ATTACKS: dict[str, Attack] = {
     "label_norm": Attack(
         "Li et al., ICLR 2022 (norm attack)",
@@ -360,6 +401,12 @@ ATTACKS: dict[str, Attack] = {
         "ROC AUC, TPR at 1 % FPR, advantage",
         _membership,
     ),
+    "membership_calibrated": Attack(
+        "Watson et al., ICLR 2022 (difficulty calibration)",
+        "the same, scoring each sample's loss against a reference model the attacker trains on its own data",
+        "ROC AUC, TPR at 1 % FPR, advantage",
+        _membership_calibrated,
+    ),
 }
 
 
@@ -380,7 +427,8 @@ def applicable(view: RunView) -> list[str]:
         images = ("decoder", "inversion")
         names = [name for name in names if name not in images] + ["tokens"] * ("cut/smashed" in held)
     single = view.config.algorithm.name in ("fedavg", *SPLIT_MODELS)
-    return names + (["membership"] if single and (view.run_dir / results.CHECKPOINT).is_file() else [])
+    final = single and (view.run_dir / results.CHECKPOINT).is_file()
+    return names + (["membership", "membership_calibrated"] if final else [])
 
 
 def attack(

@@ -98,13 +98,22 @@ def _older_digest(config: RunConfig) -> str:
     return _digest(config.model_dump(mode="json", exclude=_unshaping(config, {"output", "stop"})))
 
 
-def _unshaping(config: RunConfig, keys: set[str]) -> set[str]:
-    """``keys`` and, while it is empty, the ``aggregation`` block: a run without stages has the digest it
-    had before the block existed, so its older checkpoints still resume."""
-    return keys if config.aggregation.stages else {*keys, "aggregation"}
+def _unshaping(config: RunConfig, keys: set[str]) -> dict[str, Any]:
+    """``keys``, the in-run attacks (``eval.attacks``: they read the run, never change it) and, while it
+    is empty, the ``aggregation`` block: a run without stages has the digest it had before the block
+    existed, so its older checkpoints still resume."""
+    excluded: dict[str, Any] = {key: True for key in keys} | {"eval": {"attacks": True}}
+    return excluded if config.aggregation.stages else {**excluded, "aggregation": True}
+
+
+ADDED_LATER = (("algorithm", "nopeek", 0.0),)
+"""Keys newer than checkpoints that should still resume: left out of the digest at their default."""
 
 
 def _digest(data: dict[str, Any]) -> str:
+    for block, key, default in ADDED_LATER:
+        if data.get(block, {}).get(key, default) == default:
+            data.get(block, {}).pop(key, None)
     return hashlib.sha256(json.dumps(data, sort_keys=True).encode()).hexdigest()
 
 
