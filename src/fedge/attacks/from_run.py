@@ -32,12 +32,8 @@ from fedge.rng import torch_rng
 from fedge.tensors import Tensors
 
 ATTACKS_FILE = "attacks.json"
-SPLIT_MODELS = (
-    "splitfed_v1",
-    "splitfed_v2",
-    "fsl_an",
-    "cse_fsl",
-)  # light FedSL: per-client trunks  # one trunk and server part at the end
+# the split algorithms that end with one trunk and one server part (lightweight FedSL: a trunk per client)
+SPLIT_MODELS = ("splitfed_v1", "splitfed_v2", "fsl_an", "cse_fsl")
 
 
 @dataclass(frozen=True)
@@ -86,11 +82,11 @@ def _label_direction(view: RunView, budget: Budget, seed: int) -> dict[str, Any]
 
 
 def _aux(view: RunView, budget: Budget, seed: int) -> torch.Tensor:
-    """The curious server's auxiliary inputs: test inputs, from the same distribution as the clients'
-    and never trained on."""
+    """The curious server's auxiliary inputs (images, or a language model's token ids): test inputs, from
+    the same distribution as the clients' and never trained on."""
     x = view.built.context.data.x_test.cpu()
     order = torch.randperm(len(x), generator=torch_rng(seed, "attack-aux"))
-    return x[order[: budget.aux_samples]].float()
+    return x[order[: budget.aux_samples]]
 
 
 def _bounds(x: torch.Tensor) -> tuple[float, float]:
@@ -151,7 +147,7 @@ def _smashed(view: RunView, attack: str) -> tuple[int, dict[str, np.ndarray]]:
 
 def _decoder(view: RunView, budget: Budget, seed: int) -> dict[str, Any]:
     t, held = _smashed(view, "decoder")
-    aux = _aux(view, budget, seed)
+    aux = _aux(view, budget, seed).float()
     bounds = _bounds(aux)
     rng = torch_rng(seed, "decoder")
     decoder = inversion.train_decoder(
@@ -175,8 +171,7 @@ def _decoder(view: RunView, budget: Budget, seed: int) -> dict[str, Any]:
 
 def _inversion(view: RunView, budget: Budget, seed: int) -> dict[str, Any]:
     t, held = _smashed(view, "inversion")
-    aux = _aux(view, budget, seed)
-    bounds = _bounds(aux)
+    bounds = _bounds(_aux(view, budget, seed).float())
     steps = held["cut/step"]
     # step 0's smashed data first: the broadcast model the attacker knows computed exactly these
     chosen = np.argsort(steps > 0, kind="stable")[: budget.inversion_samples]
@@ -203,8 +198,7 @@ def _tokens(view: RunView, budget: Budget, seed: int) -> dict[str, Any]:
     data = view.built.context.data
     if data.x_test.dtype != torch.long:
         raise AttackError(f"{view.run_dir}: token recovery needs a language model's token sequences")
-    order = torch.randperm(len(data.x_test), generator=torch_rng(seed, "attack-aux"))
-    aux = data.x_test.cpu()[order[: budget.aux_samples]]
+    aux = _aux(view, budget, seed)
     trunk, _ = view.trunk(t)
     embedding = _embedding(trunk)
     encode = _encoder(view, t)
@@ -241,7 +235,7 @@ def _gradient_inversion(view: RunView, budget: Budget, seed: int) -> dict[str, A
         raise AttackError(f"{view.run_dir}: gradient inversion needs a global model")
     model.eval()
     trainable = [name for name, p in model.named_parameters() if p.requires_grad]  # in the model's order
-    bounds = _bounds(_aux(view, budget, seed))  # the data's range, known from public data
+    bounds = _bounds(_aux(view, budget, seed).float())  # the data's range, known from public data
     last = [name for name in trainable if name.endswith("weight")][-1]
     cases: list[dict[str, Any]] = []
     originals, rebuilt_all = [], []
@@ -301,6 +295,21 @@ class _Bound(nn.Module):
         return torch.func.functional_call(self.model, self.state, (x,))
 
 
+def _losses(
+    view: RunView, model: nn.Module, members: torch.Tensor, others: torch.Tensor
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Each member's (training sample's) and non-member's (test sample's) loss under ``model``, by the
+    run's per-sample loss (a sequence: its mean over targets)."""
+    data, criterion = view.built.context.data, view.built.context.criterion
+    inside = membership.per_sample_losses(
+        model, data.x_train[members], data.y_train[members], criterion=criterion
+    )
+    outside = membership.per_sample_losses(
+        model, data.x_test[others], data.y_test[others], criterion=criterion
+    )
+    return inside, outside
+
+
 def _membership(view: RunView, budget: Budget, seed: int) -> dict[str, Any]:
     model, state = view.released_model()
     data = view.built.context.data
@@ -308,15 +317,7 @@ def _membership(view: RunView, budget: Budget, seed: int) -> dict[str, Any]:
     count = min(budget.membership_samples, len(data.x_train), len(data.x_test))
     members = torch.randperm(len(data.x_train), generator=generator)[:count]
     others = torch.randperm(len(data.x_test), generator=generator)[:count]
-    model = _Bound(model, state)
-    criterion = view.built.context.criterion  # the run's per-sample loss (a sequence: its mean)
-    inside = membership.per_sample_losses(
-        model, data.x_train[members], data.y_train[members], criterion=criterion
-    )
-    outside = membership.per_sample_losses(
-        model, data.x_test[others], data.y_test[others], criterion=criterion
-    )
-    return membership.loss_threshold_attack(inside, outside)
+    return membership.loss_threshold_attack(*_losses(view, _Bound(model, state), members, others))
 
 
 def _reference_model(view: RunView, model: nn.Module, x: torch.Tensor, y: torch.Tensor, budget: Budget,
@@ -341,21 +342,16 @@ def _reference_model(view: RunView, model: nn.Module, x: torch.Tensor, y: torch.
 
 def _membership_calibrated(view: RunView, budget: Budget, seed: int) -> dict[str, Any]:
     model, state = view.released_model()
-    data, criterion = view.built.context.data, view.built.context.criterion
+    data = view.built.context.data
     generator = torch_rng(seed, "membership")
     split = torch.randperm(len(data.x_test), generator=generator)
     own, outside = split[: len(split) // 2], split[len(split) // 2 :]  # the attacker's data; non-members
     count = min(budget.membership_samples, len(data.x_train), len(outside))
     members, others = torch.randperm(len(data.x_train), generator=generator)[:count], outside[:count]
     reference = _reference_model(view, model, data.x_test[own], data.y_test[own], budget, seed)
-    target = _Bound(model, state)
-    losses = {
-        name: [membership.per_sample_losses(m, x, y, criterion=criterion) for x, y in
-               ((data.x_train[members], data.y_train[members]), (data.x_test[others], data.y_test[others]))]
-        for name, m in (("target", target), ("reference", reference))
-    }  # fmt: skip
-    return {**membership.calibrated_attack(*losses["target"], *losses["reference"]),
-            "reference_samples": float(len(own))}  # fmt: skip
+    target = _losses(view, _Bound(model, state), members, others)
+    calibrated = membership.calibrated_attack(*target, *_losses(view, reference, members, others))
+    return {**calibrated, "reference_samples": float(len(own))}
 
 
 ATTACKS: dict[str, Attack] = {

@@ -568,6 +568,7 @@ ATTACK_NAMES = (
     "gradient_inversion",
     "tokens",
     "membership",
+    "membership_calibrated",
 )
 
 
