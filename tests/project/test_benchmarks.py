@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 import pytest
 import torch
@@ -172,3 +173,17 @@ def test_conv_benchmark_times_both_rules(capsys):
     report = json.loads(capsys.readouterr().out)
     assert report["per_client_seconds"] > 0 and report["grouped_seconds"] > 0
     assert report["grouped_over_per_client"] == report["grouped_seconds"] / report["per_client_seconds"]
+
+
+@pytest.mark.ci
+@pytest.mark.skipif(
+    not Path("/usr/share/datasets/fashion-mnist").is_dir(), reason="needs Debian's dataset-fashion-mnist"
+)
+def test_the_recording_benchmark_writes_its_ratio_and_attack_seconds(tmp_path):
+    from benchmarks import recording
+
+    out = tmp_path / "recording.json"
+    recording.main(["--repeats", "1", "--rounds", "1", "--out", str(out)])
+    report = json.loads(out.read_text())
+    assert report["overhead_ratio"] > 0 and report["bytes_per_recorded_round"] > 0
+    assert {"decoder", "label_direction", "membership"} <= set(report["attack_seconds"])
