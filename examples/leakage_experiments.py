@@ -307,7 +307,10 @@ def write(experiment: str, rows: list[dict[str, Any]], where: Path, command: str
             sections[title.strip()] = body.strip()
     sections[experiment] = f"`{command}`, seeds {sorted({row['seed'] for row in rows})}\n\n{table(rows)}"
     text = "# Leakage experiments (written by examples/leakage_experiments.py)\n"
-    text += "".join(f"\n## {name}\n\n{body}\n" for name, body in sections.items())
+    ordered = [name for name in EXPERIMENTS if name in sections] + [
+        n for n in sections if n not in EXPERIMENTS
+    ]
+    text += "".join(f"\n## {name}\n\n{sections[name]}\n" for name in ordered)
     page.write_text(text)
 
 
