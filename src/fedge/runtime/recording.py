@@ -17,6 +17,7 @@ record costs on disk.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -108,7 +109,7 @@ class TransferRecorder:
         step: int,
         samples: torch.Tensor,
         counts: torch.Tensor,
-        received: dict[str, torch.Tensor | None],
+        received: Mapping[str, torch.Tensor | None],
         truth: tuple[torch.Tensor, torch.Tensor],
     ) -> None:
         """One exchange across the cut: row ``r`` (of client ``clients[r]``) sent its first ``counts[r]``
