@@ -417,7 +417,7 @@ NEEDS = {  # the record key each attack reads (membership: the final model)
 
 def applicable(view: RunView) -> list[str]:
     """The attacks the run's records and model allow."""
-    held = set().union(*(view.record(t) for t in view.recorded)) if view.recorded else set()
+    held = set().union(*(view.keys(t) for t in view.recorded))
     names = [name for name, key in NEEDS.items() if key in held]
     if view.config.model.name in LANGUAGE_MODELS:  # tokens, not images, cross its cut
         images = ("decoder", "inversion")

@@ -61,10 +61,17 @@ class RunView:
                 self._records[t] = {name: held[name] for name in held.files}
         return self._records[t]
 
+    def keys(self, t: int) -> set[str]:
+        """What round ``t``'s record holds (read from the file's index; no array is loaded)."""
+        if t in self._records:
+            return set(self._records[t])
+        with np.load(round_path(self.run_dir, t), allow_pickle=False) as held:
+            return set(held.files)
+
     def need(self, attack: str, kind: str, key: str) -> list[int]:
         """The rounds whose record holds ``key``; a one-line refusal naming ``output.record`` when none
         does."""
-        rounds = [t for t in self.recorded if key in self.record(t)]
+        rounds = [t for t in self.recorded if key in self.keys(t)]
         if not rounds:
             raise AttackError(
                 f"{self.run_dir}: {attack} needs the run to record {kind} "
