@@ -65,9 +65,9 @@ def test_the_server_receives_clipped_noisy_kept_entries_and_randomized_labels(tm
     seen: list[tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]] = []
     original = FedSLRounds.server_side
 
-    def spy(self, t, dropped, y, own, keep, keys):
+    def spy(self, t, dropped, y, own, keep, keys, **recorded):
         seen.append((dropped.clone(), y.clone(), own.clone(), keep.clone()))
-        return original(self, t, dropped, y, own, keep, keys)
+        return original(self, t, dropped, y, own, keep, keys, **recorded)
 
     monkeypatch.setattr(FedSLRounds, "server_side", spy)
     clip = 0.25
