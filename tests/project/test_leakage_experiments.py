@@ -29,5 +29,6 @@ def test_the_smoke_run_writes_its_table(tmp_path: Path) -> None:
     script = example_script("leakage_experiments")
     script.main(["--quick", "--only", "labels", "--out", str(tmp_path / "runs"), "--results", str(tmp_path)])
     rows = list(csv.DictReader((tmp_path / "leakage" / "labels.csv").open()))
-    assert len(rows) == 7 and all(0.0 <= float(row["label_auc"]) <= 1.0 for row in rows)  # 5 label eps, 2 noises
+    assert len(rows) == 7  # 5 label epsilons, 2 cut-gradient noises
+    assert all(0.0 <= float(row["label_auc"]) <= 1.0 for row in rows)
     assert "## labels" in (tmp_path / "leakage.md").read_text()
