@@ -102,7 +102,8 @@ def test_a_resumed_run_records_what_the_whole_run_did(tmp_path: Path) -> None:
     [
         ("cse_fsl", ["cut_gradients"], "cse_fsl has no cut_gradients to record"),
         ("fedavg", ["smashed"], "fedavg has no smashed to record"),
-        ("fsl_sage", ["smashed"], "fsl_sage has no smashed to record"),
+        ("fsl_sage", ["cut_gradients"], "fsl_sage has no cut_gradients to record"),
+        ("cse_fsl_async", ["smashed"], "cse_fsl_async has no smashed to record"),
     ],
 )
 def test_a_kind_the_algorithm_does_not_send_is_refused_in_one_line(
@@ -142,3 +143,11 @@ def test_lightweight_fedsl_records_its_one_exchange_a_round(tmp_path: Path) -> N
     assert (held["cut/step"] == 0).all() and len(set(held["cut/client"].tolist())) == 4
     assert held["cut/cut_gradients"].shape == held["cut/smashed"].shape
     assert any(name.startswith("client_model/trunk.") for name in held.files)
+
+
+def test_fsl_sage_records_what_its_clients_upload(tmp_path: Path) -> None:
+    config = recorded(tiny("fsl_sage", tmp_path), ["smashed", "labels"])
+    config["algorithm"].update(h=2)
+    held = np.load(round_path(fedge.run(config).run_dir, 1))
+    assert len(held["cut/smashed"]) > 0 and "cut/cut_gradients" not in held.files
+    assert (held["cut/step"] % 2 == 0).all()  # every h-th local step uploads (the first of each block)

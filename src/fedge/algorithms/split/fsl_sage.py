@@ -152,6 +152,7 @@ class FslSage(SplitLearning):
 
     cfg: FslSageConfig
     state_fields = (*SplitLearning.state_fields, "store")
+    recorded = frozenset({"smashed", "labels"})  # its clients estimate the cut gradient: none comes back
 
     def __init__(self, ctx: Context, cfg: FslSageConfig):
         if cfg.agg_every is not None:
