@@ -96,6 +96,11 @@ class TransferRecorder:
     def recording_cut(self) -> bool:
         return self.cut is not None
 
+    @property
+    def recording_updates(self) -> bool:
+        """Whether this round's client updates are kept (a recorded round of a run recording them)."""
+        return bool(self.current) and "updates" in self.kinds
+
     def model(self, prefix: str, params: Tensors, buffers: Tensors) -> None:
         """The model the attacker knows this round (``client_model``: the broadcast split trunk)."""
         if not self.current:
@@ -146,7 +151,7 @@ class TransferRecorder:
         """The participants' uploaded models as the server received them (row ``r`` from client
         ``clients[r]``, trained on the samples ``samples[r]``) and the global model ``reference`` they
         started from; ``local`` the local work (step size, epochs, batch size)."""
-        if not self.current or "updates" not in self.kinds:
+        if not self.recording_updates:
             return
         rng = numpy_rng(self.seed, "record-updates", self.current)
         keep = np.sort(rng.permutation(len(clients))[: self.output.record_clients])

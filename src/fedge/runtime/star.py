@@ -186,7 +186,7 @@ class StarRound:
         """Hand the uploads the server received to the run's recorder (``output.record: [updates]``), with
         the samples each participant trained on and its local work."""
         recorder = self.ctx.recorder
-        if "updates" not in recorder.kinds or self.batches is None or self.work is None:
+        if not recorder.recording_updates or self.batches is None or self.work is None:
             return
         plan, work = self.batches, self.work
         samples = [
