@@ -41,6 +41,16 @@ floating entries; ``4 H d`` bytes at fp32) held by every process, plus one all-g
 a robust reducer then gathers every row again (:mod:`fedge.aggregation.pipeline`). The figures read every
 participant's weight and the reducer's reports, which name every row. The other families' adversaries
 (the peers, a hierarchy, the buffer, split learning) are still refused under torchrun.
+
+Deployed (``fedge deploy``, FedAvg and FedAvg-FT: :func:`fedge.deploy.rounds.check_stages`) every node
+builds the run from the same config and seed, so a malicious node knows it is malicious and trains on its
+own poisoned view (flipped labels, stamped samples; the server's round names that view to the node and
+plans its batches over it, as in simulation). Model poisoning stays where the simulation applies it: in
+the server app, on the rows it received, before its pipeline. The bits on the wire are then the honest
+node's trained rows: for the omniscient attacks this is the papers' threat model (the colluding attackers
+see every honest update, which no node holds), a simulated omniscient adversary at the boundary where
+the replies arrive; for the rank-local ones it is what the simulation charges too (its ledger counts the
+trained upload, and the attacks measure the change from the server's model before the down codec).
 """
 
 from __future__ import annotations
