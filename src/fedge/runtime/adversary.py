@@ -49,8 +49,9 @@ plans its batches over it, as in simulation). Model poisoning stays where the si
 the server app, on the rows it received, before its pipeline. The bits on the wire are then the honest
 node's trained rows: for the omniscient attacks this is the papers' threat model (the colluding attackers
 see every honest update, which no node holds), a simulated omniscient adversary at the boundary where
-the replies arrive; for the rank-local ones it is what the simulation charges too (its ledger counts the
-trained upload, and the attacks measure the change from the server's model before the down codec).
+the replies arrive; for the rank-local ones it is what the simulation does too (it poisons the decoded
+upload, so an up codec encodes the trained row, and its ledger counts that row); on the node they would
+change both under a lossy or sparse up codec.
 """
 
 from __future__ import annotations
