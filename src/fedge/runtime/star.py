@@ -228,7 +228,8 @@ class StarRuntime:
         ctx.network.hold(nodes.SERVER, "model", state)
         hold_frozen_base(ctx.network, [nodes.SERVER, *nodes.clients(range(ctx.data.num_clients))], model)
         self.flops_per_sample = forward_flops(model, ctx.data.input_shape)
-        self.adversary = Adversary.of(ctx.config.adversary, ctx.data, ctx.seed, ctx.cohorts.processes, True)
+        processes = ctx.cohorts.processes
+        self.adversary = Adversary.of(ctx.config.adversary, ctx.data, ctx.seed, processes, spread=True)
         cohort = len(sample_clients(ctx.seed, 1, ctx.data.num_clients, fraction))
         if cohort < ctx.cohorts.processes:
             count = f"{cohort} participants for {ctx.cohorts.processes} processes"
