@@ -572,3 +572,52 @@ def test_a_killed_rank_stops_the_other_and_resume_on_one_process_finishes_the_sa
     assert (run_dir / "ledger.csv").read_text() == (reference.run_dir / "ledger.csv").read_text()
     assert np.abs(final_state(run_dir) - final_state(reference.run_dir)).max() <= 1e-5
     assert [r["round"] for r in resumed.metrics] == list(range(1, 151))
+
+
+def split_adversary_configs(tmp_path: Path) -> dict[str, dict]:
+    """Split runs under the ``adversary`` block, malicious rows on both ranks or on one: the cut attacks
+    and data poisoning act on a rank's own rows (``smashed_noise`` draws by client, occurrence and step),
+    ``scaling``'s default n/m counts the round, and ``alie`` gathers the honest client models before the
+    median (SplitFed v1 draws clients with replacement); FSL-SAGE's alignment store holds poisoned data."""
+    cases = {
+        "split_adv_noise_cse_fsl": ("cse_fsl", {"clients": [1, 4], "attack": "smashed_noise"}, []),
+        "split_adv_scaling_splitfed_v2": ("splitfed_v2", {"clients": [0, 1, 3], "attack": "scaling"}, []),
+        "split_adv_label_flip_fsl_an": ("fsl_an", {"clients": [2, 5], "attack": "label_flip"}, []),
+        "split_adv_alie_splitfed_v1": ("splitfed_v1", {"clients": [0, 1], "attack": "alie"}, ["median"]),
+        "split_adv_flip_fsl_sage": ("fsl_sage", {"clients": [3], "attack": "smashed_flip"}, []),
+    }
+    out = {}
+    for name, (algorithm, adversary, chain) in cases.items():
+        config = split_config(tmp_path, algorithm)
+        out[name] = {**config, "adversary": adversary, "aggregation": {"stages": chain}}
+    return out
+
+
+SPLIT_ADVERSARY = list(split_adversary_configs(Path(".")))
+
+
+@pytest.fixture(scope="module")
+def split_adversary_runs(tmp_path_factory) -> Path:
+    """Each case once on 2 ranks (one launch) and once in this process; the runs' root."""
+    tmp = tmp_path_factory.mktemp("split_adversary")
+    cases = split_adversary_configs(tmp)
+    (tmp / "seen").mkdir()
+    launch(2, [(cfg, f"{name}-two") for name, cfg in cases.items()], tmp / "seen")
+    for name, cfg in cases.items():
+        fedge.run(cfg, [f"output.name={name}-single"])
+    return tmp / "runs"
+
+
+@pytest.mark.ci
+@pytest.mark.parametrize("name", SPLIT_ADVERSARY)
+def test_a_split_adversary_on_two_ranks_is_one_process_adversary(split_adversary_runs, name):
+    """Malicious split clients on rows spread over two ranks: the one-process ledger, model within 1e-5
+    and figures (``malicious``, ``malicious_kept``)."""
+    two_dir, one_dir = (split_adversary_runs / f"{name}-{tag}" for tag in ("two", "single"))
+    assert (two_dir / "ledger.csv").read_text() == (one_dir / "ledger.csv").read_text()
+    assert np.abs(final_state(two_dir) - final_state(one_dir)).max() <= 1e-5
+    two, single = rows(two_dir), rows(one_dir)
+    assert [r["malicious"] for r in two] == [r["malicious"] for r in single]
+    assert sum(r["malicious"] for r in single) > 0
+    for key in ("malicious_kept", "accuracy", "train_loss"):
+        assert [r.get(key) for r in two] == pytest.approx([r.get(key) for r in single], abs=1e-5), key

@@ -25,6 +25,16 @@ client computed them (and ``privacy.cut`` noised them), before the link encodes 
   client, occurrence, step)`` (occurrence: the client's earlier rows in the round; step -1: CSE-FSL's
   server pass), so both executors and any order of serving draw alike;
 - ``smashed_flip``: ``-scale z_r`` (the reversed-sign worker at the cut; ``scale``, 1).
+
+Under torchrun (the round's rows spread over processes) each process poisons its own rows and gets the
+one-process numbers: the cut attacks read only the row's own smashed data (``s_r`` included) and draw by
+client, ``label_flip`` is a data view every process builds, and the model-poisoning attacks use the
+round's counts (:meth:`~fedge.runtime.adversary.Adversary.poison` with the round's cohort). Only the
+omniscient ones (``alie``, ``ipm``, ``min_max``, ``min_sum``) gather: per round that attacks, one
+all-gather of the honest rows' uploaded client-model parts (the trunk, and the aux head where it is
+averaged), ``H x d`` values (``H`` honest rows, ``d`` those parts' floating entries; ``4 H d`` bytes at
+fp32) held by every process, plus one all-gather of the row counts. Nothing else is gathered for the
+adversary; a robust reducer gathers every row itself.
 """
 
 from __future__ import annotations
@@ -87,7 +97,7 @@ class SplitAdversary(Adversary):
         config = ctx.config
         if config.adversary is not None and config.adversary.attack == "label_flip" and config.privacy.labels:
             raise ConfigError("adversary.attack", "label_flip sends its own labels; drop privacy.labels")
-        adversary = cls.of(config.adversary, ctx.data, ctx.seed, ctx.cohorts.processes)
+        adversary = cls.of(config.adversary, ctx.data, ctx.seed, ctx.cohorts.processes, spread=True)
         assert adversary is None or isinstance(adversary, SplitAdversary)
         return adversary
 

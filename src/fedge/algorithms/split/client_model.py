@@ -10,7 +10,8 @@ rows) and stacks its own rows; each uploads and sums its own rows and one all-re
 FedAvg); unshared heads are gathered, so every process keeps every client's.
 
 Under an ``adversary``, the malicious rows' uploads are poisoned as the server received them, before its
-pipeline, and the round's figures (``malicious``, ``malicious_kept``) read that pipeline's reducer
+pipeline (on several processes each poisons its own rows with the round's counts), and the round's
+figures (``malicious``, ``malicious_kept``) read that pipeline's reducer
 (:mod:`~fedge.runtime.split_adversary`).
 
 Evaluation composes the global client model with the server's model (:func:`evaluate_split`).
@@ -98,8 +99,7 @@ class ClientModels:
         weights, reference = self.runtime.row_weights(rnd), {**old["params"], **old["buffers"]}
         adversary = self.adversary
         if adversary is not None:
-            mine = self.runtime.local_clients(rnd.cohort, rnd.draws.clients)
-            uploaded = adversary.poison(rnd.t, mine, uploaded, reference)
+            uploaded = adversary.poison(rnd.t, rnd.draws.clients, uploaded, reference, rnd.cohort)
         params = {k: uploaded.get(k, v) for k, v in rnd.rows.params.items()}
         buffers = {k: uploaded.get(k, v) for k, v in rnd.rows.buffers.items()}
         average = self.runtime.aggregate(rnd.t, rnd.cohort, {**params, **buffers}, weights, reference)
