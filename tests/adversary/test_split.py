@@ -1,8 +1,8 @@
 """The adversary block in split learning (fedge.runtime.split_adversary): poisoned smashed data equals the
 hand computation and breaks CSE-FSL's server model, model poisoning of the client-model average is undone
 by the median, label_flip changes the labels the server and the aux head see, both executors attack
-alike, a run whose malicious clients never attack is the honest run, and bad configs are refused in one
-line naming the key."""
+alike, a run whose malicious clients never attack is the honest run, a deployment takes the adversary,
+and bad configs are refused in one line naming the key."""
 
 from __future__ import annotations
 
@@ -216,12 +216,12 @@ def test_label_flip_with_randomized_labels_is_refused(tmp_path):
         fedge.run(config)
 
 
-def test_a_deployed_split_run_refuses_an_adversary_and_fedavg_takes_it(tmp_path):
+def test_a_deployed_split_run_takes_an_adversary_and_the_peers_refuse_it(tmp_path):
     pytest.importorskip("flwr")
     from fedge.deploy.rounds import check_stages
 
     adversary = {"clients": [1], "attack": "label_flip"}
-    with pytest.raises(ConfigError, match="^adversary: deploys with fedavg, fedavg_ft, not cse_fsl") as err:
-        check_stages(parse_config(_tiny(tmp_path, "cse_fsl", adversary)))
+    check_stages(parse_config(_tiny(tmp_path, "cse_fsl", adversary)))  # tests/deploy/test_split_deployed.py
+    with pytest.raises(ConfigError, match="^adversary: deploys with fedavg, .*, not gossip") as err:
+        check_stages(parse_config(_tiny(tmp_path, "gossip", adversary)))
     assert "\n" not in str(err.value)
-    check_stages(parse_config(_tiny(tmp_path, "fedavg", adversary)))  # the star server's: tests/deploy

@@ -151,6 +151,41 @@ def test_deployed_round_equals_the_simulation(algorithm):
         assert deployed.extra["dropped"] == 0
 
 
+ADVERSARIES = {
+    "cse_fsl": ({"clients": [1], "attack": "smashed_noise", "options": {"sigma": 2.0}}, []),
+    "splitfed_v2": ({"clients": [0], "attack": "smashed_flip", "options": {"scale": 3.0}}, []),
+    "fsl_an": ({"clients": [2], "attack": "label_flip"}, []),
+    "splitfed_v1": ({"clients": [1], "attack": "sign_flip", "options": {"scale": 4.0}}, ["median"]),
+    "fsl_sage": ({"clients": [0, 2], "attack": "alie", "start_round": 2}, []),
+}
+
+
+@pytest.mark.parametrize("algorithm", list(ADVERSARIES))
+def test_a_deployed_split_adversary_equals_the_simulation(algorithm):
+    """Malicious nodes poison their smashed data and labels before sending (as a simulated client does)
+    and the server poisons their client models at receipt: the simulation's model, ledger, losses and
+    figures (``malicious``, ``malicious_kept``)."""
+    adversary, stages = ADVERSARIES[algorithm]
+    cfg = resolve_config({**config(algorithm).model_dump(), "adversary": adversary,
+                          "aggregation": {"stages": stages}})  # fmt: skip
+    sides, reports = run_both(algorithm, cfg)
+    (sim, sim_ctx), (dep, dep_ctx) = sides["simulated"], sides["deployed"]
+    want, got = client_model(sim), client_model(dep)
+    assert max(float((got[k] - want[k]).abs().max()) for k in want) <= 1e-5
+    assert _entries(dep_ctx) == _entries(sim_ctx)
+    clean = build_run(config(algorithm))
+    for t in (1, 2):
+        clean.context.start("train", t)
+        clean.algorithm.run_round(t)
+    honest = client_model(clean.algorithm)
+    assert max(float((honest[k] - want[k]).abs().max()) for k in want) > 1e-3  # the attack bites
+    for simulated, deployed in zip(reports["simulated"], reports["deployed"], strict=True):
+        assert deployed.train_loss == pytest.approx(simulated.train_loss, abs=1e-5)
+        for key in ("malicious", "malicious_kept"):
+            assert deployed.extra[key] == pytest.approx(simulated.extra[key], abs=1e-6), key
+    assert sum(r.extra["malicious"] for r in reports["deployed"]) > 0
+
+
 @pytest.mark.parametrize("algorithm", ["splitfed_v2", "cse_fsl", "light_fedsl"])
 def test_a_language_model_on_padded_lines_deployed_equals_the_simulation(algorithm, tmp_path):
     """Targets per token and pad positions never sent: the deployed round stacks a language model's

@@ -5,6 +5,12 @@ A node builds the run from the same config (:func:`fedge.runner.loop.build_run`:
 the run seed, exactly as in a simulation) and trains only the client named by its ``partition-id``. Its
 state between the messages of a split round (parameters, buffers, optimizer state) is returned to the
 caller, which keeps it in the node's Flower context. Floating tensors travel in the codec's wire dtype.
+
+Under a split ``adversary`` a malicious node lies where a simulated malicious client does
+(:mod:`fedge.runtime.split_adversary`): it trains on its flipped labels and sends them (``label_flip``),
+and it poisons its smashed data before it sends it (``smashed_noise``, ``smashed_flip``: the simulation
+poisons it before the up link encodes it), with the simulation's draws; the server poisons uploaded client
+models at receipt, as simulated.
 """
 
 from __future__ import annotations
@@ -22,13 +28,13 @@ from fedge.algorithms.split.protocol import GradientReturn, SplitLearning
 from fedge.algorithms.split.server import Served
 from fedge.comm.registry import get_codec
 from fedge.config import RunConfig
-from fedge.data.federated import BatchPlan
+from fedge.data.federated import BatchPlan, FederatedData
 from fedge.deploy.executor import resolve
 from fedge.deploy.wire import wire_dtype
 from fedge.engine import ClientBank, stack_copies
 from fedge.engine.noise import RowKeys
 from fedge.errors import ConfigError, FedgeError
-from fedge.runner.loop import Built, build_run
+from fedge.runner.loop import build_run
 from fedge.tensors import Tensors, floating, rows
 
 State = tuple[Tensors, Tensors, Tensors]  # one row of params, buffers, optimizer state
@@ -47,17 +53,21 @@ class GivenKeys:
 
 @dataclass
 class RowRound:
-    """This node's row in round t: its batches, noise keys and client step size."""
+    """This node's row in round t: its batches over the data it trains on (an attacking ``label_flip``
+    client's flipped labels), noise keys and client step size, and which of its client's rows it is
+    (``occurrence``: smashed-data draws are keyed by it)."""
 
     row: int
+    occurrence: int
+    data: FederatedData
     index: torch.Tensor  # [1, steps, batch]
     weight: torch.Tensor
     keys: RowKeys | None
     lr: float
 
-    def batch(self, built: Built, step: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+    def batch(self, step: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
         """Inputs, labels, 0/1 weights ([1, batch, ...]) and real-row count ([1]) of ``step``."""
-        data = built.context.data
+        data = self.data
         idx = self.index[:, step]
         w = self.weight[:, step]
         return data.x_train[idx], data.y_train[idx], w, (w > 0).sum(dim=1)
@@ -158,8 +168,25 @@ class Node:
         alg.parts.local.train()
         lr, _ = alg.learning_rates(t)
         return RowRound(
-            r, plan.index[r : r + 1], plan.weight[r : r + 1], None if keys is None else keys.rows([r]), lr
+            r,
+            int(draws.occurrence[r]),
+            alg.local_steps.training(t),
+            plan.index[r : r + 1],
+            plan.weight[r : r + 1],
+            None if keys is None else keys.rows([r]),
+            lr,
         )
+
+    def sent_smashed(
+        self, t: int, rr: RowRound, step: int, z: torch.Tensor, counts: torch.Tensor
+    ) -> torch.Tensor:
+        """Smashed data ``z`` ([1, batch, ...], ``counts`` real) of ``step`` as this client sends it:
+        poisoned when it is a malicious one that attacks at the cut (unchanged otherwise)."""
+        adversary = self.algorithm.adversary
+        if adversary is None:
+            return z
+        client, occurrence = np.asarray([self.client]), np.asarray([rr.occurrence])
+        return adversary.smashed(t, client, occurrence, step, z, counts)
 
     def split_start(self, received: dict[str, Tensors]) -> State:
         """The row's state from the broadcast parts (``model_down``, ``aux_down``), fresh optimizer state."""
@@ -209,15 +236,16 @@ class Node:
         smashed, labels, upload_steps, upload_counts = [], [], [], []
         losses, counts_per_step = [], []
         for s in range(rr.index.shape[1]):
-            x, y, w, counts = rr.batch(self.built, s)
+            x, y, w, counts = rr.batch(s)
             if not bool(counts.any()):
                 losses.append(0.0)
                 counts_per_step.append(0)
                 continue
             c = int(counts[0])
 
-            def exchange(z: torch.Tensor, grad_z: bool, y=y, c=c, s=s) -> Served:
-                smashed.append(codec.encode({"z": z[0, :c].detach()}, False, None)["z"])
+            def exchange(z: torch.Tensor, grad_z: bool, y=y, c=c, s=s, counts=counts) -> Served:
+                sent = self.sent_smashed(t, rr, s, z, counts)
+                smashed.append(codec.encode({"z": sent[0, :c].detach()}, False, None)["z"])
                 labels.append(y[0, :c])
                 upload_steps.append(s)
                 upload_counts.append(c)
@@ -246,13 +274,14 @@ class Node:
         alg: GradientReturn = self.algorithm
         began = time.perf_counter()
         rr = self.row_round(t)
-        x, y, _, counts = rr.batch(self.built, step)
+        x, y, _, counts = rr.batch(step)
         params, buffers, _ = state
         trunk = {k: v for k, v in params.items() if k.startswith("trunk.")}
         keys = None if rr.keys is None else rr.keys.at(step)
         with torch.no_grad():
             z, _, _ = alg.ctx.executor.forward_with_vjp(alg.clients.forward, trunk, buffers, x, counts, keys)
         c = int(counts[0])
+        z = self.sent_smashed(t, rr, step, z, counts)
         z_sent = get_codec(alg.cfg.codec_up).encode({"z": z[0, :c]}, False, None)
         records = {"smashed_up": z_sent, "labels_up": {"y": y[0, :c]}}
         return records, {"compute_seconds": time.perf_counter() - began}
@@ -263,7 +292,7 @@ class Node:
         alg: GradientReturn = self.algorithm
         began = time.perf_counter()
         rr = self.row_round(t)
-        x, _, _, counts = rr.batch(self.built, step)
+        x, _, _, counts = rr.batch(step)
         full = torch.zeros(1, x.shape[1], *grad.shape[1:], dtype=grad.dtype)
         full[0, : grad.shape[0]] = grad
         keys = None if rr.keys is None else rr.keys.at(step)

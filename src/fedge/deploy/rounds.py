@@ -16,7 +16,7 @@ from typing import Any
 
 from fedge.algorithms import ALGORITHMS
 from fedge.comm import nodes
-from fedge.config import RunConfig
+from fedge.config import SPLIT_ADVERSARY_ALGORITHMS, RunConfig
 from fedge.deploy.executor import RemoteExecutor
 from fedge.deploy.fedsl_rounds import DeployedLightFedSL, DeployedTraditionalFedSL
 from fedge.deploy.secagg import secagg_options
@@ -40,8 +40,9 @@ REFUSED = {
     "cse_fsl_async": "its asynchronous event queue runs on the simulated clock only",
 }
 """Algorithms that cannot be deployed, with the reason ``fedge deploy`` prints."""
-ADVERSARY_DEPLOYED = ("fedavg", "fedavg_ft")
-"""The algorithms whose ``adversary`` deploys: the star server's (the other families' are refused)."""
+ADVERSARY_DEPLOYED = ("fedavg", "fedavg_ft", *SPLIT_ADVERSARY_ALGORITHMS)
+"""The algorithms whose ``adversary`` deploys: the star server's and the split server's (the other
+families' are refused)."""
 SPLIT_ROUNDS: dict[str, type] = {
     "cse_fsl": DeployedCseFsl,
     "fsl_an": DeployedFslAn,
@@ -91,11 +92,12 @@ def refusal(name: str) -> str | None:
 
 def check_stages(config: RunConfig) -> None:
     """Refuse, in one line naming the key, what a deployment cannot carry: an ``adversary`` outside the
-    star family (:data:`ADVERSARY_DEPLOYED`: its server round applies the attacks where the simulation
-    does, :mod:`fedge.runtime.adversary`) or next to a ``secagg`` stage (Flower's SecAgg+ hides the rows
-    the attacks replace), ``output.record`` (the transfers are sampled in the simulation's exchange) and
-    an aggregation stage that does not map: a ``secagg`` stage runs on Flower's SecAgg+ where its
-    settings map (:func:`fedge.deploy.secagg.secagg_options`)."""
+    star and split families (:data:`ADVERSARY_DEPLOYED`: their rounds apply the attacks where the
+    simulation does, :mod:`fedge.runtime.adversary`, :mod:`fedge.deploy.split_rounds`) or next to a
+    ``secagg`` stage (Flower's SecAgg+ hides the rows the attacks replace), ``output.record`` (the
+    transfers are sampled in the simulation's exchange) and an aggregation stage that does not map: a
+    ``secagg`` stage runs on Flower's SecAgg+ where its settings map
+    (:func:`fedge.deploy.secagg.secagg_options`)."""
     if config.adversary is not None and config.algorithm.name not in ADVERSARY_DEPLOYED:
         deployed = ", ".join(ADVERSARY_DEPLOYED)
         raise ConfigError("adversary", f"deploys with {deployed}, not {config.algorithm.name} (yet)")

@@ -12,6 +12,12 @@ row's client work to its node and feeds what comes back through the round's serv
 the ledger are the simulation's too. Rows whose node did not answer (or answered something that does
 not fit the round) leave the round before the aggregation, their weights renormalised over the rest
 (and, with a server copy per client, their copies with them).
+
+Under an ``adversary`` each attack happens where the simulation does it
+(:mod:`fedge.runtime.split_adversary`): a malicious node trains on and sends its flipped labels and
+poisons its smashed data before sending it (:class:`~fedge.deploy.node.Node`), so the server's exchange
+takes the received data as sent (it poisons nothing itself); the uploaded client models are poisoned in
+the server app at receipt, before its pipeline, as simulated.
 """
 
 from __future__ import annotations
@@ -56,6 +62,7 @@ class DeployedSplit(SplitLearning):
     def __init__(self, ctx: Context, cfg: SplitConfig):
         super().__init__(ctx, cfg)
         self.local_steps = self.remote_steps
+        self.exchange.adversary = None  # the malicious nodes send their smashed data poisoned
 
     @abstractmethod
     def remote_steps(self, rnd: Round, plan: BatchPlan, subset: torch.Tensor | None) -> None:

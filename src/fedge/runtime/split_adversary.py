@@ -35,6 +35,11 @@ all-gather of the honest rows' uploaded client-model parts (the trunk, and the a
 averaged), ``H x d`` values (``H`` honest rows, ``d`` those parts' floating entries; ``4 H d`` bytes at
 fp32) held by every process, plus one all-gather of the row counts. Nothing else is gathered for the
 adversary; a robust reducer gathers every row itself.
+
+Deployed (:mod:`fedge.deploy.split_rounds`) each attack happens where it does here: a malicious node
+trains on and sends its flipped labels and poisons its smashed data before sending it (here: before the
+up link encodes it), with the same draws (:meth:`fedge.deploy.node.Node.sent_smashed`); the server app
+poisons the uploaded client models at receipt, before its pipeline.
 """
 
 from __future__ import annotations
