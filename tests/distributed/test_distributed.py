@@ -621,3 +621,77 @@ def test_a_split_adversary_on_two_ranks_is_one_process_adversary(split_adversary
     assert sum(r["malicious"] for r in single) > 0
     for key in ("malicious_kept", "accuracy", "train_loss"):
         assert [r.get(key) for r in two] == pytest.approx([r.get(key) for r in single], abs=1e-5), key
+
+
+def peer_and_cell_adversary_configs(tmp_path: Path) -> dict[str, dict]:
+    """Malicious peers and cell members on two ranks: peers poison the gathered sent rows on every rank
+    (gossip's ``sign_flip`` before ClippedGossip; AFIND+'s ``alie`` behind honest probe answers, and its
+    poisoned proxies in each rank's share of the requesters); HFedAvg's 9 clients in 3 cells sit 5 + 4
+    on the ranks, so cell 1 (clients 3 to 5) spans both: ``sign_flip`` before the edge median, and
+    ``alie`` gathers the cell's honest uploads (HIST's ``gaussian``: the submodels' slots, keys by client
+    and edge round)."""
+    peers = {"local_epochs": 1, "batch_size": 16, "peers": 2}
+    cells = {"cells": 3, "split": "partition", "edge_rounds": 2, "local_steps": 2, "batch_size": 8}
+    cases = {
+        "peer_adv_gossip_clipped": (
+            {"name": "gossip", **peers},
+            {"clients": [1, 4], "attack": "sign_flip", "options": {"scale": 4.0}},
+            [{"name": "clipped_gossip", "at": ["peer"]}],
+        ),
+        "peer_adv_afind_alie": (
+            {"name": "afind", **peers, "k0": 2},
+            {"clients": [0, 3], "attack": "alie"},
+            [],
+        ),
+        "peer_adv_afind_probes_poisoned": (
+            {"name": "afind", **peers, "k0": 2},
+            {"clients": [2, 5], "attack": "sign_flip", "probes": "poisoned"},
+            [],
+        ),
+        "cell_adv_hfedavg_median": (
+            {"name": "hfedavg", **cells},
+            {"clients": [1, 4], "attack": "sign_flip", "options": {"scale": 2.0}},
+            [{"name": "median", "at": ["edge"]}],
+        ),
+        "cell_adv_hfedavg_alie": ({"name": "hfedavg", **cells}, {"clients": [0, 4], "attack": "alie"}, []),
+        "cell_adv_hist_gaussian": ({"name": "hist", **cells}, {"clients": [2, 3], "attack": "gaussian"}, []),
+    }
+    out = {}
+    for name, (algorithm, adversary, chain) in cases.items():
+        config = {**base(tmp_path, **algorithm), "adversary": adversary, "aggregation": {"stages": chain}}
+        if algorithm["name"] in ("hfedavg", "hist"):
+            config["partition"] = {**config["partition"], "num_clients": 9}
+        out[name] = config
+    return out
+
+
+PEER_CELL_ADVERSARY = list(peer_and_cell_adversary_configs(Path(".")))
+
+
+@pytest.fixture(scope="module")
+def peer_cell_adversary_runs(tmp_path_factory) -> Path:
+    """Each case once on 2 ranks (one launch) and once in this process; the runs' root."""
+    tmp = tmp_path_factory.mktemp("peer_cell_adversary")
+    cases = peer_and_cell_adversary_configs(tmp)
+    (tmp / "seen").mkdir()
+    launch(2, [(cfg, f"{name}-two") for name, cfg in cases.items()], tmp / "seen")
+    for name, cfg in cases.items():
+        fedge.run(cfg, [f"output.name={name}-single"])
+    return tmp / "runs"
+
+
+@pytest.mark.ci
+@pytest.mark.parametrize("name", PEER_CELL_ADVERSARY)
+def test_peer_and_cell_adversaries_on_two_ranks_are_one_process_adversary(peer_cell_adversary_runs, name):
+    """Malicious peers and cell members on rows spread over two ranks: the one-process ledger, model
+    within 1e-5 and every figure (``malicious``, ``malicious_kept``, ``malicious_selected``, selection
+    counts, accuracy) within 1e-5."""
+    two_dir, one_dir = (peer_cell_adversary_runs / f"{name}-{tag}" for tag in ("two", "single"))
+    assert (two_dir / "ledger.csv").read_text() == (one_dir / "ledger.csv").read_text()
+    assert np.abs(final_state(two_dir) - final_state(one_dir)).max() <= 1e-5
+    two, single = rows(two_dir), rows(one_dir)
+    assert sum(r["malicious"] for r in single) > 0
+    assert [sorted(r) for r in two] == [sorted(r) for r in single]
+    for a, b in zip(two, single, strict=True):
+        for key, value in b.items():
+            assert a[key] == (pytest.approx(value, abs=1e-5) if isinstance(value, float) else value), key

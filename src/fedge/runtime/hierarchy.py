@@ -27,9 +27,10 @@ from fedge.distributed import Cohort
 from fedge.engine import ClientBank
 from fedge.engine.step import StepFn
 from fedge.errors import ConfigError
-from fedge.runtime.adversary import Adversary, poisoned
-from fedge.runtime.cell_adversary import CellTally, cell_shares, edge_noise
+from fedge.runtime.adversary import Adversary
+from fedge.runtime.cell_adversary import CellTally, cell_shares
 from fedge.runtime.context import Context
+from fedge.runtime.spread_adversary import cell_poisoned
 from fedge.system import CellsWork, cells_round
 from fedge.system.cells import RadioTiming
 from fedge.tensors import Tensors, floating
@@ -219,15 +220,14 @@ class CellsRound:
         uplink bits to :attr:`client_bits` and records one client's upload per cell in :attr:`cell_bits`
         (on the ledger too, unless the edge's reducer records the upload itself:
         :meth:`~fedge.runtime.context.Context.records_upload`)."""
-        cells, cohort, up = self.cells, self.cohort, self.links.up
+        cells, up = self.cells, self.links.up
         kind = "update_up_analog" if self.links.analogue else "model_up"
         record = self.ctx.records_upload(sites.EDGE)
         uploaded, uploaded_buffers = bank.params, bank.buffers
         receivers = self.receivers
         for j in range(cells.num_cells):
             rows = cells.rows(j)
-            cell = cohort.part(rows)  # this process's clients of cell j
-            local = slice(cell.start + rows.start - cohort.start, cell.stop + rows.start - cohort.start)
+            cell, local = self.cell_rows(j)
             payload = _payload(self.submodels, j, local, bank.params, bank.buffers)
             sent = cell.send(up, self.round, receivers[rows], nodes.edge(j), kind, payload, record=record)
             self.client_bits[rows] += sent.bits
@@ -241,25 +241,29 @@ class CellsRound:
     def poison(
         self, edge_round: int, params: Tensors, buffers: Tensors, start: tuple[Tensors, Tensors]
     ) -> tuple[Tensors, Tensors]:
-        """The uploads of :meth:`collect` with each cell's attacking members' replaced by the adversary's
-        (one process: the rows are the active clients), on the values their submodel holds; ``start``:
-        the cells' models the edge servers broadcast (stacked ``[N, ...]``), each cell's reference."""
+        """The uploads of :meth:`collect` (this process's rows) with each cell's attacking members'
+        replaced by the adversary's (:func:`~fedge.runtime.spread_adversary.cell_poisoned`), on the values
+        their submodel holds; ``start``: the cells' models the edge servers broadcast (stacked
+        ``[N, ...]``), each cell's reference."""
         if self.adversary is None:
             return params, buffers
-        attack, options = self.adversary.config.attack, self.adversary.config.options
         for j in range(self.cells.num_cells):
             members = self.cells.members(j)
-            bad = self.adversary.mask(self.round, members)
-            if not bad.any():
+            if not self.adversary.mask(self.round, members).any():
                 continue
-            rows = self.cells.rows(j)
-            sent = _payload(self.submodels, j, rows, params, buffers)
+            cell, local = self.cell_rows(j)
+            sent = _payload(self.submodels, j, local, params, buffers)
             reference = {k: v[0] for k, v in _payload(self.submodels, j, slice(j, j + 1), *start).items()}
-            noise = edge_noise(self.adversary, self.round, edge_round, members[bad], self.ctx.device)
-            mask = torch.as_tensor(bad, device=self.ctx.device)
-            replaced = poisoned(attack, options, sent, reference, mask, noise)
-            params, buffers = _received(self.submodels, j, rows, params, buffers, replaced)
+            replaced = cell_poisoned(self.adversary, self.round, edge_round, members, sent, reference, cell)
+            if len(cell):
+                params, buffers = _received(self.submodels, j, local, params, buffers, replaced)
         return params, buffers
+
+    def cell_rows(self, cell: int) -> tuple[Cohort, slice]:
+        """This process's part of ``cell``'s clients, and where their rows sit among this process's."""
+        rows, start = self.cells.rows(cell), self.cohort.start
+        part = self.cohort.part(rows)
+        return part, slice(part.start + rows.start - start, part.stop + rows.start - start)
 
     def figures(self) -> dict[str, object]:
         """The adversary's figures of the round (:meth:`~fedge.runtime.cell_adversary.CellTally.figures`;
@@ -287,9 +291,12 @@ class CellsRound:
             pipeline = replace(pipeline, reducer=reducer)
         updates = Updates.of(sites.EDGE, self.round, params | buffers, weights, reference, self.local_clients)
         means = pipeline.reduce(updates, cohort)
-        if self.adversary is not None:
-            bad = self.adversary.mask(self.round, np.asarray(self.local_clients))
-            self.tally.add(int(bad.sum()), cell_shares(weights, bad, pipeline))
+        if self.adversary is not None:  # every client's weight: the reducer's reports name every row
+            every = np.arange(cells.size)
+            bad = self.adversary.mask(self.round, every)
+            edge_weights = torch.zeros(cells.num_cells, cells.size, dtype=torch.float64)
+            edge_weights[cells.cell_of, every] = 1.0 / cells.per_cell
+            self.tally.add(int(bad.sum()), cell_shares(edge_weights, bad, pipeline))
         return {k: means[k] for k in params}, {k: means[k] for k in buffers}
 
     def cloud(self, shared: Tensors, model: Tensors) -> Tensors:

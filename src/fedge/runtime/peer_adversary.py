@@ -47,7 +47,7 @@ class PeerAdversary:
         cls, config: AdversaryConfig | None, data: FederatedData, seed: int, processes: int
     ) -> PeerAdversary | None:
         """The run's malicious peers (``None`` without an ``adversary`` block)."""
-        adversary = Adversary.of(config, data, seed, processes)
+        adversary = Adversary.of(config, data, seed, processes, spread=True)
         return None if adversary is None else cls(adversary, data.num_clients)
 
     @property

@@ -191,7 +191,7 @@ class HierarchicalFL(Algorithm[HierarchicalT], Generic[HierarchicalT]):
         if config is not None and isinstance(config.clients, list) and max(config.clients) >= self.cells.size:
             idle = f"client {max(config.clients)} is in no cell ({self.cells.size} active clients)"
             raise ConfigError("adversary.clients", idle)
-        return Adversary.of(config, self.data, ctx.seed, ctx.cohorts.processes)
+        return Adversary.of(config, self.data, ctx.seed, ctx.cohorts.processes, spread=True)
 
     def _check_clip(self, cfg: HierarchicalT) -> None:
         """``radio.clip`` bounds AirComp's transmissions; the channel noise covers the parameters only, so
