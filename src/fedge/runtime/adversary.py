@@ -40,8 +40,8 @@ round that attacks: an all-gather of ``H x d`` values (``H`` honest participants
 floating entries; ``4 H d`` bytes at fp32) held by every process, plus one all-gather of the row counts;
 a robust reducer then gathers every row again (:mod:`fedge.aggregation.pipeline`). The figures read every
 participant's weight and the reducer's reports, which name every row. Split learning's adversary
-(:mod:`fedge.runtime.split_adversary`) poisons its uploads the same way; the other families' (the peers, a
-hierarchy, the buffer) are still refused under torchrun.
+(:mod:`fedge.runtime.split_adversary`) poisons its uploads the same way, and so do the peers and a
+hierarchy's cell members (:mod:`fedge.runtime.spread_adversary`); a buffer's runs in one process only.
 
 Deployed (``fedge deploy``, FedAvg and FedAvg-FT: :func:`fedge.deploy.rounds.check_stages`) every node
 builds the run from the same config and seed, so a malicious node knows it is malicious and trains on its
@@ -189,9 +189,9 @@ class Adversary:
         spread: bool = False,
     ) -> Adversary | None:
         """The run's adversary (``None`` without an ``adversary`` block); refused under torchrun unless the
-        caller's rounds pass their cohort to :meth:`poison` (``spread``: the star and split rounds do), and
-        ``label_flip`` where the malicious clients' labels cannot be flipped for them alone, and a
-        ``backdoor`` on data it cannot stamp (:meth:`~fedge.runtime.backdoor.Backdoor.of`)."""
+        caller poisons rows spread over processes as one process does (``spread``: the star, split, peer
+        and cell rounds), and ``label_flip`` where the malicious clients' labels cannot be flipped for them
+        alone, and a ``backdoor`` on data it cannot stamp (:meth:`~fedge.runtime.backdoor.Backdoor.of`)."""
         if config is None:
             return None
         if processes > 1 and not spread:

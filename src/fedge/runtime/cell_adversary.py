@@ -11,6 +11,10 @@ aggregator sees). Only the values the cell's submodel really holds are poisoned 
 cell's neurons, :meth:`~fedge.runtime.hierarchy.Submodels.real`), so a row stays zero outside them, as
 the masked step keeps an honest one. ``gaussian`` draws from ``(seed, "adversary-gaussian", round,
 edge round, client)``: fresh noise every edge round, the same for HIST's compact and masked forms.
+
+Under torchrun each process poisons its rows of a cell with the cell's counts; an omniscient attack first
+all-gathers the cell's honest uploads, ``H x d`` values (``4 H d`` bytes at fp32) per attacked cell and
+edge round (:mod:`fedge.runtime.spread_adversary`).
 """
 
 from __future__ import annotations

@@ -16,6 +16,10 @@ the models mixed after selection (the attacker that selection cannot see); ``poi
 too: AFIND+'s gradient proxies by the same attack (a proxy as a row whose change from zero is the
 proxy, ``alie`` and ``ipm`` over the honest holders' proxies for the same requester; ``label_flip`` on
 the flipped labels), and the models PENS, FedeRiCo and AFIND+'s Boltzmann losses score.
+
+Under torchrun every process poisons the sent rows after the family's all-gather of the trained rows,
+and AFIND+'s proxies in its share of the requesters: nothing is gathered for the adversary (0 bytes a
+round; :mod:`fedge.runtime.spread_adversary`).
 """
 
 from __future__ import annotations
