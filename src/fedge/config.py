@@ -740,8 +740,12 @@ class AdversaryConfig(StrictModel):
     """Clients that lie (``fedge.adversary``): which clients are malicious, from which round, and how
     they attack: by model poisoning of the rows they upload, or by training on flipped labels."""
 
-    clients: float | list[int]
-    """the malicious clients: a fraction in (0, 1) drawn once from the run seed, or a list of client ids"""
+    clients: float | list[int] | None = None
+    """the malicious clients: a fraction in (0, 1) drawn once from the run seed, or a list of client ids
+    (HIST, HFedAvg: may be left out where adversary.edges names malicious edge servers)"""
+    edges: float | list[int] | None = None
+    """HIST, HFedAvg: malicious edge servers that poison their upload to the cloud, a fraction in (0, 1)
+    of the cells drawn once from the run seed, or a list of edge ids (default: none)"""
     start_round: PositiveInt = 1
     """the first round they attack (before it they behave honestly)"""
     attack: Literal[ATTACKS]  # type: ignore[valid-type]
@@ -755,13 +759,13 @@ class AdversaryConfig(StrictModel):
     """peers only: a malicious peer answers a selector's probes honestly (poisoning only the models it
     sends once selected) or poisons them too (AFIND+, PENS, FedeRiCo)"""
 
-    @field_validator("clients", mode="before")
+    @field_validator("clients", "edges", mode="before")
     @classmethod
     def _fraction_or_ids(cls, value: Any) -> Any:
         fraction = isinstance(value, int | float) and not isinstance(value, bool) and 0 < value < 1
         ids = isinstance(value, list) and all(type(i) is int and i >= 0 for i in value)
         if not fraction and not (ids and value and len(set(value)) == len(value)):
-            raise ValueError("must be a fraction in (0, 1) or a non-empty list of distinct client ids")
+            raise ValueError("must be a fraction in (0, 1) or a non-empty list of distinct ids")
         return value
 
     @model_validator(mode="after")
@@ -872,6 +876,7 @@ class RunConfig(StrictModel):
             raise ConfigError(
                 "adversary.attack", f"{attack} is built for fedavg and fedavg_ft, not {name} (yet)"
             )
+        _edges_fit(self.adversary, name)
         ids = self.adversary.clients
         if isinstance(ids, list) and max(ids) >= self.partition.num_clients:
             beyond = f"client {max(ids)} is not among the {self.partition.num_clients} clients"
@@ -881,6 +886,35 @@ class RunConfig(StrictModel):
     def to_yaml(self) -> str:
         """The resolved config as YAML (paths as strings)."""
         return yaml.safe_dump(self.model_dump(mode="json", by_alias=True), sort_keys=False)
+
+
+EDGE_ADVERSARY_ALGORITHMS = ("hist", "hfedavg")
+"""The algorithms whose edge servers can be malicious (``adversary.edges``)."""
+OMNISCIENT_ATTACKS = ("alie", "ipm", "min_max", "min_sum")
+"""The attacks that read the honest rows of the same coordinates."""
+
+
+def _edges_fit(adversary: AdversaryConfig, name: str) -> None:
+    """Malicious edges only in a hierarchy, poisoning the model they upload (an edge trains on no data);
+    malicious clients named unless edges are; HIST's disjoint submodels give the omniscient attacks no
+    honest values of a malicious edge's slots."""
+    if adversary.edges is None:
+        if adversary.clients is None:
+            raise ConfigError("adversary.clients", "name the malicious clients (a fraction or a list of ids)")
+        return
+    if name not in EDGE_ADVERSARY_ALGORITHMS:
+        raise ConfigError("adversary.edges", f"edge servers are built for hist and hfedavg, not {name}")
+    if adversary.attack in ("label_flip", *STAR_ATTACKS, *CUT_ATTACKS):
+        raise ConfigError(
+            "adversary.attack",
+            f"{adversary.attack} poisons training data; a malicious edge poisons its model",
+        )
+    if name == "hist" and adversary.attack in OMNISCIENT_ATTACKS:
+        raise ConfigError(
+            "adversary.attack",
+            f"{adversary.attack} reads the honest edges' values of the same coordinates; HIST's edges hold "
+            "disjoint neurons (use hfedavg or a per-row attack)",
+        )
 
 
 def _block_model(annotation: Any) -> type[BaseModel] | None:

@@ -20,7 +20,9 @@ multiplier of that edge round's channels and beamformer.
 
 Adversary: malicious members poison the uploads their edge server receives, per cell, before AirComp's
 clip and the edge's pipeline (:mod:`fedge.runtime.cell_adversary`); the round reports ``malicious`` and
-``malicious_kept``.
+``malicious_kept``. Malicious edge servers poison their upload to the cloud after the cloud decoded it
+(:mod:`fedge.runtime.edge_adversary`); the round reports ``malicious_edges`` and
+``malicious_edges_kept``.
 """
 
 from __future__ import annotations
@@ -50,6 +52,7 @@ from fedge.metrics import Evaluation, RoundReport
 from fedge.privacy.air import aircomp_releases
 from fedge.privacy.peer import clip_rows, flat_rows
 from fedge.runtime.adversary import Adversary
+from fedge.runtime.edge_adversary import EdgeAdversary
 from fedge.runtime.hierarchy import CellLinks, Cells, CellsRound, CellsRuntime
 
 HierarchicalT = TypeVar("HierarchicalT", bound=HierarchicalConfig)
@@ -96,7 +99,8 @@ class HierarchicalFL(Algorithm[HierarchicalT], Generic[HierarchicalT]):
             network.link(cfg.codec_edge_down),
             analogue=cfg.aggregation == "aircomp",
         )
-        self.rounds = CellsRuntime(ctx, self.cells, self.links, self._adversary())
+        edges = EdgeAdversary.of(ctx.config.adversary, self.cells.num_cells, ctx.seed)
+        self.rounds = CellsRuntime(ctx, self.cells, self.links, self._adversary(), edges)
         self.model_values = sum(p.numel() for p in self.params.values())
         self.client_up_bits = np.zeros(self.cells.size, dtype=np.int64)
 
@@ -115,15 +119,20 @@ class HierarchicalFL(Algorithm[HierarchicalT], Generic[HierarchicalT]):
         sizes = self.mask_sizes(t, cpu, rates)
         views = self.views(t, sizes)
         rnd = self.rounds.open(t, views)
-        cell_params, cell_buffers = views.gather(self.params), views.gather(self.buffers)
-        cell_params, cell_buffers = rnd.send_cells(False, cell_params, cell_buffers)
+        sent = views.gather(self.params), views.gather(self.buffers)
+        cell_params, cell_buffers = rnd.send_cells(False, *sent)
         losses, mses = [], []
         for e in range(cfg.edge_rounds):
             cell_params, cell_buffers, loss, mse = self._edge_round(rnd, e, views, cell_params, cell_buffers)
             losses.append(loss)
             mses.extend(mse)
         cell_params, cell_buffers = rnd.send_cells(True, cell_params, cell_buffers)
-        merged = views.merge(cell_params | cell_buffers, partial(rnd.cloud, model=self.params | self.buffers))
+        cell_params, cell_buffers = rnd.poison_edges(cell_params, cell_buffers, sent)
+        shared = sum(v.numel() for k, v in self.params.items() if k not in views.roles)
+        owned = views.values(self.params) - shared  # the neurons' values each cell alone holds
+        merged = views.merge(
+            cell_params | cell_buffers, partial(rnd.cloud, model=self.params | self.buffers, owned=owned)
+        )
         self.params = {k: merged[k] for k in self.params}
         self.buffers = {k: merged[k] for k in self.buffers}
         self.client_up_bits += rnd.client_bits
@@ -186,8 +195,10 @@ class HierarchicalFL(Algorithm[HierarchicalT], Generic[HierarchicalT]):
 
     def _adversary(self) -> Adversary | None:
         """The run's adversary among the active clients (a fraction of them; listed ids must be active:
-        the last ``K mod N`` clients are in no cell)."""
+        the last ``K mod N`` clients are in no cell); none where only edge servers are malicious."""
         ctx, config = self.ctx, self.ctx.config.adversary
+        if config is not None and config.clients is None:
+            return None
         if config is not None and isinstance(config.clients, list) and max(config.clients) >= self.cells.size:
             idle = f"client {max(config.clients)} is in no cell ({self.cells.size} active clients)"
             raise ConfigError("adversary.clients", idle)
