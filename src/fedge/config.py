@@ -762,6 +762,8 @@ class AdversaryConfig(StrictModel):
     @field_validator("clients", "edges", mode="before")
     @classmethod
     def _fraction_or_ids(cls, value: Any) -> Any:
+        if value is None:  # left out (a resolved config writes it as null)
+            return value
         fraction = isinstance(value, int | float) and not isinstance(value, bool) and 0 < value < 1
         ids = isinstance(value, list) and all(type(i) is int and i >= 0 for i in value)
         if not fraction and not (ids and value and len(set(value)) == len(value)):
