@@ -693,7 +693,7 @@ class PrivacyConfig(StrictModel):
 CUT_ATTACKS = ("smashed_noise", "smashed_flip")
 """The split family's attacks on the smashed data a malicious client sends across the cut."""
 STAR_ATTACKS = ("backdoor",)
-"""The attacks built for the star family's server alone (a backdoor's data view and its success rate)."""
+"""The attacks whose evaluation adds a success rate (a backdoor: its data view and its success rate)."""
 ATTACKS: tuple[str, ...] = ("sign_flip", "scaling", "gaussian", "free_rider", "alie", "ipm", "label_flip")
 ATTACKS += ("min_max", "min_sum", *STAR_ATTACKS, *CUT_ATTACKS)
 """The adversary's attacks (``fedge.adversary``): model poisoning of the uploaded rows, data poisoning
@@ -749,7 +749,7 @@ class AdversaryConfig(StrictModel):
     start_round: PositiveInt = 1
     """the first round they attack (before it they behave honestly)"""
     attack: Literal[ATTACKS]  # type: ignore[valid-type]
-    """sign_flip, scaling, gaussian, free_rider, alie, ipm, label_flip, min_max, min_sum; star: backdoor;
+    """sign_flip, scaling, gaussian, free_rider, alie, ipm, label_flip, min_max, min_sum; backdoor;
     split: smashed_noise, smashed_flip (docs/robustness.md)"""
     options: dict[str, Any] = Field(default_factory=dict)
     """the attack's own options: scale (sign_flip, scaling, backdoor, smashed_flip), sigma (gaussian,
@@ -874,10 +874,9 @@ class RunConfig(StrictModel):
         attack, name = self.adversary.attack, self.algorithm.name
         if attack in CUT_ATTACKS and name not in SPLIT_ADVERSARY_ALGORITHMS:
             raise ConfigError("adversary.attack", f"{attack} poisons split smashed data; {name} has none")
-        if attack in STAR_ATTACKS and name not in ("fedavg", "fedavg_ft"):
-            raise ConfigError(
-                "adversary.attack", f"{attack} is built for fedavg and fedavg_ft, not {name} (yet)"
-            )
+        if attack in STAR_ATTACKS and name not in BACKDOOR_ALGORITHMS:
+            built = ", ".join(BACKDOOR_ALGORITHMS)
+            raise ConfigError("adversary.attack", f"{attack} is built for {built}, not {name} (yet)")
         _edges_fit(self.adversary, name)
         ids = self.adversary.clients
         if isinstance(ids, list) and max(ids) >= self.partition.num_clients:
@@ -890,6 +889,8 @@ class RunConfig(StrictModel):
         return yaml.safe_dump(self.model_dump(mode="json", by_alias=True), sort_keys=False)
 
 
+BACKDOOR_ALGORITHMS = ("fedavg", "fedavg_ft", "hist", "hfedavg")
+"""The algorithms whose malicious clients can train a backdoor and whose evaluation reports its success."""
 EDGE_ADVERSARY_ALGORITHMS = ("hist", "hfedavg")
 """The algorithms whose edge servers can be malicious (``adversary.edges``)."""
 OMNISCIENT_ATTACKS = ("alie", "ipm", "min_max", "min_sum")

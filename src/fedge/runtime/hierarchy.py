@@ -209,13 +209,16 @@ class CellsRound:
         buffer_rows = {k: v[cell_of] for k, v in buffers.items()}
         return ClientBank(self.local_clients, rows, buffer_rows, opt_state(rows, cell_of))
 
+    def training(self, data: FederatedData) -> FederatedData:
+        """What the members train on: ``data``, or an attacking adversary's view of it (flipped labels
+        under ``label_flip``; a backdoor's stamped copies, which its members' batches must index)."""
+        return data if self.adversary is None else self.adversary.data(self.round, data)
+
     def train(
         self, step: StepFn, bank: ClientBank, plan: BatchPlan, data: FederatedData, lr: float
     ) -> torch.Tensor:
-        """The executor trains ``bank`` by ``plan`` on ``data`` (an adversary's view of it: flipped labels
-        for its members under ``label_flip``); each row's mean training loss."""
-        if self.adversary is not None:
-            data = self.adversary.data(self.round, data)
+        """The executor trains ``bank`` by ``plan`` on ``data`` (:meth:`training`'s view); each row's mean
+        training loss."""
         return self.ctx.executor.train(step, bank, plan, data, lr)
 
     def collect(self, bank: ClientBank) -> tuple[Tensors, Tensors]:

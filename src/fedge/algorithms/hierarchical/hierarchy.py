@@ -169,11 +169,12 @@ class HierarchicalFL(Algorithm[HierarchicalT], Generic[HierarchicalT]):
         cfg, t = self.cfg, rnd.round
         start_params, start_buffers = rnd.broadcast(cell_params, cell_buffers)
         bank = rnd.bank(start_params, start_buffers, partial(self._opt_state, views))
+        data = rnd.training(self.data)
         plan = local_steps_plan(
-            self.data, bank.clients, t, e, cfg.local_steps, cfg.batch_size, cohort=range(self.cells.size)
+            data, bank.clients, t, e, cfg.local_steps, cfg.batch_size, cohort=range(self.cells.size)
         )
         self.model.train()
-        loss = rnd.train(self._step(views), bank, plan, self.data, cfg.optimizer.lr)
+        loss = rnd.train(self._step(views), bank, plan, data, cfg.optimizer.lr)
         uploaded, uploaded_buffers = rnd.collect(bank)
         uploaded, uploaded_buffers = rnd.poison(e, uploaded, uploaded_buffers, (start_params, start_buffers))
         reference = start_params | start_buffers  # the models the clients started from
@@ -243,12 +244,11 @@ class HierarchicalFL(Algorithm[HierarchicalT], Generic[HierarchicalT]):
         return self.step if padded else self.plain_step
 
     def evaluate(self) -> Evaluation:
-        return evaluate_model_on(
-            self.ctx.cohorts,
-            self.model,
-            self.params,
-            self.buffers,
-            self.data.x_test,
-            self.data.y_test,
-            self.ctx.config.eval.batch_size,
+        """The cloud model's test figures, with a backdoor's attack success rate under one."""
+        batch, adversary = self.ctx.config.eval.batch_size, self.rounds.adversary
+        plain = evaluate_model_on(
+            self.ctx.cohorts, self.model, self.params, self.buffers, self.data.x_test, self.data.y_test, batch
         )
+        if adversary is None:
+            return plain
+        return plain.with_extra(**adversary.success(self.model, self.params, self.buffers, self.data, batch))
