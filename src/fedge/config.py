@@ -889,7 +889,17 @@ class RunConfig(StrictModel):
         return yaml.safe_dump(self.model_dump(mode="json", by_alias=True), sort_keys=False)
 
 
-BACKDOOR_ALGORITHMS = ("fedavg", "fedavg_ft", "hist", "hfedavg")
+BACKDOOR_ALGORITHMS = (
+    "fedavg",
+    "fedavg_ft",
+    "hist",
+    "hfedavg",
+    "gossip",
+    "local",
+    "ditto",
+    "fedbuff",
+    "fedasync",
+)
 """The algorithms whose malicious clients can train a backdoor and whose evaluation reports its success."""
 EDGE_ADVERSARY_ALGORITHMS = ("hist", "hfedavg")
 """The algorithms whose edge servers can be malicious (``adversary.edges``)."""
