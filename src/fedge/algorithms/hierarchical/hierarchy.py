@@ -33,6 +33,7 @@ from typing import Any, ClassVar, Generic, TypeVar
 import numpy as np
 import torch
 
+from fedge.aggregation.fltrust import FLTrust, RootUpdate
 from fedge.algorithms.base import Algorithm, Context
 from fedge.algorithms.hierarchical.aggregation import check_over_the_air, over_the_air
 from fedge.algorithms.hierarchical.cells import split_data
@@ -44,7 +45,7 @@ from fedge.algorithms.hierarchical.radio import CellRadio
 from fedge.algorithms.hierarchical.submodel import CellViews, Tensors, apply_valid
 from fedge.algorithms.hierarchical.training import local_steps_plan, masked_step
 from fedge.distributed.evaluate import evaluate_model_on
-from fedge.engine import buffers_of, classification_loss, make_optimizer, make_step, parameters_of
+from fedge.engine import ClientBank, buffers_of, classification_loss, make_optimizer, make_step, parameters_of
 from fedge.engine.private_step import PrivateStep, private_step
 from fedge.engine.step import Step
 from fedge.errors import ConfigError
@@ -54,6 +55,8 @@ from fedge.privacy.peer import clip_rows, flat_rows
 from fedge.runtime.adversary import Adversary
 from fedge.runtime.edge_adversary import EdgeAdversary
 from fedge.runtime.hierarchy import CellLinks, Cells, CellsRound, CellsRuntime
+from fedge.runtime.root import edge_root_data
+from fedge.system import forward_flops, training_flops
 
 HierarchicalT = TypeVar("HierarchicalT", bound=HierarchicalConfig)
 
@@ -91,6 +94,7 @@ class HierarchicalFL(Algorithm[HierarchicalT], Generic[HierarchicalT]):
         plain = make_step(classification_loss(self.model, ctx.criterion), self.sgd)
         self.plain_step = private_step(plain, ctx.privacy, self.model)
         self.step = masked_step(self.plain_step, self.layout)
+        self.root_step = masked_step(plain, self.layout)  # FLTrust's at the edges: no DP-SGD
         network = ctx.network
         self.links = CellLinks(
             network.link(cfg.codec_up),
@@ -189,10 +193,37 @@ class HierarchicalFL(Algorithm[HierarchicalT], Generic[HierarchicalT]):
                 real_part = cfg.radio.noise_model == "real_part"
                 for release in aircomp_releases(t, air.mses, members, clip, real_part):
                     self.ctx.privacy.record(release)
+        if isinstance(rnd.edge_reducer, FLTrust):
+            rnd.edge_reducer.root = self._roots(
+                rnd, e, views, (start_params, start_buffers), rnd.edge_reducer
+            )
         new_params, new_buffers = rnd.aggregate(uploaded, uploaded_buffers, reference, air)
         if views.layout:  # a stage's noise on the foreign slots, which no client trains or sends: dropped
             new_params = apply_valid(new_params, views.layout, list(views.valid))
         return new_params, new_buffers, rnd.mean(loss), list(air.mses) if air is not None else []
+
+    def _roots(
+        self, rnd: CellsRound, e: int, views: CellViews, start: tuple[Tensors, Tensors], reducer: FLTrust
+    ) -> RootUpdate:
+        """FLTrust at the edges (Cao et al., NDSS 2021): each edge server's own model of edge round ``e``,
+        trained from the model it broadcast to its cell (``start``, stacked per cell) on its root set as
+        its members train: ``local_steps`` steps of their batch size, the masked step on HIST's submodel,
+        a fresh optimizer state, DP-SGD left out (the set is the edge's own), on the run's executor as
+        rows keyed past every client id; its FLOPs are charged to the edge with the aggregation's."""
+        cfg, data, n = self.cfg, self.ctx.data, self.cells.num_cells
+        roots = edge_root_data(data, self.ctx.seed, reducer.root_samples, n, reducer.run.key)
+        params, buffers = ({k: v.clone() for k, v in part.items()} for part in start)
+        cells = torch.arange(n, device=self.ctx.device)
+        ids = tuple(data.num_clients + j for j in range(n))
+        bank = ClientBank(ids, params, buffers, self._opt_state(views, params, cells))
+        steps, batch = cfg.local_steps, cfg.batch_size
+        plan = local_steps_plan(roots, range(n), rnd.round, e, steps, batch, purpose="fltrust-root-batches")
+        self.model.train()
+        self.ctx.executor.train(
+            self.root_step, bank, plan, roots, cfg.optimizer.lr if reducer.lr is None else reducer.lr
+        )
+        flops = training_flops(forward_flops(self.model, data.input_shape), float(plan.weight.sum()) / n)
+        return RootUpdate({**bank.params, **bank.buffers}, float(flops), per_output=True)
 
     def _adversary(self) -> Adversary | None:
         """The run's adversary among the active clients (a fraction of them; listed ids must be active:
