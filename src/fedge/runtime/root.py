@@ -63,7 +63,7 @@ def edge_root_data(data: FederatedData, seed: int, count: int, edges: int, key: 
     ]
     view = data.holding(sets[0])
     view.client_train = sets
-    view.client_test = view.client_test * edges
+    view.client_test = [np.arange(data.dataset.num_test, dtype=np.int64)] * edges
     return view
 
 
