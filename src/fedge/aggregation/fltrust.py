@@ -13,9 +13,10 @@ broadcast model (over every floating tensor, one vector per row):
 
 The root training lives with the runtime that aggregates (:mod:`fedge.runtime.root`): before each
 aggregation it hands the reducer the round's root model (:attr:`FLTrust.root`), so the stage runs only at
-the server of FedAvg and FedAvg-FT and at a hierarchy's edge servers (HIST, HFedAvg: each edge its own
-root model, trained from its cell's broadcast) and is refused elsewhere. Unweighted, as the paper's rule;
-the site's weights only choose the rows.
+the server of FedAvg and FedAvg-FT, at a hierarchy's edge servers (HIST, HFedAvg: each edge its own
+root model, trained from its cell's broadcast) and at FedBuff's buffer (the root model trained from the
+server's current model, a delta from it where the buffer merges deltas), and is refused elsewhere.
+Unweighted, as the paper's rule; the site's weights only choose the rows.
 """
 
 from __future__ import annotations
@@ -35,6 +36,8 @@ STAR = ("fedavg", "fedavg_ft")
 """The algorithms whose server trains a root update (their star runtime)."""
 EDGES = ("hist", "hfedavg")
 """The algorithms whose edge servers train a root update each (the cells runtime)."""
+BUFFERS = ("fedbuff",)
+"""The asynchronous algorithms whose server trains a root update for its buffer."""
 
 
 @dataclass(frozen=True)
@@ -76,8 +79,10 @@ class FLTrust(RobustReducer):
         self.outputs: torch.Tensor | None = None  # the outputs of the batch being reduced
 
     def bind(self, run: StageRun) -> None:
-        if run.site not in (sites.SERVER, sites.EDGE):
-            where = f"the star server ({', '.join(STAR)}) or the edges ({', '.join(EDGES)})"
+        if run.site not in (sites.SERVER, sites.EDGE, sites.BUFFER):
+            where = (
+                f"the star server ({', '.join(STAR)}), the edges ({', '.join(EDGES)}) or the buffer (fedbuff)"
+            )
             raise ConfigError(f"{run.key}.at", f"fltrust trains a root update at {where}, not the {run.site}")
         if run.site == sites.EDGE and self.root_epochs is not None:
             steps = "an edge's root training takes its members' local_steps, not epochs"
@@ -96,7 +101,7 @@ class FLTrust(RobustReducer):
         if root is None:
             raise ConfigError(
                 f"{self.run.key}.name",
-                f"fltrust needs the server's root update, which only {', '.join(STAR)} train",
+                f"fltrust needs the server's root update, which only {', '.join(STAR + BUFFERS)} train",
             )
         g, k = batch.shape
         dots = torch.zeros(g, k, dtype=torch.float64)

@@ -1,7 +1,8 @@
-"""FLTrust at a hierarchy's edge servers (fedge.aggregation.fltrust, fedge.runtime.root): per-receiver
-rows against each output's own root model equal one star FLTrust per output, each edge's root set is its
-own and seeded, sign-flipping members are given no trust on digits, both executors and HIST's two forms
-agree, and the sites and options it cannot take are refused naming the key."""
+"""FLTrust beyond the star server (fedge.aggregation.fltrust, fedge.runtime.root): at a hierarchy's edges
+per-receiver rows against each output's own root model equal one star FLTrust per output, each edge's
+root set is its own and seeded, sign-flipping members are given no trust on digits, both executors and
+HIST's two forms agree; at FedBuff's buffer scaled updates lose their boost, both executors agree and a
+resumed run repeats the uninterrupted one; the sites and options it cannot take are refused."""
 
 from __future__ import annotations
 
@@ -24,7 +25,7 @@ from fedge.extend import parse_config
 from fedge.runtime.root import edge_root_data
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from cases import tiny  # noqa: E402
+from cases import tiny, whole_and_resumed  # noqa: E402
 
 EDGE = {"name": "fltrust", "at": ["edge"]}
 
@@ -140,4 +141,51 @@ def test_sites_and_options_it_cannot_take_are_refused(algorithm, stage, key):
 def test_aircomp_edges_cannot_take_it(tmp_path):
     config = _tiny(tmp_path, "hfedavg", aggregation="aircomp")
     with pytest.raises(ConfigError, match="^aggregation.stages: AirComp sums over the air"):
+        fedge.run(config)
+
+
+def _buffer(out: Path, stages: list[Any], attacked: bool, rounds: int = 10) -> dict[str, Any]:
+    config: dict[str, Any] = {
+        "seed": 1,
+        "rounds": rounds,
+        "data": {"name": "digits"},
+        "partition": {"kind": "iid", "num_clients": 10},
+        "model": {"name": "mlp", "options": {"hidden": [32]}},
+        "algorithm": {"name": "fedbuff", "optimizer": {"lr": 0.1}, "fraction": 1.0, "buffer_size": 5},
+        "aggregation": {"stages": stages},
+        "output": {"dir": str(out), "plots": False},
+    }
+    if attacked:  # clients 0 and 1 boost their deltas 20 times
+        config["adversary"] = {"clients": [0, 1], "attack": "scaling", "options": {"scale": 20.0}}
+    return config
+
+
+BUFFER = {"name": "fltrust", "at": ["buffer"]}
+
+
+def test_fltrust_at_the_buffer_takes_the_boost_out_of_scaled_updates(tmp_path):
+    mean = fedge.run(_buffer(tmp_path, [], True)).summary["final_accuracy"]
+    clean = fedge.run(_buffer(tmp_path, [BUFFER], False)).summary["final_accuracy"]
+    trusted = fedge.run(_buffer(tmp_path, [BUFFER], True)).summary["final_accuracy"]
+    assert mean < clean - 0.2 and trusted > clean - 0.05
+
+
+def test_buffer_executors_agree_and_a_resumed_run_repeats(tmp_path):
+    runs = []
+    for executor in ("sequential", "batched"):
+        config = _buffer(tmp_path / executor, [BUFFER], True, rounds=3)
+        config["engine"] = {"executor": executor}
+        runs.append(fedge.run(config).metrics)
+    for a, b in zip(*runs, strict=True):
+        assert a["accuracy"] == pytest.approx(b["accuracy"], abs=1e-6)
+        assert a["malicious_kept"] == pytest.approx(b["malicious_kept"], abs=1e-6)
+    whole, resumed = whole_and_resumed(lambda out: _buffer(out, [BUFFER], True), tmp_path / "cut", 3, 1)
+    keys = ("loss", "accuracy", "malicious_kept")
+    assert [[m[k] for k in keys] for m in whole.metrics] == [[m[k] for k in keys] for m in resumed.metrics]
+
+
+def test_fedasync_trains_no_root_update(tmp_path):
+    config = tiny("fedasync", tmp_path / "runs")
+    config["aggregation"] = {"stages": [{"name": "fltrust", "at": ["buffer"]}]}
+    with pytest.raises(ConfigError, match=r"^aggregation.stages.0.name: fltrust needs the server's root"):
         fedge.run(config)
