@@ -216,11 +216,12 @@ def test_label_flip_with_randomized_labels_is_refused(tmp_path):
         fedge.run(config)
 
 
-@pytest.mark.parametrize("algorithm", ["cse_fsl", "fedavg"])
-def test_a_deployed_run_refuses_an_adversary(tmp_path, algorithm):
+def test_a_deployed_split_run_refuses_an_adversary_and_fedavg_takes_it(tmp_path):
     pytest.importorskip("flwr")
     from fedge.deploy.rounds import check_stages
 
-    cfg = parse_config(_tiny(tmp_path, algorithm, {"clients": [1], "attack": "label_flip"}))
-    with pytest.raises(ConfigError, match="^adversary: is simulated, not deployed"):
-        check_stages(cfg)
+    adversary = {"clients": [1], "attack": "label_flip"}
+    with pytest.raises(ConfigError, match="^adversary: deploys with fedavg, fedavg_ft, not cse_fsl") as err:
+        check_stages(parse_config(_tiny(tmp_path, "cse_fsl", adversary)))
+    assert "\n" not in str(err.value)
+    check_stages(parse_config(_tiny(tmp_path, "fedavg", adversary)))  # the star server's: tests/deploy

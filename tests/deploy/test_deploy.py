@@ -85,7 +85,7 @@ HIERARCHICAL = ("hfedavg", "hist")
 SPLIT = ("cse_fsl", "splitfed_v2", "fsl_an", "splitfed_v1", "light_fedsl", "fedsl", "fsl_sage")
 
 
-def config(tmp: Path, algorithm: str, rounds: int = 2, clients: int = NODES):
+def config(tmp: Path, algorithm: str, rounds: int = 2, clients: int = NODES, **extra):
     split = algorithm in SPLIT
     return resolve_config(
         {
@@ -97,6 +97,7 @@ def config(tmp: Path, algorithm: str, rounds: int = 2, clients: int = NODES):
             "algorithm": ALGORITHMS[algorithm],
             "engine": {"executor": "sequential", "threads": 1},
             "output": {"dir": str(tmp / "runs"), "plots": False},
+            **extra,
         }
     )
 
@@ -186,6 +187,35 @@ def test_a_loopback_deployment_equals_the_simulation(tmp_path, algorithm):
     assert_equal_runs(deployed.run_dir, simulate(cfg, tmp_path), algorithm)
 
 
+ADVERSARIES = {
+    "label_flip_median": ({"clients": [1], "attack": "label_flip"}, ["median"]),
+    "sign_flip": ({"clients": [0], "attack": "sign_flip", "options": {"scale": 2.0}}, []),
+    "alie_trimmed": ({"clients": [2], "attack": "alie"}, [{"name": "trimmed_mean", "options": {"trim": 1}}]),
+    "backdoor_median": ({"clients": [1], "attack": "backdoor", "options": {"scale": 2.0}}, ["median"]),
+}
+"""Deployed FedAvg adversaries: data poisoning on the malicious node (flipped labels, a backdoor's stamped
+samples, from its own build of the config), model poisoning where the simulation applies it (the server's
+rows at receipt), rank-local and omniscient, before the mean or a robust reducer."""
+
+
+def adversarial(tmp: Path, case: str):
+    """FedAvg's deployment config under the adversary ``case``."""
+    adversary, stages = ADVERSARIES[case]
+    return config(tmp, "fedavg", adversary=adversary, aggregation={"stages": stages})
+
+
+@pytest.mark.parametrize("case", list(ADVERSARIES))
+def test_a_loopback_deployment_with_an_adversary_equals_the_simulation(tmp_path, case):
+    cfg = adversarial(tmp_path, case)
+    deployed = run_deployed(cfg, lambda n: LoopbackTransport(cfg, n))
+    simulated = simulate(cfg, tmp_path)
+    assert_equal_runs(deployed.run_dir, simulated, "fedavg")
+    assert [r["malicious"] for r in deployed.metrics] == [1, 1]
+    for key in ("malicious_kept", "attack_success", "accuracy"):
+        got = [r.get(key) for r in deployed.metrics]
+        assert got == pytest.approx([r.get(key) for r in simulated.metrics], abs=1e-6), key
+
+
 @pytest.mark.parametrize("algorithm", ["fedavg", "gossip"])
 def test_a_client_lost_from_round_two_keeps_its_rows_and_is_named_in_the_metrics(tmp_path, algorithm):
     """The rule: a client that does not train keeps the rows it was sent (it did not move), its loss is
@@ -272,6 +302,20 @@ def test_deployed_run_equals_the_simulation(federation, tmp_path, algorithm):
     cfg = config(tmp_path, algorithm, rounds=ROUNDS.get(algorithm, 2))
     deployed = federation.run(cfg, round_timeout=300)
     assert_equal_runs(deployed, simulate(cfg, tmp_path), algorithm)
+
+
+@pytest.mark.deploy
+def test_a_deployed_adversary_equals_the_simulation(federation, tmp_path):
+    """On the runtime: the malicious node trains on its own backdoor-stamped samples, the server boosts
+    its row at receipt and takes the median; the simulation's model, ledger and figures."""
+    cfg = adversarial(tmp_path, "backdoor_median")
+    deployed = federation.run(cfg, round_timeout=300)
+    simulated = simulate(cfg, tmp_path)
+    assert_equal_runs(deployed, simulated, "fedavg")
+    rows = [json.loads(line) for line in (deployed / "metrics.jsonl").read_text().splitlines()]
+    for key in ("malicious", "malicious_kept", "attack_success", "accuracy"):
+        got = [r[key] for r in rows]
+        assert got == pytest.approx([r[key] for r in simulated.metrics], abs=1e-6), key
 
 
 def killed_in_round_two(federation: Federation, tmp_path: Path, algorithm: str) -> list[dict]:

@@ -447,6 +447,65 @@ def test_stochastic_codecs_on_two_ranks_draw_one_process_noise(codec_runs, name)
     )
 
 
+def adversary_configs(tmp_path: Path) -> dict[str, dict]:
+    """FedAvg under the ``adversary`` block, malicious rows on both ranks or on one: rank-local attacks
+    (``scaling``'s default n/m counts the round, not the rank; ``gaussian`` draws by client; data
+    poisoning), and the omniscient ones, which gather the honest rows, each before a robust reducer or
+    the mean (``fraction`` 0.7: the participants change every round)."""
+    star = {"name": "fedavg", "batch_size": 16, "fraction": 1.0, "optimizer": {"lr": 0.1}}
+    cases = {
+        "adv_scaling_median": (star, {"clients": [1, 2, 4], "attack": "scaling"}, ["median"]),  # n/m: 2
+        "adv_gaussian_mean": (star, {"clients": [2, 3], "attack": "gaussian"}, []),
+        "adv_backdoor_trimmed": (
+            star,
+            {"clients": [0, 5], "attack": "backdoor", "options": {"scale": 2.0}},
+            [{"name": "trimmed_mean", "options": {"trim": 0.2}}],
+        ),
+        "adv_alie_krum": (
+            star,
+            {"clients": [0, 1], "attack": "alie"},
+            [{"name": "krum", "options": {"byzantine": 1}}],
+        ),  # every malicious row on rank 0
+        "adv_min_max_mean": ({**star, "fraction": 0.7}, {"clients": 0.34, "attack": "min_max"}, []),
+        "adv_ipm_mean": (  # nobody honest from round 2: the malicious rows' own changes, gathered
+            star,
+            {"clients": list(range(6)), "attack": "ipm", "start_round": 2, "options": {"epsilon": 4.0}},
+            [],
+        ),
+    }
+    return {
+        name: {**base(tmp_path, **algorithm), "adversary": adversary, "aggregation": {"stages": chain}}
+        for name, (algorithm, adversary, chain) in cases.items()
+    }
+
+
+ADVERSARY = ["adv_scaling_median", "adv_gaussian_mean", "adv_backdoor_trimmed", "adv_alie_krum"]
+ADVERSARY += ["adv_min_max_mean", "adv_ipm_mean"]
+
+
+@pytest.fixture(scope="module")
+def adversary_runs(tmp_path_factory) -> dict[str, Path]:
+    tmp = tmp_path_factory.mktemp("adversary")
+    return launch_and_run(tmp, adversary_configs(tmp))
+
+
+@pytest.mark.ci
+@pytest.mark.parametrize("name", ADVERSARY)
+def test_an_adversary_on_two_ranks_is_one_process_adversary(adversary_runs, name):
+    """The attacks and the reducer on rows spread over two ranks: the one-process model within 1e-5, and
+    its figures (``malicious``, ``malicious_kept``, a backdoor's attack success rate)."""
+    root = adversary_runs[name]
+    two_a, two_b, one = (root / f"{name}-{tag}" for tag in ("a", "b", "single"))
+    assert rows(two_a) == rows(two_b)
+    assert (two_a / "ledger.csv").read_text() == (one / "ledger.csv").read_text()
+    assert np.abs(final_state(two_a) - final_state(one)).max() <= 1e-5
+    two, single = rows(two_a), rows(one)
+    assert [r["malicious"] for r in two] == [r["malicious"] for r in single]
+    assert sum(r["malicious"] for r in single) > 0
+    for key in ("malicious_kept", "attack_success", "accuracy", "train_loss"):
+        assert [r.get(key) for r in two] == pytest.approx([r.get(key) for r in single], abs=1e-5), key
+
+
 @pytest.mark.ci
 def test_only_rank_zero_writes(runs):
     names = sorted(p.name for p in runs["fedavg"].iterdir())

@@ -16,6 +16,7 @@ and :class:`fedge.deploy.rounds.DeployedRounds` writes them into the round's met
 
 from __future__ import annotations
 
+import functools
 from typing import Any
 
 import numpy as np
@@ -35,9 +36,14 @@ MESSAGE = "train.rows"
 
 
 def attribute_name(algorithm: Any, value: object, kind: str) -> str:
-    """The name under which ``algorithm`` (or its context, ``ctx.<name>``) holds ``value``: how a node,
-    which builds the same algorithm from the same config, finds the same step function or data set."""
-    for owner, prefix in ((algorithm, ""), (algorithm.ctx, "ctx.")):
+    """The name under which ``algorithm``, its context (``ctx.<name>``) or its star rounds' adversary
+    (``rounds.adversary.<name>``: the data view its malicious clients train on) holds ``value``: how a
+    node, which builds the same algorithm from the same config, finds the same step function or data set."""
+    owners: list[tuple[object, str]] = [(algorithm, ""), (algorithm.ctx, "ctx.")]
+    adversary = getattr(getattr(algorithm, "rounds", None), "adversary", None)
+    if adversary is not None:
+        owners.append((adversary, "rounds.adversary."))
+    for owner, prefix in owners:
         for name, held in vars(owner).items():
             if held is value:
                 return prefix + name
@@ -45,9 +51,8 @@ def attribute_name(algorithm: Any, value: object, kind: str) -> str:
 
 
 def resolve(algorithm: Any, name: str) -> Any:
-    """The value :func:`attribute_name` named."""
-    owner = algorithm.ctx if name.startswith("ctx.") else algorithm
-    return getattr(owner, name.removeprefix("ctx."))
+    """The value :func:`attribute_name` named (a dotted path from ``algorithm``)."""
+    return functools.reduce(getattr, name.split("."), algorithm)
 
 
 def _take(tensors: Tensors, index: torch.Tensor) -> Tensors:

@@ -40,6 +40,8 @@ REFUSED = {
     "cse_fsl_async": "its asynchronous event queue runs on the simulated clock only",
 }
 """Algorithms that cannot be deployed, with the reason ``fedge deploy`` prints."""
+ADVERSARY_DEPLOYED = ("fedavg", "fedavg_ft")
+"""The algorithms whose ``adversary`` deploys: the star server's (the other families' are refused)."""
 SPLIT_ROUNDS: dict[str, type] = {
     "cse_fsl": DeployedCseFsl,
     "fsl_an": DeployedFslAn,
@@ -88,15 +90,17 @@ def refusal(name: str) -> str | None:
 
 
 def check_stages(config: RunConfig) -> None:
-    """Refuse, in one line naming the key, what a deployment cannot carry: an ``adversary`` (the attacks
-    are simulated; a deployed node trains and sends as an honest client, so a label flip would silently
-    not happen), ``output.record`` (the transfers are sampled in the simulation's exchange) and an
-    aggregation stage that does not map: a ``secagg`` stage runs on Flower's SecAgg+
-    where its settings map (:func:`fedge.deploy.secagg.secagg_options`)."""
-    if config.adversary is not None:
-        raise ConfigError(
-            "adversary", "is simulated, not deployed: a deployed node trains and sends as an honest client"
-        )
+    """Refuse, in one line naming the key, what a deployment cannot carry: an ``adversary`` outside the
+    star family (:data:`ADVERSARY_DEPLOYED`: its server round applies the attacks where the simulation
+    does, :mod:`fedge.runtime.adversary`) or next to a ``secagg`` stage (Flower's SecAgg+ hides the rows
+    the attacks replace), ``output.record`` (the transfers are sampled in the simulation's exchange) and
+    an aggregation stage that does not map: a ``secagg`` stage runs on Flower's SecAgg+ where its
+    settings map (:func:`fedge.deploy.secagg.secagg_options`)."""
+    if config.adversary is not None and config.algorithm.name not in ADVERSARY_DEPLOYED:
+        deployed = ", ".join(ADVERSARY_DEPLOYED)
+        raise ConfigError("adversary", f"deploys with {deployed}, not {config.algorithm.name} (yet)")
+    if config.adversary is not None and secagg_options(config) is not None:
+        raise ConfigError("adversary", "replaces rows the server receives; a deployed secagg hides them")
     if config.output.record:
         raise ConfigError("output.record", "is kept by a simulated run (fedge run), not a deployed one")
     secagg_options(config)

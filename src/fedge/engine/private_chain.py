@@ -18,8 +18,12 @@ layer's output gradient, then
   clipped sum is their ``f``-weighted sum.
 
 The numbers are the per-sample path's up to rounding (the same formulas: softmax minus one-hot, the
-ReLU's mask, the pooling's argmax, the convolutions' gradients), and the noise is drawn as there (the
-clipped sums in the parameters' order, by :meth:`~fedge.engine.private_step.PrivateStep.noisy_gradients`).
+ReLU's mask, the pooling's argmax, the convolutions' gradients), and the noise is drawn as there (one
+flat draw per row over the parameters in order, as
+:meth:`~fedge.engine.private_step.PrivateStep.noisy_gradients` draws it); each clipped sum is added into
+its slice of the noise in place, a ``Linear`` weight's by the product itself (``baddbmm``), so a step makes
+no second parameter-sized tensor: with the MNIST MLP the noise is as large as the model for every client
+and step, and each extra pass over it was a tenth of the round.
 ``engine.fused: false`` keeps the ``vmap(grad)`` path.
 """
 
@@ -199,15 +203,43 @@ class PrivateChainKernel:
         grad = log_p.exp_()  # each sample's own loss: d loss_i / d logits_i = (softmax - one-hot) w_i
         grad.scatter_add_(-1, y[..., None], -torch.ones_like(picked)[..., None])
         grad.mul_(weight[..., None])
-        sums = self._clipped_sums(params, saved, grad)
-        ordered = {name: sums[name] for name in params}  # the noise is drawn over the parameters in order
-        grads = self.step.noisy_gradients(ordered, [int(k) for k in keys[:, 0]], x.shape[1])
+        privacy_keys, width = [int(k) for k in keys[:, 0]], x.shape[1]
+        if self.step.mechanism.multiplier == 0.0:
+            sums = self._clipped_sums(params, saved, grad, None)
+            grads = self.step.noisy_gradients({name: sums[name] for name in params}, privacy_keys, width)
+        else:
+            grads = self._noisy_gradients(params, saved, grad, privacy_keys, width)
         self.step.optimizer.update_(params, grads, opt_state, lr)
         return loss
 
-    def _clipped_sums(self, params: Tensors, saved: list[torch.Tensor], grad: torch.Tensor) -> Tensors:
+    def _noisy_gradients(
+        self, params: Tensors, saved: list[torch.Tensor], grad: torch.Tensor, keys: list[int], width: int
+    ) -> Tensors:
+        """The rows' noisy gradients, ``(clipped sum + noise) / width``, as
+        :meth:`~fedge.engine.private_step.PrivateStep.noisy_gradients` makes them (one flat draw per row
+        over the parameters in order), with every clipped sum added straight into its slice of the noise
+        (a ``Linear`` weight's by the product itself): no separate sums to allocate and add."""
+        some = next(iter(params.values()))
+        sizes = [p[0].numel() for p in params.values()]
+        noise = self.step.mechanism.noise(keys, sum(sizes)).to(device=some.device, dtype=some.dtype)
+        views, offset = {}, 0
+        for (name, p), size in zip(params.items(), sizes, strict=True):
+            views[name] = noise[:, offset : offset + size].view(p.shape)
+            offset += size
+        self._clipped_sums(params, saved, grad, views, width)
+        return views
+
+    def _clipped_sums(
+        self,
+        params: Tensors,
+        saved: list[torch.Tensor],
+        grad: torch.Tensor,
+        into: Tensors | None,
+        width: int = 1,
+    ) -> Tensors:
         """Each client's sum of clipped per-sample gradients, by one backward pass from the per-sample
-        loss gradient ``grad`` through the forward pass's ``saved`` tensors."""
+        loss gradient ``grad`` through the forward pass's ``saved`` tensors; where ``into`` is given,
+        ``(into + sum) / width`` in place in its tensors (returned then)."""
         linear: list[tuple[Linear, torch.Tensor, torch.Tensor]] = []  # (layer, output gradient, input)
         conv: list[tuple[Conv2d, torch.Tensor, torch.Tensor | None]] = []  # per-sample weight, bias grads
         squares = torch.zeros(grad.shape[:2], dtype=grad.dtype, device=grad.device)
@@ -247,16 +279,26 @@ class PrivateChainKernel:
         clip = self.step.mechanism.clip
         factor = (clip / squares.sqrt().clamp_min(torch.finfo(squares.dtype).tiny)).clamp(max=1.0)
         sums: Tensors = {}
+
+        def put(name: str, value: torch.Tensor) -> None:
+            sums[name] = value if into is None else into[name].add_(value).div_(width)
+
         for linear_layer, out_grad, inputs in linear:
             scaled = out_grad * factor[..., None]
-            sums[linear_layer.weight] = torch.bmm(scaled.transpose(1, 2), inputs)
+            if into is None:
+                sums[linear_layer.weight] = torch.bmm(scaled.transpose(1, 2), inputs)
+            else:  # one pass: the product added into the noise, both scaled by 1 / width; the output
+                # gradients transposed into rows first, which BLAS multiplies faster than a strided view
+                sums[linear_layer.weight] = into[linear_layer.weight].baddbmm_(
+                    scaled.transpose(1, 2).contiguous(), inputs, beta=1 / width, alpha=1 / width
+                )
             if linear_layer.bias is not None:
-                sums[linear_layer.bias] = scaled.sum(dim=1)
+                put(linear_layer.bias, scaled.sum(dim=1))
         weights = factor[:, None]  # [clients, 1, batch]: the factor-weighted sum over a client's samples
         for conv_layer, per_weight, per_bias in conv:
-            sums[conv_layer.weight] = torch.bmm(weights, per_weight).view(params[conv_layer.weight].shape)
+            put(conv_layer.weight, torch.bmm(weights, per_weight).view(params[conv_layer.weight].shape))
             if conv_layer.bias is not None and per_bias is not None:
-                sums[conv_layer.bias] = torch.bmm(weights, per_bias).squeeze(1)
+                put(conv_layer.bias, torch.bmm(weights, per_bias).squeeze(1))
         return sums
 
     @staticmethod

@@ -87,10 +87,10 @@ class SampleMechanism:
     def noise(self, keys: list[int], size: int) -> torch.Tensor:
         """``[rows, size]`` Gaussian noise of std ``z C``, row r from the stream keyed ``keys[r]`` (drawn
         in float32 on the CPU, as every privacy stream is, so every device adds the same numbers)."""
-        flat = torch.empty(len(keys), size, dtype=torch.float32)
-        for row, key in zip(flat, keys, strict=True):
-            torch.randn(size, generator=self.privacy.generator(GRADIENT, key), out=row)
-        return flat.mul_(self.multiplier * self.clip)
+        flat, std = torch.empty(len(keys), size, dtype=torch.float32), self.multiplier * self.clip
+        for row, key in zip(flat, keys, strict=True):  # drawn at its std: no second pass to scale it
+            row.normal_(0.0, std, generator=self.privacy.generator(GRADIENT, key))
+        return flat
 
 
 def most_uses(clients: tuple[int, ...], plan: BatchPlan) -> dict[int, int]:

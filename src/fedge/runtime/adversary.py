@@ -27,8 +27,31 @@ poisoning attacks against federated learning systems", 2020), a label view of th
 executors read alike; evaluation keeps the clean labels. ``backdoor``: a malicious client trains on part
 of its samples stamped with a pixel trigger and relabelled to the target class
 (:mod:`fedge.runtime.backdoor`), its upload boosted by ``scale`` (1: as trained); each evaluation adds the
-attack success rate ``attack_success``. Rows of a run spread over processes would hide the honest rows
-from one another, so an adversary is refused under torchrun.
+attack success rate ``attack_success``.
+
+Under torchrun (the star round's rows spread over processes, :class:`~fedge.distributed.Cohort`) every
+process knows the malicious clients (the same list or draw) and the round's participants, so the
+rank-local attacks (``sign_flip``, ``scaling``, ``gaussian``, ``free_rider``, ``label_flip``,
+``backdoor``) replace this process's malicious rows with the round's counts (``scaling``'s ``n / m``
+over every process) and no collective. The omniscient four read rows a rank-local partial sum cannot
+give: each process first all-gathers the rows they read, the round's honest rows (all rows where nobody
+is honest), floating tensors only, in cohort order, so each computes the one-process attack. Cost, per
+round that attacks: an all-gather of ``H x d`` values (``H`` honest participants, ``d`` the model's
+floating entries; ``4 H d`` bytes at fp32) held by every process, plus one all-gather of the row counts;
+a robust reducer then gathers every row again (:mod:`fedge.aggregation.pipeline`). The figures read every
+participant's weight and the reducer's reports, which name every row. The other families' adversaries
+(the peers, a hierarchy, the buffer, split learning) are still refused under torchrun.
+
+Deployed (``fedge deploy``, FedAvg and FedAvg-FT: :func:`fedge.deploy.rounds.check_stages`) every node
+builds the run from the same config and seed, so a malicious node knows it is malicious and trains on its
+own poisoned view (flipped labels, stamped samples; the server's round names that view to the node and
+plans its batches over it, as in simulation). Model poisoning stays where the simulation applies it: in
+the server app, on the rows it received, before its pipeline. The bits on the wire are then the honest
+node's trained rows: for the omniscient attacks this is the papers' threat model (the colluding attackers
+see every honest update, which no node holds), a simulated omniscient adversary at the boundary where
+the replies arrive; for the rank-local ones it is what the simulation does too (it poisons the decoded
+upload, so an up codec encodes the trained row, and its ledger counts that row); on the node they would
+change both under a lossy or sparse up codec.
 """
 
 from __future__ import annotations
@@ -47,6 +70,7 @@ from fedge.aggregation.registry import MEAN
 from fedge.aggregation.robust import RobustReport
 from fedge.config import AdversaryConfig
 from fedge.data.federated import FederatedData, ResampledClients
+from fedge.distributed import Cohort
 from fedge.errors import ConfigError
 from fedge.rng import numpy_rng, torch_rng
 from fedge.runtime.backdoor import Backdoor
@@ -55,6 +79,8 @@ from fedge.tensors import Tensors, floating
 
 DEFAULTS = {"scale": 1.0, "sigma": 1.0, "epsilon": 0.1}
 """Options' defaults (``scaling``'s scale and ``alie``'s z depend on the round: see the module)."""
+OMNISCIENT = ("alie", "ipm", "min_max", "min_sum")
+"""The attacks that read the round's honest rows."""
 
 
 def malicious_clients(config: AdversaryConfig, num_clients: int, seed: int) -> np.ndarray:
@@ -82,18 +108,24 @@ def poisoned(
     reference: Tensors,
     bad: torch.Tensor,
     noise: list[torch.Generator] | None = None,
+    *,
+    counts: tuple[int, int] | None = None,
+    honest: Tensors | None = None,
 ) -> Tensors:
     """``rows`` with the rows where ``bad`` (``[R]`` bool) is set replaced by ``attack``'s (see the
     module); the floating tensors only (integer counters are as trained). ``noise``: one generator per
-    malicious row, for ``gaussian``."""
-    m, n = int(bad.sum()), int(bad.numel())
-    if m == 0 or attack == "label_flip" or (attack == "backdoor" and float(options.get("scale", 1)) == 1):
+    malicious row, for ``gaussian``. ``counts``: the round's participants and malicious ones (``n``,
+    ``m``), and ``honest``: the rows the omniscient attacks read, where ``rows`` are one process's part of
+    the round (default: ``rows``' own, :func:`read_rows`)."""
+    here = int(bad.sum())
+    n, m = counts if counts is not None else (int(bad.numel()), here)
+    if here == 0 or attack == "label_flip" or (attack == "backdoor" and float(options.get("scale", 1)) == 1):
         return rows
-    honest = ~bad if m < n else bad  # nobody honest: the malicious rows' own trained changes
+    read = honest if honest is not None else read_rows(rows, bad)
     out = dict(rows)
     shared: Tensors = {}
     if attack in ("min_max", "min_sum"):
-        changes = {k: v[honest] - reference[k].to(v) for k, v in floating(rows).items()}
+        changes = {k: v - reference[k].to(v) for k, v in floating(read).items()}
         shared = crafted(attack, options, changes)[0]
     for name, stacked in rows.items():
         if not stacked.is_floating_point():
@@ -110,14 +142,14 @@ def poisoned(
             change = shared[name].expand_as(mine)
         elif attack == "gaussian":
             sigma = float(options.get("sigma", DEFAULTS["sigma"]))
-            if noise is None or len(noise) != m:
+            if noise is None or len(noise) != here:
                 raise ValueError("gaussian needs one generator per malicious row")
             draws = [torch.randn(ref.shape, generator=g, device=ref.device, dtype=ref.dtype) for g in noise]
             change = sigma * torch.stack(draws)
         elif attack == "free_rider":
             change = torch.zeros_like(mine)
         else:
-            others = stacked[honest] - ref
+            others = read[name] - ref
             mean = others.mean(dim=0)
             if attack == "alie":
                 z = float(options.get("z", alie_z(n, m)))
@@ -129,6 +161,13 @@ def poisoned(
         result[bad] = ref + change
         out[name] = result
     return out
+
+
+def read_rows(rows: Tensors, bad: torch.Tensor) -> Tensors:
+    """The rows an omniscient attack reads: the honest ones (where ``bad`` is not set), or every row where
+    nobody is honest (the malicious rows' own trained changes)."""
+    honest = ~bad if not bool(bad.all()) else bad
+    return {k: v[honest] for k, v in rows.items()}
 
 
 @dataclass
@@ -143,14 +182,20 @@ class Adversary:
 
     @classmethod
     def of(
-        cls, config: AdversaryConfig | None, data: FederatedData, seed: int, processes: int
+        cls,
+        config: AdversaryConfig | None,
+        data: FederatedData,
+        seed: int,
+        processes: int,
+        spread: bool = False,
     ) -> Adversary | None:
-        """The run's adversary (``None`` without an ``adversary`` block); refused under torchrun, and
+        """The run's adversary (``None`` without an ``adversary`` block); refused under torchrun unless the
+        caller's rounds pass their cohort to :meth:`poison` (``spread``: the star round does), and
         ``label_flip`` where the malicious clients' labels cannot be flipped for them alone, and a
         ``backdoor`` on data it cannot stamp (:meth:`~fedge.runtime.backdoor.Backdoor.of`)."""
         if config is None:
             return None
-        if processes > 1:
+        if processes > 1 and not spread:
             raise ConfigError("adversary", "is not built for torchrun runs (the honest rows are rank-local)")
         bad = malicious_clients(config, data.num_clients, seed)
         adversary = cls(config, bad, seed)
@@ -174,20 +219,35 @@ class Adversary:
         (``backdoor``) for the malicious ones once they attack, else ``data``."""
         return self.training if self.training is not None and self.attacking(round_) else data
 
-    def poison(self, round_: int, clients: np.ndarray, rows: Tensors, reference: Tensors) -> Tensors:
-        """The round's rows (of ``clients``, in order) with the attacking participants' rows replaced."""
-        bad = self.mask(round_, clients)
-        if not bad.any():
+    def poison(
+        self,
+        round_: int,
+        clients: np.ndarray,
+        rows: Tensors,
+        reference: Tensors,
+        cohort: Cohort | None = None,
+    ) -> Tensors:
+        """The round's rows with the attacking participants' rows replaced: ``clients`` are the round's
+        participants (in order), ``rows`` this process's rows of them (``cohort``'s; every row without
+        one). The attacks read the round's counts, not the process's; on rows spread over processes an
+        omniscient attack first all-gathers the rows it reads (the honest ones, floating tensors only)."""
+        every = self.mask(round_, clients)
+        if not every.any():
             return rows
+        bad = every if cohort is None else every[cohort.rows]
+        here = clients if cohort is None else clients[cohort.rows]
+        device = next(iter(rows.values())).device
+        mask = torch.as_tensor(bad, device=device)
+        honest = None
+        if cohort is not None and cohort.spread and self.config.attack in OMNISCIENT:
+            reads = mask if every.all() else ~mask  # nobody honest: the malicious rows' own
+            honest = cohort.gather({k: v[reads] for k, v in floating(rows).items()})
         noise = None
         if self.config.attack == "gaussian":
-            device = next(iter(rows.values())).device
-            noise = [
-                torch_rng(self.seed, "adversary-gaussian", round_, int(c), device=device)
-                for c in clients[bad]
-            ]
-        mask = torch.as_tensor(bad, device=next(iter(rows.values())).device)
-        return poisoned(self.config.attack, self.config.options, rows, reference, mask, noise)
+            keys = [(round_, int(c)) for c in here[bad]]
+            noise = [torch_rng(self.seed, "adversary-gaussian", *key, device=device) for key in keys]
+        attack, options, counts = self.config.attack, self.config.options, (len(clients), int(every.sum()))
+        return poisoned(attack, options, rows, reference, mask, noise, counts=counts, honest=honest)
 
     def success(
         self, model: nn.Module, params: Tensors, buffers: Tensors, data: FederatedData, batch_size: int
@@ -204,7 +264,8 @@ class Adversary:
         """``malicious``: how many participants attacked; ``malicious_kept``: the share of the result's
         weight that came from them, ``sum_M w_i k_i / sum_i w_i k_i`` with ``k_i`` how much the reducer
         kept row ``i`` (its :attr:`~fedge.aggregation.robust.RobustReport.kept`; 1 for the mean, whose
-        figure is then their weight share). Reducers that report neither leave ``malicious_kept`` out."""
+        figure is then their weight share). Reducers that report neither leave ``malicious_kept`` out.
+        ``weights``: every participant's, on every process (the reports name every row)."""
         bad = self.mask(round_, clients)
         out: dict[str, Any] = {"malicious": int(bad.sum())}
         w = weights.double().cpu().numpy()

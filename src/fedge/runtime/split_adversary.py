@@ -33,6 +33,7 @@ import numpy as np
 import torch
 
 from fedge.config import CUT_ATTACKS
+from fedge.distributed import Cohort
 from fedge.errors import ConfigError
 from fedge.rng import torch_rng
 from fedge.runtime.adversary import DEFAULTS, Adversary
@@ -113,9 +114,16 @@ class SplitAdversary(Adversary):
             ]
         return smashed(attack, self.config.options, z, counts, bad, noise)
 
-    def poison(self, round_: int, clients: np.ndarray, rows: Tensors, reference: Tensors) -> Tensors:
+    def poison(
+        self,
+        round_: int,
+        clients: np.ndarray,
+        rows: Tensors,
+        reference: Tensors,
+        cohort: Cohort | None = None,
+    ) -> Tensors:
         """The uploaded client-model ``rows`` (of ``clients``) with the attacking rows replaced, under a
         model-poisoning attack (unchanged under the others)."""
         if self.config.attack not in MODEL_ATTACKS:
             return rows
-        return super().poison(round_, clients, rows, reference)
+        return super().poison(round_, clients, rows, reference, cohort)

@@ -101,10 +101,15 @@ class StarRound:
         return np.asarray(self.cohort.take(self.clients))
 
     @cached_property
-    def weights(self) -> torch.Tensor:
-        """This process's rows of the participants' sample weights ``n_k / sum n_k`` (float64)."""
+    def shares(self) -> torch.Tensor:
+        """Every participant's sample weight ``n_k / sum n_k`` (float64)."""
         sizes = torch.as_tensor(self.ctx.data.client_sizes(self.clients), dtype=torch.float64)
-        return (sizes / sizes.sum())[self.cohort.rows].to(self.ctx.device)
+        return (sizes / sizes.sum()).to(self.ctx.device)
+
+    @cached_property
+    def weights(self) -> torch.Tensor:
+        """This process's rows of the participants' sample weights :attr:`shares`."""
+        return self.shares[self.cohort.rows]
 
     def broadcast(self, link: Link, params: Tensors, buffers: Tensors) -> tuple[Tensors, Tensors]:
         """The server sends the model (parameters and floating buffers) to every participant
@@ -172,12 +177,12 @@ class StarRound:
                 self.ctx, self.round, self.work, pipeline.reducer, model, self.flops_per_sample
             )
         if self.adversary is not None:
-            stacked = self.adversary.poison(self.round, self.clients, stacked, reference)
+            stacked = self.adversary.poison(self.round, self.clients, stacked, reference, self.cohort)
         self.record(stacked, reference)
         updates = Updates.of(sites.SERVER, self.round, stacked, self.weights, reference, senders)
         averaged = pipeline.reduce(updates, self.cohort)
         if self.adversary is not None:
-            self.figures = self.adversary.figures(self.round, self.clients, self.weights, pipeline)
+            self.figures = self.adversary.figures(self.round, self.clients, self.shares, pipeline)
         new_params, new_buffers = {k: averaged[k] for k in params}, {k: averaged[k] for k in buffers}
         self.ctx.network.hold(self.receivers, "model", {**new_params, **new_buffers})
         return new_params, new_buffers
@@ -223,7 +228,8 @@ class StarRuntime:
         ctx.network.hold(nodes.SERVER, "model", state)
         hold_frozen_base(ctx.network, [nodes.SERVER, *nodes.clients(range(ctx.data.num_clients))], model)
         self.flops_per_sample = forward_flops(model, ctx.data.input_shape)
-        self.adversary = Adversary.of(ctx.config.adversary, ctx.data, ctx.seed, ctx.cohorts.processes)
+        processes = ctx.cohorts.processes
+        self.adversary = Adversary.of(ctx.config.adversary, ctx.data, ctx.seed, processes, spread=True)
         cohort = len(sample_clients(ctx.seed, 1, ctx.data.num_clients, fraction))
         if cohort < ctx.cohorts.processes:
             count = f"{cohort} participants for {ctx.cohorts.processes} processes"
