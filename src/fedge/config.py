@@ -737,8 +737,9 @@ edges, an asynchronous server's buffer, the split family's server)."""
 
 
 class AdversaryConfig(StrictModel):
-    """Clients that lie (``fedge.adversary``): which clients are malicious, from which round, and how
-    they attack: by model poisoning of the rows they upload, or by training on flipped labels."""
+    """Clients that lie (``fedge.adversary``): which clients (and, in a hierarchy, which edge servers)
+    are malicious, from which round, and how they attack: by model poisoning of the rows they upload, or
+    by training on flipped labels or a backdoor trigger."""
 
     clients: float | list[int] | None = None
     """the malicious clients: a fraction in (0, 1) drawn once from the run seed, or a list of client ids
