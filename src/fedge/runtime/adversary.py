@@ -89,6 +89,8 @@ def malicious_clients(config: AdversaryConfig, num_clients: int, seed: int) -> n
     stream ``(seed, "adversary")``."""
     if isinstance(config.clients, list):
         return np.sort(np.asarray(config.clients, dtype=np.int64))
+    if config.clients is None:  # malicious edge servers alone (adversary.edges)
+        return np.zeros(0, dtype=np.int64)
     count = max(1, round(config.clients * num_clients))
     return np.sort(numpy_rng(seed, "adversary").choice(num_clients, size=count, replace=False))
 

@@ -25,10 +25,12 @@ from typing import Any
 
 import numpy as np
 import torch
+from torch import nn
 
 from fedge.aggregation import Pipeline
 from fedge.config import AdversaryConfig
 from fedge.data.federated import FederatedData
+from fedge.engine import ClientBank
 from fedge.runtime.adversary import Adversary, kept_shares
 from fedge.tensors import Tensors, floating
 
@@ -58,6 +60,23 @@ class PeerAdversary:
     def data(self, round_: int, data: FederatedData) -> FederatedData:
         """What the peers train on in ``round_`` (flipped labels for the malicious ones under label_flip)."""
         return self.adversary.data(round_, data)
+
+    def success(
+        self, model: nn.Module, bank: ClientBank, data: FederatedData, batch_size: int
+    ) -> dict[str, float]:
+        """A backdoor's ``attack_success`` of the peers' models in ``bank``: the mean over the honest peers
+        of each one's rate on ``data``'s whole test set (a poisoner's own model says nothing, as for
+        ``accuracy``); none for other attacks."""
+        backdoor = self.adversary.backdoor
+        if backdoor is None:
+            return {}
+        rates = []
+        for row, client in enumerate(bank.clients):
+            if self.honest[client]:
+                params = {k: v[row] for k, v in bank.params.items()}
+                buffers = {k: v[row] for k, v in bank.buffers.items()}
+                rates.append(backdoor.success(model, params, buffers, data, batch_size))
+        return {"attack_success": float(np.mean(rates))}
 
     def poisons_probes(self, round_: int) -> bool:
         """Whether malicious peers poison their probe answers in ``round_`` (``probes: poisoned``)."""
