@@ -693,7 +693,7 @@ class PrivacyConfig(StrictModel):
 CUT_ATTACKS = ("smashed_noise", "smashed_flip")
 """The split family's attacks on the smashed data a malicious client sends across the cut."""
 STAR_ATTACKS = ("backdoor",)
-"""The attacks built for the star family's server alone (a backdoor's data view and its success rate)."""
+"""The attacks whose evaluation adds a success rate (a backdoor: its data view and its success rate)."""
 ATTACKS: tuple[str, ...] = ("sign_flip", "scaling", "gaussian", "free_rider", "alie", "ipm", "label_flip")
 ATTACKS += ("min_max", "min_sum", *STAR_ATTACKS, *CUT_ATTACKS)
 """The adversary's attacks (``fedge.adversary``): model poisoning of the uploaded rows, data poisoning
@@ -737,15 +737,20 @@ edges, an asynchronous server's buffer, the split family's server)."""
 
 
 class AdversaryConfig(StrictModel):
-    """Clients that lie (``fedge.adversary``): which clients are malicious, from which round, and how
-    they attack: by model poisoning of the rows they upload, or by training on flipped labels."""
+    """Clients that lie (``fedge.adversary``): which clients (and, in a hierarchy, which edge servers)
+    are malicious, from which round, and how they attack: by model poisoning of the rows they upload, or
+    by training on flipped labels or a backdoor trigger."""
 
-    clients: float | list[int]
-    """the malicious clients: a fraction in (0, 1) drawn once from the run seed, or a list of client ids"""
+    clients: float | list[int] | None = None
+    """the malicious clients: a fraction in (0, 1) drawn once from the run seed, or a list of client ids
+    (HIST, HFedAvg: may be left out where adversary.edges names malicious edge servers)"""
+    edges: float | list[int] | None = None
+    """HIST, HFedAvg: malicious edge servers that poison their upload to the cloud, a fraction in (0, 1)
+    of the cells drawn once from the run seed, or a list of edge ids (default: none)"""
     start_round: PositiveInt = 1
     """the first round they attack (before it they behave honestly)"""
     attack: Literal[ATTACKS]  # type: ignore[valid-type]
-    """sign_flip, scaling, gaussian, free_rider, alie, ipm, label_flip, min_max, min_sum; star: backdoor;
+    """sign_flip, scaling, gaussian, free_rider, alie, ipm, label_flip, min_max, min_sum; backdoor;
     split: smashed_noise, smashed_flip (docs/robustness.md)"""
     options: dict[str, Any] = Field(default_factory=dict)
     """the attack's own options: scale (sign_flip, scaling, backdoor, smashed_flip), sigma (gaussian,
@@ -755,13 +760,15 @@ class AdversaryConfig(StrictModel):
     """peers only: a malicious peer answers a selector's probes honestly (poisoning only the models it
     sends once selected) or poisons them too (AFIND+, PENS, FedeRiCo)"""
 
-    @field_validator("clients", mode="before")
+    @field_validator("clients", "edges", mode="before")
     @classmethod
     def _fraction_or_ids(cls, value: Any) -> Any:
+        if value is None:  # left out (a resolved config writes it as null)
+            return value
         fraction = isinstance(value, int | float) and not isinstance(value, bool) and 0 < value < 1
         ids = isinstance(value, list) and all(type(i) is int and i >= 0 for i in value)
         if not fraction and not (ids and value and len(set(value)) == len(value)):
-            raise ValueError("must be a fraction in (0, 1) or a non-empty list of distinct client ids")
+            raise ValueError("must be a fraction in (0, 1) or a non-empty list of distinct ids")
         return value
 
     @model_validator(mode="after")
@@ -868,10 +875,10 @@ class RunConfig(StrictModel):
         attack, name = self.adversary.attack, self.algorithm.name
         if attack in CUT_ATTACKS and name not in SPLIT_ADVERSARY_ALGORITHMS:
             raise ConfigError("adversary.attack", f"{attack} poisons split smashed data; {name} has none")
-        if attack in STAR_ATTACKS and name not in ("fedavg", "fedavg_ft"):
-            raise ConfigError(
-                "adversary.attack", f"{attack} is built for fedavg and fedavg_ft, not {name} (yet)"
-            )
+        if attack in STAR_ATTACKS and name not in BACKDOOR_ALGORITHMS:
+            built = ", ".join(BACKDOOR_ALGORITHMS)
+            raise ConfigError("adversary.attack", f"{attack} is built for {built}, not {name} (yet)")
+        _edges_fit(self.adversary, name)
         ids = self.adversary.clients
         if isinstance(ids, list) and max(ids) >= self.partition.num_clients:
             beyond = f"client {max(ids)} is not among the {self.partition.num_clients} clients"
@@ -881,6 +888,47 @@ class RunConfig(StrictModel):
     def to_yaml(self) -> str:
         """The resolved config as YAML (paths as strings)."""
         return yaml.safe_dump(self.model_dump(mode="json", by_alias=True), sort_keys=False)
+
+
+BACKDOOR_ALGORITHMS = (
+    "fedavg",
+    "fedavg_ft",
+    "hist",
+    "hfedavg",
+    "gossip",
+    "local",
+    "ditto",
+    "fedbuff",
+    "fedasync",
+)
+"""The algorithms whose malicious clients can train a backdoor and whose evaluation reports its success."""
+EDGE_ADVERSARY_ALGORITHMS = ("hist", "hfedavg")
+"""The algorithms whose edge servers can be malicious (``adversary.edges``)."""
+OMNISCIENT_ATTACKS = ("alie", "ipm", "min_max", "min_sum")
+"""The attacks that read the honest rows of the same coordinates."""
+
+
+def _edges_fit(adversary: AdversaryConfig, name: str) -> None:
+    """Malicious edges only in a hierarchy, poisoning the model they upload (an edge trains on no data);
+    malicious clients named unless edges are; HIST's disjoint submodels give the omniscient attacks no
+    honest values of a malicious edge's slots."""
+    if adversary.edges is None:
+        if adversary.clients is None:
+            raise ConfigError("adversary.clients", "name the malicious clients (a fraction or a list of ids)")
+        return
+    if name not in EDGE_ADVERSARY_ALGORITHMS:
+        raise ConfigError("adversary.edges", f"edge servers are built for hist and hfedavg, not {name}")
+    if adversary.attack in ("label_flip", *STAR_ATTACKS, *CUT_ATTACKS):
+        raise ConfigError(
+            "adversary.attack",
+            f"{adversary.attack} poisons training data; a malicious edge poisons its model",
+        )
+    if name == "hist" and adversary.attack in OMNISCIENT_ATTACKS:
+        raise ConfigError(
+            "adversary.attack",
+            f"{adversary.attack} reads the honest edges' values of the same coordinates; HIST's edges hold "
+            "disjoint neurons (use hfedavg or a per-row attack)",
+        )
 
 
 def _block_model(annotation: Any) -> type[BaseModel] | None:

@@ -625,11 +625,11 @@ def test_a_split_adversary_on_two_ranks_is_one_process_adversary(split_adversary
 
 def peer_and_cell_adversary_configs(tmp_path: Path) -> dict[str, dict]:
     """Malicious peers and cell members on two ranks: peers poison the gathered sent rows on every rank
-    (gossip's ``sign_flip`` before ClippedGossip; AFIND+'s ``alie`` behind honest probe answers, and its
-    poisoned proxies in each rank's share of the requesters); HFedAvg's 9 clients in 3 cells sit 5 + 4
-    on the ranks, so cell 1 (clients 3 to 5) spans both: ``sign_flip`` before the edge median, and
-    ``alie`` gathers the cell's honest uploads (HIST's ``gaussian``: the submodels' slots, keys by client
-    and edge round)."""
+    (gossip's ``sign_flip`` before ClippedGossip; a backdoor, whose success rates the evaluation blocks
+    gather; AFIND+'s ``alie`` behind honest probe answers, and its poisoned proxies in each rank's share
+    of the requesters); HFedAvg's 9 clients in 3 cells sit 5 + 4 on the ranks, so cell 1 (clients 3 to
+    5) spans both: ``sign_flip`` before the edge median, ``alie`` gathers the cell's honest uploads, a
+    backdoor (HIST's ``gaussian``: the submodels' slots, keys by client and edge round)."""
     peers = {"local_epochs": 1, "batch_size": 16, "peers": 2}
     cells = {"cells": 3, "split": "partition", "edge_rounds": 2, "local_steps": 2, "batch_size": 8}
     cases = {
@@ -637,6 +637,11 @@ def peer_and_cell_adversary_configs(tmp_path: Path) -> dict[str, dict]:
             {"name": "gossip", **peers},
             {"clients": [1, 4], "attack": "sign_flip", "options": {"scale": 4.0}},
             [{"name": "clipped_gossip", "at": ["peer"]}],
+        ),
+        "peer_adv_gossip_backdoor": (
+            {"name": "gossip", **peers},
+            {"clients": [2, 3], "attack": "backdoor", "options": {"target": 0, "scale": 2.0}},
+            [],
         ),
         "peer_adv_afind_alie": (
             {"name": "afind", **peers, "k0": 2},
@@ -654,6 +659,11 @@ def peer_and_cell_adversary_configs(tmp_path: Path) -> dict[str, dict]:
             [{"name": "median", "at": ["edge"]}],
         ),
         "cell_adv_hfedavg_alie": ({"name": "hfedavg", **cells}, {"clients": [0, 4], "attack": "alie"}, []),
+        "cell_adv_hfedavg_backdoor": (
+            {"name": "hfedavg", **cells},
+            {"clients": [3, 5], "attack": "backdoor", "options": {"target": 0, "scale": 2.0}},
+            [],
+        ),
         "cell_adv_hist_gaussian": ({"name": "hist", **cells}, {"clients": [2, 3], "attack": "gaussian"}, []),
     }
     out = {}
@@ -685,7 +695,7 @@ def peer_cell_adversary_runs(tmp_path_factory) -> Path:
 def test_peer_and_cell_adversaries_on_two_ranks_are_one_process_adversary(peer_cell_adversary_runs, name):
     """Malicious peers and cell members on rows spread over two ranks: the one-process ledger, model
     within 1e-5 and every figure (``malicious``, ``malicious_kept``, ``malicious_selected``, selection
-    counts, accuracy) within 1e-5."""
+    counts, accuracy, ``attack_success``) within 1e-5."""
     two_dir, one_dir = (peer_cell_adversary_runs / f"{name}-{tag}" for tag in ("two", "single"))
     assert (two_dir / "ledger.csv").read_text() == (one_dir / "ledger.csv").read_text()
     assert np.abs(final_state(two_dir) - final_state(one_dir)).max() <= 1e-5

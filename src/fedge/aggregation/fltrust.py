@@ -11,10 +11,12 @@ broadcast model (over every floating tensor, one vector per row):
 - the new model ``r + sum_i TS_i g_i ||g0|| / ||g_i|| / sum_j TS_j`` (Eq. 7; no change where every
   score is 0).
 
-The root training lives with the star runtime (:mod:`fedge.runtime.root`): before each aggregation it
-hands the reducer the round's root model (:attr:`FLTrust.root`), so the stage runs only at the server of
-FedAvg and FedAvg-FT and is refused elsewhere. Unweighted, as the paper's rule; the site's weights only
-choose the rows.
+The root training lives with the runtime that aggregates (:mod:`fedge.runtime.root`): before each
+aggregation it hands the reducer the round's root model (:attr:`FLTrust.root`), so the stage runs only at
+the server of FedAvg and FedAvg-FT, at a hierarchy's edge servers (HIST, HFedAvg: each edge its own
+root model, trained from its cell's broadcast) and at FedBuff's buffer (the root model trained from the
+server's current model, a delta from it where the buffer merges deltas), and is refused elsewhere.
+Unweighted, as the paper's rule; the site's weights only choose the rows.
 """
 
 from __future__ import annotations
@@ -26,20 +28,28 @@ import torch
 from fedge.aggregation import sites
 from fedge.aggregation.robust import Batch, RobustReducer
 from fedge.aggregation.stage import OptionError, StageRun
+from fedge.aggregation.updates import Updates
 from fedge.errors import ConfigError
 from fedge.tensors import Tensors
 
 STAR = ("fedavg", "fedavg_ft")
 """The algorithms whose server trains a root update (their star runtime)."""
+EDGES = ("hist", "hfedavg")
+"""The algorithms whose edge servers train a root update each (the cells runtime)."""
+BUFFERS = ("fedbuff",)
+"""The asynchronous algorithms whose server trains a root update for its buffer."""
 
 
 @dataclass(frozen=True)
 class RootUpdate:
-    """The server's own model of one round, trained on its root set from the broadcast model, and the
-    FLOPs that training took (charged to the server with the aggregation's)."""
+    """The aggregating node's own model of one aggregation, trained on its root set from the model it
+    sent, and the FLOPs that training took (charged to the node with the aggregation's). ``per_output``:
+    ``model`` is stacked over the site's outputs, each output's own (a hierarchy's edges; ``flops`` each
+    one's), else the one output's (the star server)."""
 
     model: Tensors
     flops: float
+    per_output: bool = False
 
 
 class FLTrust(RobustReducer):
@@ -65,13 +75,23 @@ class FLTrust(RobustReducer):
             raise OptionError("lr", f"{lr!r} must be a positive number")
         self.root_samples, self.root_epochs = root_samples, root_epochs
         self.lr = None if lr is None else float(lr)
-        self.root: RootUpdate | None = None  # this round's, set by the star runtime before it reduces
+        self.root: RootUpdate | None = None  # this round's, set by the runtime before it reduces
+        self.outputs: torch.Tensor | None = None  # the outputs of the batch being reduced
 
     def bind(self, run: StageRun) -> None:
-        if run.site != sites.SERVER:
-            where = f"the star server ({', '.join(STAR)}): set at: [server]"
+        if run.site not in (sites.SERVER, sites.EDGE, sites.BUFFER):
+            where = (
+                f"the star server ({', '.join(STAR)}), the edges ({', '.join(EDGES)}) or the buffer (fedbuff)"
+            )
             raise ConfigError(f"{run.key}.at", f"fltrust trains a root update at {where}, not the {run.site}")
+        if run.site == sites.EDGE and self.root_epochs is not None:
+            steps = "an edge's root training takes its members' local_steps, not epochs"
+            raise ConfigError(f"{run.key}.options.root_epochs", steps)
         super().bind(run)
+
+    def _centre(self, updates: Updates, names: list[str], chosen: torch.Tensor) -> Tensors:
+        self.outputs = chosen  # which outputs' root models the batch's rows are measured against
+        return super()._centre(updates, names, chosen)
 
     def aggregate(
         self, batch: Batch, out: Tensors, centre: Tensors | None
@@ -81,7 +101,7 @@ class FLTrust(RobustReducer):
         if root is None:
             raise ConfigError(
                 f"{self.run.key}.name",
-                f"fltrust needs the server's root update, which only {', '.join(STAR)} train",
+                f"fltrust needs the server's root update, which only {', '.join(STAR + BUFFERS)} train",
             )
         g, k = batch.shape
         dots = torch.zeros(g, k, dtype=torch.float64)
@@ -89,7 +109,9 @@ class FLTrust(RobustReducer):
         root_squared = torch.zeros(g, dtype=torch.float64)
         for name, cols, x in batch.blocks():
             c = centre[name][:, cols].to(x.device)
-            g0 = root.model[name].reshape(1, -1)[:, cols].to(x) - c
+            model = root.model[name]
+            own = model.reshape(model.shape[0], -1)[self.outputs] if root.per_output else model.reshape(1, -1)
+            g0 = own[:, cols].to(x) - c
             gap = x - c[:, None]
             dots += (gap @ g0[:, :, None])[..., 0].double().cpu()
             squared += torch.linalg.vector_norm(gap, dim=2).double().square().cpu()

@@ -570,7 +570,8 @@ def _adversary_fields(rows: list[dict[str, Any]]) -> dict[str, Any]:
     ``malicious_kept``, the mean of the rounds' kept shares where some attacked (``None``: none did, or
     the reducer does not report it); peers add ``malicious_selected``, the mean of the rounds' shares of
     honest peers' mixed-in neighbours that were malicious, and a backdoor ``final_attack_success``, the
-    last evaluated round's attack success rate."""
+    last evaluated round's attack success rate; a hierarchy's malicious edges ``malicious_edges`` (the
+    attacking edge uploads) and ``malicious_edges_kept`` (the mean of the cloud's kept shares)."""
     kept = [r["malicious_kept"] for r in rows if r.get("malicious") and "malicious_kept" in r]
     success = [r["attack_success"] for r in rows if "attack_success" in r]
     fields = {
@@ -579,7 +580,15 @@ def _adversary_fields(rows: list[dict[str, Any]]) -> dict[str, Any]:
         **({"final_attack_success": success[-1]} if success else {}),
     }
     selected = [r["malicious_selected"] for r in rows if r.get("malicious") and "malicious_selected" in r]
-    return {**fields, "malicious_selected": sum(selected) / len(selected)} if selected else fields
+    if selected:
+        fields["malicious_selected"] = sum(selected) / len(selected)
+    if any("malicious_edges" in r for r in rows):  # a hierarchy's malicious edge servers
+        edges = [
+            r["malicious_edges_kept"] for r in rows if r["malicious_edges"] and "malicious_edges_kept" in r
+        ]
+        fields["malicious_edges"] = sum(int(r["malicious_edges"]) for r in rows)
+        fields["malicious_edges_kept"] = sum(edges) / len(edges) if edges else None
+    return fields
 
 
 def start_run(

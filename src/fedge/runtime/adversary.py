@@ -69,7 +69,7 @@ from torch import nn
 from fedge.aggregation import Pipeline
 from fedge.aggregation.registry import MEAN
 from fedge.aggregation.robust import RobustReport
-from fedge.config import AdversaryConfig
+from fedge.config import OMNISCIENT_ATTACKS, AdversaryConfig
 from fedge.data.federated import FederatedData, ResampledClients
 from fedge.distributed import Cohort
 from fedge.errors import ConfigError
@@ -80,8 +80,6 @@ from fedge.tensors import Tensors, floating
 
 DEFAULTS = {"scale": 1.0, "sigma": 1.0, "epsilon": 0.1}
 """Options' defaults (``scaling``'s scale and ``alie``'s z depend on the round: see the module)."""
-OMNISCIENT = ("alie", "ipm", "min_max", "min_sum")
-"""The attacks that read the round's honest rows."""
 
 
 def malicious_clients(config: AdversaryConfig, num_clients: int, seed: int) -> np.ndarray:
@@ -89,6 +87,8 @@ def malicious_clients(config: AdversaryConfig, num_clients: int, seed: int) -> n
     stream ``(seed, "adversary")``."""
     if isinstance(config.clients, list):
         return np.sort(np.asarray(config.clients, dtype=np.int64))
+    if config.clients is None:  # malicious edge servers alone (adversary.edges)
+        return np.zeros(0, dtype=np.int64)
     count = max(1, round(config.clients * num_clients))
     return np.sort(numpy_rng(seed, "adversary").choice(num_clients, size=count, replace=False))
 
@@ -238,7 +238,7 @@ class Adversary:
         device = next(iter(rows.values())).device
         mask = torch.as_tensor(bad, device=device)
         honest = None
-        if cohort is not None and cohort.spread and self.config.attack in OMNISCIENT:
+        if cohort is not None and cohort.spread and self.config.attack in OMNISCIENT_ATTACKS:
             reads = mask if every.all() else ~mask  # nobody honest: the malicious rows' own
             honest = cohort.gather({k: v[reads] for k, v in floating(rows).items()})
         noise = None

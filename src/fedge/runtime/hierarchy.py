@@ -22,14 +22,16 @@ import torch
 
 from fedge.aggregation import Reducer, Updates, sites
 from fedge.comm import Link, nodes, state_bits
+from fedge.config import OMNISCIENT_ATTACKS
 from fedge.data.federated import BatchPlan, FederatedData
 from fedge.distributed import Cohort
 from fedge.engine import ClientBank
 from fedge.engine.step import StepFn
 from fedge.errors import ConfigError
-from fedge.runtime.adversary import Adversary
+from fedge.runtime.adversary import Adversary, poisoned
 from fedge.runtime.cell_adversary import CellTally, cell_shares
 from fedge.runtime.context import Context
+from fedge.runtime.edge_adversary import EdgeAdversary
 from fedge.runtime.spread_adversary import cell_poisoned
 from fedge.system import CellsWork, cells_round
 from fedge.system.cells import RadioTiming
@@ -125,7 +127,8 @@ class CellsRound:
     ``cohort`` of the active clients. ``client_bits`` is every active client's uplink bits of the round,
     ``cell_bits`` one client's upload per cell in the last edge round (what the OMA latency reads),
     ``submodel_bits`` each cell's submodel at fp32 (what its edge server and clients hold). An
-    ``adversary``'s malicious members poison their uploads (:mod:`fedge.runtime.cell_adversary`)."""
+    ``adversary``'s malicious members poison their uploads (:mod:`fedge.runtime.cell_adversary`), its
+    malicious ``edges`` theirs to the cloud (:mod:`fedge.runtime.edge_adversary`)."""
 
     ctx: Context
     round: int
@@ -134,7 +137,9 @@ class CellsRound:
     submodels: Submodels
     cohort: Cohort
     adversary: Adversary | None = None
+    edges: EdgeAdversary | None = None
     tally: CellTally = field(default_factory=CellTally)
+    edge_figures: dict[str, object] = field(default_factory=dict)
     client_bits: np.ndarray = field(init=False)
     cell_bits: np.ndarray = field(init=False)
     submodel_bits: np.ndarray = field(init=False)
@@ -205,13 +210,16 @@ class CellsRound:
         buffer_rows = {k: v[cell_of] for k, v in buffers.items()}
         return ClientBank(self.local_clients, rows, buffer_rows, opt_state(rows, cell_of))
 
+    def training(self, data: FederatedData) -> FederatedData:
+        """What the members train on: ``data``, or an attacking adversary's view of it (flipped labels
+        under ``label_flip``; a backdoor's stamped copies, which its members' batches must index)."""
+        return data if self.adversary is None else self.adversary.data(self.round, data)
+
     def train(
         self, step: StepFn, bank: ClientBank, plan: BatchPlan, data: FederatedData, lr: float
     ) -> torch.Tensor:
-        """The executor trains ``bank`` by ``plan`` on ``data`` (an adversary's view of it: flipped labels
-        for its members under ``label_flip``); each row's mean training loss."""
-        if self.adversary is not None:
-            data = self.adversary.data(self.round, data)
+        """The executor trains ``bank`` by ``plan`` on ``data`` (:meth:`training`'s view); each row's mean
+        training loss."""
         return self.ctx.executor.train(step, bank, plan, data, lr)
 
     def collect(self, bank: ClientBank) -> tuple[Tensors, Tensors]:
@@ -265,10 +273,40 @@ class CellsRound:
         part = self.cohort.part(rows)
         return part, slice(part.start + rows.start - start, part.stop + rows.start - start)
 
+    def poison_edges(
+        self, params: Tensors, buffers: Tensors, sent: tuple[Tensors, Tensors]
+    ) -> tuple[Tensors, Tensors]:
+        """The cells' uploads to the cloud (stacked ``[N, ...]``, as the cloud decoded them) with the
+        attacking edges' replaced, on the values their submodel holds; ``sent``: the cells' models the
+        cloud sent them (stacked), each edge's reference."""
+        edges, device = self.edges, self.ctx.device
+        if edges is None:
+            return params, buffers
+        bad = edges.mask(self.round, self.cells.num_cells)
+        attack = edges.config.attack
+        if bad.any() and attack in OMNISCIENT_ATTACKS:  # HFedAvg: every edge holds the whole model
+            rows = {**params, **floating(buffers)}
+            reference = {k: v[0] for k, v in {**sent[0], **floating(sent[1])}.items()}
+            replaced = poisoned(
+                attack, edges.config.options, rows, reference, torch.as_tensor(bad, device=device)
+            )
+            return {k: replaced[k] for k in params}, {k: replaced.get(k, v) for k, v in buffers.items()}
+        one = torch.ones(1, dtype=torch.bool, device=device)
+        for j in np.flatnonzero(bad).tolist():
+            row = slice(j, j + 1)
+            upload = _payload(self.submodels, j, row, params, buffers)
+            reference = {k: v[0] for k, v in _payload(self.submodels, j, row, *sent).items()}
+            replaced = poisoned(
+                attack, edges.options(bad), upload, reference, one, edges.noise(self.round, j, device)
+            )
+            params, buffers = _received(self.submodels, j, row, params, buffers, replaced)
+        return params, buffers
+
     def figures(self) -> dict[str, object]:
-        """The adversary's figures of the round (:meth:`~fedge.runtime.cell_adversary.CellTally.figures`;
-        none without an adversary)."""
-        return {} if self.adversary is None else self.tally.figures()
+        """The adversary's figures of the round (:meth:`~fedge.runtime.cell_adversary.CellTally.figures`
+        and :meth:`~fedge.runtime.edge_adversary.EdgeAdversary.figures`; none without an adversary)."""
+        members = {} if self.adversary is None else self.tally.figures()
+        return {**members, **self.edge_figures}
 
     @property
     def edge_reducer(self) -> Reducer:
@@ -299,15 +337,21 @@ class CellsRound:
             self.tally.add(int(bad.sum()), cell_shares(edge_weights, bad, pipeline))
         return {k: means[k] for k in params}, {k: means[k] for k in buffers}
 
-    def cloud(self, shared: Tensors, model: Tensors) -> Tensors:
+    def cloud(self, shared: Tensors, model: Tensors, owned: np.ndarray) -> Tensors:
         """The cloud's aggregation of the cells' shared tensors (stacked ``[N, ...]``) through its
         pipeline: by default their unweighted mean (HIST Eq. 7); ``model``, the previous global model,
-        is the reference."""
+        is the reference; ``owned``: the values each cell alone holds besides (HIST's neurons), what
+        the malicious edges' kept share counts whole."""
         cells = self.cells.num_cells
         weights = torch.full((cells,), 1.0 / cells, dtype=torch.float64, device=self.ctx.device)
         reference = {k: v for k, v in model.items() if k in shared}
         updates = Updates.of(sites.CLOUD, self.round, shared, weights, reference)
-        return self.ctx.pipeline(sites.CLOUD).reduce(updates)
+        pipeline = self.ctx.pipeline(sites.CLOUD)
+        merged = pipeline.reduce(updates)
+        if self.edges is not None:
+            values = sum(v[0].numel() for v in floating(shared).values())
+            self.edge_figures = self.edges.figures(self.round, weights, pipeline, values, owned)
+        return merged
 
     def mean(self, losses: torch.Tensor) -> torch.Tensor:
         """The mean over every active client of a per-client value (this process's rows in ``losses``)."""
@@ -352,12 +396,19 @@ class CellsRound:
 
 class CellsRuntime:
     """Opens the global rounds of the ``cells`` over ``links`` (every active client works every round),
-    the ``adversary``'s members among them."""
+    the ``adversary``'s members among them, the malicious ``edges`` among their edge servers."""
 
-    def __init__(self, ctx: Context, cells: Cells, links: CellLinks, adversary: Adversary | None = None):
-        self.ctx, self.cells, self.links, self.adversary = ctx, cells, links, adversary
+    def __init__(
+        self,
+        ctx: Context,
+        cells: Cells,
+        links: CellLinks,
+        adversary: Adversary | None = None,
+        edges: EdgeAdversary | None = None,
+    ):
+        self.ctx, self.cells, self.links, self.adversary, self.edges = ctx, cells, links, adversary, edges
 
     def open(self, t: int, submodels: Submodels) -> CellsRound:
         """Round ``t`` of the cells with their ``submodels`` of the round."""
         cohort = self.ctx.cohorts.of(self.cells.size)
-        return CellsRound(self.ctx, t, self.cells, self.links, submodels, cohort, self.adversary)
+        return CellsRound(self.ctx, t, self.cells, self.links, submodels, cohort, self.adversary, self.edges)

@@ -19,7 +19,7 @@ the flipped labels), and the models PENS, FedeRiCo and AFIND+'s Boltzmann losses
 
 Under torchrun every process poisons the sent rows after the family's all-gather of the trained rows,
 and AFIND+'s proxies in its share of the requesters: nothing is gathered for the adversary (0 bytes a
-round; :mod:`fedge.runtime.spread_adversary`).
+round; :mod:`fedge.runtime.spread_adversary`) but, per evaluation, a backdoor's per-peer success rates.
 """
 
 from __future__ import annotations
@@ -29,10 +29,13 @@ from typing import Any
 
 import numpy as np
 import torch
+from torch import nn
 
 from fedge.aggregation import Pipeline
 from fedge.config import AdversaryConfig
 from fedge.data.federated import FederatedData
+from fedge.distributed import Cohort
+from fedge.engine import ClientBank
 from fedge.runtime.adversary import Adversary, kept_shares
 from fedge.tensors import Tensors, floating
 
@@ -62,6 +65,24 @@ class PeerAdversary:
     def data(self, round_: int, data: FederatedData) -> FederatedData:
         """What the peers train on in ``round_`` (flipped labels for the malicious ones under label_flip)."""
         return self.adversary.data(round_, data)
+
+    def success(
+        self, model: nn.Module, bank: ClientBank, data: FederatedData, batch_size: int, cohort: Cohort
+    ) -> dict[str, float]:
+        """A backdoor's ``attack_success`` of the peers' models in ``bank`` (``cohort``'s block of them):
+        the mean over the honest peers of each one's rate on ``data``'s whole test set, the rates gathered
+        in client order (a poisoner's own model says nothing, as for ``accuracy``); none for other
+        attacks."""
+        backdoor = self.adversary.backdoor
+        if backdoor is None:
+            return {}
+        rates = []
+        for row, client in enumerate(bank.clients):
+            if self.honest[client]:
+                params = {k: v[row] for k, v in bank.params.items()}
+                buffers = {k: v[row] for k, v in bank.buffers.items()}
+                rates.append(backdoor.success(model, params, buffers, data, batch_size))
+        return {"attack_success": float(np.mean(cohort.gather_array(np.asarray(rates, dtype=np.float64))))}
 
     def poisons_probes(self, round_: int) -> bool:
         """Whether malicious peers poison their probe answers in ``round_`` (``probes: poisoned``)."""

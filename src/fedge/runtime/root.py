@@ -10,7 +10,8 @@ noise left out: the root set is the server's own), batch size and ``drop_last``,
 ``local_epochs`` and learning rate unless the stage's ``root_epochs`` and ``lr`` say otherwise. Its
 batches come from ``(seed, "fltrust-root-batches", round, 0, epoch)`` and it runs on the run's executor as
 one more row keyed as client ``num_clients`` (no client's id), so its dropout keys are its own. Its
-FLOPs are charged to the server with the aggregation's (:meth:`RobustReducer.charge`).
+FLOPs are charged to the server with the aggregation's (:meth:`RobustReducer.charge`). A hierarchy's edge
+servers hold a root set each (:func:`edge_root_data`); the cells runtime's algorithm trains them.
 """
 
 from __future__ import annotations
@@ -20,6 +21,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from fedge.aggregation.fltrust import FLTrust, RootUpdate
+from fedge.data.federated import FederatedData
 from fedge.engine import ClientBank, make_step
 from fedge.engine.private_step import PrivateStep
 from fedge.engine.step import Step, StepFn
@@ -46,6 +48,23 @@ def root_indices(seed: int, pool: int, count: int, key: str) -> np.ndarray:
     if count > pool:
         raise ConfigError(f"{key}.options.root_samples", f"{count} is more than the {pool} training samples")
     return np.sort(numpy_rng(seed, "fltrust-root").choice(pool, size=count, replace=False))
+
+
+def edge_root_data(data: FederatedData, seed: int, count: int, edges: int, key: str) -> FederatedData:
+    """The root sets of ``edges`` edge servers as the clients of a view of ``data``: edge ``j``'s is
+    ``count`` sorted samples drawn without replacement from the whole training pool by the stream
+    ``(seed, "fltrust-root-edge", j)``, each edge its own (clean labels, as the star server's)."""
+    pool = len(data.x_train)
+    if count > pool:
+        raise ConfigError(f"{key}.options.root_samples", f"{count} is more than the {pool} training samples")
+    sets = [
+        np.sort(numpy_rng(seed, "fltrust-root-edge", j).choice(pool, size=count, replace=False))
+        for j in range(edges)
+    ]
+    view = data.holding(sets[0])
+    view.client_train = sets
+    view.client_test = [np.arange(data.dataset.num_test, dtype=np.int64)] * edges
+    return view
 
 
 def root_update(

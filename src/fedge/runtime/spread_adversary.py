@@ -25,8 +25,9 @@ from __future__ import annotations
 import numpy as np
 import torch
 
+from fedge.config import OMNISCIENT_ATTACKS
 from fedge.distributed import Cohort
-from fedge.runtime.adversary import OMNISCIENT, Adversary, poisoned
+from fedge.runtime.adversary import Adversary, poisoned
 from fedge.runtime.cell_adversary import edge_noise
 from fedge.tensors import Tensors, floating
 
@@ -50,7 +51,7 @@ def cell_poisoned(
     mask = torch.as_tensor(here, device=device)
     attack, options = adversary.config.attack, adversary.config.options
     honest = None
-    if cell.spread and attack in OMNISCIENT:
+    if cell.spread and attack in OMNISCIENT_ATTACKS:
         reads = mask if every.all() else ~mask  # nobody honest: the attackers' own uploads
         honest = cell.gather({k: v[reads] for k, v in floating(rows).items()})
     noise = edge_noise(adversary, round_, edge_round, members[cell.rows][here], device)

@@ -9,16 +9,10 @@ from fedge.aggregation import Part, Updates, sites
 from fedge.algorithms.asynchronous.config import FedAsyncConfig
 from fedge.algorithms.asynchronous.server import AsyncServer, uploaded
 from fedge.algorithms.base import Context, register
+from fedge.config import OMNISCIENT_ATTACKS
 from fedge.errors import ConfigError
 from fedge.runtime.asynchronous import Arrival
 from fedge.runtime.buffer_adversary import combined, poisoned_updates
-
-OMNISCIENT = (
-    "alie",
-    "ipm",
-    "min_max",
-    "min_sum",
-)  # attacks that read the honest updates merged with the malicious one
 
 
 @register("fedasync", FedAsyncConfig, "FedAsync: asynchronous clients, each update mixed in by its staleness")
@@ -34,7 +28,7 @@ class FedAsync(AsyncServer):
     def __init__(self, ctx: Context, cfg: FedAsyncConfig):
         super().__init__(ctx, cfg, cfg.proximal_mu)
         attack = None if self.adversary is None else self.adversary.config.attack
-        if attack in OMNISCIENT:
+        if attack in OMNISCIENT_ATTACKS:
             alone = "fedasync merges one update at a time, so there are none"
             reads = f"{attack} reads the honest updates merged with the malicious one"
             raise ConfigError("adversary.attack", f"{reads}; {alone}")

@@ -6,12 +6,14 @@ import numpy as np
 import torch
 
 from fedge.aggregation import Updates, sites
+from fedge.aggregation.fltrust import FLTrust, RootUpdate
 from fedge.algorithms.asynchronous.config import PAPER_BUFFER, FedBuffConfig
 from fedge.algorithms.asynchronous.server import AsyncServer, delta, uploaded
 from fedge.algorithms.base import Context, register
 from fedge.errors import ConfigError
 from fedge.runtime.asynchronous import Arrival
 from fedge.runtime.buffer_adversary import poisoned_updates
+from fedge.runtime.root import LocalWork, root_update
 from fedge.tensors import Tensors, floating
 
 
@@ -24,7 +26,8 @@ class FedBuff(AsyncServer):
     When every update is fresh and the server's step is 1 the new model is the buffer's weighted average
     itself, computed as FedAvg computes it: with sample weights, identical devices and K = cohort,
     FedBuff is FedAvg. An adversary's clients poison their updates in the buffer before it is reduced
-    (:mod:`fedge.runtime.buffer_adversary`: each delta from the version it trained from).
+    (:mod:`fedge.runtime.buffer_adversary`: each delta from the version it trained from). An ``fltrust``
+    buffer is first given the server's root model trained from its current one (:meth:`_root`).
     """
 
     def __init__(self, ctx: Context, cfg: FedBuffConfig):
@@ -39,6 +42,15 @@ class FedBuff(AsyncServer):
     def due(self, arrived: int) -> bool:
         return arrived >= self.buffer_size
 
+    def _root(self, number: int, reducer: FLTrust) -> RootUpdate:
+        """FLTrust at the buffer (Cao et al., NDSS 2021): the server's model for merge ``number``, trained
+        from its current model on its root set as a client trains (:func:`~fedge.runtime.root.root_update`,
+        the root batches keyed by the merge)."""
+        cfg = self.cfg
+        work = LocalWork(self.work.step, cfg.optimizer.lr, cfg.local_epochs, cfg.batch_size, cfg.drop_last)
+        model = (self.params, self.buffers)
+        return root_update(self.ctx, number, work, reducer, model, self.work.flops_per_sample)
+
     def aggregate(self, t: int, arrivals: list[Arrival]) -> None:
         cfg: FedBuffConfig = self.cfg
         sizes = torch.as_tensor(self.sizes[[a.client for a in arrivals]], dtype=torch.float64)
@@ -52,10 +64,16 @@ class FedBuff(AsyncServer):
         if self.adversary is not None:
             bases = [a.payload.base for a in arrivals]
             received = poisoned_updates(self.adversary, t, clients, received, bases)
+        trust = buffer.reducer if isinstance(buffer.reducer, FLTrust) else None
+        root = None if trust is None else self._root(number, trust)
         if cfg.server_lr == 1.0 and not any(stale):  # FedAvg's average, rounded as FedAvg rounds it
             models = _stacked(received, current)
+            if trust is not None:
+                trust.root = root
             merged = buffer.reduce(Updates.of(sites.BUFFER, number, models, weights, current))
         else:
+            if trust is not None and root is not None:  # the deltas' reference is no change
+                trust.root = RootUpdate({k: root.model[k] - v for k, v in current.items()}, root.flops)
             scale = [1.0 / np.sqrt(1.0 + tau) if cfg.staleness == "sqrt" else 1.0 for tau in stale]
             weights = weights * torch.as_tensor(scale, dtype=torch.float64, device=weights.device)
             deltas = _stacked([delta(a, m) for a, m in zip(arrivals, received, strict=True)], current)

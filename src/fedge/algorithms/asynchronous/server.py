@@ -22,7 +22,7 @@ import torch
 from fedge.algorithms.asynchronous.config import AsyncConfig
 from fedge.algorithms.asynchronous.work import LocalWork, cohort_size
 from fedge.algorithms.base import Context, GlobalModel
-from fedge.metrics import RoundReport
+from fedge.metrics import Evaluation, RoundReport
 from fedge.runtime.adversary import Adversary
 from fedge.runtime.asynchronous import Arrival, AsyncEngine, Dispatch, Dispatched
 from fedge.tensors import Tensors, floating
@@ -86,8 +86,8 @@ class AsyncServer(GlobalModel):
     def dispatch(self, t: int, clients: np.ndarray, version: int) -> Dispatched:
         """``clients`` receive the current model in round ``t`` and train from it; each one's update."""
         params, buffers = self.work.send(t, clients, self.params, self.buffers)
-        plan = self.work.plan(clients, version + 1)
         data = None if self.adversary is None else self.adversary.data(t, self.ctx.data)
+        plan = self.work.plan(clients, version + 1, data)
         trained = self.work.train(plan, params, buffers, self.engine.dispatch_key, data)
         phases = self.work.phases(version + 1, clients, trained.samples)
         base = {**params, **floating(buffers)}  # the model as the clients received it (one, shared)
@@ -102,6 +102,16 @@ class AsyncServer(GlobalModel):
             after = float(phases.seconds[row])
             messages.append(Dispatch(client, after, update, True, model, seconds, joules))
         return Dispatched(messages)
+
+    def evaluate(self) -> Evaluation:
+        """The server model's test figures, with a backdoor's attack success rate under one."""
+        plain, adversary = super().evaluate(), self.adversary
+        if adversary is None:
+            return plain
+        batch = self.ctx.config.eval.batch_size
+        return plain.with_extra(
+            **adversary.success(self.model, self.params, self.buffers, self.ctx.data, batch)
+        )
 
     @abstractmethod
     def due(self, arrived: int) -> bool:

@@ -118,10 +118,12 @@ class LocalWork:
         )
         return {k: down.payload[k] for k in params}, {k: down.payload.get(k, v) for k, v in buffers.items()}
 
-    def plan(self, clients: np.ndarray, key: int) -> BatchPlan:
-        """The local steps of ``clients`` for a job keyed ``key`` (FedAvg's round)."""
+    def plan(self, clients: np.ndarray, key: int, data: FederatedData | None = None) -> BatchPlan:
+        """The local steps of ``clients`` for a job keyed ``key`` (FedAvg's round), over ``data`` (default:
+        the run's; a backdoor's view, whose malicious clients index their stamped copies)."""
         cfg = self.cfg
-        return self.ctx.data.batch_plan(clients, key, cfg.local_epochs, cfg.batch_size, cfg.drop_last)
+        data = self.ctx.data if data is None else data
+        return data.batch_plan(clients, key, cfg.local_epochs, cfg.batch_size, cfg.drop_last)
 
     def train(
         self,

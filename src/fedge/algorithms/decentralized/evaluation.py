@@ -3,7 +3,8 @@
 ``accuracy`` is the unweighted mean over clients of each fine-tuned copy's accuracy on its own test
 set (the evaluation of AFIND+'s App. C.3); the clients are a cohort (docs/scale-out.md). With
 malicious peers (the ``adversary`` block) ``accuracy`` is the honest peers' mean (a poisoner's own model
-says nothing) and ``accuracy_all`` every peer's.
+says nothing) and ``accuracy_all`` every peer's; a backdoor's ``attack_success`` is the honest peers'
+mean of their evaluated models' rates on the whole test set.
 """
 
 from __future__ import annotations
@@ -67,5 +68,12 @@ class FineTunedEvaluation:
             own_buffers = {k: v for k, v in bank.buffers.items() if k not in (extra or {})}
             bank.adopt(bank.params, own_buffers, owned=False)
         max_samples = self.ctx.config.eval.batch_size
-        honest = None if self.adversary is None else self.adversary.honest
-        return evaluate_clients_on(block.cohort, self.model, bank, self.ctx.data, max_samples, honest)
+        if self.adversary is None:
+            return evaluate_clients_on(block.cohort, self.model, bank, self.ctx.data, max_samples)
+        adversary = self.adversary
+        plain = evaluate_clients_on(
+            block.cohort, self.model, bank, self.ctx.data, max_samples, adversary.honest
+        )
+        return plain.with_extra(
+            **adversary.success(self.model, bank, self.ctx.data, max_samples, block.cohort)
+        )

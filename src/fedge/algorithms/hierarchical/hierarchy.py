@@ -20,7 +20,9 @@ multiplier of that edge round's channels and beamformer.
 
 Adversary: malicious members poison the uploads their edge server receives, per cell, before AirComp's
 clip and the edge's pipeline (:mod:`fedge.runtime.cell_adversary`); the round reports ``malicious`` and
-``malicious_kept``.
+``malicious_kept``. Malicious edge servers poison their upload to the cloud after the cloud decoded it
+(:mod:`fedge.runtime.edge_adversary`); the round reports ``malicious_edges`` and
+``malicious_edges_kept``.
 """
 
 from __future__ import annotations
@@ -31,6 +33,7 @@ from typing import Any, ClassVar, Generic, TypeVar
 import numpy as np
 import torch
 
+from fedge.aggregation.fltrust import FLTrust, RootUpdate
 from fedge.algorithms.base import Algorithm, Context
 from fedge.algorithms.hierarchical.aggregation import check_over_the_air, over_the_air
 from fedge.algorithms.hierarchical.cells import split_data
@@ -42,7 +45,7 @@ from fedge.algorithms.hierarchical.radio import CellRadio
 from fedge.algorithms.hierarchical.submodel import CellViews, Tensors, apply_valid
 from fedge.algorithms.hierarchical.training import local_steps_plan, masked_step
 from fedge.distributed.evaluate import evaluate_model_on
-from fedge.engine import buffers_of, classification_loss, make_optimizer, make_step, parameters_of
+from fedge.engine import ClientBank, buffers_of, classification_loss, make_optimizer, make_step, parameters_of
 from fedge.engine.private_step import PrivateStep, private_step
 from fedge.engine.step import Step
 from fedge.errors import ConfigError
@@ -50,7 +53,10 @@ from fedge.metrics import Evaluation, RoundReport
 from fedge.privacy.air import aircomp_releases
 from fedge.privacy.peer import clip_rows, flat_rows
 from fedge.runtime.adversary import Adversary
+from fedge.runtime.edge_adversary import EdgeAdversary
 from fedge.runtime.hierarchy import CellLinks, Cells, CellsRound, CellsRuntime
+from fedge.runtime.root import edge_root_data
+from fedge.system import forward_flops, training_flops
 
 HierarchicalT = TypeVar("HierarchicalT", bound=HierarchicalConfig)
 
@@ -88,6 +94,7 @@ class HierarchicalFL(Algorithm[HierarchicalT], Generic[HierarchicalT]):
         plain = make_step(classification_loss(self.model, ctx.criterion), self.sgd)
         self.plain_step = private_step(plain, ctx.privacy, self.model)
         self.step = masked_step(self.plain_step, self.layout)
+        self.root_step = masked_step(plain, self.layout)  # FLTrust's at the edges: no DP-SGD
         network = ctx.network
         self.links = CellLinks(
             network.link(cfg.codec_up),
@@ -96,7 +103,8 @@ class HierarchicalFL(Algorithm[HierarchicalT], Generic[HierarchicalT]):
             network.link(cfg.codec_edge_down),
             analogue=cfg.aggregation == "aircomp",
         )
-        self.rounds = CellsRuntime(ctx, self.cells, self.links, self._adversary())
+        edges = EdgeAdversary.of(ctx.config.adversary, self.cells.num_cells, ctx.seed, ctx.cohorts.processes)
+        self.rounds = CellsRuntime(ctx, self.cells, self.links, self._adversary(), edges)
         self.model_values = sum(p.numel() for p in self.params.values())
         self.client_up_bits = np.zeros(self.cells.size, dtype=np.int64)
 
@@ -115,15 +123,20 @@ class HierarchicalFL(Algorithm[HierarchicalT], Generic[HierarchicalT]):
         sizes = self.mask_sizes(t, cpu, rates)
         views = self.views(t, sizes)
         rnd = self.rounds.open(t, views)
-        cell_params, cell_buffers = views.gather(self.params), views.gather(self.buffers)
-        cell_params, cell_buffers = rnd.send_cells(False, cell_params, cell_buffers)
+        sent = views.gather(self.params), views.gather(self.buffers)
+        cell_params, cell_buffers = rnd.send_cells(False, *sent)
         losses, mses = [], []
         for e in range(cfg.edge_rounds):
             cell_params, cell_buffers, loss, mse = self._edge_round(rnd, e, views, cell_params, cell_buffers)
             losses.append(loss)
             mses.extend(mse)
         cell_params, cell_buffers = rnd.send_cells(True, cell_params, cell_buffers)
-        merged = views.merge(cell_params | cell_buffers, partial(rnd.cloud, model=self.params | self.buffers))
+        cell_params, cell_buffers = rnd.poison_edges(cell_params, cell_buffers, sent)
+        shared = sum(v.numel() for k, v in self.params.items() if k not in views.roles)
+        owned = views.values(self.params) - shared  # the neurons' values each cell alone holds
+        merged = views.merge(
+            cell_params | cell_buffers, partial(rnd.cloud, model=self.params | self.buffers, owned=owned)
+        )
         self.params = {k: merged[k] for k in self.params}
         self.buffers = {k: merged[k] for k in self.buffers}
         self.client_up_bits += rnd.client_bits
@@ -160,11 +173,12 @@ class HierarchicalFL(Algorithm[HierarchicalT], Generic[HierarchicalT]):
         cfg, t = self.cfg, rnd.round
         start_params, start_buffers = rnd.broadcast(cell_params, cell_buffers)
         bank = rnd.bank(start_params, start_buffers, partial(self._opt_state, views))
+        data = rnd.training(self.data)
         plan = local_steps_plan(
-            self.data, bank.clients, t, e, cfg.local_steps, cfg.batch_size, cohort=range(self.cells.size)
+            data, bank.clients, t, e, cfg.local_steps, cfg.batch_size, cohort=range(self.cells.size)
         )
         self.model.train()
-        loss = rnd.train(self._step(views), bank, plan, self.data, cfg.optimizer.lr)
+        loss = rnd.train(self._step(views), bank, plan, data, cfg.optimizer.lr)
         uploaded, uploaded_buffers = rnd.collect(bank)
         uploaded, uploaded_buffers = rnd.poison(e, uploaded, uploaded_buffers, (start_params, start_buffers))
         reference = start_params | start_buffers  # the models the clients started from
@@ -179,15 +193,44 @@ class HierarchicalFL(Algorithm[HierarchicalT], Generic[HierarchicalT]):
                 real_part = cfg.radio.noise_model == "real_part"
                 for release in aircomp_releases(t, air.mses, members, clip, real_part):
                     self.ctx.privacy.record(release)
+        if isinstance(rnd.edge_reducer, FLTrust):
+            rnd.edge_reducer.root = self._roots(
+                rnd, e, views, (start_params, start_buffers), rnd.edge_reducer
+            )
         new_params, new_buffers = rnd.aggregate(uploaded, uploaded_buffers, reference, air)
         if views.layout:  # a stage's noise on the foreign slots, which no client trains or sends: dropped
             new_params = apply_valid(new_params, views.layout, list(views.valid))
         return new_params, new_buffers, rnd.mean(loss), list(air.mses) if air is not None else []
 
+    def _roots(
+        self, rnd: CellsRound, e: int, views: CellViews, start: tuple[Tensors, Tensors], reducer: FLTrust
+    ) -> RootUpdate:
+        """FLTrust at the edges (Cao et al., NDSS 2021): each edge server's own model of edge round ``e``,
+        trained from the model it broadcast to its cell (``start``, stacked per cell) on its root set as
+        its members train: ``local_steps`` steps of their batch size, the masked step on HIST's submodel,
+        a fresh optimizer state, DP-SGD left out (the set is the edge's own), on the run's executor as
+        rows keyed past every client id; its FLOPs are charged to the edge with the aggregation's."""
+        cfg, data, n = self.cfg, self.ctx.data, self.cells.num_cells
+        roots = edge_root_data(data, self.ctx.seed, reducer.root_samples, n, reducer.run.key)
+        params, buffers = ({k: v.clone() for k, v in part.items()} for part in start)
+        cells = torch.arange(n, device=self.ctx.device)
+        ids = tuple(data.num_clients + j for j in range(n))
+        bank = ClientBank(ids, params, buffers, self._opt_state(views, params, cells))
+        steps, batch = cfg.local_steps, cfg.batch_size
+        plan = local_steps_plan(roots, range(n), rnd.round, e, steps, batch, purpose="fltrust-root-batches")
+        self.model.train()
+        self.ctx.executor.train(
+            self.root_step, bank, plan, roots, cfg.optimizer.lr if reducer.lr is None else reducer.lr
+        )
+        flops = training_flops(forward_flops(self.model, data.input_shape), float(plan.weight.sum()) / n)
+        return RootUpdate({**bank.params, **bank.buffers}, float(flops), per_output=True)
+
     def _adversary(self) -> Adversary | None:
         """The run's adversary among the active clients (a fraction of them; listed ids must be active:
-        the last ``K mod N`` clients are in no cell)."""
+        the last ``K mod N`` clients are in no cell); none where only edge servers are malicious."""
         ctx, config = self.ctx, self.ctx.config.adversary
+        if config is not None and config.clients is None:
+            return None
         if config is not None and isinstance(config.clients, list) and max(config.clients) >= self.cells.size:
             idle = f"client {max(config.clients)} is in no cell ({self.cells.size} active clients)"
             raise ConfigError("adversary.clients", idle)
@@ -232,12 +275,11 @@ class HierarchicalFL(Algorithm[HierarchicalT], Generic[HierarchicalT]):
         return self.step if padded else self.plain_step
 
     def evaluate(self) -> Evaluation:
-        return evaluate_model_on(
-            self.ctx.cohorts,
-            self.model,
-            self.params,
-            self.buffers,
-            self.data.x_test,
-            self.data.y_test,
-            self.ctx.config.eval.batch_size,
+        """The cloud model's test figures, with a backdoor's attack success rate under one."""
+        batch, adversary = self.ctx.config.eval.batch_size, self.rounds.adversary
+        plain = evaluate_model_on(
+            self.ctx.cohorts, self.model, self.params, self.buffers, self.data.x_test, self.data.y_test, batch
         )
+        if adversary is None:
+            return plain
+        return plain.with_extra(**adversary.success(self.model, self.params, self.buffers, self.data, batch))

@@ -76,10 +76,11 @@ def local_steps_plan(
     steps: int,
     batch_size: int,
     cohort: Sequence[int] | None = None,
+    purpose: str = "hist-batches",
 ) -> BatchPlan:
     """``steps`` minibatches per client from a stream reshuffled every epoch (H counts steps, HIST Eq. 5).
 
-    Epochs come from the stream ``("hist-batches-<edge_round>", round_, client, epoch)``; full batches
+    Epochs come from the stream ``("<purpose>-<edge_round>", round_, client, epoch)``; full batches
     only when every client of the ``cohort`` (default: ``clients``; all clients when a process trains
     some of them) has at least one, otherwise each epoch ends with its short batch.
     """
@@ -88,9 +89,7 @@ def local_steps_plan(
     smallest = int(sizes.min())
     per_epoch = smallest // batch_size if drop_last else max(1, math.ceil(smallest / batch_size))
     epochs = math.ceil(steps / per_epoch)
-    plan = data.batch_plan(
-        clients, round_, epochs, batch_size, drop_last, purpose=f"hist-batches-{edge_round}"
-    )
+    plan = data.batch_plan(clients, round_, epochs, batch_size, drop_last, purpose=f"{purpose}-{edge_round}")
     return BatchPlan(
         clients=plan.clients,
         index=plan.index[:, :steps],
