@@ -40,8 +40,8 @@ class EdgeAdversary:
         cls, config: AdversaryConfig | None, num_cells: int, seed: int, processes: int
     ) -> EdgeAdversary | None:
         """The malicious edges of ``config`` among ``num_cells`` (``None`` without ``adversary.edges``);
-        an id beyond the cells is refused on ``adversary.edges``, a torchrun run on ``adversary`` (as the
-        members' adversary is: not built there)."""
+        an id beyond the cells is refused on ``adversary.edges``, a torchrun run on ``adversary`` (not
+        built there)."""
         if config is None or config.edges is None:
             return None
         if processes > 1:

@@ -6,18 +6,21 @@ after every training call and mixes on every process, so every process poisons e
 that gather, as one process does (:meth:`~fedge.runtime.peer_adversary.PeerAdversary.sent`, the models
 a selector scores included). AFIND+'s poisoned proxies are formed in each process's share of the
 requesters, and a requester's probed pairs are all in its share, so each requester's attack reads
-only its own holders' proxies. Nothing is gathered for the adversary: no value, no byte; every process
-repeats the ``R x d`` poisoning of the round's sent rows.
+only its own holders' proxies. Nothing is gathered for the poisoning: no value, no byte; every process
+repeats the ``R x d`` poisoning of the round's sent rows. A backdoor's ``attack_success`` is measured on
+each process's evaluation block of peers, so each evaluation gathers the honest peers' rates (one
+float64 each; :meth:`~fedge.runtime.peer_adversary.PeerAdversary.success`).
 
 Cells (:mod:`fedge.runtime.cell_adversary`): a cell's members may span processes, and each process
-uploads only its rows of them. The rank-local attacks replace this process's attacking rows with the
-cell's counts (``scaling``'s ``n / m`` over the whole cell) and their noise keys (by client), and no
-collective. The omniscient ones (``alie``, ``ipm``, ``min_max``, ``min_sum``) read the cell's honest
-uploads of the edge round: :func:`cell_poisoned` first all-gathers them (every upload where nobody is
-honest), floating tensors only, in the cell's order. Cost, per edge round and cell with an attacker:
-``H x d`` values (``H`` honest members, ``d`` the cell's submodel's real values and floating buffers;
-``4 H d`` bytes at fp32) reach every process, plus one all-gather of the row counts. The figures read
-every member's edge weight and the edge reducer's reports, which name every row.
+uploads only its rows of them. The rank-local attacks (the backdoor's boost included) replace this
+process's attacking rows with the cell's counts (``scaling``'s ``n / m`` over the whole cell) and their
+noise keys (by client), and no collective. The omniscient ones (``alie``, ``ipm``, ``min_max``,
+``min_sum``) read the cell's honest uploads of the edge round: :func:`cell_poisoned` first all-gathers
+them (every upload where nobody is honest), floating tensors only, in the cell's order. Cost, per edge
+round and cell with an attacker: ``H x d`` values (``H`` honest members, ``d`` the cell's submodel's
+real values and floating buffers; ``4 H d`` bytes at fp32) reach every process, plus one all-gather of
+the row counts. The figures read every member's edge weight and the edge reducer's reports, which name
+every row.
 """
 
 from __future__ import annotations
