@@ -46,8 +46,9 @@ probe answers; Ditto's stamped samples), model poisoning of the sent models, ran
 (before a median), with a selector that probes honestly."""
 CELLS = 5
 """Clients of a hierarchy's runs: two cells of two members, client 4 idles."""
+EDGE_MEDIAN = [{"name": "median", "at": ["edge"]}]
 HIERARCHY = {
-    "hfedavg_sign_flip_edge_median": ("hfedavg", {"clients": [0], "attack": "sign_flip"}, ["median"]),
+    "hfedavg_sign_flip_edge_median": ("hfedavg", {"clients": [0], "attack": "sign_flip"}, EDGE_MEDIAN),
     "hfedavg_label_flip": ("hfedavg", {"clients": [2], "attack": "label_flip"}, []),
     "hfedavg_ipm_edge": ("hfedavg", {"edges": [1], "attack": "ipm"}, []),
     "hist_backdoor": ("hist", {"clients": [1], "attack": "backdoor"}, []),
