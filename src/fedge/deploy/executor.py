@@ -39,8 +39,8 @@ def attribute_name(algorithm: Any, value: object, kind: str) -> str:
     """The name under which the run's adversary (:func:`_adversaries`: the data view its malicious
     clients train on), ``algorithm``'s context (``ctx.<name>``) or ``algorithm`` holds ``value``: how a
     node, which builds the same algorithm from the same config, finds the same step function or data set.
-    The algorithm's own attributes come last: a round may reassign one (the peers' ``train_data``, an
-    adversary's view from ``start_round`` on), which the node, running no round, still holds as built."""
+    The algorithm's own attributes come last: a round may reassign one (the peers' ``train_data``, the
+    adversary's view from ``start_round`` on), which a node, running no round, still holds as built."""
     owners = [*_adversaries(algorithm), (algorithm.ctx, "ctx."), (algorithm, "")]
     for owner, prefix in owners:
         for name, held in vars(owner).items():
@@ -59,7 +59,7 @@ def _adversaries(algorithm: Any) -> list[tuple[object, str]]:
     while frontier:
         owner, prefix = frontier.pop(0)
         held = getattr(owner, "adversary", None)
-        if held is not None and hasattr(held, "__dict__"):
+        if held is not None:
             found.append((held, f"{prefix}adversary."))
             frontier.append((held, f"{prefix}adversary."))
     return found
