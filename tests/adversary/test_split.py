@@ -216,12 +216,13 @@ def test_label_flip_with_randomized_labels_is_refused(tmp_path):
         fedge.run(config)
 
 
-def test_a_deployed_split_run_takes_an_adversary_and_the_peers_refuse_it(tmp_path):
+def test_a_deployed_split_run_takes_an_adversary_as_the_peers_do_and_fedbuff_refuses_it(tmp_path):
     pytest.importorskip("flwr")
     from fedge.deploy.rounds import check_stages
 
     adversary = {"clients": [1], "attack": "label_flip"}
     check_stages(parse_config(_tiny(tmp_path, "cse_fsl", adversary)))  # tests/deploy/test_split_deployed.py
-    with pytest.raises(ConfigError, match="^adversary: deploys with fedavg, .*, not gossip") as err:
-        check_stages(parse_config(_tiny(tmp_path, "gossip", adversary)))
+    check_stages(parse_config(_tiny(tmp_path, "gossip", adversary)))  # tests/deploy/test_adversary_deployed
+    with pytest.raises(ConfigError, match="^adversary: deploys with fedavg, .*, not fedbuff") as err:
+        check_stages(parse_config(_tiny(tmp_path, "fedbuff", adversary)))
     assert "\n" not in str(err.value)

@@ -36,18 +36,33 @@ MESSAGE = "train.rows"
 
 
 def attribute_name(algorithm: Any, value: object, kind: str) -> str:
-    """The name under which ``algorithm``, its context (``ctx.<name>``) or its star rounds' adversary
-    (``rounds.adversary.<name>``: the data view its malicious clients train on) holds ``value``: how a
-    node, which builds the same algorithm from the same config, finds the same step function or data set."""
-    owners: list[tuple[object, str]] = [(algorithm, ""), (algorithm.ctx, "ctx.")]
-    adversary = getattr(getattr(algorithm, "rounds", None), "adversary", None)
-    if adversary is not None:
-        owners.append((adversary, "rounds.adversary."))
+    """The name under which the run's adversary (:func:`_adversaries`: the data view its malicious
+    clients train on), ``algorithm``'s context (``ctx.<name>``) or ``algorithm`` holds ``value``: how a
+    node, which builds the same algorithm from the same config, finds the same step function or data set.
+    The algorithm's own attributes come last: a round may reassign one (the peers' ``train_data``, the
+    adversary's view from ``start_round`` on), which a node, running no round, still holds as built."""
+    owners = [*_adversaries(algorithm), (algorithm.ctx, "ctx."), (algorithm, "")]
     for owner, prefix in owners:
         for name, held in vars(owner).items():
             if held is value:
                 return prefix + name
     raise FedgeError(f"{type(algorithm).__name__} trains with a {kind} it does not hold: cannot deploy it")
+
+
+def _adversaries(algorithm: Any) -> list[tuple[object, str]]:
+    """The run's adversary objects with their dotted paths: an ``adversary`` of the algorithm or of its
+    ``rounds`` (the star's and a hierarchy's), and the ``adversary`` each of those wraps (the peers'
+    :class:`~fedge.runtime.peer_adversary.PeerAdversary` wraps the run's
+    :class:`~fedge.runtime.adversary.Adversary`)."""
+    found: list[tuple[object, str]] = []
+    frontier: list[tuple[object, str]] = [(algorithm, ""), (getattr(algorithm, "rounds", None), "rounds.")]
+    while frontier:
+        owner, prefix = frontier.pop(0)
+        held = getattr(owner, "adversary", None)
+        if held is not None:
+            found.append((held, f"{prefix}adversary."))
+            frontier.append((held, f"{prefix}adversary."))
+    return found
 
 
 def resolve(algorithm: Any, name: str) -> Any:

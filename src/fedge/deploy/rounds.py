@@ -16,7 +16,12 @@ from typing import Any
 
 from fedge.algorithms import ALGORITHMS
 from fedge.comm import nodes
-from fedge.config import SPLIT_ADVERSARY_ALGORITHMS, RunConfig
+from fedge.config import (
+    EDGE_ADVERSARY_ALGORITHMS,
+    PEER_ADVERSARY_ALGORITHMS,
+    SPLIT_ADVERSARY_ALGORITHMS,
+    RunConfig,
+)
 from fedge.deploy.executor import RemoteExecutor
 from fedge.deploy.fedsl_rounds import DeployedLightFedSL, DeployedTraditionalFedSL
 from fedge.deploy.secagg import secagg_options
@@ -40,9 +45,15 @@ REFUSED = {
     "cse_fsl_async": "its asynchronous event queue runs on the simulated clock only",
 }
 """Algorithms that cannot be deployed, with the reason ``fedge deploy`` prints."""
-ADVERSARY_DEPLOYED = ("fedavg", "fedavg_ft", *SPLIT_ADVERSARY_ALGORITHMS)
-"""The algorithms whose ``adversary`` deploys: the star server's and the split server's (the other
-families' are refused)."""
+ADVERSARY_DEPLOYED = (
+    "fedavg",
+    "fedavg_ft",
+    *PEER_ADVERSARY_ALGORITHMS,
+    *EDGE_ADVERSARY_ALGORITHMS,
+    *SPLIT_ADVERSARY_ALGORITHMS,
+)
+"""The algorithms whose ``adversary`` deploys: the star server's, the peers', a hierarchy's (members and
+edges) and the split server's; the asynchronous servers' (FedBuff, FedAsync) do not deploy at all."""
 SPLIT_ROUNDS: dict[str, type] = {
     "cse_fsl": DeployedCseFsl,
     "fsl_an": DeployedFslAn,
@@ -91,9 +102,10 @@ def refusal(name: str) -> str | None:
 
 
 def check_stages(config: RunConfig) -> None:
-    """Refuse, in one line naming the key, what a deployment cannot carry: an ``adversary`` outside the
-    star and split families (:data:`ADVERSARY_DEPLOYED`: their rounds apply the attacks where the
-    simulation does, :mod:`fedge.runtime.adversary`, :mod:`fedge.deploy.split_rounds`) or next to a
+    """Refuse, in one line naming the key, what a deployment cannot carry: an ``adversary`` where it does
+    not deploy (outside :data:`ADVERSARY_DEPLOYED`, whose rounds apply the attacks where the simulation
+    does: :mod:`fedge.runtime.adversary`, :mod:`fedge.deploy.split_rounds`; a malicious node finds its
+    poisoned data view by name, :func:`fedge.deploy.executor.attribute_name`) or next to a
     ``secagg`` stage (Flower's SecAgg+ hides the rows the attacks replace), ``output.record`` (the
     transfers are sampled in the simulation's exchange) and an aggregation stage that does not map: a
     ``secagg`` stage runs on Flower's SecAgg+ where its settings map
