@@ -629,7 +629,8 @@ def peer_and_cell_adversary_configs(tmp_path: Path) -> dict[str, dict]:
     gather; AFIND+'s ``alie`` behind honest probe answers, and its poisoned proxies in each rank's share
     of the requesters); HFedAvg's 9 clients in 3 cells sit 5 + 4 on the ranks, so cell 1 (clients 3 to
     5) spans both: ``sign_flip`` before the edge median, ``alie`` gathers the cell's honest uploads, a
-    backdoor (HIST's ``gaussian``: the submodels' slots, keys by client and edge round)."""
+    backdoor (HIST's ``gaussian``: the submodels' slots, keys by client and edge round), and a malicious edge
+    (``alie`` over the cells every rank holds reduced) before the cloud's median."""
     peers = {"local_epochs": 1, "batch_size": 16, "peers": 2}
     cells = {"cells": 3, "split": "partition", "edge_rounds": 2, "local_steps": 2, "batch_size": 8}
     cases = {
@@ -665,6 +666,11 @@ def peer_and_cell_adversary_configs(tmp_path: Path) -> dict[str, dict]:
             [],
         ),
         "cell_adv_hist_gaussian": ({"name": "hist", **cells}, {"clients": [2, 3], "attack": "gaussian"}, []),
+        "cell_adv_hfedavg_edge_alie": (
+            {"name": "hfedavg", **cells},
+            {"clients": [4], "edges": [0], "attack": "alie"},
+            [{"name": "median", "at": ["cloud"]}],
+        ),
     }
     out = {}
     for name, (algorithm, adversary, chain) in cases.items():

@@ -36,16 +36,12 @@ class EdgeAdversary:
     seed: int
 
     @classmethod
-    def of(
-        cls, config: AdversaryConfig | None, num_cells: int, seed: int, processes: int
-    ) -> EdgeAdversary | None:
+    def of(cls, config: AdversaryConfig | None, num_cells: int, seed: int) -> EdgeAdversary | None:
         """The malicious edges of ``config`` among ``num_cells`` (``None`` without ``adversary.edges``);
-        an id beyond the cells is refused on ``adversary.edges``, a torchrun run on ``adversary`` (not
-        built there)."""
+        an id beyond the cells is refused on ``adversary.edges``. Under torchrun every process holds
+        every cell's reduced upload (the edges' all-reduce), so each poisons them alike: no collective."""
         if config is None or config.edges is None:
             return None
-        if processes > 1:
-            raise ConfigError("adversary", "is not built for torchrun runs (the honest rows are rank-local)")
         if isinstance(config.edges, list):
             if max(config.edges) >= num_cells:
                 raise ConfigError(

@@ -103,7 +103,7 @@ class HierarchicalFL(Algorithm[HierarchicalT], Generic[HierarchicalT]):
             network.link(cfg.codec_edge_down),
             analogue=cfg.aggregation == "aircomp",
         )
-        edges = EdgeAdversary.of(ctx.config.adversary, self.cells.num_cells, ctx.seed, ctx.cohorts.processes)
+        edges = EdgeAdversary.of(ctx.config.adversary, self.cells.num_cells, ctx.seed)
         self.rounds = CellsRuntime(ctx, self.cells, self.links, self._adversary(), edges)
         self.model_values = sum(p.numel() for p in self.params.values())
         self.client_up_bits = np.zeros(self.cells.size, dtype=np.int64)
