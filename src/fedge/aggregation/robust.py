@@ -174,8 +174,11 @@ class RobustReducer(Reducer):
             kept, extras = self.aggregate(batch, out, centre)
             for name in names:
                 scale = total.to(out[name].dtype)[:, None]
-                scaled = out[name] if bool((total == 1).all()) else out[name] * scale
-                result[name][chosen.to(result[name].device)] = scaled
+                scaled = out[name] if bool((scale == 1).all()) else out[name] * scale
+                if len(chosen) == outputs:  # every output, in order
+                    result[name] = scaled
+                else:
+                    result[name][chosen.to(result[name].device)] = scaled
             for j, o in enumerate(chosen.tolist()):
                 rows = tuple(index[j].tolist())
                 senders = None if part.senders is None else tuple(part.senders[r] for r in rows)
@@ -587,15 +590,14 @@ class GeometricMedian(_Iterative):
         g, k = batch.shape
         kd = k * batch.dims
         alpha = batch.weights.cpu()
-        start, norms, mean_norm, exact_columns = self._mean(batch, out, alpha)
-        mean = dict(out)  # the steps rebind out's tensors (torch.where), so these stay the mean
-        flops = 6.0 * kd + 3.0 * k * exact_columns
+        start, norms, mean_norm, exact = self._mean(batch, out, alpha)
+        mean = dict(out)  # the steps rebind out's tensors, so these stay the mean
+        flops = (11.0 if exact else 6.0) * kd
         squared = start
         objective = (alpha * squared.sqrt()).sum(dim=1)
         active = torch.ones(g, dtype=torch.bool)
         ran = torch.zeros(g, dtype=torch.long)
         charged = torch.full((g,), flops, dtype=torch.float64)
-        exact = False  # once an expansion cancels, the later steps take the differences
         for _ in range(self.iterations):
             if not bool(active.any()):
                 break
@@ -609,7 +611,7 @@ class GeometricMedian(_Iterative):
                 exact, new, cost = True, self.step(batch, moved, beta, None), cost + 5.0 * kd
             for name in out:
                 keep = active.to(out[name].device)[:, None]
-                out[name] = torch.where(keep, moved[name], out[name])
+                out[name] = moved[name] if bool(active.all()) else torch.where(keep, moved[name], out[name])
             improved = (alpha * new.sqrt()).sum(dim=1)
             squared = torch.where(active[:, None], new, squared)
             ran += active.long()
@@ -626,29 +628,37 @@ class GeometricMedian(_Iterative):
 
     def _mean(
         self, batch: Batch, out: Tensors, alpha: torch.Tensor
-    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, int]:
+    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, bool]:
         """The weighted mean ``m`` into ``out``; each row's squared distance to it and squared norm
-        ``[g, k]``, ``||m||^2`` ``[g]`` (float64) and the columns whose distances were taken exactly.
-        A block's distances are ``||x||^2 - 2 x.m + ||m||^2`` from the cache, or the differences' where
-        those terms would cancel."""
+        ``[g, k]``, ``||m||^2`` ``[g]`` (float64), and whether the distances were taken exactly. They
+        are ``||x||^2 - 2 x.m + ||m||^2``, the norms read row by row (contiguous, faster than from a
+        block's cache) and the products from each block's cache; or, where those terms would cancel,
+        the differences' (one more pass)."""
         g, k = batch.shape
-        squared = torch.zeros(g, k, dtype=torch.float64)
-        norms = torch.zeros(g, k, dtype=torch.float64)
+        norms = self._norms(batch)
+        cross = torch.zeros(g, k, dtype=torch.float64)
         mean_norm = torch.zeros(g, dtype=torch.float64)
-        exact_columns = 0
         for name, cols, x in batch.blocks():
             h = _host(x)
             v = _weighted(_like(alpha, h), h)
             out[name][:, cols] = torch.as_tensor(v)
-            n, vv = _f64(_rowdot(h, h)), _f64(_rowdot(v, v))
-            s = n - 2 * _f64((h @ v[..., None])[..., 0]) + vv[:, None]
-            if _cancels((n.sqrt() + vv.sqrt()[:, None]).square(), s):
-                gap = h - v[:, None]
-                s, exact_columns = _f64(_rowdot(gap, gap)), exact_columns + h.shape[-1]
-            squared += s
-            norms += n
-            mean_norm += vv
-        return squared, norms, mean_norm, exact_columns
+            cross += _f64((h @ v[..., None])[..., 0])
+            mean_norm += _f64(_rowdot(v, v))
+        squared = norms - 2 * cross + mean_norm[:, None]
+        if not _cancels((norms.sqrt() + mean_norm.sqrt()[:, None]).square(), squared):
+            return squared, norms, mean_norm, False
+        return self.step(batch, batch.empty(), alpha, None), norms, mean_norm, True
+
+    @staticmethod
+    def _norms(batch: Batch) -> torch.Tensor:
+        """Each output's rows' squared norms ``[g, k]`` (float64), every joined row's read once along
+        its contiguous values."""
+        total: torch.Tensor | float = 0.0
+        for name in batch.names:
+            flat = batch.rows[name].reshape(batch.rows[name].shape[0], -1)
+            total = total + _f64(_rowdot(_host(flat), _host(flat)))
+        norms = cast(torch.Tensor, total)
+        return norms[None] if batch.index is None else norms[batch.index.cpu()]
 
     def _moved(
         self,
@@ -682,6 +692,8 @@ class GeometricMedian(_Iterative):
         bound = 2 * (norms.sqrt() + mean_norm.sqrt()[:, None]) * step.sqrt()[:, None]
         terms = start + bound + step[:, None]
         return None if _cancels(terms[active], squared[active]) else squared
+
+
 class CenteredClip(_Iterative):
     """Centred clipping (Karimireddy et al. 2021): from the site's reference ``v`` (the previous
     aggregate a server broadcast, each peer's own model, no change for a buffer's deltas), ``iterations``
