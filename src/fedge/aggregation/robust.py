@@ -327,10 +327,8 @@ def _weighted(a: Host, x: Host) -> Host:
 
 
 def _rowdot(a: Host, b: Host) -> Host:
-    """The dot products of ``a`` and ``b`` along their last dimension (numpy: a BLAS dot per row)."""
-    if isinstance(a, np.ndarray):
-        return np.vecdot(a, b)
-    return torch.linalg.vecdot(a, cast(torch.Tensor, b))
+    """The dot products of ``a`` and ``b`` along their last dimension (a BLAS dot per row)."""
+    return (a[..., None, :] @ b[..., :, None])[..., 0, 0]
 
 
 def _f64(x: Host) -> torch.Tensor:
