@@ -561,10 +561,12 @@ class GeometricMedian(_Iterative):
 
     One pass over the rows per step, each block read once: its weighted sum (a matrix-vector product)
     and, from the cache, the rows' products with the new point, from which the distances follow by
-    expansion (:meth:`_mean`, :meth:`_moved`), the exact differences taken only where the expansion's
-    terms would cancel (:data:`CANCELLATION`). Cost per output: ``6 k d`` for the mean's pass (``3 k``
-    more per column whose distances are taken exactly), then per iteration run ``4 k d``, or ``5 k d``
-    where its distances are taken exactly (after the ``4 k d`` try that found them cancelling)."""
+    expansion about the mean (:meth:`_mean`, :meth:`_moved`; the rows' squared norms read once, row by
+    row, before); where the expansion's terms would cancel (:data:`CANCELLATION`: rows far from the
+    origin next to their spread, as models rather than their changes) the distances are taken exactly
+    from the differences (:meth:`step`), from then on. Cost per output: ``6 k d`` for the mean (``11 k
+    d`` where its distances are taken exactly), then per iteration run ``4 k d`` (``5 k d`` once exact,
+    ``9 k d`` for the step whose expansion cancelled)."""
 
     name = "geometric_median"
 
