@@ -9,13 +9,13 @@ aggregated by fedge's stages (:mod:`fedge.aggregation.robust`, one server output
 of numpy arrays (views of the stacked rows, so the state is held once), reduced by Flower's own
 functions where it has them (``aggregate_median``, ``aggregate_trimmed_avg``, ``aggregate_krum``, from
 ``flwr.server.strategy.aggregate``) and, for the geometric median, which Flower lacks, by the
-smoothed Weiszfeld loop written over the state dicts as fast as we could (numpy, one client at a time,
-each layer in place). Flower's Krum computes its ``n^2`` distances one pair at a time in Python; at
-more than ``--krum-clients`` clients it is timed on that many and scaled by ``(n / m)^2`` (marked
-"scaled" in the table). Each column is timed once after both sides agree on a small case; the largest
-difference of the results is reported. Memory: the stacked state (4 GB at the default size) plus
-Flower's per-layer copies (``np.asarray`` of one layer over the clients and its partition: two layers'
-worth).
+smoothed Weiszfeld loop written over the state dicts as fast as we could (:func:`weiszfeld_loop`: numpy
+and BLAS, one client at a time, each layer in place). Flower's Krum computes its ``n^2`` distances one
+pair at a time in Python; at more than ``--krum-clients`` clients it is timed on that many and scaled by
+``(n / m)^2`` (marked "scaled" in the table). Each column is timed once after both sides agree on a
+small case; the largest difference of the results is reported. Memory: the stacked state (4 GB at the
+default size) plus Flower's per-layer copies (``np.asarray`` of one layer over the clients and its
+partition: two layers' worth).
 """
 
 from __future__ import annotations
@@ -87,7 +87,7 @@ def weiszfeld_loop(results: list[list[np.ndarray]]) -> list[np.ndarray]:
     with threadpool_limits(1, user_api="blas"):
         mean = weighted(alpha)
         start = squared(mean)
-        norms = np.sqrt(start) + np.sqrt(dot(mean, mean))  # ||x|| + ||m||, at most
+        norms = np.sqrt(start) + np.sqrt(dot(mean, mean))  # ||x||, at most (the triangle inequality)
         dist = np.sqrt(start)
         objective = float(alpha @ dist)
         v, exact = mean, False
