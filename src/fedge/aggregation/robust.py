@@ -40,7 +40,7 @@ from collections.abc import Callable, Iterator
 from concurrent.futures import Future, ThreadPoolExecutor
 from contextlib import AbstractContextManager
 from dataclasses import dataclass
-from typing import ClassVar, TypeVar, cast
+from typing import Any, ClassVar, TypeVar, cast
 
 import numpy as np
 import torch
@@ -334,6 +334,47 @@ def _rowdot(a: Host, b: Host) -> Host:
 def _f64(x: Host) -> torch.Tensor:
     """``x`` as a float64 tensor on the CPU."""
     return torch.as_tensor(x).double().cpu()
+
+
+class _Sum:
+    """A float64 running sum of a pass's per-block results, kept as the blocks' kind (numpy or torch)
+    until :meth:`total`, so a block adds one operation."""
+
+    def __init__(self) -> None:
+        self.value: Host | None = None
+
+    def add(self, x: Host) -> None:
+        if self.value is None:
+            self.value = x.astype(np.float64) if isinstance(x, np.ndarray) else x.double()
+        else:
+            self.value += x
+
+    def total(self) -> torch.Tensor:
+        assert self.value is not None, "a pass over no blocks"
+        return _f64(self.value)
+
+
+class _Views(dict[str, Any]):
+    """Flat tensors by name as :func:`_host` gives them (numpy views on the CPU, written through; typed
+    ``Any`` as numpy and torch index alike)."""
+
+    def __init__(self, tensors: Tensors) -> None:
+        super().__init__((n, _host(t)) for n, t in tensors.items())
+
+
+class _Cast:
+    """Per-row weights ``[g, k]`` as each block's kind and dtype (:func:`_like`), converted once per
+    dtype."""
+
+    def __init__(self, weights: torch.Tensor) -> None:
+        self.weights = weights
+        self.cast: dict[object, Host] = {}
+
+    def __call__(self, x: Host) -> Host:
+        key = (type(x), x.dtype)
+        if key not in self.cast:
+            self.cast[key] = _like(self.weights, x)
+        return self.cast[key]
 
 
 CANCELLATION = 4.0
@@ -634,20 +675,20 @@ class GeometricMedian(_Iterative):
         are ``||x||^2 - 2 x.m + ||m||^2``, the norms read row by row (contiguous, faster than from a
         block's cache) and the products from each block's cache; or, where those terms would cancel,
         the differences' (one more pass)."""
-        g, k = batch.shape
         norms = self._norms(batch)
-        cross = torch.zeros(g, k, dtype=torch.float64)
-        mean_norm = torch.zeros(g, dtype=torch.float64)
+        cross, mean_norm = _Sum(), _Sum()
+        views, weights = _Views(out), _Cast(alpha)
         for name, cols, x in batch.blocks():
             h = _host(x)
-            v = _weighted(_like(alpha, h), h)
-            out[name][:, cols] = torch.as_tensor(v)
-            cross += _f64((h @ v[..., None])[..., 0])
-            mean_norm += _f64(_rowdot(v, v))
-        squared = norms - 2 * cross + mean_norm[:, None]
-        if not _cancels((norms.sqrt() + mean_norm.sqrt()[:, None]).square(), squared):
-            return squared, norms, mean_norm, False
-        return self.step(batch, batch.empty(), alpha, None), norms, mean_norm, True
+            v = _weighted(weights(h), h)
+            views[name][:, cols] = v
+            cross.add((h @ v[..., None])[..., 0])
+            mean_norm.add(_rowdot(v, v))
+        squared = norms - 2 * cross.total() + mean_norm.total()[:, None]
+        mean_norm_total = mean_norm.total()
+        if not _cancels((norms.sqrt() + mean_norm_total.sqrt()[:, None]).square(), squared):
+            return squared, norms, mean_norm_total, False
+        return self.step(batch, batch.empty(), alpha, None), norms, mean_norm_total, True
 
     @staticmethod
     def _norms(batch: Batch) -> torch.Tensor:
@@ -675,19 +716,18 @@ class GeometricMedian(_Iterative):
         expansion about the mean ``m``: ``||x - m||^2 - 2 (x - m).u + ||u||^2`` with ``u = v - m``, the
         products ``x.u`` from the cache; ``None`` where, on an active output, those terms would cancel
         (:data:`CANCELLATION`; ``(x - m).u`` bounded by ``(||x|| + ||m||) ||u||``)."""
-        g, k = batch.shape
-        cross = torch.zeros(g, k, dtype=torch.float64)
-        mean_cross = torch.zeros(g, dtype=torch.float64)
-        step = torch.zeros(g, dtype=torch.float64)
+        sums, mean_sums, steps = _Sum(), _Sum(), _Sum()
+        views, means, weights = _Views(out), _Views(mean), _Cast(move)
         for name, cols, x in batch.blocks():
             h = _host(x)
-            v = _weighted(_like(move, h), h)
-            out[name][:, cols] = torch.as_tensor(v)
-            m = _host(mean[name][:, cols])
+            v = _weighted(weights(h), h)
+            views[name][:, cols] = v
+            m = means[name][:, cols]
             u = v - m
-            cross += _f64((h @ u[..., None])[..., 0])
-            mean_cross += _f64(_rowdot(m, u))
-            step += _f64(_rowdot(u, u))
+            sums.add((h @ u[..., None])[..., 0])
+            mean_sums.add(_rowdot(m, u))
+            steps.add(_rowdot(u, u))
+        cross, mean_cross, step = sums.total(), mean_sums.total(), steps.total()
         squared = (start - 2 * (cross - mean_cross[:, None]) + step[:, None]).clamp_min(0)
         bound = 2 * (norms.sqrt() + mean_norm.sqrt()[:, None]) * step.sqrt()[:, None]
         terms = start + bound + step[:, None]
