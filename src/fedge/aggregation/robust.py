@@ -576,20 +576,19 @@ class _Iterative(RobustReducer):
         """``v <- (base + ) sum_i move[:, i] (x_i - base)`` written into ``out`` (``base`` ``None``: a
         weighted sum of the rows), and each row's squared distance to the new ``v`` ``[g, k]``, exactly
         (from the differences)."""
-        g, k = batch.shape
-        squared = torch.zeros(g, k, dtype=torch.float64)
+        squared = _Sum()
+        views, weights = _Views(out), _Cast(move)
         for name, cols, x in batch.blocks():
             h = _host(x)
-            a = _like(move, h)
             if base is None:
-                v = _weighted(a, h)
+                v = _weighted(weights(h), h)
             else:
                 b = _like(base[name][:, cols], h)
-                v = b + _weighted(a, h - b[:, None])
-            out[name][:, cols] = torch.as_tensor(v)
+                v = b + _weighted(weights(h), h - b[:, None])
+            views[name][:, cols] = v
             gap = h - v[:, None]
-            squared += _f64(_rowdot(gap, gap))
-        return squared
+            squared.add(_rowdot(gap, gap))
+        return squared.total()
 
 
 class GeometricMedian(_Iterative):
