@@ -79,10 +79,16 @@ def weiszfeld_loop(results: list[list[np.ndarray]]) -> list[np.ndarray]:
     def dot(a: list[np.ndarray], b: list[np.ndarray]) -> float:
         return sum(float(np.dot(x, y)) for x, y in zip(a, b, strict=True))
 
+    scratch = [np.empty_like(layer) for layer in results[0]]  # the differences, without an allocation each
+
     def squared(v: list[np.ndarray]) -> np.ndarray:
-        return np.array(
-            [sum(float(np.dot(d, d)) for d in (x - c for x, c in zip(s, v, strict=True))) for s in results]
-        )
+        def one(layers: list[np.ndarray]) -> float:
+            return sum(
+                float(np.dot(d, d))
+                for d in (np.subtract(x, c, out=t) for x, c, t in zip(layers, v, scratch, strict=True))
+            )
+
+        return np.array([one(s) for s in results])
 
     with threadpool_limits(1, user_api="blas"):
         mean = weighted(alpha)
