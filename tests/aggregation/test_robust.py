@@ -154,6 +154,18 @@ def test_the_geometric_median_equals_weiszfeld_by_hand_with_the_site_weights():
         assert reducer.reports[0].iterations <= iterations
 
 
+def test_the_geometric_median_takes_the_differences_where_the_expanded_distances_would_cancel():
+    rows = stacked(8, seed=2)
+    far = {k: v + 1e8 if v.is_floating_point() else v for k, v in rows.items()}  # norms >> distances
+    for data, mean_pass, per_step in ((rows, 6, 4), (far, 11, 5)):  # expanded; exact (see its docstring)
+        reducer = GeometricMedian()
+        got = flat_out(reduce(reducer, data))
+        want = ref_geometric_median(flat(data), np.full(8, 1 / 8), 100, 1e-6, 1e-6)
+        np.testing.assert_allclose(got, want, rtol=0, atol=1e-6)
+        report = reducer.reports[0]
+        assert report.flops == (mean_pass + per_step * report.iterations) * 8 * 15
+
+
 def test_centered_clip_equals_the_explicit_iteration_from_the_reference():
     rows = stacked(6, seed=3)
     reference = {"w": torch.zeros(4, 3, dtype=torch.float64), "b": torch.ones(3, dtype=torch.float64)}
