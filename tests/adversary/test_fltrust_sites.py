@@ -124,10 +124,83 @@ def test_hist_forms_agree(tmp_path):
     assert runs[0]["final_loss"] == pytest.approx(runs[1]["final_loss"], rel=1e-5)
 
 
+CLOUD = {"name": "fltrust", "at": ["cloud"]}
+
+
+def test_the_clouds_fltrust_is_the_papers_formula():
+    gen = torch.Generator().manual_seed(2)
+    rows = {"w": torch.randn(3, 4, 2, generator=gen), "b": torch.randn(3, 2, generator=gen)}
+    reference = {"w": torch.randn(4, 2, generator=gen), "b": torch.randn(2, generator=gen)}
+    root = {k: v + 0.3 * torch.randn(v.shape, generator=gen) for k, v in reference.items()}
+    rows["w"][2], rows["b"][2] = 2 * reference["w"] - root["w"], 2 * reference["b"] - root["b"]
+    pipeline, reducer = _reducer("cloud")
+    reducer.root = RootUpdate(root, 5.0)
+    weights = torch.full((3,), 1 / 3, dtype=torch.float64)
+    out = pipeline.reduce(Updates.of("cloud", 1, rows, weights, reference))
+
+    def flat(t: dict[str, torch.Tensor], one: bool = False) -> torch.Tensor:
+        t = {k: v[None] for k, v in t.items()} if one else t
+        return torch.cat([t[k].reshape(len(t[k]), -1) for k in ("w", "b")], 1).double()
+
+    g = flat(rows) - flat(reference, True)
+    g0 = (flat(root, True) - flat(reference, True))[0]
+    trust = torch.relu(g @ g0 / (g.norm(dim=1) * g0.norm()))
+    want = (trust[:, None] * g * g0.norm() / g.norm(dim=1, keepdim=True)).sum(0) / trust.sum()
+    got = torch.cat([(out[k] - reference[k]).reshape(-1) for k in ("w", "b")]).double()
+    assert torch.allclose(got, want, atol=1e-5) and trust[2] == 0.0
+    assert reducer.reports[0].kept[2] == 0.0 and reducer.reports[0].flops == (6 * 3 + 2) * 10 + 5.0
+
+
+def _edges(tmp_path: Path, stages: list[Any], attacked: bool, algorithm: str = "hfedavg") -> dict[str, Any]:
+    config: dict[str, Any] = {
+        "seed": 1,
+        "rounds": 4,
+        "data": {"name": "digits"},
+        "partition": {"kind": "iid", "num_clients": 12},
+        "model": {"name": "mlp", "options": {"hidden": [32]}},
+        "algorithm": {"name": algorithm, "cells": 3, "split": "partition", "edge_rounds": 2,
+                      "local_steps": 5, "batch_size": 16, "optimizer": {"lr": 0.1}},
+        "aggregation": {"stages": stages},
+        "output": {"dir": str(tmp_path), "plots": False},
+    }  # fmt: skip
+    if attacked:  # edge 1 of 3 flips its cell's change at scale 4
+        config["adversary"] = {"edges": [1], "attack": "sign_flip", "options": {"scale": 4.0}}
+    return config
+
+
+def test_fltrust_at_the_cloud_gives_a_sign_flipping_edge_no_trust(tmp_path):
+    clean = fedge.run(_edges(tmp_path, [], False)).summary["final_accuracy"]
+    mean = fedge.run(_edges(tmp_path, [], True)).summary["final_accuracy"]
+    trusted = fedge.run(_edges(tmp_path, [CLOUD], True)).summary
+    assert mean < clean - 0.5 and trusted["final_accuracy"] > clean - 0.03
+    assert trusted["malicious_edges_kept"] == 0.0
+
+
+def test_the_clouds_executors_agree_and_its_root_training_is_charged(tmp_path):
+    runs = []
+    for executor in ("sequential", "batched"):
+        config = _edges(tmp_path / executor, [CLOUD], True)
+        config.update(rounds=2, engine={"executor": executor})
+        runs.append(fedge.run(config).metrics)
+    for a, b in zip(*runs, strict=True):
+        assert a["accuracy"] == pytest.approx(b["accuracy"], abs=1e-6)
+        assert a["malicious_edges_kept"] == b["malicious_edges_kept"] == 0.0
+    plain = _edges(tmp_path / "mean", [], True)
+    plain["rounds"] = 2
+    assert runs[0][-1]["sim_seconds"] > fedge.run(plain).metrics[-1]["sim_seconds"]
+
+
+def test_hists_cloud_is_refused():
+    config = _edges(Path("unused"), [CLOUD], False, algorithm="hist")
+    with pytest.raises(ConfigError, match=r"^aggregation.stages.0.at: fltrust at HIST's cloud") as error:
+        fedge.run(config)
+    assert "\n" not in str(error.value)
+
+
 @pytest.mark.parametrize(
     ("algorithm", "stage", "key"),
     [
-        ("hfedavg", {**EDGE, "at": ["cloud"]}, "aggregation.stages.0.at"),
+        ("hfedavg", {**CLOUD, "options": {"root_epochs": 2}}, "aggregation.stages.0.options.root_epochs"),
         ("gossip", {**EDGE, "at": ["peer"]}, "aggregation.stages.0.at"),
         ("hfedavg", {**EDGE, "options": {"root_epochs": 2}}, "aggregation.stages.0.options.root_epochs"),
     ],

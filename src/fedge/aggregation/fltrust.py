@@ -14,8 +14,9 @@ broadcast model (over every floating tensor, one vector per row):
 The root training lives with the runtime that aggregates (:mod:`fedge.runtime.root`): before each
 aggregation it hands the reducer the round's root model (:attr:`FLTrust.root`), so the stage runs only at
 the server of FedAvg and FedAvg-FT, at a hierarchy's edge servers (HIST, HFedAvg: each edge its own
-root model, trained from its cell's broadcast) and at FedBuff's buffer (the root model trained from the
-server's current model, a delta from it where the buffer merges deltas), and is refused elsewhere.
+root model, trained from its cell's broadcast), at HFedAvg's cloud (trained from the global model for
+one edge period) and at FedBuff's buffer (the root model trained from the server's current model, a
+delta from it where the buffer merges deltas), and is refused elsewhere.
 Unweighted, as the paper's rule; the site's weights only choose the rows.
 """
 
@@ -36,6 +37,8 @@ STAR = ("fedavg", "fedavg_ft")
 """The algorithms whose server trains a root update (their star runtime)."""
 EDGES = ("hist", "hfedavg")
 """The algorithms whose edge servers train a root update each (the cells runtime)."""
+CLOUDS = ("hfedavg",)
+"""The hierarchies whose cloud trains a root update (HIST's refuses: its neurons have one owner each)."""
 BUFFERS = ("fedbuff",)
 """The asynchronous algorithms whose server trains a root update for its buffer."""
 
@@ -79,13 +82,14 @@ class FLTrust(RobustReducer):
         self.outputs: torch.Tensor | None = None  # the outputs of the batch being reduced
 
     def bind(self, run: StageRun) -> None:
-        if run.site not in (sites.SERVER, sites.EDGE, sites.BUFFER):
+        if run.site not in (sites.SERVER, sites.EDGE, sites.CLOUD, sites.BUFFER):
             where = (
-                f"the star server ({', '.join(STAR)}), the edges ({', '.join(EDGES)}) or the buffer (fedbuff)"
+                f"the star server ({', '.join(STAR)}), the edges ({', '.join(EDGES)}),"
+                f" the cloud ({', '.join(CLOUDS)}) or the buffer (fedbuff)"
             )
             raise ConfigError(f"{run.key}.at", f"fltrust trains a root update at {where}, not the {run.site}")
-        if run.site == sites.EDGE and self.root_epochs is not None:
-            steps = "an edge's root training takes its members' local_steps, not epochs"
+        if run.site in (sites.EDGE, sites.CLOUD) and self.root_epochs is not None:
+            steps = f"the {run.site}'s root training takes the members' local_steps, not epochs"
             raise ConfigError(f"{run.key}.options.root_epochs", steps)
         super().bind(run)
 
@@ -99,9 +103,9 @@ class FLTrust(RobustReducer):
         assert centre is not None
         root, self.root = self.root, None  # one round's update serves one aggregation
         if root is None:
+            trained = ", ".join(STAR + CLOUDS + BUFFERS)
             raise ConfigError(
-                f"{self.run.key}.name",
-                f"fltrust needs the server's root update, which only {', '.join(STAR + BUFFERS)} train",
+                f"{self.run.key}.name", f"fltrust needs the server's root update, which only {trained} train"
             )
         g, k = batch.shape
         dots = torch.zeros(g, k, dtype=torch.float64)
