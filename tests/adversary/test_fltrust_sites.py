@@ -197,11 +197,75 @@ def test_hists_cloud_is_refused():
     assert "\n" not in str(error.value)
 
 
+PEER = {"name": "fltrust", "at": ["peer"]}
+
+
+def test_each_peer_scores_against_its_own_update_from_its_own_start():
+    gen = torch.Generator().manual_seed(3)
+    start = {"w": torch.randn(4, 5, generator=gen)}  # each peer's model before the round
+    rows = {"w": start["w"] + 0.5 * torch.randn(4, 5, generator=gen)}  # the trained rows, own first
+    rows["w"][3] = 2 * start["w"][0] - rows["w"][0]  # against peer 0's own update
+    weights = torch.tensor([[1, 1, 1, 1], [1, 1, 0, 0], [1, 1, 1, 0], [0, 1, 1, 1]], dtype=torch.float64)
+    weights = weights / weights.sum(1, keepdim=True)  # outputs of 4, 2, 3 and 3 rows: three groups
+    pipeline, reducer = _reducer("peer")
+    own = {"w": rows["w"].clone()}
+    reducer.root = RootUpdate(own, 0.0, per_output=True, start=start)
+    out = pipeline.reduce(Updates.of("peer", 1, rows, weights, {"w": rows["w"].clone()}, tuple(range(4))))
+    for i in range(4):
+        star, one = _reducer("server")
+        one.root = RootUpdate({"w": own["w"][i]}, 0.0)
+        chosen = weights[i] > 0
+        alone = star.reduce(
+            Updates.of("server", 1, {"w": rows["w"][chosen]}, weights[i][chosen], {"w": start["w"][i]})
+        )
+        assert torch.allclose(out["w"][i], alone["w"], atol=1e-6)
+    assert reducer.reports[0].kept[3] == 0.0 and reducer.root is None
+
+
+def _peers(tmp_path: Path, stages: list[Any], attacked: bool, executor: str = "batched",
+           algorithm: str = "gossip") -> dict[str, Any]:  # fmt: skip
+    config: dict[str, Any] = {
+        "seed": 1,
+        "rounds": 3,
+        "data": {"name": "digits"},
+        "partition": {"kind": "iid", "num_clients": 10},
+        "model": {"name": "mlp", "options": {"hidden": [32]}},
+        "algorithm": {"name": algorithm, "optimizer": {"lr": 0.1}},
+        "aggregation": {"stages": stages},
+        "engine": {"executor": executor, "threads": 1},
+        "output": {"dir": str(tmp_path / executor), "plots": False},
+    }
+    if attacked:  # peers 2 and 7 flip their change at scale 4
+        config["adversary"] = {"clients": [2, 7], "attack": "sign_flip", "options": {"scale": 4.0}}
+    return config
+
+
+def test_fltrust_at_peers_gives_sign_flippers_no_trust(tmp_path):
+    clean = fedge.run(_peers(tmp_path / "clean", [], False)).summary["final_accuracy"]
+    mean = fedge.run(_peers(tmp_path / "mean", [], True)).summary["final_accuracy"]
+    trusted = fedge.run(_peers(tmp_path / "trusted", [PEER], True)).summary
+    assert mean < clean - 0.2 and trusted["final_accuracy"] > clean - 0.03
+    assert trusted["malicious_kept"] == 0.0
+
+
+def test_the_peers_executors_agree(tmp_path):
+    runs = [fedge.run(_peers(tmp_path, [PEER], True, e)).metrics for e in ("batched", "sequential")]
+    for a, b in zip(*runs, strict=True):
+        assert a["accuracy"] == pytest.approx(b["accuracy"], abs=1e-6)
+        assert a["loss"] == pytest.approx(b["loss"], rel=1e-5)
+        assert a["malicious_kept"] == b["malicious_kept"] == 0.0
+
+
+def test_fedfomos_older_models_are_refused(tmp_path):
+    with pytest.raises(ConfigError, match=r"^aggregation.stages.0.at: fltrust at peers needs this round's"):
+        fedge.run(_peers(tmp_path, [PEER], False, algorithm="fedfomo"))
+
+
 @pytest.mark.parametrize(
     ("algorithm", "stage", "key"),
     [
         ("hfedavg", {**CLOUD, "options": {"root_epochs": 2}}, "aggregation.stages.0.options.root_epochs"),
-        ("gossip", {**EDGE, "at": ["peer"]}, "aggregation.stages.0.at"),
+        ("gossip", {**PEER, "options": {"lr": 0.1}}, "aggregation.stages.0.options.lr"),
         ("hfedavg", {**EDGE, "options": {"root_epochs": 2}}, "aggregation.stages.0.options.root_epochs"),
     ],
 )
