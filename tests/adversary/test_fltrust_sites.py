@@ -2,7 +2,10 @@
 per-receiver rows against each output's own root model equal one star FLTrust per output, each edge's
 root set is its own and seeded, sign-flipping members are given no trust on digits, both executors and
 HIST's two forms agree; at FedBuff's buffer scaled updates lose their boost, both executors agree and a
-resumed run repeats the uninterrupted one; the sites and options it cannot take are refused."""
+resumed run repeats the uninterrupted one; at HFedAvg's cloud it is the paper's formula and gives a
+sign-flipping edge no trust, at peers each peer's own update scores what it receives (a per-peer loop of
+the star rule), in FedAsync a sign-flipped update is let in by no trust, both executors agree there; the
+sites and options it cannot take are refused."""
 
 from __future__ import annotations
 
@@ -321,8 +324,30 @@ def test_buffer_executors_agree_and_a_resumed_run_repeats(tmp_path):
     assert [[m[k] for k in keys] for m in whole.metrics] == [[m[k] for k in keys] for m in resumed.metrics]
 
 
-def test_fedasync_trains_no_root_update(tmp_path):
-    config = tiny("fedasync", tmp_path / "runs")
-    config["aggregation"] = {"stages": [{"name": "fltrust", "at": ["buffer"]}]}
-    with pytest.raises(ConfigError, match=r"^aggregation.stages.0.name: fltrust needs the server's root"):
-        fedge.run(config)
+def _fedasync(out: Path, stages: list[Any], attacked: bool, rounds: int = 60) -> dict[str, Any]:
+    config = _buffer(out, stages, attacked, rounds)
+    config["algorithm"] = {"name": "fedasync", "optimizer": {"lr": 0.1}, "fraction": 1.0,
+                           "staleness": "constant", "mixing": 0.5}  # fmt: skip
+    if attacked:  # clients 0 and 1 flip their change at scale 4
+        config["adversary"] = {"clients": [0, 1], "attack": "sign_flip", "options": {"scale": 4.0}}
+    return config
+
+
+def test_fltrust_in_fedasync_lets_no_sign_flipped_update_in(tmp_path):
+    clean = fedge.run(_fedasync(tmp_path, [], False)).summary["final_accuracy"]
+    mean = fedge.run(_fedasync(tmp_path, [], True)).summary
+    trusted = fedge.run(_fedasync(tmp_path, [BUFFER], True)).summary
+    assert mean["final_accuracy"] < clean - 0.4 and mean["malicious_kept"] == 0.5
+    assert trusted["final_accuracy"] > clean - 0.03 and trusted["malicious_kept"] == 0.0
+
+
+def test_fedasyncs_executors_agree(tmp_path):
+    runs = []
+    for executor in ("sequential", "batched"):
+        config = _fedasync(tmp_path / executor, [BUFFER], True, rounds=4)
+        config["engine"] = {"executor": executor}
+        runs.append(fedge.run(config).metrics)
+    for a, b in zip(*runs, strict=True):
+        assert a["accuracy"] == pytest.approx(b["accuracy"], abs=1e-6)
+        assert a["loss"] == pytest.approx(b["loss"], rel=1e-5)
+        assert a.get("malicious_kept") == b.get("malicious_kept")

@@ -18,7 +18,8 @@ root model, trained from its cell's broadcast), at HFedAvg's cloud (trained from
 one edge period), at the decentralized family's peers (each peer its own trusted party: its root update
 is its own trained update of the round, no root set; the centre is its model before training) and at
 FedBuff's buffer (the root model trained from the server's current model, a delta from it where the
-buffer merges deltas), and is refused elsewhere.
+buffer merges deltas) and FedAsync's (each merge's one change scored against a root delta), and is
+refused elsewhere.
 Unweighted, as the paper's rule; the site's weights only choose the rows.
 """
 
@@ -41,8 +42,8 @@ EDGES = ("hist", "hfedavg")
 """The algorithms whose edge servers train a root update each (the cells runtime)."""
 CLOUDS = ("hfedavg",)
 """The hierarchies whose cloud trains a root update (HIST's refuses: its neurons have one owner each)."""
-BUFFERS = ("fedbuff",)
-"""The asynchronous algorithms whose server trains a root update for its buffer."""
+BUFFERS = ("fedbuff", "fedasync")
+"""The asynchronous algorithms whose server trains a root update for its buffer (FedAsync's per merge)."""
 
 
 @dataclass(frozen=True)
