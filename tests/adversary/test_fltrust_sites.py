@@ -341,7 +341,7 @@ def test_fltrust_in_fedasync_lets_no_sign_flipped_update_in(tmp_path):
     assert trusted["final_accuracy"] > clean - 0.03 and trusted["malicious_kept"] == 0.0
 
 
-def test_fedasyncs_executors_agree(tmp_path):
+def test_fedasyncs_executors_agree_and_a_resumed_run_repeats(tmp_path):
     runs = []
     for executor in ("sequential", "batched"):
         config = _fedasync(tmp_path / executor, [BUFFER], True, rounds=4)
@@ -351,3 +351,7 @@ def test_fedasyncs_executors_agree(tmp_path):
         assert a["accuracy"] == pytest.approx(b["accuracy"], abs=1e-6)
         assert a["loss"] == pytest.approx(b["loss"], rel=1e-5)
         assert a.get("malicious_kept") == b.get("malicious_kept")
+    whole, resumed = whole_and_resumed(lambda out: _fedasync(out, [BUFFER], True, 4), tmp_path / "cut", 4, 2)
+    keys = ("loss", "accuracy", "malicious_kept")
+    figures = [[[m.get(k) for k in keys] for m in run.metrics] for run in (whole, resumed)]
+    assert figures[0] == figures[1]
