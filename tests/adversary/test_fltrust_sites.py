@@ -2,7 +2,10 @@
 per-receiver rows against each output's own root model equal one star FLTrust per output, each edge's
 root set is its own and seeded, sign-flipping members are given no trust on digits, both executors and
 HIST's two forms agree; at FedBuff's buffer scaled updates lose their boost, both executors agree and a
-resumed run repeats the uninterrupted one; the sites and options it cannot take are refused."""
+resumed run repeats the uninterrupted one; at HFedAvg's cloud it is the paper's formula and gives a
+sign-flipping edge no trust, at peers each peer's own update scores what it receives (a per-peer loop of
+the star rule), in FedAsync a sign-flipped update is let in by no trust, both executors agree there; the
+sites and options it cannot take are refused."""
 
 from __future__ import annotations
 
@@ -124,11 +127,148 @@ def test_hist_forms_agree(tmp_path):
     assert runs[0]["final_loss"] == pytest.approx(runs[1]["final_loss"], rel=1e-5)
 
 
+CLOUD = {"name": "fltrust", "at": ["cloud"]}
+
+
+def test_the_clouds_fltrust_is_the_papers_formula():
+    gen = torch.Generator().manual_seed(2)
+    rows = {"w": torch.randn(3, 4, 2, generator=gen), "b": torch.randn(3, 2, generator=gen)}
+    reference = {"w": torch.randn(4, 2, generator=gen), "b": torch.randn(2, generator=gen)}
+    root = {k: v + 0.3 * torch.randn(v.shape, generator=gen) for k, v in reference.items()}
+    rows["w"][2], rows["b"][2] = 2 * reference["w"] - root["w"], 2 * reference["b"] - root["b"]
+    pipeline, reducer = _reducer("cloud")
+    reducer.root = RootUpdate(root, 5.0)
+    weights = torch.full((3,), 1 / 3, dtype=torch.float64)
+    out = pipeline.reduce(Updates.of("cloud", 1, rows, weights, reference))
+
+    def flat(t: dict[str, torch.Tensor], one: bool = False) -> torch.Tensor:
+        t = {k: v[None] for k, v in t.items()} if one else t
+        return torch.cat([t[k].reshape(len(t[k]), -1) for k in ("w", "b")], 1).double()
+
+    g = flat(rows) - flat(reference, True)
+    g0 = (flat(root, True) - flat(reference, True))[0]
+    trust = torch.relu(g @ g0 / (g.norm(dim=1) * g0.norm()))
+    want = (trust[:, None] * g * g0.norm() / g.norm(dim=1, keepdim=True)).sum(0) / trust.sum()
+    got = torch.cat([(out[k] - reference[k]).reshape(-1) for k in ("w", "b")]).double()
+    assert torch.allclose(got, want, atol=1e-5) and trust[2] == 0.0
+    assert reducer.reports[0].kept[2] == 0.0 and reducer.reports[0].flops == (6 * 3 + 2) * 10 + 5.0
+
+
+def _edges(tmp_path: Path, stages: list[Any], attacked: bool, algorithm: str = "hfedavg") -> dict[str, Any]:
+    config: dict[str, Any] = {
+        "seed": 1,
+        "rounds": 4,
+        "data": {"name": "digits"},
+        "partition": {"kind": "iid", "num_clients": 12},
+        "model": {"name": "mlp", "options": {"hidden": [32]}},
+        "algorithm": {"name": algorithm, "cells": 3, "split": "partition", "edge_rounds": 2,
+                      "local_steps": 5, "batch_size": 16, "optimizer": {"lr": 0.1}},
+        "aggregation": {"stages": stages},
+        "output": {"dir": str(tmp_path), "plots": False},
+    }  # fmt: skip
+    if attacked:  # edge 1 of 3 flips its cell's change at scale 4
+        config["adversary"] = {"edges": [1], "attack": "sign_flip", "options": {"scale": 4.0}}
+    return config
+
+
+def test_fltrust_at_the_cloud_gives_a_sign_flipping_edge_no_trust(tmp_path):
+    clean = fedge.run(_edges(tmp_path, [], False)).summary["final_accuracy"]
+    mean = fedge.run(_edges(tmp_path, [], True)).summary["final_accuracy"]
+    trusted = fedge.run(_edges(tmp_path, [CLOUD], True)).summary
+    assert mean < clean - 0.5 and trusted["final_accuracy"] > clean - 0.03
+    assert trusted["malicious_edges_kept"] == 0.0
+
+
+def test_the_clouds_executors_agree_and_its_root_training_is_charged(tmp_path):
+    runs = []
+    for executor in ("sequential", "batched"):
+        config = _edges(tmp_path / executor, [CLOUD], True)
+        config.update(rounds=2, engine={"executor": executor})
+        runs.append(fedge.run(config).metrics)
+    for a, b in zip(*runs, strict=True):
+        assert a["accuracy"] == pytest.approx(b["accuracy"], abs=1e-6)
+        assert a["malicious_edges_kept"] == b["malicious_edges_kept"] == 0.0
+    plain = _edges(tmp_path / "mean", [], True)
+    plain["rounds"] = 2
+    assert runs[0][-1]["sim_seconds"] > fedge.run(plain).metrics[-1]["sim_seconds"]
+
+
+def test_hists_cloud_is_refused():
+    config = _edges(Path("unused"), [CLOUD], False, algorithm="hist")
+    with pytest.raises(ConfigError, match=r"^aggregation.stages.0.at: fltrust at HIST's cloud") as error:
+        fedge.run(config)
+    assert "\n" not in str(error.value)
+
+
+PEER = {"name": "fltrust", "at": ["peer"]}
+
+
+def test_each_peer_scores_against_its_own_update_from_its_own_start():
+    gen = torch.Generator().manual_seed(3)
+    start = {"w": torch.randn(4, 5, generator=gen)}  # each peer's model before the round
+    rows = {"w": start["w"] + 0.5 * torch.randn(4, 5, generator=gen)}  # the trained rows, own first
+    rows["w"][3] = 2 * start["w"][0] - rows["w"][0]  # against peer 0's own update
+    weights = torch.tensor([[1, 1, 1, 1], [1, 1, 0, 0], [1, 1, 1, 0], [0, 1, 1, 1]], dtype=torch.float64)
+    weights = weights / weights.sum(1, keepdim=True)  # outputs of 4, 2, 3 and 3 rows: three groups
+    pipeline, reducer = _reducer("peer")
+    own = {"w": rows["w"].clone()}
+    reducer.root = RootUpdate(own, 0.0, per_output=True, start=start)
+    out = pipeline.reduce(Updates.of("peer", 1, rows, weights, {"w": rows["w"].clone()}, tuple(range(4))))
+    for i in range(4):
+        star, one = _reducer("server")
+        one.root = RootUpdate({"w": own["w"][i]}, 0.0)
+        chosen = weights[i] > 0
+        alone = star.reduce(
+            Updates.of("server", 1, {"w": rows["w"][chosen]}, weights[i][chosen], {"w": start["w"][i]})
+        )
+        assert torch.allclose(out["w"][i], alone["w"], atol=1e-6)
+    assert reducer.reports[0].kept[3] == 0.0 and reducer.root is None
+
+
+def _peers(tmp_path: Path, stages: list[Any], attacked: bool, executor: str = "batched",
+           algorithm: str = "gossip") -> dict[str, Any]:  # fmt: skip
+    config: dict[str, Any] = {
+        "seed": 1,
+        "rounds": 3,
+        "data": {"name": "digits"},
+        "partition": {"kind": "iid", "num_clients": 10},
+        "model": {"name": "mlp", "options": {"hidden": [32]}},
+        "algorithm": {"name": algorithm, "optimizer": {"lr": 0.1}},
+        "aggregation": {"stages": stages},
+        "engine": {"executor": executor, "threads": 1},
+        "output": {"dir": str(tmp_path / executor), "plots": False},
+    }
+    if attacked:  # peers 2 and 7 flip their change at scale 4
+        config["adversary"] = {"clients": [2, 7], "attack": "sign_flip", "options": {"scale": 4.0}}
+    return config
+
+
+def test_fltrust_at_peers_gives_sign_flippers_no_trust(tmp_path):
+    clean = fedge.run(_peers(tmp_path / "clean", [], False)).summary["final_accuracy"]
+    mean = fedge.run(_peers(tmp_path / "mean", [], True)).summary["final_accuracy"]
+    trusted = fedge.run(_peers(tmp_path / "trusted", [PEER], True)).summary
+    assert mean < clean - 0.2 and trusted["final_accuracy"] > clean - 0.03
+    assert trusted["malicious_kept"] == 0.0
+
+
+def test_the_peers_executors_agree(tmp_path):
+    runs = [fedge.run(_peers(tmp_path, [PEER], True, e)).metrics for e in ("batched", "sequential")]
+    for a, b in zip(*runs, strict=True):
+        assert a["accuracy"] == pytest.approx(b["accuracy"], abs=1e-6)
+        assert a["loss"] == pytest.approx(b["loss"], rel=1e-5)
+        assert a["malicious_kept"] == b["malicious_kept"] == 0.0
+
+
+def test_fedfomos_older_models_are_refused(tmp_path):
+    with pytest.raises(ConfigError, match=r"^aggregation.stages.0.at: fltrust at peers needs this round's"):
+        fedge.run(_peers(tmp_path, [PEER], False, algorithm="fedfomo"))
+
+
 @pytest.mark.parametrize(
     ("algorithm", "stage", "key"),
     [
-        ("hfedavg", {**EDGE, "at": ["cloud"]}, "aggregation.stages.0.at"),
-        ("gossip", {**EDGE, "at": ["peer"]}, "aggregation.stages.0.at"),
+        ("hfedavg", {**CLOUD, "options": {"root_epochs": 2}}, "aggregation.stages.0.options.root_epochs"),
+        ("gossip", {**PEER, "options": {"lr": 0.1}}, "aggregation.stages.0.options.lr"),
         ("hfedavg", {**EDGE, "options": {"root_epochs": 2}}, "aggregation.stages.0.options.root_epochs"),
     ],
 )
@@ -184,8 +324,34 @@ def test_buffer_executors_agree_and_a_resumed_run_repeats(tmp_path):
     assert [[m[k] for k in keys] for m in whole.metrics] == [[m[k] for k in keys] for m in resumed.metrics]
 
 
-def test_fedasync_trains_no_root_update(tmp_path):
-    config = tiny("fedasync", tmp_path / "runs")
-    config["aggregation"] = {"stages": [{"name": "fltrust", "at": ["buffer"]}]}
-    with pytest.raises(ConfigError, match=r"^aggregation.stages.0.name: fltrust needs the server's root"):
-        fedge.run(config)
+def _fedasync(out: Path, stages: list[Any], attacked: bool, rounds: int = 60) -> dict[str, Any]:
+    config = _buffer(out, stages, attacked, rounds)
+    config["algorithm"] = {"name": "fedasync", "optimizer": {"lr": 0.1}, "fraction": 1.0,
+                           "staleness": "constant", "mixing": 0.5}  # fmt: skip
+    if attacked:  # clients 0 and 1 flip their change at scale 4
+        config["adversary"] = {"clients": [0, 1], "attack": "sign_flip", "options": {"scale": 4.0}}
+    return config
+
+
+def test_fltrust_in_fedasync_lets_no_sign_flipped_update_in(tmp_path):
+    clean = fedge.run(_fedasync(tmp_path, [], False)).summary["final_accuracy"]
+    mean = fedge.run(_fedasync(tmp_path, [], True)).summary
+    trusted = fedge.run(_fedasync(tmp_path, [BUFFER], True)).summary
+    assert mean["final_accuracy"] < clean - 0.4 and mean["malicious_kept"] == 0.5
+    assert trusted["final_accuracy"] > clean - 0.03 and trusted["malicious_kept"] == 0.0
+
+
+def test_fedasyncs_executors_agree_and_a_resumed_run_repeats(tmp_path):
+    runs = []
+    for executor in ("sequential", "batched"):
+        config = _fedasync(tmp_path / executor, [BUFFER], True, rounds=4)
+        config["engine"] = {"executor": executor}
+        runs.append(fedge.run(config).metrics)
+    for a, b in zip(*runs, strict=True):
+        assert a["accuracy"] == pytest.approx(b["accuracy"], abs=1e-6)
+        assert a["loss"] == pytest.approx(b["loss"], rel=1e-5)
+        assert a.get("malicious_kept") == b.get("malicious_kept")
+    whole, resumed = whole_and_resumed(lambda out: _fedasync(out, [BUFFER], True, 4), tmp_path / "cut", 4, 2)
+    keys = ("loss", "accuracy", "malicious_kept")
+    figures = [[[m.get(k) for k in keys] for m in run.metrics] for run in (whole, resumed)]
+    assert figures[0] == figures[1]

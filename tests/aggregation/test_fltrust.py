@@ -134,7 +134,10 @@ def test_fltrust_keeps_digits_near_clean_under_sign_flip(tmp_path):
 @pytest.mark.parametrize(
     ("config", "key"),
     [
-        ({"aggregation": {"stages": ["fltrust"]}}, "aggregation.stages.0.at"),  # every site: edges too
+        (  # every site, peers too, which train no root set
+            {"aggregation": {"stages": [{"name": "fltrust", "options": {"root_samples": 50}}]}},
+            "aggregation.stages.0.options.root_samples",
+        ),
         (
             {"aggregation": {"stages": [{**FLTRUST, "options": {"root_samples": 0}}]}},
             "aggregation.stages.0.options.root_samples",

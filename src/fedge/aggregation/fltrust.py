@@ -14,8 +14,12 @@ broadcast model (over every floating tensor, one vector per row):
 The root training lives with the runtime that aggregates (:mod:`fedge.runtime.root`): before each
 aggregation it hands the reducer the round's root model (:attr:`FLTrust.root`), so the stage runs only at
 the server of FedAvg and FedAvg-FT, at a hierarchy's edge servers (HIST, HFedAvg: each edge its own
-root model, trained from its cell's broadcast) and at FedBuff's buffer (the root model trained from the
-server's current model, a delta from it where the buffer merges deltas), and is refused elsewhere.
+root model, trained from its cell's broadcast), at HFedAvg's cloud (trained from the global model for
+one edge period), at the decentralized family's peers (each peer its own trusted party: its root update
+is its own trained update of the round, no root set; the centre is its model before training) and at
+FedBuff's buffer (the root model trained from the server's current model, a delta from it where the
+buffer merges deltas) and FedAsync's (each merge's one change scored against a root delta), and is
+refused elsewhere.
 Unweighted, as the paper's rule; the site's weights only choose the rows.
 """
 
@@ -36,8 +40,10 @@ STAR = ("fedavg", "fedavg_ft")
 """The algorithms whose server trains a root update (their star runtime)."""
 EDGES = ("hist", "hfedavg")
 """The algorithms whose edge servers train a root update each (the cells runtime)."""
-BUFFERS = ("fedbuff",)
-"""The asynchronous algorithms whose server trains a root update for its buffer."""
+CLOUDS = ("hfedavg",)
+"""The hierarchies whose cloud trains a root update (HIST's refuses: its neurons have one owner each)."""
+BUFFERS = ("fedbuff", "fedasync")
+"""The asynchronous algorithms whose server trains a root update for its buffer (FedAsync's per merge)."""
 
 
 @dataclass(frozen=True)
@@ -45,17 +51,21 @@ class RootUpdate:
     """The aggregating node's own model of one aggregation, trained on its root set from the model it
     sent, and the FLOPs that training took (charged to the node with the aggregation's). ``per_output``:
     ``model`` is stacked over the site's outputs, each output's own (a hierarchy's edges; ``flops`` each
-    one's), else the one output's (the star server)."""
+    one's), else the one output's (the star server). ``start``: where the site's reference is not the model
+    the root model was trained from (a peer's reference is its trained model), each output's start, the
+    centre its rows are measured from."""
 
     model: Tensors
     flops: float
     per_output: bool = False
+    start: Tensors | None = None  # per output, the models ``model`` was trained from (peers: the centre)
 
 
 class FLTrust(RobustReducer):
     """FLTrust's trust-weighted mean of norm-rescaled updates (see the module). ``root_samples``: the
-    size of the root set; ``root_epochs`` and ``lr``: the root training's passes and learning rate
-    (unset: the clients' ``local_epochs`` and ``optimizer.lr``). Report: ``kept`` is each row's
+    size of the root set (unset: 100); ``root_epochs`` and ``lr``: the root training's passes and learning
+    rate (unset: the clients' ``local_epochs`` and ``optimizer.lr``); at peers, which train no root set,
+    none may be set. Report: ``kept`` is each row's
     normalised trust score ``TS_i / sum_j TS_j`` (its weight in the result; all 0 when every score is),
     ``scores`` the trust scores ``TS_i``. Cost per output: ``(6 k + 2) d`` (the dot products and norms,
     then the weighted sum), plus the root training's FLOPs."""
@@ -63,8 +73,13 @@ class FLTrust(RobustReducer):
     name = "fltrust"
     uses_reference = True
 
-    def __init__(self, root_samples: int = 100, root_epochs: int | None = None, lr: float | None = None):
+    def __init__(
+        self, root_samples: int | None = None, root_epochs: int | None = None, lr: float | None = None
+    ):
         super().__init__()
+        given = {"root_samples": root_samples, "root_epochs": root_epochs, "lr": lr}
+        self.given = [name for name, value in given.items() if value is not None]  # what a peer refuses
+        root_samples = 100 if root_samples is None else root_samples
         if isinstance(root_samples, bool) or not isinstance(root_samples, int) or root_samples < 1:
             raise OptionError("root_samples", f"{root_samples!r} must be a positive integer")
         if root_epochs is not None and (
@@ -79,29 +94,37 @@ class FLTrust(RobustReducer):
         self.outputs: torch.Tensor | None = None  # the outputs of the batch being reduced
 
     def bind(self, run: StageRun) -> None:
-        if run.site not in (sites.SERVER, sites.EDGE, sites.BUFFER):
-            where = (
-                f"the star server ({', '.join(STAR)}), the edges ({', '.join(EDGES)}) or the buffer (fedbuff)"
-            )
-            raise ConfigError(f"{run.key}.at", f"fltrust trains a root update at {where}, not the {run.site}")
-        if run.site == sites.EDGE and self.root_epochs is not None:
-            steps = "an edge's root training takes its members' local_steps, not epochs"
+        if run.site == sites.PEER and self.given:
+            own = "at peers fltrust trains no root set: each peer's root update is its own trained update"
+            raise ConfigError(f"{run.key}.options.{self.given[0]}", own)
+        if run.site in (sites.EDGE, sites.CLOUD) and self.root_epochs is not None:
+            steps = f"the {run.site}'s root training takes the members' local_steps, not epochs"
             raise ConfigError(f"{run.key}.options.root_epochs", steps)
         super().bind(run)
 
+    def reduce(self, updates: Updates) -> Tensors:
+        try:
+            return super().reduce(updates)
+        finally:
+            self.root = None  # one round's update serves one aggregation (every group of its outputs)
+
     def _centre(self, updates: Updates, names: list[str], chosen: torch.Tensor) -> Tensors:
         self.outputs = chosen  # which outputs' root models the batch's rows are measured against
-        return super()._centre(updates, names, chosen)
+        start = None if self.root is None else self.root.start
+        if start is None:
+            return super()._centre(updates, names, chosen)
+        rows = updates.parts[0].rows
+        return {n: start[n].reshape(len(start[n]), -1)[chosen.to(start[n].device)].to(rows[n]) for n in names}
 
     def aggregate(
         self, batch: Batch, out: Tensors, centre: Tensors | None
     ) -> tuple[torch.Tensor, list[dict[str, object]]]:
         assert centre is not None
-        root, self.root = self.root, None  # one round's update serves one aggregation
+        root = self.root
         if root is None:
+            trained = ", ".join(STAR + CLOUDS + BUFFERS)
             raise ConfigError(
-                f"{self.run.key}.name",
-                f"fltrust needs the server's root update, which only {', '.join(STAR + BUFFERS)} train",
+                f"{self.run.key}.name", f"fltrust needs the server's root update, which only {trained} train"
             )
         g, k = batch.shape
         dots = torch.zeros(g, k, dtype=torch.float64)

@@ -11,7 +11,8 @@ noise left out: the root set is the server's own), batch size and ``drop_last``,
 batches come from ``(seed, "fltrust-root-batches", round, 0, epoch)`` and it runs on the run's executor as
 one more row keyed as client ``num_clients`` (no client's id), so its dropout keys are its own. Its
 FLOPs are charged to the server with the aggregation's (:meth:`RobustReducer.charge`). A hierarchy's edge
-servers hold a root set each (:func:`edge_root_data`); the cells runtime's algorithm trains them.
+servers hold a root set each (:func:`edge_root_data`), HFedAvg's cloud one (:func:`cloud_root_data`);
+the hierarchy's algorithm trains them.
 """
 
 from __future__ import annotations
@@ -54,16 +55,30 @@ def edge_root_data(data: FederatedData, seed: int, count: int, edges: int, key: 
     """The root sets of ``edges`` edge servers as the clients of a view of ``data``: edge ``j``'s is
     ``count`` sorted samples drawn without replacement from the whole training pool by the stream
     ``(seed, "fltrust-root-edge", j)``, each edge its own (clean labels, as the star server's)."""
+    return _root_sets(data, seed, count, key, [("fltrust-root-edge", (j,)) for j in range(edges)])
+
+
+def cloud_root_data(data: FederatedData, seed: int, count: int, key: str) -> FederatedData:
+    """The cloud's root set as the one client of a view of ``data``: ``count`` sorted samples drawn
+    without replacement from the whole training pool by the stream ``(seed, "fltrust-root-cloud")``."""
+    return _root_sets(data, seed, count, key, [("fltrust-root-cloud", ())])
+
+
+def _root_sets(
+    data: FederatedData, seed: int, count: int, key: str, streams: list[tuple[str, tuple[int, ...]]]
+) -> FederatedData:
+    """A view of ``data`` whose clients hold ``count`` samples each, one per stream ``(seed, purpose,
+    *keys)`` of ``streams``."""
     pool = len(data.x_train)
     if count > pool:
         raise ConfigError(f"{key}.options.root_samples", f"{count} is more than the {pool} training samples")
     sets = [
-        np.sort(numpy_rng(seed, "fltrust-root-edge", j).choice(pool, size=count, replace=False))
-        for j in range(edges)
+        np.sort(numpy_rng(seed, purpose, *keys).choice(pool, size=count, replace=False))
+        for purpose, keys in streams
     ]
     view = data.holding(sets[0])
     view.client_train = sets
-    view.client_test = [np.arange(data.dataset.num_test, dtype=np.int64)] * edges
+    view.client_test = [np.arange(data.dataset.num_test, dtype=np.int64)] * len(sets)
     return view
 
 

@@ -6,13 +6,18 @@ import numpy as np
 import torch
 
 from fedge.aggregation import Part, Updates, sites
+from fedge.aggregation.fltrust import FLTrust, RootUpdate
 from fedge.algorithms.asynchronous.config import FedAsyncConfig
 from fedge.algorithms.asynchronous.server import AsyncServer, uploaded
+from fedge.algorithms.asynchronous.work import ProximalLoss
 from fedge.algorithms.base import Context, register
 from fedge.config import OMNISCIENT_ATTACKS
+from fedge.engine import make_step
 from fedge.errors import ConfigError
 from fedge.runtime.asynchronous import Arrival
 from fedge.runtime.buffer_adversary import combined, poisoned_updates
+from fedge.runtime.root import LocalWork, root_update
+from fedge.tensors import Tensors
 
 
 @register("fedasync", FedAsyncConfig, "FedAsync: asynchronous clients, each update mixed in by its staleness")
@@ -41,10 +46,30 @@ class FedAsync(AsyncServer):
         cfg: FedAsyncConfig = self.cfg
         return min(1.0, cfg.server_lr * cfg.mixing * staleness_weight(cfg, tau))
 
+    def _trusted(self, reducer: FLTrust, current: Tensors, model: Tensors, alpha: float) -> Tensors:
+        """FLTrust at FedAsync's server, one update per merge: the change ``x_k - x`` the merge mixes in,
+        scored against the server's root update trained from its current model
+        (:func:`~fedge.runtime.root.root_update`, batches keyed by the merge's version; the proximal pull
+        left out, the root set being the server's own), rescaled to its norm and mixed in by ``a``:
+        ``x + a g_k ||g0|| / ||g_k||``, or no change where its trust is 0 (Eq. 7 for one update)."""
+        cfg, number = self.cfg, self.version + 1
+        loss = self.work.step.loss_fn
+        step = make_step(loss.loss if isinstance(loss, ProximalLoss) else loss, self.work.sgd)
+        work = LocalWork(step, cfg.optimizer.lr, cfg.local_epochs, cfg.batch_size, cfg.drop_last)
+        model_now, per_sample = (self.params, self.buffers), self.work.flops_per_sample
+        root = root_update(self.ctx, number, work, reducer, model_now, per_sample)
+        reducer.root = RootUpdate({k: root.model[k] - v for k, v in current.items()}, root.flops)
+        deltas = {k: (model[k] - v)[None] for k, v in current.items()}
+        updates = Updates.of_deltas(sites.BUFFER, number, deltas, _weight(alpha, self.ctx.device))
+        change = self.ctx.pipeline(sites.BUFFER).reduce(updates)
+        return {k: v + change[k] for k, v in current.items()}
+
     def aggregate(self, t: int, arrivals: list[Arrival]) -> None:
         """Each arrival mixed in through the buffer's pipeline: the server's own model weighs ``1 - a``,
-        the arrived one ``a`` (two parts, so the default mean computes ``(1 - a) x + a x_k`` exactly)."""
+        the arrived one ``a`` (two parts, so the default mean computes ``(1 - a) x + a x_k`` exactly);
+        an ``fltrust`` buffer takes the arrival's change alone (:meth:`_trusted`)."""
         buffer, figures = self.ctx.pipeline(sites.BUFFER), []
+        trust = buffer.reducer if isinstance(buffer.reducer, FLTrust) else None
         for arrival in arrivals:
             alpha = self.mixing(self.staleness(arrival))
             model = uploaded(arrival)
@@ -52,6 +77,14 @@ class FedAsync(AsyncServer):
                 clients = np.array([arrival.client])
                 (model,) = poisoned_updates(self.adversary, t, clients, [model], [arrival.payload.base])
             current = {k: v for k, v in {**self.params, **self.buffers}.items() if k in model}
+            if trust is not None:
+                mixed = self._trusted(trust, current, model, alpha)
+                if self.adversary is not None:  # one row: whether the arrival's trust let it in
+                    rows = np.array([arrival.client])
+                    figures.append(self.adversary.figures(t, rows, _weight(alpha, self.ctx.device), buffer))
+                self.params = {k: mixed[k] for k in self.params}
+                self.buffers = {k: mixed.get(k, v) for k, v in self.buffers.items()}
+                continue
             own = Part({k: v[None] for k, v in current.items()}, _weight(1.0 - alpha, self.ctx.device))
             arrived = Part({k: model[k][None] for k in current}, _weight(alpha, self.ctx.device))
             mixed = buffer.reduce(Updates(sites.BUFFER, self.version + 1, (own, arrived), current))

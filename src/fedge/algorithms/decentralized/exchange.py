@@ -23,6 +23,7 @@ import numpy as np
 import torch
 
 from fedge.aggregation import Part, Updates, sites
+from fedge.aggregation.fltrust import FLTrust, RootUpdate
 from fedge.algorithms.base import Context
 from fedge.algorithms.decentralized.config import DPConfig, PeerConfig, SelectorConfig
 from fedge.algorithms.decentralized.hosted import HostedConfig
@@ -31,6 +32,7 @@ from fedge.comm import Link
 from fedge.config import PeerDPConfig
 from fedge.data.federated import FederatedData
 from fedge.engine import ClientBank
+from fedge.errors import ConfigError
 from fedge.privacy import GAUSSIAN, Release
 from fedge.privacy.peer import peer_releases, released_rows, unprotected
 from fedge.rng import numpy_rng
@@ -177,12 +179,31 @@ class PeerExchange:
             parts = (Part(shared, weights * own, masks), Part(received, weights * ~own, masks))
         updates = Updates(sites.PEER, self.round, parts, {k: v[:n] for k, v in shared.items()})
         pipeline = self.ctx.pipeline(sites.PEER)
+        if isinstance(pipeline.reducer, FLTrust):
+            pipeline.reducer.root = self.own_roots(params, buffers, (start_p, start_b), pipeline.reducer)
         mixed = pipeline.reduce(updates)
         if self.adversary is not None:
             self.adversary.observe(self.round, weights, senders, pipeline, len(parts))
         new_p = {k: mixed[k] if k in mixed else v[:n] for k, v in params.items()}
         new_b = {k: mixed[k] if k in mixed else v[:n] for k, v in buffers.items()}
         return new_p, new_b
+
+    def own_roots(
+        self, params: Tensors, buffers: Tensors, start: tuple[Tensors, Tensors], reducer: FLTrust
+    ) -> RootUpdate:
+        """FLTrust at peers: every peer is its own trusted party (the paper's root update, a model the
+        aggregator trained itself and so trusts), its root update its own update of the round, its own
+        trained row (the first ``n`` of ``params``, as trained: no codec, poison or peer noise) less the
+        model it trained from (``start``'s first ``n``), against which it scores what it receives. No
+        root set, so no training beyond the peer's own, already charged. Refused where the rows mixed
+        are not this round's updates (FedFomo mixes last round's models)."""
+        if not self.releases_at_mix:
+            older = f"fltrust at peers needs this round's updates; {self.cfg.name} mixes older models"
+            raise ConfigError(f"{reducer.run.key}.at", older)
+        n = self.num_clients
+        trained, before = self.shared({**params, **buffers}), self.shared({**start[0], **start[1]})
+        own = {k: v[:n] for k, v in trained.items()}
+        return RootUpdate(own, 0.0, per_output=True, start={k: before[k][:n] for k in own})
 
     def scored(
         self,

@@ -33,6 +33,7 @@ from typing import Any, ClassVar, Generic, TypeVar
 import numpy as np
 import torch
 
+from fedge.aggregation import sites
 from fedge.aggregation.fltrust import FLTrust, RootUpdate
 from fedge.algorithms.base import Algorithm, Context
 from fedge.algorithms.hierarchical.aggregation import check_over_the_air, over_the_air
@@ -55,7 +56,7 @@ from fedge.privacy.peer import clip_rows, flat_rows
 from fedge.runtime.adversary import Adversary
 from fedge.runtime.edge_adversary import EdgeAdversary
 from fedge.runtime.hierarchy import CellLinks, Cells, CellsRound, CellsRuntime
-from fedge.runtime.root import edge_root_data
+from fedge.runtime.root import cloud_root_data, edge_root_data
 from fedge.system import forward_flops, training_flops
 
 HierarchicalT = TypeVar("HierarchicalT", bound=HierarchicalConfig)
@@ -103,6 +104,13 @@ class HierarchicalFL(Algorithm[HierarchicalT], Generic[HierarchicalT]):
             network.link(cfg.codec_edge_down),
             analogue=cfg.aggregation == "aircomp",
         )
+        cloud = ctx.pipeline(sites.CLOUD).reducer
+        if self.partitioned and isinstance(cloud, FLTrust):
+            raise ConfigError(
+                f"{cloud.run.key}.at",
+                "fltrust at HIST's cloud could score only the shared tensors, each neuron having one owner:"
+                " set at: [edge]",
+            )
         edges = EdgeAdversary.of(ctx.config.adversary, self.cells.num_cells, ctx.seed)
         self.rounds = CellsRuntime(ctx, self.cells, self.links, self._adversary(), edges)
         self.model_values = sum(p.numel() for p in self.params.values())
@@ -134,6 +142,9 @@ class HierarchicalFL(Algorithm[HierarchicalT], Generic[HierarchicalT]):
         cell_params, cell_buffers = rnd.poison_edges(cell_params, cell_buffers, sent)
         shared = sum(v.numel() for k, v in self.params.items() if k not in views.roles)
         owned = views.values(self.params) - shared  # the neurons' values each cell alone holds
+        cloud = self.ctx.pipeline(sites.CLOUD).reducer
+        if isinstance(cloud, FLTrust):
+            cloud.root = self._cloud_root(t, cloud)
         merged = views.merge(
             cell_params | cell_buffers, partial(rnd.cloud, model=self.params | self.buffers, owned=owned)
         )
@@ -224,6 +235,26 @@ class HierarchicalFL(Algorithm[HierarchicalT], Generic[HierarchicalT]):
         )
         flops = training_flops(forward_flops(self.model, data.input_shape), float(plan.weight.sum()) / n)
         return RootUpdate({**bank.params, **bank.buffers}, float(flops), per_output=True)
+
+    def _cloud_root(self, t: int, reducer: FLTrust) -> RootUpdate:
+        """FLTrust at HFedAvg's cloud: the cloud's own model of round ``t``, trained from the global model
+        on its root set (:func:`~fedge.runtime.root.cloud_root_data`) for one edge period, ``edge_rounds
+        x local_steps`` steps of the members' batch size (a fresh optimizer state, DP-SGD left out), so
+        that its update spans what an edge's upload does; batches from ``(seed,
+        "fltrust-root-cloud-batches-0", round, 0, epoch)``, on the run's executor as one row keyed past
+        every edge's; its FLOPs are charged to the cloud with the aggregation's."""
+        cfg, data, n = self.cfg, self.ctx.data, self.cells.num_cells
+        root = cloud_root_data(data, self.ctx.seed, reducer.root_samples, reducer.run.key)
+        state = self.sgd.init(self.params)
+        bank = ClientBank.broadcast([data.num_clients + n], self.params, self.buffers, state)
+        steps = cfg.edge_rounds * cfg.local_steps
+        plan = local_steps_plan(root, [0], t, 0, steps, cfg.batch_size, purpose="fltrust-root-cloud-batches")
+        self.model.train()
+        self.ctx.executor.train(
+            self.root_step, bank, plan, root, cfg.optimizer.lr if reducer.lr is None else reducer.lr
+        )
+        flops = training_flops(forward_flops(self.model, data.input_shape), float(plan.weight.sum()))
+        return RootUpdate({k: v[0] for k, v in {**bank.params, **bank.buffers}.items()}, float(flops))
 
     def _adversary(self) -> Adversary | None:
         """The run's adversary among the active clients (a fraction of them; listed ids must be active:
