@@ -15,9 +15,9 @@ AFIND+'s proxy probes and PENS's and FedeRiCo's loss scoring as an honest peer w
 the models mixed after selection (the attacker that selection cannot see); ``poisoned`` poisons those
 too: AFIND+'s gradient proxies by the same attack (a proxy as a row whose change from zero is the
 proxy, ``alie`` and ``ipm`` over the honest holders' proxies for the same requester; ``label_flip`` on
-the flipped labels), and the models PENS, FedeRiCo and AFIND+'s Boltzmann losses score. A backdoor's malicious peers train on
-their stamped view either way; their probe batches are drawn over it (and read it) only under
-``poisoned`` (:meth:`PeerAdversary.probed`).
+the flipped labels), and the models PENS, FedeRiCo and AFIND+'s Boltzmann losses score. A backdoor's
+malicious peers train on their stamped view either way; their probe batches are drawn over it (and read
+it) only under ``poisoned`` (:meth:`PeerAdversary.probed`).
 
 Under torchrun every process poisons the sent rows after the family's all-gather of the trained rows,
 and AFIND+'s proxies in its share of the requesters: nothing is gathered for the adversary (0 bytes a
