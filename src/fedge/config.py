@@ -903,6 +903,7 @@ BACKDOOR_ALGORITHMS = (
     "ditto",
     "fedbuff",
     "fedasync",
+    *SPLIT_ADVERSARY_ALGORITHMS,
 )
 """The algorithms whose malicious clients can train a backdoor and whose evaluation reports its success."""
 EDGE_ADVERSARY_ALGORITHMS = ("hist", "hfedavg")
