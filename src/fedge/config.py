@@ -896,10 +896,14 @@ BACKDOOR_ALGORITHMS = (
     "hist",
     "hfedavg",
     "gossip",
+    "afind",
+    "pens",
+    "federico",
     "local",
     "ditto",
     "fedbuff",
     "fedasync",
+    *SPLIT_ADVERSARY_ALGORITHMS,
 )
 """The algorithms whose malicious clients can train a backdoor and whose evaluation reports its success."""
 EDGE_ADVERSARY_ALGORITHMS = ("hist", "hfedavg")

@@ -41,10 +41,15 @@ PEERS = {
     ),
     "pens_ipm_poisoned_probes": ("pens", {"clients": [2], "attack": "ipm", "probes": "poisoned"}, []),
     "ditto_backdoor": ("ditto", {"clients": [1], "attack": "backdoor"}, []),
+    "afind_backdoor_poisoned_probes": (
+        "afind", {"clients": [1], "attack": "backdoor", "probes": "poisoned"}, [],
+    ),
+    "federico_backdoor": ("federico", {"clients": [2], "attack": "backdoor"}, []),
 }  # fmt: skip
 """Malicious peers: data poisoning on the node (Gossip's and AFIND+'s flipped labels, also in AFIND+'s
-probe answers; Ditto's stamped samples), model poisoning of the sent models, rank-local and omniscient
-(before a median), with a selector that probes honestly and one that scores the poisoned models (PENS)."""
+probe answers; Ditto's, AFIND+'s and FedeRiCo's stamped samples, AFIND+'s probed too), model poisoning
+of the sent models, rank-local and omniscient (before a median), with a selector that probes honestly
+and one that scores the poisoned models (PENS)."""
 CELLS = 5
 """Clients of a hierarchy's runs: two cells of two members, client 4 idles."""
 EDGE_MEDIAN = [{"name": "median", "at": ["edge"]}]

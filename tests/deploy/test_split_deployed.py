@@ -160,12 +160,20 @@ ADVERSARIES = {
 }
 
 
-@pytest.mark.parametrize("algorithm", list(ADVERSARIES))
-def test_a_deployed_split_adversary_equals_the_simulation(algorithm):
+BACKDOORS = {name: ({"clients": [1], "attack": "backdoor", "options": {"trigger_size": 2}}, [])
+             for name in ("cse_fsl", "splitfed_v1", "fsl_sage")}  # fmt: skip
+"""A malicious node trains on its stamped view (and CSE-FSL's server pass draws over it)."""
+
+
+@pytest.mark.parametrize(
+    "algorithm, adversary, stages",
+    [(name, *attack) for name, attack in ADVERSARIES.items()]
+    + [(name, *attack) for name, attack in BACKDOORS.items()],
+)
+def test_a_deployed_split_adversary_equals_the_simulation(algorithm, adversary, stages):
     """Malicious nodes poison their smashed data and labels before sending (as a simulated client does)
     and the server poisons their client models at receipt: the simulation's model, ledger, losses and
     figures (``malicious``, ``malicious_kept``)."""
-    adversary, stages = ADVERSARIES[algorithm]
     cfg = resolve_config({**config(algorithm).model_dump(), "adversary": adversary,
                           "aggregation": {"stages": stages}})  # fmt: skip
     sides, reports = run_both(algorithm, cfg)

@@ -578,14 +578,18 @@ def split_adversary_configs(tmp_path: Path) -> dict[str, dict]:
     """Split runs under the ``adversary`` block, malicious rows on both ranks or on one: the cut attacks
     and data poisoning act on a rank's own rows (``smashed_noise`` draws by client, occurrence and step),
     ``scaling``'s default n/m counts the round, and ``alie`` gathers the honest client models before the
-    median (SplitFed v1 draws clients with replacement); FSL-SAGE's alignment store holds poisoned data."""
+    median (SplitFed v1 draws clients with replacement); FSL-SAGE's alignment store holds poisoned data;
+    CSE-FSL's backdoor trains and server-passes on the stamped view, its success rate on every rank."""
     cases = {
         "split_adv_noise_cse_fsl": ("cse_fsl", {"clients": [1, 4], "attack": "smashed_noise"}, []),
         "split_adv_scaling_splitfed_v2": ("splitfed_v2", {"clients": [0, 1, 3], "attack": "scaling"}, []),
         "split_adv_label_flip_fsl_an": ("fsl_an", {"clients": [2, 5], "attack": "label_flip"}, []),
         "split_adv_alie_splitfed_v1": ("splitfed_v1", {"clients": [0, 1], "attack": "alie"}, ["median"]),
         "split_adv_flip_fsl_sage": ("fsl_sage", {"clients": [3], "attack": "smashed_flip"}, []),
-    }
+        "split_adv_backdoor_cse_fsl": (
+            "cse_fsl", {"clients": [1, 4], "attack": "backdoor", "options": {"target": 0, "scale": 2.0}}, [],
+        ),
+    }  # fmt: skip
     out = {}
     for name, (algorithm, adversary, chain) in cases.items():
         config = split_config(tmp_path, algorithm)
@@ -619,7 +623,7 @@ def test_a_split_adversary_on_two_ranks_is_one_process_adversary(split_adversary
     two, single = rows(two_dir), rows(one_dir)
     assert [r["malicious"] for r in two] == [r["malicious"] for r in single]
     assert sum(r["malicious"] for r in single) > 0
-    for key in ("malicious_kept", "accuracy", "train_loss"):
+    for key in ("malicious_kept", "accuracy", "train_loss", "attack_success"):
         assert [r.get(key) for r in two] == pytest.approx([r.get(key) for r in single], abs=1e-5), key
 
 
@@ -627,10 +631,11 @@ def peer_and_cell_adversary_configs(tmp_path: Path) -> dict[str, dict]:
     """Malicious peers and cell members on two ranks: peers poison the gathered sent rows on every rank
     (gossip's ``sign_flip`` before ClippedGossip; a backdoor, whose success rates the evaluation blocks
     gather; AFIND+'s ``alie`` behind honest probe answers, and its poisoned proxies in each rank's share
-    of the requesters); HFedAvg's 9 clients in 3 cells sit 5 + 4 on the ranks, so cell 1 (clients 3 to
-    5) spans both: ``sign_flip`` before the edge median, ``alie`` gathers the cell's honest uploads, a
-    backdoor (HIST's ``gaussian``: the submodels' slots, keys by client and edge round), and a malicious edge
-    (``alie`` over the cells every rank holds reduced) before the cloud's median."""
+    of the requesters, and a backdoor probed on the stamped view); HFedAvg's 9 clients in 3 cells sit
+    5 + 4 on the ranks, so cell 1 (clients 3 to 5) spans both: ``sign_flip`` before the edge median,
+    ``alie`` gathers the cell's honest uploads, a backdoor (HIST's ``gaussian``: the submodels' slots,
+    keys by client and edge round), and a malicious edge (``alie`` over the cells every rank holds
+    reduced) before the cloud's median."""
     peers = {"local_epochs": 1, "batch_size": 16, "peers": 2}
     cells = {"cells": 3, "split": "partition", "edge_rounds": 2, "local_steps": 2, "batch_size": 8}
     cases = {
@@ -652,6 +657,11 @@ def peer_and_cell_adversary_configs(tmp_path: Path) -> dict[str, dict]:
         "peer_adv_afind_probes_poisoned": (
             {"name": "afind", **peers, "k0": 2},
             {"clients": [2, 5], "attack": "sign_flip", "probes": "poisoned"},
+            [],
+        ),
+        "peer_adv_afind_backdoor": (
+            {"name": "afind", **peers, "k0": 2},
+            {"clients": [1, 4], "attack": "backdoor", "options": {"target": 0}, "probes": "poisoned"},
             [],
         ),
         "cell_adv_hfedavg_median": (

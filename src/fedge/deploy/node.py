@@ -158,9 +158,8 @@ class Node:
                 "algorithm.participation", f"client {self.client} has {len(mine)} rows in round {t}"
             )
         r = int(mine[0])
-        plan = round_plan(
-            ctx.data, draws, t, cfg.batch_size, cfg.local_epochs, cfg.local_steps, cfg.drop_last
-        )
+        data = alg.training(t)  # a backdoor's stamped copies, which the plan indexes
+        plan = round_plan(data, draws, t, cfg.batch_size, cfg.local_epochs, cfg.local_steps, cfg.drop_last)
         plan = alg.step_limits(t, plan)
         ctx.start("train", t)
         keys = ctx.executor.phase_keys(draws.clients)
@@ -170,7 +169,7 @@ class Node:
         return RowRound(
             r,
             int(draws.occurrence[r]),
-            alg.local_steps.training(t),
+            data,
             plan.index[r : r + 1],
             plan.weight[r : r + 1],
             None if keys is None else keys.rows([r]),

@@ -15,7 +15,9 @@ AFIND+'s proxy probes and PENS's and FedeRiCo's loss scoring as an honest peer w
 the models mixed after selection (the attacker that selection cannot see); ``poisoned`` poisons those
 too: AFIND+'s gradient proxies by the same attack (a proxy as a row whose change from zero is the
 proxy, ``alie`` and ``ipm`` over the honest holders' proxies for the same requester; ``label_flip`` on
-the flipped labels), and the models PENS, FedeRiCo and AFIND+'s Boltzmann losses score.
+the flipped labels), and the models PENS, FedeRiCo and AFIND+'s Boltzmann losses score. A backdoor's
+malicious peers train on their stamped view either way; their probe batches are drawn over it (and read
+it) only under ``poisoned`` (:meth:`PeerAdversary.probed`).
 
 Under torchrun every process poisons the sent rows after the family's all-gather of the trained rows,
 and AFIND+'s proxies in its share of the requesters: nothing is gathered for the adversary (0 bytes a
@@ -83,6 +85,14 @@ class PeerAdversary:
                 buffers = {k: v[row] for k, v in bank.buffers.items()}
                 rates.append(backdoor.success(model, params, buffers, data, batch_size))
         return {"attack_success": float(np.mean(cohort.gather_array(np.asarray(rates, dtype=np.float64))))}
+
+    def probed(self, round_: int, data: FederatedData) -> FederatedData:
+        """The data the peers' probe batches are drawn over and read in ``round_``: a backdoor's stamped
+        view where its malicious peers poison their probe answers (``probes: poisoned``: their batches
+        then hold stamped copies, as their training batches do), else ``data`` (an honest answer reads
+        the clean samples; a flipped label keeps its index, so ``label_flip`` probes as it did)."""
+        backdoor = self.adversary.backdoor
+        return backdoor.training if backdoor is not None and self.poisons_probes(round_) else data
 
     def poisons_probes(self, round_: int) -> bool:
         """Whether malicious peers poison their probe answers in ``round_`` (``probes: poisoned``)."""

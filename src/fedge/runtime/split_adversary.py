@@ -12,6 +12,10 @@ there):
 - the labels sent with them (``label_flip``, ``y -> C - 1 - y`` as at a star server, Tolpegin et al.
   2020): the client trains on the same flipped labels, so its aux head (CSE-FSL, FSL_AN) or aux model
   (FSL-SAGE) learns the flipped task too, and CSE-FSL's server pass sends them as well;
+- its training data (``backdoor``, :mod:`fedge.runtime.backdoor`): it trains on its stamped view, so its
+  stamped smashed data and target labels reach the server part (and CSE-FSL's server pass draws over
+  that view); ``scale`` boosts its uploaded client model, and each evaluation adds the composed model's
+  ``attack_success``;
 - its client-side model, uploaded to the server's client-model average: the star family's model
   poisoning (:func:`~fedge.runtime.adversary.poisoned`) on the uploaded rows, after the server decoded
   them and before its aggregation pipeline, the round's broadcast client model as the reference.
@@ -55,7 +59,8 @@ from fedge.runtime.adversary import DEFAULTS, Adversary
 from fedge.runtime.context import Context
 from fedge.tensors import Tensors
 
-MODEL_ATTACKS = ("sign_flip", "scaling", "gaussian", "free_rider", "alie", "ipm", "min_max", "min_sum")
+MODEL_ATTACKS: tuple[str, ...] = ("sign_flip", "scaling", "gaussian", "free_rider", "alie", "ipm")
+MODEL_ATTACKS += ("min_max", "min_sum", "backdoor")  # a backdoor's scale boosts the uploaded client model
 """The attacks on the uploaded client model (the others act at the cut or on the labels)."""
 
 

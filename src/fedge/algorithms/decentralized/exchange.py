@@ -72,6 +72,8 @@ class PeerExchange:
     adversary: PeerAdversary | None
     shared: Callable[[Tensors], Tensors]
     """the tensors of a state that travel (the host's :meth:`PeerAlgorithm.shared`)"""
+    probe_data: Callable[[int], FederatedData]
+    """the data a round's probes read (the host's :meth:`LocalTraining.probe_data`)"""
     releases_at_mix: bool = True
     """whether the rows :meth:`mixed` gets are the models peers send this round (FedFomo sends the
     models it trained last round, and releases them as it trains)"""
@@ -128,8 +130,11 @@ class PeerExchange:
         return out
 
     def probes(self, t: int) -> ProbeBatches:
-        """The round's probe batch of every client (``probe_size`` samples, default ``batch_size``)."""
-        return probe_batches(self.train_data, self.ctx.seed, t, self.cfg.probe_size or self.cfg.batch_size)
+        """The round's probe batch of every client (``probe_size`` samples, default ``batch_size``), over
+        the training data, or under an adversary over the data the probes read (:meth:`probe_data`: an
+        honest answer's clean samples, not the stamped copies a backdoor's malicious peers train on)."""
+        data = self.train_data if self.adversary is None else self.probe_data(t)
+        return probe_batches(data, self.ctx.seed, t, self.cfg.probe_size or self.cfg.batch_size)
 
     def random_peers(self, t: int, k: int | None = None, allowed: np.ndarray | None = None) -> np.ndarray:
         """``k`` (default ``peers``) uniform random neighbours of every client for round ``t``."""

@@ -20,6 +20,7 @@ from fedge.data.federated import FederatedData
 from fedge.engine import ClientBank
 from fedge.engine.step import Optimizer, StepFn
 from fedge.models import SplitModel
+from fedge.runtime.peer_adversary import PeerAdversary
 from fedge.runtime.peers import PeerRound
 from fedge.tensors import Tensors
 
@@ -42,6 +43,13 @@ class LocalTraining:
     head: set[str]
     private: set[str]
     this_round: PeerRound
+    round: int
+    adversary: PeerAdversary | None
+
+    def probe_data(self, t: int) -> FederatedData:
+        """The data round ``t``'s probes read: the run's, or a backdoor's stamped view where malicious peers
+        poison their probe answers (:meth:`~fedge.runtime.peer_adversary.PeerAdversary.probed`)."""
+        return self.ctx.data if self.adversary is None else self.adversary.probed(t, self.ctx.data)
 
     def count_probes(self, clients: torch.Tensor, batches: ProbeBatches, backward: bool) -> None:
         """Tally one pass over their probe batch by each of ``clients`` (backward too if ``backward``)."""
@@ -58,7 +66,8 @@ class LocalTraining:
         """Probe-batch losses of rows ``(shared_from, private_from, data_from)`` (see ``pair_losses``),
         each a forward pass by the client ``data_from`` whose batch it uses (in this process)."""
         self.count_probes(pairs[2], batches, backward=False)
-        return pair_losses(self.model, params, buffers, self.private, pairs, self.ctx.data, batches)
+        data = self.probe_data(self.round)
+        return pair_losses(self.model, params, buffers, self.private, pairs, data, batches)
 
     def train_rows(
         self,

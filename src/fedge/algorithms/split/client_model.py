@@ -145,15 +145,23 @@ class ClientModels:
 
 
 def evaluate_split(
-    ctx: Context, parts: SplitParts, client: ClientState, server: tuple[Tensors, Tensors], aux: bool
+    ctx: Context,
+    parts: SplitParts,
+    client: ClientState,
+    server: tuple[Tensors, Tensors],
+    aux: bool,
+    adversary: SplitAdversary | None = None,
 ) -> Evaluation:
     """The global client model composed with the server's evaluation ``server`` (parameters, buffers) on
-    the global test set; with ``aux`` also the accuracy and loss of trunk + aux head. On several
+    the global test set; with ``aux`` also the accuracy and loss of trunk + aux head; under a backdoor
+    the composed model's ``attack_success`` (on the whole test set, on every process). On several
     processes each scores a block of the test rows."""
     data, batch = ctx.data, ctx.config.eval.batch_size
     test = ctx.cohorts
     params, buffers = composed(client["params"], server[0]), composed(client["buffers"], server[1])
     evaluation = evaluate_model_on(test, parts.model, params, buffers, data.x_test, data.y_test, batch)
+    if adversary is not None:
+        evaluation = evaluation.with_extra(**adversary.success(parts.model, params, buffers, data, batch))
     if not aux:
         return evaluation
     local = evaluate_model_on(

@@ -141,7 +141,7 @@ class CseFsl(LocalLoss):
     def _server_batches(self, rnd: Round) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """One fresh batch per row for the server pass: sample indices, labels, real-row counts (every
         row's, on every process: each row's draw comes from its own stream)."""
-        data, width = self.ctx.data, self.cfg.batch_size
+        data, width = self.training(rnd.t), self.cfg.batch_size  # a backdoor's stamped view
         index = np.zeros((len(rnd.draws), width), dtype=np.int64)
         counts = np.zeros(len(rnd.draws), dtype=np.int64)
         for r, (client, k) in enumerate(zip(rnd.draws.clients, rnd.draws.occurrence, strict=True)):
@@ -163,7 +163,7 @@ class CseFsl(LocalLoss):
             return super().server_pass(rnd)
         index, y, counts = self._server_batches(rnd)
         keys, own, cohort = rnd.keys, self.runtime.local_rows, rnd.cohort
-        x, own_counts = self.ctx.data.x_train[own(cohort, index)], own(cohort, counts)
+        x, own_counts = self.training(rnd.t).x_train[own(cohort, index)], own(cohort, counts)
         client_keys = None if keys is None else own(cohort, keys.at(-1))
         server_keys = None if keys is None else keys.at(-1, SERVER_STAGE)
         every_row = torch.arange(len(rnd.draws), device=self.ctx.device)

@@ -108,6 +108,8 @@ class ServerExchange:
         if not recorder.recording_cut or received.samples is None:
             return
         data = self.runtime.ctx.data
+        if self.adversary is not None and self.adversary.backdoor is not None:
+            data = self.adversary.backdoor.training  # the stamped copies sent are among its samples
         seen = {"smashed": received.z, "labels": received.y, "cut_gradients": grad}
         recorder.cut_step(rnd.draws.clients[at], step, received.samples, received.counts, seen,
                           (data.x_train, data.y_train))  # fmt: skip

@@ -43,7 +43,7 @@ from fedge.algorithms.split.steps import LocalSteps
 from fedge.algorithms.split.tally import Tally
 from fedge.comm import nodes
 from fedge.config import RunConfig
-from fedge.data.federated import BatchPlan
+from fedge.data.federated import BatchPlan, FederatedData
 from fedge.engine import make_optimizer
 from fedge.errors import ConfigError
 from fedge.metrics import Evaluation, RoundReport
@@ -213,10 +213,16 @@ class SplitLearning(Algorithm[SplitConfig]):
         """Client and server step sizes in round t (:func:`~fedge.algorithms.split.plans.step_sizes`)."""
         return step_sizes(self.cfg, t, self.ctx.data.num_clients)
 
+    def training(self, t: int) -> FederatedData:
+        """The data round ``t``'s rows train on: the malicious clients' view once they attack (flipped
+        labels, or a backdoor's stamped copies, which the round's plan then indexes), else the run's."""
+        return self.ctx.data if self.adversary is None else self.adversary.data(t, self.ctx.data)
+
     def plan(self, rnd: Round) -> BatchPlan:
         """The round's local steps: every row's batches, after the algorithm's cuts."""
         cfg = self.cfg
-        plan = round_plan(self.ctx.data, rnd.draws, rnd.t, cfg.batch_size, cfg.local_epochs, cfg.local_steps,
+        data = self.training(rnd.t)
+        plan = round_plan(data, rnd.draws, rnd.t, cfg.batch_size, cfg.local_epochs, cfg.local_steps,
                           cfg.drop_last)  # fmt: skip
         return self.step_limits(rnd.t, plan)
 
@@ -286,9 +292,11 @@ class SplitLearning(Algorithm[SplitConfig]):
 
     def evaluate(self) -> Evaluation:
         """The composed model (averaged trunk + server model) on the global test set; with a shared aux
-        head also trunk + aux head (:func:`~fedge.algorithms.split.client_model.evaluate_split`)."""
+        head also trunk + aux head (:func:`~fedge.algorithms.split.client_model.evaluate_split`); under
+        a backdoor the composed model's attack success rate."""
         aux = self.clients.has_aux and self.clients.shares_aux
-        return evaluate_split(self.ctx, self.parts, self.client, self.server.evaluation_model(), aux)
+        server = self.server.evaluation_model()
+        return evaluate_split(self.ctx, self.parts, self.client, server, aux, self.adversary)
 
 
 class GradientReturn(SplitLearning):
