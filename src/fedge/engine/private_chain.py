@@ -23,7 +23,8 @@ flat draw per row over the parameters in order, as
 :meth:`~fedge.engine.private_step.PrivateStep.noisy_gradients` draws it); each clipped sum is added into
 its slice of the noise in place, a ``Linear`` weight's by the product itself (``baddbmm``), so a step makes
 no second parameter-sized tensor: with the MNIST MLP the noise is as large as the model for every client
-and step, and each extra pass over it was a tenth of the round.
+and step, and the two passes this saves (scaling the noise, adding the sums) were about 15 % of a W10
+round (``benchmarks/dp_sgd.py``).
 ``engine.fused: false`` keeps the ``vmap(grad)`` path.
 """
 
