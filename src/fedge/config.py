@@ -730,10 +730,11 @@ ADVERSARY_ALGORITHMS = (
     "hfedavg",
     "fedbuff",
     "fedasync",
+    "fedavg_deadline",
     *SPLIT_ADVERSARY_ALGORITHMS,
 )
 """The algorithms that take an ``adversary`` block (the star family's server, the peers, a hierarchy's
-edges, an asynchronous server's buffer, the split family's server)."""
+edges, an asynchronous server's buffer, a deadline round's received rows, the split family's server)."""
 
 
 class AdversaryConfig(StrictModel):
@@ -903,6 +904,7 @@ BACKDOOR_ALGORITHMS = (
     "ditto",
     "fedbuff",
     "fedasync",
+    "fedavg_deadline",
     *SPLIT_ADVERSARY_ALGORITHMS,
 )
 """The algorithms whose malicious clients can train a backdoor and whose evaluation reports its success."""

@@ -95,7 +95,7 @@ def test_attackers_that_never_start_change_no_number(tmp_path, algorithm):
     assert all("attack_success" in r for r in late.metrics)
 
 
-@pytest.mark.parametrize("algorithm", ["fedavg_deadline"])
+@pytest.mark.parametrize("algorithm", ["centralized"])
 def test_the_families_it_is_not_built_for_are_refused(algorithm):
     with pytest.raises(ConfigError) as error:
         parse_config({"algorithm": {"name": algorithm}, "adversary": {"clients": [0], "attack": "backdoor"}})

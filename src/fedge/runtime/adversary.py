@@ -42,7 +42,8 @@ a robust reducer then gathers every row again (:mod:`fedge.aggregation.pipeline`
 participant's weight and the reducer's reports, which name every row. Split learning's adversary
 (:mod:`fedge.runtime.split_adversary`) poisons its uploads the same way, and so do the peers and a
 hierarchy's cell members (:mod:`fedge.runtime.spread_adversary`) and edges
-(:mod:`fedge.runtime.edge_adversary`); a buffer's runs in one process only.
+(:mod:`fedge.runtime.edge_adversary`); a buffer's and ``fedavg_deadline``'s received rows run in one
+process only.
 
 Deployed (``fedge deploy``, FedAvg and FedAvg-FT: :func:`fedge.deploy.rounds.check_stages`) every node
 builds the run from the same config and seed, so a malicious node knows it is malicious and trains on its

@@ -4,6 +4,7 @@ availability-aware sampling, on the clients' own device profiles (docs/async.md)
 from __future__ import annotations
 
 import math
+from typing import Any
 
 import numpy as np
 import torch
@@ -14,7 +15,8 @@ from fedge.algorithms.asynchronous.work import LocalWork, cohort_size, truncated
 from fedge.algorithms.base import Context, GlobalModel, register
 from fedge.comm import nodes
 from fedge.data.federated import BatchPlan
-from fedge.metrics import RoundReport
+from fedge.metrics import Evaluation, RoundReport
+from fedge.runtime.adversary import Adversary
 from fedge.runtime.availability import draw_clients
 from fedge.runtime.deadline import DeadlineRuntime
 from fedge.system.deadline import compute_left, cutoff
@@ -37,7 +39,9 @@ class FedAvgDeadline(GlobalModel):
     ledger counts the bits it carried as ``model_up_late``), or with ``late: partial`` upload the model
     after the local steps they finished in time (weighted by the share of their steps done). The model
     is the sample-weighted average of what arrived; without a deadline, over-selection or offline
-    clients it is FedAvg's round exactly.
+    clients it is FedAvg's round exactly. An adversary's clients that made the deadline (a partial one
+    included) poison their rows after the server received them and before its pipeline, as at the star
+    server (:class:`~fedge.runtime.adversary.Adversary` over the round's received rows).
     """
 
     state_fields = ("params", "buffers")
@@ -48,6 +52,7 @@ class FedAvgDeadline(GlobalModel):
         self.model, self.params, self.buffers = self.work.model, self.work.params, self.work.buffers
         self.cohort = cohort_size(ctx.data.num_clients, cfg.fraction)
         self.runtime = DeadlineRuntime(ctx, self.work.up, {**self.params, **self.buffers})
+        self.adversary = Adversary.of(ctx.config.adversary, ctx.data, ctx.seed, ctx.cohorts.processes)
 
     def select(self, t: int) -> tuple[np.ndarray, np.ndarray]:
         """The clients selected in round ``t``, and which of them are online."""
@@ -62,11 +67,12 @@ class FedAvgDeadline(GlobalModel):
         cfg, ctx = self.cfg, self.ctx
         chosen, online = self.select(t)
         reached = chosen[online]
-        figures = {"selected": len(chosen), "offline": int((~online).sum())}
+        figures: dict[str, Any] = {"selected": len(chosen), "offline": int((~online).sum())}
         if not len(reached):
             return RoundReport(0.0, {**figures, "participants": 0, "late": 0, "partial": 0})
         params, buffers = self.work.send(t, reached, self.params, self.buffers)
-        plan = self.work.plan(reached, t)
+        data = None if self.adversary is None else self.adversary.data(t, ctx.data)
+        plan = self.work.plan(reached, t, data)
         full = plan.weight.sum(dim=(1, 2)).cpu().numpy().astype(np.float64)
         phases = self.work.phases(t, reached, full)
         end, kept = cutoff(phases.seconds, reached, self.cohort, cfg.deadline_s)
@@ -83,19 +89,25 @@ class FedAvgDeadline(GlobalModel):
             figures.update(participants=0, late=len(reached), partial=0)
             return RoundReport(0.0, figures)  # nothing trained: the model stays as it was
         mine = truncated_rows(plan, trainees)
-        trained = self.work.train(mine, params, buffers)
-        senders = nodes.clients(reached[trainees])
+        trained = self.work.train(mine, params, buffers, data=data)
+        received = reached[trainees]  # the clients that made the deadline (or sent their partial steps)
+        senders = nodes.clients(received)
         model = {**trained.params, **floating(trained.buffers)}
         record = ctx.records_upload(sites.SERVER)
         up = self.work.up.send(t, senders, nodes.SERVER, "model_up", model, stacked=True, record=record)
-        sizes = torch.as_tensor(ctx.data.client_sizes(reached[trainees]), dtype=torch.float64)
+        sizes = torch.as_tensor(ctx.data.client_sizes(received), dtype=torch.float64)
         share = torch.as_tensor(done[trainees] / full[trainees], dtype=torch.float64)
         sizes = sizes * share  # a partial client counts for the share of its steps it did
         weights = (sizes / sizes.sum()).to(ctx.device)
         stacked = {k: up.payload[k] for k in trained.params}
         stacked.update({k: up.payload.get(k, v) for k, v in trained.buffers.items()})
-        updates = Updates.of(sites.SERVER, t, stacked, weights, {**params, **buffers})
-        averaged = ctx.pipeline(sites.SERVER).reduce(updates)
+        reference, pipeline = {**params, **buffers}, ctx.pipeline(sites.SERVER)
+        if self.adversary is not None:
+            stacked = self.adversary.poison(t, received, stacked, reference)
+        updates = Updates.of(sites.SERVER, t, stacked, weights, reference)
+        averaged = pipeline.reduce(updates)
+        if self.adversary is not None:
+            figures.update(self.adversary.figures(t, received, weights, pipeline))
         self.params = {k: averaged[k] for k in self.params}
         self.buffers = {k: averaged[k] for k in self.buffers}
         self.runtime.store(senders, {**self.params, **self.buffers})
@@ -103,6 +115,14 @@ class FedAvgDeadline(GlobalModel):
         partial = int(np.sum(done[trainees] < full[trainees]))
         figures.update(participants=len(trainees), late=len(reached) - len(trainees), partial=partial)
         return RoundReport(train_loss, figures)
+
+    def evaluate(self) -> Evaluation:
+        """The server model's test figures, with a backdoor's attack success rate under one."""
+        plain, adversary, ctx = super().evaluate(), self.adversary, self.ctx
+        if adversary is None:
+            return plain
+        batch = ctx.config.eval.batch_size
+        return plain.with_extra(**adversary.success(self.model, self.params, self.buffers, ctx.data, batch))
 
 
 def truncated_rows(plan: BatchPlan, rows: np.ndarray) -> BatchPlan:
