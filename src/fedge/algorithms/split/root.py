@@ -89,7 +89,8 @@ def split_root_update(
     if reducer.root_epochs is not None:
         epochs, steps = reducer.root_epochs, None
     elif steps is not None:
-        per_epoch = len(root.x_train) // batch if drop_last else -(-len(root.x_train) // batch)
+        count = reducer.root_samples
+        per_epoch = count // batch if drop_last else -(-count // batch)
         epochs = math.ceil(steps / max(per_epoch, 1))
     plan = root.batch_plan([0], t, epochs, batch, drop_last, f"fltrust-root-batches-{k}")
     if steps is not None:
@@ -98,7 +99,7 @@ def split_root_update(
     step = make_step(RootLoss(parts, server), sgd)
     bank = ClientBank.broadcast([data.num_clients], params, buffers, sgd.init(params))
     ctx.executor.train(step, bank, plan, root, lr if reducer.lr is None else reducer.lr)
-    trained = {name: t[0] for name, t in {**bank.params, **bank.buffers}.items()}
+    trained = {name: rows[0] for name, rows in {**bank.params, **bank.buffers}.items()}
     forward = count_flops(parts)
     flops = training_flops(forward.trunk + forward.server + forward.aux, float(plan.weight.sum()))
     return RootUpdate(trained, float(flops))
