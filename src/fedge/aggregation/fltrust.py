@@ -18,8 +18,9 @@ root model, trained from its cell's broadcast), at HFedAvg's cloud (trained from
 one edge period), at the decentralized family's peers (each peer its own trusted party: its root update
 is its own trained update of the round, no root set; the centre is its model before training) and at
 FedBuff's buffer (the root model trained from the server's current model, a delta from it where the
-buffer merges deltas) and FedAsync's (each merge's one change scored against a root delta), and is
-refused elsewhere.
+buffer merges deltas) and FedAsync's (each merge's one change scored against a root delta), at the split
+server's client-model average (SplitFed v2, CSE-FSL, FSL-SAGE: the root update of the client model
+trained through the composed model, :mod:`fedge.algorithms.split.root`), and is refused elsewhere.
 Unweighted, as the paper's rule; the site's weights only choose the rows.
 """
 
@@ -44,6 +45,9 @@ CLOUDS = ("hfedavg",)
 """The hierarchies whose cloud trains a root update (HIST's refuses: its neurons have one owner each)."""
 BUFFERS = ("fedbuff", "fedasync")
 """The asynchronous algorithms whose server trains a root update for its buffer (FedAsync's per merge)."""
+SPLITS = ("splitfed_v2", "cse_fsl", "fsl_sage")
+"""The split algorithms whose server trains a root update of the client model before averaging it
+(SplitFed v1's and FSL_AN's server copies share the pipeline and have none: refused)."""
 
 
 @dataclass(frozen=True)
@@ -122,7 +126,7 @@ class FLTrust(RobustReducer):
         assert centre is not None
         root = self.root
         if root is None:
-            trained = ", ".join(STAR + CLOUDS + BUFFERS)
+            trained = ", ".join(STAR + CLOUDS + BUFFERS + SPLITS)
             raise ConfigError(
                 f"{self.run.key}.name", f"fltrust needs the server's root update, which only {trained} train"
             )

@@ -24,11 +24,14 @@ from typing import ClassVar
 import numpy as np
 import torch
 
+from fedge.aggregation import sites
+from fedge.aggregation.fltrust import FLTrust
 from fedge.algorithms.base import Algorithm, Context
 from fedge.algorithms.optimizer_state import ClientOptimizerStates
 from fedge.algorithms.split.client_model import ClientModels, Part, evaluate_split
 from fedge.algorithms.split.clients import AuxHeadClients, ClientSide, GradientClients, State
 from fedge.algorithms.split.config import SPLIT_BATCHED_FROM, AuxHeadConfig, GradientReturnConfig, SplitConfig
+from fedge.algorithms.split.copies import ServerCopies
 from fedge.algorithms.split.cost import count_flops, round_cost
 from fedge.algorithms.split.exchange import ServerExchange
 from fedge.algorithms.split.order import server_order
@@ -37,6 +40,7 @@ from fedge.algorithms.split.parts import build_parts, initial_state
 from fedge.algorithms.split.plans import round_plan, step_sizes
 from fedge.algorithms.split.privacy import CutPrivacy, sent_indices
 from fedge.algorithms.split.private_step import SampleDP
+from fedge.algorithms.split.root import split_root_update
 from fedge.algorithms.split.round import Round
 from fedge.algorithms.split.server import SplitServer
 from fedge.algorithms.split.steps import LocalSteps
@@ -118,8 +122,21 @@ class SplitLearning(Algorithm[SplitConfig]):
             self.local_steps.sent_labels = self.cut_privacy.sent_labels
         self.local_steps.sample = self.sample_privacy
         self.adversary = SplitAdversary.of_run(ctx)  # the adversary block: at the cut and the client models
+        self.trust = self._trust()  # an fltrust server reducer, trained a root update before each average
+        self.averages = (0, 0)  # (round, client-model averages so far in it): keys the root batches
         self.exchange.adversary = self.local_steps.adversary = self.models.adversary = self.adversary
         self.hold_storage(self.rows_per_round, [])
+
+    def _trust(self) -> FLTrust | None:
+        """The server's ``fltrust`` reducer, if any; refused where the server's copies go through the
+        same pipeline (SplitFed v1, FSL_AN), since no root update of the server part is trained."""
+        reducer = self.ctx.pipeline(sites.SERVER).reducer
+        if not isinstance(reducer, FLTrust):
+            return None
+        if isinstance(self.server, ServerCopies):
+            copies = f"fltrust needs the server's root update; {self.cfg.name} has none for its server copies"
+            raise ConfigError(f"{reducer.run.key}.name", copies)
+        return reducer
 
     def most_batches(self) -> int:
         """The most local batches any client has in one round (``local_steps``, or epochs x batches)."""
@@ -273,7 +290,16 @@ class SplitLearning(Algorithm[SplitConfig]):
 
     def aggregate_models(self, rnd: Round) -> None:
         """Upload every row's client model, average it and the server copies with the round weights.
-        An extension point: FSL-SAGE aligns its auxiliary models here."""
+        An extension point: FSL-SAGE aligns its auxiliary models here. An ``fltrust`` server first
+        trains its root update (:mod:`~fedge.algorithms.split.root`)."""
+        if self.trust is not None:
+            k = self.averages[1] if self.averages[0] == rnd.t else 0
+            self.averages = (rnd.t, k + 1)
+            client, (server, server_buffers) = self.client, self.server.evaluation_model()
+            self.trust.root = split_root_update(
+                self.ctx, self.cfg, self.parts, self.trust, self.client_sgd, (rnd.t, k, rnd.lr_client),
+                (client["params"], client["buffers"]), {**server, **server_buffers},
+            )  # fmt: skip
         self.client = self.models.aggregate(rnd, self.client, self.local_aux)
         self.server.aggregate(
             self.runtime.row_weights(rnd) / rnd.weights.sum(), self.runtime.aggregation(rnd.t, rnd.cohort)
