@@ -722,6 +722,8 @@ PROBING_ALGORITHMS = ("afind", "pens", "federico")
 """The peer selectors a malicious peer answers probes of (``adversary.probes``)."""
 SPLIT_ADVERSARY_ALGORITHMS = ("cse_fsl", "splitfed_v1", "splitfed_v2", "fsl_an", "fsl_sage")
 """The split algorithms that take an ``adversary`` block (its attacks at the cut and on the client models)."""
+FEDSL_ADVERSARY_ALGORITHMS = ("light_fedsl", "fedsl")
+"""Lightweight FedSL and FedSL: the split attacks but the backdoor, in simulation only (not deployed)."""
 ADVERSARY_ALGORITHMS = (
     "fedavg",
     "fedavg_ft",
@@ -732,6 +734,7 @@ ADVERSARY_ALGORITHMS = (
     "fedasync",
     "fedavg_deadline",
     *SPLIT_ADVERSARY_ALGORITHMS,
+    *FEDSL_ADVERSARY_ALGORITHMS,
 )
 """The algorithms that take an ``adversary`` block (the star family's server, the peers, a hierarchy's
 edges, an asynchronous server's buffer, a deadline round's received rows, the split family's server)."""
@@ -874,8 +877,11 @@ class RunConfig(StrictModel):
             probing = ", ".join(PROBING_ALGORITHMS)
             raise ConfigError("adversary.probes", f"only {probing} probe peers, not {self.algorithm.name}")
         attack, name = self.adversary.attack, self.algorithm.name
-        if attack in CUT_ATTACKS and name not in SPLIT_ADVERSARY_ALGORITHMS:
+        if attack in CUT_ATTACKS and name not in (*SPLIT_ADVERSARY_ALGORITHMS, *FEDSL_ADVERSARY_ALGORITHMS):
             raise ConfigError("adversary.attack", f"{attack} poisons split smashed data; {name} has none")
+        if attack in STAR_ATTACKS and name in FEDSL_ADVERSARY_ALGORITHMS:
+            why = "its batches index the run's samples, not a backdoor's stamped copies"
+            raise ConfigError("adversary.attack", f"{attack} is not built for {name}: {why}")
         if attack in STAR_ATTACKS and name not in BACKDOOR_ALGORITHMS:
             built = ", ".join(BACKDOOR_ALGORITHMS)
             raise ConfigError("adversary.attack", f"{attack} is built for {built}, not {name} (yet)")

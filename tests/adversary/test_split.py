@@ -196,7 +196,10 @@ def test_a_run_whose_malicious_clients_never_attack_is_the_honest_run(tmp_path):
             },
             "adversary.options.scale",
         ),
-        ({"algorithm": {"name": "light_fedsl"}, "adversary": {"clients": 0.5, "attack": "ipm"}}, "adversary"),
+        (
+            {"algorithm": {"name": "light_fedsl"}, "adversary": {"clients": 0.5, "attack": "backdoor"}},
+            "adversary.attack",
+        ),
         (
             {"algorithm": {"name": "cse_fsl_async"}, "adversary": {"clients": 0.5, "attack": "ipm"}},
             "adversary",

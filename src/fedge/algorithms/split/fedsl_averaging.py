@@ -1,7 +1,9 @@
 """Lightweight FedSL's client states between rounds: gathered from the processes after a plain round, or
-averaged every I rounds (Eq. 14)."""
+averaged every I rounds (Eq. 14), a malicious client's upload poisoned as the server received it."""
 
 from __future__ import annotations
+
+from typing import Any
 
 import numpy as np
 import torch
@@ -11,6 +13,7 @@ from fedge.comm import Link, nodes
 from fedge.distributed import Cohort
 from fedge.engine import stack_copies
 from fedge.runtime.split import SplitRuntime
+from fedge.runtime.split_adversary import SplitAdversary
 from fedge.tensors import Tensors, floating
 
 States = dict[str, Tensors]  # stacked "params", "buffers" and "masks" of clients
@@ -28,17 +31,23 @@ class Averaging:
     The trained states hold the clients this process runs (``cohort``): it uploads and sums them, one
     all-reduce adds the sums, and every process then holds every client's state (the split ``runtime``'s
     transfers, aggregation and storage).
+
+    Under an ``adversary`` the malicious clients' uploads are poisoned at receipt, before the server's
+    pipeline (:meth:`~fedge.runtime.split_adversary.SplitAdversary.poison`), the last broadcast as the
+    reference; :attr:`figures` holds its ``malicious`` and ``malicious_kept``.
     """
 
     def __init__(self, runtime: SplitRuntime, link: Link, cohort: Cohort, clients: list[str], pruned: bool):
         self.runtime, self.link, self.cohort = runtime, link, cohort
         self.clients, self.pruned = clients, pruned
+        self.adversary: SplitAdversary | None = None  # malicious clients' uploaded trunks
+        self.figures: dict[str, Any] = {}  # the adversary's, at the last average
 
     def __call__(
-        self, t: int, trained: States, mask_names: list[str]
+        self, t: int, trained: States, mask_names: list[str], reference: Tensors
     ) -> tuple[States, np.ndarray, np.ndarray]:
-        """Every client's state after the averaging of round ``t``; the upload and broadcast bits per
-        client."""
+        """Every client's state after the averaging of round ``t`` (``reference``: the last broadcast
+        trunk and buffers); the upload and broadcast bits per client."""
         n, cohort, runtime = len(self.clients), self.cohort, self.runtime
         params, buffers = trained["params"], trained["buffers"]
         sent = {**params, **floating(buffers)}
@@ -48,7 +57,13 @@ class Averaging:
         device = next(iter(params.values())).device
         uniform = torch.full((len(cohort),), 1.0 / n, dtype=torch.float64, device=device)
         received = {k: up.payload.get(k, v) for k, v in {**params, **buffers}.items()}
+        adversary, every = self.adversary, np.arange(n)
+        if adversary is not None:
+            received = adversary.poison(t, every, received, reference, cohort)
         summed = runtime.aggregate(t, cohort, received, uniform)
+        if adversary is not None:
+            weights = torch.full((n,), 1.0 / n, dtype=torch.float64, device=device)
+            self.figures = adversary.figures(t, every, weights, runtime.ctx.pipeline(sites.SERVER))
         mean_params, mean_buffers = {k: summed[k] for k in params}, {k: summed[k] for k in buffers}
         mean = {**mean_params, **floating(mean_buffers)}
         down = runtime.broadcast(self.link, t, self.clients, "model_down", mean)

@@ -31,6 +31,14 @@ simulated client compute: the frozen base, dense, does nearly all of it.
 ``privacy.cut``, ``privacy.labels`` and ``privacy.sample`` act inside steps 1-3; where, and why the
 compression around them keeps their guarantee, is in :mod:`~fedge.algorithms.split.fedsl_privacy`.
 
+An ``adversary`` (:mod:`~fedge.runtime.split_adversary`) acts as in the other split algorithms: a
+malicious client sends flipped labels (``label_flip``), poisons its kept cut entries after dropout and
+``privacy.cut``, before the up link encodes them (``smashed_noise``, ``smashed_flip``; step 0, dropped
+entries stay dropped), and its uploaded trunk is poisoned at receipt in aggregation rounds, before the
+server's pipeline, the last broadcast trunk as the reference (model poisoning; ``malicious_kept`` is
+reported there). ``backdoor`` is refused: the round's batches index the run's samples, not a backdoor's
+stamped copies; nor does the adversary deploy (``fedge deploy`` refuses it).
+
 Evaluation uses the virtual average of the client trunks with the server model (the paper names no evaluation
 model; docs/decisions.md, "Evaluation on the virtual average"). Clients start from the same initial trunk and
 no transfer is counted for it (the paper's initialisation).
@@ -78,6 +86,7 @@ from fedge.metrics import Evaluation, RoundReport
 from fedge.models.lora import ADAPTERS
 from fedge.rng import numpy_rng
 from fedge.runtime.split import SplitRuntime
+from fedge.runtime.split_adversary import SplitAdversary
 from fedge.system import SplitWork, light_fedsl_round, training_flops
 from fedge.tensors import Tensors, floating
 
@@ -140,8 +149,20 @@ class FedSLRounds(Algorithm[FedSLConfig]):
         pruned = self.knobs.final_sparsity > 0
         self.averaging = Averaging(self.runtime, self.models, self.cohort, self.nodes, pruned)
         self.totals = {"comm_seconds": 0.0, "agg_seconds": 0.0}
+        self.adversary = self._adversary(ctx, {**client, **client_buffers})
         self.runtime.store(nodes.SERVER, "server_model", self.server.storage_bits(n))
         self._client_storage()
+
+    def _adversary(self, ctx: Context, initial: Tensors) -> SplitAdversary | None:
+        """The run's malicious clients (the config refuses a ``backdoor``); with them, the last broadcast
+        trunk and buffers (``reference``, model poisoning's) travel in the checkpoint."""
+        adversary = SplitAdversary.of_run(ctx)
+        if adversary is None:
+            return None
+        self.averaging.adversary = adversary
+        self.reference = {k: v.clone() for k, v in initial.items()}
+        self.state_fields = (*self.state_fields, "reference")
+        return adversary
 
     @abstractmethod
     def compression(self) -> Compression:
@@ -179,9 +200,11 @@ class FedSLRounds(Algorithm[FedSLConfig]):
         if aggregated:
             after = self.runtime.gather_array(self.cohort, self._sparsities(trained["params"]))
             model_bits = self._aggregate(t, trained)
+            attacked = self.averaging.figures
         else:
             self.clients = self._gathered(trained)
             after, model_bits = self._sparsities(self.clients["params"]), None
+            attacked = self._malicious(t)
         self._client_storage()
         bits = (step.up_bits, step.down_bits, model_bits)
         comm, agg, seconds, wait = self._advance_clock(t, counts, before, *bits)
@@ -190,7 +213,7 @@ class FedSLRounds(Algorithm[FedSLConfig]):
             "rho": rho, "sparsity": float(after.mean()), "aggregated": float(aggregated),
             "latency_comm_s": comm, "latency_agg_s": agg, "latency_round_s": seconds,
             "comm_seconds_total": self.totals["comm_seconds"],
-            "agg_seconds_total": self.totals["agg_seconds"], "lr": lr,
+            "agg_seconds_total": self.totals["agg_seconds"], "lr": lr, **attacked,
         }  # fmt: skip
         return RoundReport(float(step.loss.double().mean()), figures)
 
@@ -212,7 +235,9 @@ class FedSLRounds(Algorithm[FedSLConfig]):
         :mod:`~fedge.algorithms.split.fedsl_privacy` says in which order the mechanisms act)."""
         ctx, cohort, runtime, privacy = self.ctx, self.cohort, self.runtime, self.privacy
         p, mine, first = self.knobs.cut_dropout, runtime.local_rows(cohort, index), runtime.first_row(cohort)
-        x, y = ctx.data.x_train[mine], self.sent_labels[mine]
+        data = ctx.data if self.adversary is None else self.adversary.data(t, ctx.data)
+        labels = self.sent_labels if data is ctx.data else data.y_train  # label_flip: the flipped ones
+        x, y = ctx.data.x_train[mine], labels[mine]
         params = {k: runtime.local_rows(cohort, v) for k, v in self.clients["params"].items()}
         buffers = {k: runtime.local_rows(cohort, v) for k, v in self.clients["buffers"].items()}
         every = ctx.executor.phase_keys(range(len(self.nodes)))
@@ -234,6 +259,10 @@ class FedSLRounds(Algorithm[FedSLConfig]):
         sent, through = apply_dropout(z.detach(), keep, p), None
         if privacy is not None:
             sent, through = privacy.released(t, first, sent, keep, own)
+        if self.adversary is not None:  # as the malicious clients send it, dropped entries still dropped
+            clients = runtime.local_row_ids(cohort)
+            poisoned = self.adversary.smashed(t, clients, np.zeros_like(clients), 0, sent, own)
+            sent = poisoned * keep.to(poisoned)
         served = self.server_side(t, sent, y, own, keep, keys, samples=mine)
         grad = served.grad if through is None else through(served.grad)
         if privacy is not None and private:
@@ -278,6 +307,13 @@ class FedSLRounds(Algorithm[FedSLConfig]):
         loss = runtime.gather(cohort, {"loss": served.loss})["loss"]
         return ServedCut(grad.payload["g"], loss, smashed.bits + labels.bits, grad.bits)
 
+    def _malicious(self, t: int) -> dict[str, int]:
+        """A plain round's adversary figure: how many clients attacked at the cut (none reported without
+        an adversary)."""
+        if self.adversary is None:
+            return {}
+        return {"malicious": int(self.adversary.mask(t, np.arange(len(self.nodes))).sum())}
+
     def _gathered(self, trained: dict[str, Tensors]) -> dict[str, Tensors]:
         """Every client's state from each process's rows of it."""
         return self.averaging.gathered(trained)
@@ -285,7 +321,12 @@ class FedSLRounds(Algorithm[FedSLConfig]):
     def _aggregate(self, t: int, trained: dict[str, Tensors]) -> tuple[np.ndarray, np.ndarray]:
         """Step 4 (Eq. 14, :class:`~fedge.algorithms.split.fedsl_client.Averaging`): every client then
         holds the mean; returns the upload and broadcast bits per client."""
-        self.clients, up_bits, down_bits = self.averaging(t, trained, list(self.clients["masks"]))
+        reference = self.reference if self.adversary is not None else {}
+        self.clients, up_bits, down_bits = self.averaging(t, trained, list(self.clients["masks"]), reference)
+        if self.adversary is not None:
+            self.reference = {
+                k: v[0] for k, v in {**self.clients["params"], **self.clients["buffers"]}.items()
+            }
         return up_bits, down_bits
 
     def _advance_clock(
