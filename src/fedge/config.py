@@ -716,7 +716,7 @@ ATTACK_OPTIONS: dict[str, tuple[str, ...]] = {
 positive integer, ``poison_fraction`` in (0, 1], the others positive; ``perturbation`` a name)."""
 PERTURBATIONS = ("std", "unit", "sign")
 """min-max's and min-sum's perturbation directions (Shejwalkar and Houmansadr 2021)."""
-PEER_ADVERSARY_ALGORITHMS = ("afind", "gossip", "pens", "federico", "local", "ditto")
+PEER_ADVERSARY_ALGORITHMS = ("afind", "gossip", "pens", "federico", "local", "ditto", "fedfomo", "dispfl")
 """The decentralized algorithms that take an ``adversary`` block (malicious peers poison what they send)."""
 PROBING_ALGORITHMS = ("afind", "pens", "federico")
 """The peer selectors a malicious peer answers probes of (``adversary.probes``)."""
@@ -885,6 +885,9 @@ class RunConfig(StrictModel):
         if attack in STAR_ATTACKS and name not in BACKDOOR_ALGORITHMS:
             built = ", ".join(BACKDOOR_ALGORITHMS)
             raise ConfigError("adversary.attack", f"{attack} is built for {built}, not {name} (yet)")
+        if name == "dispfl" and attack in OMNISCIENT_ATTACKS:
+            sparse = "Dis-PFL's personal masks give peers no honest values of the same coordinates"
+            raise ConfigError("adversary.attack", f"{attack} reads honest rows' coordinates; {sparse}")
         _edges_fit(self.adversary, name)
         ids = self.adversary.clients
         if isinstance(ids, list) and max(ids) >= self.partition.num_clients:

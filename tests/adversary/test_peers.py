@@ -1,7 +1,8 @@
 """Malicious peers (fedge.runtime.peer_adversary) and ClippedGossip (fedge.aggregation.clipped_gossip):
 the clipped mix equals a per-peer loop and plain gossip at an infinite radius, sign flipping peers hurt
 gossip and not ClippedGossip, AFIND+ takes in fewer poisoners when they poison their probes too, both
-executors agree, an adversary that never attacks changes no number, and bad configs are refused."""
+executors agree, an adversary that never attacks changes no number, FedFomo scores a poisoner's model as
+sent (and keeps little of it), Dis-PFL's poisoned sparse models hurt, and bad configs are refused."""
 
 from __future__ import annotations
 
@@ -178,7 +179,28 @@ def test_executors_agree_under_malicious_peers(tmp_path):
     assert runs[0].summary["malicious_kept"] == pytest.approx(runs[1].summary["malicious_kept"], abs=1e-6)
 
 
-@pytest.mark.parametrize("algorithm", ["gossip", "pens", "federico", "local"])
+def test_fedfomo_scores_poisoners_as_sent_and_dispfl_poisons_kept_values(tmp_path):
+    fomo, dispfl = {"name": "fedfomo"}, {"name": "dispfl"}
+    clean = _digits(tmp_path / "fc", fomo, None, [])
+    attacked = _digits(tmp_path / "fa", fomo, FLIP, [])
+    assert attacked.summary["final_accuracy"] != clean.summary["final_accuracy"]
+    assert attacked.summary["malicious"] == 6 and attacked.summary["malicious_kept"] < 0.05
+    sparse = _digits(tmp_path / "dc", dispfl, None, []).summary["final_accuracy"]
+    hit = _digits(tmp_path / "da", dispfl, FLIP, [])
+    assert hit.summary["final_accuracy"] < sparse - 0.2
+    assert hit.metrics[-1]["malicious_kept"] == pytest.approx(0.2)  # a coordinate's holders, on average
+
+
+@pytest.mark.parametrize("algorithm", ["fedfomo", "dispfl"])
+def test_executors_agree_under_malicious_fomo_and_dispfl_peers(tmp_path, algorithm):
+    runs = [_digits(tmp_path, {"name": algorithm}, FLIP, [], e) for e in ("batched", "sequential")]
+    states = [final_state(r.run_dir) for r in runs]
+    for k in states[0]:
+        torch.testing.assert_close(states[0][k], states[1][k], atol=1e-5, rtol=1e-5)
+    assert runs[0].summary["malicious_kept"] == pytest.approx(runs[1].summary["malicious_kept"], abs=1e-6)
+
+
+@pytest.mark.parametrize("algorithm", ["gossip", "pens", "federico", "local", "fedfomo", "dispfl"])
 def test_an_adversary_that_never_attacks_changes_no_number(tmp_path, algorithm):
     plain = tiny(algorithm, tmp_path / "plain")
     idle = {**tiny(algorithm, tmp_path / "idle"), "adversary": {**FLIP, "clients": [1], "start_round": 9}}
@@ -189,19 +211,23 @@ def test_an_adversary_that_never_attacks_changes_no_number(tmp_path, algorithm):
     assert runs[1].metrics[-1]["malicious"] == 0
 
 
-def test_label_flipping_peers_train_on_flipped_labels(tmp_path):
-    clean = fedge.run(tiny("gossip", tmp_path / "clean"))
-    config = {**tiny("gossip", tmp_path / "flip"), "adversary": {"clients": [1], "attack": "label_flip"}}
+@pytest.mark.parametrize("algorithm", ["gossip", "fedfomo", "dispfl"])
+def test_label_flipping_peers_train_on_flipped_labels(tmp_path, algorithm):
+    clean = fedge.run(tiny(algorithm, tmp_path / "clean"))
+    config = {**tiny(algorithm, tmp_path / "flip"), "adversary": {"clients": [1], "attack": "label_flip"}}
     flipped = fedge.run(config)
     assert flipped.metrics[0]["train_loss"] != clean.metrics[0]["train_loss"]
-    assert flipped.metrics[-1]["malicious"] == 1 and flipped.metrics[-1]["malicious_selected"] > 0
+    assert flipped.metrics[-1]["malicious"] == 1
+    if algorithm == "gossip":
+        assert flipped.metrics[-1]["malicious_selected"] > 0
 
 
 @pytest.mark.parametrize(
     ("algorithm", "adversary", "key"),
     [
         ("gossip", {**FLIP, "probes": "poisoned"}, "adversary.probes"),
-        ("fedfomo", FLIP, "adversary"),
+        ("fedfomo", {**FLIP, "probes": "poisoned"}, "adversary.probes"),
+        ("dispfl", {**FLIP, "attack": "alie", "options": {}}, "adversary.attack"),
     ],
 )
 def test_refusals_name_the_key(tmp_path, algorithm, adversary, key):

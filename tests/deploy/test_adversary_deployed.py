@@ -17,6 +17,7 @@ pytest.importorskip("flwr")
 from fedge.deploy.loopback import LoopbackTransport  # noqa: E402
 from fedge.deploy.rounds import check_stages  # noqa: E402
 from fedge.deploy.server_app import run_deployed  # noqa: E402
+from fedge.errors import ConfigError  # noqa: E402
 from fedge.runner import checkpoint  # noqa: E402
 from tests.deploy.test_deploy import ROUNDS, assert_equal_runs, config, simulate, tensors_of  # noqa: E402
 
@@ -45,11 +46,12 @@ PEERS = {
         "afind", {"clients": [1], "attack": "backdoor", "probes": "poisoned"}, [],
     ),
     "federico_backdoor": ("federico", {"clients": [2], "attack": "backdoor"}, []),
+    "dispfl_label_flip": ("dispfl", {"clients": [1], "attack": "label_flip"}, []),
 }  # fmt: skip
 """Malicious peers: data poisoning on the node (Gossip's and AFIND+'s flipped labels, also in AFIND+'s
 probe answers; Ditto's, AFIND+'s and FedeRiCo's stamped samples, AFIND+'s probed too), model poisoning
 of the sent models, rank-local and omniscient (before a median), with a selector that probes honestly
-and one that scores the poisoned models (PENS)."""
+and one that scores the poisoned models (PENS); Dis-PFL's flipped labels on its sparse models."""
 CELLS = 5
 """Clients of a hierarchy's runs: two cells of two members, client 4 idles."""
 EDGE_MEDIAN = [{"name": "median", "at": ["edge"]}]
@@ -107,3 +109,10 @@ def test_a_deployed_hierarchy_adversary_equals_the_simulation(tmp_path, case):
         assert [r["malicious"] for r in rows] == [2] * len(rows)
     if "edges" in adversary:
         assert [r["malicious_edges"] for r in rows] == [1] * len(rows)
+
+
+def test_a_deployed_fedfomo_adversary_is_refused_on_adversary(tmp_path):
+    cfg = config(tmp_path, "fedfomo", 2, 3, adversary={"clients": [1], "attack": "label_flip"})
+    with pytest.raises(ConfigError) as error:
+        check_stages(cfg)
+    assert error.value.key == "adversary"

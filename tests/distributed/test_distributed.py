@@ -631,7 +631,8 @@ def peer_and_cell_adversary_configs(tmp_path: Path) -> dict[str, dict]:
     """Malicious peers and cell members on two ranks: peers poison the gathered sent rows on every rank
     (gossip's ``sign_flip`` before ClippedGossip; a backdoor, whose success rates the evaluation blocks
     gather; AFIND+'s ``alie`` behind honest probe answers, and its poisoned proxies in each rank's share
-    of the requesters, and a backdoor probed on the stamped view); HFedAvg's 9 clients in 3 cells sit
+    of the requesters, and a backdoor probed on the stamped view; FedFomo's poisoned last-round models,
+    Dis-PFL's masked noise); HFedAvg's 9 clients in 3 cells sit
     5 + 4 on the ranks, so cell 1 (clients 3 to 5) spans both: ``sign_flip`` before the edge median,
     ``alie`` gathers the cell's honest uploads, a backdoor (HIST's ``gaussian``: the submodels' slots,
     keys by client and edge round), and a malicious edge (``alie`` over the cells every rank holds
@@ -662,6 +663,16 @@ def peer_and_cell_adversary_configs(tmp_path: Path) -> dict[str, dict]:
         "peer_adv_afind_backdoor": (
             {"name": "afind", **peers, "k0": 2},
             {"clients": [1, 4], "attack": "backdoor", "options": {"target": 0}, "probes": "poisoned"},
+            [],
+        ),
+        "peer_adv_fedfomo_sign_flip": (
+            {"name": "fedfomo", **peers},
+            {"clients": [1, 4], "attack": "sign_flip", "options": {"scale": 4.0}},
+            [],
+        ),
+        "peer_adv_dispfl_gaussian": (
+            {"name": "dispfl", **peers},
+            {"clients": [0, 3], "attack": "gaussian"},
             [],
         ),
         "cell_adv_hfedavg_median": (

@@ -48,12 +48,13 @@ REFUSED = {
 ADVERSARY_DEPLOYED = (
     "fedavg",
     "fedavg_ft",
-    *PEER_ADVERSARY_ALGORITHMS,
+    *(name for name in PEER_ADVERSARY_ALGORITHMS if name != "fedfomo"),  # fedfomo's: untested deployed
     *EDGE_ADVERSARY_ALGORITHMS,
     *SPLIT_ADVERSARY_ALGORITHMS,
 )
-"""The algorithms whose ``adversary`` deploys: the star server's, the peers', a hierarchy's (members and
-edges) and the split server's; the asynchronous servers' (FedBuff, FedAsync) do not deploy at all."""
+"""The algorithms whose ``adversary`` deploys: the star server's, the peers' (not yet FedFomo's), a
+hierarchy's (members and edges) and the split server's; the asynchronous servers' (FedBuff, FedAsync)
+do not deploy at all."""
 SPLIT_ROUNDS: dict[str, type] = {
     "cse_fsl": DeployedCseFsl,
     "fsl_an": DeployedFslAn,

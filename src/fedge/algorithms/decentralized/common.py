@@ -102,12 +102,16 @@ class PeerAlgorithm(LocalTraining, PeerExchange, FineTunedEvaluation, Algorithm[
         self.round = t
         self.this_round = self.peers.open(t)
         if self.adversary is not None:  # label_flip: the malicious peers' labels flipped from start_round
-            self.train_data = self.adversary.data(t, self.ctx.data)
+            self.train_data = self.training_view(self.adversary.data(t, self.ctx.data))
         report = self.peer_round(t)
         self.this_round.close(self.flops_per_sample)
         if self.adversary is not None:
             report = RoundReport(report.train_loss, {**report.extra, **self.adversary.figures(t)})
         return report
+
+    def training_view(self, data: FederatedData) -> FederatedData:
+        """What local training, probes and fine-tunes draw from ``data`` (all of it by default)."""
+        return data
 
     @abstractmethod
     def peer_round(self, t: int) -> RoundReport:

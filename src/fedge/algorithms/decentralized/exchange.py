@@ -158,7 +158,8 @@ class PeerExchange:
         must be the clients' own rows (in client order): they supply the private head and counters.
         ``sent`` replaces parameters' rows in what peers receive (AFIND+'s noisy updates; a client mixes
         its own row as trained); ``masks`` give each row's kept coordinates of the tensors they name
-        (Dis-PFL's sparse models: a coordinate is averaged over the rows that hold it).
+        (Dis-PFL's sparse models: a coordinate is averaged over the rows that hold it; a malicious
+        sender's poisoned row is masked again, so only the values its mask keeps are poisoned).
 
         With ``privacy.peer`` every row becomes its sender's released message (:meth:`released`), the
         sender's own row included: ``start`` holds the params and buffers each row was trained from
@@ -172,9 +173,12 @@ class PeerExchange:
         senders, receivers = pairs or (torch.arange(n), None)
         if self.peer_dp is not None and self.releases_at_mix:
             shared = message = self.released({**start_p, **start_b}, message, senders, receivers)
-        if self.adversary is not None:  # malicious senders poison what their neighbours receive
-            message = self.adversary.sent(self.round, message, {**start_p, **start_b}, senders)
         masks = masks or {}
+        if self.adversary is not None:  # malicious senders poison what their neighbours receive
+            honest = message
+            message = self.adversary.sent(self.round, message, {**start_p, **start_b}, senders)
+            if masks and message is not honest:  # only the values a sender's mask keeps travel
+                message = {k: v * masks[k].to(v) if k in masks else v for k, v in message.items()}
         if self.models.codec.lossless and message is shared:
             parts: tuple[Part, ...] = (Part(shared, weights, masks),)
         else:  # a client's own row exactly, every other row as its message decodes

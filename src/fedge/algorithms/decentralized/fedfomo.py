@@ -25,6 +25,9 @@ evidence twice; keeping it unchanged also keeps the host what its paper defines,
 With ``privacy.peer`` the model a client sends in round t+1 is the one it trained in round t, so it is
 released (clipped and noised, :mod:`fedge.privacy.peer`) as it is trained, relative to the moved model it
 trained from, and the client keeps the released model as its own.
+
+Under an ``adversary`` a malicious peer's sent model is poisoned from the moved model it was trained from
+(kept as ``trained_from``), and receivers score and measure that poisoned model: it is what was sent.
 """
 
 from __future__ import annotations
@@ -124,35 +127,72 @@ class FedFomo(PeerAlgorithm):
     """Each round: receive peers' models, weigh them on the validation split, move, then train locally."""
 
     cfg: FedFomoConfig
-    state_fields = (*PeerAlgorithm.state_fields, "choice")
+    state_fields = (*PeerAlgorithm.state_fields, "choice", "trained_from")
     releases_at_mix = False  # it mixes the models released when they were trained
 
     def __init__(self, ctx: Context, cfg: FedFomoConfig):
         super().__init__(ctx, cfg)
         self.train_data, self.validation = validation_split(ctx.data, ctx.seed, cfg.val_fraction)
+        self.fit_clients = self.train_data.client_train
         self.choice = PeerChoice(self.view(), cfg.peer_selection, cfg.afind, cfg.peers)
+        # under an adversary: the moved models the bank's rows were trained from (a sent row's change)
+        bank = {**self.bank.params, **self.bank.buffers}
+        self.trained_from: Tensors = {} if self.adversary is None else {k: v.clone() for k, v in bank.items()}
 
-    def weights(self, received: torch.Tensor) -> torch.Tensor:
+    def training_view(self, data: FederatedData) -> FederatedData:
+        """``data`` (the run's, or its label-flipped copy) without the validation split."""
+        view = copy.copy(data)  # shares the dataset tensors
+        view.client_train = self.fit_clients
+        return view
+
+    def start(self) -> tuple[Tensors, Tensors] | None:
+        """The params and buffers the bank's rows were trained from (``None`` without an adversary)."""
+        if self.adversary is None:
+            return None
+        params = {k: self.trained_from[k] for k in self.bank.params}
+        return params, {k: self.trained_from[k] for k in self.bank.buffers}
+
+    def weights(self, received: torch.Tensor, start: tuple[Tensors, Tensors] | None = None) -> torch.Tensor:
         """FedFomo's mixing weights of the current models: validation losses and distances of the received
-        pairs (i's own loss included), evaluated for all pairs in one batched call (a share per process)."""
+        pairs (i's own loss included), evaluated for all pairs in one batched call (a share per process).
+        A malicious peer's model is scored and measured as it is sent (poisoned from ``start``)."""
         n, device = self.num_clients, received.device
         own = torch.arange(n, device=device)
         i, j = received.nonzero(as_tuple=True)
         params, buffers = self.bank.params, self.bank.buffers
+        theirs = j
+        if start is not None:  # rows n.. are the models as sent: own rows exact, received ones poisoned
+            sent_p, sent_b = self.scored_as_sent(start)
+            params = {k: torch.cat([v, sent_p[k]]) for k, v in params.items()}
+            buffers = {k: torch.cat([v, sent_b[k]]) for k, v in buffers.items()}
+            theirs = j + n
         # (shared from, private from, validation data of): own models, then peer n's shared part on i
-        pairs = (torch.cat([own, j]), torch.cat([own, i]), torch.cat([own, i]))
+        pairs = (torch.cat([own, theirs]), torch.cat([own, i]), torch.cat([own, i]))
         losses = self.losses_on(params, buffers, pairs, self.validation).double()
         peer = torch.full((n, n), float("nan"), dtype=torch.float64, device=device)
         distance = torch.zeros((n, n), dtype=torch.float64, device=device)
         peer[i, j] = losses[n:]
-        distance[i, j] = pair_distances(self.shared({**params, **buffers}), i, j)
+        distance[i, j] = pair_distances(self.shared({**params, **buffers}), i, theirs)
         return fomo_weights(losses[:n], peer, distance, received)
+
+    def scored_as_sent(self, start: tuple[Tensors, Tensors]) -> tuple[Tensors, Tensors]:
+        """The bank's rows as their senders send them: malicious ones' shared tensors poisoned as
+        :meth:`mixed` poisons them (their change measured from ``start``)."""
+        if self.adversary is None:
+            raise ValueError("poisoned rows need an adversary")
+        params, buffers = self.bank.params, self.bank.buffers
+        who, message = torch.arange(self.num_clients), self.shared({**params, **buffers})
+        sent = self.adversary.sent(self.round, message, {**start[0], **start[1]}, who)
+        return {k: sent.get(k, v) for k, v in params.items()}, {k: sent.get(k, v) for k, v in buffers.items()}
 
     def peer_round(self, t: int) -> RoundReport:
         plan = self.choice.begin(t, self.probes(t))
         received = self.choice.drawn()
-        weights = self.weights(received)
-        moved_p, moved_b = self.mixed(weights, self.bank.params, self.bank.buffers)
+        start = self.start()
+        weights = self.weights(received, start)
+        moved_p, moved_b = self.mixed(weights, self.bank.params, self.bank.buffers, start=start)
+        if start is not None:  # what next round's sent rows are trained from
+            self.trained_from = {k: v.clone() for k, v in {**moved_p, **moved_b}.items()}
         own = list(range(self.num_clients))
         params, buffers, losses = self.local_update(moved_p, moved_b, own, t)
         if self.peer_dp is not None:  # what it will send next round: its released update of this one
