@@ -171,6 +171,19 @@ def read_rows(rows: Tensors, bad: torch.Tensor) -> Tensors:
     return {k: v[honest] for k, v in rows.items()}
 
 
+def gathered_reads(
+    attack: str, cohort: Cohort, every: np.ndarray, mask: torch.Tensor, rows: Tensors
+) -> Tensors | None:
+    """What an omniscient attack reads on rows spread over processes: the honest rows of every process
+    (``every``: the whole group's malicious flags, ``mask`` this process's), all rows where nobody is
+    honest, floating tensors only, all-gathered in ``cohort``'s order (a collective); None for the other
+    attacks or rows held by one process (the attack then reads ``rows`` itself)."""
+    if not cohort.spread or attack not in OMNISCIENT_ATTACKS:
+        return None
+    reads = mask if every.all() else ~mask  # nobody honest: the malicious rows' own
+    return cohort.gather({k: v[reads] for k, v in floating(rows).items()})
+
+
 @dataclass
 class Adversary:
     """The run's malicious clients (``malicious``, sorted ids) and their attack from ``config``."""
@@ -239,10 +252,7 @@ class Adversary:
         here = clients if cohort is None else clients[cohort.rows]
         device = next(iter(rows.values())).device
         mask = torch.as_tensor(bad, device=device)
-        honest = None
-        if cohort is not None and cohort.spread and self.config.attack in OMNISCIENT_ATTACKS:
-            reads = mask if every.all() else ~mask  # nobody honest: the malicious rows' own
-            honest = cohort.gather({k: v[reads] for k, v in floating(rows).items()})
+        honest = None if cohort is None else gathered_reads(self.config.attack, cohort, every, mask, rows)
         noise = None
         if self.config.attack == "gaussian":
             keys = [(round_, int(c)) for c in here[bad]]

@@ -28,11 +28,10 @@ from __future__ import annotations
 import numpy as np
 import torch
 
-from fedge.config import OMNISCIENT_ATTACKS
 from fedge.distributed import Cohort
-from fedge.runtime.adversary import Adversary, poisoned
+from fedge.runtime.adversary import Adversary, gathered_reads, poisoned
 from fedge.runtime.cell_adversary import edge_noise
-from fedge.tensors import Tensors, floating
+from fedge.tensors import Tensors
 
 
 def cell_poisoned(
@@ -53,10 +52,7 @@ def cell_poisoned(
     device = next(iter(reference.values())).device
     mask = torch.as_tensor(here, device=device)
     attack, options = adversary.config.attack, adversary.config.options
-    honest = None
-    if cell.spread and attack in OMNISCIENT_ATTACKS:
-        reads = mask if every.all() else ~mask  # nobody honest: the attackers' own uploads
-        honest = cell.gather({k: v[reads] for k, v in floating(rows).items()})
+    honest = gathered_reads(attack, cell, every, mask, rows)
     noise = edge_noise(adversary, round_, edge_round, members[cell.rows][here], device)
     counts = (len(members), int(every.sum()))
     return poisoned(attack, options, rows, reference, mask, noise, counts=counts, honest=honest)
